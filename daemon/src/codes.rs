@@ -1,0 +1,118 @@
+//! Failure codes (DESIGN §5): the spec's names plus the ones haltd adds.
+//!
+//! They appear verbatim in terminal events, flight-recorder records and metric labels.
+
+use std::fmt;
+
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+use serde::{Deserialize, Serialize};
+
+/// Why a stream was halted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[repr(u32)]
+pub enum FailureCode {
+    TigBreach = 1,
+    IoIntegrityAlert = 2,
+    ExfilAlert = 3,
+    WatchdogTrip = 4,
+    TimingCovertChannel = 5,
+    TimingDistributionAnomaly = 6,
+    ComputeBudgetExceeded = 7,
+    CoherenceBelowThreshold = 8,
+    SurpriseThreshold = 9,
+    SafetyBoundaryViolated = 10,
+    OperatorTrip = 11,
+    HeartbeatLost = 12,
+    UpstreamFailure = 13,
+}
+
+impl FailureCode {
+    pub const ALL: [FailureCode; 13] = [
+        FailureCode::TigBreach,
+        FailureCode::IoIntegrityAlert,
+        FailureCode::ExfilAlert,
+        FailureCode::WatchdogTrip,
+        FailureCode::TimingCovertChannel,
+        FailureCode::TimingDistributionAnomaly,
+        FailureCode::ComputeBudgetExceeded,
+        FailureCode::CoherenceBelowThreshold,
+        FailureCode::SurpriseThreshold,
+        FailureCode::SafetyBoundaryViolated,
+        FailureCode::OperatorTrip,
+        FailureCode::HeartbeatLost,
+        FailureCode::UpstreamFailure,
+    ];
+
+    /// The code as written on the wire and in records.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureCode::TigBreach => "TIG_BREACH",
+            FailureCode::IoIntegrityAlert => "IO_INTEGRITY_ALERT",
+            FailureCode::ExfilAlert => "EXFIL_ALERT",
+            FailureCode::WatchdogTrip => "WATCHDOG_TRIP",
+            FailureCode::TimingCovertChannel => "TIMING_COVERT_CHANNEL",
+            FailureCode::TimingDistributionAnomaly => "TIMING_DISTRIBUTION_ANOMALY",
+            FailureCode::ComputeBudgetExceeded => "COMPUTE_BUDGET_EXCEEDED",
+            FailureCode::CoherenceBelowThreshold => "COHERENCE_BELOW_THRESHOLD",
+            FailureCode::SurpriseThreshold => "SURPRISE_THRESHOLD",
+            FailureCode::SafetyBoundaryViolated => "SAFETY_BOUNDARY_VIOLATED",
+            FailureCode::OperatorTrip => "OPERATOR_TRIP",
+            FailureCode::HeartbeatLost => "HEARTBEAT_LOST",
+            FailureCode::UpstreamFailure => "UPSTREAM_FAILURE",
+        }
+    }
+
+    /// The numeric form kept in BPF maps and atomics.
+    pub const fn as_u32(self) -> u32 {
+        self as u32
+    }
+
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_u32() == v)
+    }
+}
+
+impl fmt::Display for FailureCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for a failure-code name that is not one of [`FailureCode::ALL`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE)")]
+pub struct UnknownFailureCode(pub String);
+
+impl std::str::FromStr for FailureCode {
+    type Err = UnknownFailureCode;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownFailureCode(s.to_owned()))
+    }
+}
+
+impl EncodeLabelValue for FailureCode {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_str_serde_and_u32() {
+        for code in FailureCode::ALL {
+            assert_eq!(code.as_str().parse::<FailureCode>().ok(), Some(code));
+            assert_eq!(FailureCode::from_u32(code.as_u32()), Some(code));
+            let json = serde_json::to_string(&code).expect("serialises");
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+        assert!("NOT_A_CODE".parse::<FailureCode>().is_err());
+        assert_eq!(FailureCode::from_u32(0), None);
+    }
+}
