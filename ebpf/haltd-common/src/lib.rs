@@ -65,16 +65,21 @@ pub struct SockState {
     pub slot: u32,
     /// Must equal `TRIPS[slot].generation`, or the socket is treated as tripped (stale slot).
     pub generation: u32,
-    /// Every send the program has seen on this socket.
+    /// Every send the program has seen on this socket, counted before the verdict; the n-th
+    /// send of the socket is frame n (1-based). Compared with [`TripEntry::frame_limit`].
     pub frames: u64,
-    /// Sends passed after the gate first saw the stream tripped (terminal frame excluded).
+    /// Sends passed while the gate saw the stream tripped (terminal frame excluded).
     pub post_trip_frames: u32,
     /// 1 once the terminal frame passed; everything after it is dropped.
     pub terminal_sent: u32,
-    /// Bytes passed after the trip (terminal frame excluded).
+    /// Bytes passed while the gate saw the stream tripped (terminal frame excluded).
     pub post_trip_bytes: u64,
-    /// `bpf_ktime_get_ns` of the first send seen after the trip; 0 before.
+    /// `bpf_ktime_get_ns` of the first send seen while tripped; 0 before.
     pub first_post_trip_ns: u64,
+    /// Frame limit the gate set itself when it first saw the heartbeat lost (that frame's
+    /// number - 1 + `Heartbeat::budget_frames`); 0 = never. Sticky: a socket that once saw a
+    /// lost heartbeat stays tripped (fail closed).
+    pub stale_frame_limit: u64,
     /// 1 once the gate dropped a send on this socket (drops are permanent).
     pub dropped: u32,
     /// Why the gate considered the stream tripped, one of [`trip_reason`]; 0 while untripped.
@@ -82,6 +87,11 @@ pub struct SockState {
 }
 
 /// Per-stream trip state, in `TRIPS[slot]`. Written by userspace only.
+///
+/// The budget is absolute: userspace reads how many frames it has handed to the kernel for
+/// this socket (`F`), then writes `frame_limit = F + B`. Frames numbered up to `F` are
+/// pre-trip wherever they are in flight; frames after `F` are post-trip whether they reached
+/// the gate before or after this write, so the bound is exact.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TripEntry {
@@ -89,15 +99,14 @@ pub struct TripEntry {
     pub generation: u32,
     /// Non-zero once the stream tripped; never cleared for the same generation.
     pub tripped: u32,
-    /// Token frames allowed after the trip (the budget B; 0 for batch responses).
-    pub budget_frames: u32,
     /// Failure code of the trip (the daemon's `FailureCode` as `u32`), for halt events.
     pub cause: u32,
-    /// Bytes allowed after the trip, summed over the allowed frames.
-    pub budget_bytes: u64,
     /// Largest terminal frame the gate lets through.
     pub terminal_max_bytes: u32,
-    pub _pad: u32,
+    /// Highest frame number (see [`SockState::frames`]) that may pass once tripped.
+    pub frame_limit: u64,
+    /// Bytes allowed to pass while the gate sees the stream tripped (terminal excluded).
+    pub budget_bytes: u64,
     /// ASCII hex nonce a terminal frame must carry at [`NONCE_OFFSET`]; all zero until tripped.
     pub nonce: [u8; NONCE_LEN],
 }
@@ -110,6 +119,11 @@ pub struct Heartbeat {
     pub last_ns: u64,
     /// A beat older than this counts as lost and every governed stream as tripped.
     pub deadline_ns: u64,
+    /// Post-trip frames a socket may still send once the gate itself saw the beat lost (B).
+    pub budget_frames: u32,
+    pub _pad: u32,
+    /// Post-trip bytes likewise.
+    pub budget_bytes: u64,
 }
 
 /// Emitted by the gate on `HALT_EVENTS` the first time it drops a send on a socket.
@@ -147,7 +161,7 @@ pub mod verdict {
     pub const PASS_POST_TRIP: u32 = 1;
     /// The terminal frame, passed.
     pub const PASS_TERMINAL: u32 = 2;
-    /// Tripped stream, frame budget spent, dropped.
+    /// Tripped stream, frame limit passed, dropped.
     pub const DROP_BUDGET: u32 = 3;
     /// Tripped stream, byte budget spent, dropped.
     pub const DROP_BYTES: u32 = 4;
@@ -181,9 +195,9 @@ mod pod {
 
 // Layouts are part of the kernel ABI of the gate: pin them.
 const _: () = {
-    assert!(core::mem::size_of::<SockState>() == 48);
+    assert!(core::mem::size_of::<SockState>() == 56);
     assert!(core::mem::size_of::<TripEntry>() == 48);
-    assert!(core::mem::size_of::<Heartbeat>() == 16);
+    assert!(core::mem::size_of::<Heartbeat>() == 32);
     assert!(core::mem::size_of::<HaltEvent>() == 40);
     assert!(SSE_TERMINAL_PREFIX.len() == NONCE_OFFSET);
     assert!(HTTP_TERMINAL_PREFIX.len() == NONCE_OFFSET);
