@@ -3,5 +3,4 @@
 //! (Architecture overview: see `docs/architecture.md`; filled in as the modules land.)
 
 pub mod codes;
-pub mod gate;
 pub mod monitor;
