@@ -76,9 +76,11 @@ pub struct SockState {
     pub post_trip_bytes: u64,
     /// `bpf_ktime_get_ns` of the first send seen while tripped; 0 before.
     pub first_post_trip_ns: u64,
-    /// Frame limit the gate set itself when it first saw the heartbeat lost (that frame's
-    /// number - 1 + `Heartbeat::budget_frames`); 0 = never. Sticky: a socket that once saw a
-    /// lost heartbeat stays tripped (fail closed).
+    /// Frame limit the gate set itself when it first saw the heartbeat lost, **plus one**:
+    /// `n - 1 + Heartbeat::budget_frames + 1` where `n` is that frame's number. The limit
+    /// itself may be 0 (first frame, budget 0), so the stored value is shifted to keep
+    /// 0 = "never saw the heartbeat lost". Sticky: a socket that once saw a lost heartbeat stays
+    /// tripped (fail closed), even after the heartbeat comes back.
     pub stale_frame_limit: u64,
     /// 1 once the gate dropped a send on this socket (drops are permanent).
     pub dropped: u32,
