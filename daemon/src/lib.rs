@@ -4,3 +4,4 @@
 
 pub mod codes;
 pub mod monitor;
+pub mod source;
