@@ -5,3 +5,4 @@
 pub mod codes;
 pub mod monitor;
 pub mod source;
+pub mod ledger;
