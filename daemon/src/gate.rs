@@ -129,6 +129,12 @@ pub struct KernelGate {
     _ebpf: Mutex<Ebpf>,
 }
 
+// The daemon shares one gate between its loops and the watchdog.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<KernelGate>();
+};
+
 impl std::fmt::Debug for KernelGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelGate")
