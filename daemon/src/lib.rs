@@ -1,8 +1,44 @@
 //! haltd: a token-stream governor for LLM inference nodes.
 //!
-//! (Architecture overview: see `docs/architecture.md`; filled in as the modules land.)
+//! # Architecture
+//!
+//! ```text
+//! client ──HTTP/1.1 + SSE──► dataplane (io_uring, one loop per worker thread)
+//!                               │ one token per SSE event, one event per send
+//!                               │ source::builtin → monitor (HaltMonitor) → stream (frame accounting)
+//!                               ▼
+//!                            stream::StreamTable (atomics, shared by every thread)
+//!                               ▲ trip (admin, detectors, watchdog)     │ heartbeats, halts
+//!                               │                                        ▼
+//!  admin (tokio: admin API, /metrics)                        watchdog thread ──► gate (BPF maps)
+//!                                                                                   │
+//!  kernel: send() on a governed socket ──► sk_msg "halt_gate" ──► PASS / DROP ◄─────┘
+//! ```
+//!
+//! * [`dataplane`] accepts, puts every socket under the kernel [`gate`] before its first
+//!   send, parses requests ([`http`], [`openai`]) and runs each turn as a chain of io_uring
+//!   completions.
+//! * [`stream`] holds the per-stream state machine; a trip fixes the trip point τ and writes
+//!   the kernel trip map with an absolute frame limit before it is published, so the kernel
+//!   bound of B post-trip frames is exact even for an emitter that ignores the halt.
+//! * [`watchdog`] runs on its own thread: heartbeats to the kernel (a stale one trips every
+//!   stream, in the kernel and in userspace), and halts streams whose emitter did not.
+//! * [`ledger`] is the hash-linked flight recorder; [`metrics`] the Prometheus surface.
+//! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
+//!   spec 001.
 
+pub mod admin;
 pub mod codes;
-pub mod monitor;
-pub mod source;
+pub mod config;
+pub mod dataplane;
+pub mod gate;
+pub mod http;
 pub mod ledger;
+pub mod metrics;
+pub mod monitor;
+pub mod openai;
+pub mod server;
+pub mod shared;
+pub mod source;
+pub mod stream;
+pub mod watchdog;

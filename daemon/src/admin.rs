@@ -1,0 +1,142 @@
+//! The control plane on tokio: the admin API (`--admin`) and the Prometheus endpoint
+//! (`--metrics`). Nothing here is on the token path; a trip request calls
+//! [`Shared::trip`], which writes the kernel trip map before it answers.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{
+    body::Bytes,
+    extract::{Path, State},
+    http::{header, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::{
+    codes::FailureCode,
+    gate::monotonic_ns,
+    shared::Shared,
+    stream::{StreamId, TripError},
+};
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TripBody {
+    cause: Option<String>,
+}
+
+fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": {"type": kind, "message": message.into()}}))).into_response()
+}
+
+async fn trip(State(shared): State<Arc<Shared>>, Path(id): Path<String>, body: Bytes) -> Response {
+    let id: StreamId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()),
+    };
+    let body: TripBody = if body.iter().all(u8::is_ascii_whitespace) {
+        TripBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", format!("invalid JSON body: {e}")),
+        }
+    };
+    let cause = match body.cause.as_deref().map(str::parse::<FailureCode>) {
+        None => FailureCode::OperatorTrip,
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()),
+    };
+    // The trip itself is a few atomics and one BPF map update: fine on the runtime thread.
+    match shared.trip(id, cause) {
+        Ok(info) => (StatusCode::OK, Json(json!(info))).into_response(),
+        Err(e @ TripError::Unknown(_)) => error(StatusCode::NOT_FOUND, "not_found", e.to_string()),
+        Err(TripError::AlreadyTripped { id, cause, trip_token_index }) => (
+            StatusCode::CONFLICT,
+            Json(json!({
+                "error": {"type": "already_tripped", "message": format!("stream {id} already tripped")},
+                "stream_id": id.to_string(), "cause": cause, "trip_token_index": trip_token_index,
+            })),
+        )
+            .into_response(),
+        Err(e @ TripError::Finished(_)) => error(StatusCode::CONFLICT, "finished", e.to_string()),
+    }
+}
+
+async fn streams(State(shared): State<Arc<Shared>>) -> Response {
+    let list: Vec<_> = shared
+        .table
+        .live()
+        .map(|(idx, slot)| {
+            let s = slot.snapshot(idx);
+            json!({
+                "stream_id": s.id.to_string(),
+                "state": s.state,
+                "mode": s.mode,
+                "endpoint": s.endpoint,
+                "tokens": s.tokens_submitted,
+                "tokens_delivered": s.tokens_delivered,
+                "trip_cause": s.trip_cause,
+                "trip_token_index": s.trip_cause.map(|_| s.trip_token_index),
+                "age_ms": monotonic_ns().saturating_sub(s.started_ns) / 1_000_000,
+            })
+        })
+        .collect();
+    Json(json!({"streams": list})).into_response()
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Response {
+    let now = monotonic_ns();
+    Json(json!({
+        "kernel_gate": shared.kernel_gate_label(),
+        "budget": shared.cfg.args.budget,
+        "heartbeat_fresh": shared.heartbeat_fresh(now),
+        "heartbeat_age_ms": shared.heartbeat_age_s(now) * 1e3,
+        "streams_active": shared.table.active_count(),
+        "max_streams": shared.table.capacity(),
+        "workers": shared.cfg.workers,
+        "ledger_records": shared.ledger.records_written(),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let now = monotonic_ns();
+    let age = shared.heartbeat_age_s(now);
+    shared.metrics.heartbeat_age_seconds.set(if age.is_finite() { age } else { -1.0 });
+    if let Some(gate) = &shared.gate {
+        match gate.verdict_totals() {
+            Ok(totals) => shared.metrics.observe_kernel_totals(&totals),
+            Err(e) => tracing::warn!(error = %e, "reading kernel verdict counters failed"),
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        shared.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Serves the admin API and the metrics endpoint until the process exits.
+pub async fn serve(shared: Arc<Shared>, admin: tokio::net::TcpListener, metrics_listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    let admin_app = Router::new()
+        .route("/admin/streams/{id}/trip", post(trip))
+        .route("/admin/streams", get(streams))
+        .route("/admin/status", get(status))
+        .with_state(Arc::clone(&shared));
+    let metrics_app = Router::new().route("/metrics", get(metrics)).with_state(shared);
+    let a = axum::serve(admin, admin_app);
+    let m = axum::serve(metrics_listener, metrics_app);
+    tokio::try_join!(async { a.await }, async { m.await })?;
+    Ok(())
+}
+
+/// Binds a control-plane listener, with the flag name in the error.
+pub async fn bind(addr: SocketAddr, flag: &str) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding --{flag} {addr}: {e}")))
+}

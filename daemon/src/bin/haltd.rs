@@ -1,0 +1,78 @@
+//! `haltd`: the daemon. `haltd serve --help` lists every flag.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use haltd::config::{LogFormat, ServeArgs};
+
+#[derive(Parser)]
+#[command(name = "haltd", version, about = "Token-stream governor with a kernel-enforced halt budget")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API with every stream under the halt budget.
+    Serve(ServeArgs),
+    /// Load and attach the kernel halt gate once, then exit: checks the verifier accepts it here.
+    CheckGate(ServeArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HALTD_LOG").unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_format);
+            let cfg = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("haltd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match haltd::server::run(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("haltd: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::CheckGate(args) => {
+            init_logging(args.log_format);
+            let cfg = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("haltd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match haltd::server::load_gate(&cfg) {
+                Ok(gate) => {
+                    println!("kernel halt gate: loaded, verified and attached (max_streams={})", gate.max_streams());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("haltd: kernel halt gate failed to load: {e}");
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        eprintln!("  caused by: {s}");
+                        src = s.source();
+                    }
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! `haltd serve` configuration: command-line flags with documented defaults, validated into a
+//! [`Config`] before anything starts. An invalid value stops the daemon with an error that
+//! names the flag (fail closed: haltd never serves with a configuration it doubts).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, ValueEnum};
+
+/// Where tokens come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceKind {
+    /// The deterministic language model compiled into the binary (model name `builtin`).
+    Builtin,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Flags of `haltd serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Client-facing address (HTTP/1.1, OpenAI-compatible, served on io_uring).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin API address (`POST /admin/streams/{id}/trip`, `GET /admin/streams`).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub admin: SocketAddr,
+    /// Prometheus metrics address (`GET /metrics`).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub metrics: SocketAddr,
+    /// Token source.
+    #[arg(long, value_enum, default_value = "builtin")]
+    pub source: SourceKind,
+    /// Pace of the built-in source: microseconds between tokens (0 = as fast as the socket takes them).
+    #[arg(long, default_value_t = 20_000)]
+    pub builtin_token_interval_us: u64,
+    /// Halt budget B: token frames that may still reach a client after the trip point.
+    #[arg(long, default_value_t = 5)]
+    pub budget: u32,
+    /// HaltMonitor hard limit on the per-token score (the token's probability); a token scoring below it halts the stream and is not emitted. 0 disables.
+    #[arg(long, default_value_t = 0.0)]
+    pub hard_limit: f64,
+    /// Flight-recorder file (JSON Lines, hash-linked, fsync'd per record).
+    #[arg(long, default_value = "haltd-ledger.jsonl")]
+    pub ledger: PathBuf,
+    /// Skip the fsync after each record (faster, loses the last records on power loss).
+    #[arg(long)]
+    pub ledger_no_fsync: bool,
+    /// Run WITHOUT the kernel halt gate: only the userspace watchdog enforces the budget. Stated in every record and in `haltd_kernel_gate_enabled`.
+    #[arg(long)]
+    pub no_kernel_gate: bool,
+    /// Load the halt-gate BPF object from this file instead of the one embedded at build time.
+    #[arg(long)]
+    pub bpf_object: Option<PathBuf>,
+    /// Watchdog heartbeat period in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_interval_ms: u64,
+    /// A heartbeat older than this (ms) counts as lost: every stream halts with HEARTBEAT_LOST.
+    #[arg(long, default_value_t = 200)]
+    pub heartbeat_deadline_ms: u64,
+    /// After a trip, how long (ms) the emitter has to send the terminal event before the watchdog does it and closes the stream.
+    #[arg(long, default_value_t = 50)]
+    pub halt_grace_ms: u64,
+    /// Most concurrently open client connections (also the size of the kernel trip map).
+    #[arg(long, default_value_t = 4096)]
+    pub max_streams: u32,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Largest token frame in bytes; the kernel caps post-trip bytes at B times this.
+    #[arg(long, default_value_t = 16 * 1024)]
+    pub max_frame_bytes: u64,
+    /// Time a client has to send its whole request (ms) before it gets 408.
+    #[arg(long, default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`.
+    #[arg(long = "fault", value_name = "FAULT")]
+    pub faults: Vec<String>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Faults injected for tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// The emitter keeps sending tokens after a trip, so only the kernel stops it.
+    pub emitter_ignores_halt: bool,
+    /// The watchdog thread stops (heartbeats included) this long after start.
+    pub watchdog_stall_after: Option<Duration>,
+}
+
+/// A configuration error, naming the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag}: {reason}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub reason: String,
+}
+
+fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { flag, reason: reason.into() }
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub args: ServeArgs,
+    pub token_interval: Duration,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_deadline: Duration,
+    pub halt_grace: Duration,
+    pub request_timeout: Duration,
+    pub workers: usize,
+    pub faults: Faults,
+    /// Largest terminal frame the gate lets through after the budget.
+    pub terminal_max_bytes: u32,
+}
+
+/// Most B accepted: a larger budget is no halt budget.
+pub const MAX_BUDGET: u32 = 1000;
+
+impl ServeArgs {
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        if self.budget > MAX_BUDGET {
+            return Err(err("budget", format!("{} exceeds the maximum of {MAX_BUDGET}", self.budget)));
+        }
+        if !self.hard_limit.is_finite() || !(0.0..=1.0).contains(&self.hard_limit) {
+            return Err(err("hard-limit", format!("{} is not a probability in [0, 1]", self.hard_limit)));
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(err("heartbeat-interval-ms", "must be at least 1"));
+        }
+        if self.heartbeat_deadline_ms < 2 * self.heartbeat_interval_ms {
+            return Err(err(
+                "heartbeat-deadline-ms",
+                format!("{} must be at least twice --heartbeat-interval-ms ({})", self.heartbeat_deadline_ms, self.heartbeat_interval_ms),
+            ));
+        }
+        if self.halt_grace_ms == 0 {
+            return Err(err("halt-grace-ms", "must be at least 1"));
+        }
+        if self.max_streams == 0 || self.max_streams > 1 << 20 {
+            return Err(err("max-streams", "must be between 1 and 1048576"));
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > 64 << 20 {
+            return Err(err("max-body-bytes", "must be between 1 and 67108864"));
+        }
+        if !(256..=1 << 20).contains(&self.max_frame_bytes) {
+            return Err(err("max-frame-bytes", "must be between 256 and 1048576"));
+        }
+        if self.builtin_token_interval_us > 60_000_000 {
+            return Err(err("builtin-token-interval-us", "must be at most 60 s"));
+        }
+        if self.request_timeout_ms == 0 {
+            return Err(err("request-timeout-ms", "must be at least 1"));
+        }
+        if self.no_kernel_gate && self.bpf_object.is_some() {
+            return Err(err("bpf-object", "makes no sense together with --no-kernel-gate"));
+        }
+        let faults = parse_faults(&self.faults)?;
+        let workers = match self.workers {
+            Some(0) => return Err(err("workers", "must be at least 1")),
+            Some(n) if n > 256 => return Err(err("workers", "must be at most 256")),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
+        };
+        Ok(Config {
+            token_interval: Duration::from_micros(self.builtin_token_interval_us),
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
+            halt_grace: Duration::from_millis(self.halt_grace_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            workers,
+            faults,
+            terminal_max_bytes: 4096,
+            args: self,
+        })
+    }
+}
+
+fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
+    let mut out = Faults::default();
+    if faults.is_empty() {
+        return Ok(out);
+    }
+    if !cfg!(feature = "fault-injection") {
+        return Err(err("fault", "this build has no fault injection (build with the `fault-injection` feature, as `cargo xtask test` does)"));
+    }
+    for f in faults {
+        if f == "emitter-ignores-halt" {
+            out.emitter_ignores_halt = true;
+        } else if let Some(ms) = f.strip_prefix("watchdog-stall-after-ms=") {
+            let ms: u64 = ms.parse().map_err(|_| err("fault", format!("{f:?}: N must be a whole number of milliseconds")))?;
+            out.watchdog_stall_after = Some(Duration::from_millis(ms));
+        } else {
+            return Err(err("fault", format!("unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N)")));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let cli = Cli::try_parse_from(std::iter::once("haltd").chain(args.iter().copied())).expect("parses");
+        cli.serve.validate()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = parse(&[]).expect("valid");
+        assert_eq!(c.args.budget, 5);
+        assert!(!c.args.no_kernel_gate);
+        assert_eq!(c.faults, Faults::default());
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        for (args, flag) in [
+            (&["--budget", "5000"][..], "budget"),
+            (&["--hard-limit", "1.5"][..], "hard-limit"),
+            (&["--hard-limit", "NaN"][..], "hard-limit"),
+            (&["--heartbeat-deadline-ms", "3"][..], "heartbeat-deadline-ms"),
+            (&["--max-streams", "0"][..], "max-streams"),
+            (&["--fault", "sneeze"][..], "fault"),
+            (&["--workers", "0"][..], "workers"),
+        ] {
+            assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
+        }
+    }
+
+    #[cfg(feature = "fault-injection")]
+    #[test]
+    fn faults_parse() {
+        let c = parse(&["--fault", "emitter-ignores-halt", "--fault", "watchdog-stall-after-ms=250"]).expect("valid");
+        assert!(c.faults.emitter_ignores_halt);
+        assert_eq!(c.faults.watchdog_stall_after, Some(Duration::from_millis(250)));
+    }
+}

@@ -1,0 +1,861 @@
+//! The client-facing data plane: one io_uring event loop per worker thread.
+//!
+//! Each worker accepts on the shared listener, and for every connection: allocates a stream
+//! slot, puts the socket under the kernel halt gate before its first send, reads and parses
+//! the request, then runs the turn as a chain of completions: (timer →) generate one token →
+//! detectors → account the frame → send it → ... Every send on a governed socket carries one
+//! frame (one SSE event, or one whole response), which is what the gate counts.
+//!
+//! Buffers belong to the connection and stay put while an operation that points into them
+//! is in flight; a connection is dropped only when none is (`Conn::inflight`). `user_data`
+//! is the connection's slab key and the operation kind.
+//!
+//! A trip raised elsewhere (admin, watchdog) rings the worker's eventfd; the worker then halts
+//! the tripped streams it owns at once instead of waiting for their next token.
+
+use std::{
+    io,
+    net::TcpListener,
+    os::fd::{AsRawFd, RawFd},
+    sync::{atomic::Ordering::SeqCst, Arc},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use io_uring::{opcode, squeue, types, IoUring};
+use slab::Slab;
+
+use crate::{
+    codes::FailureCode,
+    gate::monotonic_ns,
+    http::{self, HttpError, RequestHead},
+    ledger::RecordKind,
+    monitor::{Decision, HaltMonitor},
+    openai::{self, ChunkEncoder, Token, TurnRequest},
+    shared::{failure_codes, Shared},
+    source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
+    stream::{halter, state, Endpoint, Mode, StreamId},
+};
+
+const OP_ACCEPT: u64 = 1;
+const OP_WAKE: u64 = 2;
+const OP_RECV: u64 = 3;
+const OP_SEND: u64 = 4;
+const OP_TIMER: u64 = 5;
+const OP_LINK_TIMEOUT: u64 = 6;
+const OP_CANCEL: u64 = 7;
+/// Key used for the listener and the eventfd, which are not connections.
+const WORKER_KEY: u64 = u32::MAX as u64;
+const RING_ENTRIES: u32 = 1024;
+const RECV_CHUNK: usize = 8 * 1024;
+
+fn ud(key: usize, op: u64) -> u64 {
+    ((key as u64) << 8) | op
+}
+
+/// What the send in flight carries, which decides what happens when it completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SendKind {
+    Continue100,
+    Head,
+    Token,
+    /// The last frame of a turn that ends normally.
+    Final,
+    /// An error or health response; the connection closes after it.
+    Reply,
+    Terminal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Open,
+    Completed,
+    Halted,
+    ClientGone,
+    Rejected(u16),
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Open => "open",
+            Outcome::Completed => "completed",
+            Outcome::Halted => "halted",
+            Outcome::ClientGone => "client_gone",
+            Outcome::Rejected(_) => "rejected",
+        }
+    }
+}
+
+/// A generated token kept for a batch response.
+#[derive(Debug)]
+struct HeldToken {
+    text: &'static str,
+    logprob: f32,
+    top: Vec<(&'static str, f32)>,
+    offset: usize,
+}
+
+/// The turn a connection is running.
+#[derive(Debug)]
+struct Turn {
+    req: TurnRequest,
+    source: BuiltinStream,
+    monitor: HaltMonitor,
+    enc: ChunkEncoder,
+    /// Bytes of completion text so far (for `text_offset`).
+    text_len: usize,
+    /// Batch mode: the response held until the turn completes.
+    held_text: String,
+    held_tokens: Vec<HeldToken>,
+    prompt_tokens: u64,
+    /// Token index of the token frame in flight (1-based).
+    inflight_token: u64,
+    detector_refs: Vec<String>,
+    last_token_ns: u64,
+    token_gap_ns_sum: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    fd: RawFd,
+    id: StreamId,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    woff: usize,
+    sending: Option<SendKind>,
+    recv_inflight: bool,
+    link_inflight: bool,
+    timer_inflight: bool,
+    cancel_inflight: u32,
+    timer_ts: Box<types::Timespec>,
+    read_ts: Box<types::Timespec>,
+    continue_sent: bool,
+    reading: bool,
+    pending_terminal: bool,
+    closing: bool,
+    outcome: Outcome,
+    turn: Option<Box<Turn>>,
+}
+
+impl Conn {
+    fn inflight(&self) -> bool {
+        self.sending.is_some() || self.recv_inflight || self.link_inflight || self.timer_inflight || self.cancel_inflight > 0
+    }
+}
+
+/// Starts the data-plane workers on `listener`.
+pub fn spawn_workers(shared: &Arc<Shared>, listener: &TcpListener) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut handles = Vec::new();
+    for worker in 0..shared.cfg.workers {
+        let listener = listener.try_clone()?;
+        let shared = Arc::clone(shared);
+        let ring = IoUring::new(RING_ENTRIES)?;
+        handles.push(std::thread::Builder::new().name(format!("haltd-dp-{worker}")).spawn(move || {
+            let mut w = Worker { id: worker as u32, ring, conns: Slab::new(), listener, shared, wake_buf: Box::new(0), cqes: Vec::new() };
+            if let Err(e) = w.run() {
+                // A dead worker cannot police its streams: stop the daemon (fail closed).
+                tracing::error!(worker, error = %e, "data-plane worker failed; exiting");
+                std::process::exit(70);
+            }
+        })?);
+    }
+    Ok(handles)
+}
+
+struct Worker {
+    id: u32,
+    ring: IoUring,
+    conns: Slab<Conn>,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    wake_buf: Box<u64>,
+    cqes: Vec<(u64, i32)>,
+}
+
+fn timespec(d: Duration) -> types::Timespec {
+    types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Worker {
+    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every entry points into buffers owned by `self.conns` (or the worker)
+            // that stay alive and unmoved until the matching completion is reaped.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    fn run(&mut self) -> io::Result<()> {
+        self.arm_accept()?;
+        self.arm_wake()?;
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+            self.cqes.clear();
+            self.cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            let cqes = std::mem::take(&mut self.cqes);
+            for &(data, res) in &cqes {
+                self.complete(data, res)?;
+            }
+            self.cqes = cqes;
+        }
+    }
+
+    fn arm_accept(&mut self) -> io::Result<()> {
+        let e = opcode::Accept::new(types::Fd(self.listener.as_raw_fd()), std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ud(WORKER_KEY as usize, OP_ACCEPT));
+        self.push(&e)
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        let fd = self.shared.wakers[self.id as usize].as_raw_fd();
+        let ptr: *mut u64 = &mut *self.wake_buf;
+        let e = opcode::Read::new(types::Fd(fd), ptr.cast(), 8).build().user_data(ud(WORKER_KEY as usize, OP_WAKE));
+        self.push(&e)
+    }
+
+    fn complete(&mut self, data: u64, res: i32) -> io::Result<()> {
+        let key = (data >> 8) as usize;
+        let op = data & 0xff;
+        if key == WORKER_KEY as usize {
+            return match op {
+                OP_ACCEPT => {
+                    if res >= 0 {
+                        self.accepted(res);
+                    } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
+                        tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
+                        if res == -libc::EMFILE || res == -libc::ENFILE {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                    self.arm_accept()
+                }
+                OP_WAKE => {
+                    self.scan_tripped();
+                    self.arm_wake()
+                }
+                _ => Ok(()),
+            };
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return Ok(());
+        };
+        match op {
+            OP_RECV => {
+                conn.recv_inflight = false;
+                self.on_recv(key, res)?;
+            }
+            OP_LINK_TIMEOUT => conn.link_inflight = false,
+            OP_SEND => self.on_send(key, res)?,
+            OP_TIMER => {
+                conn.timer_inflight = false;
+                if !conn.closing {
+                    self.step(key)?;
+                }
+            }
+            OP_CANCEL => conn.cancel_inflight = conn.cancel_inflight.saturating_sub(1),
+            _ => {}
+        }
+        self.maybe_finish_close(key);
+        Ok(())
+    }
+
+    fn accepted(&mut self, fd: RawFd) {
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt on a socket we own, with a valid int option value.
+        unsafe {
+            libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, (&raw const one).cast(), size_of::<libc::c_int>() as u32);
+        }
+        let shared = &self.shared;
+        let Some(id) = shared.table.alloc(self.id, fd, shared.cfg.args.budget, monotonic_ns()) else {
+            // A stream that cannot be governed is not served: answer 503 outside the gate
+            // (no tokens, nothing to police) and close.
+            shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status: 503 }).inc();
+            let mut out = Vec::new();
+            http::write_error_response(&mut out, &HttpError::new(503, "server_error", "haltd is at --max-streams; retry later"), None);
+            // SAFETY: plain non-blocking write and close of the socket we just accepted.
+            unsafe {
+                libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                libc::close(fd);
+            }
+            return;
+        };
+        if let Some(gate) = &shared.gate {
+            // SAFETY: `fd` is open for the duration of this call.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if let Err(e) = gate.govern(sock, id.slot, id.generation) {
+                shared.metrics.gate_errors.inc();
+                tracing::error!(stream_id = %id, error = %e, "cannot put the connection under the kernel gate; refusing it");
+                // SAFETY: closing the socket we accepted; nothing else refers to it.
+                unsafe { libc::close(fd) };
+                shared.table.release(id);
+                return;
+            }
+        }
+        shared.metrics.streams_active.inc();
+        let conn = Conn {
+            fd,
+            id,
+            rbuf: Vec::with_capacity(RECV_CHUNK),
+            wbuf: Vec::with_capacity(4096),
+            woff: 0,
+            sending: None,
+            recv_inflight: false,
+            link_inflight: false,
+            timer_inflight: false,
+            cancel_inflight: 0,
+            timer_ts: Box::new(timespec(shared.cfg.token_interval)),
+            read_ts: Box::new(timespec(shared.cfg.request_timeout)),
+            continue_sent: false,
+            reading: true,
+            pending_terminal: false,
+            closing: false,
+            outcome: Outcome::Open,
+            turn: None,
+        };
+        let key = self.conns.insert(conn);
+        if let Err(e) = self.arm_recv(key) {
+            tracing::error!(error = %e, "arming recv failed");
+            self.begin_close(key);
+        }
+    }
+
+    fn arm_recv(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
+        if conn.rbuf.len() >= max {
+            return Ok(());
+        }
+        conn.rbuf.reserve(RECV_CHUNK.min(max - conn.rbuf.len()));
+        let spare = conn.rbuf.capacity() - conn.rbuf.len();
+        let want = spare.min(max - conn.rbuf.len());
+        // SAFETY: the pointer is into the spare capacity of `rbuf`, which is not touched or
+        // reallocated until this recv completes.
+        let ptr = unsafe { conn.rbuf.as_mut_ptr().add(conn.rbuf.len()) };
+        let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32).build().flags(squeue::Flags::IO_LINK).user_data(ud(key, OP_RECV));
+        let ts: *const types::Timespec = &*conn.read_ts;
+        let link = opcode::LinkTimeout::new(ts).build().user_data(ud(key, OP_LINK_TIMEOUT));
+        conn.recv_inflight = true;
+        conn.link_inflight = true;
+        self.push(&recv)?;
+        self.push(&link)
+    }
+
+    fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        if conn.closing || !conn.reading {
+            return Ok(());
+        }
+        if res == -libc::ECANCELED {
+            conn.reading = false;
+            return self.reply_error(key, &HttpError::new(408, "invalid_request_error", "the request did not arrive in time"));
+        }
+        if res <= 0 {
+            // The client went away before sending a whole request.
+            conn.outcome = Outcome::ClientGone;
+            self.begin_close(key);
+            return Ok(());
+        }
+        // SAFETY: the kernel wrote `res` bytes into the spare capacity we handed it.
+        unsafe { conn.rbuf.set_len(conn.rbuf.len() + res as usize) };
+        let max_body = self.shared.cfg.args.max_body_bytes;
+        let head = match http::parse_head(&conn.rbuf, max_body) {
+            Ok(Some(h)) => h,
+            Ok(None) => return self.arm_recv(key),
+            Err(e) => {
+                conn.reading = false;
+                return self.reply_error(key, &e);
+            }
+        };
+        let have = conn.rbuf.len() - head.head_len;
+        if have < head.content_length {
+            if head.expect_continue && !conn.continue_sent {
+                conn.continue_sent = true;
+                conn.wbuf.clear();
+                conn.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                if self.shared.table.slot(conn.id.slot).begin_frame(false, false) {
+                    self.send(key, SendKind::Continue100)?;
+                } else {
+                    return self.halt(key);
+                }
+            }
+            return self.arm_recv(key);
+        }
+        if have > head.content_length {
+            conn.reading = false;
+            return self.reply_error(key, &HttpError::bad_request("bytes after the request body (pipelining is not supported)"));
+        }
+        conn.reading = false;
+        self.route(key, head)
+    }
+
+    fn route(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+        let path = head.path.split('?').next().unwrap_or_default();
+        let endpoint = match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completion),
+            _ => None,
+        };
+        match (head.method.as_str(), path, endpoint) {
+            ("POST", _, Some(endpoint)) => {
+                let body = &self.conns[key].rbuf[head.head_len..];
+                match openai::parse_turn(endpoint, body, MODEL_NAME) {
+                    Ok(req) => self.start_turn(key, req),
+                    Err(e) => self.reply_error(key, &e),
+                }
+            }
+            (_, _, Some(_)) => self.reply_error(key, &HttpError::new(405, "invalid_request_error", format!("{} is not allowed here; use POST", head.method))),
+            ("GET", "/healthz", _) => self.reply_health(key),
+            ("GET", "/v1/models", _) => {
+                let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
+                self.reply(key, 200, "application/json", body.as_bytes())
+            }
+            (_, "/healthz" | "/v1/models", _) => self.reply_error(key, &HttpError::new(405, "invalid_request_error", format!("{} is not allowed here; use GET", head.method))),
+            _ => self.reply_error(key, &HttpError::new(404, "invalid_request_error", format!("no route for {} {}", head.method, path.chars().take(200).collect::<String>())).with_code("not_found")),
+        }
+    }
+
+    fn reply_health(&mut self, key: usize) -> io::Result<()> {
+        let now = monotonic_ns();
+        let fresh = self.shared.heartbeat_fresh(now);
+        let body = serde_json::json!({
+            "status": if fresh { "ok" } else { "heartbeat_lost" },
+            "kernel_gate": self.shared.kernel_gate_label(),
+            "heartbeat_age_ms": self.shared.heartbeat_age_s(now) * 1e3,
+            "streams_active": self.shared.table.active_count(),
+        })
+        .to_string();
+        self.reply(key, if fresh { 200 } else { 503 }, "application/json", body.as_bytes())
+    }
+
+    fn reply(&mut self, key: usize, status: u16, content_type: &str, body: &[u8]) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        conn.wbuf.clear();
+        http::write_head(&mut conn.wbuf, status, content_type, Some(body.len()), Some(conn.id), &[]);
+        conn.wbuf.extend_from_slice(body);
+        if status >= 400 {
+            self.shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status }).inc();
+            conn.outcome = Outcome::Rejected(status);
+        }
+        if self.shared.table.slot(conn.id.slot).begin_final() {
+            self.send(key, SendKind::Reply)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
+        conn.wbuf.clear();
+        http::write_error_response(&mut conn.wbuf, err, Some(conn.id));
+        self.shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status: err.status }).inc();
+        conn.outcome = Outcome::Rejected(err.status);
+        if self.shared.table.slot(conn.id.slot).begin_final() {
+            self.send(key, SendKind::Reply)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    fn start_turn(&mut self, key: usize, req: TurnRequest) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let created = unix_now();
+        slot.created.store(created, SeqCst);
+        slot.endpoint.store(req.endpoint as u8, SeqCst);
+        let mode = if req.stream { Mode::Stream } else { Mode::Batch };
+        if mode == Mode::Batch {
+            // A batch response is all or nothing: no token may follow a trip.
+            slot.budget.store(0, SeqCst);
+        }
+        slot.mode.store(mode as u8, SeqCst);
+        let model = BuiltinModel::get();
+        let monitor = match HaltMonitor::new(shared.cfg.args.hard_limit) {
+            Ok(m) => m,
+            Err(e) => return self.reply_error(key, &HttpError::new(500, "server_error", format!("monitor: {e}"))),
+        };
+        let mut detector_refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
+        if shared.cfg.args.hard_limit > 0.0 {
+            detector_refs.push(format!("halt_monitor:token_probability<{}", shared.cfg.args.hard_limit));
+        }
+        let turn = Turn {
+            source: model.stream(&req.prompt, req.seed, req.max_tokens),
+            prompt_tokens: model.count_tokens(&req.prompt) as u64,
+            enc: ChunkEncoder { endpoint: req.endpoint, stream_id: conn.id, created, model: MODEL_NAME, logprobs: req.logprobs, top_logprobs: req.top_logprobs },
+            req,
+            monitor,
+            text_len: 0,
+            held_text: String::new(),
+            held_tokens: Vec::new(),
+            inflight_token: 0,
+            detector_refs,
+            last_token_ns: 0,
+            token_gap_ns_sum: 0,
+        };
+        conn.turn = Some(Box::new(turn));
+        if mode == Mode::Stream {
+            conn.wbuf.clear();
+            http::write_head(&mut conn.wbuf, 200, "text/event-stream", None, Some(conn.id), &[]);
+            if slot.begin_frame(false, false) {
+                slot.headers_sent.store(true, SeqCst);
+                return self.send(key, SendKind::Head);
+            }
+            return self.halt(key);
+        }
+        self.step(key)
+    }
+
+    /// Produces the next token of a turn: heartbeat and trip checks, generation, detectors,
+    /// accounting, send (or hold, in batch mode).
+    fn step(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let slot = shared.table.slot(id.slot);
+        let now = monotonic_ns();
+        if !shared.heartbeat_fresh(now) && !slot.is_tripped() {
+            // Fail closed: without a watchdog nobody could enforce a later halt.
+            let _ = shared.trip(id, FailureCode::HeartbeatLost);
+        }
+        if slot.is_tripped() && !(ignore_halt && slot.raw_state() == state::TRIPPED) {
+            return self.halt(key);
+        }
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let mode = slot.mode();
+        let top_n = if turn.req.logprobs { turn.req.top_logprobs as usize } else { 0 };
+        let Some(tok) = turn.source.next_token(top_n) else {
+            return self.finish(key);
+        };
+        // HaltMonitor (spec 001): the score is the token's probability. A failing token is
+        // never emitted: the trip happens before it is accounted or sent.
+        let score = f64::from(tok.logprob).exp();
+        if turn.monitor.check(score) == Decision::Halt {
+            let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
+            return self.halt(key);
+        }
+        if turn.last_token_ns != 0 {
+            turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
+        }
+        turn.last_token_ns = now;
+        let offset = turn.text_len;
+        turn.text_len += tok.text.len();
+        let index = slot.tokens_submitted.load(SeqCst);
+        if mode == Mode::Batch {
+            // Held, not sent: batch responses are committed whole. (Allocates per token: the
+            // batch path keeps every token for the final body.)
+            turn.held_text.push_str(tok.text);
+            turn.held_tokens.push(HeldToken { text: tok.text, logprob: tok.logprob, top: tok.top.as_slice().to_vec(), offset });
+            slot.tokens_submitted.fetch_add(1, SeqCst);
+            return self.schedule_next(key);
+        }
+        conn.wbuf.clear();
+        turn.enc.token_event(&mut conn.wbuf, Token { text: tok.text, logprob: tok.logprob, top: tok.top.as_slice() }, index, offset);
+        if !slot.begin_frame(true, ignore_halt) {
+            return self.halt(key);
+        }
+        turn.inflight_token = index + 1;
+        self.send(key, SendKind::Token)
+    }
+
+    fn schedule_next(&mut self, key: usize) -> io::Result<()> {
+        if self.shared.cfg.token_interval.is_zero() {
+            return self.step(key);
+        }
+        let conn = &mut self.conns[key];
+        let ts: *const types::Timespec = &*conn.timer_ts;
+        conn.timer_inflight = true;
+        let e = opcode::Timeout::new(ts).build().user_data(ud(key, OP_TIMER));
+        self.push(&e)
+    }
+
+    fn finish(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let reason = turn.source.finish_reason().map_or("stop", |r| r.as_str());
+        conn.wbuf.clear();
+        if slot.mode() == Mode::Stream {
+            let usage = turn.req.include_usage.then(|| (turn.prompt_tokens, u64::from(turn.source.tokens_generated())));
+            turn.enc.finish_events(&mut conn.wbuf, reason, usage);
+        } else {
+            let toks: Vec<Token<'_>> = turn.held_tokens.iter().map(|t| Token { text: t.text, logprob: t.logprob, top: &t.top }).collect();
+            let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
+            let body = turn.enc.batch_body(&turn.held_text, &toks, &offsets, reason, turn.prompt_tokens);
+            http::write_head(&mut conn.wbuf, 200, "application/json", Some(body.len()), Some(conn.id), &[]);
+            conn.wbuf.extend_from_slice(&body);
+        }
+        if slot.begin_final() {
+            if slot.mode() == Mode::Batch {
+                slot.headers_sent.store(true, SeqCst);
+            }
+            self.send(key, SendKind::Final)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        conn.woff = 0;
+        conn.sending = Some(kind);
+        self.shared.table.slot(conn.id.slot).send_inflight.store(true, SeqCst);
+        self.submit_send(key)
+    }
+
+    fn submit_send(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
+        let rest = &conn.wbuf[conn.woff..];
+        let e = opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud(key, OP_SEND));
+        self.push(&e)
+    }
+
+    fn on_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let Some(kind) = conn.sending else {
+            return Ok(());
+        };
+        let slot = shared.table.slot(conn.id.slot);
+        if res > 0 && conn.woff + (res as usize) < conn.wbuf.len() {
+            // Short write: send the rest. The kernel gate counts it as a frame of its own.
+            conn.woff += res as usize;
+            if kind != SendKind::Terminal {
+                slot.count_continuation();
+            }
+            return self.submit_send(key);
+        }
+        conn.sending = None;
+        slot.send_inflight.store(false, SeqCst);
+        let ok = res > 0;
+        if kind == SendKind::Terminal {
+            return self.halt_done(key, ok);
+        }
+        if !ok {
+            tracing::debug!(stream_id = %conn.id, error = %io::Error::from_raw_os_error(-res), "send failed");
+            if slot.is_tripped() {
+                // The kernel gate dropped it, or the watchdog shut the socket: halt path.
+                return self.halt(key);
+            }
+            // The client went away. Make the stream untrippable, then close.
+            let _ = slot.state.compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
+            if slot.is_tripped() {
+                return self.halt(key);
+            }
+            conn.outcome = Outcome::ClientGone;
+            self.begin_close(key);
+            return Ok(());
+        }
+        if conn.pending_terminal {
+            conn.pending_terminal = false;
+            return self.halt(key);
+        }
+        match kind {
+            SendKind::Continue100 => Ok(()),
+            SendKind::Head => self.step(key),
+            SendKind::Token => {
+                slot.tokens_delivered.fetch_add(1, SeqCst);
+                shared.metrics.tokens_emitted.inc();
+                let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
+                if slot.is_tripped() && index > slot.trip_token_index.load(SeqCst) {
+                    slot.post_trip_delivered.fetch_add(1, SeqCst);
+                }
+                self.schedule_next(key)
+            }
+            SendKind::Final | SendKind::Reply => {
+                slot.state.store(state::DONE, SeqCst);
+                if kind == SendKind::Final {
+                    conn.outcome = Outcome::Completed;
+                }
+                self.begin_close(key);
+                Ok(())
+            }
+            SendKind::Terminal => Ok(()),
+        }
+    }
+
+    /// Halts a tripped stream from the emitter's side: claim the halt, then send the terminal
+    /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
+    fn halt(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        match slot.raw_state() {
+            state::HALTED => {
+                conn.outcome = Outcome::Halted;
+                self.begin_close(key);
+                return Ok(());
+            }
+            state::TRIPPED => {}
+            // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
+            // us once it is HALTED.
+            _ => return Ok(()),
+        }
+        if conn.sending.is_some() {
+            conn.pending_terminal = true;
+            return Ok(());
+        }
+        if !slot.claim_halt() {
+            return Ok(());
+        }
+        conn.outcome = Outcome::Halted;
+        let snap = slot.snapshot(conn.id.slot);
+        shared.terminal_frame(&snap, &mut conn.wbuf);
+        self.send(key, SendKind::Terminal)
+    }
+
+    fn halt_done(&mut self, key: usize, delivered: bool) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        slot.finish_halt(halter::EMITTER, monotonic_ns());
+        let refs = conn.turn.as_ref().map(|t| t.detector_refs.clone()).unwrap_or_default();
+        shared.complete_halt(&slot.snapshot(conn.id.slot), delivered, refs);
+        self.begin_close(key);
+        Ok(())
+    }
+
+    /// After a wake-up: halt every tripped stream of this worker, and close the ones the
+    /// watchdog halted.
+    fn scan_tripped(&mut self) {
+        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
+        let keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.closing)
+            .filter(|(_, c)| {
+                let st = self.shared.table.slot(c.id.slot).raw_state();
+                st == state::HALTED || (st == state::TRIPPED && !ignore_halt)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            if let Err(e) = self.halt(key) {
+                tracing::error!(error = %e, "halting a stream failed");
+            }
+            self.maybe_finish_close(key);
+        }
+    }
+
+    fn begin_close(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        let mut cancels = Vec::new();
+        if conn.timer_inflight {
+            cancels.push(ud(key, OP_TIMER));
+        }
+        if conn.recv_inflight {
+            cancels.push(ud(key, OP_RECV));
+        }
+        conn.cancel_inflight += cancels.len() as u32;
+        for target in cancels {
+            let e = opcode::AsyncCancel::new(target).build().user_data(ud(key, OP_CANCEL));
+            if self.push(&e).is_err() {
+                if let Some(c) = self.conns.get_mut(key) {
+                    c.cancel_inflight -= 1;
+                }
+            }
+        }
+        self.maybe_finish_close(key);
+    }
+
+    /// Closes a connection once nothing is in flight and nobody else holds its halt.
+    fn maybe_finish_close(&mut self, key: usize) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        if !conn.closing || conn.inflight() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let slot = shared.table.slot(conn.id.slot);
+        match slot.raw_state() {
+            // The watchdog is writing to this socket: it wakes us when done.
+            state::HALTING | state::TRIPPING => return,
+            state::TRIPPED => {
+                // Tripped while closing (e.g. the client went away at the same moment): the
+                // halt still gets its record; the terminal send fails harmlessly.
+                if slot.claim_halt() {
+                    slot.finish_halt(halter::EMITTER, monotonic_ns());
+                    shared.complete_halt(&slot.snapshot(conn.id.slot), false, Vec::new());
+                }
+            }
+            _ => {}
+        }
+        let conn = self.conns.remove(key);
+        // SAFETY: no operation on this descriptor is in flight and the watchdog is done
+        // with it (the slot is not HALTING), so nothing else uses it.
+        unsafe { libc::close(conn.fd) };
+        shared.metrics.streams_active.dec();
+        self.record_turn(&conn);
+        shared.table.release(conn.id);
+    }
+
+    fn record_turn(&self, conn: &Conn) {
+        let Some(turn) = conn.turn.as_ref() else {
+            return; // not a turn: health checks and refused requests
+        };
+        let shared = &self.shared;
+        let slot = shared.table.slot(conn.id.slot);
+        let snap = slot.snapshot(conn.id.slot);
+        let outcome = if snap.trip_cause.is_some() { Outcome::Halted } else { conn.outcome };
+        shared.metrics.streams_total.get_or_create(&crate::metrics::OutcomeLabels { outcome: outcome.as_str() }).inc();
+        let mut rec = shared.base_record(RecordKind::Turn, &snap);
+        rec.outcome = Some(outcome.as_str().to_owned());
+        rec.detector_refs = turn.detector_refs.clone();
+        let gaps = u64::from(turn.source.tokens_generated().saturating_sub(1)).max(1);
+        rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
+        let started = snap.started_ns;
+        rec.halted_by = (snap.halted_by != halter::NONE).then(|| halter::name(snap.halted_by).to_owned());
+        if let Some(cause) = snap.trip_cause {
+            rec.watchdog_trip = true;
+            rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
+            rec.failure_codes = failure_codes(cause);
+            rec.trip_cause = Some(cause.as_str().to_owned());
+            rec.trip_token_index = Some(snap.trip_token_index);
+            rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
+            if snap.halt_ns >= snap.trip_ns && snap.halt_ns != 0 {
+                rec.halt_latency_ms = Some((snap.halt_ns - snap.trip_ns) as f64 / 1e6);
+            }
+        }
+        rec.message = Some(format!("turn of {} ms", monotonic_ns().saturating_sub(started) / 1_000_000));
+        shared.record(rec);
+    }
+}
+
+/// Mean inter-token latency bucket of a turn (FHR `latency_bucket`).
+fn latency_bucket(mean_gap_ns: u64) -> &'static str {
+    match mean_gap_ns {
+        0..=1_000_000 => "le_1ms",
+        1_000_001..=10_000_000 => "le_10ms",
+        10_000_001..=100_000_000 => "le_100ms",
+        _ => "gt_100ms",
+    }
+}

@@ -1,0 +1,239 @@
+//! HTTP/1.1 on the data plane: request heads parsed with `httparse`, response heads written
+//! into the connection's own buffer.
+//!
+//! haltd answers one request per connection and says so (`connection: close`): a governed
+//! socket's gate state is per socket and a halt drops the socket for good, so reusing a
+//! connection for a second turn would only complicate the accounting.
+
+use std::io::Write as _;
+
+use crate::stream::StreamId;
+
+/// Most headers a request may carry.
+pub const MAX_HEADERS: usize = 64;
+/// Largest request head (request line + headers).
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// A request whose head has been parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub path: String,
+    /// Bytes of the head, including the blank line; the body starts here.
+    pub head_len: usize,
+    pub content_length: usize,
+    pub expect_continue: bool,
+}
+
+/// A request the data plane refuses, with the status it answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {message}")]
+pub struct HttpError {
+    pub status: u16,
+    /// OpenAI-style error type (`invalid_request_error`, ...).
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+        HttpError { status, kind, code: None, message: message.into() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "invalid_request_error", message)
+    }
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+}
+
+/// Parses the head of a request from what has arrived so far.
+///
+/// `Ok(None)` means more bytes are needed. Errors carry the status to answer.
+pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, HttpError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err(HttpError::new(431, "invalid_request_error", "request head larger than 16 KiB"));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HttpError::new(431, "invalid_request_error", format!("more than {MAX_HEADERS} headers")))
+        }
+        Err(e) => return Err(HttpError::bad_request(format!("malformed HTTP request: {e}"))),
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(HttpError::new(431, "invalid_request_error", "request head larger than 16 KiB"));
+    }
+    let method = req.method.unwrap_or_default().to_owned();
+    let path = req.path.unwrap_or_default().to_owned();
+    if req.version != Some(1) {
+        return Err(HttpError::new(505, "invalid_request_error", "only HTTP/1.1 is served"));
+    }
+    let mut content_length: Option<usize> = None;
+    let mut expect_continue = false;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .ok_or_else(|| HttpError::bad_request("content-length is not a decimal number"))?;
+            if content_length.is_some_and(|prev| prev != v) {
+                return Err(HttpError::bad_request("conflicting content-length headers"));
+            }
+            content_length = Some(v);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(HttpError::new(
+                411,
+                "invalid_request_error",
+                "transfer-encoding request bodies are not accepted; send content-length",
+            ));
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            if h.value.eq_ignore_ascii_case(b"100-continue") {
+                expect_continue = true;
+            } else {
+                return Err(HttpError::new(417, "invalid_request_error", "unsupported expectation"));
+            }
+        }
+    }
+    let content_length = content_length.unwrap_or(0);
+    if content_length > max_body {
+        return Err(HttpError::new(
+            413,
+            "invalid_request_error",
+            format!("request body of {content_length} bytes exceeds the limit of {max_body} bytes"),
+        ));
+    }
+    Ok(Some(RequestHead { method, path, head_len, content_length, expect_continue }))
+}
+
+/// Reason phrase of the statuses haltd sends.
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        417 => "Expectation Failed",
+        422 => "Unprocessable Content",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "Unknown",
+    }
+}
+
+/// Writes a response head. `content_length: None` means the body runs until close (SSE).
+pub fn write_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    content_length: Option<usize>,
+    stream_id: Option<StreamId>,
+    extra: &[(&str, &str)],
+) {
+    // Writes into a Vec cannot fail.
+    let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason(status));
+    write_head_fields(out, content_type, content_length, stream_id, extra);
+}
+
+/// The header fields and blank line, after a status line written by the caller.
+pub fn write_head_fields(
+    out: &mut Vec<u8>,
+    content_type: &str,
+    content_length: Option<usize>,
+    stream_id: Option<StreamId>,
+    extra: &[(&str, &str)],
+) {
+    let _ = write!(out, "content-type: {content_type}\r\n");
+    if let Some(n) = content_length {
+        let _ = write!(out, "content-length: {n}\r\n");
+    } else {
+        out.extend_from_slice(b"cache-control: no-cache\r\n");
+    }
+    if let Some(id) = stream_id {
+        let _ = write!(out, "x-haltd-stream-id: {id}\r\n");
+    }
+    for (k, v) in extra {
+        let _ = write!(out, "{k}: {v}\r\n");
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+}
+
+/// A whole JSON error response in the OpenAI error shape.
+pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Option<StreamId>) {
+    let body = serde_json::json!({
+        "error": {
+            "message": err.message,
+            "type": err.kind,
+            "param": null,
+            "code": err.code,
+        }
+    })
+    .to_string();
+    let extra: &[(&str, &str)] = if err.status == 405 { &[("allow", "POST")] } else { &[] };
+    write_head(out, err.status, "application/json", Some(body.len()), stream_id, extra);
+    out.extend_from_slice(body.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_complete_post() {
+        let req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+        let head = parse_head(req, 100).expect("valid").expect("complete");
+        assert_eq!(head.method, "POST");
+        assert_eq!(head.path, "/v1/completions");
+        assert_eq!(head.content_length, 5);
+        assert_eq!(&req[head.head_len..], b"hello");
+    }
+
+    #[test]
+    fn partial_heads_wait_for_more() {
+        assert_eq!(parse_head(b"POST /v1/completions HTTP/1.1\r\nHost", 100), Ok(None));
+    }
+
+    #[test]
+    fn refuses_bad_input_with_precise_statuses() {
+        let status = |req: &[u8]| parse_head(req, 10).expect_err("refused").status;
+        assert_eq!(status(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"), 413);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), 400);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"), 400);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
+        assert_eq!(status(b"POST / HTTP/1.0\r\n\r\n"), 505);
+        let many: Vec<u8> = [&b"GET / HTTP/1.1\r\n"[..], &b"a: b\r\n".repeat(100), b"\r\n"].concat();
+        assert_eq!(status(&many), 431);
+        let huge = [&b"GET / HTTP/1.1\r\nx: "[..], &vec![b'a'; MAX_HEAD_BYTES + 10]].concat();
+        assert_eq!(status(&huge), 431);
+    }
+
+    #[test]
+    fn error_responses_are_openai_shaped_json() {
+        let mut out = Vec::new();
+        write_error_response(&mut out, &HttpError::bad_request("bad \"json\""), None);
+        let text = String::from_utf8(out).expect("utf8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["message"], "bad \"json\"");
+    }
+}

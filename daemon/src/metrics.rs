@@ -1,0 +1,196 @@
+//! Prometheus metrics (prometheus-client), served on `--metrics ADDR` at `/metrics`.
+//!
+//! Handles are created once; the per-token path touches only `tokens_emitted` (one atomic
+//! add). Kernel verdict counters live in per-CPU BPF maps; they are summed at scrape time and
+//! the difference since the last scrape is added to `haltd_kernel_frames_total`, so the
+//! counter stays monotonic and BPF remains their only writer.
+
+use std::sync::{atomic::AtomicU64, Mutex};
+
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+use crate::codes::FailureCode;
+
+/// Post-trip token buckets: every value up to 10 (B is usually ≤ 5), then coarse.
+pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 50.0, 100.0];
+/// Halt latency buckets, 50 µs to 5 s.
+pub const HALT_LATENCY_BUCKETS: [f64; 14] =
+    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: FailureCode,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HalterLabels {
+    pub halted_by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: u16,
+}
+
+/// All metric handles of the daemon.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub halt_tokens_post_trip: Histogram,
+    pub halt_latency_seconds: Histogram,
+    pub watchdog_trips: Family<CauseLabels, Counter>,
+    pub halts_by: Family<HalterLabels, Counter>,
+    pub kernel_frames: Family<VerdictLabels, Counter>,
+    pub kernel_halt_events: Counter,
+    pub streams_active: Gauge,
+    pub streams_total: Family<OutcomeLabels, Counter>,
+    pub requests_rejected: Family<StatusLabels, Counter>,
+    pub tokens_emitted: Counter,
+    pub heartbeat_age_seconds: Gauge<f64, AtomicU64>,
+    pub kernel_gate_enabled: Gauge,
+    pub gate_errors: Counter,
+    pub ledger_errors: Counter,
+    /// Last per-verdict totals read from BPF, to turn them into increments.
+    kernel_last: Mutex<Vec<u64>>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("haltd");
+        let halt_tokens_post_trip = Histogram::new(POST_TRIP_TOKEN_BUCKETS);
+        registry.register(
+            "halt_tokens_post_trip",
+            "Token frames that reached the client after the trip point, per halted stream",
+            halt_tokens_post_trip.clone(),
+        );
+        let halt_latency_seconds = Histogram::new(HALT_LATENCY_BUCKETS);
+        registry.register_with_unit(
+            "halt_latency",
+            "Time from the trip to the terminal frame (or close), per halted stream",
+            Unit::Seconds,
+            halt_latency_seconds.clone(),
+        );
+        let watchdog_trips = Family::<CauseLabels, Counter>::default();
+        registry.register("watchdog_trips", "Streams halted, by trip cause (WATCHDOG_TRIP events)", watchdog_trips.clone());
+        let halts_by = Family::<HalterLabels, Counter>::default();
+        registry.register("halts", "Halts by who completed them (emitter or watchdog)", halts_by.clone());
+        let kernel_frames = Family::<VerdictLabels, Counter>::default();
+        registry.register("kernel_frames", "Sends seen by the kernel halt gate, by verdict (summed BPF per-CPU counters)", kernel_frames.clone());
+        let kernel_halt_events = Counter::default();
+        registry.register("kernel_halt_events", "Sockets on which the kernel gate dropped a send", kernel_halt_events.clone());
+        let streams_active = Gauge::default();
+        registry.register("streams_active", "Open client connections (governed streams)", streams_active.clone());
+        let streams_total = Family::<OutcomeLabels, Counter>::default();
+        registry.register("streams", "Finished streams by outcome", streams_total.clone());
+        let requests_rejected = Family::<StatusLabels, Counter>::default();
+        registry.register("requests_rejected", "Requests answered with an error status", requests_rejected.clone());
+        let tokens_emitted = Counter::default();
+        registry.register("tokens_emitted", "Token frames the kernel accepted for clients", tokens_emitted.clone());
+        let heartbeat_age_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "heartbeat_age",
+            "Age of the watchdog heartbeat at scrape time",
+            Unit::Seconds,
+            heartbeat_age_seconds.clone(),
+        );
+        let kernel_gate_enabled = Gauge::default();
+        registry.register("kernel_gate_enabled", "1 when the kernel halt gate enforces budgets; 0 under --no-kernel-gate", kernel_gate_enabled.clone());
+        let gate_errors = Counter::default();
+        registry.register("gate_errors", "Failed kernel gate operations (each one halts or refuses its stream)", gate_errors.clone());
+        let ledger_errors = Counter::default();
+        registry.register("ledger_errors", "Flight-recorder records that could not be written", ledger_errors.clone());
+        Metrics {
+            registry,
+            halt_tokens_post_trip,
+            halt_latency_seconds,
+            watchdog_trips,
+            halts_by,
+            kernel_frames,
+            kernel_halt_events,
+            streams_active,
+            streams_total,
+            requests_rejected,
+            tokens_emitted,
+            heartbeat_age_seconds,
+            kernel_gate_enabled,
+            gate_errors,
+            ledger_errors,
+            kernel_last: Mutex::new(vec![0; haltd_common::verdict::COUNT as usize]),
+        }
+    }
+
+    /// Folds fresh BPF verdict totals into `haltd_kernel_frames_total`.
+    pub fn observe_kernel_totals(&self, totals: &[u64]) {
+        let mut last = self.kernel_last.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, (&now, prev)) in totals.iter().zip(last.iter_mut()).enumerate() {
+            let name = haltd_common::verdict::NAMES.get(i).copied().unwrap_or("unknown");
+            let counter = self.kernel_frames.get_or_create(&VerdictLabels { verdict: name });
+            if now > *prev {
+                counter.inc_by(now - *prev);
+            }
+            *prev = now.max(*prev);
+        }
+    }
+
+    /// Records one completed halt.
+    pub fn observe_halt(&self, cause: FailureCode, post_trip_tokens: u64, latency_s: f64, by: &'static str) {
+        self.halt_tokens_post_trip.observe(post_trip_tokens as f64);
+        self.halt_latency_seconds.observe(latency_s);
+        self.watchdog_trips.get_or_create(&CauseLabels { cause }).inc();
+        self.halts_by.get_or_create(&HalterLabels { halted_by: by }).inc();
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_the_contract_names() {
+        let m = Metrics::new();
+        m.observe_halt(FailureCode::OperatorTrip, 2, 0.001, "emitter");
+        m.observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0]);
+        m.observe_kernel_totals(&[7, 1, 1, 2, 0, 0, 0]);
+        let text = m.encode();
+        for name in [
+            "haltd_halt_tokens_post_trip_bucket",
+            "haltd_halt_latency_seconds_bucket",
+            "haltd_watchdog_trips_total{cause=\"OPERATOR_TRIP\"} 1",
+            "haltd_kernel_frames_total{verdict=\"pass\"} 7",
+            "haltd_kernel_frames_total{verdict=\"drop_budget\"} 2",
+            "haltd_streams_active",
+            "haltd_tokens_emitted_total",
+            "haltd_heartbeat_age_seconds",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! The OpenAI-compatible wire format (DESIGN §4): request bodies in, SSE chunks and JSON
+//! bodies out, and the typed terminal event of a halted stream.
+//!
+//! Token chunks are written straight into the connection's reused buffer (no allocation per
+//! token once the buffer has grown); the rarer shapes (terminal, batch bodies) use
+//! `serde_json::Value`.
+
+use std::io::Write as _;
+
+use haltd_common::{HTTP_TERMINAL_PREFIX, SSE_TERMINAL_PREFIX};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{
+    codes::FailureCode,
+    http::{self, HttpError},
+    stream::{nonce_hex, Endpoint, StreamId},
+};
+
+/// Highest `top_logprobs` / `logprobs` accepted (the OpenAI limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// `max_tokens` when a chat request gives none.
+pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
+/// `max_tokens` when a completion request gives none (the OpenAI default).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+/// Largest `max_tokens` accepted.
+pub const MAX_MAX_TOKENS: u32 = 1_000_000;
+
+/// One turn as the data plane needs it, whichever endpoint it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnRequest {
+    pub endpoint: Endpoint,
+    pub prompt: String,
+    pub stream: bool,
+    pub max_tokens: u32,
+    /// Whether to return logprobs, and how many alternatives per token.
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    pub seed: Option<u64>,
+    pub include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u32>,
+    seed: Option<u64>,
+    n: Option<u32>,
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    model: Option<String>,
+    prompt: Value,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<u32>,
+    logprobs: Option<u32>,
+    seed: Option<u64>,
+    n: Option<u32>,
+    stream_options: Option<StreamOptions>,
+}
+
+fn check_model(model: Option<&str>, served: &str) -> Result<(), HttpError> {
+    match model {
+        None => Ok(()),
+        Some(m) if m == served => Ok(()),
+        Some(m) => Err(HttpError::new(
+            404,
+            "invalid_request_error",
+            format!("the model `{}` does not exist; this node serves `{served}`", m.chars().take(128).collect::<String>()),
+        )
+        .with_code("model_not_found")),
+    }
+}
+
+fn check_n(n: Option<u32>) -> Result<(), HttpError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(HttpError::bad_request(format!(
+            "n = {n} is not supported by the built-in source: each choice would need its own governed stream; send n = 1"
+        ))
+        .with_code("unsupported_parameter")),
+    }
+}
+
+fn check_max_tokens(v: Option<u32>, default: u32) -> Result<u32, HttpError> {
+    match v {
+        None => Ok(default),
+        Some(0) => Err(HttpError::bad_request("max_tokens must be at least 1")),
+        Some(v) if v > MAX_MAX_TOKENS => Err(HttpError::bad_request(format!("max_tokens must be at most {MAX_MAX_TOKENS}"))),
+        Some(v) => Ok(v),
+    }
+}
+
+fn json_error(e: serde_json::Error) -> HttpError {
+    HttpError::bad_request(format!("invalid JSON body: {e}"))
+}
+
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Parses and validates a request body for `endpoint`.
+pub fn parse_turn(endpoint: Endpoint, body: &[u8], served_model: &str) -> Result<TurnRequest, HttpError> {
+    match endpoint {
+        Endpoint::Chat => {
+            let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
+            check_model(b.model.as_deref(), served_model)?;
+            check_n(b.n)?;
+            if b.messages.is_empty() {
+                return Err(HttpError::bad_request("messages must not be empty"));
+            }
+            if let Some(m) = b.messages.iter().find(|m| !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool")) {
+                return Err(HttpError::bad_request(format!("unknown message role {:?}", m.role.chars().take(32).collect::<String>())));
+            }
+            let top = b.top_logprobs.unwrap_or(0);
+            if top > MAX_TOP_LOGPROBS {
+                return Err(HttpError::bad_request(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}")));
+            }
+            if top > 0 && !b.logprobs {
+                return Err(HttpError::bad_request("top_logprobs requires logprobs: true"));
+            }
+            let prompt = b.messages.iter().map(|m| text_of(&m.content)).collect::<Vec<_>>().join("\n");
+            Ok(TurnRequest {
+                endpoint,
+                prompt,
+                stream: b.stream,
+                max_tokens: check_max_tokens(b.max_completion_tokens.or(b.max_tokens), DEFAULT_CHAT_MAX_TOKENS)?,
+                logprobs: b.logprobs,
+                top_logprobs: top,
+                seed: b.seed,
+                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+            })
+        }
+        Endpoint::Completion => {
+            let b: CompletionBody = serde_json::from_slice(body).map_err(json_error)?;
+            check_model(b.model.as_deref(), served_model)?;
+            check_n(b.n)?;
+            let prompt = match &b.prompt {
+                Value::String(s) => s.clone(),
+                Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_owned(),
+                Value::Array(_) => {
+                    return Err(HttpError::bad_request(
+                        "a batch of prompts is not supported by the built-in source; send one prompt string",
+                    ))
+                }
+                _ => return Err(HttpError::bad_request("prompt must be a string")),
+            };
+            let lp = b.logprobs.unwrap_or(0);
+            if lp > MAX_TOP_LOGPROBS {
+                return Err(HttpError::bad_request(format!("logprobs must be at most {MAX_TOP_LOGPROBS}")));
+            }
+            Ok(TurnRequest {
+                endpoint,
+                prompt,
+                stream: b.stream,
+                max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
+                logprobs: b.logprobs.is_some(),
+                top_logprobs: lp,
+                seed: b.seed,
+                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+            })
+        }
+    }
+}
+
+/// One generated token as the encoder needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Token<'a> {
+    pub text: &'a str,
+    pub logprob: f32,
+    pub top: &'a [(&'a str, f32)],
+}
+
+/// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
+fn write_logprob(out: &mut Vec<u8>, lp: f32) {
+    if lp.is_finite() {
+        let _ = write!(out, "{lp}");
+    } else {
+        out.extend_from_slice(b"-9999.0");
+    }
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Serialising a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn write_bytes(out: &mut Vec<u8>, s: &str) {
+    out.push(b'[');
+    for (i, b) in s.bytes().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = write!(out, "{b}");
+    }
+    out.push(b']');
+}
+
+/// Encodes the chunks of one turn. Holds the id and `created` stamp shared by its chunks.
+#[derive(Debug)]
+pub struct ChunkEncoder {
+    pub endpoint: Endpoint,
+    pub stream_id: StreamId,
+    pub created: u64,
+    pub model: &'static str,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+}
+
+impl ChunkEncoder {
+    fn id_prefix(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completion => "cmpl-",
+        }
+    }
+
+    fn chunk_head(&self, out: &mut Vec<u8>) {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        };
+        let _ = write!(
+            out,
+            "{{\"id\":\"{}{}\",\"object\":\"{object}\",\"created\":{},\"model\":\"{}\",\"choices\":[",
+            self.id_prefix(),
+            self.stream_id,
+            self.created,
+            self.model
+        );
+    }
+
+    /// One SSE event carrying one token. `index` is the 0-based token index, `text_offset`
+    /// the byte offset of the token in the completion text.
+    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, index: u64, text_offset: usize) {
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        match self.endpoint {
+            Endpoint::Chat => {
+                out.extend_from_slice(b"{\"index\":0,\"delta\":{");
+                if index == 0 {
+                    out.extend_from_slice(b"\"role\":\"assistant\",");
+                }
+                out.extend_from_slice(b"\"content\":");
+                write_str(out, tok.text);
+                out.extend_from_slice(b"},\"logprobs\":");
+                if self.logprobs {
+                    out.extend_from_slice(b"{\"content\":[");
+                    self.chat_logprob_entry(out, tok);
+                    out.extend_from_slice(b"]}");
+                } else {
+                    out.extend_from_slice(b"null");
+                }
+            }
+            Endpoint::Completion => {
+                out.extend_from_slice(b"{\"index\":0,\"text\":");
+                write_str(out, tok.text);
+                out.extend_from_slice(b",\"logprobs\":");
+                if self.logprobs {
+                    self.completion_logprobs(out, &[tok], &[text_offset]);
+                } else {
+                    out.extend_from_slice(b"null");
+                }
+            }
+        }
+        out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
+    }
+
+    fn chat_logprob_entry(&self, out: &mut Vec<u8>, tok: Token<'_>) {
+        out.extend_from_slice(b"{\"token\":");
+        write_str(out, tok.text);
+        out.extend_from_slice(b",\"logprob\":");
+        write_logprob(out, tok.logprob);
+        out.extend_from_slice(b",\"bytes\":");
+        write_bytes(out, tok.text);
+        out.extend_from_slice(b",\"top_logprobs\":[");
+        for (i, (t, lp)) in tok.top.iter().take(self.top_logprobs as usize).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"token\":");
+            write_str(out, t);
+            out.extend_from_slice(b",\"logprob\":");
+            write_logprob(out, *lp);
+            out.extend_from_slice(b",\"bytes\":");
+            write_bytes(out, t);
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"]}");
+    }
+
+    fn completion_logprobs(&self, out: &mut Vec<u8>, toks: &[Token<'_>], offsets: &[usize]) {
+        out.extend_from_slice(b"{\"tokens\":[");
+        for (i, t) in toks.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(out, t.text);
+        }
+        out.extend_from_slice(b"],\"token_logprobs\":[");
+        for (i, t) in toks.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_logprob(out, t.logprob);
+        }
+        out.extend_from_slice(b"],\"top_logprobs\":[");
+        for (i, t) in toks.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'{');
+            // A JSON object cannot hold the same key twice; keep the first (most likely).
+            let mut written = 0;
+            for (j, (alt, lp)) in t.top.iter().take(self.top_logprobs as usize).enumerate() {
+                if t.top[..j].iter().any(|(a, _)| a == alt) {
+                    continue;
+                }
+                if written > 0 {
+                    out.push(b',');
+                }
+                write_str(out, alt);
+                out.push(b':');
+                write_logprob(out, *lp);
+                written += 1;
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],\"text_offset\":[");
+        for (i, o) in offsets.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let _ = write!(out, "{o}");
+        }
+        out.extend_from_slice(b"]}");
+    }
+
+    /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
+    pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        match self.endpoint {
+            Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
+            Endpoint::Completion => out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null"),
+        }
+        let _ = write!(out, ",\"finish_reason\":\"{finish_reason}\"}}]}}\n\n");
+        if let Some((prompt, completion)) = usage {
+            out.extend_from_slice(b"data: ");
+            self.chunk_head(out);
+            let _ = write!(
+                out,
+                "],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{}}}}}\n\n",
+                prompt + completion
+            );
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+    }
+
+    /// A whole batch (`stream: false`) response body.
+    pub fn batch_body(&self, text: &str, toks: &[Token<'_>], offsets: &[usize], finish_reason: &str, prompt_tokens: u64) -> Vec<u8> {
+        let completion_tokens = toks.len() as u64;
+        let mut logprobs = Vec::new();
+        let logprobs: Value = if self.logprobs {
+            match self.endpoint {
+                Endpoint::Chat => {
+                    logprobs.extend_from_slice(b"{\"content\":[");
+                    for (i, t) in toks.iter().enumerate() {
+                        if i > 0 {
+                            logprobs.push(b',');
+                        }
+                        self.chat_logprob_entry(&mut logprobs, *t);
+                    }
+                    logprobs.extend_from_slice(b"]}");
+                }
+                Endpoint::Completion => self.completion_logprobs(&mut logprobs, toks, offsets),
+            }
+            serde_json::from_slice(&logprobs).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}),
+            Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}),
+        };
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completion => "text_completion",
+        };
+        json!({
+            "id": format!("{}{}", self.id_prefix(), self.stream_id),
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+/// Everything the terminal frame of a halted stream says.
+#[derive(Debug, Clone, Copy)]
+pub struct Halt {
+    pub stream_id: StreamId,
+    pub endpoint: Endpoint,
+    pub created: u64,
+    pub model: &'static str,
+    pub code: FailureCode,
+    pub trip_token_index: u64,
+    pub post_trip_tokens: u64,
+    pub nonce: u64,
+}
+
+impl Halt {
+    /// The error object of DESIGN §4.
+    pub fn error_object(&self) -> Value {
+        json!({
+            "type": "halted",
+            "code": self.code.as_str(),
+            "message": format!("stream halted by haltd: {}", self.code.as_str()),
+            "stream_id": self.stream_id.to_string(),
+            "trip_token_index": self.trip_token_index,
+            "post_trip_tokens": self.post_trip_tokens,
+        })
+    }
+
+    fn sse_events(&self, out: &mut Vec<u8>) {
+        let enc = ChunkEncoder {
+            endpoint: self.endpoint,
+            stream_id: self.stream_id,
+            created: self.created,
+            model: self.model,
+            logprobs: false,
+            top_logprobs: 0,
+        };
+        out.extend_from_slice(b"data: ");
+        enc.chunk_head(out);
+        match self.endpoint {
+            Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
+            Endpoint::Completion => out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null"),
+        }
+        out.extend_from_slice(b",\"finish_reason\":\"content_filter\"}]}\n\n");
+        let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
+        out.extend_from_slice(b"data: [DONE]\n\n");
+    }
+
+    /// The terminal frame of a streaming response whose head was already sent: an SSE
+    /// comment carrying the nonce at the offset the gate checks, then the final chunk with
+    /// `finish_reason: "content_filter"`, the error event and `[DONE]`.
+    pub fn sse_terminal(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(SSE_TERMINAL_PREFIX);
+        out.extend_from_slice(&nonce_hex(self.nonce));
+        out.push(b'\n');
+        self.sse_events(out);
+    }
+
+    /// The terminal frame when no response head went out yet: a whole response whose first
+    /// header carries the nonce. `stream` picks an SSE body or the degraded-safe JSON body.
+    pub fn http_terminal(&self, out: &mut Vec<u8>, stream: bool) {
+        out.extend_from_slice(HTTP_TERMINAL_PREFIX);
+        out.extend_from_slice(&nonce_hex(self.nonce));
+        out.extend_from_slice(b"\r\n");
+        let code = self.code.as_str();
+        if stream {
+            http::write_head_fields(out, "text/event-stream", None, Some(self.stream_id), &[("x-haltd-halted", code)]);
+            self.sse_events(out);
+        } else {
+            let body = self.degraded_body();
+            http::write_head_fields(out, "application/json", Some(body.len()), Some(self.stream_id), &[("x-haltd-halted", code)]);
+            out.extend_from_slice(&body);
+        }
+    }
+
+    /// The degraded-safe batch response: no content, `finish_reason: "content_filter"` and
+    /// the error object, in the endpoint's response shape.
+    pub fn degraded_body(&self) -> Vec<u8> {
+        let (id, object, choice) = match self.endpoint {
+            Endpoint::Chat => (
+                format!("chatcmpl-{}", self.stream_id),
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "content_filter"}),
+            ),
+            Endpoint::Completion => (
+                format!("cmpl-{}", self.stream_id),
+                "text_completion",
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "content_filter"}),
+            ),
+        };
+        json!({
+            "id": id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "error": self.error_object(),
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use haltd_common::{NONCE_LEN, NONCE_OFFSET};
+
+    use super::*;
+
+    fn id() -> StreamId {
+        StreamId { slot: 3, generation: 9 }
+    }
+
+    fn enc(endpoint: Endpoint, logprobs: bool) -> ChunkEncoder {
+        ChunkEncoder { endpoint, stream_id: id(), created: 1_700_000_000, model: "builtin", logprobs, top_logprobs: 2 }
+    }
+
+    fn event_json(frame: &[u8]) -> Value {
+        let text = std::str::from_utf8(frame).expect("utf8");
+        let data = text.strip_prefix("data: ").and_then(|t| t.strip_suffix("\n\n")).expect("one SSE event");
+        serde_json::from_str(data).expect("valid JSON")
+    }
+
+    #[test]
+    fn chat_token_events_are_valid_openai_chunks() {
+        let mut out = Vec::new();
+        let top = [(" river", -0.5f32), (" \"sea\"", -1.5)];
+        enc(Endpoint::Chat, true).token_event(&mut out, Token { text: " river", logprob: -0.5, top: &top }, 0, 0);
+        let v = event_json(&out);
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert_eq!(v["id"], "chatcmpl-hs_0000000900000003");
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["delta"]["content"], " river");
+        assert_eq!(v["choices"][0]["logprobs"]["content"][0]["logprob"], -0.5);
+        assert_eq!(v["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], " \"sea\"");
+        assert!(v["choices"][0]["finish_reason"].is_null());
+    }
+
+    #[test]
+    fn completion_token_events_carry_legacy_logprobs() {
+        let mut out = Vec::new();
+        let top = [("a", -0.1f32), ("a", -0.2)];
+        enc(Endpoint::Completion, true).token_event(&mut out, Token { text: "a", logprob: f32::NEG_INFINITY, top: &top }, 4, 17);
+        let v = event_json(&out);
+        assert_eq!(v["choices"][0]["text"], "a");
+        assert_eq!(v["choices"][0]["logprobs"]["token_logprobs"][0], -9999.0);
+        assert_eq!(v["choices"][0]["logprobs"]["text_offset"][0], 17);
+        assert_eq!(v["choices"][0]["logprobs"]["top_logprobs"][0].as_object().map(|o| o.len()), Some(1));
+    }
+
+    #[test]
+    fn parse_turn_validates_fields() {
+        let ok = parse_turn(Endpoint::Chat, br#"{"model":"builtin","messages":[{"role":"user","content":"hi"}],"stream":true,"logprobs":true,"top_logprobs":3}"#, "builtin").expect("valid");
+        assert!(ok.stream && ok.logprobs && ok.top_logprobs == 3 && ok.prompt == "hi");
+        let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
+        assert_eq!(err(Endpoint::Chat, b"{").status, 400);
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
+        assert_eq!(err(Endpoint::Chat, br#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#).status, 404);
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#).status, 400);
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#).status, 400);
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":30,"logprobs":true}"#).status, 400);
+        assert_eq!(err(Endpoint::Completion, br#"{"prompt":5}"#).status, 400);
+        let c = parse_turn(Endpoint::Completion, br#"{"prompt":"x"}"#, "builtin").expect("valid");
+        assert_eq!(c.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
+    }
+
+    fn halt() -> Halt {
+        Halt {
+            stream_id: id(),
+            endpoint: Endpoint::Chat,
+            created: 1,
+            model: "builtin",
+            code: FailureCode::OperatorTrip,
+            trip_token_index: 12,
+            post_trip_tokens: 2,
+            nonce: 0xfeed_f00d_0000_0001,
+        }
+    }
+
+    #[test]
+    fn terminal_frames_carry_the_nonce_where_the_gate_looks() {
+        let h = halt();
+        for frame in [
+            {
+                let mut o = Vec::new();
+                h.sse_terminal(&mut o);
+                o
+            },
+            {
+                let mut o = Vec::new();
+                h.http_terminal(&mut o, true);
+                o
+            },
+            {
+                let mut o = Vec::new();
+                h.http_terminal(&mut o, false);
+                o
+            },
+        ] {
+            assert_eq!(&frame[NONCE_OFFSET..NONCE_OFFSET + NONCE_LEN], b"feedf00d00000001");
+        }
+    }
+
+    #[test]
+    fn sse_terminal_is_content_filter_then_error_then_done() {
+        let mut o = Vec::new();
+        halt().sse_terminal(&mut o);
+        let text = String::from_utf8(o).expect("utf8");
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 3, "{text}");
+        let first = events[0].lines().find(|l| l.starts_with("data: ")).expect("data line");
+        let chunk: Value = serde_json::from_str(&first[6..]).expect("json");
+        assert_eq!(chunk["choices"][0]["finish_reason"], "content_filter");
+        let err: Value = serde_json::from_str(&events[1][6..]).expect("json");
+        assert_eq!(err["error"]["type"], "halted");
+        assert_eq!(err["error"]["code"], "OPERATOR_TRIP");
+        assert_eq!(err["error"]["trip_token_index"], 12);
+        assert_eq!(err["error"]["post_trip_tokens"], 2);
+        assert_eq!(events[2], "data: [DONE]");
+    }
+
+    #[test]
+    fn degraded_batch_body_has_no_content_and_the_error() {
+        let v: Value = serde_json::from_slice(&halt().degraded_body()).expect("json");
+        assert_eq!(v["choices"][0]["message"]["content"], "");
+        assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
+        assert_eq!(v["error"]["code"], "OPERATOR_TRIP");
+    }
+}

@@ -1,0 +1,146 @@
+//! `haltd serve`: builds the shared state, loads the kernel gate, starts the watchdog, the
+//! data-plane workers and the control plane, and reports readiness.
+
+use std::{
+    net::TcpListener,
+    os::fd::{FromRawFd, OwnedFd},
+    sync::{atomic::AtomicU64, Arc},
+};
+
+use crate::{
+    admin,
+    config::Config,
+    dataplane,
+    gate::{GateConfig, GateObject, KernelGate},
+    ledger::{Ledger, Record, RecordKind},
+    metrics::Metrics,
+    shared::Shared,
+    stream::StreamTable,
+    watchdog,
+};
+
+/// Why `haltd serve` could not start. Each is fatal: haltd does not serve half-configured.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(
+        "cannot load the kernel halt gate: {0}\n\
+         haltd refuses to serve unpoliced streams. Fix the cause (root or CAP_BPF + CAP_NET_ADMIN, \
+         a kernel with BTF and sk_msg, a binary built by `cargo xtask build`), or pass \
+         --no-kernel-gate to run with the userspace watchdog alone (stated in every record)"
+    )]
+    Gate(#[source] crate::gate::GateError),
+    #[error("opening the flight recorder: {0}")]
+    Ledger(#[source] crate::ledger::LedgerError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+    let what = what.into();
+    move |source| StartError::Io { what, source }
+}
+
+/// Loads the gate as `cfg` asks.
+pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
+    KernelGate::load(&GateConfig {
+        object: cfg.args.bpf_object.clone().map_or(GateObject::Embedded, GateObject::Path),
+        max_streams: cfg.args.max_streams,
+        heartbeat_deadline: cfg.heartbeat_deadline,
+        budget_frames: cfg.args.budget,
+        budget_bytes: u64::from(cfg.args.budget) * cfg.args.max_frame_bytes,
+    })
+}
+
+/// Runs the daemon; returns only on a start-up error.
+pub fn run(cfg: Config) -> Result<(), StartError> {
+    let gate = if cfg.args.no_kernel_gate {
+        tracing::warn!("--no-kernel-gate: the kernel halt gate is OFF; only the userspace watchdog enforces the budget");
+        None
+    } else {
+        Some(load_gate(&cfg).map_err(StartError::Gate)?)
+    };
+    let ledger = Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
+    let metrics = Metrics::new();
+    metrics.kernel_gate_enabled.set(i64::from(gate.is_some()));
+    let mut wakers = Vec::new();
+    for _ in 0..cfg.workers {
+        // SAFETY: eventfd returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io("creating a worker eventfd")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let listener = TcpListener::bind(cfg.args.listen).map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
+    let shared = Arc::new(Shared {
+        table: StreamTable::new(cfg.args.max_streams),
+        gate,
+        metrics,
+        ledger,
+        heartbeat_ns: AtomicU64::new(0),
+        wakers,
+        cfg,
+    });
+    let mut start = Record {
+        kind: RecordKind::Lifecycle,
+        rts_mode: "normal".to_owned(),
+        runtime_mode: "full".to_owned(),
+        kernel_gate: shared.kernel_gate_label().to_owned(),
+        budget: Some(shared.cfg.args.budget),
+        ..Record::default()
+    };
+    start.message = Some(format!(
+        "haltd {} started: listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={}{}",
+        env!("CARGO_PKG_VERSION"),
+        shared.cfg.args.listen,
+        shared.cfg.args.budget,
+        shared.cfg.args.hard_limit,
+        shared.cfg.heartbeat_deadline.as_millis(),
+        shared.kernel_gate_label(),
+        if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
+    ));
+    shared.ledger.append_sync(start).map_err(StartError::Ledger)?;
+    watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
+    dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("starting the control-plane runtime"))?;
+    rt.block_on(async move {
+        let admin_l = admin::bind(shared.cfg.args.admin, "admin").await.map_err(io("admin listener"))?;
+        let metrics_l = admin::bind(shared.cfg.args.metrics, "metrics").await.map_err(io("metrics listener"))?;
+        println!(
+            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={}",
+            shared.cfg.args.listen,
+            shared.cfg.args.admin,
+            shared.cfg.args.metrics,
+            shared.kernel_gate_label(),
+            shared.cfg.args.budget,
+            shared.cfg.args.ledger.display()
+        );
+        let control = admin::serve(Arc::clone(&shared), admin_l, metrics_l);
+        tokio::select! {
+            r = control => r.map_err(io("control plane")),
+            _ = shutdown_signal() => {
+                tracing::info!("signal received; stopping");
+                let rec = Record { kind: RecordKind::Lifecycle, rts_mode: "normal".into(), runtime_mode: "full".into(), kernel_gate: shared.kernel_gate_label().into(), message: Some("haltd stopping on signal".into()), ..Record::default() };
+                let _ = shared.ledger.append_sync(rec);
+                let _ = shared.ledger.flush();
+                std::process::exit(0);
+            }
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}

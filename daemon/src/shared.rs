@@ -1,0 +1,188 @@
+//! State shared by every thread of the daemon, and the two operations all of them use: trip a
+//! stream, and complete a halt (terminal frame, metrics, flight-recorder record).
+
+use std::{
+    os::fd::{AsRawFd, OwnedFd},
+    sync::atomic::{AtomicU64, Ordering::SeqCst},
+};
+
+use haltd_common::TripEntry;
+
+use crate::{
+    codes::FailureCode,
+    config::Config,
+    gate::{monotonic_ns, KernelGate},
+    ledger::{Ledger, Record, RecordKind},
+    metrics::Metrics,
+    openai::Halt,
+    source::builtin::MODEL_NAME,
+    stream::{halter, nonce_hex, KernelTrip, Mode, SlotSnapshot, StreamId, StreamTable, TripError, TripInfo},
+};
+
+/// Everything the data-plane workers, the watchdog and the control plane share.
+#[derive(Debug)]
+pub struct Shared {
+    pub cfg: Config,
+    pub table: StreamTable,
+    pub gate: Option<KernelGate>,
+    pub metrics: Metrics,
+    pub ledger: Ledger,
+    /// The watchdog's last heartbeat (`CLOCK_MONOTONIC` ns); 0 before the first. The same
+    /// value goes to the kernel gate, so userspace and kernel judge staleness alike.
+    pub heartbeat_ns: AtomicU64,
+    /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
+    pub wakers: Vec<OwnedFd>,
+}
+
+struct GateTrip<'a> {
+    gate: &'a KernelGate,
+    shared: &'a Shared,
+}
+
+impl KernelTrip for GateTrip<'_> {
+    fn trip(&self, id: StreamId, cause: FailureCode, frame_limit: u64, budget: u32, nonce: u64) -> bool {
+        let entry = TripEntry {
+            generation: id.generation,
+            tripped: 1,
+            cause: cause.as_u32(),
+            terminal_max_bytes: self.shared.cfg.terminal_max_bytes,
+            frame_limit,
+            budget_bytes: u64::from(budget) * self.shared.cfg.args.max_frame_bytes,
+            nonce: nonce_hex(nonce),
+            ..TripEntry::default()
+        };
+        match self.gate.trip(id.slot, entry) {
+            Ok(()) => true,
+            Err(e) => {
+                // The watchdog sees `kernel_tripped == false` and closes the stream at once.
+                self.shared.metrics.gate_errors.inc();
+                tracing::error!(stream_id = %id, error = %e, "writing the kernel trip map failed; the watchdog closes the stream");
+                false
+            }
+        }
+    }
+}
+
+impl Shared {
+    pub fn kernel_gate_label(&self) -> &'static str {
+        if self.gate.is_some() {
+            "enforcing"
+        } else {
+            "disabled"
+        }
+    }
+
+    /// Trips a stream and wakes its worker. See [`StreamTable::trip`].
+    pub fn trip(&self, id: StreamId, cause: FailureCode) -> Result<TripInfo, TripError> {
+        let kernel = self.gate.as_ref().map(|gate| GateTrip { gate, shared: self });
+        let info = self.table.trip(id, cause, kernel.as_ref().map(|k| k as &dyn KernelTrip), monotonic_ns())?;
+        tracing::info!(stream_id = %id, cause = %cause, trip_token_index = info.trip_token_index, kernel = info.kernel_enforced, "stream tripped");
+        self.wake(self.table.slot(id.slot).worker.load(SeqCst));
+        Ok(info)
+    }
+
+    /// Rings a worker's eventfd.
+    pub fn wake(&self, worker: u32) {
+        if let Some(fd) = self.wakers.get(worker as usize) {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
+            let n = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+            if n != 8 {
+                tracing::warn!(worker, "waking a data-plane worker failed");
+            }
+        }
+    }
+
+    /// Whether the watchdog's heartbeat is younger than the deadline.
+    pub fn heartbeat_fresh(&self, now_ns: u64) -> bool {
+        let hb = self.heartbeat_ns.load(SeqCst);
+        hb != 0 && now_ns.saturating_sub(hb) <= self.cfg.heartbeat_deadline.as_nanos() as u64
+    }
+
+    pub fn heartbeat_age_s(&self, now_ns: u64) -> f64 {
+        let hb = self.heartbeat_ns.load(SeqCst);
+        if hb == 0 {
+            return f64::INFINITY;
+        }
+        now_ns.saturating_sub(hb) as f64 / 1e9
+    }
+
+    /// The terminal frame for a tripped stream, in the form its response needs.
+    pub fn terminal_frame(&self, snap: &SlotSnapshot, out: &mut Vec<u8>) {
+        let halt = Halt {
+            stream_id: snap.id,
+            endpoint: snap.endpoint,
+            created: snap.created,
+            model: MODEL_NAME,
+            code: snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip),
+            trip_token_index: snap.trip_token_index,
+            post_trip_tokens: snap.post_trip_delivered,
+            nonce: snap.nonce,
+        };
+        out.clear();
+        if snap.mode == Mode::Stream && snap.headers_sent {
+            halt.sse_terminal(out);
+        } else {
+            halt.http_terminal(out, snap.mode == Mode::Stream);
+        }
+    }
+
+    /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record.
+    pub fn complete_halt(&self, snap: &SlotSnapshot, terminal_delivered: bool, detector_refs: Vec<String>) {
+        let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
+        let latency_s = snap.halt_ns.saturating_sub(snap.trip_ns) as f64 / 1e9;
+        let by = halter::name(snap.halted_by);
+        self.metrics.observe_halt(cause, snap.post_trip_delivered, latency_s, by);
+        let mut rec = self.base_record(RecordKind::Incident, snap);
+        rec.watchdog_trip = true;
+        rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
+        rec.failure_codes = failure_codes(cause);
+        rec.trip_cause = Some(cause.as_str().to_owned());
+        rec.trip_token_index = Some(snap.trip_token_index);
+        rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
+        rec.halt_latency_ms = Some(latency_s * 1e3);
+        rec.halted_by = Some(by.to_owned());
+        rec.detector_refs = detector_refs;
+        rec.message = Some(if terminal_delivered {
+            format!("stream halted ({cause}); terminal event delivered")
+        } else {
+            format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate)")
+        });
+        self.record(rec);
+        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_s * 1e3, halted_by = by, "WATCHDOG_TRIP: stream halted");
+    }
+
+    /// A record with the fields every record of this stream shares.
+    pub fn base_record(&self, kind: RecordKind, snap: &SlotSnapshot) -> Record {
+        Record {
+            kind,
+            turn_id: Some(snap.id.to_string()),
+            stream_id: Some(snap.id.to_string()),
+            mode: (snap.mode != Mode::Pending).then(|| snap.mode.as_str().to_owned()),
+            rts_mode: "normal".to_owned(),
+            runtime_mode: "full".to_owned(),
+            kernel_gate: self.kernel_gate_label().to_owned(),
+            budget: Some(snap.budget),
+            tokens_emitted: snap.tokens_delivered,
+            ..Record::default()
+        }
+    }
+
+    /// Appends a record; a failure is counted and logged (the ledger thread itself fails
+    /// closed on a broken file: later appends error too).
+    pub fn record(&self, rec: Record) {
+        if let Err(e) = self.ledger.append(rec) {
+            self.metrics.ledger_errors.inc();
+            tracing::error!(error = %e, "flight recorder append failed");
+        }
+    }
+}
+
+/// `failure_codes[]` of a halted turn: WATCHDOG_TRIP plus the cause, once each.
+pub fn failure_codes(cause: FailureCode) -> Vec<String> {
+    let mut v = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
+    if cause != FailureCode::WatchdogTrip {
+        v.push(cause.as_str().to_owned());
+    }
+    v
+}

@@ -1,0 +1,629 @@
+//! The stream table: one slot per open client connection, shared by the data-plane workers,
+//! the watchdog and the admin API, made of atomics so no thread ever waits on another to read
+//! or trip a stream.
+//!
+//! # State machine and who moves it
+//!
+//! ```text
+//!            alloc                 begin_frame (CAS, per frame)
+//!  FREE ─────────────► STREAMING ◄──────────────► EMITTING
+//!                        │   │ begin_final (CAS)
+//!                        │   └──────────────► FINISHING ──► DONE ──► FREE
+//!                        │ trip (CAS)
+//!                        ▼
+//!                     TRIPPING ──(kernel trip map written, τ fixed)──► TRIPPED
+//!                                                                        │ claim_halt (CAS; emitter or watchdog)
+//!                                                                        ▼
+//!                                                       HALTING ──(terminal sent)──► HALTED ──► FREE
+//! ```
+//!
+//! The per-frame CAS `STREAMING → EMITTING → STREAMING` around the frame counters is what makes
+//! the kernel budget exact: a trip can only happen between two frames, so when the tripper
+//! reads "frames handed to the kernel so far" (`F`) no frame is half-counted, and the kernel's
+//! absolute limit `F + B` admits exactly B token frames after the trip point. The window is a
+//! few atomic operations long; the tripper spins on it (see [`StreamTable::trip`]).
+//!
+//! Spec 000 §4 names four watchdog states; [`WatchdogState`] maps these onto them.
+
+use std::{
+    fmt,
+    str::FromStr,
+    sync::{
+        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst},
+        Mutex,
+    },
+};
+
+use serde::Serialize;
+
+use crate::codes::FailureCode;
+
+/// Raw slot states (see the module docs for the transitions).
+pub mod state {
+    pub const FREE: u8 = 0;
+    pub const STREAMING: u8 = 1;
+    pub const EMITTING: u8 = 2;
+    pub const TRIPPING: u8 = 3;
+    pub const TRIPPED: u8 = 4;
+    pub const HALTING: u8 = 5;
+    pub const HALTED: u8 = 6;
+    pub const FINISHING: u8 = 7;
+    pub const DONE: u8 = 8;
+}
+
+/// The watchdog states of spec 000 §4.1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum WatchdogState {
+    #[serde(rename = "W_IDLE")]
+    Idle,
+    #[serde(rename = "W_STREAMING")]
+    Streaming,
+    #[serde(rename = "W_TRIPPED")]
+    Tripped,
+    #[serde(rename = "W_HALTED")]
+    Halted,
+}
+
+impl WatchdogState {
+    pub fn from_raw(raw: u8) -> Self {
+        match raw {
+            state::STREAMING | state::EMITTING | state::FINISHING => WatchdogState::Streaming,
+            state::TRIPPING | state::TRIPPED | state::HALTING => WatchdogState::Tripped,
+            state::HALTED => WatchdogState::Halted,
+            _ => WatchdogState::Idle,
+        }
+    }
+}
+
+/// Who completed a halt.
+pub mod halter {
+    pub const NONE: u8 = 0;
+    pub const EMITTER: u8 = 1;
+    pub const WATCHDOG: u8 = 2;
+
+    pub fn name(v: u8) -> &'static str {
+        match v {
+            EMITTER => "emitter",
+            WATCHDOG => "watchdog",
+            _ => "none",
+        }
+    }
+}
+
+/// Response shape of a stream, kept in the slot so the watchdog can write the terminal frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Mode {
+    /// Not yet known (request still being read).
+    Pending = 0,
+    /// `stream: true`: SSE, one token per event.
+    Stream = 1,
+    /// `stream: false`: one JSON body, held until the turn completes.
+    Batch = 2,
+}
+
+impl Mode {
+    fn from_raw(v: u8) -> Self {
+        match v {
+            1 => Mode::Stream,
+            2 => Mode::Batch,
+            _ => Mode::Pending,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Pending => "pending",
+            Mode::Stream => "stream",
+            Mode::Batch => "batch",
+        }
+    }
+}
+
+/// Which OpenAI endpoint a stream answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Endpoint {
+    Chat = 0,
+    Completion = 1,
+}
+
+/// Identity of a stream: slot index plus the slot's generation, so an id of a finished stream
+/// never names the stream that reuses its slot. Written `hs_<generation:08x><slot:08x>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamId {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "hs_{:08x}{:08x}", self.generation, self.slot)
+    }
+}
+
+/// Error for a malformed stream id.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed stream id {0:?}: expected hs_ followed by 16 hex digits")]
+pub struct BadStreamId(pub String);
+
+impl FromStr for StreamId {
+    type Err = BadStreamId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadStreamId(s.chars().take(64).collect());
+        let hex = s.strip_prefix("hs_").ok_or_else(bad)?;
+        if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let generation = u32::from_str_radix(&hex[..8], 16).map_err(|_| bad())?;
+        let slot = u32::from_str_radix(&hex[8..], 16).map_err(|_| bad())?;
+        Ok(StreamId { slot, generation })
+    }
+}
+
+/// One stream's shared state. Every field is an atomic; see the module docs for the protocol.
+#[derive(Debug, Default)]
+pub struct Slot {
+    pub generation: AtomicU32,
+    pub state: AtomicU8,
+    /// Data-plane worker that owns the connection (whose eventfd to ring).
+    pub worker: AtomicU32,
+    pub fd: AtomicI32,
+    pub mode: AtomicU8,
+    pub endpoint: AtomicU8,
+    /// 1 once the HTTP response head has been handed to the kernel.
+    pub headers_sent: AtomicBool,
+    /// Unix seconds the response was created (the OpenAI `created` field).
+    pub created: AtomicU64,
+    pub started_ns: AtomicU64,
+    /// Sends handed to the kernel on this socket (same count as the gate's `SockState.frames`,
+    /// terminal frame excluded).
+    pub frames_submitted: AtomicU64,
+    /// Token frames handed to the kernel.
+    pub tokens_submitted: AtomicU64,
+    /// Token frames the kernel accepted in full.
+    pub tokens_delivered: AtomicU64,
+    /// Token frames with an index above the trip point that the kernel accepted.
+    pub post_trip_delivered: AtomicU64,
+    pub trip_cause: AtomicU32,
+    /// τ: tokens handed out before the trip; tokens numbered above it are post-trip.
+    pub trip_token_index: AtomicU64,
+    pub trip_ns: AtomicU64,
+    pub nonce: AtomicU64,
+    /// Whether the kernel trip map write succeeded; false makes the watchdog halt at once.
+    pub kernel_tripped: AtomicBool,
+    pub halted_by: AtomicU8,
+    pub halt_ns: AtomicU64,
+    /// Budget B in force for this stream (0 for batch).
+    pub budget: AtomicU32,
+    /// The emitter has a send on this socket in flight; the watchdog does not write then.
+    pub send_inflight: AtomicBool,
+}
+
+impl Slot {
+    pub fn raw_state(&self) -> u8 {
+        self.state.load(SeqCst)
+    }
+    pub fn mode(&self) -> Mode {
+        Mode::from_raw(self.mode.load(SeqCst))
+    }
+    pub fn endpoint(&self) -> Endpoint {
+        if self.endpoint.load(SeqCst) == Endpoint::Completion as u8 {
+            Endpoint::Completion
+        } else {
+            Endpoint::Chat
+        }
+    }
+    pub fn trip_cause(&self) -> Option<FailureCode> {
+        FailureCode::from_u32(self.trip_cause.load(SeqCst))
+    }
+    pub fn is_tripped(&self) -> bool {
+        matches!(
+            self.raw_state(),
+            state::TRIPPING | state::TRIPPED | state::HALTING | state::HALTED
+        )
+    }
+
+    /// Accounts one frame before it is handed to the kernel. Returns false (and counts
+    /// nothing) when the stream is tripping or tripped: the caller must halt instead.
+    ///
+    /// `ignore_halt` is the `emitter-ignores-halt` fault: the frame is counted and sent anyway,
+    /// so only the kernel gate stops it.
+    pub fn begin_frame(&self, is_token: bool, ignore_halt: bool) -> bool {
+        loop {
+            match self.state.compare_exchange_weak(state::STREAMING, state::EMITTING, SeqCst, SeqCst) {
+                Ok(_) => {
+                    self.count_frame(is_token);
+                    self.state.store(state::STREAMING, SeqCst);
+                    return true;
+                }
+                Err(state::STREAMING) => continue, // spurious failure of the weak CAS
+                Err(state::TRIPPED | state::HALTING) if ignore_halt && is_token => {
+                    self.count_frame(true);
+                    return true;
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Accounts the last frame of a stream that ends normally (the `[DONE]` frame or a whole
+    /// batch body). After it the stream can no longer be tripped.
+    pub fn begin_final(&self) -> bool {
+        loop {
+            match self.state.compare_exchange_weak(state::STREAMING, state::FINISHING, SeqCst, SeqCst) {
+                Ok(_) => {
+                    self.count_frame(false);
+                    return true;
+                }
+                Err(state::STREAMING) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn count_frame(&self, is_token: bool) {
+        // Order matters: tokens before frames here, frames before tokens in `trip`, so τ can
+        // only be read too high relative to the frame limit (stricter), never too low.
+        if is_token {
+            self.tokens_submitted.fetch_add(1, SeqCst);
+        }
+        self.frames_submitted.fetch_add(1, SeqCst);
+    }
+
+    /// Counts one more send for a continuation of a partially sent frame: the kernel sees it
+    /// as a frame of its own, and the two counts must stay equal.
+    pub fn count_continuation(&self) {
+        self.frames_submitted.fetch_add(1, SeqCst);
+    }
+
+    /// Moves TRIPPED → HALTING for the caller; only one of emitter and watchdog wins.
+    pub fn claim_halt(&self) -> bool {
+        self.state.compare_exchange(state::TRIPPED, state::HALTING, SeqCst, SeqCst).is_ok()
+    }
+
+    /// Records a completed halt (HALTING → HALTED).
+    pub fn finish_halt(&self, by: u8, now_ns: u64) {
+        self.halted_by.store(by, SeqCst);
+        self.halt_ns.store(now_ns, SeqCst);
+        self.state.store(state::HALTED, SeqCst);
+    }
+
+    /// A consistent-enough copy for records, admin listings and the terminal frame.
+    pub fn snapshot(&self, slot: u32) -> SlotSnapshot {
+        let raw = self.raw_state();
+        SlotSnapshot {
+            id: StreamId { slot, generation: self.generation.load(SeqCst) },
+            raw_state: raw,
+            state: WatchdogState::from_raw(raw),
+            mode: self.mode(),
+            endpoint: self.endpoint(),
+            headers_sent: self.headers_sent.load(SeqCst),
+            created: self.created.load(SeqCst),
+            tokens_submitted: self.tokens_submitted.load(SeqCst),
+            tokens_delivered: self.tokens_delivered.load(SeqCst),
+            post_trip_delivered: self.post_trip_delivered.load(SeqCst),
+            trip_cause: self.trip_cause(),
+            trip_token_index: self.trip_token_index.load(SeqCst),
+            trip_ns: self.trip_ns.load(SeqCst),
+            nonce: self.nonce.load(SeqCst),
+            halted_by: self.halted_by.load(SeqCst),
+            halt_ns: self.halt_ns.load(SeqCst),
+            started_ns: self.started_ns.load(SeqCst),
+            budget: self.budget.load(SeqCst),
+        }
+    }
+}
+
+/// A copy of one slot's fields at one moment.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotSnapshot {
+    pub id: StreamId,
+    pub raw_state: u8,
+    pub state: WatchdogState,
+    pub mode: Mode,
+    pub endpoint: Endpoint,
+    pub headers_sent: bool,
+    pub created: u64,
+    pub tokens_submitted: u64,
+    pub tokens_delivered: u64,
+    pub post_trip_delivered: u64,
+    pub trip_cause: Option<FailureCode>,
+    pub trip_token_index: u64,
+    pub trip_ns: u64,
+    pub nonce: u64,
+    pub halted_by: u8,
+    pub halt_ns: u64,
+    pub started_ns: u64,
+    pub budget: u32,
+}
+
+/// What a successful trip fixed.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct TripInfo {
+    #[serde(serialize_with = "ser_display")]
+    pub stream_id: StreamId,
+    pub cause: FailureCode,
+    pub trip_token_index: u64,
+    pub budget: u32,
+    /// Whether the kernel gate holds the trip (false with `--no-kernel-gate`, or if the map
+    /// write failed, in which case the watchdog closes the stream at once).
+    pub kernel_enforced: bool,
+}
+
+fn ser_display<S: serde::Serializer>(v: &StreamId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Why a trip request did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum TripError {
+    #[error("no stream {0}")]
+    Unknown(StreamId),
+    #[error("stream {id} already tripped (cause {cause}, trip token index {trip_token_index})")]
+    AlreadyTripped { id: StreamId, cause: FailureCode, trip_token_index: u64 },
+    #[error("stream {0} already finished: its last frame was committed before the trip")]
+    Finished(StreamId),
+}
+
+/// What the table needs from the kernel gate when a stream trips. Implemented by the gate
+/// glue in the daemon; absent with `--no-kernel-gate`.
+pub trait KernelTrip: Send + Sync {
+    /// Writes the trip into the gate: frames numbered above `frame_limit` are post-budget.
+    fn trip(&self, id: StreamId, cause: FailureCode, frame_limit: u64, budget: u32, nonce: u64) -> bool;
+}
+
+/// Fixed-capacity table of stream slots.
+#[derive(Debug)]
+pub struct StreamTable {
+    slots: Box<[Slot]>,
+    /// Free slot indices. Taken once per connection (accept) and given back once per close,
+    /// never per token, so a mutex is fine here.
+    free: Mutex<Vec<u32>>,
+}
+
+impl StreamTable {
+    pub fn new(capacity: u32) -> Self {
+        let slots: Box<[Slot]> = (0..capacity).map(|_| Slot::default()).collect();
+        // Pop from the end: hand out low slots first, which keeps listings readable.
+        let free = (0..capacity).rev().collect();
+        StreamTable { slots, free: Mutex::new(free) }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Takes a free slot for a new connection; `None` when the table is full (the caller
+    /// refuses the connection: a stream that cannot be governed is never served).
+    pub fn alloc(&self, worker: u32, fd: i32, budget: u32, now_ns: u64) -> Option<StreamId> {
+        let idx = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        let s = &self.slots[idx as usize];
+        let generation = s.generation.load(SeqCst).wrapping_add(1);
+        s.generation.store(generation, SeqCst);
+        s.worker.store(worker, SeqCst);
+        s.fd.store(fd, SeqCst);
+        s.mode.store(Mode::Pending as u8, SeqCst);
+        s.endpoint.store(Endpoint::Chat as u8, SeqCst);
+        s.headers_sent.store(false, SeqCst);
+        s.created.store(0, SeqCst);
+        s.started_ns.store(now_ns, SeqCst);
+        for c in [
+            &s.frames_submitted,
+            &s.tokens_submitted,
+            &s.tokens_delivered,
+            &s.post_trip_delivered,
+            &s.trip_token_index,
+            &s.trip_ns,
+            &s.nonce,
+            &s.halt_ns,
+        ] {
+            c.store(0, SeqCst);
+        }
+        s.trip_cause.store(0, SeqCst);
+        s.kernel_tripped.store(false, SeqCst);
+        s.send_inflight.store(false, SeqCst);
+        s.halted_by.store(halter::NONE, SeqCst);
+        s.budget.store(budget, SeqCst);
+        s.state.store(state::STREAMING, SeqCst);
+        Some(StreamId { slot: idx, generation })
+    }
+
+    /// Gives a slot back once its connection is closed and its records are written.
+    pub fn release(&self, id: StreamId) {
+        let s = &self.slots[id.slot as usize];
+        s.fd.store(-1, SeqCst);
+        s.state.store(state::FREE, SeqCst);
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(id.slot);
+    }
+
+    pub fn slot(&self, idx: u32) -> &Slot {
+        &self.slots[idx as usize]
+    }
+
+    /// The slot of a live stream with this id.
+    pub fn get(&self, id: StreamId) -> Option<&Slot> {
+        let s = self.slots.get(id.slot as usize)?;
+        (s.generation.load(SeqCst) == id.generation && s.raw_state() != state::FREE).then_some(s)
+    }
+
+    /// Iterates over slots that are not free.
+    pub fn live(&self) -> impl Iterator<Item = (u32, &Slot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.raw_state() != state::FREE)
+            .map(|(i, s)| (i as u32, s))
+    }
+
+    pub fn active_count(&self) -> usize {
+        self.live().count()
+    }
+
+    /// Trips a stream: fixes the trip point τ, writes the kernel gate, then publishes TRIPPED.
+    ///
+    /// Called by the admin API (operator trips), the emitter (detector trips) and the
+    /// watchdog, each on its own thread. The caller wakes the owning worker afterwards.
+    pub fn trip(
+        &self,
+        id: StreamId,
+        cause: FailureCode,
+        kernel: Option<&dyn KernelTrip>,
+        now_ns: u64,
+    ) -> Result<TripInfo, TripError> {
+        let s = self.get(id).ok_or(TripError::Unknown(id))?;
+        // Take the stream out of STREAMING. EMITTING lasts a few atomic operations, so spin
+        // on it (yielding, in case the emitter was preempted inside the window).
+        let mut spins = 0u32;
+        loop {
+            match s.state.compare_exchange_weak(state::STREAMING, state::TRIPPING, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(state::STREAMING | state::EMITTING) => {
+                    spins += 1;
+                    if spins > 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(state::FINISHING | state::DONE) => return Err(TripError::Finished(id)),
+                Err(state::FREE) => return Err(TripError::Unknown(id)),
+                Err(_) => {
+                    // Spin until a concurrent trip has published its result.
+                    while s.raw_state() == state::TRIPPING {
+                        std::hint::spin_loop();
+                    }
+                    return Err(TripError::AlreadyTripped {
+                        id,
+                        cause: s.trip_cause().unwrap_or(cause),
+                        trip_token_index: s.trip_token_index.load(SeqCst),
+                    });
+                }
+            }
+        }
+        // Frames first, then tokens (the reverse of `count_frame`).
+        let frames = s.frames_submitted.load(SeqCst);
+        let tau = s.tokens_submitted.load(SeqCst);
+        let budget = s.budget.load(SeqCst);
+        let nonce = loop {
+            let n: u64 = rand::random();
+            if n != 0 {
+                break n;
+            }
+        };
+        s.trip_cause.store(cause.as_u32(), SeqCst);
+        s.trip_token_index.store(tau, SeqCst);
+        s.nonce.store(nonce, SeqCst);
+        s.trip_ns.store(now_ns, SeqCst);
+        let kernel_enforced =
+            kernel.is_some_and(|k| k.trip(id, cause, frames.saturating_add(u64::from(budget)), budget, nonce));
+        s.kernel_tripped.store(kernel_enforced, SeqCst);
+        s.state.store(state::TRIPPED, SeqCst);
+        Ok(TripInfo { stream_id: id, cause, trip_token_index: tau, budget, kernel_enforced })
+    }
+}
+
+/// The nonce as the 16 ASCII hex digits the gate compares.
+pub fn nonce_hex(nonce: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let digits = b"0123456789abcdef";
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = digits[((nonce >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{atomic::AtomicU64, Arc};
+
+    use super::*;
+
+    #[test]
+    fn stream_ids_round_trip_and_reject_garbage() {
+        let id = StreamId { slot: 7, generation: 0xdead_beef };
+        assert_eq!(id.to_string(), "hs_deadbeef00000007");
+        assert_eq!(id.to_string().parse::<StreamId>().ok(), Some(id));
+        for bad in ["", "hs_", "hs_123", "xx_deadbeef00000007", "hs_deadbeef0000000g", "hs_deadbeef000000071"] {
+            assert!(bad.parse::<StreamId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn nonce_hex_is_big_endian_lowercase() {
+        assert_eq!(&nonce_hex(0x0123_4567_89ab_cdef), b"0123456789abcdef");
+    }
+
+    struct RecordingKernel(AtomicU64);
+    impl KernelTrip for RecordingKernel {
+        fn trip(&self, _: StreamId, _: FailureCode, frame_limit: u64, _: u32, _: u64) -> bool {
+            self.0.store(frame_limit, SeqCst);
+            true
+        }
+    }
+
+    #[test]
+    fn trip_fixes_tau_and_an_exact_frame_limit_and_stops_frames() {
+        let t = StreamTable::new(4);
+        let id = t.alloc(0, -1, 5, 1).expect("free slot");
+        let s = t.get(id).expect("live");
+        assert!(s.begin_frame(false, false)); // response head
+        for _ in 0..3 {
+            assert!(s.begin_frame(true, false));
+        }
+        let k = RecordingKernel(AtomicU64::new(0));
+        let info = t.trip(id, FailureCode::OperatorTrip, Some(&k), 2).expect("trips");
+        assert_eq!(info.trip_token_index, 3);
+        assert_eq!(k.0.load(SeqCst), 4 + 5);
+        assert!(!s.begin_frame(true, false), "no frame after a trip");
+        assert!(s.begin_frame(true, true), "the fault keeps sending");
+        assert!(matches!(
+            t.trip(id, FailureCode::ExfilAlert, Some(&k), 3),
+            Err(TripError::AlreadyTripped { trip_token_index: 3, .. })
+        ));
+        assert!(s.claim_halt());
+        assert!(!s.claim_halt(), "only one halter");
+    }
+
+    #[test]
+    fn finished_streams_cannot_trip_and_released_ids_go_stale() {
+        let t = StreamTable::new(1);
+        let id = t.alloc(0, -1, 5, 1).expect("free slot");
+        assert!(t.get(id).expect("live").begin_final());
+        assert!(matches!(t.trip(id, FailureCode::OperatorTrip, None, 2), Err(TripError::Finished(_))));
+        t.release(id);
+        assert!(t.get(id).is_none());
+        let id2 = t.alloc(0, -1, 5, 1).expect("slot reused");
+        assert_eq!(id2.slot, id.slot);
+        assert_ne!(id2, id);
+        assert!(t.alloc(0, -1, 5, 1).is_none(), "full table refuses");
+    }
+
+    /// Many emitters and trippers at once: the kernel limit always equals frames counted
+    /// before the trip plus B, and τ never exceeds the tokens counted within that limit.
+    #[test]
+    fn concurrent_trips_never_split_a_frame() {
+        for round in 0..200u64 {
+            let t = Arc::new(StreamTable::new(1));
+            let id = t.alloc(0, -1, 0, 1).expect("slot");
+            let t2 = Arc::clone(&t);
+            let emitter = std::thread::spawn(move || {
+                let s = t2.get(id).expect("live");
+                let mut sent = 0u64;
+                while s.begin_frame(true, false) {
+                    sent += 1;
+                }
+                sent
+            });
+            for _ in 0..(round % 50) {
+                std::hint::spin_loop();
+            }
+            let k = RecordingKernel(AtomicU64::new(0));
+            let info = t.trip(id, FailureCode::OperatorTrip, Some(&k), 1).expect("trips");
+            let sent = emitter.join().expect("emitter");
+            assert_eq!(sent, info.trip_token_index, "with B = 0 exactly τ frames went out");
+            assert_eq!(k.0.load(SeqCst), sent);
+        }
+    }
+}

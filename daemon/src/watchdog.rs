@@ -1,0 +1,127 @@
+//! The watchdog (spec 000 §3.2, §4): its own thread, independent of the data-plane workers.
+//!
+//! Every `--heartbeat-interval-ms` it
+//! 1. writes the heartbeat to the kernel gate and to the in-process copy (a lost heartbeat
+//!    makes the gate and the emitters treat every stream as tripped: fail closed);
+//! 2. looks at every tripped stream and halts, itself, any whose emitter has not: the kernel
+//!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed. It writes the
+//!    terminal frame with a plain non-blocking `send`, shuts the socket down and records the
+//!    halt, so a blocked or stuck emitter cannot keep a tripped stream open;
+//! 3. folds kernel halt events into metrics.
+//!
+//! It never closes a descriptor (the owning worker does, after the halt), so it can never
+//! write to a descriptor number that was reused.
+
+use std::{
+    sync::{atomic::Ordering::SeqCst, Arc},
+    thread,
+    time::Instant,
+};
+
+use crate::{
+    gate::monotonic_ns,
+    shared::Shared,
+    stream::{halter, state},
+};
+
+/// How long past the grace period the watchdog waits for an emitter's in-flight send before
+/// it closes the stream without a terminal frame (the client is not reading).
+const SEND_STUCK_FACTOR: u32 = 4;
+
+/// Starts the watchdog thread. It runs for the life of the daemon.
+pub fn spawn(shared: Arc<Shared>) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new().name("haltd-watchdog".into()).spawn(move || run(&shared))
+}
+
+fn run(shared: &Shared) {
+    raise_priority();
+    let started = Instant::now();
+    let interval = shared.cfg.heartbeat_interval;
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        if let Some(after) = shared.cfg.faults.watchdog_stall_after {
+            if started.elapsed() >= after {
+                tracing::error!("fault injection: the watchdog thread stalls now (no more heartbeats)");
+                loop {
+                    thread::park();
+                }
+            }
+        }
+        let now = monotonic_ns();
+        beat(shared, now);
+        enforce(shared, now, &mut buf);
+        if let Some(gate) = &shared.gate {
+            let mut events = 0u64;
+            if let Err(e) = gate.drain_halt_events(&mut |ev| {
+                events += 1;
+                tracing::debug!(slot = ev.slot, generation = ev.generation, verdict = ev.verdict, frames = ev.frames, "kernel gate dropped a send");
+            }) {
+                tracing::warn!(error = %e, "reading kernel halt events failed");
+            }
+            shared.metrics.kernel_halt_events.inc_by(events);
+        }
+        thread::sleep(interval);
+    }
+}
+
+fn beat(shared: &Shared, now: u64) {
+    if let Some(gate) = &shared.gate {
+        if let Err(e) = gate.beat(now) {
+            // Leave the in-process heartbeat stale too: every emitter then halts its stream.
+            shared.metrics.gate_errors.inc();
+            tracing::error!(error = %e, "writing the kernel heartbeat failed; streams will halt with HEARTBEAT_LOST");
+            return;
+        }
+    }
+    shared.heartbeat_ns.store(now, SeqCst);
+}
+
+fn enforce(shared: &Shared, now: u64, buf: &mut Vec<u8>) {
+    let grace = shared.cfg.halt_grace.as_nanos() as u64;
+    for (idx, slot) in shared.table.live() {
+        if slot.raw_state() != state::TRIPPED {
+            continue;
+        }
+        let since_trip = now.saturating_sub(slot.trip_ns.load(SeqCst));
+        let kernel_missing = shared.gate.is_some() && !slot.kernel_tripped.load(SeqCst);
+        let budget_spent = slot.post_trip_delivered.load(SeqCst) >= u64::from(slot.budget.load(SeqCst));
+        let due = kernel_missing || since_trip > grace || (budget_spent && since_trip > grace / 4);
+        if !due {
+            continue;
+        }
+        let send_stuck = slot.send_inflight.load(SeqCst);
+        if send_stuck && since_trip <= grace * u64::from(SEND_STUCK_FACTOR) && !kernel_missing {
+            // The emitter's send will complete (or fail) soon; writing now could interleave.
+            continue;
+        }
+        if !slot.claim_halt() {
+            continue;
+        }
+        let fd = slot.fd.load(SeqCst);
+        let mut delivered = false;
+        if !send_stuck {
+            shared.terminal_frame(&slot.snapshot(idx), buf);
+            // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
+            // after the slot left HALTING, which only this thread can do now.
+            let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            delivered = n >= 0 && n as usize == buf.len();
+        }
+        // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        slot.finish_halt(halter::WATCHDOG, monotonic_ns());
+        let snap = slot.snapshot(idx);
+        shared.complete_halt(&snap, delivered, vec!["watchdog".to_owned()]);
+        shared.wake(slot.worker.load(SeqCst));
+    }
+}
+
+/// Asks for a real-time priority so a busy node cannot starve the heartbeat; without the
+/// privilege the watchdog still runs, and a missed deadline still fails closed.
+fn raise_priority() {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: plain syscall on the calling thread with a valid sched_param.
+    let rc = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
+    if rc != 0 {
+        tracing::info!("watchdog runs without real-time priority (no CAP_SYS_NICE?)");
+    }
+}
