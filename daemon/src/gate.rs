@@ -295,6 +295,12 @@ impl KernelGate {
 
     /// Writes `TRIPS[slot]`: the trip of one stream (see [`TripEntry`] for the absolute frame
     /// limit). Called once per trip.
+    ///
+    /// An array update is a plain copy that the program may read half-done, so a trip of an
+    /// untripped entry is written in two steps: first the new limits, budget and nonce with
+    /// `tripped` still 0 (the program ignores them while untripped), then the same with
+    /// `tripped` set, which differs from what is there in that one aligned word only. The
+    /// program thus never sees `tripped` with the previous entry's limit of 0.
     pub fn trip(&self, slot: u32, entry: TripEntry) -> Result<(), GateError> {
         if slot >= self.max_streams {
             return Err(GateError::SlotOutOfRange {
@@ -302,7 +308,28 @@ impl KernelGate {
                 max_streams: self.max_streams,
             });
         }
-        lock(&self.trips)
+        let mut trips = lock(&self.trips);
+        if entry.tripped != 0 {
+            // Only userspace writes TRIPS, and only under this lock, so `current` stays current.
+            let current = trips
+                .get(&slot, 0)
+                .map_err(GateError::map("reading", MAP_TRIPS))?;
+            let already = current.tripped != 0 && current.generation == entry.generation;
+            // Never untrip a tripped stream, not even for the length of one write.
+            if !already {
+                trips
+                    .set(
+                        slot,
+                        TripEntry {
+                            tripped: 0,
+                            ..entry
+                        },
+                        0,
+                    )
+                    .map_err(GateError::map("writing", MAP_TRIPS))?;
+            }
+        }
+        trips
             .set(slot, entry, 0)
             .map_err(GateError::map("writing", MAP_TRIPS))
     }

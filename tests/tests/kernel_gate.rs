@@ -619,3 +619,61 @@ fn byte_budget_drops_large_send() -> Result<()> {
     assert_eq!(ev[0].verdict, verdict::DROP_BYTES);
     Ok(())
 }
+
+/// A trip written while the emitter keeps sending: exactly `F + B` frames reach the client,
+/// where `F` is what had been handed to the kernel when the trip was decided. Frames racing the
+/// write are still within the absolute limit, and the program never reads a half-written trip
+/// entry as "tripped with limit 0" (that would drop early).
+#[test]
+fn trip_while_sending_is_exact() -> Result<()> {
+    use std::sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    };
+    let gate = live_gate()?;
+    const B: u64 = 2000;
+    for round in 0..10u32 {
+        let slot = 20 + round;
+        let c = conn(&gate, slot, round)?;
+        let Conn { server, mut client } = c;
+        let reader = thread::spawn(move || -> io::Result<Vec<u8>> {
+            let mut bytes = Vec::new();
+            client.read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        let handed = Arc::new(AtomicU64::new(0));
+        let sender = {
+            let handed = Arc::clone(&handed);
+            thread::spawn(move || -> io::Result<u64> {
+                for i in 0.. {
+                    match send(&server, &token(i)) {
+                        Ok(()) => handed.store(i as u64 + 1, Ordering::SeqCst),
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(i as u64),
+                        Err(e) => return Err(e),
+                    }
+                }
+                unreachable!("the gate stops the loop")
+            })
+        };
+        thread::sleep(Duration::from_millis(2));
+        let f = handed.load(Ordering::SeqCst);
+        gate.trip(slot, trip_entry(round, f + B, u64::MAX))?;
+        let passed = sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+        ensure!(
+            passed == f + B,
+            "round {round}: F={f}, {passed} frames passed, want F+B"
+        );
+        let bytes = reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        let tokens = String::from_utf8(bytes)?.split_terminator("\n\n").count() as u64;
+        ensure!(
+            tokens == f + B,
+            "round {round}: client got {tokens} frames, want {}",
+            f + B
+        );
+    }
+    Ok(())
+}

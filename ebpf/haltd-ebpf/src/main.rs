@@ -114,7 +114,7 @@ fn decide(ctx: &SkMsgContext) -> u32 {
             ts_ns: unsafe { bpf_ktime_get_ns() },
         };
         // A full ring buffer loses the event; the verdict counter still records the drop.
-        let _ = HALT_EVENTS.output(&event, 0);
+        let _ = HALT_EVENTS.output(event, 0);
     }
     v
 }
