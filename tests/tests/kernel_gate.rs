@@ -132,15 +132,17 @@ fn finish(c: Conn) -> Result<Received> {
     Ok(r)
 }
 
-fn trip_entry(generation: u32, frame_limit: u64, budget_bytes: u64) -> TripEntry {
+/// A trip after `f` frames were handed to the kernel, with `b` post-trip frames.
+fn trip_entry(generation: u32, f: u64, b: u64, budget_bytes: u64) -> TripEntry {
     TripEntry {
         generation,
         tripped: 1,
         cause: 42,
         terminal_max_bytes: TERMINAL_MAX,
-        frame_limit,
+        frame_limit: f + b,
         budget_bytes,
         nonce: *NONCE,
+        pre_trip_frames: f,
     }
 }
 
@@ -191,7 +193,7 @@ fn trip_allows_exactly_budget_then_drops() -> Result<()> {
         for i in 0..f {
             send(&c.server, &token(i))?;
         }
-        gate.trip(2, trip_entry(1, f as u64 + b, 1 << 20))?;
+        gate.trip(2, trip_entry(1, f as u64, b, 1 << 20))?;
         for i in f..f + b as usize {
             send(&c.server, &token(i)).with_context(|| format!("B={b}: post-trip frame {i}"))?;
         }
@@ -270,7 +272,7 @@ fn terminal_frame_passes_once_after_budget() -> Result<()> {
         for i in 0..f {
             send(&c.server, &token(i))?;
         }
-        gate.trip(3, trip_entry(9, f as u64 + b, 1 << 20))?;
+        gate.trip(3, trip_entry(9, f as u64, b, 1 << 20))?;
         for i in f..f + b as usize {
             send(&c.server, &token(i))?;
         }
@@ -316,7 +318,7 @@ fn fake_or_oversized_terminal_is_a_token() -> Result<()> {
     // B = 1: a wrong-nonce "terminal" uses the one post-trip frame, the real one still passes.
     let c = conn(&gate, 4, 1)?;
     send(&c.server, &token(0))?;
-    gate.trip(4, trip_entry(1, 2, 1 << 20))?;
+    gate.trip(4, trip_entry(1, 1, 1, 1 << 20))?;
     send(&c.server, &terminal(b"fedcba9876543210", 0)).context("wrong nonce within budget")?;
     expect_dropped(
         send(&c.server, &terminal(b"fedcba9876543210", 0)),
@@ -329,7 +331,7 @@ fn fake_or_oversized_terminal_is_a_token() -> Result<()> {
     // B = 0: oversized terminal with the right nonce is a token beyond the budget.
     let c = conn(&gate, 5, 1)?;
     send(&c.server, &token(0))?;
-    gate.trip(5, trip_entry(1, 1, 1 << 20))?;
+    gate.trip(5, trip_entry(1, 1, 0, 1 << 20))?;
     expect_dropped(send(&c.server, &oversized), "oversized terminal")?;
     drop(c);
 
@@ -339,7 +341,7 @@ fn fake_or_oversized_terminal_is_a_token() -> Result<()> {
         6,
         TripEntry {
             nonce: [0; NONCE_LEN],
-            ..trip_entry(1, 0, 1 << 20)
+            ..trip_entry(1, 0, 0, 1 << 20)
         },
     )?;
     let mut zeros = SSE_TERMINAL_PREFIX.to_vec();
@@ -350,7 +352,7 @@ fn fake_or_oversized_terminal_is_a_token() -> Result<()> {
 
     // B = 0 and the right nonce in a frame of the allowed size: passes.
     let c = conn(&gate, 7, 1)?;
-    gate.trip(7, trip_entry(1, 0, 1 << 20))?;
+    gate.trip(7, trip_entry(1, 0, 0, 1 << 20))?;
     send(&c.server, &terminal(NONCE, 0)).context("real terminal")?;
     assert_eq!(
         finish(c)?,
@@ -543,7 +545,7 @@ fn io_uring_send_is_policed() -> Result<()> {
             "untripped uring send {i}"
         );
     }
-    gate.trip(10, trip_entry(1, 3 + 2, 1 << 20))?;
+    gate.trip(10, trip_entry(1, 3, 2, 1 << 20))?;
     for i in 3..5 {
         let f = token(i);
         ensure!(
@@ -583,7 +585,7 @@ fn byte_budget_drops_large_send() -> Result<()> {
     let c = conn(&gate, 11, 1)?;
     send(&c.server, &token(0))?;
     send(&c.server, &token(1))?;
-    gate.trip(11, trip_entry(1, 2 + 5, 1000))?;
+    gate.trip(11, trip_entry(1, 2, 5, 1000))?;
     send(&c.server, &token(2)).context("small post-trip frame")?;
     let mut batch = Vec::new();
     for i in 3..200 {
@@ -657,7 +659,7 @@ fn trip_while_sending_is_exact() -> Result<()> {
         };
         thread::sleep(Duration::from_millis(2));
         let f = handed.load(Ordering::SeqCst);
-        gate.trip(slot, trip_entry(round, f + B, u64::MAX))?;
+        gate.trip(slot, trip_entry(round, f, B, u64::MAX))?;
         let passed = sender
             .join()
             .map_err(|_| anyhow::anyhow!("sender panicked"))??;
@@ -675,5 +677,44 @@ fn trip_while_sending_is_exact() -> Result<()> {
             f + B
         );
     }
+    Ok(())
+}
+
+/// Frames userspace handed to the kernel before the trip but that reach the gate after it (in
+/// flight) pass as pre-trip frames and leave the whole byte budget to the B post-trip frames.
+#[test]
+fn in_flight_pre_trip_frames_do_not_use_the_byte_budget() -> Result<()> {
+    let gate = live_gate()?;
+    let c = conn(&gate, 12, 1)?;
+    send(&c.server, &token(0))?;
+    send(&c.server, &token(1))?;
+    // F = 5 frames handed to the kernel at the trip, 3 of them not through the gate yet.
+    let b = 2u64;
+    let per = token(5).len() as u64; // every token below 10 has this length
+    gate.trip(12, trip_entry(1, 5, b, b * per))?;
+    for i in 2..5 {
+        send(&c.server, &token(i)).with_context(|| format!("in-flight pre-trip frame {i}"))?;
+    }
+    for i in 5..7 {
+        send(&c.server, &token(i)).with_context(|| format!("post-trip frame {i}"))?;
+    }
+    expect_dropped(send(&c.server, &token(7)), "frame beyond F + B")?;
+    let st = gate.socket_state(c.server.as_fd())?.context("state")?;
+    assert_eq!((st.post_trip_frames, st.post_trip_bytes), (2, b * per));
+    assert_eq!(
+        finish(c)?,
+        Received {
+            tokens: 7,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        gate.verdict_totals()?,
+        verdicts(&[
+            (verdict::PASS, 5),
+            (verdict::PASS_POST_TRIP, 2),
+            (verdict::DROP_BUDGET, 1)
+        ])
+    );
     Ok(())
 }

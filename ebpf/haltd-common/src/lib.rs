@@ -107,10 +107,17 @@ pub struct TripEntry {
     pub terminal_max_bytes: u32,
     /// Highest frame number (see [`SockState::frames`]) that may pass once tripped.
     pub frame_limit: u64,
-    /// Bytes allowed to pass while the gate sees the stream tripped (terminal excluded).
+    /// Bytes allowed to pass in post-trip frames (numbered after `pre_trip_frames`; terminal
+    /// excluded).
     pub budget_bytes: u64,
     /// ASCII hex nonce a terminal frame must carry at [`NONCE_OFFSET`]; all zero until tripped.
     pub nonce: [u8; NONCE_LEN],
+    /// `F`: frames numbered up to this were handed to the kernel before the trip. When they
+    /// reach the gate after this entry is written (still in flight), they pass as untripped
+    /// frames and do not use the byte budget, which is meant for the `B` post-trip frames.
+    /// Normally `frame_limit - B`; 0 makes every frame the gate sees tripped count as post-trip
+    /// (always safe, but in-flight frames then eat into `budget_bytes`).
+    pub pre_trip_frames: u64,
 }
 
 /// Watchdog heartbeat, in `HEARTBEAT[0]`. Written by userspace (the watchdog thread) only.
@@ -198,7 +205,7 @@ mod pod {
 // Layouts are part of the kernel ABI of the gate: pin them.
 const _: () = {
     assert!(core::mem::size_of::<SockState>() == 56);
-    assert!(core::mem::size_of::<TripEntry>() == 48);
+    assert!(core::mem::size_of::<TripEntry>() == 56);
     assert!(core::mem::size_of::<Heartbeat>() == 32);
     assert!(core::mem::size_of::<HaltEvent>() == 40);
     assert!(SSE_TERMINAL_PREFIX.len() == NONCE_OFFSET);

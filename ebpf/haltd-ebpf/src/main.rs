@@ -133,11 +133,17 @@ fn gate(ctx: &SkMsgContext, st: &mut SockState) -> u32 {
         Some(t) if t.generation == st.generation => Some(t),
         _ => None,
     };
-    let user_tripped = trip.is_some_and(|t| t.tripped != 0);
+    let user_tripped = trip.is_some_and(|t| t.tripped != 0 && n > t.pre_trip_frames);
 
     let hb_bytes = heartbeat_budget(st, n);
 
-    if trip.is_some() && !user_tripped && st.stale_frame_limit == 0 {
+    // Untripped, or a frame userspace handed to the kernel before the trip (in flight when
+    // the trip was written): pass it as it would have passed before the trip.
+    let pre_trip = match trip {
+        Some(t) => t.tripped == 0 || n <= t.pre_trip_frames,
+        None => false,
+    };
+    if pre_trip && st.stale_frame_limit == 0 {
         return verdict::PASS;
     }
 
@@ -158,7 +164,8 @@ fn gate(ctx: &SkMsgContext, st: &mut SockState) -> u32 {
     let mut byte_budget = u64::MAX;
     match trip {
         None => frame_limit = 0,
-        Some(t) if t.tripped != 0 => {
+        // Only for post-trip frames: a pre-trip frame here is tripped by the heartbeat alone.
+        Some(t) if user_tripped => {
             frame_limit = t.frame_limit;
             byte_budget = t.budget_bytes;
         }
