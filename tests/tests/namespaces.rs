@@ -2,10 +2,26 @@
 //! the client. Run serially (`cargo xtask test` passes `--test-threads=1`): they share kernel
 //! state (BPF maps and programs, namespaces).
 
-use std::process::Command;
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    process::Command,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
 
-use anyhow::{ensure, Result};
-use haltd_tests::{checked, in_netns, netns_exists, NetPair};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use haltd_tests::{
+    agent, checked, in_netns, netns_exists, quantile, raw_exchange, spawn_in_netns,
+    sse::{self, chat_body},
+    trip_here, verify_ledger, EventKind, Haltd, Metrics, NetPair, StreamOutcome,
+};
+use rand::Rng;
+use serde_json::{json, Value};
 
 /// The harness itself: a namespace pair where the client reaches the server over the veth and
 /// nothing else, and that leaves nothing behind.
@@ -62,5 +78,868 @@ fn harness_smoke() -> Result<()> {
         !netns_exists(&srv) && !netns_exists(&cli),
         "namespaces left behind after drop"
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios against a running haltd. Numbers measured at the client.
+
+/// Streams per trip campaign (the issue asks for at least 200); `HALTD_TEST_STREAMS` overrides.
+fn campaign_streams() -> usize {
+    std::env::var("HALTD_TEST_STREAMS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200)
+}
+
+/// Concurrent client streams in a campaign: enough to overlap, few enough for 2 cores.
+const CONCURRENCY: usize = 16;
+/// Trips happen after a random k in 1..=K_MAX received tokens.
+const K_MAX: usize = 60;
+/// Every NOT_TRIPPED-th stream is left alone and must complete intact.
+const NOT_TRIPPED: usize = 10;
+
+/// Runs `jobs` client jobs on `workers` threads in the client namespace; results in job order.
+fn pool<T: Send + 'static>(
+    ns: &str,
+    jobs: usize,
+    workers: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let (next, f) = (Arc::clone(&next), Arc::clone(&f));
+            spawn_in_netns(ns, move || {
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= jobs {
+                        return done;
+                    }
+                    done.push((i, f(i)));
+                }
+            })
+        })
+        .collect();
+    let mut all: Vec<(usize, T)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect();
+    all.sort_by_key(|(i, _)| *i);
+    all.into_iter().map(|(_, t)| t).collect()
+}
+
+/// One client stream of a campaign.
+#[derive(Debug)]
+struct Run {
+    /// Tokens received when the trip was requested; `None`: not tripped by design.
+    k: Option<usize>,
+    /// When the trip request was sent, and the admin API's answer.
+    trip: Option<(Instant, u16, Value)>,
+    outcome: StreamOutcome,
+}
+
+impl Run {
+    fn trip_index(&self) -> Option<u64> {
+        self.trip
+            .as_ref()
+            .and_then(|t| t.2["trip_token_index"].as_u64())
+    }
+
+    /// Tokens the client received after the trip point.
+    fn post_trip(&self) -> Option<i64> {
+        let idx = i64::try_from(self.trip_index()?).ok()?;
+        Some(i64::try_from(self.outcome.tokens).ok()? - idx)
+    }
+
+    fn latency_ms(&self) -> Option<f64> {
+        let sent = self.trip.as_ref()?.0;
+        Some(
+            self.outcome
+                .end_at()
+                .saturating_duration_since(sent)
+                .as_secs_f64()
+                * 1e3,
+        )
+    }
+}
+
+/// Streams `streams` chat completions and trips most of them after a random k received tokens.
+fn campaign(
+    haltd: &Haltd,
+    streams: usize,
+    max_tokens: u32,
+    not_tripped_max_tokens: u32,
+) -> Vec<Run> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let admin = haltd.admin_url();
+    pool(&haltd.client_ns, streams, CONCURRENCY, move |i| {
+        let tripped = i % NOT_TRIPPED != NOT_TRIPPED - 1;
+        let k = tripped.then(|| rand::rng().random_range(1..=K_MAX));
+        let body = chat_body(
+            &format!("Tell me about rivers, number {i}"),
+            if tripped {
+                max_tokens
+            } else {
+                not_tripped_max_tokens
+            },
+            true,
+        );
+        let mut trip = None;
+        let outcome = sse::stream(&url, &body, Duration::from_secs(120), |p, ev| {
+            if trip.is_none() && matches!(ev.kind, EventKind::Token(_)) && Some(p.tokens) == k {
+                let sent = Instant::now();
+                let (status, body) = trip_here(
+                    &format!("{admin}/admin/streams/{}/trip", p.stream_id),
+                    Some("OPERATOR_TRIP"),
+                )
+                .unwrap_or_else(|e| (0, Value::String(format!("{e:#}"))));
+                trip = Some((sent, status, body));
+            }
+        });
+        match outcome {
+            Ok(outcome) => Run { k, trip, outcome },
+            Err(e) => panic!("stream {i}: {e:#}"),
+        }
+    })
+}
+
+/// Checks every run of a campaign; returns the failures (one line each).
+fn check_runs(runs: &[Run], budget: u64, expect_terminal: bool) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let o = &r.outcome;
+        let mut fail =
+            |what: String| failures.push(format!("stream {i} ({}): {what}", o.stream_id));
+        if o.status != 200 {
+            fail(format!("status {} body {:?}", o.status, o.body));
+            continue;
+        }
+        if o.stream_id.is_empty() {
+            fail("no x-haltd-stream-id header".into());
+        }
+        if o.malformed > 0 || o.events_after_done > 0 {
+            fail(format!(
+                "{} malformed events, {} events after [DONE]",
+                o.malformed, o.events_after_done
+            ));
+        }
+        let Some(k) = r.k else {
+            // Left alone: complete and intact.
+            if o.error.is_some()
+                || o.done_at.is_none()
+                || !matches!(o.finish_reason.as_deref(), Some("length" | "stop"))
+                || o.read_error.is_some()
+            {
+                fail(format!("untripped stream did not complete: finish {:?}, error {:?}, done {}, read error {:?}", o.finish_reason, o.error, o.done_at.is_some(), o.read_error));
+            }
+            continue;
+        };
+        let Some((_, status, body)) = &r.trip else {
+            fail(format!(
+                "never tripped: the stream ended after {} tokens, before k = {k}",
+                o.tokens
+            ));
+            continue;
+        };
+        if *status != 200 {
+            fail(format!("trip answered {status}: {body}"));
+            continue;
+        }
+        let Some(idx) = r.trip_index() else {
+            fail(format!("trip answer without trip_token_index: {body}"));
+            continue;
+        };
+        if body["budget"].as_u64() != Some(budget) || body["cause"] != "OPERATOR_TRIP" {
+            fail(format!("trip answer budget/cause: {body}"));
+        }
+        if idx < k as u64 {
+            fail(format!(
+                "trip_token_index {idx} < {k} tokens the client already had"
+            ));
+        }
+        if (o.tokens as u64) < idx {
+            fail(format!(
+                "client received {} tokens, fewer than trip_token_index {idx}",
+                o.tokens
+            ));
+        }
+        let post = r.post_trip().unwrap_or_default();
+        if post > budget as i64 {
+            fail(format!("{post} tokens after the trip point (budget {budget}): received {}, trip_token_index {idx}, k {k}", o.tokens));
+        }
+        if expect_terminal {
+            if let Err(e) = o.halted_cleanly("OPERATOR_TRIP") {
+                fail(format!("terminal: {e:#}; read error {:?}", o.read_error));
+            } else if let Some(err) = &o.error {
+                if err["trip_token_index"].as_u64() != Some(idx)
+                    || err["post_trip_tokens"].as_i64() != Some(post)
+                {
+                    fail(format!("error event says trip_token_index {} post_trip_tokens {}, client measured {idx} and {post}", err["trip_token_index"], err["post_trip_tokens"]));
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// Prints the post-trip distribution and halt latency as a table and one JSON line.
+fn report(name: &str, budget: u64, runs: &[Run]) -> Value {
+    let post: Vec<i64> = runs.iter().filter_map(Run::post_trip).collect();
+    let lat: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.trip.as_ref().is_some_and(|t| t.1 == 200))
+        .filter_map(Run::latency_ms)
+        .collect();
+    let mut hist = BTreeMap::new();
+    for p in &post {
+        *hist.entry(*p).or_insert(0_usize) += 1;
+    }
+    let summary = json!({
+        "scenario": name,
+        "budget": budget,
+        "streams": runs.len(),
+        "tripped": post.len(),
+        "post_trip_max": post.iter().max(),
+        "post_trip_p99": quantile(&post, 0.99),
+        "post_trip_histogram": hist.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "halt_latency_ms_p50": quantile(&lat, 0.5),
+        "halt_latency_ms_p99": quantile(&lat, 0.99),
+        "halt_latency_ms_max": quantile(&lat, 1.0),
+    });
+    println!(
+        "\n{name}: {} streams, {} tripped, budget B = {budget}",
+        runs.len(),
+        post.len()
+    );
+    println!("  {:<28} {:>10}", "post-trip tokens (client)", "streams");
+    for (k, v) in &hist {
+        println!("  {k:<28} {v:>10}");
+    }
+    println!(
+        "  post-trip max {} p99 {}",
+        summary["post_trip_max"], summary["post_trip_p99"]
+    );
+    println!(
+        "  halt latency (trip request -> [DONE]/close) p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        summary["halt_latency_ms_p50"].as_f64().unwrap_or(f64::NAN),
+        summary["halt_latency_ms_p99"].as_f64().unwrap_or(f64::NAN),
+        summary["halt_latency_ms_max"].as_f64().unwrap_or(f64::NAN)
+    );
+    println!("HALTD_RESULT {summary}");
+    summary
+}
+
+/// Waits until no stream is live on the instance (at most `timeout`).
+fn wait_idle(haltd: &Haltd, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let list = haltd.list_streams()?;
+        let live = list["streams"].as_array().map_or(0, Vec::len);
+        if live == 0 {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{live} streams still live after {timeout:?}: {list}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Metrics after a campaign (scenario f): strict parse, trip counts, histogram counts,
+/// tokens emitted, no active streams.
+fn check_metrics(haltd: &Haltd, runs: &[Run], exact_tokens: bool) -> Result<Metrics> {
+    let m = haltd.metrics()?;
+    let tripped = runs
+        .iter()
+        .filter(|r| r.trip.as_ref().is_some_and(|t| t.1 == 200))
+        .count() as f64;
+    let trips = m.value_or_zero("haltd_watchdog_trips_total", &[("cause", "OPERATOR_TRIP")])?;
+    ensure!(trips == tripped, "haltd_watchdog_trips_total{{cause=\"OPERATOR_TRIP\"}} = {trips}, clients tripped {tripped}");
+    for hist in ["haltd_halt_tokens_post_trip", "haltd_halt_latency_seconds"] {
+        let count = m.histogram_count(hist)?;
+        ensure!(
+            count == tripped,
+            "{hist}_count = {count}, clients tripped {tripped}"
+        );
+    }
+    ensure!(
+        m.sum("haltd_streams_active") == 0.0,
+        "haltd_streams_active = {} after all streams ended",
+        m.sum("haltd_streams_active")
+    );
+    let received: usize = runs.iter().map(|r| r.outcome.tokens).sum();
+    let emitted = m.sum("haltd_tokens_emitted_total");
+    println!(
+        "  metrics: trips {trips}, tokens emitted {emitted}, tokens received by clients {received}"
+    );
+    if exact_tokens {
+        // Completed streams deliver every token; a tripped stream delivers its pre-trip tokens
+        // and its post-trip tokens; the userspace emitter stops at the halt, so nothing else.
+        ensure!(
+            emitted == received as f64,
+            "haltd_tokens_emitted_total = {emitted}, clients received {received}"
+        );
+    }
+    Ok(m)
+}
+
+/// Stops haltd and checks its ledger chain with `haltctl ledger verify`.
+fn stop_and_verify(mut haltd: Haltd) -> Result<Vec<Value>> {
+    let records = haltd.ledger_records()?;
+    let status = haltd.stop()?;
+    println!("  haltd stopped: {status}");
+    let out = verify_ledger(&haltd.ledger).map_err(|e| anyhow!("{e:#}\n{}", haltd.log_tail(30)))?;
+    println!("  haltctl ledger verify: {}", out.trim());
+    Ok(records)
+}
+
+/// Ledger records of the tripped runs must carry the cause, index and post-trip count.
+fn check_ledger(records: &[Value], runs: &[Run]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for r in runs
+        .iter()
+        .filter(|r| r.trip.as_ref().is_some_and(|t| t.1 == 200))
+    {
+        let id = r.outcome.stream_id.as_str();
+        let mine: Vec<&Value> = records.iter().filter(|v| v["stream_id"] == id).collect();
+        let Some(rec) = mine.iter().find(|v| v["trip_cause"] == "OPERATOR_TRIP") else {
+            failures.push(format!(
+                "{id}: no ledger record with trip_cause OPERATOR_TRIP ({} records)",
+                mine.len()
+            ));
+            continue;
+        };
+        if rec["trip_token_index"].as_u64() != r.trip_index() {
+            failures.push(format!(
+                "{id}: ledger trip_token_index {} != {:?}",
+                rec["trip_token_index"],
+                r.trip_index()
+            ));
+        }
+        if rec["halt_tokens_post_trip"].as_i64() != r.post_trip() {
+            failures.push(format!(
+                "{id}: ledger halt_tokens_post_trip {} != client {:?}",
+                rec["halt_tokens_post_trip"],
+                r.post_trip()
+            ));
+        }
+        if !rec["failure_codes"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == "OPERATOR_TRIP"))
+        {
+            failures.push(format!(
+                "{id}: ledger failure_codes {}",
+                rec["failure_codes"]
+            ));
+        }
+    }
+    failures
+}
+
+fn fail_if_any(what: &str, failures: &[String], haltd_log: &str) -> Result<()> {
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<&String> = failures.iter().take(25).collect();
+    bail!(
+        "{what}: {} failures:\n  {}\n{haltd_log}",
+        failures.len(),
+        shown
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    )
+}
+
+/// (a) + (f): operator trips at random token indices, B = 5 and B = 0, paced at 2 ms/token.
+fn trip_random(budget: u32) -> Result<()> {
+    let pair = NetPair::new()?;
+    let b = budget.to_string();
+    let haltd = Haltd::start(
+        &pair,
+        &["--budget", &b, "--builtin-token-interval-us", "2000"],
+    )?;
+    let t = Instant::now();
+    let runs = campaign(&haltd, campaign_streams(), 200, 40);
+    let name = format!("trip_random_b{budget}");
+    report(&name, u64::from(budget), &runs);
+    println!(
+        "  {} streams in {:.1}s",
+        runs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    fail_if_any(
+        &name,
+        &check_runs(&runs, u64::from(budget), true),
+        &haltd.log_tail(30),
+    )?;
+    wait_idle(&haltd, Duration::from_secs(5))?;
+    check_metrics(&haltd, &runs, true).map_err(|e| anyhow!("{name} metrics: {e:#}"))?;
+    let records = stop_and_verify(haltd)?;
+    fail_if_any(
+        &format!("{name} ledger"),
+        &check_ledger(&records, &runs),
+        "",
+    )
+}
+
+#[test]
+fn trip_random_budget_5() -> Result<()> {
+    trip_random(5)
+}
+
+#[test]
+fn trip_random_budget_0() -> Result<()> {
+    trip_random(0)
+}
+
+/// (b): the emitter ignores the userspace halt and tokens are not paced: the kernel gate alone
+/// holds the budget. Small socket buffers keep the emitter busy (blocked on a full socket)
+/// when the trip lands, so the gate, not the end of the stream, is what stops it.
+fn kernel_only(budget: u32) -> Result<()> {
+    let pair = NetPair::new()?;
+    for (ns, key, value) in [
+        (&pair.cli, "net.ipv4.tcp_rmem", "4096 16384 65536"),
+        (&pair.srv, "net.ipv4.tcp_wmem", "4096 16384 65536"),
+    ] {
+        checked(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-q",
+            "-w",
+            &format!("{key}={value}"),
+        ]))?;
+    }
+    let b = budget.to_string();
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--budget",
+            &b,
+            "--fault",
+            "emitter-ignores-halt",
+            "--builtin-token-interval-us",
+            "0",
+        ],
+    )?;
+    let t = Instant::now();
+    let runs = campaign(&haltd, campaign_streams(), 20_000, 40);
+    let name = format!("kernel_only_b{budget}");
+    report(&name, u64::from(budget), &runs);
+    println!(
+        "  {} streams in {:.1}s",
+        runs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    fail_if_any(
+        &name,
+        &check_runs(&runs, u64::from(budget), false),
+        &haltd.log_tail(30),
+    )?;
+    let terminal = runs
+        .iter()
+        .filter(|r| r.k.is_some() && r.outcome.halted_cleanly("OPERATOR_TRIP").is_ok())
+        .count();
+    println!("  tripped streams that still got the terminal event: {terminal}");
+    wait_idle(&haltd, Duration::from_secs(10))?;
+    let m = check_metrics(&haltd, &runs, false).map_err(|e| anyhow!("{name} metrics: {e:#}"))?;
+    let dropped = m.value_or_zero("haltd_kernel_frames_total", &[("verdict", "drop_budget")])?;
+    println!("  haltd_kernel_frames_total{{verdict=\"drop_budget\"}} = {dropped}");
+    ensure!(
+        dropped > 0.0,
+        "the emitter ignored the halt but the kernel dropped nothing (drop_budget = 0)"
+    );
+    stop_and_verify(haltd)?;
+    Ok(())
+}
+
+#[test]
+fn kernel_only_budget_5() -> Result<()> {
+    kernel_only(5)
+}
+
+#[test]
+fn kernel_only_budget_0() -> Result<()> {
+    kernel_only(0)
+}
+
+/// (c): the watchdog stops heartbeating 500 ms after start; with a 200 ms deadline the gate
+/// treats the stale heartbeat as a trip. Tokens come every 20 ms.
+#[test]
+fn watchdog_stall_halts_stream() -> Result<()> {
+    const STALL_MS: u64 = 500;
+    const DEADLINE_MS: u64 = 200;
+    const INTERVAL_MS: u64 = 20;
+    const BUDGET: u64 = 5;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--budget",
+            &BUDGET.to_string(),
+            "--fault",
+            &format!("watchdog-stall-after-ms={STALL_MS}"),
+            "--heartbeat-deadline-ms",
+            &DEADLINE_MS.to_string(),
+            "--builtin-token-interval-us",
+            &(INTERVAL_MS * 1000).to_string(),
+        ],
+    )?;
+    // The watchdog starts before haltd reports ready, so it stalls at the latest STALL_MS
+    // after that.
+    let stall_at = Instant::now() + Duration::from_millis(STALL_MS);
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let outcome = in_netns(&haltd.client_ns, move || {
+        sse::stream(
+            &url,
+            &chat_body("Tell me about rivers", 1000, true),
+            Duration::from_secs(30),
+            |_, _| {},
+        )
+    })?;
+    let after: usize = outcome
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Token(_)) && e.at > stall_at)
+        .count();
+    // After the stall: up to DEADLINE/INTERVAL tokens until the heartbeat is stale, then B
+    // post-trip frames. Slack 2: one token for the phase of the 20 ms token clock against
+    // the stall instant, one for the heartbeat period (5 ms) and deadline check granularity.
+    let bound = (DEADLINE_MS / INTERVAL_MS + BUDGET + 2) as usize;
+    println!(
+        "watchdog stall: {} tokens in total, {after} after the stall (bound {bound}), finish {:?}, error {:?}, ended {:.0} ms after the stall",
+        outcome.tokens,
+        outcome.finish_reason,
+        outcome.error,
+        outcome.ended.saturating_duration_since(stall_at).as_secs_f64() * 1e3
+    );
+    ensure!(
+        outcome.tokens < 1000,
+        "the stream ran to completion: the stale heartbeat did not halt it\n{}",
+        haltd.log_tail(30)
+    );
+    ensure!(
+        after <= bound,
+        "{after} tokens after the watchdog stalled (bound {bound})\n{}",
+        haltd.log_tail(30)
+    );
+    // The incident is recorded (by whoever survives the stall), possibly shortly after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let records = haltd.ledger_records()?;
+        let lost = records.iter().any(|r| {
+            r["failure_codes"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c == "HEARTBEAT_LOST"))
+        });
+        if lost {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no ledger record with HEARTBEAT_LOST: {records:?}\n{}",
+            haltd.log_tail(30)
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    stop_and_verify(haltd)?;
+    Ok(())
+}
+
+/// (d): a batch request (`stream: false`) tripped mid-way gets the degraded-safe response.
+#[test]
+fn batch_trip_degraded_safe() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "20000"])?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let client = spawn_in_netns(&pair.cli, move || {
+        sse::post(
+            &url,
+            &chat_body("Tell me about rivers", 100, false),
+            Duration::from_secs(30),
+        )
+    });
+    // The client gets headers only with the whole response: find the stream on the admin API.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        let list = haltd.list_streams()?;
+        let found = list["streams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["mode"] == "batch" && s["tokens"].as_u64().is_some_and(|t| t >= 5));
+        if let Some(s) = found {
+            break s["stream_id"]
+                .as_str()
+                .context("stream_id is a string")?
+                .to_owned();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no batch stream with 5 tokens listed: {list}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    let (status, trip) = haltd.trip(&id, None)?;
+    ensure!(status == 200, "trip answered {status}: {trip}");
+    let (status, header_id, body) = client
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+    println!("batch trip: status {status}, trip {trip}, body {body}");
+    ensure!(status == 200, "batch response status {status}: {body}");
+    ensure!(
+        header_id == id,
+        "x-haltd-stream-id {header_id} != tripped {id}"
+    );
+    let v: Value =
+        serde_json::from_str(&body).with_context(|| format!("batch body is not JSON: {body}"))?;
+    let choice = &v["choices"][0];
+    ensure!(
+        choice["finish_reason"] == "content_filter",
+        "finish_reason {}",
+        choice["finish_reason"]
+    );
+    ensure!(
+        choice["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "degraded-safe response carries content: {}",
+        choice["message"]["content"]
+    );
+    ensure!(
+        v["error"]["type"] == "halted" && v["error"]["code"] == "OPERATOR_TRIP",
+        "error object {}",
+        v["error"]
+    );
+    ensure!(
+        v["error"]["stream_id"] == id.as_str(),
+        "error stream_id {}",
+        v["error"]["stream_id"]
+    );
+    ensure!(
+        v["error"]["post_trip_tokens"].as_u64() == Some(0),
+        "batch post_trip_tokens {} (nothing may reach the client)",
+        v["error"]["post_trip_tokens"]
+    );
+    wait_idle(&haltd, Duration::from_secs(5))?;
+    let m = haltd.metrics()?;
+    ensure!(
+        m.value_or_zero("haltd_watchdog_trips_total", &[("cause", "OPERATOR_TRIP")])? == 1.0,
+        "trip not counted"
+    );
+    let records = stop_and_verify(haltd)?;
+    ensure!(
+        records
+            .iter()
+            .any(|r| r["stream_id"] == id.as_str() && r["trip_cause"] == "OPERATOR_TRIP"),
+        "no ledger record for the batch trip"
+    );
+    Ok(())
+}
+
+/// (e): bad and hostile input gets clear errors while a concurrent stream completes intact.
+#[test]
+fn bad_input_is_rejected_cleanly() -> Result<()> {
+    const MAX_BODY: usize = 65_536;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "1000",
+            "--max-body-bytes",
+            &MAX_BODY.to_string(),
+        ],
+    )?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let body = chat_body("Tell me about rivers", 1500, true);
+    // Reference: the same request on a quiet instance (the built-in source is deterministic).
+    let (u, b) = (url.clone(), body.clone());
+    let reference = in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(60), |_, _| {})
+    })?;
+    ensure!(
+        reference.done_at.is_some() && reference.error.is_none(),
+        "reference stream failed: {reference:?}"
+    );
+    let (u, b) = (url.clone(), body.clone());
+    let concurrent = spawn_in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(60), |_, _| {})
+    });
+
+    let api = haltd.api;
+    let host = format!("host: {api}\r\n");
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("malformed request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
+        ("unknown path", format!("GET /nope HTTP/1.1\r\n{host}\r\n").into_bytes(), 404),
+        ("wrong method", format!("GET /v1/chat/completions HTTP/1.1\r\n{host}\r\n").into_bytes(), 405),
+        (
+            "invalid JSON",
+            format!("POST /v1/chat/completions HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 9\r\n\r\n{{\"model\":").into_bytes(),
+            400,
+        ),
+        (
+            "oversized body",
+            format!("POST /v1/chat/completions HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: {}\r\n\r\n", MAX_BODY * 4).into_bytes(),
+            413,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, request, want) in cases {
+        let got = in_netns(&pair.cli, move || {
+            raw_exchange(api, &request, Duration::from_secs(10))
+        });
+        match got {
+            Ok(r) if r.status == want => {
+                if what == "invalid JSON" {
+                    match r.json() {
+                        Ok(v)
+                            if v["error"]["type"] == "invalid_request_error"
+                                && v["error"]["message"].is_string() => {}
+                        other => failures.push(format!(
+                            "{what}: body is not an OpenAI-style error: {other:?}"
+                        )),
+                    }
+                }
+                println!(
+                    "bad input: {what} -> {} {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body).trim()
+                );
+            }
+            Ok(r) => failures.push(format!(
+                "{what}: status {} (want {want}), body {:?}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            )),
+            Err(e) => failures.push(format!("{what}: {e:#}")),
+        }
+    }
+
+    // A client that never reads: open a fast, long stream, never read, trip it.
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        serde_json::to_vec(&chat_body("Tell me about rivers", 100_000, true))?.len(),
+        chat_body("Tell me about rivers", 100_000, true)
+    );
+    let silent = in_netns(&pair.cli, move || -> Result<std::net::TcpStream> {
+        let mut s = std::net::TcpStream::connect(api)?;
+        s.write_all(req.as_bytes())?;
+        Ok(s)
+    })?;
+    thread::sleep(Duration::from_millis(1500)); // let its socket buffers fill
+    let list = haltd.list_streams()?;
+    let ids: Vec<String> = list["streams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["tokens"].as_u64().is_some_and(|t| t > 1500))
+        .filter_map(|s| s["stream_id"].as_str().map(str::to_owned))
+        .collect();
+    match ids.as_slice() {
+        [id] => {
+            let (status, trip) = haltd.trip(id, None)?;
+            if status != 200 {
+                failures.push(format!(
+                    "tripping the never-reading stream: {status} {trip}"
+                ));
+            }
+            // It must go away although its socket is full.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while haltd.list_streams()?["streams"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|s| s["stream_id"] == id.as_str()))
+            {
+                if Instant::now() > deadline {
+                    failures.push(format!(
+                        "the tripped never-reading stream {id} is still live after 5 s"
+                    ));
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        _ => failures.push(format!(
+            "expected exactly one stream past 1500 tokens (the never-reading one): {list}"
+        )),
+    }
+    drop(silent);
+
+    let concurrent = concurrent
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+    if concurrent.text != reference.text
+        || concurrent.tokens != reference.tokens
+        || concurrent.finish_reason != reference.finish_reason
+        || concurrent.done_at.is_none()
+    {
+        failures.push(format!(
+            "the concurrent stream was not intact: {} tokens (reference {}), finish {:?}, error {:?}, read error {:?}",
+            concurrent.tokens, reference.tokens, concurrent.finish_reason, concurrent.error, concurrent.read_error
+        ));
+    }
+    let healthy = {
+        let u = format!("{}/healthz", haltd.api_url());
+        in_netns(&pair.cli, move || {
+            agent(Duration::from_secs(5))
+                .get(&u)
+                .call()
+                .map(|r| r.status().as_u16())
+        })
+    };
+    if !matches!(healthy, Ok(200)) {
+        failures.push(format!("/healthz after the bad input: {healthy:?}"));
+    }
+    let log = haltd.log_tail(30);
+    fail_if_any("bad input", &failures, &log)?;
+    stop_and_verify(haltd)?;
+    Ok(())
+}
+
+/// (f) on its own: a fresh instance exposes every documented family in strict text format.
+#[test]
+fn metrics_exposition_is_strict() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "1000"])?;
+    let url = format!("{}/v1/completions", haltd.api_url());
+    let body = json!({"model": "builtin", "prompt": "Rivers", "max_tokens": 20, "stream": true});
+    let o = in_netns(&pair.cli, move || {
+        sse::stream(&url, &body, Duration::from_secs(30), |_, _| {})
+    })?;
+    ensure!(
+        o.done_at.is_some() && o.tokens > 0,
+        "completions stream failed: {o:?}"
+    );
+    let m = haltd.metrics()?;
+    for family in [
+        "haltd_halt_tokens_post_trip",
+        "haltd_halt_latency_seconds",
+        "haltd_watchdog_trips",
+        "haltd_kernel_frames",
+        "haltd_streams_active",
+        "haltd_tokens_emitted",
+        "haltd_heartbeat_age_seconds",
+    ] {
+        ensure!(
+            m.families.contains_key(family),
+            "no metric family {family}; families: {:?}",
+            m.families.keys().collect::<Vec<_>>()
+        );
+    }
+    let emitted = m.sum("haltd_tokens_emitted_total");
+    ensure!(
+        emitted == o.tokens as f64,
+        "haltd_tokens_emitted_total {emitted}, client received {}",
+        o.tokens
+    );
+    stop_and_verify(haltd)?;
     Ok(())
 }

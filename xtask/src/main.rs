@@ -568,7 +568,8 @@ impl Ctx {
             println!("[test] integration tests (root, serial): cargo test -p haltd-tests -- --test-threads=1");
             let t = Instant::now();
             let mut c = self.cargo();
-            c.args(["test", "-p", "haltd-tests", "--", "--test-threads=1"])
+            // Same haltd features as the unit tests, so the haltd library builds once.
+            c.args(["test", "-p", "haltd-tests", "--features", "haltd/fault-injection", "--", "--test-threads=1"])
                 .args(&args.args)
                 .env("HALTD_BIN", &built.haltd)
                 .env("HALTCTL_BIN", &built.haltctl)
