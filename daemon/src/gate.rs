@@ -90,6 +90,11 @@ pub enum GateError {
         #[source]
         source: Box<MapError>,
     },
+    #[error("enabling BPF run-time statistics")]
+    Stats {
+        #[source]
+        source: Box<aya::sys::SyscallError>,
+    },
     #[error("stream slot {slot} out of range (max_streams {max_streams})")]
     SlotOutOfRange { slot: u32, max_streams: u32 },
     #[error("stream slot {slot} still holds an open governed socket")]
@@ -126,7 +131,7 @@ pub struct KernelGate {
     max_streams: u32,
     heartbeat_template: Heartbeat,
     /// Holds the attached program; declared last so the maps above close first.
-    _ebpf: Mutex<Ebpf>,
+    ebpf: Mutex<Ebpf>,
 }
 
 // The daemon shares one gate between its loops and the watchdog.
@@ -227,7 +232,7 @@ impl KernelGate {
             halt_events: Mutex::new(halt_events),
             max_streams: cfg.max_streams,
             heartbeat_template,
-            _ebpf: Mutex::new(ebpf),
+            ebpf: Mutex::new(ebpf),
         })
     }
 
@@ -367,6 +372,23 @@ impl KernelGate {
         }
     }
 
+    /// The kernel's statistics of the loaded program. `runs` and `run_time` only advance while
+    /// BPF run statistics are on (see [`enable_run_stats`]).
+    pub fn program_stats(&self) -> Result<GateProgramStats, GateError> {
+        let ebpf = lock(&self.ebpf);
+        let info = ebpf
+            .program(PROGRAM_NAME)
+            .ok_or(GateError::MissingProgram { name: PROGRAM_NAME })?
+            .info()
+            .map_err(GateError::program("querying"))?;
+        Ok(GateProgramStats {
+            runs: info.run_count(),
+            run_time: info.run_time(),
+            verified_instructions: info.verified_instruction_count(),
+            jited_bytes: info.size_jitted(),
+        })
+    }
+
     /// Hands every halt event queued so far to `f`, without blocking; returns how many.
     pub fn drain_halt_events(&self, f: &mut dyn FnMut(HaltEvent)) -> Result<usize, GateError> {
         let mut ring = lock(&self.halt_events);
@@ -384,6 +406,28 @@ impl KernelGate {
         }
         Ok(n)
     }
+}
+
+/// What the kernel reports about the loaded gate program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateProgramStats {
+    /// Program runs (one per send, more for sends over about 544 KiB) while stats were on.
+    pub runs: u64,
+    /// Total time in the program while stats were on.
+    pub run_time: Duration,
+    /// Instructions the verifier processed at load; `None` if the kernel does not say.
+    pub verified_instructions: Option<u32>,
+    /// Size of the JIT-compiled program in bytes.
+    pub jited_bytes: u32,
+}
+
+/// Turns on the kernel's BPF run-time statistics (for every BPF program on the machine) until
+/// the returned fd is closed. They cost two clock reads per program run: for benchmarks and
+/// diagnosis, not for normal service.
+pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, GateError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|source| GateError::Stats {
+        source: Box::new(source),
+    })
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, which the gate compares

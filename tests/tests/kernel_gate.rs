@@ -179,6 +179,13 @@ fn untripped_frames_pass() -> Result<()> {
     );
     assert_eq!(gate.verdict_totals()?, verdicts(&[(verdict::PASS, 100)]));
     assert!(events(&gate)?.is_empty());
+    // Loaded through the verifier and JIT-compiled.
+    let stats = gate.program_stats()?;
+    assert!(
+        stats.verified_instructions.is_some_and(|n| n > 0),
+        "{stats:?}"
+    );
+    assert!(stats.jited_bytes > 0, "{stats:?}");
     Ok(())
 }
 
