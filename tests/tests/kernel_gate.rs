@@ -486,6 +486,7 @@ fn stale_slot_generation_drops() -> Result<()> {
         9,
         TripEntry {
             generation: 2,
+            cause: 77,
             ..TripEntry::default()
         },
     )?;
@@ -495,8 +496,9 @@ fn stale_slot_generation_drops() -> Result<()> {
     let ev = events(&gate)?;
     assert_eq!(ev.len(), 1);
     assert_eq!(
-        (ev[0].slot, ev[0].trip_reason, ev[0].verdict),
-        (9, trip_reason::STALE_SLOT, verdict::DROP_BUDGET)
+        (ev[0].slot, ev[0].trip_reason, ev[0].verdict, ev[0].cause),
+        (9, trip_reason::STALE_SLOT, verdict::DROP_BUDGET, 0),
+        "the new stream's cause is not this stream's"
     );
 
     // Governing another socket on an occupied slot is refused (it would unpolice this one)...

@@ -101,7 +101,11 @@ fn decide(ctx: &SkMsgContext) -> u32 {
     ) && st.dropped == 0
     {
         st.dropped = 1;
-        let trip = TRIPS.get(st.slot);
+        // The cause belongs to this stream only if the slot still holds its generation.
+        let cause = match TRIPS.get(st.slot) {
+            Some(t) if t.generation == st.generation => t.cause,
+            _ => 0,
+        };
         let event = HaltEvent {
             slot: st.slot,
             generation: st.generation,
@@ -109,7 +113,7 @@ fn decide(ctx: &SkMsgContext) -> u32 {
             trip_reason: st.trip_reason,
             frames: st.frames,
             post_trip_frames: st.post_trip_frames,
-            cause: trip.map_or(0, |t| t.cause),
+            cause,
             // SAFETY: no preconditions.
             ts_ns: unsafe { bpf_ktime_get_ns() },
         };
