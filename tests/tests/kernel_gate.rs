@@ -727,3 +727,66 @@ fn in_flight_pre_trip_frames_do_not_use_the_byte_budget() -> Result<()> {
     );
     Ok(())
 }
+
+/// The nonce is found when the terminal frame comes as one `writev` of many small iovecs
+/// (one program run; the kernel copies them into its own message pages), and in the HTTP form
+/// used before the response headers went out.
+#[test]
+fn terminal_frame_scattered_or_http_form_is_recognised() -> Result<()> {
+    let gate = live_gate()?;
+
+    let c = conn(&gate, 13, 1)?;
+    send(&c.server, &token(0))?;
+    gate.trip(13, trip_entry(1, 1, 0, 1 << 20))?;
+    let frame = terminal(NONCE, 0);
+    let iov: Vec<libc::iovec> = frame
+        .chunks(7)
+        .map(|piece| libc::iovec {
+            iov_base: piece.as_ptr().cast_mut().cast(),
+            iov_len: piece.len(),
+        })
+        .collect();
+    // SAFETY: every iovec points into `frame`, which outlives the call; the kernel only reads.
+    let n = unsafe {
+        libc::writev(
+            c.server.as_raw_fd(),
+            iov.as_ptr(),
+            i32::try_from(iov.len())?,
+        )
+    };
+    ensure!(
+        n == frame.len() as isize,
+        "scattered terminal: writev returned {n}: {}",
+        io::Error::last_os_error()
+    );
+    assert_eq!(
+        finish(c)?,
+        Received {
+            tokens: 1,
+            terminals: 1,
+            bad: 0
+        }
+    );
+
+    let c = conn(&gate, 14, 1)?;
+    gate.trip(14, trip_entry(1, 0, 0, 1 << 20))?;
+    let mut http = haltd_common::HTTP_TERMINAL_PREFIX.to_vec();
+    http.extend_from_slice(NONCE);
+    http.extend_from_slice(b"\r\ncontent-type: text/event-stream\r\n\r\n");
+    send(&c.server, &http).context("HTTP-form terminal")?;
+    expect_dropped(
+        send(&c.server, &token(0)),
+        "token after the HTTP-form terminal",
+    )?;
+    drop(c);
+
+    assert_eq!(
+        gate.verdict_totals()?,
+        verdicts(&[
+            (verdict::PASS, 1),
+            (verdict::PASS_TERMINAL, 2),
+            (verdict::DROP_AFTER_TERMINAL, 1)
+        ])
+    );
+    Ok(())
+}
