@@ -6,6 +6,7 @@ use std::{
     collections::BTreeMap,
     io::Write,
     process::Command,
+    sync::OnceLock,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -99,6 +100,87 @@ const K_MAX: usize = 60;
 /// Every NOT_TRIPPED-th stream is left alone and must complete intact.
 const NOT_TRIPPED: usize = 10;
 
+/// The built-in source stops by itself (end of text) after a few to a few hundred tokens,
+/// deterministically per (prompt, seed). Trips must land while a stream still runs, so the
+/// campaigns use requests whose natural length is known: one scan, at full speed, per test
+/// binary.
+#[derive(Debug, Clone)]
+struct Candidate {
+    prompt: String,
+    seed: u64,
+    /// Tokens the request yields when left alone.
+    len: usize,
+}
+
+/// `max_tokens` of every candidate request: above any natural length seen, so streams end by
+/// themselves ("stop").
+const CANDIDATE_MAX_TOKENS: u32 = 2000;
+/// Requests scanned.
+const SCAN: usize = 600;
+
+impl Candidate {
+    fn body(&self, stream: bool) -> Value {
+        let mut body = chat_body(&self.prompt, CANDIDATE_MAX_TOKENS, stream);
+        body["seed"] = json!(self.seed);
+        body
+    }
+}
+
+static CANDIDATES: OnceLock<Result<Vec<Candidate>, String>> = OnceLock::new();
+
+/// Scanned requests with a natural length of at least `min_len` tokens.
+fn candidates(min_len: usize) -> Result<Vec<Candidate>> {
+    let all = CANDIDATES
+        .get_or_init(|| scan().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("scanning request lengths: {e}"))?;
+    let long: Vec<Candidate> = all.iter().filter(|c| c.len >= min_len).cloned().collect();
+    ensure!(
+        !long.is_empty(),
+        "none of {SCAN} scanned requests yields {min_len} tokens (longest {:?})",
+        all.iter().map(|c| c.len).max()
+    );
+    Ok(long)
+}
+
+fn scan() -> Result<Vec<Candidate>> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "0"])?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let t = Instant::now();
+    let scanned = pool(&pair.cli, SCAN, CONCURRENCY, move |i| {
+        let mut c = Candidate {
+            prompt: format!("Tell me about rivers, number {i}"),
+            seed: i as u64,
+            len: 0,
+        };
+        let o = sse::stream(&url, &c.body(true), Duration::from_secs(60), |_, _| {})
+            .map_err(|e| format!("{e:#}"))?;
+        if o.finish_reason.as_deref() != Some("stop") || o.done_at.is_none() {
+            return Err(format!(
+                "scan stream {i} ended {:?}, error {:?}, read error {:?}",
+                o.finish_reason, o.error, o.read_error
+            ));
+        }
+        c.len = o.tokens;
+        Ok(c)
+    });
+    let scanned: Vec<Candidate> = scanned
+        .into_iter()
+        .collect::<Result<_, String>>()
+        .map_err(|e| anyhow!(e))?;
+    let mut lens: Vec<usize> = scanned.iter().map(|c| c.len).collect();
+    lens.sort_unstable();
+    println!(
+        "scanned {SCAN} requests in {:.1}s: natural length p50 {:?} p90 {:?} max {:?}",
+        t.elapsed().as_secs_f64(),
+        quantile(&lens, 0.5),
+        quantile(&lens, 0.9),
+        lens.last()
+    );
+    Ok(scanned)
+}
+
 /// Runs `jobs` client jobs on `workers` threads in the client namespace; results in job order.
 fn pool<T: Send + 'static>(
     ns: &str,
@@ -134,6 +216,8 @@ fn pool<T: Send + 'static>(
 /// One client stream of a campaign.
 #[derive(Debug)]
 struct Run {
+    /// Natural length of the request.
+    len: usize,
     /// Tokens received when the trip was requested; `None`: not tripped by design.
     k: Option<usize>,
     /// When the trip request was sent, and the admin API's answer.
@@ -166,29 +250,19 @@ impl Run {
     }
 }
 
-/// Streams `streams` chat completions and trips most of them after a random k received tokens.
-fn campaign(
-    haltd: &Haltd,
-    streams: usize,
-    max_tokens: u32,
-    not_tripped_max_tokens: u32,
-) -> Vec<Run> {
+/// Streams `streams` chat completions (cycling through `cands`) and trips most of them after a
+/// random k received tokens, k in 1..=min(K_MAX, len - margin).
+fn campaign(haltd: &Haltd, cands: Vec<Candidate>, streams: usize, margin: usize) -> Vec<Run> {
     let url = format!("{}/v1/chat/completions", haltd.api_url());
     let admin = haltd.admin_url();
     pool(&haltd.client_ns, streams, CONCURRENCY, move |i| {
+        let cand = &cands[i % cands.len()];
         let tripped = i % NOT_TRIPPED != NOT_TRIPPED - 1;
-        let k = tripped.then(|| rand::rng().random_range(1..=K_MAX));
-        let body = chat_body(
-            &format!("Tell me about rivers, number {i}"),
-            if tripped {
-                max_tokens
-            } else {
-                not_tripped_max_tokens
-            },
-            true,
-        );
+        let k = tripped.then(|| {
+            rand::rng().random_range(1..=K_MAX.min(cand.len.saturating_sub(margin)).max(1))
+        });
         let mut trip = None;
-        let outcome = sse::stream(&url, &body, Duration::from_secs(120), |p, ev| {
+        let outcome = sse::stream(&url, &cand.body(true), Duration::from_secs(120), |p, ev| {
             if trip.is_none() && matches!(ev.kind, EventKind::Token(_)) && Some(p.tokens) == k {
                 let sent = Instant::now();
                 let (status, body) = trip_here(
@@ -200,7 +274,12 @@ fn campaign(
             }
         });
         match outcome {
-            Ok(outcome) => Run { k, trip, outcome },
+            Ok(outcome) => Run {
+                len: cand.len,
+                k,
+                trip,
+                outcome,
+            },
             Err(e) => panic!("stream {i}: {e:#}"),
         }
     })
@@ -245,7 +324,13 @@ fn check_runs(runs: &[Run], budget: u64, expect_terminal: bool) -> Vec<String> {
             continue;
         };
         if *status != 200 {
-            fail(format!("trip answered {status}: {body}"));
+            fail(format!(
+                "trip after {k} tokens answered {status}: {body}; the client then got {} tokens of {}, finish {:?}, [DONE] {}",
+                o.tokens,
+                r.len,
+                o.finish_reason,
+                o.done_at.is_some()
+            ));
             continue;
         }
         let Some(idx) = r.trip_index() else {
@@ -465,7 +550,9 @@ fn trip_random(budget: u32) -> Result<()> {
         &["--budget", &b, "--builtin-token-interval-us", "2000"],
     )?;
     let t = Instant::now();
-    let runs = campaign(&haltd, campaign_streams(), 200, 40);
+    // k + B + 10 tokens at 2 ms/token leave the trip 20 ms to land before the natural end.
+    let cands = candidates(K_MAX + 10 + budget as usize)?;
+    let runs = campaign(&haltd, cands, campaign_streams(), 10 + budget as usize);
     let name = format!("trip_random_b{budget}");
     report(&name, u64::from(budget), &runs);
     println!(
@@ -498,25 +585,17 @@ fn trip_random_budget_0() -> Result<()> {
     trip_random(0)
 }
 
-/// (b): the emitter ignores the userspace halt and tokens are not paced: the kernel gate alone
-/// holds the budget. Small socket buffers keep the emitter busy (blocked on a full socket)
-/// when the trip lands, so the gate, not the end of the stream, is what stops it.
+/// (b): the emitter ignores the userspace halt, so the kernel gate alone holds the budget.
+///
+/// Pacing: 200 µs per token, not 0. With no pacing the built-in source's whole answer (it
+/// stops by itself after at most a few hundred tokens) is submitted before a client can ask
+/// for a trip, and the admin API then answers 404 (the stream is over), so no trip lands.
+/// At 200 µs the emitter still outruns any reader: after the trip it would push ~250 tokens
+/// during the 50 ms halt grace if the kernel let it.
+const KERNEL_ONLY_INTERVAL_US: &str = "200";
+
 fn kernel_only(budget: u32) -> Result<()> {
     let pair = NetPair::new()?;
-    for (ns, key, value) in [
-        (&pair.cli, "net.ipv4.tcp_rmem", "4096 16384 65536"),
-        (&pair.srv, "net.ipv4.tcp_wmem", "4096 16384 65536"),
-    ] {
-        checked(Command::new("ip").args([
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-q",
-            "-w",
-            &format!("{key}={value}"),
-        ]))?;
-    }
     let b = budget.to_string();
     let haltd = Haltd::start(
         &pair,
@@ -526,11 +605,13 @@ fn kernel_only(budget: u32) -> Result<()> {
             "--fault",
             "emitter-ignores-halt",
             "--builtin-token-interval-us",
-            "0",
+            KERNEL_ONLY_INTERVAL_US,
         ],
     )?;
     let t = Instant::now();
-    let runs = campaign(&haltd, campaign_streams(), 20_000, 40);
+    // k <= 60 tokens take 12 ms; 60 more tokens (12 ms) leave room for the trip request.
+    let cands = candidates(K_MAX + 60)?;
+    let runs = campaign(&haltd, cands, campaign_streams(), 60);
     let name = format!("kernel_only_b{budget}");
     report(&name, u64::from(budget), &runs);
     println!(
@@ -749,18 +830,29 @@ fn batch_trip_degraded_safe() -> Result<()> {
 #[test]
 fn bad_input_is_rejected_cleanly() -> Result<()> {
     const MAX_BODY: usize = 65_536;
+    let cands = candidates(250)?;
     let pair = NetPair::new()?;
+    // Small client socket buffers: a client that does not read blocks the emitter quickly.
+    checked(Command::new("ip").args([
+        "netns",
+        "exec",
+        &pair.cli,
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.tcp_rmem=4096 4096 4096",
+    ]))?;
     let haltd = Haltd::start(
         &pair,
         &[
             "--builtin-token-interval-us",
-            "1000",
+            "5000",
             "--max-body-bytes",
             &MAX_BODY.to_string(),
         ],
     )?;
     let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let body = chat_body("Tell me about rivers", 1500, true);
+    let body = cands[0].body(true);
     // Reference: the same request on a quiet instance (the built-in source is deterministic).
     let (u, b) = (url.clone(), body.clone());
     let reference = in_netns(&pair.cli, move || {
@@ -771,9 +863,15 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
         "reference stream failed: {reference:?}"
     );
     let (u, b) = (url.clone(), body.clone());
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
     let concurrent = spawn_in_netns(&pair.cli, move || {
-        sse::stream(&u, &b, Duration::from_secs(60), |_, _| {})
+        sse::stream(&u, &b, Duration::from_secs(60), |p, _| {
+            let _ = id_tx.send(p.stream_id.to_owned());
+        })
     });
+    let concurrent_id = id_rx
+        .recv_timeout(Duration::from_secs(10))
+        .context("the concurrent stream sent no event")?;
 
     let api = haltd.api;
     let host = format!("host: {api}\r\n");
@@ -799,15 +897,13 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
         });
         match got {
             Ok(r) if r.status == want => {
-                if what == "invalid JSON" {
-                    match r.json() {
-                        Ok(v)
-                            if v["error"]["type"] == "invalid_request_error"
-                                && v["error"]["message"].is_string() => {}
-                        other => failures.push(format!(
-                            "{what}: body is not an OpenAI-style error: {other:?}"
-                        )),
-                    }
+                match r.json() {
+                    Ok(v)
+                        if v["error"]["type"] == "invalid_request_error"
+                            && v["error"]["message"].is_string() => {}
+                    other => failures.push(format!(
+                        "{what}: body is not an OpenAI-style error: {other:?}"
+                    )),
                 }
                 println!(
                     "bad input: {what} -> {} {}",
@@ -824,29 +920,35 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
         }
     }
 
-    // A client that never reads: open a fast, long stream, never read, trip it.
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        serde_json::to_vec(&chat_body("Tell me about rivers", 100_000, true))?.len(),
-        chat_body("Tell me about rivers", 100_000, true)
-    );
+    // A client that never reads: open the longest request, never read, trip it.
+    let longest = cands
+        .iter()
+        .max_by_key(|c| c.len)
+        .context("a candidate")?
+        .clone();
+    let json = serde_json::to_string(&longest.body(true))?;
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: {}\r\n\r\n{json}", json.len());
     let silent = in_netns(&pair.cli, move || -> Result<std::net::TcpStream> {
         let mut s = std::net::TcpStream::connect(api)?;
         s.write_all(req.as_bytes())?;
         Ok(s)
     })?;
-    thread::sleep(Duration::from_millis(1500)); // let its socket buffers fill
+    thread::sleep(Duration::from_millis(600)); // 120 tokens' time: its socket buffers fill
     let list = haltd.list_streams()?;
-    let ids: Vec<String> = list["streams"]
+    let others: Vec<&Value> = list["streams"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|s| s["tokens"].as_u64().is_some_and(|t| t > 1500))
-        .filter_map(|s| s["stream_id"].as_str().map(str::to_owned))
+        .filter(|s| s["stream_id"] != concurrent_id.as_str())
         .collect();
-    match ids.as_slice() {
-        [id] => {
-            let (status, trip) = haltd.trip(id, None)?;
+    match others.as_slice() {
+        [s] => {
+            let id = s["stream_id"].as_str().unwrap_or_default().to_owned();
+            println!(
+                "never-reading stream {id}: {} tokens submitted of {} after 600 ms",
+                s["tokens"], longest.len
+            );
+            let (status, trip) = haltd.trip(&id, None)?;
             if status != 200 {
                 failures.push(format!(
                     "tripping the never-reading stream: {status} {trip}"
@@ -868,7 +970,7 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
             }
         }
         _ => failures.push(format!(
-            "expected exactly one stream past 1500 tokens (the never-reading one): {list}"
+            "expected one live stream besides {concurrent_id} (the never-reading one): {list}"
         )),
     }
     drop(silent);
@@ -886,6 +988,16 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
             concurrent.tokens, reference.tokens, concurrent.finish_reason, concurrent.error, concurrent.read_error
         ));
     }
+    println!(
+        "concurrent stream: {} tokens, finish {:?}, {:.0} ms",
+        concurrent.tokens,
+        concurrent.finish_reason,
+        concurrent
+            .ended
+            .saturating_duration_since(concurrent.started)
+            .as_secs_f64()
+            * 1e3
+    );
     let healthy = {
         let u = format!("{}/healthz", haltd.api_url());
         in_netns(&pair.cli, move || {
@@ -904,20 +1016,35 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
     Ok(())
 }
 
-/// (f) on its own: a fresh instance exposes every documented family in strict text format.
+/// (f) on its own: after one completed and one tripped stream every documented family is
+/// there, in strict text format, with counts that match.
 #[test]
 fn metrics_exposition_is_strict() -> Result<()> {
+    let cands = candidates(40)?;
     let pair = NetPair::new()?;
     let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "1000"])?;
     let url = format!("{}/v1/completions", haltd.api_url());
     let body = json!({"model": "builtin", "prompt": "Rivers", "max_tokens": 20, "stream": true});
-    let o = in_netns(&pair.cli, move || {
+    let done = in_netns(&pair.cli, move || {
         sse::stream(&url, &body, Duration::from_secs(30), |_, _| {})
     })?;
     ensure!(
-        o.done_at.is_some() && o.tokens > 0,
-        "completions stream failed: {o:?}"
+        done.done_at.is_some() && done.tokens > 0 && done.error.is_none(),
+        "completions stream failed: {done:?}"
     );
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let admin = haltd.admin_url();
+    let body = cands[0].body(true);
+    let tripped = in_netns(&pair.cli, move || {
+        sse::stream(&url, &body, Duration::from_secs(30), |p, ev| {
+            if p.tokens == 3 && matches!(ev.kind, EventKind::Token(_)) {
+                let r = trip_here(&format!("{admin}/admin/streams/{}/trip", p.stream_id), None);
+                assert!(matches!(r, Ok((200, _))), "trip: {r:?}");
+            }
+        })
+    })?;
+    tripped.halted_cleanly("OPERATOR_TRIP")?;
+    wait_idle(&haltd, Duration::from_secs(5))?;
     let m = haltd.metrics()?;
     for family in [
         "haltd_halt_tokens_post_trip",
@@ -934,12 +1061,22 @@ fn metrics_exposition_is_strict() -> Result<()> {
             m.families.keys().collect::<Vec<_>>()
         );
     }
-    let emitted = m.sum("haltd_tokens_emitted_total");
     ensure!(
-        emitted == o.tokens as f64,
-        "haltd_tokens_emitted_total {emitted}, client received {}",
-        o.tokens
+        m.value("haltd_watchdog_trips_total", &[("cause", "OPERATOR_TRIP")])? == 1.0,
+        "trips"
     );
+    ensure!(
+        m.histogram_count("haltd_halt_tokens_post_trip")? == 1.0,
+        "post-trip histogram count"
+    );
+    let emitted = m.sum("haltd_tokens_emitted_total");
+    let received = done.tokens + tripped.tokens;
+    ensure!(
+        emitted == received as f64,
+        "haltd_tokens_emitted_total {emitted}, clients received {received}"
+    );
+    let age = m.value("haltd_heartbeat_age_seconds", &[])?;
+    ensure!((0.0..0.2).contains(&age), "heartbeat age {age} s");
     stop_and_verify(haltd)?;
     Ok(())
 }
