@@ -569,11 +569,21 @@ impl Ctx {
             let t = Instant::now();
             let mut c = self.cargo();
             // Same haltd features as the unit tests, so the haltd library builds once.
-            c.args(["test", "-p", "haltd-tests", "--features", "haltd/fault-injection", "--", "--test-threads=1"])
-                .args(&args.args)
-                .env("HALTD_BIN", &built.haltd)
-                .env("HALTCTL_BIN", &built.haltctl)
-                .env("HALTD_BPF_OBJECT", &built.object);
+            // --nocapture: the scenario tests print their measured distributions.
+            c.args([
+                "test",
+                "-p",
+                "haltd-tests",
+                "--features",
+                "haltd/fault-injection",
+                "--",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .args(&args.args)
+            .env("HALTD_BIN", &built.haltd)
+            .env("HALTCTL_BIN", &built.haltctl)
+            .env("HALTD_BPF_OBJECT", &built.object);
             let r = run(&mut c);
             steps.push(("integration", t.elapsed(), r));
         }
