@@ -29,26 +29,48 @@ struct TripBody {
 }
 
 fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": {"type": kind, "message": message.into()}}))).into_response()
+    (
+        status,
+        Json(json!({"error": {"type": kind, "message": message.into()}})),
+    )
+        .into_response()
 }
 
 async fn trip(State(shared): State<Arc<Shared>>, Path(id): Path<String>, body: Bytes) -> Response {
     let id: StreamId = match id.parse() {
         Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                e.to_string(),
+            )
+        }
     };
     let body: TripBody = if body.iter().all(u8::is_ascii_whitespace) {
         TripBody::default()
     } else {
         match serde_json::from_slice(&body) {
             Ok(b) => b,
-            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", format!("invalid JSON body: {e}")),
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("invalid JSON body: {e}"),
+                )
+            }
         }
     };
     let cause = match body.cause.as_deref().map(str::parse::<FailureCode>) {
         None => FailureCode::OperatorTrip,
         Some(Ok(c)) => c,
-        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()),
+        Some(Err(e)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                e.to_string(),
+            )
+        }
     };
     // The trip itself is a few atomics and one BPF map update: fine on the runtime thread.
     match shared.trip(id, cause) {
@@ -106,7 +128,10 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let now = monotonic_ns();
     let age = shared.heartbeat_age_s(now);
-    shared.metrics.heartbeat_age_seconds.set(if age.is_finite() { age } else { -1.0 });
+    shared
+        .metrics
+        .heartbeat_age_seconds
+        .set(if age.is_finite() { age } else { -1.0 });
     if let Some(gate) = &shared.gate {
         match gate.verdict_totals() {
             Ok(totals) => shared.metrics.observe_kernel_totals(&totals),
@@ -114,20 +139,29 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         }
     }
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         shared.metrics.encode(),
     )
         .into_response()
 }
 
 /// Serves the admin API and the metrics endpoint until the process exits.
-pub async fn serve(shared: Arc<Shared>, admin: tokio::net::TcpListener, metrics_listener: tokio::net::TcpListener) -> std::io::Result<()> {
+pub async fn serve(
+    shared: Arc<Shared>,
+    admin: tokio::net::TcpListener,
+    metrics_listener: tokio::net::TcpListener,
+) -> std::io::Result<()> {
     let admin_app = Router::new()
         .route("/admin/streams/{id}/trip", post(trip))
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
         .with_state(Arc::clone(&shared));
-    let metrics_app = Router::new().route("/metrics", get(metrics)).with_state(shared);
+    let metrics_app = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(shared);
     let a = axum::serve(admin, admin_app);
     let m = axum::serve(metrics_listener, metrics_app);
     tokio::try_join!(async { a.await }, async { m.await })?;

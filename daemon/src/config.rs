@@ -106,7 +106,10 @@ pub struct ConfigError {
 }
 
 fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError { flag, reason: reason.into() }
+    ConfigError {
+        flag,
+        reason: reason.into(),
+    }
 }
 
 /// Validated configuration.
@@ -130,10 +133,16 @@ pub const MAX_BUDGET: u32 = 1000;
 impl ServeArgs {
     pub fn validate(self) -> Result<Config, ConfigError> {
         if self.budget > MAX_BUDGET {
-            return Err(err("budget", format!("{} exceeds the maximum of {MAX_BUDGET}", self.budget)));
+            return Err(err(
+                "budget",
+                format!("{} exceeds the maximum of {MAX_BUDGET}", self.budget),
+            ));
         }
         if !self.hard_limit.is_finite() || !(0.0..=1.0).contains(&self.hard_limit) {
-            return Err(err("hard-limit", format!("{} is not a probability in [0, 1]", self.hard_limit)));
+            return Err(err(
+                "hard-limit",
+                format!("{} is not a probability in [0, 1]", self.hard_limit),
+            ));
         }
         if self.heartbeat_interval_ms == 0 {
             return Err(err("heartbeat-interval-ms", "must be at least 1"));
@@ -141,7 +150,10 @@ impl ServeArgs {
         if self.heartbeat_deadline_ms < 2 * self.heartbeat_interval_ms {
             return Err(err(
                 "heartbeat-deadline-ms",
-                format!("{} must be at least twice --heartbeat-interval-ms ({})", self.heartbeat_deadline_ms, self.heartbeat_interval_ms),
+                format!(
+                    "{} must be at least twice --heartbeat-interval-ms ({})",
+                    self.heartbeat_deadline_ms, self.heartbeat_interval_ms
+                ),
             ));
         }
         if self.halt_grace_ms == 0 {
@@ -163,14 +175,19 @@ impl ServeArgs {
             return Err(err("request-timeout-ms", "must be at least 1"));
         }
         if self.no_kernel_gate && self.bpf_object.is_some() {
-            return Err(err("bpf-object", "makes no sense together with --no-kernel-gate"));
+            return Err(err(
+                "bpf-object",
+                "makes no sense together with --no-kernel-gate",
+            ));
         }
         let faults = parse_faults(&self.faults)?;
         let workers = match self.workers {
             Some(0) => return Err(err("workers", "must be at least 1")),
             Some(n) if n > 256 => return Err(err("workers", "must be at most 256")),
             Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
+            None => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8),
         };
         Ok(Config {
             token_interval: Duration::from_micros(self.builtin_token_interval_us),
@@ -198,10 +215,20 @@ fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
         if f == "emitter-ignores-halt" {
             out.emitter_ignores_halt = true;
         } else if let Some(ms) = f.strip_prefix("watchdog-stall-after-ms=") {
-            let ms: u64 = ms.parse().map_err(|_| err("fault", format!("{f:?}: N must be a whole number of milliseconds")))?;
+            let ms: u64 = ms.parse().map_err(|_| {
+                err(
+                    "fault",
+                    format!("{f:?}: N must be a whole number of milliseconds"),
+                )
+            })?;
             out.watchdog_stall_after = Some(Duration::from_millis(ms));
         } else {
-            return Err(err("fault", format!("unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N)")));
+            return Err(err(
+                "fault",
+                format!(
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N)"
+                ),
+            ));
         }
     }
     Ok(out)
@@ -220,7 +247,8 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
-        let cli = Cli::try_parse_from(std::iter::once("haltd").chain(args.iter().copied())).expect("parses");
+        let cli = Cli::try_parse_from(std::iter::once("haltd").chain(args.iter().copied()))
+            .expect("parses");
         cli.serve.validate()
     }
 
@@ -238,7 +266,10 @@ mod tests {
             (&["--budget", "5000"][..], "budget"),
             (&["--hard-limit", "1.5"][..], "hard-limit"),
             (&["--hard-limit", "NaN"][..], "hard-limit"),
-            (&["--heartbeat-deadline-ms", "3"][..], "heartbeat-deadline-ms"),
+            (
+                &["--heartbeat-deadline-ms", "3"][..],
+                "heartbeat-deadline-ms",
+            ),
             (&["--max-streams", "0"][..], "max-streams"),
             (&["--fault", "sneeze"][..], "fault"),
             (&["--workers", "0"][..], "workers"),
@@ -250,8 +281,17 @@ mod tests {
     #[cfg(feature = "fault-injection")]
     #[test]
     fn faults_parse() {
-        let c = parse(&["--fault", "emitter-ignores-halt", "--fault", "watchdog-stall-after-ms=250"]).expect("valid");
+        let c = parse(&[
+            "--fault",
+            "emitter-ignores-halt",
+            "--fault",
+            "watchdog-stall-after-ms=250",
+        ])
+        .expect("valid");
         assert!(c.faults.emitter_ignores_halt);
-        assert_eq!(c.faults.watchdog_stall_after, Some(Duration::from_millis(250)));
+        assert_eq!(
+            c.faults.watchdog_stall_after,
+            Some(Duration::from_millis(250))
+        );
     }
 }

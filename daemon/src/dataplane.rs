@@ -139,25 +139,44 @@ struct Conn {
 
 impl Conn {
     fn inflight(&self) -> bool {
-        self.sending.is_some() || self.recv_inflight || self.link_inflight || self.timer_inflight || self.cancel_inflight > 0
+        self.sending.is_some()
+            || self.recv_inflight
+            || self.link_inflight
+            || self.timer_inflight
+            || self.cancel_inflight > 0
     }
 }
 
 /// Starts the data-plane workers on `listener`.
-pub fn spawn_workers(shared: &Arc<Shared>, listener: &TcpListener) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+pub fn spawn_workers(
+    shared: &Arc<Shared>,
+    listener: &TcpListener,
+) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut handles = Vec::new();
     for worker in 0..shared.cfg.workers {
         let listener = listener.try_clone()?;
         let shared = Arc::clone(shared);
         let ring = IoUring::new(RING_ENTRIES)?;
-        handles.push(std::thread::Builder::new().name(format!("haltd-dp-{worker}")).spawn(move || {
-            let mut w = Worker { id: worker as u32, ring, conns: Slab::new(), listener, shared, wake_buf: Box::new(0), cqes: Vec::new() };
-            if let Err(e) = w.run() {
-                // A dead worker cannot police its streams: stop the daemon (fail closed).
-                tracing::error!(worker, error = %e, "data-plane worker failed; exiting");
-                std::process::exit(70);
-            }
-        })?);
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("haltd-dp-{worker}"))
+                .spawn(move || {
+                    let mut w = Worker {
+                        id: worker as u32,
+                        ring,
+                        conns: Slab::new(),
+                        listener,
+                        shared,
+                        wake_buf: Box::new(0),
+                        cqes: Vec::new(),
+                    };
+                    if let Err(e) = w.run() {
+                        // A dead worker cannot police its streams: stop the daemon (fail closed).
+                        tracing::error!(worker, error = %e, "data-plane worker failed; exiting");
+                        std::process::exit(70);
+                    }
+                })?,
+        );
     }
     Ok(handles)
 }
@@ -173,11 +192,15 @@ struct Worker {
 }
 
 fn timespec(d: Duration) -> types::Timespec {
-    types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos())
+    types::Timespec::new()
+        .sec(d.as_secs())
+        .nsec(d.subsec_nanos())
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Worker {
@@ -202,7 +225,8 @@ impl Worker {
                 Err(e) => return Err(e),
             }
             self.cqes.clear();
-            self.cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            self.cqes
+                .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             let cqes = std::mem::take(&mut self.cqes);
             for &(data, res) in &cqes {
                 self.complete(data, res)?;
@@ -212,17 +236,23 @@ impl Worker {
     }
 
     fn arm_accept(&mut self) -> io::Result<()> {
-        let e = opcode::Accept::new(types::Fd(self.listener.as_raw_fd()), std::ptr::null_mut(), std::ptr::null_mut())
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(ud(WORKER_KEY as usize, OP_ACCEPT));
+        let e = opcode::Accept::new(
+            types::Fd(self.listener.as_raw_fd()),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .flags(libc::SOCK_CLOEXEC)
+        .build()
+        .user_data(ud(WORKER_KEY as usize, OP_ACCEPT));
         self.push(&e)
     }
 
     fn arm_wake(&mut self) -> io::Result<()> {
         let fd = self.shared.wakers[self.id as usize].as_raw_fd();
         let ptr: *mut u64 = &mut *self.wake_buf;
-        let e = opcode::Read::new(types::Fd(fd), ptr.cast(), 8).build().user_data(ud(WORKER_KEY as usize, OP_WAKE));
+        let e = opcode::Read::new(types::Fd(fd), ptr.cast(), 8)
+            .build()
+            .user_data(ud(WORKER_KEY as usize, OP_WAKE));
         self.push(&e)
     }
 
@@ -276,18 +306,44 @@ impl Worker {
         let one: libc::c_int = 1;
         // SAFETY: setsockopt on a socket we own, with a valid int option value.
         unsafe {
-            libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, (&raw const one).cast(), size_of::<libc::c_int>() as u32);
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw const one).cast(),
+                size_of::<libc::c_int>() as u32,
+            );
         }
         let shared = &self.shared;
-        let Some(id) = shared.table.alloc(self.id, fd, shared.cfg.args.budget, monotonic_ns()) else {
+        let Some(id) = shared
+            .table
+            .alloc(self.id, fd, shared.cfg.args.budget, monotonic_ns())
+        else {
             // A stream that cannot be governed is not served: answer 503 outside the gate
             // (no tokens, nothing to police) and close.
-            shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status: 503 }).inc();
+            shared
+                .metrics
+                .requests_rejected
+                .get_or_create(&crate::metrics::StatusLabels { status: 503 })
+                .inc();
             let mut out = Vec::new();
-            http::write_error_response(&mut out, &HttpError::new(503, "server_error", "haltd is at --max-streams; retry later"), None);
+            http::write_error_response(
+                &mut out,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    "haltd is at --max-streams; retry later",
+                ),
+                None,
+            );
             // SAFETY: plain non-blocking write and close of the socket we just accepted.
             unsafe {
-                libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                libc::send(
+                    fd,
+                    out.as_ptr().cast(),
+                    out.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
                 libc::close(fd);
             }
             return;
@@ -344,9 +400,14 @@ impl Worker {
         // SAFETY: the pointer is into the spare capacity of `rbuf`, which is not touched or
         // reallocated until this recv completes.
         let ptr = unsafe { conn.rbuf.as_mut_ptr().add(conn.rbuf.len()) };
-        let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32).build().flags(squeue::Flags::IO_LINK).user_data(ud(key, OP_RECV));
+        let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_RECV));
         let ts: *const types::Timespec = &*conn.read_ts;
-        let link = opcode::LinkTimeout::new(ts).build().user_data(ud(key, OP_LINK_TIMEOUT));
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_LINK_TIMEOUT));
         conn.recv_inflight = true;
         conn.link_inflight = true;
         self.push(&recv)?;
@@ -360,7 +421,14 @@ impl Worker {
         }
         if res == -libc::ECANCELED {
             conn.reading = false;
-            return self.reply_error(key, &HttpError::new(408, "invalid_request_error", "the request did not arrive in time"));
+            return self.reply_error(
+                key,
+                &HttpError::new(
+                    408,
+                    "invalid_request_error",
+                    "the request did not arrive in time",
+                ),
+            );
         }
         if res <= 0 {
             // The client went away before sending a whole request.
@@ -384,8 +452,14 @@ impl Worker {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
                 conn.wbuf.clear();
-                conn.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if self.shared.table.slot(conn.id.slot).begin_frame(false, false) {
+                conn.wbuf
+                    .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                if self
+                    .shared
+                    .table
+                    .slot(conn.id.slot)
+                    .begin_frame(false, false)
+                {
                     self.send(key, SendKind::Continue100)?;
                 } else {
                     return self.halt(key);
@@ -395,7 +469,12 @@ impl Worker {
         }
         if have > head.content_length {
             conn.reading = false;
-            return self.reply_error(key, &HttpError::bad_request("bytes after the request body (pipelining is not supported)"));
+            return self.reply_error(
+                key,
+                &HttpError::bad_request(
+                    "bytes after the request body (pipelining is not supported)",
+                ),
+            );
         }
         conn.reading = false;
         self.route(key, head)
@@ -416,14 +495,40 @@ impl Worker {
                     Err(e) => self.reply_error(key, &e),
                 }
             }
-            (_, _, Some(_)) => self.reply_error(key, &HttpError::new(405, "invalid_request_error", format!("{} is not allowed here; use POST", head.method))),
+            (_, _, Some(_)) => self.reply_error(
+                key,
+                &HttpError::new(
+                    405,
+                    "invalid_request_error",
+                    format!("{} is not allowed here; use POST", head.method),
+                ),
+            ),
             ("GET", "/healthz", _) => self.reply_health(key),
             ("GET", "/v1/models", _) => {
                 let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
                 self.reply(key, 200, "application/json", body.as_bytes())
             }
-            (_, "/healthz" | "/v1/models", _) => self.reply_error(key, &HttpError::new(405, "invalid_request_error", format!("{} is not allowed here; use GET", head.method))),
-            _ => self.reply_error(key, &HttpError::new(404, "invalid_request_error", format!("no route for {} {}", head.method, path.chars().take(200).collect::<String>())).with_code("not_found")),
+            (_, "/healthz" | "/v1/models", _) => self.reply_error(
+                key,
+                &HttpError::new(
+                    405,
+                    "invalid_request_error",
+                    format!("{} is not allowed here; use GET", head.method),
+                ),
+            ),
+            _ => self.reply_error(
+                key,
+                &HttpError::new(
+                    404,
+                    "invalid_request_error",
+                    format!(
+                        "no route for {} {}",
+                        head.method,
+                        path.chars().take(200).collect::<String>()
+                    ),
+                )
+                .with_code("not_found"),
+            ),
         }
     }
 
@@ -437,16 +542,38 @@ impl Worker {
             "streams_active": self.shared.table.active_count(),
         })
         .to_string();
-        self.reply(key, if fresh { 200 } else { 503 }, "application/json", body.as_bytes())
+        self.reply(
+            key,
+            if fresh { 200 } else { 503 },
+            "application/json",
+            body.as_bytes(),
+        )
     }
 
-    fn reply(&mut self, key: usize, status: u16, content_type: &str, body: &[u8]) -> io::Result<()> {
+    fn reply(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+    ) -> io::Result<()> {
         let conn = &mut self.conns[key];
         conn.wbuf.clear();
-        http::write_head(&mut conn.wbuf, status, content_type, Some(body.len()), Some(conn.id), &[]);
+        http::write_head(
+            &mut conn.wbuf,
+            status,
+            content_type,
+            Some(body.len()),
+            Some(conn.id),
+            &[],
+        );
         conn.wbuf.extend_from_slice(body);
         if status >= 400 {
-            self.shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status }).inc();
+            self.shared
+                .metrics
+                .requests_rejected
+                .get_or_create(&crate::metrics::StatusLabels { status })
+                .inc();
             conn.outcome = Outcome::Rejected(status);
         }
         if self.shared.table.slot(conn.id.slot).begin_final() {
@@ -461,7 +588,11 @@ impl Worker {
         tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
         conn.wbuf.clear();
         http::write_error_response(&mut conn.wbuf, err, Some(conn.id));
-        self.shared.metrics.requests_rejected.get_or_create(&crate::metrics::StatusLabels { status: err.status }).inc();
+        self.shared
+            .metrics
+            .requests_rejected
+            .get_or_create(&crate::metrics::StatusLabels { status: err.status })
+            .inc();
         conn.outcome = Outcome::Rejected(err.status);
         if self.shared.table.slot(conn.id.slot).begin_final() {
             self.send(key, SendKind::Reply)
@@ -477,7 +608,11 @@ impl Worker {
         let created = unix_now();
         slot.created.store(created, SeqCst);
         slot.endpoint.store(req.endpoint as u8, SeqCst);
-        let mode = if req.stream { Mode::Stream } else { Mode::Batch };
+        let mode = if req.stream {
+            Mode::Stream
+        } else {
+            Mode::Batch
+        };
         if mode == Mode::Batch {
             // A batch response is all or nothing: no token may follow a trip.
             slot.budget.store(0, SeqCst);
@@ -486,16 +621,33 @@ impl Worker {
         let model = BuiltinModel::get();
         let monitor = match HaltMonitor::new(shared.cfg.args.hard_limit) {
             Ok(m) => m,
-            Err(e) => return self.reply_error(key, &HttpError::new(500, "server_error", format!("monitor: {e}"))),
+            Err(e) => {
+                return self.reply_error(
+                    key,
+                    &HttpError::new(500, "server_error", format!("monitor: {e}")),
+                )
+            }
         };
         let mut detector_refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
         if shared.cfg.args.hard_limit > 0.0 {
-            detector_refs.push(format!("halt_monitor:token_probability<{}", shared.cfg.args.hard_limit));
+            detector_refs.push(format!(
+                "halt_monitor:token_probability<{}",
+                shared.cfg.args.hard_limit
+            ));
         }
         let turn = Turn {
-            source: model.stream(&req.prompt, req.seed, req.max_tokens),
+            source: model
+                .stream(&req.prompt, req.seed, req.max_tokens)
+                .with_ignore_eos(req.ignore_eos),
             prompt_tokens: model.count_tokens(&req.prompt) as u64,
-            enc: ChunkEncoder { endpoint: req.endpoint, stream_id: conn.id, created, model: MODEL_NAME, logprobs: req.logprobs, top_logprobs: req.top_logprobs },
+            enc: ChunkEncoder {
+                endpoint: req.endpoint,
+                stream_id: conn.id,
+                created,
+                model: MODEL_NAME,
+                logprobs: req.logprobs,
+                top_logprobs: req.top_logprobs,
+            },
             req,
             monitor,
             text_len: 0,
@@ -509,7 +661,14 @@ impl Worker {
         conn.turn = Some(Box::new(turn));
         if mode == Mode::Stream {
             conn.wbuf.clear();
-            http::write_head(&mut conn.wbuf, 200, "text/event-stream", None, Some(conn.id), &[]);
+            http::write_head(
+                &mut conn.wbuf,
+                200,
+                "text/event-stream",
+                None,
+                Some(conn.id),
+                &[],
+            );
             if slot.begin_frame(false, false) {
                 slot.headers_sent.store(true, SeqCst);
                 return self.send(key, SendKind::Head);
@@ -539,7 +698,11 @@ impl Worker {
             return Ok(());
         };
         let mode = slot.mode();
-        let top_n = if turn.req.logprobs { turn.req.top_logprobs as usize } else { 0 };
+        let top_n = if turn.req.logprobs {
+            turn.req.top_logprobs as usize
+        } else {
+            0
+        };
         let Some(tok) = turn.source.next_token(top_n) else {
             return self.finish(key);
         };
@@ -561,12 +724,26 @@ impl Worker {
             // Held, not sent: batch responses are committed whole. (Allocates per token: the
             // batch path keeps every token for the final body.)
             turn.held_text.push_str(tok.text);
-            turn.held_tokens.push(HeldToken { text: tok.text, logprob: tok.logprob, top: tok.top.as_slice().to_vec(), offset });
+            turn.held_tokens.push(HeldToken {
+                text: tok.text,
+                logprob: tok.logprob,
+                top: tok.top.as_slice().to_vec(),
+                offset,
+            });
             slot.tokens_submitted.fetch_add(1, SeqCst);
             return self.schedule_next(key);
         }
         conn.wbuf.clear();
-        turn.enc.token_event(&mut conn.wbuf, Token { text: tok.text, logprob: tok.logprob, top: tok.top.as_slice() }, index, offset);
+        turn.enc.token_event(
+            &mut conn.wbuf,
+            Token {
+                text: tok.text,
+                logprob: tok.logprob,
+                top: tok.top.as_slice(),
+            },
+            index,
+            offset,
+        );
         if !slot.begin_frame(true, ignore_halt) {
             return self.halt(key);
         }
@@ -581,7 +758,9 @@ impl Worker {
         let conn = &mut self.conns[key];
         let ts: *const types::Timespec = &*conn.timer_ts;
         conn.timer_inflight = true;
-        let e = opcode::Timeout::new(ts).build().user_data(ud(key, OP_TIMER));
+        let e = opcode::Timeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_TIMER));
         self.push(&e)
     }
 
@@ -595,13 +774,35 @@ impl Worker {
         let reason = turn.source.finish_reason().map_or("stop", |r| r.as_str());
         conn.wbuf.clear();
         if slot.mode() == Mode::Stream {
-            let usage = turn.req.include_usage.then(|| (turn.prompt_tokens, u64::from(turn.source.tokens_generated())));
+            let usage = turn.req.include_usage.then(|| {
+                (
+                    turn.prompt_tokens,
+                    u64::from(turn.source.tokens_generated()),
+                )
+            });
             turn.enc.finish_events(&mut conn.wbuf, reason, usage);
         } else {
-            let toks: Vec<Token<'_>> = turn.held_tokens.iter().map(|t| Token { text: t.text, logprob: t.logprob, top: &t.top }).collect();
+            let toks: Vec<Token<'_>> = turn
+                .held_tokens
+                .iter()
+                .map(|t| Token {
+                    text: t.text,
+                    logprob: t.logprob,
+                    top: &t.top,
+                })
+                .collect();
             let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
-            let body = turn.enc.batch_body(&turn.held_text, &toks, &offsets, reason, turn.prompt_tokens);
-            http::write_head(&mut conn.wbuf, 200, "application/json", Some(body.len()), Some(conn.id), &[]);
+            let body =
+                turn.enc
+                    .batch_body(&turn.held_text, &toks, &offsets, reason, turn.prompt_tokens);
+            http::write_head(
+                &mut conn.wbuf,
+                200,
+                "application/json",
+                Some(body.len()),
+                Some(conn.id),
+                &[],
+            );
             conn.wbuf.extend_from_slice(&body);
         }
         if slot.begin_final() {
@@ -618,7 +819,11 @@ impl Worker {
         let conn = &mut self.conns[key];
         conn.woff = 0;
         conn.sending = Some(kind);
-        self.shared.table.slot(conn.id.slot).send_inflight.store(true, SeqCst);
+        self.shared
+            .table
+            .slot(conn.id.slot)
+            .send_inflight
+            .store(true, SeqCst);
         self.submit_send(key)
     }
 
@@ -660,7 +865,9 @@ impl Worker {
                 return self.halt(key);
             }
             // The client went away. Make the stream untrippable, then close.
-            let _ = slot.state.compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
+            let _ = slot
+                .state
+                .compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
             if slot.is_tripped() {
                 return self.halt(key);
             }
@@ -731,7 +938,11 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         slot.finish_halt(halter::EMITTER, monotonic_ns());
-        let refs = conn.turn.as_ref().map(|t| t.detector_refs.clone()).unwrap_or_default();
+        let refs = conn
+            .turn
+            .as_ref()
+            .map(|t| t.detector_refs.clone())
+            .unwrap_or_default();
         shared.complete_halt(&slot.snapshot(conn.id.slot), delivered, refs);
         self.begin_close(key);
         Ok(())
@@ -741,19 +952,20 @@ impl Worker {
     /// watchdog halted.
     fn scan_tripped(&mut self) {
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
-        let keys: Vec<usize> = self
+        let keys: Vec<(usize, bool)> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.closing)
             .filter(|(_, c)| {
                 let st = self.shared.table.slot(c.id.slot).raw_state();
-                st == state::HALTED || (st == state::TRIPPED && !ignore_halt)
+                st == state::HALTED || (st == state::TRIPPED && (c.closing || !ignore_halt))
             })
-            .map(|(k, _)| k)
+            .map(|(k, c)| (k, c.closing))
             .collect();
-        for key in keys {
-            if let Err(e) = self.halt(key) {
-                tracing::error!(error = %e, "halting a stream failed");
+        for (key, closing) in keys {
+            if !closing {
+                if let Err(e) = self.halt(key) {
+                    tracing::error!(error = %e, "halting a stream failed");
+                }
             }
             self.maybe_finish_close(key);
         }
@@ -776,7 +988,9 @@ impl Worker {
         }
         conn.cancel_inflight += cancels.len() as u32;
         for target in cancels {
-            let e = opcode::AsyncCancel::new(target).build().user_data(ud(key, OP_CANCEL));
+            let e = opcode::AsyncCancel::new(target)
+                .build()
+                .user_data(ud(key, OP_CANCEL));
             if self.push(&e).is_err() {
                 if let Some(c) = self.conns.get_mut(key) {
                     c.cancel_inflight -= 1;
@@ -799,13 +1013,11 @@ impl Worker {
         match slot.raw_state() {
             // The watchdog is writing to this socket: it wakes us when done.
             state::HALTING | state::TRIPPING => return,
-            state::TRIPPED => {
-                // Tripped while closing (e.g. the client went away at the same moment): the
-                // halt still gets its record; the terminal send fails harmlessly.
-                if slot.claim_halt() {
-                    slot.finish_halt(halter::EMITTER, monotonic_ns());
-                    shared.complete_halt(&slot.snapshot(conn.id.slot), false, Vec::new());
-                }
+            // Tripped while closing (e.g. the client went away at the same moment): the halt
+            // still gets its record, without a terminal frame.
+            state::TRIPPED if slot.claim_halt() => {
+                slot.finish_halt(halter::EMITTER, monotonic_ns());
+                shared.complete_halt(&slot.snapshot(conn.id.slot), false, Vec::new());
             }
             _ => {}
         }
@@ -825,15 +1037,26 @@ impl Worker {
         let shared = &self.shared;
         let slot = shared.table.slot(conn.id.slot);
         let snap = slot.snapshot(conn.id.slot);
-        let outcome = if snap.trip_cause.is_some() { Outcome::Halted } else { conn.outcome };
-        shared.metrics.streams_total.get_or_create(&crate::metrics::OutcomeLabels { outcome: outcome.as_str() }).inc();
+        let outcome = if snap.trip_cause.is_some() {
+            Outcome::Halted
+        } else {
+            conn.outcome
+        };
+        shared
+            .metrics
+            .streams_total
+            .get_or_create(&crate::metrics::OutcomeLabels {
+                outcome: outcome.as_str(),
+            })
+            .inc();
         let mut rec = shared.base_record(RecordKind::Turn, &snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
         let gaps = u64::from(turn.source.tokens_generated().saturating_sub(1)).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
         let started = snap.started_ns;
-        rec.halted_by = (snap.halted_by != halter::NONE).then(|| halter::name(snap.halted_by).to_owned());
+        rec.halted_by =
+            (snap.halted_by != halter::NONE).then(|| halter::name(snap.halted_by).to_owned());
         if let Some(cause) = snap.trip_cause {
             rec.watchdog_trip = true;
             rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
@@ -845,7 +1068,10 @@ impl Worker {
                 rec.halt_latency_ms = Some((snap.halt_ns - snap.trip_ns) as f64 / 1e6);
             }
         }
-        rec.message = Some(format!("turn of {} ms", monotonic_ns().saturating_sub(started) / 1_000_000));
+        rec.message = Some(format!(
+            "turn of {} ms",
+            monotonic_ns().saturating_sub(started) / 1_000_000
+        ));
         shared.record(rec);
     }
 }

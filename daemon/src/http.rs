@@ -38,7 +38,12 @@ pub struct HttpError {
 
 impl HttpError {
     pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
-        HttpError { status, kind, code: None, message: message.into() }
+        HttpError {
+            status,
+            kind,
+            code: None,
+            message: message.into(),
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "invalid_request_error", message)
@@ -59,22 +64,42 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() > MAX_HEAD_BYTES {
-                return Err(HttpError::new(431, "invalid_request_error", "request head larger than 16 KiB"));
+                return Err(HttpError::new(
+                    431,
+                    "invalid_request_error",
+                    "request head larger than 16 KiB",
+                ));
             }
             return Ok(None);
         }
         Err(httparse::Error::TooManyHeaders) => {
-            return Err(HttpError::new(431, "invalid_request_error", format!("more than {MAX_HEADERS} headers")))
+            return Err(HttpError::new(
+                431,
+                "invalid_request_error",
+                format!("more than {MAX_HEADERS} headers"),
+            ))
         }
-        Err(e) => return Err(HttpError::bad_request(format!("malformed HTTP request: {e}"))),
+        Err(e) => {
+            return Err(HttpError::bad_request(format!(
+                "malformed HTTP request: {e}"
+            )))
+        }
     };
     if head_len > MAX_HEAD_BYTES {
-        return Err(HttpError::new(431, "invalid_request_error", "request head larger than 16 KiB"));
+        return Err(HttpError::new(
+            431,
+            "invalid_request_error",
+            "request head larger than 16 KiB",
+        ));
     }
     let method = req.method.unwrap_or_default().to_owned();
     let path = req.path.unwrap_or_default().to_owned();
     if req.version != Some(1) {
-        return Err(HttpError::new(505, "invalid_request_error", "only HTTP/1.1 is served"));
+        return Err(HttpError::new(
+            505,
+            "invalid_request_error",
+            "only HTTP/1.1 is served",
+        ));
     }
     let mut content_length: Option<usize> = None;
     let mut expect_continue = false;
@@ -100,7 +125,11 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
             if h.value.eq_ignore_ascii_case(b"100-continue") {
                 expect_continue = true;
             } else {
-                return Err(HttpError::new(417, "invalid_request_error", "unsupported expectation"));
+                return Err(HttpError::new(
+                    417,
+                    "invalid_request_error",
+                    "unsupported expectation",
+                ));
             }
         }
     }
@@ -112,7 +141,13 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
             format!("request body of {content_length} bytes exceeds the limit of {max_body} bytes"),
         ));
     }
-    Ok(Some(RequestHead { method, path, head_len, content_length, expect_continue }))
+    Ok(Some(RequestHead {
+        method,
+        path,
+        head_len,
+        content_length,
+        expect_continue,
+    }))
 }
 
 /// Reason phrase of the statuses haltd sends.
@@ -185,8 +220,19 @@ pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Optio
         }
     })
     .to_string();
-    let extra: &[(&str, &str)] = if err.status == 405 { &[("allow", "POST")] } else { &[] };
-    write_head(out, err.status, "application/json", Some(body.len()), stream_id, extra);
+    let extra: &[(&str, &str)] = if err.status == 405 {
+        &[("allow", "POST")]
+    } else {
+        &[]
+    };
+    write_head(
+        out,
+        err.status,
+        "application/json",
+        Some(body.len()),
+        stream_id,
+        extra,
+    );
     out.extend_from_slice(body.as_bytes());
 }
 
@@ -206,21 +252,45 @@ mod tests {
 
     #[test]
     fn partial_heads_wait_for_more() {
-        assert_eq!(parse_head(b"POST /v1/completions HTTP/1.1\r\nHost", 100), Ok(None));
+        assert_eq!(
+            parse_head(b"POST /v1/completions HTTP/1.1\r\nHost", 100),
+            Ok(None)
+        );
     }
 
     #[test]
     fn refuses_bad_input_with_precise_statuses() {
         let status = |req: &[u8]| parse_head(req, 10).expect_err("refused").status;
         assert_eq!(status(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"), 413);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"),
+            413
+        );
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            411
+        );
         assert_eq!(status(b"POST / HTTP/1.0\r\n\r\n"), 505);
-        let many: Vec<u8> = [&b"GET / HTTP/1.1\r\n"[..], &b"a: b\r\n".repeat(100), b"\r\n"].concat();
+        let many: Vec<u8> = [
+            &b"GET / HTTP/1.1\r\n"[..],
+            &b"a: b\r\n".repeat(100),
+            b"\r\n",
+        ]
+        .concat();
         assert_eq!(status(&many), 431);
-        let huge = [&b"GET / HTTP/1.1\r\nx: "[..], &vec![b'a'; MAX_HEAD_BYTES + 10]].concat();
+        let huge = [
+            &b"GET / HTTP/1.1\r\nx: "[..],
+            &vec![b'a'; MAX_HEAD_BYTES + 10],
+        ]
+        .concat();
         assert_eq!(status(&huge), 431);
     }
 

@@ -16,10 +16,13 @@ use prometheus_client::{
 use crate::codes::FailureCode;
 
 /// Post-trip token buckets: every value up to 10 (B is usually ≤ 5), then coarse.
-pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 50.0, 100.0];
+pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [
+    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 50.0, 100.0,
+];
 /// Halt latency buckets, 50 µs to 5 s.
-pub const HALT_LATENCY_BUCKETS: [f64; 14] =
-    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+pub const HALT_LATENCY_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
@@ -85,21 +88,53 @@ impl Metrics {
             halt_latency_seconds.clone(),
         );
         let watchdog_trips = Family::<CauseLabels, Counter>::default();
-        registry.register("watchdog_trips", "Streams halted, by trip cause (WATCHDOG_TRIP events)", watchdog_trips.clone());
+        registry.register(
+            "watchdog_trips",
+            "Streams halted, by trip cause (WATCHDOG_TRIP events)",
+            watchdog_trips.clone(),
+        );
         let halts_by = Family::<HalterLabels, Counter>::default();
-        registry.register("halts", "Halts by who completed them (emitter or watchdog)", halts_by.clone());
+        registry.register(
+            "halts",
+            "Halts by who completed them (emitter or watchdog)",
+            halts_by.clone(),
+        );
         let kernel_frames = Family::<VerdictLabels, Counter>::default();
-        registry.register("kernel_frames", "Sends seen by the kernel halt gate, by verdict (summed BPF per-CPU counters)", kernel_frames.clone());
+        registry.register(
+            "kernel_frames",
+            "Sends seen by the kernel halt gate, by verdict (summed BPF per-CPU counters)",
+            kernel_frames.clone(),
+        );
         let kernel_halt_events = Counter::default();
-        registry.register("kernel_halt_events", "Sockets on which the kernel gate dropped a send", kernel_halt_events.clone());
+        registry.register(
+            "kernel_halt_events",
+            "Sockets on which the kernel gate dropped a send",
+            kernel_halt_events.clone(),
+        );
         let streams_active = Gauge::default();
-        registry.register("streams_active", "Open client connections (governed streams)", streams_active.clone());
+        registry.register(
+            "streams_active",
+            "Open client connections (governed streams)",
+            streams_active.clone(),
+        );
         let streams_total = Family::<OutcomeLabels, Counter>::default();
-        registry.register("streams", "Finished streams by outcome", streams_total.clone());
+        registry.register(
+            "streams",
+            "Finished streams by outcome",
+            streams_total.clone(),
+        );
         let requests_rejected = Family::<StatusLabels, Counter>::default();
-        registry.register("requests_rejected", "Requests answered with an error status", requests_rejected.clone());
+        registry.register(
+            "requests_rejected",
+            "Requests answered with an error status",
+            requests_rejected.clone(),
+        );
         let tokens_emitted = Counter::default();
-        registry.register("tokens_emitted", "Token frames the kernel accepted for clients", tokens_emitted.clone());
+        registry.register(
+            "tokens_emitted",
+            "Token frames the kernel accepted for clients",
+            tokens_emitted.clone(),
+        );
         let heartbeat_age_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register_with_unit(
             "heartbeat_age",
@@ -108,11 +143,33 @@ impl Metrics {
             heartbeat_age_seconds.clone(),
         );
         let kernel_gate_enabled = Gauge::default();
-        registry.register("kernel_gate_enabled", "1 when the kernel halt gate enforces budgets; 0 under --no-kernel-gate", kernel_gate_enabled.clone());
+        registry.register(
+            "kernel_gate_enabled",
+            "1 when the kernel halt gate enforces budgets; 0 under --no-kernel-gate",
+            kernel_gate_enabled.clone(),
+        );
         let gate_errors = Counter::default();
-        registry.register("gate_errors", "Failed kernel gate operations (each one halts or refuses its stream)", gate_errors.clone());
+        registry.register(
+            "gate_errors",
+            "Failed kernel gate operations (each one halts or refuses its stream)",
+            gate_errors.clone(),
+        );
         let ledger_errors = Counter::default();
-        registry.register("ledger_errors", "Flight-recorder records that could not be written", ledger_errors.clone());
+        registry.register(
+            "ledger_errors",
+            "Flight-recorder records that could not be written",
+            ledger_errors.clone(),
+        );
+        // Every series exists from the start, so dashboards and alerts see zeros, not gaps.
+        for cause in FailureCode::ALL {
+            drop(watchdog_trips.get_or_create(&CauseLabels { cause }));
+        }
+        for halted_by in ["emitter", "watchdog"] {
+            drop(halts_by.get_or_create(&HalterLabels { halted_by }));
+        }
+        for verdict in haltd_common::verdict::NAMES {
+            drop(kernel_frames.get_or_create(&VerdictLabels { verdict }));
+        }
         Metrics {
             registry,
             halt_tokens_post_trip,
@@ -137,8 +194,13 @@ impl Metrics {
     pub fn observe_kernel_totals(&self, totals: &[u64]) {
         let mut last = self.kernel_last.lock().unwrap_or_else(|p| p.into_inner());
         for (i, (&now, prev)) in totals.iter().zip(last.iter_mut()).enumerate() {
-            let name = haltd_common::verdict::NAMES.get(i).copied().unwrap_or("unknown");
-            let counter = self.kernel_frames.get_or_create(&VerdictLabels { verdict: name });
+            let name = haltd_common::verdict::NAMES
+                .get(i)
+                .copied()
+                .unwrap_or("unknown");
+            let counter = self
+                .kernel_frames
+                .get_or_create(&VerdictLabels { verdict: name });
             if now > *prev {
                 counter.inc_by(now - *prev);
             }
@@ -147,11 +209,21 @@ impl Metrics {
     }
 
     /// Records one completed halt.
-    pub fn observe_halt(&self, cause: FailureCode, post_trip_tokens: u64, latency_s: f64, by: &'static str) {
+    pub fn observe_halt(
+        &self,
+        cause: FailureCode,
+        post_trip_tokens: u64,
+        latency_s: f64,
+        by: &'static str,
+    ) {
         self.halt_tokens_post_trip.observe(post_trip_tokens as f64);
         self.halt_latency_seconds.observe(latency_s);
-        self.watchdog_trips.get_or_create(&CauseLabels { cause }).inc();
-        self.halts_by.get_or_create(&HalterLabels { halted_by: by }).inc();
+        self.watchdog_trips
+            .get_or_create(&CauseLabels { cause })
+            .inc();
+        self.halts_by
+            .get_or_create(&HalterLabels { halted_by: by })
+            .inc();
     }
 
     /// The exposition text.

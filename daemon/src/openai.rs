@@ -38,6 +38,8 @@ pub struct TurnRequest {
     pub top_logprobs: u32,
     pub seed: Option<u64>,
     pub include_usage: bool,
+    /// vLLM's `ignore_eos`: generate exactly `max_tokens` tokens.
+    pub ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +70,8 @@ struct ChatBody {
     seed: Option<u64>,
     n: Option<u32>,
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +85,8 @@ struct CompletionBody {
     seed: Option<u64>,
     n: Option<u32>,
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 fn check_model(model: Option<&str>, served: &str) -> Result<(), HttpError> {
@@ -90,7 +96,10 @@ fn check_model(model: Option<&str>, served: &str) -> Result<(), HttpError> {
         Some(m) => Err(HttpError::new(
             404,
             "invalid_request_error",
-            format!("the model `{}` does not exist; this node serves `{served}`", m.chars().take(128).collect::<String>()),
+            format!(
+                "the model `{}` does not exist; this node serves `{served}`",
+                m.chars().take(128).collect::<String>()
+            ),
         )
         .with_code("model_not_found")),
     }
@@ -110,7 +119,9 @@ fn check_max_tokens(v: Option<u32>, default: u32) -> Result<u32, HttpError> {
     match v {
         None => Ok(default),
         Some(0) => Err(HttpError::bad_request("max_tokens must be at least 1")),
-        Some(v) if v > MAX_MAX_TOKENS => Err(HttpError::bad_request(format!("max_tokens must be at most {MAX_MAX_TOKENS}"))),
+        Some(v) if v > MAX_MAX_TOKENS => Err(HttpError::bad_request(format!(
+            "max_tokens must be at most {MAX_MAX_TOKENS}"
+        ))),
         Some(v) => Ok(v),
     }
 }
@@ -132,7 +143,11 @@ fn text_of(content: &Value) -> String {
 }
 
 /// Parses and validates a request body for `endpoint`.
-pub fn parse_turn(endpoint: Endpoint, body: &[u8], served_model: &str) -> Result<TurnRequest, HttpError> {
+pub fn parse_turn(
+    endpoint: Endpoint,
+    body: &[u8],
+    served_model: &str,
+) -> Result<TurnRequest, HttpError> {
     match endpoint {
         Endpoint::Chat => {
             let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
@@ -141,26 +156,47 @@ pub fn parse_turn(endpoint: Endpoint, body: &[u8], served_model: &str) -> Result
             if b.messages.is_empty() {
                 return Err(HttpError::bad_request("messages must not be empty"));
             }
-            if let Some(m) = b.messages.iter().find(|m| !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool")) {
-                return Err(HttpError::bad_request(format!("unknown message role {:?}", m.role.chars().take(32).collect::<String>())));
+            if let Some(m) = b.messages.iter().find(|m| {
+                !matches!(
+                    m.role.as_str(),
+                    "system" | "developer" | "user" | "assistant" | "tool"
+                )
+            }) {
+                return Err(HttpError::bad_request(format!(
+                    "unknown message role {:?}",
+                    m.role.chars().take(32).collect::<String>()
+                )));
             }
             let top = b.top_logprobs.unwrap_or(0);
             if top > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}")));
+                return Err(HttpError::bad_request(format!(
+                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+                )));
             }
             if top > 0 && !b.logprobs {
-                return Err(HttpError::bad_request("top_logprobs requires logprobs: true"));
+                return Err(HttpError::bad_request(
+                    "top_logprobs requires logprobs: true",
+                ));
             }
-            let prompt = b.messages.iter().map(|m| text_of(&m.content)).collect::<Vec<_>>().join("\n");
+            let prompt = b
+                .messages
+                .iter()
+                .map(|m| text_of(&m.content))
+                .collect::<Vec<_>>()
+                .join("\n");
             Ok(TurnRequest {
                 endpoint,
                 prompt,
                 stream: b.stream,
-                max_tokens: check_max_tokens(b.max_completion_tokens.or(b.max_tokens), DEFAULT_CHAT_MAX_TOKENS)?,
+                max_tokens: check_max_tokens(
+                    b.max_completion_tokens.or(b.max_tokens),
+                    DEFAULT_CHAT_MAX_TOKENS,
+                )?,
                 logprobs: b.logprobs,
                 top_logprobs: top,
                 seed: b.seed,
                 include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+                ignore_eos: b.ignore_eos,
             })
         }
         Endpoint::Completion => {
@@ -179,7 +215,9 @@ pub fn parse_turn(endpoint: Endpoint, body: &[u8], served_model: &str) -> Result
             };
             let lp = b.logprobs.unwrap_or(0);
             if lp > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!("logprobs must be at most {MAX_TOP_LOGPROBS}")));
+                return Err(HttpError::bad_request(format!(
+                    "logprobs must be at most {MAX_TOP_LOGPROBS}"
+                )));
             }
             Ok(TurnRequest {
                 endpoint,
@@ -190,6 +228,7 @@ pub fn parse_turn(endpoint: Endpoint, body: &[u8], served_model: &str) -> Result
                 top_logprobs: lp,
                 seed: b.seed,
                 include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+                ignore_eos: b.ignore_eos,
             })
         }
     }
@@ -374,7 +413,9 @@ impl ChunkEncoder {
         self.chunk_head(out);
         match self.endpoint {
             Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
-            Endpoint::Completion => out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null"),
+            Endpoint::Completion => {
+                out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null")
+            }
         }
         let _ = write!(out, ",\"finish_reason\":\"{finish_reason}\"}}]}}\n\n");
         if let Some((prompt, completion)) = usage {
@@ -390,7 +431,14 @@ impl ChunkEncoder {
     }
 
     /// A whole batch (`stream: false`) response body.
-    pub fn batch_body(&self, text: &str, toks: &[Token<'_>], offsets: &[usize], finish_reason: &str, prompt_tokens: u64) -> Vec<u8> {
+    pub fn batch_body(
+        &self,
+        text: &str,
+        toks: &[Token<'_>],
+        offsets: &[usize],
+        finish_reason: &str,
+        prompt_tokens: u64,
+    ) -> Vec<u8> {
         let completion_tokens = toks.len() as u64;
         let mut logprobs = Vec::new();
         let logprobs: Value = if self.logprobs {
@@ -412,8 +460,12 @@ impl ChunkEncoder {
             Value::Null
         };
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}),
-            Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}),
+            Endpoint::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+            }
         };
         let object = match self.endpoint {
             Endpoint::Chat => "chat.completion",
@@ -471,7 +523,9 @@ impl Halt {
         enc.chunk_head(out);
         match self.endpoint {
             Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
-            Endpoint::Completion => out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null"),
+            Endpoint::Completion => {
+                out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null")
+            }
         }
         out.extend_from_slice(b",\"finish_reason\":\"content_filter\"}]}\n\n");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
@@ -496,11 +550,23 @@ impl Halt {
         out.extend_from_slice(b"\r\n");
         let code = self.code.as_str();
         if stream {
-            http::write_head_fields(out, "text/event-stream", None, Some(self.stream_id), &[("x-haltd-halted", code)]);
+            http::write_head_fields(
+                out,
+                "text/event-stream",
+                None,
+                Some(self.stream_id),
+                &[("x-haltd-halted", code)],
+            );
             self.sse_events(out);
         } else {
             let body = self.degraded_body();
-            http::write_head_fields(out, "application/json", Some(body.len()), Some(self.stream_id), &[("x-haltd-halted", code)]);
+            http::write_head_fields(
+                out,
+                "application/json",
+                Some(body.len()),
+                Some(self.stream_id),
+                &[("x-haltd-halted", code)],
+            );
             out.extend_from_slice(&body);
         }
     }
@@ -541,16 +607,29 @@ mod tests {
     use super::*;
 
     fn id() -> StreamId {
-        StreamId { slot: 3, generation: 9 }
+        StreamId {
+            slot: 3,
+            generation: 9,
+        }
     }
 
     fn enc(endpoint: Endpoint, logprobs: bool) -> ChunkEncoder {
-        ChunkEncoder { endpoint, stream_id: id(), created: 1_700_000_000, model: "builtin", logprobs, top_logprobs: 2 }
+        ChunkEncoder {
+            endpoint,
+            stream_id: id(),
+            created: 1_700_000_000,
+            model: "builtin",
+            logprobs,
+            top_logprobs: 2,
+        }
     }
 
     fn event_json(frame: &[u8]) -> Value {
         let text = std::str::from_utf8(frame).expect("utf8");
-        let data = text.strip_prefix("data: ").and_then(|t| t.strip_suffix("\n\n")).expect("one SSE event");
+        let data = text
+            .strip_prefix("data: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .expect("one SSE event");
         serde_json::from_str(data).expect("valid JSON")
     }
 
@@ -558,14 +637,26 @@ mod tests {
     fn chat_token_events_are_valid_openai_chunks() {
         let mut out = Vec::new();
         let top = [(" river", -0.5f32), (" \"sea\"", -1.5)];
-        enc(Endpoint::Chat, true).token_event(&mut out, Token { text: " river", logprob: -0.5, top: &top }, 0, 0);
+        enc(Endpoint::Chat, true).token_event(
+            &mut out,
+            Token {
+                text: " river",
+                logprob: -0.5,
+                top: &top,
+            },
+            0,
+            0,
+        );
         let v = event_json(&out);
         assert_eq!(v["object"], "chat.completion.chunk");
         assert_eq!(v["id"], "chatcmpl-hs_0000000900000003");
         assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(v["choices"][0]["delta"]["content"], " river");
         assert_eq!(v["choices"][0]["logprobs"]["content"][0]["logprob"], -0.5);
-        assert_eq!(v["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], " \"sea\"");
+        assert_eq!(
+            v["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"],
+            " \"sea\""
+        );
         assert!(v["choices"][0]["finish_reason"].is_null());
     }
 
@@ -573,12 +664,26 @@ mod tests {
     fn completion_token_events_carry_legacy_logprobs() {
         let mut out = Vec::new();
         let top = [("a", -0.1f32), ("a", -0.2)];
-        enc(Endpoint::Completion, true).token_event(&mut out, Token { text: "a", logprob: f32::NEG_INFINITY, top: &top }, 4, 17);
+        enc(Endpoint::Completion, true).token_event(
+            &mut out,
+            Token {
+                text: "a",
+                logprob: f32::NEG_INFINITY,
+                top: &top,
+            },
+            4,
+            17,
+        );
         let v = event_json(&out);
         assert_eq!(v["choices"][0]["text"], "a");
         assert_eq!(v["choices"][0]["logprobs"]["token_logprobs"][0], -9999.0);
         assert_eq!(v["choices"][0]["logprobs"]["text_offset"][0], 17);
-        assert_eq!(v["choices"][0]["logprobs"]["top_logprobs"][0].as_object().map(|o| o.len()), Some(1));
+        assert_eq!(
+            v["choices"][0]["logprobs"]["top_logprobs"][0]
+                .as_object()
+                .map(|o| o.len()),
+            Some(1)
+        );
     }
 
     #[test]
@@ -588,9 +693,30 @@ mod tests {
         let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
         assert_eq!(err(Endpoint::Chat, b"{").status, 400);
         assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
-        assert_eq!(err(Endpoint::Chat, br#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#).status, 404);
-        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#).status, 400);
-        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#).status, 400);
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#
+            )
+            .status,
+            404
+        );
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#
+            )
+            .status,
+            400
+        );
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#
+            )
+            .status,
+            400
+        );
         assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":30,"logprobs":true}"#).status, 400);
         assert_eq!(err(Endpoint::Completion, br#"{"prompt":5}"#).status, 400);
         let c = parse_turn(Endpoint::Completion, br#"{"prompt":"x"}"#, "builtin").expect("valid");
@@ -630,7 +756,10 @@ mod tests {
                 o
             },
         ] {
-            assert_eq!(&frame[NONCE_OFFSET..NONCE_OFFSET + NONCE_LEN], b"feedf00d00000001");
+            assert_eq!(
+                &frame[NONCE_OFFSET..NONCE_OFFSET + NONCE_LEN],
+                b"feedf00d00000001"
+            );
         }
     }
 
@@ -641,7 +770,10 @@ mod tests {
         let text = String::from_utf8(o).expect("utf8");
         let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(events.len(), 3, "{text}");
-        let first = events[0].lines().find(|l| l.starts_with("data: ")).expect("data line");
+        let first = events[0]
+            .lines()
+            .find(|l| l.starts_with("data: "))
+            .expect("data line");
         let chunk: Value = serde_json::from_str(&first[6..]).expect("json");
         assert_eq!(chunk["choices"][0]["finish_reason"], "content_filter");
         let err: Value = serde_json::from_str(&events[1][6..]).expect("json");

@@ -47,7 +47,11 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
 /// Loads the gate as `cfg` asks.
 pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
     KernelGate::load(&GateConfig {
-        object: cfg.args.bpf_object.clone().map_or(GateObject::Embedded, GateObject::Path),
+        object: cfg
+            .args
+            .bpf_object
+            .clone()
+            .map_or(GateObject::Embedded, GateObject::Path),
         max_streams: cfg.args.max_streams,
         heartbeat_deadline: cfg.heartbeat_deadline,
         budget_frames: cfg.args.budget,
@@ -63,7 +67,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     } else {
         Some(load_gate(&cfg).map_err(StartError::Gate)?)
     };
-    let ledger = Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
+    let ledger =
+        Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
     let metrics = Metrics::new();
     metrics.kernel_gate_enabled.set(i64::from(gate.is_some()));
     let mut wakers = Vec::new();
@@ -71,12 +76,15 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         // SAFETY: eventfd returns a new descriptor we own, or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(io("creating a worker eventfd")(std::io::Error::last_os_error()));
+            return Err(io("creating a worker eventfd")(
+                std::io::Error::last_os_error(),
+            ));
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
         wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
     }
-    let listener = TcpListener::bind(cfg.args.listen).map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
+    let listener = TcpListener::bind(cfg.args.listen)
+        .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
     let shared = Arc::new(Shared {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -104,11 +112,17 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         shared.kernel_gate_label(),
         if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
     ));
-    shared.ledger.append_sync(start).map_err(StartError::Ledger)?;
+    shared
+        .ledger
+        .append_sync(start)
+        .map_err(StartError::Ledger)?;
     watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("starting the control-plane runtime"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io("starting the control-plane runtime"))?;
     rt.block_on(async move {
         let admin_l = admin::bind(shared.cfg.args.admin, "admin").await.map_err(io("admin listener"))?;
         let metrics_l = admin::bind(shared.cfg.args.metrics, "metrics").await.map_err(io("metrics listener"))?;
@@ -137,7 +151,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         }

@@ -16,7 +16,10 @@ use crate::{
     metrics::Metrics,
     openai::Halt,
     source::builtin::MODEL_NAME,
-    stream::{halter, nonce_hex, KernelTrip, Mode, SlotSnapshot, StreamId, StreamTable, TripError, TripInfo},
+    stream::{
+        halter, nonce_hex, KernelTrip, Mode, SlotSnapshot, StreamId, StreamTable, TripError,
+        TripInfo,
+    },
 };
 
 /// Everything the data-plane workers, the watchdog and the control plane share.
@@ -40,16 +43,25 @@ struct GateTrip<'a> {
 }
 
 impl KernelTrip for GateTrip<'_> {
-    fn trip(&self, id: StreamId, cause: FailureCode, frame_limit: u64, budget: u32, nonce: u64) -> bool {
+    fn trip(
+        &self,
+        id: StreamId,
+        cause: FailureCode,
+        frame_limit: u64,
+        budget: u32,
+        nonce: u64,
+    ) -> bool {
         let entry = TripEntry {
             generation: id.generation,
             tripped: 1,
             cause: cause.as_u32(),
             terminal_max_bytes: self.shared.cfg.terminal_max_bytes,
             frame_limit,
+            // Frames up to F were handed to the kernel before the trip: they pass as pre-trip
+            // even if they reach the gate after this write, and leave the byte budget alone.
+            pre_trip_frames: frame_limit - u64::from(budget),
             budget_bytes: u64::from(budget) * self.shared.cfg.args.max_frame_bytes,
             nonce: nonce_hex(nonce),
-            ..TripEntry::default()
         };
         match self.gate.trip(id.slot, entry) {
             Ok(()) => true,
@@ -74,8 +86,16 @@ impl Shared {
 
     /// Trips a stream and wakes its worker. See [`StreamTable::trip`].
     pub fn trip(&self, id: StreamId, cause: FailureCode) -> Result<TripInfo, TripError> {
-        let kernel = self.gate.as_ref().map(|gate| GateTrip { gate, shared: self });
-        let info = self.table.trip(id, cause, kernel.as_ref().map(|k| k as &dyn KernelTrip), monotonic_ns())?;
+        let kernel = self
+            .gate
+            .as_ref()
+            .map(|gate| GateTrip { gate, shared: self });
+        let info = self.table.trip(
+            id,
+            cause,
+            kernel.as_ref().map(|k| k as &dyn KernelTrip),
+            monotonic_ns(),
+        )?;
         tracing::info!(stream_id = %id, cause = %cause, trip_token_index = info.trip_token_index, kernel = info.kernel_enforced, "stream tripped");
         self.wake(self.table.slot(id.slot).worker.load(SeqCst));
         Ok(info)
@@ -128,11 +148,17 @@ impl Shared {
     }
 
     /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record.
-    pub fn complete_halt(&self, snap: &SlotSnapshot, terminal_delivered: bool, detector_refs: Vec<String>) {
+    pub fn complete_halt(
+        &self,
+        snap: &SlotSnapshot,
+        terminal_delivered: bool,
+        detector_refs: Vec<String>,
+    ) {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
         let latency_s = snap.halt_ns.saturating_sub(snap.trip_ns) as f64 / 1e9;
         let by = halter::name(snap.halted_by);
-        self.metrics.observe_halt(cause, snap.post_trip_delivered, latency_s, by);
+        self.metrics
+            .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.watchdog_trip = true;
         rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];

@@ -232,7 +232,12 @@ impl Slot {
     /// so only the kernel gate stops it.
     pub fn begin_frame(&self, is_token: bool, ignore_halt: bool) -> bool {
         loop {
-            match self.state.compare_exchange_weak(state::STREAMING, state::EMITTING, SeqCst, SeqCst) {
+            match self.state.compare_exchange_weak(
+                state::STREAMING,
+                state::EMITTING,
+                SeqCst,
+                SeqCst,
+            ) {
                 Ok(_) => {
                     self.count_frame(is_token);
                     self.state.store(state::STREAMING, SeqCst);
@@ -252,7 +257,12 @@ impl Slot {
     /// batch body). After it the stream can no longer be tripped.
     pub fn begin_final(&self) -> bool {
         loop {
-            match self.state.compare_exchange_weak(state::STREAMING, state::FINISHING, SeqCst, SeqCst) {
+            match self.state.compare_exchange_weak(
+                state::STREAMING,
+                state::FINISHING,
+                SeqCst,
+                SeqCst,
+            ) {
                 Ok(_) => {
                     self.count_frame(false);
                     return true;
@@ -280,7 +290,9 @@ impl Slot {
 
     /// Moves TRIPPED → HALTING for the caller; only one of emitter and watchdog wins.
     pub fn claim_halt(&self) -> bool {
-        self.state.compare_exchange(state::TRIPPED, state::HALTING, SeqCst, SeqCst).is_ok()
+        self.state
+            .compare_exchange(state::TRIPPED, state::HALTING, SeqCst, SeqCst)
+            .is_ok()
     }
 
     /// Records a completed halt (HALTING → HALTED).
@@ -294,7 +306,10 @@ impl Slot {
     pub fn snapshot(&self, slot: u32) -> SlotSnapshot {
         let raw = self.raw_state();
         SlotSnapshot {
-            id: StreamId { slot, generation: self.generation.load(SeqCst) },
+            id: StreamId {
+                slot,
+                generation: self.generation.load(SeqCst),
+            },
             raw_state: raw,
             state: WatchdogState::from_raw(raw),
             mode: self.mode(),
@@ -362,8 +377,12 @@ pub enum TripError {
     #[error("no stream {0}")]
     Unknown(StreamId),
     #[error("stream {id} already tripped (cause {cause}, trip token index {trip_token_index})")]
-    AlreadyTripped { id: StreamId, cause: FailureCode, trip_token_index: u64 },
-    #[error("stream {0} already finished: its last frame was committed before the trip")]
+    AlreadyTripped {
+        id: StreamId,
+        cause: FailureCode,
+        trip_token_index: u64,
+    },
+    #[error("stream {0} already finished: its last frame was committed before the trip, or it has ended")]
     Finished(StreamId),
 }
 
@@ -371,7 +390,14 @@ pub enum TripError {
 /// glue in the daemon; absent with `--no-kernel-gate`.
 pub trait KernelTrip: Send + Sync {
     /// Writes the trip into the gate: frames numbered above `frame_limit` are post-budget.
-    fn trip(&self, id: StreamId, cause: FailureCode, frame_limit: u64, budget: u32, nonce: u64) -> bool;
+    fn trip(
+        &self,
+        id: StreamId,
+        cause: FailureCode,
+        frame_limit: u64,
+        budget: u32,
+        nonce: u64,
+    ) -> bool;
 }
 
 /// Fixed-capacity table of stream slots.
@@ -388,7 +414,10 @@ impl StreamTable {
         let slots: Box<[Slot]> = (0..capacity).map(|_| Slot::default()).collect();
         // Pop from the end: hand out low slots first, which keeps listings readable.
         let free = (0..capacity).rev().collect();
-        StreamTable { slots, free: Mutex::new(free) }
+        StreamTable {
+            slots,
+            free: Mutex::new(free),
+        }
     }
 
     pub fn capacity(&self) -> u32 {
@@ -427,7 +456,10 @@ impl StreamTable {
         s.halted_by.store(halter::NONE, SeqCst);
         s.budget.store(budget, SeqCst);
         s.state.store(state::STREAMING, SeqCst);
-        Some(StreamId { slot: idx, generation })
+        Some(StreamId {
+            slot: idx,
+            generation,
+        })
     }
 
     /// Gives a slot back once its connection is closed and its records are written.
@@ -435,7 +467,10 @@ impl StreamTable {
         let s = &self.slots[id.slot as usize];
         s.fd.store(-1, SeqCst);
         s.state.store(state::FREE, SeqCst);
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(id.slot);
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.slot);
     }
 
     pub fn slot(&self, idx: u32) -> &Slot {
@@ -446,6 +481,18 @@ impl StreamTable {
     pub fn get(&self, id: StreamId) -> Option<&Slot> {
         let s = self.slots.get(id.slot as usize)?;
         (s.generation.load(SeqCst) == id.generation && s.raw_state() != state::FREE).then_some(s)
+    }
+
+    /// Why `id` names no live stream: it ended (its slot moved on to a later generation, or
+    /// is free after it), or it never existed.
+    fn why_not_live(&self, id: StreamId) -> TripError {
+        match self.slots.get(id.slot as usize) {
+            // Generations start at 1 and only grow (wrapping after 2^32 streams on one slot).
+            Some(s) if id.generation != 0 && id.generation <= s.generation.load(SeqCst) => {
+                TripError::Finished(id)
+            }
+            _ => TripError::Unknown(id),
+        }
     }
 
     /// Iterates over slots that are not free.
@@ -472,12 +519,17 @@ impl StreamTable {
         kernel: Option<&dyn KernelTrip>,
         now_ns: u64,
     ) -> Result<TripInfo, TripError> {
-        let s = self.get(id).ok_or(TripError::Unknown(id))?;
+        let Some(s) = self.get(id) else {
+            return Err(self.why_not_live(id));
+        };
         // Take the stream out of STREAMING. EMITTING lasts a few atomic operations, so spin
         // on it (yielding, in case the emitter was preempted inside the window).
         let mut spins = 0u32;
         loop {
-            match s.state.compare_exchange_weak(state::STREAMING, state::TRIPPING, SeqCst, SeqCst) {
+            match s
+                .state
+                .compare_exchange_weak(state::STREAMING, state::TRIPPING, SeqCst, SeqCst)
+            {
                 Ok(_) => break,
                 Err(state::STREAMING | state::EMITTING) => {
                     spins += 1;
@@ -488,7 +540,7 @@ impl StreamTable {
                     }
                 }
                 Err(state::FINISHING | state::DONE) => return Err(TripError::Finished(id)),
-                Err(state::FREE) => return Err(TripError::Unknown(id)),
+                Err(state::FREE) => return Err(TripError::Finished(id)),
                 Err(_) => {
                     // Spin until a concurrent trip has published its result.
                     while s.raw_state() == state::TRIPPING {
@@ -516,11 +568,24 @@ impl StreamTable {
         s.trip_token_index.store(tau, SeqCst);
         s.nonce.store(nonce, SeqCst);
         s.trip_ns.store(now_ns, SeqCst);
-        let kernel_enforced =
-            kernel.is_some_and(|k| k.trip(id, cause, frames.saturating_add(u64::from(budget)), budget, nonce));
+        let kernel_enforced = kernel.is_some_and(|k| {
+            k.trip(
+                id,
+                cause,
+                frames.saturating_add(u64::from(budget)),
+                budget,
+                nonce,
+            )
+        });
         s.kernel_tripped.store(kernel_enforced, SeqCst);
         s.state.store(state::TRIPPED, SeqCst);
-        Ok(TripInfo { stream_id: id, cause, trip_token_index: tau, budget, kernel_enforced })
+        Ok(TripInfo {
+            stream_id: id,
+            cause,
+            trip_token_index: tau,
+            budget,
+            kernel_enforced,
+        })
     }
 }
 
@@ -542,10 +607,20 @@ mod tests {
 
     #[test]
     fn stream_ids_round_trip_and_reject_garbage() {
-        let id = StreamId { slot: 7, generation: 0xdead_beef };
+        let id = StreamId {
+            slot: 7,
+            generation: 0xdead_beef,
+        };
         assert_eq!(id.to_string(), "hs_deadbeef00000007");
         assert_eq!(id.to_string().parse::<StreamId>().ok(), Some(id));
-        for bad in ["", "hs_", "hs_123", "xx_deadbeef00000007", "hs_deadbeef0000000g", "hs_deadbeef000000071"] {
+        for bad in [
+            "",
+            "hs_",
+            "hs_123",
+            "xx_deadbeef00000007",
+            "hs_deadbeef0000000g",
+            "hs_deadbeef000000071",
+        ] {
             assert!(bad.parse::<StreamId>().is_err(), "{bad}");
         }
     }
@@ -573,14 +648,19 @@ mod tests {
             assert!(s.begin_frame(true, false));
         }
         let k = RecordingKernel(AtomicU64::new(0));
-        let info = t.trip(id, FailureCode::OperatorTrip, Some(&k), 2).expect("trips");
+        let info = t
+            .trip(id, FailureCode::OperatorTrip, Some(&k), 2)
+            .expect("trips");
         assert_eq!(info.trip_token_index, 3);
         assert_eq!(k.0.load(SeqCst), 4 + 5);
         assert!(!s.begin_frame(true, false), "no frame after a trip");
         assert!(s.begin_frame(true, true), "the fault keeps sending");
         assert!(matches!(
             t.trip(id, FailureCode::ExfilAlert, Some(&k), 3),
-            Err(TripError::AlreadyTripped { trip_token_index: 3, .. })
+            Err(TripError::AlreadyTripped {
+                trip_token_index: 3,
+                ..
+            })
         ));
         assert!(s.claim_halt());
         assert!(!s.claim_halt(), "only one halter");
@@ -591,9 +671,24 @@ mod tests {
         let t = StreamTable::new(1);
         let id = t.alloc(0, -1, 5, 1).expect("free slot");
         assert!(t.get(id).expect("live").begin_final());
-        assert!(matches!(t.trip(id, FailureCode::OperatorTrip, None, 2), Err(TripError::Finished(_))));
+        assert!(matches!(
+            t.trip(id, FailureCode::OperatorTrip, None, 2),
+            Err(TripError::Finished(_))
+        ));
         t.release(id);
         assert!(t.get(id).is_none());
+        assert!(matches!(
+            t.trip(id, FailureCode::OperatorTrip, None, 2),
+            Err(TripError::Finished(_))
+        ));
+        let never = StreamId {
+            slot: id.slot,
+            generation: id.generation + 5,
+        };
+        assert!(matches!(
+            t.trip(never, FailureCode::OperatorTrip, None, 2),
+            Err(TripError::Unknown(_))
+        ));
         let id2 = t.alloc(0, -1, 5, 1).expect("slot reused");
         assert_eq!(id2.slot, id.slot);
         assert_ne!(id2, id);
@@ -620,9 +715,14 @@ mod tests {
                 std::hint::spin_loop();
             }
             let k = RecordingKernel(AtomicU64::new(0));
-            let info = t.trip(id, FailureCode::OperatorTrip, Some(&k), 1).expect("trips");
+            let info = t
+                .trip(id, FailureCode::OperatorTrip, Some(&k), 1)
+                .expect("trips");
             let sent = emitter.join().expect("emitter");
-            assert_eq!(sent, info.trip_token_index, "with B = 0 exactly τ frames went out");
+            assert_eq!(
+                sent, info.trip_token_index,
+                "with B = 0 exactly τ frames went out"
+            );
             assert_eq!(k.0.load(SeqCst), sent);
         }
     }

@@ -30,7 +30,9 @@ const SEND_STUCK_FACTOR: u32 = 4;
 
 /// Starts the watchdog thread. It runs for the life of the daemon.
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<thread::JoinHandle<()>> {
-    thread::Builder::new().name("haltd-watchdog".into()).spawn(move || run(&shared))
+    thread::Builder::new()
+        .name("haltd-watchdog".into())
+        .spawn(move || run(&shared))
 }
 
 fn run(shared: &Shared) {
@@ -41,7 +43,9 @@ fn run(shared: &Shared) {
     loop {
         if let Some(after) = shared.cfg.faults.watchdog_stall_after {
             if started.elapsed() >= after {
-                tracing::error!("fault injection: the watchdog thread stalls now (no more heartbeats)");
+                tracing::error!(
+                    "fault injection: the watchdog thread stalls now (no more heartbeats)"
+                );
                 loop {
                     thread::park();
                 }
@@ -54,7 +58,13 @@ fn run(shared: &Shared) {
             let mut events = 0u64;
             if let Err(e) = gate.drain_halt_events(&mut |ev| {
                 events += 1;
-                tracing::debug!(slot = ev.slot, generation = ev.generation, verdict = ev.verdict, frames = ev.frames, "kernel gate dropped a send");
+                tracing::debug!(
+                    slot = ev.slot,
+                    generation = ev.generation,
+                    verdict = ev.verdict,
+                    frames = ev.frames,
+                    "kernel gate dropped a send"
+                );
             }) {
                 tracing::warn!(error = %e, "reading kernel halt events failed");
             }
@@ -84,7 +94,8 @@ fn enforce(shared: &Shared, now: u64, buf: &mut Vec<u8>) {
         }
         let since_trip = now.saturating_sub(slot.trip_ns.load(SeqCst));
         let kernel_missing = shared.gate.is_some() && !slot.kernel_tripped.load(SeqCst);
-        let budget_spent = slot.post_trip_delivered.load(SeqCst) >= u64::from(slot.budget.load(SeqCst));
+        let budget_spent =
+            slot.post_trip_delivered.load(SeqCst) >= u64::from(slot.budget.load(SeqCst));
         let due = kernel_missing || since_trip > grace || (budget_spent && since_trip > grace / 4);
         if !due {
             continue;
@@ -103,7 +114,14 @@ fn enforce(shared: &Shared, now: u64, buf: &mut Vec<u8>) {
             shared.terminal_frame(&slot.snapshot(idx), buf);
             // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
             // after the slot left HALTING, which only this thread can do now.
-            let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
             delivered = n >= 0 && n as usize == buf.len();
         }
         // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.

@@ -9,7 +9,12 @@ use clap::{Parser, Subcommand};
 #[command(name = "haltctl", version, about = "Operate a running haltd")]
 struct Cli {
     /// haltd's admin address (`haltd serve --admin`).
-    #[arg(long, global = true, env = "HALTD_ADMIN", default_value = "127.0.0.1:8081")]
+    #[arg(
+        long,
+        global = true,
+        env = "HALTD_ADMIN",
+        default_value = "127.0.0.1:8081"
+    )]
     admin: String,
     #[command(subcommand)]
     command: Command,
@@ -72,16 +77,25 @@ fn print_response(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
     let base = base(&cli.admin);
     match cli.command {
         Command::Trip { stream_id, cause } => {
             let body = serde_json::json!({ "cause": cause });
-            print_response(agent.post(&format!("{base}/admin/streams/{stream_id}/trip")).send_json(&body))
+            print_response(
+                agent
+                    .post(&format!("{base}/admin/streams/{stream_id}/trip"))
+                    .send_json(&body),
+            )
         }
         Command::Streams => print_response(agent.get(&format!("{base}/admin/streams")).call()),
         Command::Status => print_response(agent.get(&format!("{base}/admin/status")).call()),
-        Command::Ledger { command: LedgerCommand::Verify { path } } => match haltd::ledger::verify(&path) {
+        Command::Ledger {
+            command: LedgerCommand::Verify { path },
+        } => match haltd::ledger::verify(&path) {
             Ok(report) => {
                 println!("{report}");
                 if report.broken.is_none() {

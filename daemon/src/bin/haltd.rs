@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use haltd::config::{LogFormat, ServeArgs};
 
 #[derive(Parser)]
-#[command(name = "haltd", version, about = "Token-stream governor with a kernel-enforced halt budget")]
+#[command(
+    name = "haltd",
+    version,
+    about = "Token-stream governor with a kernel-enforced halt budget"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,8 +25,11 @@ enum Command {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HALTD_LOG").unwrap_or_else(|_| "info".into());
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("HALTD_LOG").unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().init(),
@@ -60,7 +67,10 @@ fn main() -> ExitCode {
             };
             match haltd::server::load_gate(&cfg) {
                 Ok(gate) => {
-                    println!("kernel halt gate: loaded, verified and attached (max_streams={})", gate.max_streams());
+                    println!(
+                        "kernel halt gate: loaded, verified and attached (max_streams={})",
+                        gate.max_streams()
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -256,6 +256,7 @@ impl BuiltinModel {
             generated: 0,
             max_tokens,
             finish: None,
+            ignore_eos: false,
         }
     }
 
@@ -403,9 +404,18 @@ pub struct BuiltinStream {
     generated: u32,
     max_tokens: u32,
     finish: Option<FinishReason>,
+    /// vLLM's `ignore_eos`: the end-of-text event is taken out of the distribution (which is
+    /// renormalised, so logprobs stay those of the distribution actually sampled).
+    ignore_eos: bool,
 }
 
 impl BuiltinStream {
+    /// Never stop by itself: generate until `max_tokens` (vLLM's `ignore_eos`).
+    pub fn with_ignore_eos(mut self, ignore_eos: bool) -> Self {
+        self.ignore_eos = ignore_eos;
+        self
+    }
+
     /// Samples the next token, with the `top_n` (at most [`MAX_TOP_LOGPROBS`]) most likely
     /// alternatives. `None` when the stream has finished; see [`finish_reason`](Self::finish_reason).
     pub fn next_token(&mut self, top_n: usize) -> Option<TokenSample> {
@@ -419,8 +429,13 @@ impl BuiltinStream {
         let model = self.model;
         let dist = Distribution::new(model, self.ctx);
 
+        let ignore_eos = self.ignore_eos;
         let mut total = 0.0;
-        dist.for_each(|_, p| total += p);
+        dist.for_each(|id, p| {
+            if !(ignore_eos && id == EOS) {
+                total += p;
+            }
+        });
         if total <= 0.0 {
             // A context with no followers cannot happen with the embedded corpus (every token
             // but the end has a successor); end cleanly rather than loop.
@@ -436,6 +451,9 @@ impl BuiltinStream {
         let mut chosen: Option<(u32, f32)> = None;
         let mut last: Option<(u32, f32)> = None;
         dist.for_each(|id, p| {
+            if ignore_eos && id == EOS {
+                return;
+            }
             let logprob = (p / total).ln() as f32;
             if id != EOS {
                 if let Some(text) = model.vocab.get(id as usize) {
@@ -603,6 +621,29 @@ mod tests {
             if n == 0 {
                 assert!(t.top.is_empty());
             }
+        }
+    }
+
+    #[test]
+    fn ignore_eos_runs_to_max_tokens_with_a_renormalised_distribution() {
+        for seed in 0..10 {
+            let mut s = BuiltinModel::get()
+                .stream("limits", Some(seed), 600)
+                .with_ignore_eos(true);
+            let mut n = 0;
+            while let Some(t) = s.next_token(MAX_TOP_LOGPROBS) {
+                assert!(t.logprob <= 0.0);
+                let mass: f64 = t
+                    .top
+                    .as_slice()
+                    .iter()
+                    .map(|(_, lp)| f64::from(*lp).exp())
+                    .sum();
+                assert!(mass <= 1.0 + 1e-4, "alternatives sum to {mass}");
+                n += 1;
+            }
+            assert_eq!(n, 600);
+            assert_eq!(s.finish_reason(), Some(FinishReason::Length));
         }
     }
 
