@@ -460,7 +460,9 @@ impl Worker {
                     .slot(conn.id.slot)
                     .begin_frame(false, false)
                 {
-                    self.send(key, SendKind::Continue100)?;
+                    // The rest of the body is read after this send completes: one
+                    // operation on `wbuf` at a time.
+                    return self.send(key, SendKind::Continue100);
                 } else {
                     return self.halt(key);
                 }
@@ -817,6 +819,8 @@ impl Worker {
 
     fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
         let conn = &mut self.conns[key];
+        // `wbuf` is the kernel's until the send in flight completes; every caller checks.
+        debug_assert!(conn.sending.is_none(), "second send while one is in flight");
         conn.woff = 0;
         conn.sending = Some(kind);
         self.shared
@@ -880,7 +884,7 @@ impl Worker {
             return self.halt(key);
         }
         match kind {
-            SendKind::Continue100 => Ok(()),
+            SendKind::Continue100 => self.arm_recv(key),
             SendKind::Head => self.step(key),
             SendKind::Token => {
                 slot.tokens_delivered.fetch_add(1, SeqCst);

@@ -117,6 +117,27 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .append_sync(start)
         .map_err(StartError::Ledger)?;
     watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
+    // Serve nothing before the first heartbeat: until then every stream would halt with
+    // HEARTBEAT_LOST (fail closed, but a needless one at start-up).
+    let deadline = std::time::Instant::now()
+        + shared
+            .cfg
+            .heartbeat_deadline
+            .max(std::time::Duration::from_secs(1));
+    while shared
+        .heartbeat_ns
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        if std::time::Instant::now() > deadline {
+            return Err(io("waiting for the first watchdog heartbeat")(
+                std::io::Error::other(
+                    "the watchdog wrote no heartbeat in time (see the log for a gate error)",
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
 
     let rt = tokio::runtime::Builder::new_current_thread()

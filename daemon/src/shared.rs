@@ -4,6 +4,7 @@
 use std::{
     os::fd::{AsRawFd, OwnedFd},
     sync::atomic::{AtomicU64, Ordering::SeqCst},
+    time::{Duration, UNIX_EPOCH},
 };
 
 use haltd_common::TripEntry;
@@ -12,7 +13,7 @@ use crate::{
     codes::FailureCode,
     config::Config,
     gate::{monotonic_ns, KernelGate},
-    ledger::{Ledger, Record, RecordKind},
+    ledger::{rfc3339, rfc3339_now, Ledger, Record, RecordKind},
     metrics::Metrics,
     openai::Halt,
     source::builtin::MODEL_NAME,
@@ -190,6 +191,10 @@ impl Shared {
             kernel_gate: self.kernel_gate_label().to_owned(),
             budget: Some(snap.budget),
             tokens_emitted: snap.tokens_delivered,
+            started_at: Some(rfc3339(
+                UNIX_EPOCH + Duration::from_millis(snap.started_unix_ms),
+            )),
+            ended_at: Some(rfc3339_now()),
             ..Record::default()
         }
     }

@@ -177,6 +177,8 @@ pub struct Slot {
     /// Unix seconds the response was created (the OpenAI `created` field).
     pub created: AtomicU64,
     pub started_ns: AtomicU64,
+    /// Wall-clock start (Unix ms), for records.
+    pub started_unix_ms: AtomicU64,
     /// Sends handed to the kernel on this socket (same count as the gate's `SockState.frames`,
     /// terminal frame excluded).
     pub frames_submitted: AtomicU64,
@@ -326,6 +328,7 @@ impl Slot {
             halted_by: self.halted_by.load(SeqCst),
             halt_ns: self.halt_ns.load(SeqCst),
             started_ns: self.started_ns.load(SeqCst),
+            started_unix_ms: self.started_unix_ms.load(SeqCst),
             budget: self.budget.load(SeqCst),
         }
     }
@@ -351,6 +354,7 @@ pub struct SlotSnapshot {
     pub halted_by: u8,
     pub halt_ns: u64,
     pub started_ns: u64,
+    pub started_unix_ms: u64,
     pub budget: u32,
 }
 
@@ -438,6 +442,10 @@ impl StreamTable {
         s.headers_sent.store(false, SeqCst);
         s.created.store(0, SeqCst);
         s.started_ns.store(now_ns, SeqCst);
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        s.started_unix_ms.store(unix_ms, SeqCst);
         for c in [
             &s.frames_submitted,
             &s.tokens_submitted,
