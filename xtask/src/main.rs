@@ -503,28 +503,47 @@ impl Ctx {
             .haltctl
             .strip_prefix(&self.root)
             .unwrap_or(&built.haltctl);
+        // Print commands for the addresses haltd will really use (defaults or overrides).
+        let value_of = |flag: &str| -> String {
+            let mut it = serve.iter().filter_map(|a| a.to_str());
+            while let Some(a) = it.next() {
+                if a == flag {
+                    return it.next().unwrap_or_default().to_owned();
+                }
+                if let Some(v) = a.strip_prefix(&format!("{flag}=")) {
+                    return v.to_owned();
+                }
+            }
+            String::new()
+        };
+        let (listen, admin, metrics, ledger) = (
+            value_of("--listen"),
+            value_of("--admin"),
+            value_of("--metrics"),
+            value_of("--ledger"),
+        );
         println!();
         println!("haltd is starting (Ctrl-C stops it). In another terminal, stream tokens with:");
         println!();
         println!(
-            r#"  curl -N http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' -d '{{"model":"builtin","stream":true,"max_tokens":200,"messages":[{{"role":"user","content":"Tell me about rivers"}}]}}'"#
+            r#"  curl -sN -i http://{listen}/v1/chat/completions -H 'content-type: application/json' -d '{{"model":"builtin","stream":true,"max_tokens":400,"ignore_eos":true,"messages":[{{"role":"user","content":"Tell me about rivers"}}]}}' | tee /tmp/haltd-demo.sse"#
+        );
+        println!();
+        println!("and trip that stream while it runs (from a third terminal):");
+        println!(
+            r#"  {} --admin {admin} trip "$(grep -i '^x-haltd-stream-id' /tmp/haltd-demo.sse | cut -d' ' -f2 | tr -d '\r')""#,
+            haltctl.display()
         );
         println!();
         println!(
-            "To trip a stream: run that curl with -i, copy the x-haltd-stream-id header, then"
-        );
-        println!("  {} trip <ID>", haltctl.display());
-        println!(
-            "The stream then ends within the halt budget (default 5 tokens) with finish_reason"
+            "The stream then ends within the halt budget (--budget, default 5 tokens) with finish_reason"
         );
         println!("\"content_filter\", an error event of type \"halted\" and [DONE].");
         println!();
-        println!("Metrics: http://127.0.0.1:9464/metrics   Admin API: http://127.0.0.1:8081");
+        println!("Metrics: http://{metrics}/metrics   Admin API: http://{admin}/admin/streams");
         println!(
-            "Ledger:  {}   (check it: {} ledger verify {})",
-            ledger.display(),
-            haltctl.display(),
-            ledger.display()
+            "Ledger:  {ledger}   (check it: {} ledger verify {ledger})",
+            haltctl.display()
         );
         if !is_root() {
             println!("note: not root: loading the kernel gate needs CAP_BPF and CAP_NET_ADMIN; haltd refuses to serve without it unless given `-- --no-kernel-gate`");
