@@ -541,8 +541,14 @@ pub fn verify_ledger(path: &Path) -> Result<String> {
 /// half-closes nothing, and reads the response head and body (Content-Length, chunked or
 /// until close). Runs in the current thread's namespace.
 pub fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> Result<RawResponse> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)
+    let s = TcpStream::connect_timeout(&addr, timeout)
         .with_context(|| format!("connecting to {addr}"))?;
+    raw_exchange_on(s, request, timeout)
+}
+
+/// [`raw_exchange`] on a connection the caller opened (e.g. to send several requests at the
+/// same instant on connections set up beforehand).
+pub fn raw_exchange_on(mut s: TcpStream, request: &[u8], timeout: Duration) -> Result<RawResponse> {
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(request).context("writing the request")?;
