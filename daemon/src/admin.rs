@@ -132,6 +132,10 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .metrics
         .heartbeat_age_seconds
         .set(if age.is_finite() { age } else { -1.0 });
+    shared
+        .metrics
+        .ledger_records
+        .set(shared.ledger.records_written() as i64);
     if let Some(gate) = &shared.gate {
         match gate.verdict_totals() {
             Ok(totals) => shared.metrics.observe_kernel_totals(&totals),

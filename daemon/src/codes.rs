@@ -25,10 +25,12 @@ pub enum FailureCode {
     OperatorTrip = 11,
     HeartbeatLost = 12,
     UpstreamFailure = 13,
+    /// The flight recorder cannot write: nothing may stream unrecorded (G3, G7).
+    RecorderFailure = 14,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 13] = [
+    pub const ALL: [FailureCode; 14] = [
         FailureCode::TigBreach,
         FailureCode::IoIntegrityAlert,
         FailureCode::ExfilAlert,
@@ -42,6 +44,7 @@ impl FailureCode {
         FailureCode::OperatorTrip,
         FailureCode::HeartbeatLost,
         FailureCode::UpstreamFailure,
+        FailureCode::RecorderFailure,
     ];
 
     /// The code as written on the wire and in records.
@@ -60,6 +63,7 @@ impl FailureCode {
             FailureCode::OperatorTrip => "OPERATOR_TRIP",
             FailureCode::HeartbeatLost => "HEARTBEAT_LOST",
             FailureCode::UpstreamFailure => "UPSTREAM_FAILURE",
+            FailureCode::RecorderFailure => "RECORDER_FAILURE",
         }
     }
 
@@ -81,7 +85,7 @@ impl fmt::Display for FailureCode {
 
 /// Error for a failure-code name that is not one of [`FailureCode::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE)")]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE)")]
 pub struct UnknownFailureCode(pub String);
 
 impl std::str::FromStr for FailureCode {

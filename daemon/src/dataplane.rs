@@ -497,27 +497,17 @@ impl Worker {
                     Err(e) => self.reply_error(key, &e),
                 }
             }
-            (_, _, Some(_)) => self.reply_error(
-                key,
-                &HttpError::new(
-                    405,
-                    "invalid_request_error",
-                    format!("{} is not allowed here; use POST", head.method),
-                ),
-            ),
+            (_, _, Some(_)) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+            }
             ("GET", "/healthz", _) => self.reply_health(key),
             ("GET", "/v1/models", _) => {
                 let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
                 self.reply(key, 200, "application/json", body.as_bytes())
             }
-            (_, "/healthz" | "/v1/models", _) => self.reply_error(
-                key,
-                &HttpError::new(
-                    405,
-                    "invalid_request_error",
-                    format!("{} is not allowed here; use GET", head.method),
-                ),
-            ),
+            (_, "/healthz" | "/v1/models", _) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
+            }
             _ => self.reply_error(
                 key,
                 &HttpError::new(
@@ -537,19 +527,23 @@ impl Worker {
     fn reply_health(&mut self, key: usize) -> io::Result<()> {
         let now = monotonic_ns();
         let fresh = self.shared.heartbeat_fresh(now);
+        let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
+        let status = match (fresh, recorder_ok) {
+            (true, true) => "ok",
+            (false, _) => "heartbeat_lost",
+            (true, false) => "recorder_failed",
+        };
         let body = serde_json::json!({
-            "status": if fresh { "ok" } else { "heartbeat_lost" },
+            "status": status,
             "kernel_gate": self.shared.kernel_gate_label(),
             "heartbeat_age_ms": self.shared.heartbeat_age_s(now) * 1e3,
-            "streams_active": self.shared.table.active_count(),
+            "recorder_ok": recorder_ok,
+            // Not counting this health check's own connection.
+            "streams_active": self.shared.table.active_count().saturating_sub(1),
         })
         .to_string();
-        self.reply(
-            key,
-            if fresh { 200 } else { 503 },
-            "application/json",
-            body.as_bytes(),
-        )
+        let code = if fresh && recorder_ok { 200 } else { 503 };
+        self.reply(key, code, "application/json", body.as_bytes())
     }
 
     fn reply(
@@ -605,6 +599,18 @@ impl Worker {
 
     fn start_turn(&mut self, key: usize, req: TurnRequest) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
+        if shared.recorder_failed.load(SeqCst) {
+            // Fail closed: a turn that cannot be recorded is not served.
+            return self.reply_error(
+                key,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    "the flight recorder is unavailable; haltd serves no turns until it is restarted with a writable ledger",
+                )
+                .with_code("recorder_failed"),
+            );
+        }
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         let created = unix_now();
@@ -879,6 +885,21 @@ impl Worker {
             self.begin_close(key);
             return Ok(());
         }
+        if kind == SendKind::Token {
+            // Account the delivered token before anything else, halt included.
+            slot.tokens_delivered.fetch_add(1, SeqCst);
+            shared.metrics.tokens_emitted.inc();
+            let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
+            // τ is published before TRIPPED; a token completing while the trip is still
+            // TRIPPING was handed out before the trip, so it is not post-trip.
+            let published = matches!(
+                slot.raw_state(),
+                state::TRIPPED | state::HALTING | state::HALTED
+            );
+            if published && index > slot.trip_token_index.load(SeqCst) {
+                slot.post_trip_delivered.fetch_add(1, SeqCst);
+            }
+        }
         if conn.pending_terminal {
             conn.pending_terminal = false;
             return self.halt(key);
@@ -886,15 +907,7 @@ impl Worker {
         match kind {
             SendKind::Continue100 => self.arm_recv(key),
             SendKind::Head => self.step(key),
-            SendKind::Token => {
-                slot.tokens_delivered.fetch_add(1, SeqCst);
-                shared.metrics.tokens_emitted.inc();
-                let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
-                if slot.is_tripped() && index > slot.trip_token_index.load(SeqCst) {
-                    slot.post_trip_delivered.fetch_add(1, SeqCst);
-                }
-                self.schedule_next(key)
-            }
+            SendKind::Token => self.schedule_next(key),
             SendKind::Final | SendKind::Reply => {
                 slot.state.store(state::DONE, SeqCst);
                 if kind == SendKind::Final {
@@ -1068,8 +1081,8 @@ impl Worker {
             rec.trip_cause = Some(cause.as_str().to_owned());
             rec.trip_token_index = Some(snap.trip_token_index);
             rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
-            if snap.halt_ns >= snap.trip_ns && snap.halt_ns != 0 {
-                rec.halt_latency_ms = Some((snap.halt_ns - snap.trip_ns) as f64 / 1e6);
+            if snap.halt_ns != 0 {
+                rec.halt_latency_ms = Some(snap.halt_latency_ms());
             }
         }
         rec.message = Some(format!(

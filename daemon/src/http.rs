@@ -34,6 +34,8 @@ pub struct HttpError {
     pub kind: &'static str,
     pub code: Option<&'static str>,
     pub message: String,
+    /// For 405: the methods the path accepts (the `allow` header).
+    pub allow: Option<&'static str>,
 }
 
 impl HttpError {
@@ -43,7 +45,21 @@ impl HttpError {
             kind,
             code: None,
             message: message.into(),
+            allow: None,
         }
+    }
+    /// 405 for `method` on a path that only takes `allow`.
+    pub fn method_not_allowed(method: &str, allow: &'static str) -> Self {
+        let mut e = Self::new(
+            405,
+            "invalid_request_error",
+            format!(
+                "{} is not allowed here; use {allow}",
+                method.chars().take(32).collect::<String>()
+            ),
+        );
+        e.allow = Some(allow);
+        e
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "invalid_request_error", message)
@@ -220,10 +236,13 @@ pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Optio
         }
     })
     .to_string();
-    let extra: &[(&str, &str)] = if err.status == 405 {
-        &[("allow", "POST")]
-    } else {
-        &[]
+    let allow;
+    let extra: &[(&str, &str)] = match err.allow {
+        Some(methods) => {
+            allow = [("allow", methods)];
+            &allow
+        }
+        None => &[],
     };
     write_head(
         out,

@@ -668,6 +668,12 @@ impl Ledger {
         done.recv().map_err(|_| self.gone())?
     }
 
+    /// Whether a write failed: from then on the ledger accepts nothing and the daemon must
+    /// stop serving (it cannot record turns).
+    pub fn is_failed(&self) -> bool {
+        self.inner.shared.failed.load(Ordering::Acquire)
+    }
+
     /// Records written by this handle's writer since open.
     pub fn records_written(&self) -> u64 {
         self.inner.shared.written.load(Ordering::Acquire)

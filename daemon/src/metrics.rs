@@ -67,6 +67,7 @@ pub struct Metrics {
     pub kernel_gate_enabled: Gauge,
     pub gate_errors: Counter,
     pub ledger_errors: Counter,
+    pub ledger_records: Gauge,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -170,6 +171,12 @@ impl Metrics {
         for verdict in haltd_common::verdict::NAMES {
             drop(kernel_frames.get_or_create(&VerdictLabels { verdict }));
         }
+        let ledger_records = Gauge::default();
+        registry.register(
+            "ledger_records",
+            "Flight-recorder records written since start (compare with the file to spot a cut-off tail)",
+            ledger_records.clone(),
+        );
         Metrics {
             registry,
             halt_tokens_post_trip,
@@ -186,6 +193,7 @@ impl Metrics {
             kernel_gate_enabled,
             gate_errors,
             ledger_errors,
+            ledger_records,
             kernel_last: Mutex::new(vec![0; haltd_common::verdict::COUNT as usize]),
         }
     }

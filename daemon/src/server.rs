@@ -92,6 +92,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         ledger,
         heartbeat_ns: AtomicU64::new(0),
         wakers,
+        recorder_failed: std::sync::atomic::AtomicBool::new(false),
         cfg,
     });
     let mut start = Record {

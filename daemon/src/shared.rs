@@ -3,7 +3,7 @@
 
 use std::{
     os::fd::{AsRawFd, OwnedFd},
-    sync::atomic::{AtomicU64, Ordering::SeqCst},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
     time::{Duration, UNIX_EPOCH},
 };
 
@@ -36,6 +36,8 @@ pub struct Shared {
     pub heartbeat_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
     pub wakers: Vec<OwnedFd>,
+    /// Set once the flight recorder failed: every stream halts and no new turn starts.
+    pub recorder_failed: AtomicBool,
 }
 
 struct GateTrip<'a> {
@@ -156,7 +158,8 @@ impl Shared {
         detector_refs: Vec<String>,
     ) {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
-        let latency_s = snap.halt_ns.saturating_sub(snap.trip_ns) as f64 / 1e9;
+        let latency_ms = snap.halt_latency_ms();
+        let latency_s = latency_ms / 1e3;
         let by = halter::name(snap.halted_by);
         self.metrics
             .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
@@ -167,7 +170,7 @@ impl Shared {
         rec.trip_cause = Some(cause.as_str().to_owned());
         rec.trip_token_index = Some(snap.trip_token_index);
         rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
-        rec.halt_latency_ms = Some(latency_s * 1e3);
+        rec.halt_latency_ms = Some(latency_ms);
         rec.halted_by = Some(by.to_owned());
         rec.detector_refs = detector_refs;
         rec.message = Some(if terminal_delivered {
@@ -176,7 +179,7 @@ impl Shared {
             format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate)")
         });
         self.record(rec);
-        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_s * 1e3, halted_by = by, "WATCHDOG_TRIP: stream halted");
+        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
     }
 
     /// A record with the fields every record of this stream shares.
@@ -205,6 +208,27 @@ impl Shared {
         if let Err(e) = self.ledger.append(rec) {
             self.metrics.ledger_errors.inc();
             tracing::error!(error = %e, "flight recorder append failed");
+            self.recorder_failed();
+        }
+    }
+
+    /// Fail closed on a broken flight recorder: halt every open stream with RECORDER_FAILURE
+    /// and refuse new turns (503), since none of them could be recorded. Idempotent.
+    pub fn recorder_failed(&self) {
+        if self.recorder_failed.swap(true, SeqCst) {
+            return;
+        }
+        tracing::error!(ledger = %self.ledger.path().display(), "the flight recorder failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger");
+        let ids: Vec<StreamId> = self
+            .table
+            .live()
+            .map(|(idx, s)| StreamId {
+                slot: idx,
+                generation: s.generation.load(SeqCst),
+            })
+            .collect();
+        for id in ids {
+            let _ = self.trip(id, FailureCode::RecorderFailure);
         }
     }
 }

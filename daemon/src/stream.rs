@@ -358,6 +358,13 @@ pub struct SlotSnapshot {
     pub budget: u32,
 }
 
+impl SlotSnapshot {
+    /// Time from the trip to the completed halt, in milliseconds (0 before the halt).
+    pub fn halt_latency_ms(&self) -> f64 {
+        self.halt_ns.saturating_sub(self.trip_ns) as f64 / 1e6
+    }
+}
+
 /// What a successful trip fixed.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct TripInfo {
@@ -495,8 +502,11 @@ impl StreamTable {
     /// is free after it), or it never existed.
     fn why_not_live(&self, id: StreamId) -> TripError {
         match self.slots.get(id.slot as usize) {
+            Some(s) if id.generation != 0 && id.generation == s.generation.load(SeqCst) => {
+                ended(id, s)
+            }
             // Generations start at 1 and only grow (wrapping after 2^32 streams on one slot).
-            Some(s) if id.generation != 0 && id.generation <= s.generation.load(SeqCst) => {
+            Some(s) if id.generation != 0 && id.generation < s.generation.load(SeqCst) => {
                 TripError::Finished(id)
             }
             _ => TripError::Unknown(id),
@@ -547,8 +557,7 @@ impl StreamTable {
                         std::hint::spin_loop();
                     }
                 }
-                Err(state::FINISHING | state::DONE) => return Err(TripError::Finished(id)),
-                Err(state::FREE) => return Err(TripError::Finished(id)),
+                Err(state::FINISHING | state::DONE | state::FREE) => return Err(ended(id, s)),
                 Err(_) => {
                     // Spin until a concurrent trip has published its result.
                     while s.raw_state() == state::TRIPPING {
@@ -594,6 +603,19 @@ impl StreamTable {
             budget,
             kernel_enforced,
         })
+    }
+}
+
+/// Why a stream that is over cannot trip: it was halted (then say how, as a second trip
+/// would), or it finished normally. Trip fields stay in the slot until it is reused.
+fn ended(id: StreamId, s: &Slot) -> TripError {
+    match s.trip_cause() {
+        Some(cause) if s.generation.load(SeqCst) == id.generation => TripError::AlreadyTripped {
+            id,
+            cause,
+            trip_token_index: s.trip_token_index.load(SeqCst),
+        },
+        _ => TripError::Finished(id),
     }
 }
 
@@ -672,6 +694,19 @@ mod tests {
         ));
         assert!(s.claim_halt());
         assert!(!s.claim_halt(), "only one halter");
+        s.finish_halt(halter::EMITTER, 3);
+        t.release(id);
+        assert!(
+            matches!(
+                t.trip(id, FailureCode::ExfilAlert, Some(&k), 4),
+                Err(TripError::AlreadyTripped {
+                    trip_token_index: 3,
+                    cause: FailureCode::OperatorTrip,
+                    ..
+                })
+            ),
+            "a halted, closed stream still says how it was tripped"
+        );
     }
 
     #[test]

@@ -53,6 +53,9 @@ fn run(shared: &Shared) {
         }
         let now = monotonic_ns();
         beat(shared, now);
+        if shared.ledger.is_failed() {
+            shared.recorder_failed();
+        }
         enforce(shared, now, &mut buf);
         if let Some(gate) = &shared.gate {
             let mut events = 0u64;

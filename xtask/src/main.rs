@@ -584,13 +584,15 @@ impl Ctx {
             steps.push(("unit", t.elapsed(), r));
         }
         if !args.no_integration {
-            println!("[test] integration tests (root, serial): cargo test -p haltd-tests -- --test-threads=1");
+            println!("[test] integration tests (root, serial): cargo test --no-fail-fast -p haltd-tests -- --test-threads=1");
             let t = Instant::now();
             let mut c = self.cargo();
             // Same haltd features as the unit tests, so the haltd library builds once.
             // --nocapture: the scenario tests print their measured distributions.
+            // --no-fail-fast: one red test binary must not hide the others' results.
             c.args([
                 "test",
+                "--no-fail-fast",
                 "-p",
                 "haltd-tests",
                 "--features",
