@@ -874,6 +874,16 @@ impl Worker {
                 // The kernel gate dropped it, or the watchdog shut the socket: halt path.
                 return self.halt(key);
             }
+            if res == -libc::EACCES && shared.gate.is_some() {
+                // The kernel gate dropped a send of a stream userspace had not tripped: it
+                // saw the heartbeat lost (e.g. the whole daemon was stopped past the
+                // deadline) or a stale slot. Record it as the halt it is; the drop is
+                // permanent, so no terminal frame can follow.
+                let cause = kernel_drop_cause(&shared, conn.fd);
+                tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
+                let _ = shared.trip(conn.id, cause);
+                return self.halt(key);
+            }
             // The client went away. Make the stream untrippable, then close.
             let _ = slot
                 .state
@@ -1090,6 +1100,21 @@ impl Worker {
             monotonic_ns().saturating_sub(started) / 1_000_000
         ));
         shared.record(rec);
+    }
+}
+
+/// Why the gate dropped a send of a stream userspace had not tripped, from its socket state.
+fn kernel_drop_cause(shared: &Shared, fd: RawFd) -> FailureCode {
+    let Some(gate) = &shared.gate else {
+        return FailureCode::WatchdogTrip;
+    };
+    // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    match gate.socket_state(sock) {
+        Ok(Some(st)) if st.trip_reason == haltd_common::trip_reason::HEARTBEAT => {
+            FailureCode::HeartbeatLost
+        }
+        _ => FailureCode::WatchdogTrip,
     }
 }
 

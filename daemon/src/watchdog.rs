@@ -19,9 +19,10 @@ use std::{
 };
 
 use crate::{
+    codes::FailureCode,
     gate::monotonic_ns,
     shared::Shared,
-    stream::{halter, state},
+    stream::{halter, state, StreamId},
 };
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send before
@@ -39,6 +40,7 @@ fn run(shared: &Shared) {
     raise_priority();
     let started = Instant::now();
     let interval = shared.cfg.heartbeat_interval;
+    let deadline = shared.cfg.heartbeat_deadline.as_nanos() as u64;
     let mut buf = Vec::with_capacity(4096);
     loop {
         if let Some(after) = shared.cfg.faults.watchdog_stall_after {
@@ -52,6 +54,13 @@ fn run(shared: &Shared) {
             }
         }
         let now = monotonic_ns();
+        let last = shared.heartbeat_ns.load(SeqCst);
+        if last != 0 && now.saturating_sub(last) > deadline {
+            // This thread missed its own deadline (the whole daemon was stopped or starved):
+            // every stream that was open during the gap went unwatched, so it halts before the
+            // next beat makes the heartbeat look fresh again (fail closed).
+            halt_after_gap(shared, now.saturating_sub(last));
+        }
         beat(shared, now);
         if shared.ledger.is_failed() {
             shared.recorder_failed();
@@ -74,6 +83,27 @@ fn run(shared: &Shared) {
             shared.metrics.kernel_halt_events.inc_by(events);
         }
         thread::sleep(interval);
+    }
+}
+
+fn halt_after_gap(shared: &Shared, gap_ns: u64) {
+    let ids: Vec<StreamId> = shared
+        .table
+        .live()
+        .filter(|(_, s)| !s.is_tripped())
+        .map(|(idx, s)| StreamId {
+            slot: idx,
+            generation: s.generation.load(SeqCst),
+        })
+        .collect();
+    tracing::error!(
+        gap_ms = gap_ns / 1_000_000,
+        streams = ids.len(),
+        "the watchdog missed its heartbeat deadline; halting every open stream with HEARTBEAT_LOST"
+    );
+    for id in ids {
+        // Streams that ended meanwhile, or that an emitter tripped first, answer an error.
+        let _ = shared.trip(id, FailureCode::HeartbeatLost);
     }
 }
 

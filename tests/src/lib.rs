@@ -355,6 +355,11 @@ impl Haltd {
     }
 
     /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
+    /// Process id of the haltd process (for signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn api_url(&self) -> String {
         format!("http://{}", self.api)
     }

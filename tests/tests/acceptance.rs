@@ -1,7 +1,7 @@
 //! Root-only acceptance tests for the points the scenario tests (`namespaces.rs`) leave open:
 //! refusing to start without the gate, `--no-kernel-gate` stated everywhere, the HaltMonitor on
 //! real streams, the watchdog closing a blocked emitter, client disconnects, admin trip races,
-//! the completions endpoint, ledger tampering and curl as a client.
+//! the completions endpoint, ledger tampering, curl as a client, and the whole daemon stopped.
 //!
 //! Each test runs haltd in its own [`NetPair`] and measures at the client namespace. They run
 //! serially (`cargo xtask test` passes `--test-threads=1`): they share kernel state.
@@ -1328,6 +1328,102 @@ fn curl_sees_a_clean_halt() -> Result<()> {
         "curl got {tokens} tokens, trip index {idx}"
     );
     println!("curl: {tokens} tokens (trip index {idx}), then content_filter, error, [DONE]");
+    stop_and_verify(haltd)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. The whole daemon stopped mid-stream (DESIGN §7)
+
+/// SIGSTOP the whole daemon mid-stream for longer than the heartbeat deadline, then SIGCONT.
+/// Nothing watched the stream during the gap, so it must halt with HEARTBEAT_LOST as soon as
+/// haltd runs again: at most B tokens reach the client after the resume, then the typed
+/// terminal event, and the ledger records the incident.
+#[test]
+fn whole_daemon_stopped_mid_stream() -> Result<()> {
+    const BUDGET: u64 = 5;
+    const STOP_AFTER: usize = 20;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "5000",
+            "--heartbeat-deadline-ms",
+            "100",
+            "--budget",
+            "5",
+        ],
+    )?;
+    let pid = haltd.pid().context("haltd pid")? as libc::pid_t;
+    let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Instant)>();
+    let stopper = {
+        let received = Arc::clone(&received);
+        thread::spawn(move || -> Result<()> {
+            let t0 = Instant::now();
+            while received.load(std::sync::atomic::Ordering::SeqCst) < STOP_AFTER {
+                ensure!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "stream never reached {STOP_AFTER} tokens"
+                );
+                thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: plain signals to the haltd child this test started.
+            ensure!(
+                unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
+                "SIGSTOP failed"
+            );
+            let stopped = Instant::now();
+            thread::sleep(Duration::from_millis(400));
+            let resumed = Instant::now();
+            // SAFETY: as above.
+            ensure!(
+                unsafe { libc::kill(pid, libc::SIGCONT) } == 0,
+                "SIGCONT failed"
+            );
+            let _ = tx.send((stopped, resumed));
+            Ok(())
+        })
+    };
+    let mut arrivals = Vec::new();
+    let body = chat("whole daemon stop", 7, 2000, true);
+    let o = stream_in(&haltd, &chat_url(&haltd), &body, |p, ev| {
+        if matches!(ev.kind, EventKind::Token(_)) {
+            arrivals.push(Instant::now());
+            received.store(p.tokens, std::sync::atomic::Ordering::SeqCst);
+        }
+    })?;
+    stopper
+        .join()
+        .map_err(|_| anyhow!("stopper thread panicked"))??;
+    let (stopped, resumed) = rx.recv().context("stop times")?;
+    let during = arrivals
+        .iter()
+        .filter(|t| **t > stopped + Duration::from_millis(20) && **t < resumed)
+        .count();
+    let after = arrivals.iter().filter(|t| **t >= resumed).count() as u64;
+    println!(
+        "whole daemon stopped after {STOP_AFTER} tokens for 400 ms (deadline 100 ms): {} tokens in all, {during} during the stop, {after} after the resume",
+        o.tokens
+    );
+    ensure!(
+        during == 0,
+        "{during} tokens arrived while haltd was stopped"
+    );
+    ensure!(
+        after <= BUDGET,
+        "{after} tokens after the resume (budget {BUDGET})\n{}",
+        haltd.log_tail(30)
+    );
+    o.halted_cleanly("HEARTBEAT_LOST")
+        .with_context(|| format!("read error {:?}\n{}", o.read_error, haltd.log_tail(30)))?;
+    let rec = wait_record(&haltd, "HEARTBEAT_LOST incident", |r| {
+        r["kind"] == "incident"
+            && r["trip_cause"] == "HEARTBEAT_LOST"
+            && r["stream_id"] == o.stream_id.as_str()
+    })?;
+    ensure!(rec["watchdog_trip"] == true, "incident {rec}");
     stop_and_verify(haltd)?;
     Ok(())
 }
