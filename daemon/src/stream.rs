@@ -26,6 +26,7 @@
 //! Spec 000 §4 names four watchdog states; [`WatchdogState`] maps these onto them.
 
 use std::{
+    collections::VecDeque,
     fmt,
     str::FromStr,
     sync::{
@@ -415,16 +416,17 @@ pub trait KernelTrip: Send + Sync {
 #[derive(Debug)]
 pub struct StreamTable {
     slots: Box<[Slot]>,
-    /// Free slot indices. Taken once per connection (accept) and given back once per close,
-    /// never per token, so a mutex is fine here.
-    free: Mutex<Vec<u32>>,
+    /// Free slot indices, oldest-freed first. Taken once per connection (accept) and given
+    /// back once per close, never per token, so a mutex is fine here. FIFO reuse keeps a
+    /// finished stream's trip fields (and so its answer to a late trip) for as long as
+    /// possible: a slot comes back only after every other free slot was used.
+    free: Mutex<VecDeque<u32>>,
 }
 
 impl StreamTable {
     pub fn new(capacity: u32) -> Self {
         let slots: Box<[Slot]> = (0..capacity).map(|_| Slot::default()).collect();
-        // Pop from the end: hand out low slots first, which keeps listings readable.
-        let free = (0..capacity).rev().collect();
+        let free = (0..capacity).collect();
         StreamTable {
             slots,
             free: Mutex::new(free),
@@ -438,7 +440,11 @@ impl StreamTable {
     /// Takes a free slot for a new connection; `None` when the table is full (the caller
     /// refuses the connection: a stream that cannot be governed is never served).
     pub fn alloc(&self, worker: u32, fd: i32, budget: u32, now_ns: u64) -> Option<StreamId> {
-        let idx = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        let idx = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()?;
         let s = &self.slots[idx as usize];
         let generation = s.generation.load(SeqCst).wrapping_add(1);
         s.generation.store(generation, SeqCst);
@@ -485,7 +491,7 @@ impl StreamTable {
         self.free
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(id.slot);
+            .push_back(id.slot);
     }
 
     pub fn slot(&self, idx: u32) -> &Slot {

@@ -270,12 +270,21 @@ impl Haltd {
     /// Starts haltd with `extra` arguments after the address and ledger flags, and waits until
     /// it is ready (a `haltd ready` line on stdout, or `/healthz` answering 200), at most 20 s.
     pub fn start(pair: &NetPair, extra: &[&str]) -> Result<Self> {
+        Self::start_with_ledger(pair, None, extra)
+    }
+
+    /// Like [`Haltd::start`], on an existing ledger file (e.g. one a killed instance left).
+    pub fn start_with_ledger(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        extra: &[&str],
+    ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
         let api = pair.srv_addr(PORT_API);
         let admin = pair.srv_addr(PORT_ADMIN);
         let metrics = pair.srv_addr(PORT_METRICS);
-        let ledger = dir.join("ledger.jsonl");
+        let ledger = ledger.map_or_else(|| dir.join("ledger.jsonl"), Path::to_path_buf);
         let stdout = fs::File::create(dir.join("stdout.log")).context("creating stdout.log")?;
         let stderr = fs::File::create(dir.join("stderr.log")).context("creating stderr.log")?;
         // `ip netns exec` joins the namespace and execs haltd, so the child is haltd itself.
@@ -355,6 +364,13 @@ impl Haltd {
     }
 
     /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
+    /// Kills haltd with SIGKILL (a crash) and waits for it; its directory stays until drop.
+    pub fn crash(&mut self) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("haltd already stopped")?;
+        child.kill()?;
+        Ok(child.wait()?)
+    }
+
     /// Process id of the haltd process (for signals).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -1,7 +1,8 @@
 //! Root-only acceptance tests for the points the scenario tests (`namespaces.rs`) leave open:
 //! refusing to start without the gate, `--no-kernel-gate` stated everywhere, the HaltMonitor on
 //! real streams, the watchdog closing a blocked emitter, client disconnects, admin trip races,
-//! the completions endpoint, ledger tampering, curl as a client, and the whole daemon stopped.
+//! the completions endpoint, ledger tampering, curl as a client, the whole daemon stopped, and
+//! a crash (SIGKILL) keeping the ledger.
 //!
 //! Each test runs haltd in its own [`NetPair`] and measures at the client namespace. They run
 //! serially (`cargo xtask test` passes `--test-threads=1`): they share kernel state.
@@ -1425,5 +1426,108 @@ fn whole_daemon_stopped_mid_stream() -> Result<()> {
     })?;
     ensure!(rec["watchdog_trip"] == true, "incident {rec}");
     stop_and_verify(haltd)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. A crash keeps the record (G7)
+
+/// SIGKILL haltd while streams are open: every record written before the crash survives, the
+/// chain verifies, and a new haltd resumes the same ledger (its chain goes on).
+#[test]
+fn crash_keeps_the_ledger() -> Result<()> {
+    let pair = NetPair::new()?;
+    let mut first = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
+    let kept = temp_dir("crash")?.join("ledger.jsonl");
+    // Three complete turns and one tripped one, all recorded before the crash.
+    for i in 0..3 {
+        let o = stream_in(
+            &first,
+            &chat_url(&first),
+            &chat("before the crash", i, 10, true),
+            |_, _| {},
+        )?;
+        ensure!(
+            o.finish_reason.as_deref() == Some("length"),
+            "turn {i}: {:?}",
+            o.finish_reason
+        );
+    }
+    let (o, trip) = stream_tripped_at(
+        &first,
+        &chat_url(&first),
+        &chat("tripped before the crash", 9, 500, true),
+        3,
+    )?;
+    check_operator_trip(&o, trip.as_ref(), 5, &|| first.log_tail(20))?;
+    let before = wait_for(
+        Duration::from_secs(5),
+        "4 turn records and 1 incident",
+        || {
+            let r = first.ledger_records()?;
+            let turns = r.iter().filter(|r| r["kind"] == "turn").count();
+            let incidents = r.iter().filter(|r| r["kind"] == "incident").count();
+            Ok((turns == 4 && incidents == 1).then_some(r))
+        },
+    )?;
+    // A stream still open when the process dies.
+    let api = chat_url(&first);
+    let client = spawn_in_netns(&first.client_ns, move || {
+        sse::stream(
+            &api,
+            &chat("open at the crash", 11, 100_000, true),
+            Duration::from_secs(20),
+            |_, _| {},
+        )
+    });
+    thread::sleep(Duration::from_millis(200));
+    first.crash()?;
+    let open = client
+        .join()
+        .map_err(|_| anyhow!("client thread panicked"))??;
+    ensure!(
+        open.done_at.is_none(),
+        "a stream open at the crash cannot end with [DONE]"
+    );
+    fs::copy(&first.ledger, &kept)?;
+    let report = verify_ledger(&kept)?;
+    let after_crash = haltd_tests::read_ledger(&kept)?;
+    ensure!(
+        after_crash.len() >= before.len(),
+        "records lost: {} before, {} after",
+        before.len(),
+        after_crash.len()
+    );
+    for (a, b) in before.iter().zip(&after_crash) {
+        ensure!(a == b, "record changed by the crash:\n{a}\n{b}");
+    }
+    println!(
+        "crash: {} records survived SIGKILL ({report})",
+        after_crash.len()
+    );
+    drop(first);
+    // A new instance resumes the chain.
+    let second =
+        Haltd::start_with_ledger(&pair, Some(&kept), &["--builtin-token-interval-us", "2000"])?;
+    let o = stream_in(
+        &second,
+        &chat_url(&second),
+        &chat("after the restart", 1, 5, true),
+        |_, _| {},
+    )?;
+    ensure!(
+        o.finish_reason.as_deref() == Some("length"),
+        "{:?}",
+        o.finish_reason
+    );
+    let records = stop_and_verify(second)?;
+    ensure!(
+        records.len() > after_crash.len() + 1,
+        "the restarted haltd appended nothing"
+    );
+    ensure!(
+        records[after_crash.len()]["prev_hash"] == after_crash[after_crash.len() - 1]["hash"],
+        "the restarted haltd did not continue the chain"
+    );
     Ok(())
 }
