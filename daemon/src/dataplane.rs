@@ -945,7 +945,14 @@ impl Worker {
             state::TRIPPED => {}
             // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
             // us once it is HALTED.
-            _ => return Ok(()),
+            state::TRIPPING | state::HALTING => return Ok(()),
+            // Not tripped at all (a trip that came too late to take, e.g. after the final
+            // frame was committed): nothing to halt, so end the connection as it stands
+            // rather than wait for a wake-up that never comes.
+            _ => {
+                self.begin_close(key);
+                return Ok(());
+            }
         }
         if conn.sending.is_some() {
             conn.pending_terminal = true;

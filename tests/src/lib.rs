@@ -363,7 +363,6 @@ impl Haltd {
         }
     }
 
-    /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
     /// Kills haltd with SIGKILL (a crash) and waits for it; its directory stays until drop.
     pub fn crash(&mut self) -> Result<ExitStatus> {
         let mut child = self.child.take().context("haltd already stopped")?;
@@ -376,6 +375,7 @@ impl Haltd {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
     pub fn api_url(&self) -> String {
         format!("http://{}", self.api)
     }
