@@ -31,7 +31,7 @@ use crate::{
     ledger::RecordKind,
     monitor::{Decision, HaltMonitor},
     openai::{self, ChunkEncoder, Token, TurnRequest},
-    shared::{failure_codes, Shared},
+    shared::Shared,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Endpoint, Mode, StreamId},
 };
@@ -1089,19 +1089,6 @@ impl Worker {
         let gaps = u64::from(turn.source.tokens_generated().saturating_sub(1)).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
         let started = snap.started_ns;
-        rec.halted_by =
-            (snap.halted_by != halter::NONE).then(|| halter::name(snap.halted_by).to_owned());
-        if let Some(cause) = snap.trip_cause {
-            rec.watchdog_trip = true;
-            rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
-            rec.failure_codes = failure_codes(cause);
-            rec.trip_cause = Some(cause.as_str().to_owned());
-            rec.trip_token_index = Some(snap.trip_token_index);
-            rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
-            if snap.halt_ns != 0 {
-                rec.halt_latency_ms = Some(snap.halt_latency_ms());
-            }
-        }
         rec.message = Some(format!(
             "turn of {} ms",
             monotonic_ns().saturating_sub(started) / 1_000_000

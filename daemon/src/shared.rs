@@ -164,14 +164,6 @@ impl Shared {
         self.metrics
             .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
         let mut rec = self.base_record(RecordKind::Incident, snap);
-        rec.watchdog_trip = true;
-        rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
-        rec.failure_codes = failure_codes(cause);
-        rec.trip_cause = Some(cause.as_str().to_owned());
-        rec.trip_token_index = Some(snap.trip_token_index);
-        rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
-        rec.halt_latency_ms = Some(latency_ms);
-        rec.halted_by = Some(by.to_owned());
         rec.detector_refs = detector_refs;
         rec.message = Some(if terminal_delivered {
             format!("stream halted ({cause}); terminal event delivered")
@@ -182,9 +174,10 @@ impl Shared {
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
     }
 
-    /// A record with the fields every record of this stream shares.
+    /// A record with the fields every record of this stream shares, the trip and halt
+    /// fields included once the stream tripped.
     pub fn base_record(&self, kind: RecordKind, snap: &SlotSnapshot) -> Record {
-        Record {
+        let mut rec = Record {
             kind,
             turn_id: Some(snap.id.to_string()),
             stream_id: Some(snap.id.to_string()),
@@ -199,7 +192,23 @@ impl Shared {
             )),
             ended_at: Some(rfc3339_now()),
             ..Record::default()
+        };
+        if let Some(cause) = snap.trip_cause {
+            // Every halt is a WATCHDOG_TRIP event (spec 000 §4.2 step 4), whatever tripped it.
+            rec.watchdog_trip = true;
+            rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
+            rec.failure_codes = failure_codes(cause);
+            rec.trip_cause = Some(cause.as_str().to_owned());
+            rec.trip_token_index = Some(snap.trip_token_index);
+            rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
+            if snap.halt_ns != 0 {
+                rec.halt_latency_ms = Some(snap.halt_latency_ms());
+            }
+            if snap.halted_by != halter::NONE {
+                rec.halted_by = Some(halter::name(snap.halted_by).to_owned());
+            }
         }
+        rec
     }
 
     /// Appends a record; a failure is counted and logged (the ledger thread itself fails

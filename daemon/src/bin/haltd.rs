@@ -36,17 +36,22 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Validates the flags, or says what is wrong (exit 2).
+fn validated(args: ServeArgs) -> Result<haltd::config::Config, ExitCode> {
+    init_logging(args.log_format);
+    args.validate().map_err(|e| {
+        eprintln!("haltd: {e}");
+        ExitCode::from(2)
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging(args.log_format);
-            let cfg = match args.validate() {
+            let cfg = match validated(args) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("haltd: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             match haltd::server::run(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -57,13 +62,9 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckGate(args) => {
-            init_logging(args.log_format);
-            let cfg = match args.validate() {
+            let cfg = match validated(args) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("haltd: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             match haltd::server::load_gate(&cfg) {
                 Ok(gate) => {
