@@ -325,4 +325,32 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["message"], "bad \"json\"");
     }
+
+    proptest::proptest! {
+        /// Hostile bytes never panic the parser, and every refusal is a 4xx/5xx it can send.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048), max_body in 0usize..4096) {
+            match parse_head(&bytes, max_body) {
+                Ok(Some(h)) => {
+                    proptest::prop_assert!(h.head_len <= bytes.len());
+                    proptest::prop_assert!(h.content_length <= max_body);
+                }
+                Ok(None) => proptest::prop_assert!(bytes.len() <= MAX_HEAD_BYTES),
+                Err(e) => proptest::prop_assert!((400..=505).contains(&e.status) && reason(e.status) != "Unknown"),
+            }
+        }
+
+        /// Heads built from arbitrary header names and values parse or are refused cleanly.
+        #[test]
+        fn arbitrary_headers_never_panic(headers in proptest::collection::vec(("[ -~]{0,20}", "[ -~]{0,40}"), 0..80)) {
+            let mut req = b"POST /v1/chat/completions HTTP/1.1\r\n".to_vec();
+            for (k, v) in &headers {
+                req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+            }
+            req.extend_from_slice(b"\r\n");
+            if let Err(e) = parse_head(&req, 1 << 20) {
+                proptest::prop_assert!((400..=505).contains(&e.status));
+            }
+        }
+    }
 }

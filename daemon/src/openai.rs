@@ -791,4 +791,39 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
         assert_eq!(v["error"]["code"], "OPERATOR_TRIP");
     }
+
+    proptest::proptest! {
+        /// Arbitrary bodies (bytes, or JSON of the right rough shape) never panic and every
+        /// refusal is a client error.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+                if let Err(e) = parse_turn(endpoint, &bytes, "builtin") {
+                    proptest::prop_assert!(e.status == 400 || e.status == 404);
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_fields_never_panic(
+            max_tokens in proptest::option::of(proptest::num::i64::ANY),
+            top in proptest::option::of(proptest::num::i64::ANY),
+            n in proptest::option::of(0u32..5),
+            content in "\\PC{0,64}",
+            stream in proptest::bool::ANY,
+        ) {
+            let body = json!({
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens, "top_logprobs": top, "logprobs": top.is_some(),
+                "n": n, "stream": stream,
+            });
+            match parse_turn(Endpoint::Chat, body.to_string().as_bytes(), "builtin") {
+                Ok(t) => {
+                    proptest::prop_assert!(t.max_tokens >= 1 && t.max_tokens <= MAX_MAX_TOKENS);
+                    proptest::prop_assert!(t.top_logprobs <= MAX_TOP_LOGPROBS);
+                }
+                Err(e) => proptest::prop_assert_eq!(e.status, 400),
+            }
+        }
+    }
 }

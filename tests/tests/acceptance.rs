@@ -2,7 +2,7 @@
 //! refusing to start without the gate, `--no-kernel-gate` stated everywhere, the HaltMonitor on
 //! real streams, the watchdog closing a blocked emitter, client disconnects, admin trip races,
 //! the completions endpoint, ledger tampering, curl as a client, the whole daemon stopped, and
-//! a crash (SIGKILL) keeping the ledger.
+//! a crash (SIGKILL) keeping the ledger, slow clients (408) and a full stream table (503).
 //!
 //! Each test runs haltd in its own [`NetPair`] and measures at the client namespace. They run
 //! serially (`cargo xtask test` passes `--test-threads=1`): they share kernel state.
@@ -1529,5 +1529,123 @@ fn crash_keeps_the_ledger() -> Result<()> {
         records[after_crash.len()]["prev_hash"] == after_crash[after_crash.len() - 1]["hash"],
         "the restarted haltd did not continue the chain"
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. Slow clients and a full stream table (bad input, G3)
+
+/// A client that sends part of a request and then nothing gets 408 once
+/// `--request-timeout-ms` passes; one that stops in the middle of its body likewise. When the
+/// stream table is full (`--max-streams`), a further connection gets 503 with a JSON error
+/// and is never served unpoliced; once streams end, new ones are served again. A normal
+/// stream runs alongside all of it and completes intact.
+#[test]
+fn slow_clients_and_a_full_table() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--request-timeout-ms",
+            "300",
+            "--max-streams",
+            "4",
+            "--builtin-token-interval-us",
+            "2000",
+        ],
+    )?;
+    let api = haltd.api;
+    let normal_url = chat_url(&haltd);
+    let normal = spawn_in_netns(&haltd.client_ns, move || {
+        sse::stream(
+            &normal_url,
+            &chat("alongside slow clients", 3, 300, true),
+            Duration::from_secs(20),
+            |_, _| {},
+        )
+    });
+    let body = serde_json::to_vec(&chat("slow", 1, 5, true))?;
+    let partial_body = [
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(),
+        &body[..body.len() / 2],
+    ]
+    .concat();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "half a request head",
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n".to_vec(),
+        ),
+        ("half a body", partial_body),
+    ];
+    for (what, bytes) in cases {
+        let (status, took) = in_netns(&haltd.client_ns, || -> Result<(u16, Duration)> {
+            let t = Instant::now();
+            let s = TcpStream::connect(api)?;
+            let r = raw_exchange_on(s, &bytes, Duration::from_secs(5))?;
+            Ok((r.status, t.elapsed()))
+        })?;
+        println!(
+            "slow client ({what}): {status} after {} ms",
+            took.as_millis()
+        );
+        ensure!(status == 408, "{what}: status {status}");
+        ensure!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+            "{what}: 408 after {took:?} (timeout 300 ms)"
+        );
+    }
+    // Fill the table: the normal stream holds one slot, three idle connections the rest.
+    let holders = in_netns(&haltd.client_ns, || -> Result<Vec<TcpStream>> {
+        (0..3).map(|_| Ok(TcpStream::connect(api)?)).collect()
+    })?;
+    wait_for(Duration::from_secs(5), "4 streams open", || {
+        let (_, status) = get_json(&haltd, &format!("{}/admin/status", haltd.admin_url()))?;
+        Ok((status["streams_active"] == 4).then_some(()))
+    })?;
+    let full = in_netns(&haltd.client_ns, || {
+        raw_exchange_on(
+            TcpStream::connect(api)?,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+            Duration::from_secs(5),
+        )
+    })?;
+    ensure!(full.status == 503, "full table answered {}", full.status);
+    let err = full.json()?;
+    ensure!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max-streams")),
+        "503 body {err}"
+    );
+    drop(holders);
+    let o = normal
+        .join()
+        .map_err(|_| anyhow!("normal stream thread panicked"))??;
+    ensure!(
+        o.tokens == 300 && o.finish_reason.as_deref() == Some("length"),
+        "the stream alongside got {} tokens, finish {:?}",
+        o.tokens,
+        o.finish_reason
+    );
+    // Slots come back: the idle holders time out (408) and the table serves again.
+    wait_for(Duration::from_secs(5), "a slot free again", || {
+        let r = in_netns(&haltd.client_ns, || {
+            raw_exchange_on(
+                TcpStream::connect(api)?,
+                b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+                Duration::from_secs(5),
+            )
+        })?;
+        Ok((r.status == 200).then_some(()))
+    })?;
+    let m = haltd.metrics()?;
+    let rejected_503 = m.value_or_zero("haltd_requests_rejected_total", &[("status", "503")])?;
+    let rejected_408 = m.value_or_zero("haltd_requests_rejected_total", &[("status", "408")])?;
+    println!("full table: rejected 503 x{rejected_503}, 408 x{rejected_408}");
+    ensure!(
+        rejected_503 >= 1.0 && rejected_408 >= 2.0,
+        "rejections not counted: 503 x{rejected_503}, 408 x{rejected_408}"
+    );
+    stop_and_verify(haltd)?;
     Ok(())
 }
