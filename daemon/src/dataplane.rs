@@ -130,6 +130,8 @@ struct Conn {
     timer_ts: Box<types::Timespec>,
     read_ts: Box<types::Timespec>,
     continue_sent: bool,
+    /// The frame in flight went out in more than one send.
+    short_write: bool,
     reading: bool,
     pending_terminal: bool,
     closing: bool,
@@ -375,6 +377,7 @@ impl Worker {
             timer_ts: Box::new(timespec(shared.cfg.token_interval)),
             read_ts: Box::new(timespec(shared.cfg.request_timeout)),
             continue_sent: false,
+            short_write: false,
             reading: true,
             pending_terminal: false,
             closing: false,
@@ -855,12 +858,19 @@ impl Worker {
         };
         let slot = shared.table.slot(conn.id.slot);
         if res > 0 && conn.woff + (res as usize) < conn.wbuf.len() {
-            // Short write: send the rest. The kernel gate counts it as a frame of its own.
+            // Short write: send the rest, and send nothing else until it is out. The rest is
+            // deliberately not counted as a frame: the kernel runs the gate on it only
+            // sometimes (after a failed push, tcp_bpf keeps the previous verdict and passes
+            // the next send without running the program), and an uncounted kernel run only
+            // makes the gate stricter, while a counted send the gate never saw would let one
+            // token too many through.
             conn.woff += res as usize;
-            if kind != SendKind::Terminal {
-                slot.count_continuation();
-            }
+            conn.short_write = true;
             return self.submit_send(key);
+        }
+        if conn.short_write {
+            conn.short_write = false;
+            resync_frames(&shared, conn.fd, slot);
         }
         conn.sending = None;
         slot.send_inflight.store(false, SeqCst);
@@ -977,7 +987,7 @@ impl Worker {
             .as_ref()
             .map(|t| t.detector_refs.clone())
             .unwrap_or_default();
-        shared.complete_halt(&slot.snapshot(conn.id.slot), delivered, refs);
+        shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, delivered, refs);
         self.begin_close(key);
         Ok(())
     }
@@ -986,22 +996,30 @@ impl Worker {
     /// watchdog halted.
     fn scan_tripped(&mut self) {
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
-        let keys: Vec<(usize, bool)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                let st = self.shared.table.slot(c.id.slot).raw_state();
-                st == state::HALTED || (st == state::TRIPPED && (c.closing || !ignore_halt))
-            })
-            .map(|(k, c)| (k, c.closing))
-            .collect();
-        for (key, closing) in keys {
+        let mut halt = Vec::new();
+        let mut carry_on = Vec::new();
+        for (key, c) in &self.conns {
+            let st = self.shared.table.slot(c.id.slot).raw_state();
+            if st == state::HALTED || (st == state::TRIPPED && (c.closing || !ignore_halt)) {
+                halt.push((key, c.closing));
+            } else if st == state::TRIPPED && !c.closing && !c.inflight() && c.turn.is_some() {
+                // `emitter-ignores-halt`: an emitter that paused on the trip (it saw
+                // TRIPPING) carries on sending tokens, so only the kernel stops it.
+                carry_on.push(key);
+            }
+        }
+        for (key, closing) in halt {
             if !closing {
                 if let Err(e) = self.halt(key) {
                     tracing::error!(error = %e, "halting a stream failed");
                 }
             }
             self.maybe_finish_close(key);
+        }
+        for key in carry_on {
+            if let Err(e) = self.step(key) {
+                tracing::error!(error = %e, "fault injection: resuming a stream failed");
+            }
         }
     }
 
@@ -1051,7 +1069,7 @@ impl Worker {
             // still gets its record, without a terminal frame.
             state::TRIPPED if slot.claim_halt() => {
                 slot.finish_halt(halter::EMITTER, monotonic_ns());
-                shared.complete_halt(&slot.snapshot(conn.id.slot), false, Vec::new());
+                shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, false, Vec::new());
             }
             _ => {}
         }
@@ -1094,6 +1112,22 @@ impl Worker {
             monotonic_ns().saturating_sub(started) / 1_000_000
         ));
         shared.record(rec);
+    }
+}
+
+/// After a short write, brings the frame count up to the gate's own: the rest of a short write
+/// sometimes runs the gate program again (a kernel frame userspace did not count), and from
+/// then on a trip's kernel limit would be one frame stricter than B. Only on this rare path
+/// (the client reads slower than haltd writes), never per token.
+fn resync_frames(shared: &Shared, fd: RawFd, slot: &crate::stream::Slot) {
+    let Some(gate) = &shared.gate else {
+        return;
+    };
+    // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    if let Ok(Some(st)) = gate.socket_state(sock) {
+        // Never lower it: a trip may have read the count already, and lower is looser.
+        slot.frames_submitted.fetch_max(st.frames, SeqCst);
     }
 }
 

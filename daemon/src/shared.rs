@@ -2,7 +2,7 @@
 //! stream, and complete a halt (terminal frame, metrics, flight-recorder record).
 
 use std::{
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
     sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
     time::{Duration, UNIX_EPOCH},
 };
@@ -151,9 +151,13 @@ impl Shared {
     }
 
     /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record.
+    ///
+    /// `fd` is the stream's socket, still open: the record carries the gate's own count of
+    /// what passed after the trip, next to userspace's.
     pub fn complete_halt(
         &self,
         snap: &SlotSnapshot,
+        fd: RawFd,
         terminal_delivered: bool,
         detector_refs: Vec<String>,
     ) {
@@ -165,6 +169,7 @@ impl Shared {
             .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.detector_refs = detector_refs;
+        rec.kernel = self.kernel_socket_state(fd);
         rec.message = Some(if terminal_delivered {
             format!("stream halted ({cause}); terminal event delivered")
         } else {
@@ -172,6 +177,30 @@ impl Shared {
         });
         self.record(rec);
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
+    }
+
+    /// The gate's state of a governed socket, for records; `None` without the gate.
+    pub fn kernel_socket_state(&self, fd: RawFd) -> Option<serde_json::Value> {
+        let gate = self.gate.as_ref()?;
+        // SAFETY: callers pass the stream's open socket; it is closed only after they return.
+        let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+        match gate.socket_state(sock) {
+            Ok(Some(st)) => Some(serde_json::json!({
+                "frames": st.frames,
+                "post_trip_frames": st.post_trip_frames,
+                "post_trip_bytes": st.post_trip_bytes,
+                "terminal_sent": st.terminal_sent != 0,
+                "dropped": st.dropped != 0,
+                "trip_reason": match st.trip_reason {
+                    haltd_common::trip_reason::TRIPPED => "tripped",
+                    haltd_common::trip_reason::HEARTBEAT => "heartbeat",
+                    haltd_common::trip_reason::STALE_SLOT => "stale_slot",
+                    _ => "none",
+                },
+            })),
+            Ok(None) => Some(serde_json::json!({ "error": "no gate state for this socket" })),
+            Err(e) => Some(serde_json::json!({ "error": e.to_string() })),
+        }
     }
 
     /// A record with the fields every record of this stream shares, the trip and halt

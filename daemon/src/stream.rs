@@ -180,8 +180,10 @@ pub struct Slot {
     pub started_ns: AtomicU64,
     /// Wall-clock start (Unix ms), for records.
     pub started_unix_ms: AtomicU64,
-    /// Sends handed to the kernel on this socket (same count as the gate's `SockState.frames`,
-    /// terminal frame excluded).
+    /// Frames handed to the kernel on this socket: the first send of each frame (terminal
+    /// excluded). The gate's `SockState.frames` counts program runs, which can only be more
+    /// (the rest of a short write may run the program again), never fewer, so a kernel limit
+    /// computed from this count is exact or stricter.
     pub frames_submitted: AtomicU64,
     /// Token frames handed to the kernel.
     pub tokens_submitted: AtomicU64,
@@ -285,12 +287,6 @@ impl Slot {
         self.frames_submitted.fetch_add(1, SeqCst);
     }
 
-    /// Counts one more send for a continuation of a partially sent frame: the kernel sees it
-    /// as a frame of its own, and the two counts must stay equal.
-    pub fn count_continuation(&self) {
-        self.frames_submitted.fetch_add(1, SeqCst);
-    }
-
     /// Moves TRIPPED → HALTING for the caller; only one of emitter and watchdog wins.
     pub fn claim_halt(&self) -> bool {
         self.state
@@ -298,11 +294,22 @@ impl Slot {
             .is_ok()
     }
 
-    /// Records a completed halt (HALTING → HALTED).
-    pub fn finish_halt(&self, by: u8, now_ns: u64) {
+    /// Records who completed the halt and when, still in HALTING (the socket stays the
+    /// halter's until [`Slot::publish_halted`]).
+    pub fn note_halt(&self, by: u8, now_ns: u64) {
         self.halted_by.store(by, SeqCst);
         self.halt_ns.store(now_ns, SeqCst);
+    }
+
+    /// HALTING → HALTED: from here the owning worker may close the socket.
+    pub fn publish_halted(&self) {
         self.state.store(state::HALTED, SeqCst);
+    }
+
+    /// Records a completed halt (HALTING → HALTED).
+    pub fn finish_halt(&self, by: u8, now_ns: u64) {
+        self.note_halt(by, now_ns);
+        self.publish_halted();
     }
 
     /// A consistent-enough copy for records, admin listings and the terminal frame.

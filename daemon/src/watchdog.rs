@@ -159,9 +159,16 @@ fn enforce(shared: &Shared, now: u64, buf: &mut Vec<u8>) {
         }
         // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        slot.finish_halt(halter::WATCHDOG, monotonic_ns());
-        let snap = slot.snapshot(idx);
-        shared.complete_halt(&snap, delivered, vec!["watchdog".to_owned()]);
+        slot.note_halt(halter::WATCHDOG, monotonic_ns());
+        // Record while the slot is still HALTING: the worker cannot close `fd` yet, so the
+        // gate state read for the record is this socket's.
+        shared.complete_halt(
+            &slot.snapshot(idx),
+            fd,
+            delivered,
+            vec!["watchdog".to_owned()],
+        );
+        slot.publish_halted();
         shared.wake(slot.worker.load(SeqCst));
     }
 }
