@@ -602,6 +602,13 @@ impl Worker {
 
     fn start_turn(&mut self, key: usize, req: TurnRequest) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
+        if shared.shutting_down.load(SeqCst) {
+            return self.reply_error(
+                key,
+                &HttpError::new(503, "server_error", "haltd is shutting down")
+                    .with_code("shutting_down"),
+            );
+        }
         if shared.recorder_failed.load(SeqCst) {
             // Fail closed: a turn that cannot be recorded is not served.
             return self.reply_error(

@@ -93,6 +93,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         heartbeat_ns: AtomicU64::new(0),
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
+        shutting_down: std::sync::atomic::AtomicBool::new(false),
         cfg,
     });
     let mut start = Record {
@@ -161,8 +162,21 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         tokio::select! {
             r = control => r.map_err(io("control plane")),
             _ = shutdown_signal() => {
-                tracing::info!("signal received; stopping");
-                let rec = Record { kind: RecordKind::Lifecycle, rts_mode: "normal".into(), runtime_mode: "full".into(), kernel_gate: shared.kernel_gate_label().into(), message: Some("haltd stopping on signal".into()), ..Record::default() };
+                let open = shared.halt_all_for_shutdown();
+                tracing::info!(open_streams = open, "signal received; halting open streams and stopping");
+                // Give emitters (and, failing them, the watchdog) time to send the terminal
+                // events and record the halts.
+                let deadline = tokio::time::Instant::now() + 4 * shared.cfg.halt_grace + std::time::Duration::from_millis(200);
+                while shared.table.active_count() > 0 && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                let left = shared.table.active_count();
+                let rec = Record {
+                    kind: RecordKind::Lifecycle,
+                    kernel_gate: shared.kernel_gate_label().into(),
+                    message: Some(format!("haltd stopping on signal: {open} open streams halted, {left} still open at exit")),
+                    ..Record::default()
+                };
                 let _ = shared.ledger.append_sync(rec);
                 let _ = shared.ledger.flush();
                 std::process::exit(0);

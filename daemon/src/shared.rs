@@ -38,6 +38,8 @@ pub struct Shared {
     pub wakers: Vec<OwnedFd>,
     /// Set once the flight recorder failed: every stream halts and no new turn starts.
     pub recorder_failed: AtomicBool,
+    /// Set on SIGTERM/SIGINT: open streams halt, new turns get 503.
+    pub shutting_down: AtomicBool,
 }
 
 struct GateTrip<'a> {
@@ -250,6 +252,30 @@ impl Shared {
         }
     }
 
+    /// On shutdown: refuse new turns and halt every open stream (OPERATOR_TRIP), so clients see
+    /// the typed terminal event rather than a cut connection. Returns how many were tripped.
+    pub fn halt_all_for_shutdown(&self) -> usize {
+        self.shutting_down.store(true, SeqCst);
+        self.trip_all(FailureCode::OperatorTrip)
+    }
+
+    /// Trips every open stream that is not tripped yet; returns how many it tripped.
+    pub fn trip_all(&self, cause: FailureCode) -> usize {
+        let ids: Vec<StreamId> = self
+            .table
+            .live()
+            .filter(|(_, s)| !s.is_tripped())
+            .map(|(idx, s)| StreamId {
+                slot: idx,
+                generation: s.generation.load(SeqCst),
+            })
+            .collect();
+        // Streams that end meanwhile answer an error; they need no halt.
+        ids.into_iter()
+            .filter(|id| self.trip(*id, cause).is_ok())
+            .count()
+    }
+
     /// Fail closed on a broken flight recorder: halt every open stream with RECORDER_FAILURE
     /// and refuse new turns (503), since none of them could be recorded. Idempotent.
     pub fn recorder_failed(&self) {
@@ -257,17 +283,7 @@ impl Shared {
             return;
         }
         tracing::error!(ledger = %self.ledger.path().display(), "the flight recorder failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger");
-        let ids: Vec<StreamId> = self
-            .table
-            .live()
-            .map(|(idx, s)| StreamId {
-                slot: idx,
-                generation: s.generation.load(SeqCst),
-            })
-            .collect();
-        for id in ids {
-            let _ = self.trip(id, FailureCode::RecorderFailure);
-        }
+        self.trip_all(FailureCode::RecorderFailure);
     }
 }
 

@@ -22,7 +22,7 @@ use crate::{
     codes::FailureCode,
     gate::monotonic_ns,
     shared::Shared,
-    stream::{halter, state, StreamId},
+    stream::{halter, state},
 };
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send before
@@ -87,24 +87,13 @@ fn run(shared: &Shared) {
 }
 
 fn halt_after_gap(shared: &Shared, gap_ns: u64) {
-    let ids: Vec<StreamId> = shared
-        .table
-        .live()
-        .filter(|(_, s)| !s.is_tripped())
-        .map(|(idx, s)| StreamId {
-            slot: idx,
-            generation: s.generation.load(SeqCst),
-        })
-        .collect();
+    let open = shared.table.live().filter(|(_, s)| !s.is_tripped()).count();
     tracing::error!(
         gap_ms = gap_ns / 1_000_000,
-        streams = ids.len(),
+        streams = open,
         "the watchdog missed its heartbeat deadline; halting every open stream with HEARTBEAT_LOST"
     );
-    for id in ids {
-        // Streams that ended meanwhile, or that an emitter tripped first, answer an error.
-        let _ = shared.trip(id, FailureCode::HeartbeatLost);
-    }
+    shared.trip_all(FailureCode::HeartbeatLost);
 }
 
 fn beat(shared: &Shared, now: u64) {

@@ -2,7 +2,8 @@
 //! refusing to start without the gate, `--no-kernel-gate` stated everywhere, the HaltMonitor on
 //! real streams, the watchdog closing a blocked emitter, client disconnects, admin trip races,
 //! the completions endpoint, ledger tampering, curl as a client, the whole daemon stopped, and
-//! a crash (SIGKILL) keeping the ledger, slow clients (408) and a full stream table (503).
+//! a crash (SIGKILL) keeping the ledger, slow clients (408), a full stream table (503) and a
+//! shutdown that halts open streams cleanly.
 //!
 //! Each test runs haltd in its own [`NetPair`] and measures at the client namespace. They run
 //! serially (`cargo xtask test` passes `--test-threads=1`): they share kernel state.
@@ -1647,5 +1648,88 @@ fn slow_clients_and_a_full_table() -> Result<()> {
         "rejections not counted: 503 x{rejected_503}, 408 x{rejected_408}"
     );
     stop_and_verify(haltd)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13. Shutdown halts open streams cleanly
+
+/// SIGTERM with streams open: each client gets the typed terminal event (OPERATOR_TRIP) within
+/// the budget instead of a cut connection, haltd exits 0, and the ledger ends with a lifecycle
+/// record saying how many streams it halted.
+#[test]
+fn sigterm_halts_open_streams() -> Result<()> {
+    const STREAMS: usize = 3;
+    let pair = NetPair::new()?;
+    let mut haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..STREAMS)
+        .map(|i| {
+            let url = chat_url(&haltd);
+            let started = Arc::clone(&started);
+            spawn_in_netns(&haltd.client_ns, move || {
+                let mut counted = false;
+                sse::stream(
+                    &url,
+                    &chat("shutdown", i as u64, 100_000, true),
+                    Duration::from_secs(20),
+                    |p, _| {
+                        if p.tokens >= 5 && !counted {
+                            counted = true;
+                            started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    },
+                )
+            })
+        })
+        .collect();
+    wait_for(
+        Duration::from_secs(10),
+        "every stream past 5 tokens",
+        || Ok((started.load(std::sync::atomic::Ordering::SeqCst) == STREAMS).then_some(())),
+    )?;
+    let t = Instant::now();
+    let status = haltd.stop()?;
+    println!(
+        "SIGTERM with {STREAMS} open streams: exit {status} after {} ms",
+        t.elapsed().as_millis()
+    );
+    ensure!(status.success(), "haltd exited {status}");
+    for c in clients {
+        let o = c.join().map_err(|_| anyhow!("client thread panicked"))??;
+        o.halted_cleanly("OPERATOR_TRIP").with_context(|| {
+            format!(
+                "stream {} at shutdown; read error {:?}",
+                o.stream_id, o.read_error
+            )
+        })?;
+        let err = o.error.as_ref().context("error event")?;
+        let idx = err["trip_token_index"]
+            .as_u64()
+            .context("trip_token_index")?;
+        ensure!(
+            (o.tokens as u64) <= idx + 5,
+            "{} tokens after the trip point {idx}",
+            o.tokens as u64 - idx
+        );
+    }
+    let records = haltd.ledger_records()?;
+    verify_ledger(&haltd.ledger)?;
+    let last = records.last().context("empty ledger")?;
+    ensure!(
+        last["kind"] == "lifecycle"
+            && last["message"].as_str().is_some_and(
+                |m| m.contains(&format!("{STREAMS} open streams halted, 0 still open"))
+            ),
+        "last record {last}"
+    );
+    ensure!(
+        records
+            .iter()
+            .filter(|r| r["kind"] == "incident" && r["trip_cause"] == "OPERATOR_TRIP")
+            .count()
+            == STREAMS,
+        "incidents: {records:?}"
+    );
     Ok(())
 }
