@@ -256,15 +256,21 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
-fn write_bytes(out: &mut Vec<u8>, s: &str) {
+/// A JSON array of numbers.
+fn write_numbers<T: std::fmt::Display>(out: &mut Vec<u8>, items: impl IntoIterator<Item = T>) {
     out.push(b'[');
-    for (i, b) in s.bytes().enumerate() {
+    for (i, n) in items.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let _ = write!(out, "{b}");
+        let _ = write!(out, "{n}");
     }
     out.push(b']');
+}
+
+/// A token's UTF-8 bytes, as OpenAI's `bytes` field.
+fn write_bytes(out: &mut Vec<u8>, s: &str) {
+    write_numbers(out, s.bytes());
 }
 
 /// Encodes the chunks of one turn. Holds the id and `created` stamp shared by its chunks.
@@ -397,18 +403,13 @@ impl ChunkEncoder {
             }
             out.push(b'}');
         }
-        out.extend_from_slice(b"],\"text_offset\":[");
-        for (i, o) in offsets.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let _ = write!(out, "{o}");
-        }
-        out.extend_from_slice(b"]}");
+        out.extend_from_slice(b"],\"text_offset\":");
+        write_numbers(out, offsets);
+        out.push(b'}');
     }
 
-    /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
-    pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
+    /// The SSE event of the final chunk: no content, `finish_reason` set.
+    fn final_chunk(&self, out: &mut Vec<u8>, finish_reason: &str) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
@@ -418,6 +419,11 @@ impl ChunkEncoder {
             }
         }
         let _ = write!(out, ",\"finish_reason\":\"{finish_reason}\"}}]}}\n\n");
+    }
+
+    /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
+    pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
+        self.final_chunk(out, finish_reason);
         if let Some((prompt, completion)) = usage {
             out.extend_from_slice(b"data: ");
             self.chunk_head(out);
@@ -519,15 +525,7 @@ impl Halt {
             logprobs: false,
             top_logprobs: 0,
         };
-        out.extend_from_slice(b"data: ");
-        enc.chunk_head(out);
-        match self.endpoint {
-            Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
-            Endpoint::Completion => {
-                out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null")
-            }
-        }
-        out.extend_from_slice(b",\"finish_reason\":\"content_filter\"}]}\n\n");
+        enc.final_chunk(out, "content_filter");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
         out.extend_from_slice(b"data: [DONE]\n\n");
     }
