@@ -2,7 +2,9 @@
 //!
 //! Every task that builds or runs something first runs `setup`, which is idempotent: it checks
 //! what is present and installs only what is missing, so `cargo xtask run` and
-//! `cargo xtask test` work on a fresh Debian machine with rustup (stable + nightly).
+//! `cargo xtask test` work on a fresh Debian machine with rustup (stable + nightly). Setup also
+//! keeps a Python virtual environment with the official `openai` SDK at
+//! `~/.local/share/haltd/venv`, which the integration tests use as a real client.
 //!
 //! Nested cargo runs inherit stdio, so their progress shows as it happens.
 
@@ -45,6 +47,10 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const EBPF_TARGET: &str = "bpfel-unknown-none";
 const EBPF_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
+/// Version of the official `openai` Python SDK in the test venv (pinned; known to work here).
+const OPENAI_SDK_VERSION: &str = "3.57.0";
+/// The Python client the integration tests run, relative to the workspace root.
+const OPENAI_CLIENT_SCRIPT: &str = "tests/py/openai_client.py";
 
 /// Benches run by `cargo xtask bench`: (package, binary). A bench not written yet is skipped.
 const BENCHES: &[(&str, &str)] = &[("haltd-tests", "bench-gate-send")];
@@ -62,7 +68,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what is missing: Debian packages, nightly rust-src, bpf-linker; mount bpffs.
+    /// Install what is missing: Debian packages, nightly rust-src, bpf-linker, the openai SDK
+    /// venv; mount bpffs.
     Setup,
     /// Build the BPF halt gate (nightly, bpfel-unknown-none, with BTF).
     BuildEbpf,
@@ -204,6 +211,7 @@ impl Ctx {
         self.setup_packages(&mut present, &mut installed)?;
         let sysroot = self.setup_nightly(&mut present, &mut installed)?;
         self.setup_bpf_linker(&sysroot, &mut present, &mut installed)?;
+        self.setup_openai_sdk(&mut present, &mut installed)?;
         setup_bpffs(&mut present, &mut installed);
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             println!("[setup] warning: /sys/kernel/btf/vmlinux is missing; the gate needs a kernel with BTF");
@@ -387,6 +395,115 @@ impl Ctx {
             .context("bpf-linker was installed but `bpf-linker --version` fails (its rpath needs ~/.local/share/haltd/llvm/lib)")?;
         println!("[setup] {} installed", v.trim());
         installed.push("bpf-linker".into());
+        Ok(())
+    }
+
+    /// The virtual environment that holds the `openai` SDK for the integration tests.
+    fn venv_dir(&self) -> PathBuf {
+        self.home.join(".local/share/haltd/venv")
+    }
+
+    /// The venv's interpreter (`HALTD_PYTHON` for the integration tests).
+    fn venv_python(&self) -> PathBuf {
+        self.venv_dir().join("bin/python")
+    }
+
+    /// Makes sure the venv exists and holds `openai==OPENAI_SDK_VERSION`.
+    fn setup_openai_sdk(
+        &self,
+        present: &mut Vec<String>,
+        installed: &mut Vec<String>,
+    ) -> Result<()> {
+        let venv = self.venv_dir();
+        let python = self.venv_python();
+        let sdk_version = || {
+            capture(
+                self.cmd(&python)
+                    .args(["-c", "import openai; print(openai.__version__)"]),
+            )
+            .map(|v| v.trim().to_owned())
+        };
+        match sdk_version() {
+            Some(v) if v == OPENAI_SDK_VERSION => {
+                println!("[setup] openai SDK {v}: present in {}", venv.display());
+                present.push("openai SDK".into());
+                return Ok(());
+            }
+            Some(v) => println!(
+                "[setup] openai SDK {v} in {} is not the pinned {OPENAI_SDK_VERSION}: reinstalling",
+                venv.display()
+            ),
+            None => println!(
+                "[setup] openai SDK {OPENAI_SDK_VERSION} missing from {}",
+                venv.display()
+            ),
+        }
+        // A venv whose interpreter runs and has pip is kept; anything else is made anew
+        // (`--clear` empties a broken one, e.g. after its base interpreter went away).
+        let usable = capture(self.cmd(&python).args([
+            "-m",
+            "pip",
+            "--version",
+            "--disable-pip-version-check",
+        ]))
+        .is_some();
+        if !usable {
+            // Debian's interpreter, which the python3-venv package completes; else PATH's.
+            let base = if Path::new("/usr/bin/python3").is_file() {
+                PathBuf::from("/usr/bin/python3")
+            } else {
+                PathBuf::from("python3")
+            };
+            let Some(base_version) = capture(self.cmd(&base).arg("--version")) else {
+                bail!("python3 not found (tried /usr/bin/python3 and PATH {:?}): the integration tests need Python 3 with venv (`apt-get install python3 python3-venv`)", self.path);
+            };
+            if let Some(parent) = venv.parent() {
+                fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            println!(
+                "[setup] creating venv: {} -m venv --clear {} ({})",
+                base.display(),
+                venv.display(),
+                base_version.trim()
+            );
+            run(self.cmd(&base).args(["-m", "venv", "--clear"]).arg(&venv)).with_context(|| {
+                format!(
+                    "could not create the venv at {} (on Debian `python3 -m venv` needs the python3-venv package for ensurepip: `apt-get install python3-venv`)",
+                    venv.display()
+                )
+            })?;
+        }
+        println!(
+            "[setup] pip install openai=={OPENAI_SDK_VERSION} into {}",
+            venv.display()
+        );
+        run(self.cmd(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+        ])
+        .arg(format!("openai=={OPENAI_SDK_VERSION}")))
+        .with_context(|| {
+            format!(
+                "pip could not install openai=={OPENAI_SDK_VERSION} into {} (is PyPI reachable from here?)",
+                venv.display()
+            )
+        })?;
+        match sdk_version() {
+            Some(v) if v == OPENAI_SDK_VERSION => {
+                println!("[setup] openai SDK {v} installed in {}", venv.display());
+            }
+            other => bail!(
+                "pip installed openai=={OPENAI_SDK_VERSION} into {}, but `{} -c 'import openai; print(openai.__version__)'` gives {other:?}",
+                venv.display(),
+                python.display()
+            ),
+        }
+        installed.push("openai SDK".into());
         Ok(())
     }
 
@@ -604,7 +721,10 @@ impl Ctx {
             .args(&args.args)
             .env("HALTD_BIN", &built.haltd)
             .env("HALTCTL_BIN", &built.haltctl)
-            .env("HALTD_BPF_OBJECT", &built.object);
+            .env("HALTD_BPF_OBJECT", &built.object)
+            // The official OpenAI SDK as a client: setup made the venv.
+            .env("HALTD_PYTHON", self.venv_python())
+            .env("HALTD_OPENAI_CLIENT", self.root.join(OPENAI_CLIENT_SCRIPT));
             let r = run(&mut c);
             steps.push(("integration", t.elapsed(), r));
         }
