@@ -41,4 +41,5 @@ pub mod server;
 pub mod shared;
 pub mod source;
 pub mod stream;
+pub mod upstream;
 pub mod watchdog;

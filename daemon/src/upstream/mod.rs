@@ -1,0 +1,49 @@
+//! The upstream protocol layer: everything the data plane needs to proxy one turn to an
+//! OpenAI-compatible backend (vLLM, llama.cpp server, Ollama) over plain HTTP/1.1, with no I/O.
+//!
+//! The data plane owns the sockets and the io_uring completions; this module only turns bytes
+//! into decisions and back, so each piece can be tested exhaustively without a network:
+//!
+//! ```text
+//! client body ──request::prepare_turn──► upstream body (always stream: true, logprobs on)
+//!             ──request::write_http_request──► request bytes ──► upstream socket
+//! upstream socket bytes ──response::ResponseReader──► status + de-chunked body
+//!                       ──sse::SseParser──► SSE events
+//!                       ──chunk::parse_event──► tokens with logprobs, finish reason, usage,
+//!                                               or the upstream's error
+//! ```
+//!
+//! haltd always streams from the upstream, even for a client's batch request, so that the
+//! detectors see every token as it is generated and a trip can cancel the generation by
+//! closing the upstream connection (vLLM aborts a request whose connection closes).
+//!
+//! Every parser here is incremental (bytes may arrive split anywhere), bounded (a size limit
+//! on every buffer that input can grow) and total (any input gives a value or a typed error,
+//! never a panic): the upstream is a separate process that can be buggy, restarted or
+//! replaced, and its failure must end in a clean terminal event for the client (G3, G7).
+
+pub mod chunk;
+pub mod request;
+pub mod response;
+pub mod sse;
+pub mod url;
+
+pub use chunk::{
+    parse_event, ChunkError, FinishReason, UpToken, UpstreamChunk, UpstreamError, UpstreamEvent,
+    Usage,
+};
+pub use request::{
+    prepare_turn, valid_header_value, write_http_request, ClientAsk, Secret, CHAT_PATH,
+    COMPLETIONS_PATH, MODELS_PATH,
+};
+pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
+pub use sse::{SseError, SseEvent, SseParser};
+pub use url::{UpstreamUrl, UrlError};
+
+/// Keeps at most `max` characters of `s` (client-facing messages must stay short).
+pub(crate) fn truncate_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => s[..i].to_owned(),
+        None => s.to_owned(),
+    }
+}

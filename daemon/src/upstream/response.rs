@@ -1,0 +1,967 @@
+//! An incremental reader of one HTTP/1.1 response from the upstream.
+//!
+//! The data plane reads the upstream socket with io_uring into whatever buffer it has, so bytes
+//! arrive split at arbitrary points: inside the head, inside a chunk-size line, between the CR
+//! and LF after a chunk. [`ResponseReader`] keeps the little state that needs (a partial head
+//! or line) and turns each read into de-framed body bytes, so the SSE parser above it never
+//! sees transfer framing.
+//!
+//! Framing follows RFC 9112 §6.3 for a response to GET/POST: 1xx interim heads are skipped,
+//! 204 and 304 have no body, `transfer-encoding: chunked` wins, then `content-length`, else the
+//! body runs until the connection closes. Because haltd sends `connection: close`, a body that
+//! ends early is only detectable at EOF, which is what [`ResponseReader::eof`] decides: a
+//! truncated upstream stream must end as an upstream failure, never pass as a clean end.
+//!
+//! Anything ambiguous (conflicting lengths, both framings, a content coding haltd cannot undo)
+//! is an error rather than a guess: an upstream is a separate process, possibly behind a
+//! proxy, and a misread body would feed detectors the wrong tokens.
+
+use super::truncate_chars;
+
+/// Most headers an upstream response may carry.
+pub const MAX_RESPONSE_HEADERS: usize = 64;
+/// Longest chunk-size line (size plus extensions), or trailer line.
+pub const MAX_CHUNK_LINE: usize = 4096;
+
+/// How the response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// `content-length: n`.
+    ContentLength(u64),
+    /// Until the upstream closes the connection.
+    Close,
+    /// No body (204, 304).
+    NoBody,
+}
+
+/// The parsed head of the final (non-1xx) response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub reason: String,
+    pub content_type: Option<String>,
+    /// Raw `retry-after` (seconds or an HTTP date); the caller caps it.
+    pub retry_after: Option<String>,
+    /// `content-encoding` other than `identity`: the body is compressed, which haltd asks
+    /// not to get (`accept-encoding: identity`) and cannot decode.
+    pub content_encoding: Option<String>,
+    pub framing: Framing,
+}
+
+impl ResponseHead {
+    fn media_type(&self) -> Option<&str> {
+        self.content_type
+            .as_deref()
+            .map(|ct| ct.split(';').next().unwrap_or_default().trim())
+    }
+    /// Whether the body is an SSE stream (`text/event-stream`, any parameters).
+    pub fn is_event_stream(&self) -> bool {
+        self.media_type()
+            .is_some_and(|m| m.eq_ignore_ascii_case("text/event-stream"))
+    }
+    /// Whether the body is JSON (`application/json`, any parameters).
+    pub fn is_json(&self) -> bool {
+        self.media_type()
+            .is_some_and(|m| m.eq_ignore_ascii_case("application/json"))
+    }
+}
+
+/// What one [`ResponseReader::feed`] achieved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The head became available during this call ([`ResponseReader::head`]).
+    pub head_ready: bool,
+    /// The body is complete (by its framing; a close-delimited body completes at
+    /// [`ResponseReader::eof`]).
+    pub body_done: bool,
+}
+
+/// Why an upstream response cannot be read. Every case is the upstream's fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    #[error("upstream response head larger than {limit} bytes")]
+    HeadTooLarge { limit: usize },
+    #[error("upstream response has more than {limit} headers")]
+    TooManyHeaders { limit: usize },
+    #[error("malformed upstream response head: {reason}")]
+    MalformedHead { reason: String },
+    #[error("upstream answered {status}, which haltd does not handle")]
+    UnexpectedStatus { status: u16 },
+    #[error("upstream content-length {value:?} is not a decimal number")]
+    BadContentLength { value: String },
+    #[error("upstream response has conflicting content-length values")]
+    ConflictingContentLength,
+    #[error("upstream response has both transfer-encoding and content-length")]
+    ConflictingFraming,
+    #[error("upstream transfer-encoding {value:?} is not supported (only chunked)")]
+    UnsupportedTransferEncoding { value: String },
+    #[error("bad chunk size line {line:?} in upstream response")]
+    BadChunkSize { line: String },
+    #[error("upstream chunk-size or trailer line longer than {limit} bytes")]
+    ChunkLineTooLong { limit: usize },
+    #[error("upstream chunk data not followed by CRLF")]
+    MissingChunkCrlf,
+    #[error("malformed trailer line in upstream response")]
+    MalformedTrailer,
+    #[error("upstream trailers larger than {limit} bytes")]
+    TrailersTooLarge { limit: usize },
+    #[error("upstream sent {count} bytes after the end of the response body")]
+    TrailingBytes { count: usize },
+    #[error("upstream closed the connection early: {detail}")]
+    EarlyEof { detail: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    Length {
+        remaining: u64,
+    },
+    Close,
+    ChunkSize,
+    ChunkData {
+        remaining: u64,
+    },
+    /// After a chunk's data: expecting CR (`cr_seen: false`) or LF.
+    ChunkDataEnd {
+        cr_seen: bool,
+    },
+    /// After the last chunk: trailer lines until an empty line; `bytes` read so far.
+    Trailer {
+        bytes: usize,
+    },
+    Done,
+}
+
+/// Reads one HTTP/1.1 response incrementally; see the module doc.
+#[derive(Debug)]
+pub struct ResponseReader {
+    max_head: usize,
+    state: State,
+    /// Head bytes until the head is complete.
+    head_buf: Vec<u8>,
+    /// Bytes of interim (1xx) heads skipped so far; they count against `max_head`.
+    interim_bytes: usize,
+    head: Option<ResponseHead>,
+    /// A partial chunk-size or trailer line.
+    line: Vec<u8>,
+    /// Sticky: once an error is returned, every later call returns it.
+    failed: Option<ResponseError>,
+}
+
+fn header_text(v: &[u8]) -> String {
+    truncate_chars(String::from_utf8_lossy(v).trim(), 256)
+}
+
+fn printable(line: &[u8]) -> String {
+    truncate_chars(&String::from_utf8_lossy(line), 40)
+}
+
+/// Parses a head; `Ok(None)` = incomplete. Returns the head and its length in bytes.
+fn parse_head(buf: &[u8], max_head: usize) -> Result<Option<(ResponseHead, usize)>, ResponseError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > max_head {
+                return Err(ResponseError::HeadTooLarge { limit: max_head });
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ResponseError::TooManyHeaders {
+                limit: MAX_RESPONSE_HEADERS,
+            })
+        }
+        Err(e) => {
+            return Err(ResponseError::MalformedHead {
+                reason: e.to_string(),
+            })
+        }
+    };
+    if len > max_head {
+        return Err(ResponseError::HeadTooLarge { limit: max_head });
+    }
+    let status = resp.code.unwrap_or_default();
+    let mut content_type = None;
+    let mut retry_after = None;
+    let mut content_encoding = None;
+    let mut content_length: Option<u64> = None;
+    let mut codings: Vec<String> = Vec::new();
+    let mut has_te = false;
+    for h in resp.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-type") {
+            content_type.get_or_insert_with(|| header_text(h.value));
+        } else if name.eq_ignore_ascii_case("retry-after") {
+            retry_after.get_or_insert_with(|| header_text(h.value));
+        } else if name.eq_ignore_ascii_case("content-encoding") {
+            let v = header_text(h.value);
+            if !v.is_empty() && !v.eq_ignore_ascii_case("identity") {
+                content_encoding.get_or_insert(v);
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            has_te = true;
+            let v = String::from_utf8_lossy(h.value);
+            codings.extend(
+                v.split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .filter(|c| !c.is_empty() && c != "identity"),
+            );
+        } else if name.eq_ignore_ascii_case("content-length") {
+            // A list of identical values ("10, 10") is allowed (RFC 9110 §8.6).
+            for part in h.value.split(|&b| b == b',') {
+                let part = part.trim_ascii();
+                let n = std::str::from_utf8(part)
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| ResponseError::BadContentLength {
+                        value: printable(h.value),
+                    })?;
+                if content_length.is_some_and(|prev| prev != n) {
+                    return Err(ResponseError::ConflictingContentLength);
+                }
+                content_length = Some(n);
+            }
+        }
+    }
+    let framing = if matches!(status, 204 | 304) {
+        Framing::NoBody
+    } else if has_te {
+        if content_length.is_some() {
+            return Err(ResponseError::ConflictingFraming);
+        }
+        match codings.as_slice() {
+            [] => Framing::Close,
+            [c] if c == "chunked" => Framing::Chunked,
+            _ => {
+                return Err(ResponseError::UnsupportedTransferEncoding {
+                    value: truncate_chars(&codings.join(", "), 64),
+                })
+            }
+        }
+    } else if let Some(n) = content_length {
+        Framing::ContentLength(n)
+    } else {
+        Framing::Close
+    };
+    Ok(Some((
+        ResponseHead {
+            status,
+            reason: truncate_chars(resp.reason.unwrap_or_default(), 128),
+            content_type,
+            retry_after,
+            content_encoding,
+            framing,
+        },
+        len,
+    )))
+}
+
+impl ResponseReader {
+    /// A reader that refuses a head (interim heads included) larger than `max_head` bytes.
+    pub fn new(max_head: usize) -> Self {
+        ResponseReader {
+            max_head,
+            state: State::Head,
+            head_buf: Vec::new(),
+            interim_bytes: 0,
+            head: None,
+            line: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// The final response head, once parsed (it stays available after a body error).
+    pub fn head(&self) -> Option<&ResponseHead> {
+        self.head.as_ref()
+    }
+
+    /// Whether the body is complete.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Consumes bytes read from the upstream; body bytes are appended to `body_out`.
+    ///
+    /// After an error the reader is spent: every later call returns the same error.
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        body_out: &mut Vec<u8>,
+    ) -> Result<Progress, ResponseError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let r = self.feed_inner(bytes, body_out);
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r
+    }
+
+    fn feed_inner(
+        &mut self,
+        bytes: &[u8],
+        body_out: &mut Vec<u8>,
+    ) -> Result<Progress, ResponseError> {
+        let mut progress = Progress::default();
+        if self.state == State::Head {
+            self.head_buf.extend_from_slice(bytes);
+            loop {
+                let budget = self.max_head.saturating_sub(self.interim_bytes);
+                let Some((head, len)) =
+                    parse_head(&self.head_buf, budget).map_err(|e| match e {
+                        ResponseError::HeadTooLarge { .. } => ResponseError::HeadTooLarge {
+                            limit: self.max_head,
+                        },
+                        e => e,
+                    })?
+                else {
+                    return Ok(progress);
+                };
+                match head.status {
+                    101 => return Err(ResponseError::UnexpectedStatus { status: 101 }),
+                    100..=199 => {
+                        // Interim response (100 Continue, 103 Early Hints): skip it.
+                        self.interim_bytes += len;
+                        self.head_buf.drain(..len);
+                    }
+                    _ => {
+                        let rest = self.head_buf.split_off(len);
+                        self.head_buf = Vec::new();
+                        self.state = match head.framing {
+                            Framing::Chunked => State::ChunkSize,
+                            Framing::ContentLength(0) | Framing::NoBody => State::Done,
+                            Framing::ContentLength(n) => State::Length { remaining: n },
+                            Framing::Close => State::Close,
+                        };
+                        self.head = Some(head);
+                        progress.head_ready = true;
+                        self.body(&rest, body_out)?;
+                        break;
+                    }
+                }
+            }
+        } else {
+            self.body(bytes, body_out)?;
+        }
+        progress.body_done = self.state == State::Done;
+        Ok(progress)
+    }
+
+    /// Appends `data` to the partial line up to and including the first LF. Returns the
+    /// bytes consumed and whether the line is complete.
+    fn take_line(&mut self, data: &[u8]) -> Result<(usize, bool), ResponseError> {
+        let (used, complete) = match data.iter().position(|&b| b == b'\n') {
+            Some(p) => (p + 1, true),
+            None => (data.len(), false),
+        };
+        if self.line.len() + used > MAX_CHUNK_LINE {
+            return Err(ResponseError::ChunkLineTooLong {
+                limit: MAX_CHUNK_LINE,
+            });
+        }
+        self.line.extend_from_slice(&data[..used]);
+        Ok((used, complete))
+    }
+
+    fn body(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ResponseError> {
+        let mut i = 0;
+        while i < data.len() {
+            let rest = &data[i..];
+            match self.state {
+                // `feed` calls this only once the head is parsed.
+                State::Head => return Ok(()),
+                State::Close => {
+                    out.extend_from_slice(rest);
+                    i = data.len();
+                }
+                State::Length { remaining } | State::ChunkData { remaining } => {
+                    let take = usize::try_from(remaining).map_or(rest.len(), |r| r.min(rest.len()));
+                    out.extend_from_slice(&rest[..take]);
+                    i += take;
+                    let left = remaining - take as u64;
+                    self.state = match (self.state, left) {
+                        (State::Length { .. }, 0) => State::Done,
+                        (State::Length { .. }, _) => State::Length { remaining: left },
+                        (_, 0) => State::ChunkDataEnd { cr_seen: false },
+                        (_, _) => State::ChunkData { remaining: left },
+                    };
+                }
+                State::ChunkDataEnd { cr_seen } => {
+                    i += 1;
+                    self.state = match (cr_seen, rest[0]) {
+                        (false, b'\r') => State::ChunkDataEnd { cr_seen: true },
+                        (true, b'\n') => State::ChunkSize,
+                        _ => return Err(ResponseError::MissingChunkCrlf),
+                    };
+                }
+                State::ChunkSize => {
+                    let (used, complete) = self.take_line(rest)?;
+                    i += used;
+                    if complete {
+                        let size = self.chunk_size()?;
+                        self.line.clear();
+                        self.state = if size == 0 {
+                            State::Trailer { bytes: 0 }
+                        } else {
+                            State::ChunkData { remaining: size }
+                        };
+                    }
+                }
+                State::Trailer { bytes } => {
+                    let (used, complete) = self.take_line(rest)?;
+                    i += used;
+                    let total = bytes + used;
+                    if total > self.max_head {
+                        return Err(ResponseError::TrailersTooLarge {
+                            limit: self.max_head,
+                        });
+                    }
+                    self.state = State::Trailer { bytes: total };
+                    if complete {
+                        if !self.line.ends_with(b"\r\n") {
+                            return Err(ResponseError::MalformedTrailer);
+                        }
+                        if self.line.len() == 2 {
+                            self.state = State::Done;
+                        }
+                        self.line.clear();
+                    }
+                }
+                State::Done => {
+                    return Err(ResponseError::TrailingBytes { count: rest.len() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The size on the complete chunk-size line in `self.line` (ends in LF).
+    fn chunk_size(&self) -> Result<u64, ResponseError> {
+        let bad = || ResponseError::BadChunkSize {
+            line: printable(self.line.trim_ascii_end()),
+        };
+        // httparse reads a line with no digits as size 0; that is not a chunk size.
+        if !self.line.first().is_some_and(u8::is_ascii_hexdigit) {
+            return Err(bad());
+        }
+        match httparse::parse_chunk_size(&self.line) {
+            Ok(httparse::Status::Complete((used, size))) if used == self.line.len() => Ok(size),
+            _ => Err(bad()),
+        }
+    }
+
+    /// The upstream closed the connection: `Ok` if the body ended cleanly.
+    pub fn eof(&mut self) -> Result<(), ResponseError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let detail = match self.state {
+            State::Done => return Ok(()),
+            State::Close => {
+                self.state = State::Done;
+                return Ok(());
+            }
+            State::Head if self.head_buf.is_empty() && self.interim_bytes == 0 => {
+                "no response head".to_owned()
+            }
+            State::Head => format!(
+                "response head incomplete after {} bytes",
+                self.head_buf.len()
+            ),
+            State::Length { remaining } => match self.head.as_ref().map(|h| h.framing) {
+                Some(Framing::ContentLength(total)) => format!(
+                    "body has {} of its {total} content-length bytes",
+                    total.saturating_sub(remaining)
+                ),
+                _ => format!("body is {remaining} bytes short"),
+            },
+            State::ChunkSize | State::ChunkData { .. } | State::ChunkDataEnd { .. } => {
+                "chunked body ended before its last chunk".to_owned()
+            }
+            State::Trailer { .. } => "chunked body ended inside its trailers".to_owned(),
+        };
+        let e = ResponseError::EarlyEof { detail };
+        self.failed = Some(e.clone());
+        Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MAX: usize = 16 * 1024;
+
+    /// Feeds `input` in one piece, then EOF.
+    fn read_all(input: &[u8]) -> (Result<(), ResponseError>, Option<ResponseHead>, Vec<u8>) {
+        let mut r = ResponseReader::new(MAX);
+        let mut body = Vec::new();
+        let res = r.feed(input, &mut body).map(|_| ()).and_then(|()| r.eof());
+        (res, r.head().cloned(), body)
+    }
+
+    fn read_ok(input: &[u8]) -> (ResponseHead, Vec<u8>) {
+        let (res, head, body) = read_all(input);
+        res.unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(input)));
+        (head.expect("head"), body)
+    }
+
+    #[test]
+    fn vllm_sse_response_chunked() {
+        // uvicorn (vLLM) streams SSE with chunked framing, one chunk per event.
+        let ev1 = "data: {\"id\":\"chatcmpl-1\",\"choices\":[]}\n\n";
+        let ev2 = "data: [DONE]\n\n";
+        let input = format!(
+            "HTTP/1.1 200 OK\r\ndate: Mon, 01 Jan 2024 00:00:00 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{ev1}\r\n{:x}\r\n{ev2}\r\n0\r\n\r\n",
+            ev1.len(),
+            ev2.len()
+        );
+        let (head, body) = read_ok(input.as_bytes());
+        assert_eq!(head.status, 200);
+        assert_eq!(head.reason, "OK");
+        assert!(head.is_event_stream());
+        assert!(!head.is_json());
+        assert_eq!(head.framing, Framing::Chunked);
+        assert_eq!(body, format!("{ev1}{ev2}").as_bytes());
+    }
+
+    #[test]
+    fn progress_reports_head_then_done() {
+        let mut r = ResponseReader::new(MAX);
+        let mut body = Vec::new();
+        let p = r.feed(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
+            &mut body,
+        );
+        assert_eq!(p, Ok(Progress::default()));
+        assert!(r.head().is_none());
+        let p = r.feed(b"content-length: 4\r\n\r\n{}", &mut body);
+        assert_eq!(
+            p,
+            Ok(Progress {
+                head_ready: true,
+                body_done: false
+            })
+        );
+        assert!(r.head().expect("head").is_json());
+        let p = r.feed(b"\n}", &mut body);
+        assert_eq!(
+            p,
+            Ok(Progress {
+                head_ready: false,
+                body_done: true
+            })
+        );
+        assert!(r.is_done());
+        assert_eq!(body, b"{}\n}");
+        assert_eq!(r.eof(), Ok(()));
+        // Nothing may follow a complete body.
+        assert_eq!(
+            r.feed(b"x", &mut body),
+            Err(ResponseError::TrailingBytes { count: 1 })
+        );
+        assert_eq!(
+            r.feed(b"", &mut body),
+            Err(ResponseError::TrailingBytes { count: 1 }),
+            "errors are sticky"
+        );
+    }
+
+    #[test]
+    fn error_response_with_retry_after() {
+        let input = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nRetry-After: 7\r\ncontent-length: 58\r\n\r\n{\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n";
+        let (head, body) = read_ok(input);
+        assert_eq!(head.status, 503);
+        assert_eq!(head.retry_after.as_deref(), Some("7"));
+        assert_eq!(head.framing, Framing::ContentLength(58));
+        assert_eq!(body.len(), 58);
+    }
+
+    #[test]
+    fn close_delimited_body() {
+        // llama.cpp's and older servers' SSE without content-length or chunking.
+        let mut r = ResponseReader::new(MAX);
+        let mut body = Vec::new();
+        let p = r
+            .feed(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: {}\n\n",
+                &mut body,
+            )
+            .expect("head");
+        assert!(p.head_ready && !p.body_done);
+        assert_eq!(r.head().map(|h| h.framing), Some(Framing::Close));
+        r.feed(b"data: [DONE]\n\n", &mut body).expect("more");
+        assert!(!r.is_done());
+        assert_eq!(r.eof(), Ok(()));
+        assert!(r.is_done());
+        assert_eq!(body, b"data: {}\n\ndata: [DONE]\n\n");
+        // HTTP/1.0 too.
+        let (head, body) = read_ok(b"HTTP/1.0 200 OK\r\n\r\nabc");
+        assert_eq!(head.framing, Framing::Close);
+        assert_eq!(body, b"abc");
+    }
+
+    #[test]
+    fn no_body_statuses() {
+        let (head, body) = read_ok(b"HTTP/1.1 204 No Content\r\ncontent-length: 10\r\n\r\n");
+        assert_eq!(head.framing, Framing::NoBody);
+        assert!(body.is_empty());
+        let (head, _) = read_ok(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(head.framing, Framing::ContentLength(0));
+    }
+
+    #[test]
+    fn interim_heads_are_skipped() {
+        let (head, body) = read_ok(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        );
+        assert_eq!(head.status, 200);
+        assert_eq!(body, b"ok");
+        let (res, _, _) =
+            read_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n");
+        assert_eq!(res, Err(ResponseError::UnexpectedStatus { status: 101 }));
+    }
+
+    #[test]
+    fn chunk_extensions_and_trailers() {
+        let (_, body) = read_ok(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;name=value\r\nhello\r\n6 ; x\r\n world\r\nA\r\n0123456789\r\n0;last\r\nx-trailer: 1\r\nx-other: 2\r\n\r\n",
+        );
+        assert_eq!(body, b"hello world0123456789");
+    }
+
+    #[test]
+    fn transfer_encoding_lists() {
+        let (head, _) =
+            read_ok(b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity, Chunked\r\n\r\n0\r\n\r\n");
+        assert_eq!(head.framing, Framing::Chunked);
+        let (res, _, _) = read_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
+        assert_eq!(
+            res,
+            Err(ResponseError::UnsupportedTransferEncoding {
+                value: "gzip, chunked".into()
+            })
+        );
+        let (res, _, _) = read_all(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+        );
+        assert!(matches!(
+            res,
+            Err(ResponseError::UnsupportedTransferEncoding { .. })
+        ));
+        let (res, _, _) =
+            read_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n");
+        assert_eq!(res, Err(ResponseError::ConflictingFraming));
+    }
+
+    #[test]
+    fn content_length_checks() {
+        let (head, body) =
+            read_ok(b"HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\ncontent-length: 3\r\n\r\nabc");
+        assert_eq!(head.framing, Framing::ContentLength(3));
+        assert_eq!(body, b"abc");
+        for bad in ["-1", "1x", "", " ", "0x10", "99999999999999999999999"] {
+            let input = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+            let (res, _, _) = read_all(input.as_bytes());
+            assert!(
+                matches!(res, Err(ResponseError::BadContentLength { .. })),
+                "{bad:?}: {res:?}"
+            );
+        }
+        let (res, _, _) =
+            read_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n");
+        assert_eq!(res, Err(ResponseError::ConflictingContentLength));
+        let (res, _, _) = read_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabcd");
+        assert_eq!(res, Err(ResponseError::TrailingBytes { count: 1 }));
+    }
+
+    #[test]
+    fn compressed_body_is_flagged() {
+        let (head, _) =
+            read_ok(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(head.content_encoding.as_deref(), Some("gzip"));
+        let (head, _) =
+            read_ok(b"HTTP/1.1 200 OK\r\ncontent-encoding: identity\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(head.content_encoding, None);
+    }
+
+    #[test]
+    fn early_eof() {
+        let cases: &[(&[u8], &str)] = &[
+            (
+                b"",
+                "upstream closed the connection early: no response head",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n",
+                "upstream closed the connection early: response head incomplete after 17 bytes",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+                "upstream closed the connection early: body has 3 of its 10 content-length bytes",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+                "upstream closed the connection early: chunked body ended before its last chunk",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab",
+                "upstream closed the connection early: chunked body ended before its last chunk",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r",
+                "upstream closed the connection early: chunked body ended before its last chunk",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n",
+                "upstream closed the connection early: chunked body ended inside its trailers",
+            ),
+        ];
+        for (input, msg) in cases {
+            let (res, _, _) = read_all(input);
+            match res {
+                Err(e @ ResponseError::EarlyEof { .. }) => assert_eq!(e.to_string(), *msg),
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(input)),
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_input() {
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        let cases: Vec<(String, ResponseError)> = vec![
+            (
+                "HTTP/1.1 2OO OK\r\n\r\n".into(),
+                ResponseError::MalformedHead {
+                    reason: "invalid response status".into(),
+                },
+            ),
+            (
+                "SSH-2.0-OpenSSH\r\n\r\n".into(),
+                ResponseError::MalformedHead {
+                    reason: "invalid HTTP version".into(),
+                },
+            ),
+            (
+                format!("{chunked}\r\n"),
+                ResponseError::BadChunkSize { line: "".into() },
+            ),
+            (
+                format!("{chunked};x\r\n"),
+                ResponseError::BadChunkSize { line: ";x".into() },
+            ),
+            (
+                format!("{chunked}zz\r\n"),
+                ResponseError::BadChunkSize { line: "zz".into() },
+            ),
+            (
+                format!("{chunked}5\n"),
+                ResponseError::BadChunkSize { line: "5".into() },
+            ),
+            (
+                format!("{chunked}1 2\r\n"),
+                ResponseError::BadChunkSize { line: "1 2".into() },
+            ),
+            (
+                format!("{chunked}10000000000000000\r\n"),
+                ResponseError::BadChunkSize {
+                    line: "10000000000000000".into(),
+                },
+            ),
+            (
+                format!("{chunked}3\r\nabcX"),
+                ResponseError::MissingChunkCrlf,
+            ),
+            (
+                format!("{chunked}3\r\nabc\rX"),
+                ResponseError::MissingChunkCrlf,
+            ),
+            (
+                format!("{chunked}3\r\nabc\n"),
+                ResponseError::MissingChunkCrlf,
+            ),
+            (
+                format!("{chunked}0\r\nx: 1\n"),
+                ResponseError::MalformedTrailer,
+            ),
+            (
+                format!("{chunked}0\r\n\r\nextra"),
+                ResponseError::TrailingBytes { count: 5 },
+            ),
+            (
+                format!("{chunked}1;{}\r\n", "e".repeat(MAX_CHUNK_LINE)),
+                ResponseError::ChunkLineTooLong {
+                    limit: MAX_CHUNK_LINE,
+                },
+            ),
+        ];
+        for (input, expected) in cases {
+            let (res, _, _) = read_all(input.as_bytes());
+            assert_eq!(res, Err(expected), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn head_limits() {
+        let mut r = ResponseReader::new(64);
+        let mut body = Vec::new();
+        assert_eq!(
+            r.feed(b"HTTP/1.1 200 OK\r\n", &mut body),
+            Ok(Progress::default())
+        );
+        let long = format!("x-pad: {}\r\n", "a".repeat(64));
+        assert_eq!(
+            r.feed(long.as_bytes(), &mut body),
+            Err(ResponseError::HeadTooLarge { limit: 64 })
+        );
+        // A complete head over the limit, delivered in one read.
+        let mut r = ResponseReader::new(64);
+        let input = format!("HTTP/1.1 200 OK\r\n{long}\r\n");
+        assert_eq!(
+            r.feed(input.as_bytes(), &mut body),
+            Err(ResponseError::HeadTooLarge { limit: 64 })
+        );
+        // Interim heads count against the limit.
+        let mut r = ResponseReader::new(64);
+        let input = "HTTP/1.1 103 Early Hints\r\n\r\n".repeat(3);
+        assert_eq!(
+            r.feed(input.as_bytes(), &mut body),
+            Err(ResponseError::HeadTooLarge { limit: 64 })
+        );
+        let many: String = (0..=MAX_RESPONSE_HEADERS)
+            .map(|i| format!("x-{i}: 1\r\n"))
+            .collect();
+        let (res, _, _) = read_all(format!("HTTP/1.1 200 OK\r\n{many}\r\n").as_bytes());
+        assert_eq!(
+            res,
+            Err(ResponseError::TooManyHeaders {
+                limit: MAX_RESPONSE_HEADERS
+            })
+        );
+    }
+
+    #[test]
+    fn trailer_limit() {
+        let mut r = ResponseReader::new(128);
+        let mut body = Vec::new();
+        r.feed(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n",
+            &mut body,
+        )
+        .expect("head");
+        let mut res = Ok(Progress::default());
+        for _ in 0..20 {
+            res = r.feed(b"x-trailer: 0123456789\r\n", &mut body);
+            if res.is_err() {
+                break;
+            }
+        }
+        assert_eq!(res, Err(ResponseError::TrailersTooLarge { limit: 128 }));
+    }
+
+    /// Feeds `input` split at `cuts` (offsets taken modulo the length), then EOF.
+    fn read_split(input: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, bool), ResponseError> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        points.push(0);
+        points.push(input.len());
+        points.sort_unstable();
+        let mut r = ResponseReader::new(MAX);
+        let mut body = Vec::new();
+        let mut head_ready = 0;
+        for w in points.windows(2) {
+            let p = r.feed(&input[w[0]..w[1]], &mut body)?;
+            head_ready += usize::from(p.head_ready);
+        }
+        assert!(head_ready <= 1, "head_ready reported {head_ready} times");
+        let done_before_eof = r.is_done();
+        r.eof()?;
+        Ok((body, done_before_eof))
+    }
+
+    fn chunked_response(body: &[u8], sizes: &[usize], ext: bool, trailers: bool) -> Vec<u8> {
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        let mut rest = body;
+        let mut k = 0;
+        while !rest.is_empty() {
+            let n = sizes.get(k).copied().unwrap_or(7).clamp(1, rest.len());
+            k += 1;
+            let (chunk, tail) = rest.split_at(n);
+            if ext && k % 2 == 0 {
+                out.extend_from_slice(format!("{n:X};ext=\"v\"\r\n").as_bytes());
+            } else {
+                out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+            }
+            out.extend_from_slice(chunk);
+            out.extend_from_slice(b"\r\n");
+            rest = tail;
+        }
+        out.extend_from_slice(b"0\r\n");
+        if trailers {
+            out.extend_from_slice(b"x-usage: 12\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(
+            input in proptest::collection::vec(any::<u8>(), 0..512),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let _ = read_split(&input, &cuts);
+            let mut with_head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            with_head.extend_from_slice(&input);
+            let _ = read_split(&with_head, &cuts);
+        }
+
+        #[test]
+        fn chunked_decodes_the_same_under_any_split(
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+            sizes in proptest::collection::vec(1usize..80, 0..20),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+            ext in any::<bool>(),
+            trailers in any::<bool>(),
+        ) {
+            let input = chunked_response(&body, &sizes, ext, trailers);
+            let (decoded, done) = read_split(&input, &cuts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(decoded, body);
+            prop_assert!(done);
+        }
+
+        #[test]
+        fn truncated_chunked_is_an_early_eof(
+            body in proptest::collection::vec(any::<u8>(), 1..200),
+            sizes in proptest::collection::vec(1usize..40, 0..10),
+            cut in any::<usize>(),
+        ) {
+            let input = chunked_response(&body, &sizes, false, false);
+            let head_len = input.windows(4).position(|w| w == b"\r\n\r\n").map_or(0, |p| p + 4);
+            let end = head_len + cut % (input.len() - head_len);
+            let res = read_split(&input[..end], &[]);
+            let early = matches!(res, Err(ResponseError::EarlyEof { .. }));
+            prop_assert!(early, "{:?}", res);
+        }
+
+        #[test]
+        fn content_length_decodes_the_same_under_any_split(
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+        ) {
+            let mut input = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+            input.extend_from_slice(&body);
+            let (decoded, done) = read_split(&input, &cuts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(decoded, body);
+            prop_assert!(done);
+        }
+    }
+}
