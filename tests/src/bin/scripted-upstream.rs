@@ -1,0 +1,1797 @@
+//! `scripted-upstream`: a scripted OpenAI-compatible inference server that stands in for vLLM
+//! or llama.cpp server in haltd's integration tests and benchmarks.
+//!
+//! ```text
+//! scripted-upstream --listen ADDR:PORT (default --log FILE) (default --framing chunked|close) (default --ready-file FILE)
+//! ```
+//!
+//! Once bound it prints `listening on ADDR:PORT` (the real port when asked for port 0) and, with
+//! `--ready-file`, writes that address (no newline) to the file, atomically. It runs until
+//! killed. HTTP/1.1 is hand-written over tokio sockets so that every byte on the wire is under
+//! the script's control: one request per connection, every response says `connection: close`.
+//!
+//! Routes: `GET /v1/models`; `POST /v1/chat/completions` and `POST /v1/completions`, streamed
+//! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
+//! is a 404 with an OpenAI-style JSON error. Streamed bodies use `--framing` (default
+//! `chunked`, one HTTP chunk per SSE event as uvicorn/vLLM do; `close`: no length, the body ends
+//! at connection close, as some llama.cpp builds do).
+//!
+//! # Scripts
+//!
+//! The request's text (chat: the last message's `content`, a string or `{type:"text"}` parts;
+//! completions: `prompt`) selects a script with a directive; without one the script is `normal`:
+//!
+//! ```text
+//! [[script:NAME key=value key="value with spaces" ...]]
+//! ```
+//!
+//! Keys every script takes (defaults in parentheses): `tokens=N` (8); `pace_ms=P`, the delay
+//! before each SSE chunk (0); `first_ms=F`, an extra delay before the first chunk (0);
+//! `per_chunk=K`, tokens per chunk (1); `finish=stop|length|tool_calls|abort|error|content_filter`
+//! (stop; tool_calls for `tool_call`); `neginf_at=I[,I..]`, logprob -9999.0, vLLM's -inf
+//! sentinel; `low_at=I[,I..]`, logprob ln 0.001; `words=a,b,c`, token texts, cycled (common
+//! English words with a leading space, the first token `The`); `framing=chunked|close`
+//! (overrides `--framing` for this request). Other tokens have logprob ln 0.9 and are their own
+//! top alternative; the other alternatives are made up deterministically.
+//!
+//! | script | after the `tokens` content tokens |
+//! |---|---|
+//! | `normal` | final chunk, usage chunk (if `stream_options.include_usage`), `[DONE]` |
+//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`), then as `normal` |
+//! | `error_event` | `data: {"error":{..}}` (`code=` (default 400), `msg=`, `object=1` adds vLLM's `"object":"error","param":null`), `[DONE]` |
+//! | `llama_error` | `error: {"code":..,"message":..,"type":..}` and a blank line (`code=` (default 500), `msg=`), end |
+//! | `garbage` | `data: {this is not json`, then `after=` (default 4) more tokens and a normal end |
+//! | `stall` | nothing more; the connection stays open `hold_ms=` (default 60000), then closes |
+//! | `die` | close abruptly: no final chunk, no `[DONE]`, no 0-chunk; `rst=1`: RST (SO_LINGER 0) |
+//! | `status` | (before anything) HTTP `code=` (default 500) with a JSON error (`msg=`, `retry_after=S`) |
+//! | `slow_head` | (before the head) wait `head_ms=` (default 2000), then as `normal` |
+//! | `bench` | as `normal`, token texts ` t<NS>`: CLOCK_MONOTONIC ns read just before the write |
+//!
+//! An unknown script or key, or a bad value, gets a 400 whose message says what was wrong, so a
+//! typo in a test fails loudly instead of running the default script.
+//!
+//! # Log
+//!
+//! With `--log FILE`, JSON Lines appended (and flushed) per request: at the start of a
+//! completions request `{"seq","event":"started","method","path","headers","body","script"}`,
+//! and when any request ends `{"seq","method","path","headers","body","script","tokens_sent",
+//! "outcome","elapsed_ms","cancelled_after_ms"}` (plus `"error"` when the directive was
+//! refused); see [`Outcome`] for the outcomes. `headers` maps lower-cased names to values
+//! (repeats joined with `, `), `body` is the request JSON or null, `script` is null outside the
+//! completion routes, and `tokens_sent` counts content tokens plus tool-call deltas. Times are
+//! milliseconds (three decimals) from the moment the request was fully read.
+//!
+//! While a response is being written the read half of the socket is watched: a peer that closes
+//! (or a write that fails) cancels the request at once, also during pacing sleeps and stalls, so
+//! tests can check that a proxy really dropped its upstream.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs::{self, File, OpenOptions},
+    io::{self, Write as _},
+    net::SocketAddr,
+    ops::Range,
+    path::{Path, PathBuf},
+    str::FromStr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, ValueEnum};
+use serde_json::{json, Map, Value};
+use tokio::{
+    io::{AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{
+        tcp::{ReadHalf, WriteHalf},
+        TcpListener, TcpSocket, TcpStream,
+    },
+};
+
+/// How a streamed response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Framing {
+    /// `transfer-encoding: chunked`, one HTTP chunk per SSE event (uvicorn, vLLM).
+    Chunked,
+    /// No length: the body ends when the connection closes (some llama.cpp builds).
+    Close,
+}
+
+/// A scripted OpenAI-compatible upstream for haltd's tests (see the crate docs for scripts).
+#[derive(Debug, Parser)]
+#[command(name = "scripted-upstream")]
+struct Args {
+    /// Address to listen on; port 0 picks a free port, printed as `listening on ADDR:PORT`.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Append one JSON line per request (and one when a completion starts) to this file.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Body framing of streamed responses.
+    #[arg(long, value_enum, default_value_t = Framing::Chunked)]
+    framing: Framing,
+    /// Write the bound address to this file once listening.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    // A thousand-stream bench holds a thousand sockets here; the usual soft limit is 1024.
+    raise_nofile_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    rt.block_on(serve(args))
+}
+
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `lim`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit only reads `lim`.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            eprintln!(
+                "scripted-upstream: raising RLIMIT_NOFILE: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bench-proxy` reads on the same machine.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes into `ts`; CLOCK_MONOTONIC always exists on Linux, so
+    // the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // Both fields are non-negative for CLOCK_MONOTONIC.
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[derive(Debug)]
+struct Server {
+    framing: Framing,
+    log: Option<Mutex<File>>,
+    seq: AtomicU64,
+}
+
+impl Server {
+    /// Appends one line; each line is a single `write` on an O_APPEND file, under a mutex, then
+    /// flushed, so a test tailing the file never sees a torn or late line.
+    fn log(&self, v: &Value) {
+        let Some(log) = &self.log else { return };
+        let mut line = v.to_string();
+        line.push('\n');
+        // A poisoned lock only means another request panicked; the file itself is fine.
+        let mut f = log.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = f.write_all(line.as_bytes()).and_then(|()| f.flush()) {
+            eprintln!("scripted-upstream: writing the log: {e}");
+        }
+    }
+}
+
+async fn serve(args: Args) -> Result<()> {
+    let log = match &args.log {
+        Some(p) => Some(Mutex::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening the log {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    println!("listening on {addr}");
+    if let Some(p) = &args.ready_file {
+        write_ready_file(p, addr)?;
+    }
+    let server = Arc::new(Server {
+        framing: args.framing,
+        log,
+        seq: AtomicU64::new(0),
+    });
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle_conn(Arc::clone(&server), stream));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning; the peer will retry or fail.
+                eprintln!("scripted-upstream: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// A listener with a deep accept queue: `TcpListener::bind` asks for 128, and a thousand-stream
+/// bench connecting at once overflows that; the dropped SYNs come back after a 1 s retransmit
+/// timeout and show up as a second of made-up latency.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    // The kernel caps this at net.core.somaxconn.
+    sock.listen(8192)
+}
+
+/// Written to a temporary name and renamed, so a test polling for the file never reads half.
+fn write_ready_file(p: &Path, addr: SocketAddr) -> Result<()> {
+    let mut tmp = p.as_os_str().to_owned();
+    tmp.push(".tmp");
+    fs::write(&tmp, addr.to_string())
+        .with_context(|| format!("writing {}", Path::new(&tmp).display()))?;
+    fs::rename(&tmp, p).with_context(|| format!("renaming to {}", p.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+#[derive(Debug)]
+struct Request {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// Reads one request; `None` if the peer closed before sending a byte.
+async fn read_request(s: &mut TcpStream) -> Result<Option<Request>> {
+    let mut buf = Vec::with_capacity(8192);
+    let (mut req, head_len) = loop {
+        buf.reserve(8192);
+        let n = s.read_buf(&mut buf).await.context("reading the request")?;
+        if n == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            bail!("connection closed inside the request head");
+        }
+        let mut hs = [httparse::EMPTY_HEADER; 64];
+        let mut r = httparse::Request::new(&mut hs);
+        match r.parse(&buf).context("parsing the request head")? {
+            httparse::Status::Complete(len) => {
+                let req = Request {
+                    method: r.method.unwrap_or_default().to_owned(),
+                    path: r.path.unwrap_or_default().to_owned(),
+                    headers: r
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.name.to_ascii_lowercase(),
+                                String::from_utf8_lossy(h.value).into_owned(),
+                            )
+                        })
+                        .collect(),
+                    body: Vec::new(),
+                };
+                break (req, len);
+            }
+            httparse::Status::Partial => {
+                ensure!(buf.len() < MAX_HEAD, "request head over {MAX_HEAD} bytes");
+            }
+        }
+    };
+    let chunked = req
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let length: usize = match req.header("content-length") {
+        Some(v) => v.trim().parse().context("bad content-length")?,
+        None => 0,
+    };
+    ensure!(length <= MAX_BODY, "request body over {MAX_BODY} bytes");
+    let has_body = chunked || length > 0;
+    if has_body
+        && buf.len() == head_len
+        && req
+            .header("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        // curl waits (1 s) for this before sending a large body.
+        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .context("writing 100 Continue")?;
+    }
+    loop {
+        let have = &buf[head_len..];
+        if chunked {
+            if let Some(body) = decode_chunked(have)? {
+                req.body = body;
+                break;
+            }
+        } else if have.len() >= length {
+            req.body = have[..length].to_vec();
+            break;
+        }
+        ensure!(have.len() <= MAX_BODY + 4096, "request body too large");
+        buf.reserve(8192);
+        let n = s.read_buf(&mut buf).await.context("reading the body")?;
+        ensure!(n > 0, "connection closed inside the request body");
+    }
+    Ok(Some(req))
+}
+
+/// A complete chunked body, or `None` if more bytes are needed. Trailers are skipped.
+fn decode_chunked(mut data: &[u8]) -> Result<Option<Vec<u8>>> {
+    let mut body = Vec::new();
+    loop {
+        let (skip, size) = match httparse::parse_chunk_size(data) {
+            Ok(httparse::Status::Complete(v)) => v,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => bail!("bad chunk size in the request body"),
+        };
+        data = &data[skip..];
+        let size = usize::try_from(size).context("chunk too large")?;
+        if size == 0 {
+            // Trailer lines, then an empty line.
+            loop {
+                let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else {
+                    return Ok(None);
+                };
+                if eol == 0 {
+                    return Ok(Some(body));
+                }
+                data = &data[eol + 2..];
+            }
+        }
+        ensure!(body.len() + size <= MAX_BODY, "request body too large");
+        if data.len() < size + 2 {
+            return Ok(None);
+        }
+        ensure!(
+            &data[size..size + 2] == b"\r\n",
+            "chunk not followed by CRLF"
+        );
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections
+
+/// How a request ended, as logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// The script ran to its end (for `garbage`, `error_event`, `llama_error` too).
+    Completed,
+    /// The peer closed or a write failed before the script's end.
+    Cancelled,
+    /// `die` closed the connection.
+    Died,
+    /// `stall` held the connection for `hold_ms` and then closed it: nobody cancelled.
+    Stalled,
+    /// The peer closed while `stall` was holding the connection.
+    StalledThenCancelled,
+    /// An error status was sent: `status`, batch `error_event`/`llama_error`, 404, bad input.
+    Status,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+            Self::Died => "died",
+            Self::Stalled => "stalled",
+            Self::StalledThenCancelled => "stalled_then_cancelled",
+            Self::Status => "status",
+        }
+    }
+}
+
+/// What is shared between the running script and the cancellation watcher.
+#[derive(Debug, Default)]
+struct Progress {
+    tokens: AtomicUsize,
+    stalling: AtomicBool,
+    /// Everything a client needs was written (`[DONE]` or the error event); a peer that hangs
+    /// up now, before the terminating 0-chunk, has not cancelled anything.
+    finished: AtomicBool,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
+    // One SSE event per write: without NODELAY, Nagle holds each small frame until the previous
+    // one is acknowledged, a delay the bench would wrongly charge to the proxy.
+    if let Err(e) = stream.set_nodelay(true) {
+        eprintln!("scripted-upstream: TCP_NODELAY: {e}");
+    }
+    let req = match read_request(&mut stream).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            let body = error_json(400, &format!("{e:#}"));
+            // The peer may be gone already; there is nobody else to tell.
+            let _ = write_simple(&mut stream, 400, &body, &[]).await;
+            return;
+        }
+    };
+    let t0 = Instant::now();
+    let seq = server.seq.fetch_add(1, Ordering::Relaxed) + 1;
+    let body: Option<Value> = serde_json::from_slice(&req.body).ok();
+    let mut headers = Map::new();
+    for (n, v) in &req.headers {
+        match headers.get_mut(n) {
+            Some(Value::String(prev)) => {
+                prev.push_str(", ");
+                prev.push_str(v);
+            }
+            _ => {
+                headers.insert(n.clone(), Value::String(v.clone()));
+            }
+        }
+    }
+    let mut entry = json!({
+        "seq": seq,
+        "method": req.method,
+        "path": req.path,
+        "headers": headers,
+        "body": body.clone().unwrap_or(Value::Null),
+        "script": null,
+    });
+    let route = req.path.split('?').next().unwrap_or_default();
+    let endpoint = match (req.method.as_str(), route) {
+        ("POST", "/v1/chat/completions") => Endpoint::Chat,
+        ("POST", "/v1/completions") => Endpoint::Completions,
+        ("GET", "/v1/models") => {
+            let ok = write_simple(&mut stream, 200, MODELS, &[]).await.is_ok();
+            let _ = stream.shutdown().await;
+            let outcome = if ok {
+                Outcome::Completed
+            } else {
+                Outcome::Cancelled
+            };
+            finish_log(&server, entry, 0, outcome, t0, None);
+            return;
+        }
+        _ => {
+            let msg = format!("no route for {} {}", req.method, req.path);
+            let _ = write_simple(&mut stream, 404, &error_json(404, &msg), &[]).await;
+            let _ = stream.shutdown().await;
+            finish_log(&server, entry, 0, Outcome::Status, t0, None);
+            return;
+        }
+    };
+    let plan = match Plan::new(endpoint, body.as_ref(), seq, server.framing) {
+        Ok(p) => p,
+        Err(msg) => {
+            let msg = format!("scripted-upstream: {msg}");
+            let _ = write_simple(&mut stream, 400, &error_json(400, &msg), &[]).await;
+            let _ = stream.shutdown().await;
+            entry["error"] = Value::String(msg);
+            finish_log(&server, entry, 0, Outcome::Status, t0, None);
+            return;
+        }
+    };
+    entry["script"] = Value::String(plan.script.name.clone());
+    let mut started = entry.clone();
+    started["event"] = Value::String("started".into());
+    server.log(&started);
+
+    let prog = Progress::default();
+    let (outcome, cancelled_after) = {
+        let (mut rd, wr) = stream.split();
+        let mut out = Out {
+            w: wr,
+            framing: plan.framing,
+            frame: Vec::with_capacity(4096),
+        };
+        // `biased`: a script that has just finished wins over a peer that hung up right after.
+        let ended = tokio::select! {
+            biased;
+            r = run(&plan, &mut out, &prog) => r.ok(),
+            () = peer_gone(&mut rd) => None,
+        };
+        match ended {
+            Some(o) => {
+                if matches!(o, Outcome::Completed | Outcome::Status | Outcome::Stalled) {
+                    // A clean FIN after the body; with `close` framing this ends the body.
+                    let _ = out.w.shutdown().await;
+                }
+                (o, None)
+            }
+            None if prog.finished.load(Ordering::Relaxed) => (Outcome::Completed, None),
+            None => {
+                let o = if prog.stalling.load(Ordering::Relaxed) {
+                    Outcome::StalledThenCancelled
+                } else {
+                    Outcome::Cancelled
+                };
+                (o, Some(t0.elapsed()))
+            }
+        }
+    };
+    if outcome == Outcome::Died && plan.script.rst {
+        // SO_LINGER 0: close() sends RST and drops unsent data.
+        if let Err(e) = stream.set_zero_linger() {
+            eprintln!("scripted-upstream: SO_LINGER: {e}");
+        }
+    }
+    drop(stream);
+    let tokens = prog.tokens.load(Ordering::Relaxed);
+    finish_log(&server, entry, tokens, outcome, t0, cancelled_after);
+}
+
+fn finish_log(
+    server: &Server,
+    mut entry: Value,
+    tokens: usize,
+    outcome: Outcome,
+    t0: Instant,
+    cancelled_after: Option<Duration>,
+) {
+    entry["tokens_sent"] = tokens.into();
+    entry["outcome"] = outcome.as_str().into();
+    entry["elapsed_ms"] = ms(t0.elapsed()).into();
+    entry["cancelled_after_ms"] = cancelled_after.map(ms).into();
+    server.log(&entry);
+}
+
+/// Resolves when the peer has closed its side (or the socket failed).
+async fn peer_gone(r: &mut ReadHalf<'_>) {
+    let mut buf = [0u8; 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            // Anything a client sends after its request (pipelining) is ignored.
+            Ok(_) => {}
+        }
+    }
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
+
+/// OpenAI's error body. Hand-written (like the chunks) to keep OpenAI's field order on the wire.
+fn error_json(code: u16, msg: &str) -> String {
+    let kind = if code < 500 {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    let mut s = String::from(r#"{"error":{"message":"#);
+    esc(&mut s, msg);
+    s.push_str(r#","type":"#);
+    esc(&mut s, kind);
+    s.push_str(r#","code":"#);
+    num(&mut s, code);
+    s.push_str("}}");
+    s
+}
+
+/// A complete `application/json` response with content-length framing.
+async fn write_simple(
+    w: &mut (impl AsyncWrite + Unpin),
+    code: u16,
+    body: &str,
+    extra: &[(&str, String)],
+) -> io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {code} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\nserver: scripted-upstream\r\n",
+        reason(code),
+        body.len()
+    );
+    for (n, v) in extra {
+        head.push_str(n);
+        head.push_str(": ");
+        head.push_str(v);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    w.write_all(head.as_bytes()).await
+}
+
+/// The write half of a streamed response.
+struct Out<'a> {
+    w: WriteHalf<'a>,
+    framing: Framing,
+    frame: Vec<u8>,
+}
+
+impl Out<'_> {
+    async fn stream_head(&mut self) -> io::Result<()> {
+        let te = match self.framing {
+            Framing::Chunked => "transfer-encoding: chunked\r\n",
+            Framing::Close => "",
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+             connection: close\r\nserver: scripted-upstream\r\n{te}\r\n"
+        );
+        self.w.write_all(head.as_bytes()).await
+    }
+
+    /// One piece of body (one SSE event), in one HTTP chunk and one `write`.
+    async fn part(&mut self, data: &[u8]) -> io::Result<()> {
+        match self.framing {
+            Framing::Close => self.w.write_all(data).await,
+            Framing::Chunked => {
+                self.frame.clear();
+                write!(self.frame, "{:x}\r\n", data.len())?;
+                self.frame.extend_from_slice(data);
+                self.frame.extend_from_slice(b"\r\n");
+                self.w.write_all(&self.frame).await
+            }
+        }
+    }
+
+    /// The end of a well-formed body: the 0-chunk (with `close` framing, the FIN that follows).
+    async fn end(&mut self) -> io::Result<()> {
+        match self.framing {
+            Framing::Chunked => self.w.write_all(b"0\r\n\r\n").await,
+            Framing::Close => Ok(()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scripts
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Normal,
+    ToolCall,
+    ErrorEvent,
+    LlamaError,
+    Garbage,
+    Stall,
+    Die,
+    Status,
+    SlowHead,
+    Bench,
+}
+
+const FINISH_REASONS: [&str; 6] = [
+    "stop",
+    "length",
+    "tool_calls",
+    "abort",
+    "error",
+    "content_filter",
+];
+
+#[derive(Debug)]
+struct Script {
+    kind: Kind,
+    name: String,
+    tokens: usize,
+    pace: Duration,
+    first: Duration,
+    per_chunk: usize,
+    finish: Option<String>,
+    neginf_at: Vec<usize>,
+    low_at: Vec<usize>,
+    words: Option<Vec<String>>,
+    framing: Option<Framing>,
+    fn_name: String,
+    args_chunks: usize,
+    calls: usize,
+    code: u16,
+    msg: Option<String>,
+    error_object: bool,
+    after: usize,
+    hold: Duration,
+    rst: bool,
+    retry_after: Option<u64>,
+    head: Duration,
+}
+
+/// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
+/// left over is an unknown key for that script.
+#[derive(Debug)]
+struct Keys(BTreeMap<String, String>);
+
+impl Keys {
+    fn take<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, String> {
+        match self.0.remove(key) {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("bad value {v:?} for {key}")),
+        }
+    }
+
+    fn num(&mut self, key: &str, default: u64) -> Result<u64, String> {
+        Ok(self.take(key)?.unwrap_or(default))
+    }
+
+    fn count(&mut self, key: &str, default: usize) -> Result<usize, String> {
+        Ok(self.take(key)?.unwrap_or(default))
+    }
+
+    fn ms(&mut self, key: &str, default: u64) -> Result<Duration, String> {
+        Ok(Duration::from_millis(self.num(key, default)?))
+    }
+
+    fn indices(&mut self, key: &str) -> Result<Vec<usize>, String> {
+        match self.0.remove(key) {
+            None => Ok(Vec::new()),
+            Some(v) => v
+                .split(',')
+                .map(|i| {
+                    i.trim()
+                        .parse()
+                        .map_err(|_| format!("bad index {i:?} in {key}"))
+                })
+                .collect(),
+        }
+    }
+
+    fn flag(&mut self, key: &str) -> Result<bool, String> {
+        match self.0.remove(key).as_deref() {
+            None | Some("0" | "false") => Ok(false),
+            Some("1" | "true") => Ok(true),
+            Some(v) => Err(format!("bad value {v:?} for {key} (0 or 1)")),
+        }
+    }
+}
+
+/// `[[script:NAME k=v k="v w" ...]]`, the last one in `text`; none means `normal`.
+fn parse_directive(text: &str) -> Result<(String, Keys), String> {
+    const OPEN: &str = "[[script:";
+    let Some(start) = text.rfind(OPEN) else {
+        return Ok(("normal".to_owned(), Keys(BTreeMap::new())));
+    };
+    let rest = &text[start + OPEN.len()..];
+    let end = rest.find("]]").ok_or("directive without a closing ]]")?;
+    let mut chars = rest[..end].trim().chars().peekable();
+    let name: String = chars.by_ref().take_while(|c| !c.is_whitespace()).collect();
+    let mut keys = BTreeMap::new();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            return Err(format!("bad directive: expected key=value near {key:?}"));
+        }
+        let value: String = if chars.next_if_eq(&'"').is_some() {
+            let v: String = chars.by_ref().take_while(|c| *c != '"').collect();
+            v
+        } else {
+            chars.by_ref().take_while(|c| !c.is_whitespace()).collect()
+        };
+        keys.insert(key, value);
+    }
+    Ok((name, Keys(keys)))
+}
+
+impl Script {
+    fn new(name: &str, mut k: Keys) -> Result<Self, String> {
+        let kind = match name {
+            "normal" => Kind::Normal,
+            "tool_call" => Kind::ToolCall,
+            "error_event" => Kind::ErrorEvent,
+            "llama_error" => Kind::LlamaError,
+            "garbage" => Kind::Garbage,
+            "stall" => Kind::Stall,
+            "die" => Kind::Die,
+            "status" => Kind::Status,
+            "slow_head" => Kind::SlowHead,
+            "bench" => Kind::Bench,
+            other => {
+                return Err(format!(
+                    "unknown script {other:?} (normal, tool_call, error_event, llama_error, \
+                     garbage, stall, die, status, slow_head, bench)"
+                ))
+            }
+        };
+        let finish: Option<String> = k.take("finish")?;
+        if let Some(f) = &finish {
+            if !FINISH_REASONS.contains(&f.as_str()) {
+                return Err(format!("bad finish {f:?} ({})", FINISH_REASONS.join(", ")));
+            }
+        }
+        let framing = match k.0.remove("framing").as_deref() {
+            None => None,
+            Some("chunked") => Some(Framing::Chunked),
+            Some("close") => Some(Framing::Close),
+            Some(v) => return Err(format!("bad framing {v:?} (chunked or close)")),
+        };
+        let per_chunk = k.count("per_chunk", 1)?;
+        if per_chunk == 0 {
+            return Err("per_chunk must be at least 1".into());
+        }
+        let words =
+            k.0.remove("words")
+                .map(|w| w.split(',').map(str::to_owned).collect::<Vec<String>>());
+        let mut s = Self {
+            kind,
+            name: name.to_owned(),
+            tokens: k.count("tokens", 8)?,
+            pace: k.ms("pace_ms", 0)?,
+            first: k.ms("first_ms", 0)?,
+            per_chunk,
+            finish,
+            neginf_at: k.indices("neginf_at")?,
+            low_at: k.indices("low_at")?,
+            words,
+            framing,
+            fn_name: "get_weather".into(),
+            args_chunks: 3,
+            calls: 1,
+            code: 500,
+            msg: None,
+            error_object: false,
+            after: 0,
+            hold: Duration::ZERO,
+            rst: false,
+            retry_after: None,
+            head: Duration::ZERO,
+        };
+        match kind {
+            Kind::ToolCall => {
+                if let Some(n) = k.take("name")? {
+                    s.fn_name = n;
+                }
+                s.args_chunks = k.count("args_chunks", 3)?.max(1);
+                s.calls = k.count("calls", 1)?;
+                if !(1..=2).contains(&s.calls) {
+                    return Err("calls must be 1 or 2".into());
+                }
+            }
+            Kind::ErrorEvent | Kind::LlamaError | Kind::Status => {
+                let default = if kind == Kind::ErrorEvent { 400 } else { 500 };
+                s.code = k.take("code")?.unwrap_or(default);
+                if !(200..=599).contains(&s.code) {
+                    return Err(format!("code {} outside 200..=599", s.code));
+                }
+                s.msg = k.take("msg")?;
+                if kind == Kind::ErrorEvent {
+                    s.error_object = k.flag("object")?;
+                }
+                if kind == Kind::Status {
+                    s.retry_after = k.take("retry_after")?;
+                }
+            }
+            Kind::Garbage => s.after = k.count("after", 4)?,
+            Kind::Stall => s.hold = k.ms("hold_ms", 60_000)?,
+            Kind::Die => s.rst = k.flag("rst")?,
+            Kind::SlowHead => s.head = k.ms("head_ms", 2000)?,
+            Kind::Normal | Kind::Bench => {}
+        }
+        if !k.0.is_empty() {
+            let left: Vec<&str> = k.0.keys().map(String::as_str).collect();
+            return Err(format!(
+                "unknown key(s) for script {name}: {}",
+                left.join(", ")
+            ));
+        }
+        Ok(s)
+    }
+
+    fn class(&self, index: usize) -> TokClass {
+        if self.neginf_at.contains(&index) {
+            TokClass::NegInf
+        } else if self.low_at.contains(&index) {
+            TokClass::Low
+        } else {
+            TokClass::Normal
+        }
+    }
+
+    /// Appends token `index`'s text.
+    fn push_token(&self, index: usize, out: &mut String) {
+        if self.kind == Kind::Bench {
+            // Read as late as possible: the chunk is built and written right after this.
+            let _ = write!(out, " t{}", monotonic_ns());
+        } else if let Some(w) = &self.words {
+            out.push_str(&w[index % w.len()]);
+        } else if index == 0 {
+            out.push_str("The");
+        } else {
+            out.push_str(WORDS[index % WORDS.len()]);
+        }
+    }
+
+    /// The `count` top alternatives of token `index` (text `text`), most likely first, with
+    /// their logprobs. A normally likely token is its own first alternative; an unlikely one
+    /// (`low_at`, `neginf_at`) is not among them, as when a sampler picks from the tail.
+    fn alternatives<'a>(
+        &self,
+        index: usize,
+        text: &'a str,
+        count: usize,
+    ) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        let lead = (self.class(index) == TokClass::Normal).then_some(text);
+        let others = WORDS
+            .iter()
+            .cycle()
+            .skip((index * 7 + 1) % WORDS.len())
+            .take(WORDS.len())
+            .map(|w| -> &'a str { w })
+            .filter(move |w| *w != text);
+        lead.into_iter()
+            .chain(others)
+            .take(count)
+            .enumerate()
+            .map(|(rank, w)| (w, rank_logprob(rank)))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokClass {
+    Normal,
+    Low,
+    NegInf,
+}
+
+impl TokClass {
+    fn logprob(self) -> f64 {
+        match self {
+            Self::Normal => 0.9_f64.ln(),
+            Self::Low => 0.001_f64.ln(),
+            // vLLM's stand-in for -inf, which JSON cannot carry.
+            Self::NegInf => -9999.0,
+        }
+    }
+}
+
+/// ln 0.9 for the first alternative, then ln 0.05, ln 0.025, ... (the sum stays below 1).
+fn rank_logprob(rank: usize) -> f64 {
+    if rank == 0 {
+        return 0.9_f64.ln();
+    }
+    let mut p = 0.05_f64;
+    for _ in 1..rank {
+        p /= 2.0;
+    }
+    p.ln()
+}
+
+/// Default token texts (after the first token, `The`), and the made-up alternatives.
+const WORDS: [&str; 48] = [
+    " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", " and", " then", " it",
+    " runs", " to", " a", " small", " house", " near", " river", " where", " people", " live",
+    " with", " their", " friends", " in", " quiet", " time", " of", " year", " when", " weather",
+    " is", " warm", " bright", " day", " light", " water", " tree", " city", " road", " world",
+    " good", " new", " first", " last", " long", " great", " little",
+];
+
+const MODELS: &str = r#"{"object":"list","data":[{"id":"scripted","object":"model","created":0,"owned_by":"scripted-upstream"}]}"#;
+
+const TOOL_ARGS: [&str; 2] = [
+    r#"{"location": "Paris, France", "unit": "celsius"}"#,
+    r#"{"location": "Tokyo, Japan", "unit": "celsius"}"#,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lp {
+    None,
+    /// Chat `logprobs: true` with `top_logprobs` alternatives.
+    Chat {
+        top: usize,
+    },
+    /// Completions `logprobs: K`.
+    Completions {
+        k: usize,
+    },
+}
+
+/// Everything about one request that the script run needs.
+#[derive(Debug)]
+struct Plan {
+    endpoint: Endpoint,
+    script: Script,
+    stream: bool,
+    framing: Framing,
+    seq: u64,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    lp: Lp,
+    include_usage: bool,
+    prompt_tokens: usize,
+}
+
+impl Plan {
+    fn new(
+        endpoint: Endpoint,
+        body: Option<&Value>,
+        seq: u64,
+        framing: Framing,
+    ) -> Result<Self, String> {
+        let body = body
+            .and_then(Value::as_object)
+            .ok_or("request body is not a JSON object")?;
+        let text = request_text(endpoint, body);
+        let (name, keys) = parse_directive(&text)?;
+        let script = Script::new(&name, keys)?;
+        if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
+            return Err("tool_call needs /v1/chat/completions".into());
+        }
+        let lp = match endpoint {
+            Endpoint::Chat if body.get("logprobs") == Some(&Value::Bool(true)) => Lp::Chat {
+                top: count_field(body, "top_logprobs"),
+            },
+            Endpoint::Completions if body.get("logprobs").is_some_and(Value::is_u64) => {
+                Lp::Completions {
+                    k: count_field(body, "logprobs"),
+                }
+            }
+            _ => Lp::None,
+        };
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Self {
+            endpoint,
+            stream: body.get("stream") == Some(&Value::Bool(true)),
+            framing: script.framing.unwrap_or(framing),
+            seq,
+            id: match endpoint {
+                Endpoint::Chat => format!("chatcmpl-{seq}"),
+                Endpoint::Completions => format!("cmpl-{seq}"),
+            },
+            created,
+            model: body
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or("scripted")
+                .to_owned(),
+            n: count_field(body, "n").clamp(1, 64),
+            lp,
+            include_usage: body
+                .get("stream_options")
+                .and_then(|o| o.get("include_usage"))
+                == Some(&Value::Bool(true)),
+            prompt_tokens: text.split_whitespace().count().max(1),
+            script,
+        })
+    }
+
+    fn object(&self) -> &'static str {
+        match (self.endpoint, self.stream) {
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn finish_reason(&self) -> &str {
+        match (&self.script.finish, self.script.kind) {
+            (Some(f), _) => f,
+            (None, Kind::ToolCall) => "tool_calls",
+            (None, _) => "stop",
+        }
+    }
+
+    fn usage(&self, completion_tokens: usize) -> Value {
+        let completion = completion_tokens * self.n;
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+               "total_tokens": self.prompt_tokens + completion})
+    }
+
+    fn error_message(&self) -> String {
+        self.script.msg.clone().unwrap_or_else(|| {
+            format!(
+                "scripted {} after {} tokens",
+                self.script.name, self.script.tokens
+            )
+        })
+    }
+}
+
+fn count_field(body: &Map<String, Value>, key: &str) -> usize {
+    body.get(key)
+        .and_then(Value::as_u64)
+        .and_then(|v| usize::try_from(v).ok())
+        .unwrap_or(0)
+}
+
+/// The text a directive is looked for in.
+fn request_text(endpoint: Endpoint, body: &Map<String, Value>) -> String {
+    fn joined<'a>(parts: impl Iterator<Item = &'a str>) -> String {
+        parts.collect::<Vec<_>>().join("\n")
+    }
+    match endpoint {
+        Endpoint::Chat => match body
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("content"))
+        {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => joined(
+                parts
+                    .iter()
+                    .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                    .filter_map(|p| p.get("text").and_then(Value::as_str)),
+            ),
+            _ => String::new(),
+        },
+        Endpoint::Completions => match body.get("prompt") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(a)) => joined(a.iter().filter_map(Value::as_str)),
+            _ => String::new(),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk writing. Chunks are written by hand into reused buffers: the bench streams tens of
+// thousands of them a second through two worker threads, and building `serde_json::Value`s for
+// each would make this server, not the proxy, the bottleneck.
+
+/// Appends `v` as a JSON string.
+fn esc(s: &mut String, v: &str) {
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(s, "\\u{:04x}", u32::from(c));
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+}
+
+// Writing into a `String` cannot fail, so the `fmt::Result`s below are dropped.
+
+fn num(s: &mut String, v: impl std::fmt::Display) {
+    let _ = write!(s, "{v}");
+}
+
+/// `{:?}` keeps a decimal point (`-9999.0`), as Python's json does for floats.
+fn float(s: &mut String, v: f64) {
+    let _ = write!(s, "{v:?}");
+}
+
+fn utf8_bytes(s: &mut String, text: &str) {
+    s.push('[');
+    for (i, b) in text.bytes().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        num(s, b);
+    }
+    s.push(']');
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tok {
+    start: usize,
+    end: usize,
+    index: usize,
+}
+
+/// The `logprobs` value for `toks` (texts in `texts`); `offset` is the completions
+/// `text_offset` of the first of them.
+fn write_logprobs(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], offset: usize) {
+    match p.lp {
+        Lp::None => s.push_str("null"),
+        Lp::Chat { top } => {
+            s.push_str(r#"{"content":["#);
+            for (k, t) in toks.iter().enumerate() {
+                if k > 0 {
+                    s.push(',');
+                }
+                let text = &texts[t.start..t.end];
+                s.push_str(r#"{"token":"#);
+                esc(s, text);
+                s.push_str(r#","logprob":"#);
+                float(s, p.script.class(t.index).logprob());
+                s.push_str(r#","bytes":"#);
+                utf8_bytes(s, text);
+                s.push_str(r#","top_logprobs":["#);
+                for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
+                    if j > 0 {
+                        s.push(',');
+                    }
+                    s.push_str(r#"{"token":"#);
+                    esc(s, alt);
+                    s.push_str(r#","logprob":"#);
+                    float(s, lp);
+                    s.push_str(r#","bytes":"#);
+                    utf8_bytes(s, alt);
+                    s.push('}');
+                }
+                s.push_str("]}");
+            }
+            s.push_str("]}");
+        }
+        Lp::Completions { k } => {
+            let list = |s: &mut String, f: &mut dyn FnMut(&mut String, &Tok, &str)| {
+                s.push('[');
+                for (j, t) in toks.iter().enumerate() {
+                    if j > 0 {
+                        s.push(',');
+                    }
+                    f(s, t, &texts[t.start..t.end]);
+                }
+                s.push(']');
+            };
+            s.push_str(r#"{"tokens":"#);
+            list(s, &mut |s, _, text| esc(s, text));
+            s.push_str(r#","token_logprobs":"#);
+            list(s, &mut |s, t, _| {
+                float(s, p.script.class(t.index).logprob())
+            });
+            s.push_str(r#","top_logprobs":"#);
+            // vLLM always reports at least the top-1 entry.
+            list(s, &mut |s, t, text| {
+                s.push('{');
+                for (j, (alt, lp)) in p.script.alternatives(t.index, text, k.max(1)).enumerate() {
+                    if j > 0 {
+                        s.push(',');
+                    }
+                    esc(s, alt);
+                    s.push(':');
+                    float(s, lp);
+                }
+                s.push('}');
+            });
+            s.push_str(r#","text_offset":"#);
+            let mut at = offset;
+            list(s, &mut |s, _, text| {
+                num(s, at);
+                at += text.chars().count();
+            });
+            s.push('}');
+        }
+    }
+}
+
+/// Builds one request's SSE events.
+struct Gen<'p> {
+    p: &'p Plan,
+    /// `data: {"id":..,"object":..,"created":..,"model":..,"choices":[`
+    prefix: String,
+    sse: String,
+    texts: String,
+    toks: Vec<Tok>,
+    role_sent: bool,
+    /// Characters of text so far (completions `text_offset`).
+    offset: usize,
+    /// Logprob index of the next generated piece (content tokens, then tool-call deltas).
+    next_index: usize,
+}
+
+impl<'p> Gen<'p> {
+    fn new(p: &'p Plan) -> Self {
+        let mut prefix = String::from(r#"data: {"id":"#);
+        esc(&mut prefix, &p.id);
+        prefix.push_str(r#","object":"#);
+        esc(&mut prefix, p.object());
+        prefix.push_str(r#","created":"#);
+        num(&mut prefix, p.created);
+        prefix.push_str(r#","model":"#);
+        esc(&mut prefix, &p.model);
+        prefix.push_str(r#","choices":["#);
+        Self {
+            p,
+            prefix,
+            sse: String::with_capacity(1024),
+            texts: String::with_capacity(256),
+            toks: Vec::with_capacity(16),
+            role_sent: false,
+            offset: 0,
+            next_index: 0,
+        }
+    }
+
+    fn load_tokens(&mut self, range: Range<usize>) {
+        self.texts.clear();
+        self.toks.clear();
+        for index in range {
+            let start = self.texts.len();
+            self.p.script.push_token(index, &mut self.texts);
+            self.toks.push(Tok {
+                start,
+                end: self.texts.len(),
+                index,
+            });
+            self.next_index = index + 1;
+        }
+    }
+
+    fn load_piece(&mut self, text: &str) {
+        self.texts.clear();
+        self.texts.push_str(text);
+        self.toks.clear();
+        self.toks.push(Tok {
+            start: 0,
+            end: text.len(),
+            index: self.next_index,
+        });
+        self.next_index += 1;
+    }
+
+    /// Whether the next delta carries `role` (the first one of each choice does).
+    fn take_role(&mut self) -> bool {
+        !std::mem::replace(&mut self.role_sent, true)
+    }
+
+    fn begin(&mut self, idx: usize) {
+        self.sse.clear();
+        self.sse.push_str(&self.prefix);
+        self.sse.push_str(r#"{"index":"#);
+        num(&mut self.sse, idx);
+        self.sse.push(',');
+    }
+
+    fn delta_open(&mut self, role: bool) {
+        self.sse.push_str(r#""delta":{"#);
+        if role {
+            self.sse.push_str(r#""role":"assistant""#);
+        }
+    }
+
+    fn end(&mut self, finish: Option<&str>) {
+        self.sse.push_str(r#","finish_reason":"#);
+        match finish {
+            Some(f) => esc(&mut self.sse, f),
+            None => self.sse.push_str("null"),
+        }
+        self.sse.push_str("}]}\n\n");
+    }
+
+    fn logprobs(&mut self) {
+        self.sse.push_str(r#","logprobs":"#);
+        write_logprobs(&mut self.sse, self.p, &self.texts, &self.toks, self.offset);
+    }
+
+    /// A chunk carrying the loaded tokens for choice `idx`.
+    fn content(&mut self, idx: usize, role: bool) {
+        self.begin(idx);
+        match self.p.endpoint {
+            Endpoint::Chat => {
+                self.delta_open(role);
+                if role {
+                    self.sse.push(',');
+                }
+                self.sse.push_str(r#""content":"#);
+                esc(&mut self.sse, &self.texts);
+                self.sse.push('}');
+            }
+            Endpoint::Completions => {
+                self.sse.push_str(r#""text":"#);
+                esc(&mut self.sse, &self.texts);
+            }
+        }
+        self.logprobs();
+        self.end(None);
+    }
+
+    /// A tool-call delta: the header (`id`, `type`, `name`, empty arguments) when `header`,
+    /// else an arguments piece; the loaded piece is what the logprobs describe.
+    fn tool(&mut self, idx: usize, role: bool, call: usize, header: bool, args: &str) {
+        self.begin(idx);
+        self.delta_open(role);
+        if role {
+            self.sse.push(',');
+        }
+        self.sse.push_str(r#""tool_calls":[{"index":"#);
+        num(&mut self.sse, call);
+        if header {
+            let _ = write!(self.sse, r#","id":"call_{}_{call}","#, self.p.seq);
+            self.sse
+                .push_str(r#""type":"function","function":{"name":"#);
+            esc(&mut self.sse, &self.p.script.fn_name);
+            self.sse.push_str(r#","arguments":"""#);
+        } else {
+            self.sse.push_str(r#","function":{"arguments":"#);
+            esc(&mut self.sse, args);
+        }
+        self.sse.push_str("}}]}");
+        self.logprobs();
+        self.end(None);
+    }
+
+    fn final_chunk(&mut self, idx: usize, role: bool) {
+        self.begin(idx);
+        match self.p.endpoint {
+            Endpoint::Chat => {
+                self.delta_open(role);
+                self.sse.push('}');
+            }
+            Endpoint::Completions => self.sse.push_str(r#""text":"""#),
+        }
+        self.sse.push_str(r#","logprobs":null"#);
+        self.end(Some(self.p.finish_reason()));
+    }
+
+    fn usage(&mut self, completion_tokens: usize) {
+        self.sse.clear();
+        self.sse.push_str(&self.prefix);
+        self.sse.push_str(r#"],"usage":"#);
+        self.sse
+            .push_str(&self.p.usage(completion_tokens).to_string());
+        self.sse.push_str("}\n\n");
+    }
+
+    /// vLLM's mid-stream error event; `object=1` gives the older `ErrorResponse` shape.
+    fn error_event(&mut self) {
+        let s = &self.p.script;
+        let kind = if s.code < 500 {
+            "BadRequestError"
+        } else {
+            "InternalServerError"
+        };
+        self.sse.clear();
+        self.sse.push_str(r#"data: {"error":{"#);
+        if s.error_object {
+            self.sse.push_str(r#""object":"error","#);
+        }
+        self.sse.push_str(r#""message":"#);
+        esc(&mut self.sse, &self.p.error_message());
+        self.sse.push_str(r#","type":"#);
+        esc(&mut self.sse, kind);
+        if s.error_object {
+            self.sse.push_str(r#","param":null"#);
+        }
+        self.sse.push_str(r#","code":"#);
+        num(&mut self.sse, s.code);
+        self.sse.push_str("}}\n\n");
+    }
+
+    /// llama.cpp's old non-standard `error:` field (not `data:`), which SSE parsers ignore.
+    fn llama_error(&mut self) {
+        let s = &self.p.script;
+        let kind = if s.code < 500 {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        self.sse.clear();
+        self.sse.push_str(r#"error: {"code":"#);
+        num(&mut self.sse, s.code);
+        self.sse.push_str(r#","message":"#);
+        esc(&mut self.sse, &self.p.error_message());
+        self.sse.push_str(r#","type":"#);
+        esc(&mut self.sse, kind);
+        self.sse.push_str("}\n\n");
+    }
+}
+
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// `args` cut into `n` pieces of about equal length (on char boundaries).
+fn split_args(args: &str, n: usize) -> Vec<&str> {
+    let bounds: Vec<usize> = args.char_indices().map(|(i, _)| i).collect();
+    let chars = bounds.len();
+    let n = n.clamp(1, chars.max(1));
+    (0..n)
+        .map(|j| {
+            let a = bounds.get(j * chars / n).copied().unwrap_or(args.len());
+            let b = bounds
+                .get((j + 1) * chars / n)
+                .copied()
+                .unwrap_or(args.len());
+            &args[a..b]
+        })
+        .collect()
+}
+
+async fn run(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome> {
+    let s = &p.script;
+    if s.kind == Kind::Status {
+        let extra: Vec<(&str, String)> = s
+            .retry_after
+            .map(|r| ("retry-after", r.to_string()))
+            .into_iter()
+            .collect();
+        let body = error_json(s.code, &p.error_message());
+        write_simple(&mut out.w, s.code, &body, &extra).await?;
+        return Ok(Outcome::Status);
+    }
+    pause(s.head).await;
+    if p.stream {
+        run_stream(p, out, prog).await
+    } else {
+        run_batch(p, out, prog).await
+    }
+}
+
+/// Content tokens `range`, `per_chunk` to a chunk, each chunk after `pace`.
+async fn emit_content(
+    g: &mut Gen<'_>,
+    out: &mut Out<'_>,
+    prog: &Progress,
+    range: Range<usize>,
+) -> io::Result<()> {
+    let s = &g.p.script;
+    let mut i = range.start;
+    while i < range.end {
+        let end = (i + s.per_chunk).min(range.end);
+        pause(s.pace).await;
+        g.load_tokens(i..end);
+        let role = g.take_role();
+        for idx in 0..g.p.n {
+            g.content(idx, role);
+            out.part(g.sse.as_bytes()).await?;
+        }
+        g.offset += g.texts.chars().count();
+        prog.tokens.fetch_add(end - i, Ordering::Relaxed);
+        i = end;
+    }
+    Ok(())
+}
+
+async fn emit_tools(g: &mut Gen<'_>, out: &mut Out<'_>, prog: &Progress) -> io::Result<()> {
+    let s = &g.p.script;
+    for (call, args) in TOOL_ARGS.iter().enumerate().take(s.calls) {
+        pause(s.pace).await;
+        g.load_piece(&s.fn_name);
+        let role = g.take_role();
+        for idx in 0..g.p.n {
+            g.tool(idx, role, call, true, "");
+            out.part(g.sse.as_bytes()).await?;
+        }
+        prog.tokens.fetch_add(1, Ordering::Relaxed);
+        for piece in split_args(args, s.args_chunks) {
+            pause(s.pace).await;
+            g.load_piece(piece);
+            for idx in 0..g.p.n {
+                g.tool(idx, false, call, false, piece);
+                out.part(g.sse.as_bytes()).await?;
+            }
+            prog.tokens.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Final chunk(s), the usage chunk if asked for, `[DONE]`, the end of the body.
+async fn finish(g: &mut Gen<'_>, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome> {
+    let role = g.take_role();
+    for idx in 0..g.p.n {
+        g.final_chunk(idx, role);
+        out.part(g.sse.as_bytes()).await?;
+    }
+    if g.p.include_usage {
+        g.usage(prog.tokens.load(Ordering::Relaxed));
+        out.part(g.sse.as_bytes()).await?;
+    }
+    out.part(b"data: [DONE]\n\n").await?;
+    prog.finished.store(true, Ordering::Relaxed);
+    out.end().await?;
+    Ok(Outcome::Completed)
+}
+
+async fn run_stream(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome> {
+    let s = &p.script;
+    out.stream_head().await?;
+    let mut g = Gen::new(p);
+    pause(s.first).await;
+    emit_content(&mut g, out, prog, 0..s.tokens).await?;
+    match s.kind {
+        Kind::Normal | Kind::Bench | Kind::SlowHead | Kind::Status => {
+            finish(&mut g, out, prog).await
+        }
+        Kind::ToolCall => {
+            emit_tools(&mut g, out, prog).await?;
+            finish(&mut g, out, prog).await
+        }
+        Kind::ErrorEvent => {
+            g.error_event();
+            out.part(g.sse.as_bytes()).await?;
+            out.part(b"data: [DONE]\n\n").await?;
+            prog.finished.store(true, Ordering::Relaxed);
+            out.end().await?;
+            Ok(Outcome::Completed)
+        }
+        Kind::LlamaError => {
+            g.llama_error();
+            out.part(g.sse.as_bytes()).await?;
+            prog.finished.store(true, Ordering::Relaxed);
+            out.end().await?;
+            Ok(Outcome::Completed)
+        }
+        Kind::Garbage => {
+            out.part(b"data: {this is not json\n\n").await?;
+            emit_content(&mut g, out, prog, s.tokens..s.tokens + s.after).await?;
+            finish(&mut g, out, prog).await
+        }
+        Kind::Stall => {
+            prog.stalling.store(true, Ordering::Relaxed);
+            pause(s.hold).await;
+            Ok(Outcome::Stalled)
+        }
+        Kind::Die => Ok(Outcome::Died),
+    }
+}
+
+/// The same script, answered as one body once it has "generated" everything (pacing included).
+async fn run_batch(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome> {
+    let s = &p.script;
+    pause(s.first).await;
+    let mut i = 0;
+    while i < s.tokens {
+        let end = (i + s.per_chunk).min(s.tokens);
+        pause(s.pace).await;
+        prog.tokens.fetch_add(end - i, Ordering::Relaxed);
+        i = end;
+    }
+    let mut tool_calls = Vec::new();
+    if s.kind == Kind::ToolCall {
+        for (call, args) in TOOL_ARGS.iter().enumerate().take(s.calls) {
+            for _ in 0..=s.args_chunks {
+                pause(s.pace).await;
+                prog.tokens.fetch_add(1, Ordering::Relaxed);
+            }
+            tool_calls.push(
+                json!({"id": format!("call_{}_{call}", p.seq), "type": "function",
+                "function": {"name": s.fn_name, "arguments": args}}),
+            );
+        }
+    }
+    let body = match s.kind {
+        Kind::Stall => {
+            prog.stalling.store(true, Ordering::Relaxed);
+            pause(s.hold).await;
+            return Ok(Outcome::Stalled);
+        }
+        Kind::Die => return Ok(Outcome::Died),
+        Kind::ErrorEvent | Kind::LlamaError => {
+            let body = error_json(s.code, &p.error_message());
+            write_simple(&mut out.w, s.code, &body, &[]).await?;
+            return Ok(Outcome::Status);
+        }
+        Kind::Garbage => "{this is not json".to_owned(),
+        _ => batch_body(p, tool_calls, prog.tokens.load(Ordering::Relaxed)),
+    };
+    write_simple(&mut out.w, 200, &body, &[]).await?;
+    prog.finished.store(true, Ordering::Relaxed);
+    Ok(Outcome::Completed)
+}
+
+fn batch_body(p: &Plan, tool_calls: Vec<Value>, completion_tokens: usize) -> String {
+    let s = &p.script;
+    let mut g = Gen::new(p);
+    g.load_tokens(0..s.tokens);
+    let mut lp = String::new();
+    write_logprobs(&mut lp, p, &g.texts, &g.toks, 0);
+    // Written by the same code as the streamed chunks, so the shapes cannot drift apart.
+    let logprobs: Value = serde_json::from_str(&lp).unwrap_or(Value::Null);
+    let finish = p.finish_reason();
+    let choices: Vec<Value> = (0..p.n)
+        .map(|idx| match p.endpoint {
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": g.texts});
+                if !tool_calls.is_empty() {
+                    message["tool_calls"] = Value::Array(tool_calls.clone());
+                    if g.texts.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
+                json!({"index": idx, "message": message, "logprobs": logprobs,
+                       "finish_reason": finish})
+            }
+            Endpoint::Completions => json!({"index": idx, "text": g.texts,
+                "logprobs": logprobs, "finish_reason": finish}),
+        })
+        .collect();
+    json!({"id": p.id, "object": p.object(), "created": p.created, "model": p.model,
+           "choices": choices, "usage": p.usage(completion_tokens)})
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directives() {
+        let (name, keys) = parse_directive(
+            "hi [[script:x a=1]] then [[script:error_event code=503 msg=\"engine down\" object=1]]",
+        )
+        .expect("valid");
+        assert_eq!(name, "error_event");
+        let s = Script::new(&name, keys).expect("valid");
+        assert_eq!(
+            (s.code, s.msg.as_deref(), s.error_object),
+            (503, Some("engine down"), true)
+        );
+        let (name, keys) = parse_directive("no directive").expect("valid");
+        assert_eq!((name.as_str(), keys.0.len()), ("normal", 0));
+        for bad in [
+            "[[script:normal tokenz=3]]",
+            "[[script:nope]]",
+            "[[script:stall rst=1]]",
+            "[[script:normal finish=done]]",
+            "[[script:normal tokens=x]]",
+        ] {
+            let (name, keys) = parse_directive(bad).expect("parses");
+            assert!(Script::new(&name, keys).is_err(), "{bad}");
+        }
+        assert!(parse_directive("[[script:normal tokens=3").is_err());
+    }
+
+    #[test]
+    fn tool_arguments_reassemble() {
+        for n in 1..60 {
+            assert_eq!(split_args(TOOL_ARGS[0], n).concat(), TOOL_ARGS[0]);
+        }
+    }
+
+    #[test]
+    fn chunked_request_bodies() {
+        let wire = b"4\r\n{\"a\"\r\n3;x=y\r\n:1}\r\n0\r\n\r\n";
+        assert_eq!(
+            decode_chunked(wire).expect("valid").as_deref(),
+            Some(&b"{\"a\":1}"[..])
+        );
+        assert_eq!(
+            decode_chunked(&wire[..wire.len() - 1]).expect("valid"),
+            None
+        );
+    }
+}
