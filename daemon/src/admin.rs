@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::{
     codes::FailureCode,
     gate::monotonic_ns,
+    modes::{KeyId, ScopeSel},
     shared::Shared,
     stream::{StreamId, TripError},
 };
@@ -121,8 +122,76 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
         "max_streams": shared.table.capacity(),
         "workers": shared.cfg.workers,
         "ledger_records": shared.ledger.records_written(),
+        "source": format!("{:?}", shared.cfg.args.source).to_lowercase(),
+        "degraded_scopes": shared.modes.degraded_count(),
     }))
     .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModeBody {
+    mode: String,
+    #[serde(default)]
+    scope: Option<String>,
+}
+
+/// `GET /admin/mode`: the degraded scopes.
+async fn mode_get(State(shared): State<Arc<Shared>>) -> Response {
+    shared.expire_degraded();
+    Json(shared.modes.degraded_view()).into_response()
+}
+
+/// `POST /admin/mode {"mode": "full", "scope": "all" | "node" | "key:<fingerprint>"}`: the
+/// operator ends degraded safe mode. Entering it by hand is a trip, not a mode change.
+async fn mode_set(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let body: ModeBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("invalid JSON body: {e}"),
+            )
+        }
+    };
+    if body.mode != "full" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!(
+                "mode {:?}: only \"full\" can be set; degraded mode follows a halt (trip a stream to cause one)",
+                body.mode
+            ),
+        );
+    }
+    let sel = match body.scope.as_deref().unwrap_or("all") {
+        "all" => ScopeSel::All,
+        "node" => ScopeSel::Node,
+        other => match other
+            .strip_prefix("key:")
+            .and_then(KeyId::parse_fingerprint)
+        {
+            Some(k) => ScopeSel::Key(k),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("scope {other:?}: expected all, node or key:<16 hex digits>"),
+                )
+            }
+        },
+    };
+    let changes = shared.modes.set_full(sel);
+    for ch in &changes {
+        shared.record_mode_change(ch);
+    }
+    Json(json!({"changed": changes, "mode": shared.modes.degraded_view()})).into_response()
+}
+
+/// `GET /admin/conversations`: committed per-conversation state (TURN-ACID).
+async fn conversations(State(shared): State<Arc<Shared>>) -> Response {
+    Json(json!({"conversations": shared.modes.conversations_view()})).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
@@ -162,7 +231,18 @@ pub async fn serve(
         .route("/admin/streams/{id}/trip", post(trip))
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
+        .route("/admin/mode", get(mode_get).post(mode_set))
+        .route("/admin/conversations", get(conversations))
         .with_state(Arc::clone(&shared));
+    // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.
+    let sweeper = Arc::clone(&shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            sweeper.expire_degraded();
+        }
+    });
     let metrics_app = Router::new()
         .route("/metrics", get(metrics))
         .with_state(shared);

@@ -11,6 +11,8 @@ use clap::{Args, ValueEnum};
 pub enum SourceKind {
     /// The deterministic language model compiled into the binary (model name `builtin`).
     Builtin,
+    /// An OpenAI-compatible backend (vLLM, llama.cpp server, Ollama, ...) at `--upstream`.
+    Openai,
 }
 
 /// Log output format.
@@ -35,6 +37,24 @@ pub struct ServeArgs {
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
+    /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` (plain HTTP; a trailing `/v1` is accepted).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Time to connect to the upstream (ms); past it the turn fails with UPSTREAM_FAILURE (connect_timeout).
+    #[arg(long, default_value_t = 5_000)]
+    pub upstream_connect_timeout_ms: u64,
+    /// Time from sending the request to the upstream's first event (ms): prefill of long prompts counts here.
+    #[arg(long, default_value_t = 60_000)]
+    pub upstream_first_token_timeout_ms: u64,
+    /// Inter-token deadline (ms): an upstream silent this long mid-stream has stalled; the turn halts with UPSTREAM_FAILURE.
+    #[arg(long, default_value_t = 30_000)]
+    pub upstream_stall_timeout_ms: u64,
+    /// What a halt puts into degraded safe mode: the conversation's API key, or the whole node.
+    #[arg(long, value_enum, default_value = "key")]
+    pub degraded_scope: crate::modes::DegradedScope,
+    /// Degraded mode ends by itself after this many seconds (0: only `haltctl mode full` ends it).
+    #[arg(long, default_value_t = 0)]
+    pub degraded_for_s: u64,
     /// Pace of the built-in source: microseconds between tokens (0 = as fast as the socket takes them).
     #[arg(long, default_value_t = 20_000)]
     pub builtin_token_interval_us: u64,
@@ -125,6 +145,13 @@ pub struct Config {
     pub faults: Faults,
     /// Largest terminal frame the gate lets through after the budget.
     pub terminal_max_bytes: u32,
+    /// The resolved upstream of `--source openai`.
+    pub upstream: Option<crate::upstream::url::UpstreamUrl>,
+    pub upstream_connect_timeout: Duration,
+    pub upstream_first_token_timeout: Duration,
+    pub upstream_stall_timeout: Duration,
+    /// `--degraded-for-s`, `None` for 0.
+    pub degraded_for: Option<Duration>,
 }
 
 /// Most B accepted: a larger budget is no halt budget.
@@ -180,6 +207,46 @@ impl ServeArgs {
                 "makes no sense together with --no-kernel-gate",
             ));
         }
+        let upstream = match (self.source, self.upstream.as_deref()) {
+            (SourceKind::Openai, None) => {
+                return Err(err(
+                    "upstream",
+                    "--source openai needs --upstream URL (e.g. http://127.0.0.1:8000)",
+                ))
+            }
+            (SourceKind::Openai, Some(u)) => {
+                let mut url = crate::upstream::url::UpstreamUrl::parse(u)
+                    .map_err(|e| err("upstream", format!("{u:?}: {e}")))?;
+                url.resolve()
+                    .map_err(|e| err("upstream", format!("{u:?}: {e}")))?;
+                Some(url)
+            }
+            (SourceKind::Builtin, Some(_)) => {
+                return Err(err(
+                    "upstream",
+                    "is only used with --source openai (the builtin source needs no upstream)",
+                ))
+            }
+            (SourceKind::Builtin, None) => None,
+        };
+        for (flag, v) in [
+            (
+                "upstream-connect-timeout-ms",
+                self.upstream_connect_timeout_ms,
+            ),
+            (
+                "upstream-first-token-timeout-ms",
+                self.upstream_first_token_timeout_ms,
+            ),
+            ("upstream-stall-timeout-ms", self.upstream_stall_timeout_ms),
+        ] {
+            if v == 0 || v > 3_600_000 {
+                return Err(err(flag, format!("{v} must be between 1 and 3600000")));
+            }
+        }
+        if self.degraded_for_s > 30 * 86_400 {
+            return Err(err("degraded-for-s", "must be at most 30 days"));
+        }
         let faults = parse_faults(&self.faults)?;
         let workers = match self.workers {
             Some(0) => return Err(err("workers", "must be at least 1")),
@@ -198,6 +265,14 @@ impl ServeArgs {
             workers,
             faults,
             terminal_max_bytes: 4096,
+            upstream,
+            upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
+            upstream_first_token_timeout: Duration::from_millis(
+                self.upstream_first_token_timeout_ms,
+            ),
+            upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
+            degraded_for: (self.degraded_for_s > 0)
+                .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
         })
     }
@@ -273,6 +348,16 @@ mod tests {
             (&["--max-streams", "0"][..], "max-streams"),
             (&["--fault", "sneeze"][..], "fault"),
             (&["--workers", "0"][..], "workers"),
+            (&["--source", "openai"][..], "upstream"),
+            (
+                &["--source", "openai", "--upstream", "https://example.com"][..],
+                "upstream",
+            ),
+            (&["--upstream", "http://127.0.0.1:1"][..], "upstream"),
+            (
+                &["--upstream-stall-timeout-ms", "0"][..],
+                "upstream-stall-timeout-ms",
+            ),
         ] {
             assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
         }

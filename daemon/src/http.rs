@@ -7,7 +7,7 @@
 
 use std::io::Write as _;
 
-use crate::stream::StreamId;
+use crate::{stream::StreamId, upstream::Secret};
 
 /// Most headers a request may carry.
 pub const MAX_HEADERS: usize = 64;
@@ -15,7 +15,7 @@ pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// A request whose head has been parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RequestHead {
     pub method: String,
     pub path: String,
@@ -23,6 +23,9 @@ pub struct RequestHead {
     pub head_len: usize,
     pub content_length: usize,
     pub expect_continue: bool,
+    /// The `Authorization` value, passed through to an upstream and never logged (its
+    /// `Debug` is redacted).
+    pub authorization: Option<Secret>,
 }
 
 /// A request the data plane refuses, with the status it answers.
@@ -119,7 +122,24 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
     }
     let mut content_length: Option<usize> = None;
     let mut expect_continue = false;
+    let mut authorization: Option<Secret> = None;
     for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            if authorization.is_some() {
+                return Err(HttpError::bad_request("more than one authorization header"));
+            }
+            // Visible ASCII and spaces only: the value is copied into the upstream request.
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| v.bytes().all(|b| b == b' ' || b.is_ascii_graphic()))
+                .ok_or_else(|| {
+                    HttpError::bad_request(
+                        "the authorization header holds bytes other than visible ASCII",
+                    )
+                })?;
+            authorization = Some(Secret::new(v.trim().to_owned()));
+            continue;
+        }
         if h.name.eq_ignore_ascii_case("content-length") {
             let v = std::str::from_utf8(h.value)
                 .ok()
@@ -163,6 +183,7 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
         head_len,
         content_length,
         expect_continue,
+        authorization,
     }))
 }
 
@@ -179,7 +200,13 @@ pub fn reason(status: u16) -> &'static str {
         413 => "Content Too Large",
         415 => "Unsupported Media Type",
         417 => "Expectation Failed",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        409 => "Conflict",
         422 => "Unprocessable Content",
+        429 => "Too Many Requests",
+        502 => "Bad Gateway",
+        504 => "Gateway Timeout",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
@@ -271,10 +298,10 @@ mod tests {
 
     #[test]
     fn partial_heads_wait_for_more() {
-        assert_eq!(
+        assert!(matches!(
             parse_head(b"POST /v1/completions HTTP/1.1\r\nHost", 100),
             Ok(None)
-        );
+        ));
     }
 
     #[test]
@@ -352,5 +379,21 @@ mod tests {
                 proptest::prop_assert!((400..=505).contains(&e.status));
             }
         }
+    }
+
+    #[test]
+    fn authorization_is_kept_redacted_and_checked() {
+        let req = b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-1\r\ncontent-length: 0\r\n\r\n";
+        let head = parse_head(req, 100).expect("valid").expect("complete");
+        let auth = head.authorization.as_ref().expect("kept");
+        assert_eq!(auth.as_str(), "Bearer sk-1");
+        assert!(
+            !format!("{head:?}").contains("sk-1"),
+            "Debug must not show the key"
+        );
+        let twice = b"GET / HTTP/1.1\r\nauthorization: a\r\nauthorization: b\r\n\r\n";
+        assert_eq!(parse_head(twice, 100).expect_err("refused").status, 400);
+        let binary = b"GET / HTTP/1.1\r\nauthorization: \xff\xfe\r\n\r\n";
+        assert_eq!(parse_head(binary, 100).expect_err("refused").status, 400);
     }
 }

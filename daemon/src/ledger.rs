@@ -99,6 +99,25 @@ pub struct Record {
     /// Gate counters for the socket, free-form.
     pub kernel: Option<serde_json::Value>,
     pub message: Option<String>,
+    // Fields added after the first release are left out when empty, so that records written
+    // before them still hash (and verify) the same.
+    /// The conversation's key fingerprint (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// TURN-ACID: `"committed"` (ended cleanly; its state was committed) or `"failed"`
+    /// (left no state behind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_status: Option<String>,
+    /// The upstream exchange of a proxied turn: status, failure, cancellation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<serde_json::Value>,
+    /// Tool calls emitted to the client: `dispatched` ones of a failed turn need
+    /// reconciliation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A change of `runtime_mode` (degraded safe mode): scope, from, to, by, cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_change: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -134,6 +153,11 @@ impl Default for Record {
             ended_at: None,
             kernel: None,
             message: None,
+            conversation: None,
+            turn_status: None,
+            upstream: None,
+            tool_calls: Vec::new(),
+            mode_change: None,
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod gate;
 pub mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod modes;
 pub mod monitor;
 pub mod openai;
 pub mod server;

@@ -49,6 +49,35 @@ pub struct StatusLabels {
     pub status: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeChangeLabels {
+    pub to: &'static str,
+    pub by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// Kinds of upstream failure (FHR `upstream.failure`), every one a series from the start.
+pub const UPSTREAM_FAILURE_KINDS: [&str; 9] = [
+    "connect_refused",
+    "connect_timeout",
+    "first_token_timeout",
+    "stalled",
+    "malformed",
+    "error_event",
+    "early_eof",
+    "http_status",
+    "io_error",
+];
+
 /// All metric handles of the daemon.
 #[derive(Debug)]
 pub struct Metrics {
@@ -68,6 +97,11 @@ pub struct Metrics {
     pub gate_errors: Counter,
     pub ledger_errors: Counter,
     pub ledger_records: Gauge,
+    pub mode_changes: Family<ModeChangeLabels, Counter>,
+    pub degraded_scopes: Gauge,
+    pub upstream_failures: Family<KindLabels, Counter>,
+    pub upstream_cancels: Family<ReasonLabels, Counter>,
+    pub tool_calls: Family<KindLabels, Counter>,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -177,7 +211,58 @@ impl Metrics {
             "Flight-recorder records written since start (compare with the file to spot a cut-off tail)",
             ledger_records.clone(),
         );
+        let mode_changes = Family::<ModeChangeLabels, Counter>::default();
+        registry.register(
+            "runtime_mode_changes",
+            "Changes of runtime_mode (degraded safe mode), by new mode and by whom",
+            mode_changes.clone(),
+        );
+        let degraded_scopes = Gauge::default();
+        registry.register(
+            "degraded_scopes",
+            "Scopes (API keys, or the node) currently in degraded safe mode",
+            degraded_scopes.clone(),
+        );
+        let upstream_failures = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "upstream_failures",
+            "Proxied turns that failed because of the upstream, by kind",
+            upstream_failures.clone(),
+        );
+        let upstream_cancels = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "upstream_cancels",
+            "Upstream generations cancelled (connection closed) before they ended, by reason",
+            upstream_cancels.clone(),
+        );
+        let tool_calls = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls seen in upstream streams: committed, dispatched (needs reconciliation) or suppressed (degraded mode)",
+            tool_calls.clone(),
+        );
+        for (to, by) in [
+            ("degraded", "halt"),
+            ("full", "operator"),
+            ("full", "timer"),
+        ] {
+            drop(mode_changes.get_or_create(&ModeChangeLabels { to, by }));
+        }
+        for kind in UPSTREAM_FAILURE_KINDS {
+            drop(upstream_failures.get_or_create(&KindLabels { kind }));
+        }
+        for reason in ["trip", "client_gone"] {
+            drop(upstream_cancels.get_or_create(&ReasonLabels { reason }));
+        }
+        for kind in ["committed", "dispatched", "suppressed"] {
+            drop(tool_calls.get_or_create(&KindLabels { kind }));
+        }
         Metrics {
+            mode_changes,
+            degraded_scopes,
+            upstream_failures,
+            upstream_cancels,
+            tool_calls,
             registry,
             halt_tokens_post_trip,
             halt_latency_seconds,

@@ -5,7 +5,7 @@
 //! token once the buffer has grown); the rarer shapes (terminal, batch bodies) use
 //! `serde_json::Value`.
 
-use std::io::Write as _;
+use std::{io::Write as _, sync::Arc};
 
 use haltd_common::{HTTP_TERMINAL_PREFIX, SSE_TERMINAL_PREFIX};
 use serde::Deserialize;
@@ -279,7 +279,9 @@ pub struct ChunkEncoder {
     pub endpoint: Endpoint,
     pub stream_id: StreamId,
     pub created: u64,
-    pub model: &'static str,
+    /// The model name the chunks carry: the builtin's, or the one the client asked the
+    /// upstream for (client input: always written JSON-escaped).
+    pub model: Arc<str>,
     pub logprobs: bool,
     pub top_logprobs: u32,
 }
@@ -299,31 +301,50 @@ impl ChunkEncoder {
         };
         let _ = write!(
             out,
-            "{{\"id\":\"{}{}\",\"object\":\"{object}\",\"created\":{},\"model\":\"{}\",\"choices\":[",
+            "{{\"id\":\"{}{}\",\"object\":\"{object}\",\"created\":{},\"model\":",
             self.id_prefix(),
             self.stream_id,
             self.created,
-            self.model
         );
+        write_str(out, &self.model);
+        out.extend_from_slice(b",\"choices\":[");
     }
 
     /// One SSE event carrying one token. `index` is the 0-based token index, `text_offset`
     /// the byte offset of the token in the completion text.
     pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, index: u64, text_offset: usize) {
+        self.content_event(out, tok.text, &[tok], &[text_offset], index == 0);
+    }
+
+    /// One SSE event carrying `text`, made of `toks` (whose logprobs it carries when asked;
+    /// `offsets` are their byte offsets in the completion text). `first` adds the chat role.
+    pub fn content_event(
+        &self,
+        out: &mut Vec<u8>,
+        text: &str,
+        toks: &[Token<'_>],
+        offsets: &[usize],
+        first: bool,
+    ) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
             Endpoint::Chat => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{");
-                if index == 0 {
+                if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
                 }
                 out.extend_from_slice(b"\"content\":");
-                write_str(out, tok.text);
+                write_str(out, text);
                 out.extend_from_slice(b"},\"logprobs\":");
                 if self.logprobs {
                     out.extend_from_slice(b"{\"content\":[");
-                    self.chat_logprob_entry(out, tok);
+                    for (i, t) in toks.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        self.chat_logprob_entry(out, *t);
+                    }
                     out.extend_from_slice(b"]}");
                 } else {
                     out.extend_from_slice(b"null");
@@ -331,16 +352,29 @@ impl ChunkEncoder {
             }
             Endpoint::Completion => {
                 out.extend_from_slice(b"{\"index\":0,\"text\":");
-                write_str(out, tok.text);
+                write_str(out, text);
                 out.extend_from_slice(b",\"logprobs\":");
                 if self.logprobs {
-                    self.completion_logprobs(out, &[tok], &[text_offset]);
+                    self.completion_logprobs(out, toks, offsets);
                 } else {
                     out.extend_from_slice(b"null");
                 }
             }
         }
         out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
+    }
+
+    /// One SSE event carrying a chat tool-call delta as the upstream sent it.
+    pub fn tool_call_event(&self, out: &mut Vec<u8>, tool_calls: &Value, first: bool) {
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        out.extend_from_slice(b"{\"index\":0,\"delta\":{");
+        if first {
+            out.extend_from_slice(b"\"role\":\"assistant\",");
+        }
+        out.extend_from_slice(b"\"tool_calls\":");
+        let _ = serde_json::to_writer(&mut *out, tool_calls);
+        out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
     }
 
     fn chat_logprob_entry(&self, out: &mut Vec<u8>, tok: Token<'_>) {
@@ -418,7 +452,10 @@ impl ChunkEncoder {
                 out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null")
             }
         }
-        let _ = write!(out, ",\"finish_reason\":\"{finish_reason}\"}}]}}\n\n");
+        // The reason may come from an upstream: escaped like any string.
+        out.extend_from_slice(b",\"finish_reason\":");
+        write_str(out, finish_reason);
+        out.extend_from_slice(b"}]}\n\n");
     }
 
     /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
@@ -443,9 +480,9 @@ impl ChunkEncoder {
         toks: &[Token<'_>],
         offsets: &[usize],
         finish_reason: &str,
-        prompt_tokens: u64,
+        (prompt_tokens, completion_tokens): (u64, u64),
+        tool_calls: Option<&Value>,
     ) -> Vec<u8> {
-        let completion_tokens = toks.len() as u64;
         let mut logprobs = Vec::new();
         let logprobs: Value = if self.logprobs {
             match self.endpoint {
@@ -467,7 +504,11 @@ impl ChunkEncoder {
         };
         let choice = match self.endpoint {
             Endpoint::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason})
+                let mut message = json!({"role": "assistant", "content": text});
+                if let Some(calls) = tool_calls {
+                    message["tool_calls"] = calls.clone();
+                }
+                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
             }
             Endpoint::Completion => {
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
@@ -481,7 +522,7 @@ impl ChunkEncoder {
             "id": format!("{}{}", self.id_prefix(), self.stream_id),
             "object": object,
             "created": self.created,
-            "model": self.model,
+            "model": &*self.model,
             "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
         })
@@ -491,29 +532,38 @@ impl ChunkEncoder {
 }
 
 /// Everything the terminal frame of a halted stream says.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Halt {
     pub stream_id: StreamId,
     pub endpoint: Endpoint,
     pub created: u64,
-    pub model: &'static str,
+    pub model: Arc<str>,
     pub code: FailureCode,
     pub trip_token_index: u64,
     pub post_trip_tokens: u64,
     pub nonce: u64,
+    /// The turn ran in degraded safe mode (`x-haltd-mode: degraded` on a whole response).
+    pub degraded: bool,
+    /// Extra detail for the error object, e.g. `upstream: {kind, message}` of an
+    /// UPSTREAM_FAILURE.
+    pub detail: Option<(&'static str, Value)>,
 }
 
 impl Halt {
     /// The error object of DESIGN §4.
     pub fn error_object(&self) -> Value {
-        json!({
+        let mut obj = json!({
             "type": "halted",
             "code": self.code.as_str(),
             "message": format!("stream halted by haltd: {}", self.code.as_str()),
             "stream_id": self.stream_id.to_string(),
             "trip_token_index": self.trip_token_index,
             "post_trip_tokens": self.post_trip_tokens,
-        })
+        });
+        if let Some((k, v)) = &self.detail {
+            obj[*k] = v.clone();
+        }
+        obj
     }
 
     fn sse_events(&self, out: &mut Vec<u8>) {
@@ -521,7 +571,7 @@ impl Halt {
             endpoint: self.endpoint,
             stream_id: self.stream_id,
             created: self.created,
-            model: self.model,
+            model: Arc::clone(&self.model),
             logprobs: false,
             top_logprobs: 0,
         };
@@ -547,14 +597,13 @@ impl Halt {
         out.extend_from_slice(&nonce_hex(self.nonce));
         out.extend_from_slice(b"\r\n");
         let code = self.code.as_str();
+        let extra: &[(&str, &str)] = if self.degraded {
+            &[("x-haltd-halted", code), ("x-haltd-mode", "degraded")]
+        } else {
+            &[("x-haltd-halted", code)]
+        };
         if stream {
-            http::write_head_fields(
-                out,
-                "text/event-stream",
-                None,
-                Some(self.stream_id),
-                &[("x-haltd-halted", code)],
-            );
+            http::write_head_fields(out, "text/event-stream", None, Some(self.stream_id), extra);
             self.sse_events(out);
         } else {
             let body = self.degraded_body();
@@ -563,7 +612,7 @@ impl Halt {
                 "application/json",
                 Some(body.len()),
                 Some(self.stream_id),
-                &[("x-haltd-halted", code)],
+                extra,
             );
             out.extend_from_slice(&body);
         }
@@ -588,7 +637,7 @@ impl Halt {
             "id": id,
             "object": object,
             "created": self.created,
-            "model": self.model,
+            "model": &*self.model,
             "choices": [choice],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
             "error": self.error_object(),
@@ -616,7 +665,7 @@ mod tests {
             endpoint,
             stream_id: id(),
             created: 1_700_000_000,
-            model: "builtin",
+            model: "builtin".into(),
             logprobs,
             top_logprobs: 2,
         }
@@ -726,11 +775,13 @@ mod tests {
             stream_id: id(),
             endpoint: Endpoint::Chat,
             created: 1,
-            model: "builtin",
+            model: "builtin".into(),
             code: FailureCode::OperatorTrip,
             trip_token_index: 12,
             post_trip_tokens: 2,
             nonce: 0xfeed_f00d_0000_0001,
+            degraded: false,
+            detail: None,
         }
     }
 

@@ -94,6 +94,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
+        modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
+        turn_meta: (0..cfg.args.max_streams)
+            .map(|_| std::sync::Mutex::default())
+            .collect(),
         cfg,
     });
     let mut start = Record {

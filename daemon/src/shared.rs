@@ -3,7 +3,10 @@
 
 use std::{
     os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
-    sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+        Arc, Mutex,
+    },
     time::{Duration, UNIX_EPOCH},
 };
 
@@ -15,6 +18,7 @@ use crate::{
     gate::{monotonic_ns, KernelGate},
     ledger::{rfc3339, rfc3339_now, Ledger, Record, RecordKind},
     metrics::Metrics,
+    modes::{KeyId, ModeChange, Modes},
     openai::Halt,
     source::builtin::MODEL_NAME,
     stream::{
@@ -40,6 +44,21 @@ pub struct Shared {
     pub recorder_failed: AtomicBool,
     /// Set on SIGTERM/SIGINT: open streams halt, new turns get 503.
     pub shutting_down: AtomicBool,
+    /// Degraded safe mode and committed conversation state.
+    pub modes: Modes,
+    /// Per slot: what a terminal frame needs beyond the slot's atomics.
+    pub turn_meta: Vec<Mutex<TurnMeta>>,
+}
+
+/// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn
+/// start and on an upstream failure, read when a halt is written (by the emitter or the
+/// watchdog). A lock per turn and per halt, never per token.
+#[derive(Debug, Default)]
+pub struct TurnMeta {
+    /// The model name the turn's chunks carry.
+    pub model: Option<Arc<str>>,
+    /// Why the upstream failed (kind, message), for the error object of the terminal event.
+    pub upstream_failure: Option<(&'static str, String)>,
 }
 
 struct GateTrip<'a> {
@@ -134,21 +153,77 @@ impl Shared {
 
     /// The terminal frame for a tripped stream, in the form its response needs.
     pub fn terminal_frame(&self, snap: &SlotSnapshot, out: &mut Vec<u8>) {
+        let (model, detail) = {
+            let meta = self.meta(snap.id.slot);
+            let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
+            let detail = meta.upstream_failure.as_ref().map(|(kind, message)| {
+                (
+                    "upstream",
+                    serde_json::json!({"kind": kind, "message": message}),
+                )
+            });
+            (model, detail)
+        };
         let halt = Halt {
             stream_id: snap.id,
             endpoint: snap.endpoint,
             created: snap.created,
-            model: MODEL_NAME,
+            model,
             code: snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip),
             trip_token_index: snap.trip_token_index,
             post_trip_tokens: snap.post_trip_delivered,
             nonce: snap.nonce,
+            degraded: snap.degraded,
+            detail,
         };
         out.clear();
         if snap.mode == Mode::Stream && snap.headers_sent {
             halt.sse_terminal(out);
         } else {
-            halt.http_terminal(out, snap.mode == Mode::Stream);
+            halt.http_terminal(out, snap.client_sse);
+        }
+    }
+
+    /// The per-turn facts of a slot.
+    pub fn meta(&self, slot: u32) -> std::sync::MutexGuard<'_, TurnMeta> {
+        // Plain data: consistent even after a panic elsewhere.
+        self.turn_meta[slot as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a change of `runtime_mode` and counts it.
+    pub fn record_mode_change(&self, ch: &ModeChange) {
+        self.metrics
+            .mode_changes
+            .get_or_create(&crate::metrics::ModeChangeLabels {
+                to: ch.to,
+                by: ch.by,
+            })
+            .inc();
+        self.metrics
+            .degraded_scopes
+            .set(self.modes.degraded_count() as i64);
+        tracing::warn!(scope = %ch.scope, from = ch.from, to = ch.to, by = ch.by, cause = ?ch.cause, "runtime_mode changed");
+        let rec = Record {
+            kind: RecordKind::Lifecycle,
+            runtime_mode: ch.to.to_owned(),
+            kernel_gate: self.kernel_gate_label().to_owned(),
+            stream_id: ch.stream_id.clone(),
+            mode_change: serde_json::to_value(ch).ok(),
+            message: Some(format!(
+                "runtime_mode {} -> {} for {} ({})",
+                ch.from, ch.to, ch.scope, ch.by
+            )),
+            ..Record::default()
+        };
+        self.record(rec);
+    }
+
+    /// Ends the degraded scopes whose timer ran out, recording each change.
+    pub fn expire_degraded(&self) {
+        for ch in self.modes.expire(std::time::SystemTime::now()) {
+            self.record_mode_change(&ch);
         }
     }
 
@@ -179,6 +254,13 @@ impl Shared {
         });
         self.record(rec);
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
+        // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope.
+        if let Some(ch) = self
+            .modes
+            .enter(KeyId(snap.key_id), cause, &snap.id.to_string())
+        {
+            self.record_mode_change(&ch);
+        }
     }
 
     /// The gate's state of a governed socket, for records; `None` without the gate.
@@ -214,9 +296,10 @@ impl Shared {
             stream_id: Some(snap.id.to_string()),
             mode: (snap.mode != Mode::Pending).then(|| snap.mode.as_str().to_owned()),
             rts_mode: "normal".to_owned(),
-            runtime_mode: "full".to_owned(),
+            runtime_mode: if snap.degraded { "degraded" } else { "full" }.to_owned(),
             kernel_gate: self.kernel_gate_label().to_owned(),
             budget: Some(snap.budget),
+            conversation: (snap.mode != Mode::Pending).then(|| KeyId(snap.key_id).fingerprint()),
             tokens_emitted: snap.tokens_delivered,
             started_at: Some(rfc3339(
                 UNIX_EPOCH + Duration::from_millis(snap.started_unix_ms),

@@ -204,6 +204,14 @@ pub struct Slot {
     pub budget: AtomicU32,
     /// The emitter has a send on this socket in flight; the watchdog does not write then.
     pub send_inflight: AtomicBool,
+    /// The turn's conversation key (API-key fingerprint, [`crate::modes::KeyId`]): the scope a
+    /// halt puts into degraded mode.
+    pub key_id: AtomicU64,
+    /// The turn runs in degraded safe mode (FHR `runtime_mode`).
+    pub degraded: AtomicBool,
+    /// The client asked for `text/event-stream`, even if the turn is served as batch (degraded
+    /// mode): a halt before the head answers in SSE then.
+    pub client_sse: AtomicBool,
 }
 
 impl Slot {
@@ -338,6 +346,9 @@ impl Slot {
             started_ns: self.started_ns.load(SeqCst),
             started_unix_ms: self.started_unix_ms.load(SeqCst),
             budget: self.budget.load(SeqCst),
+            key_id: self.key_id.load(SeqCst),
+            degraded: self.degraded.load(SeqCst),
+            client_sse: self.client_sse.load(SeqCst),
         }
     }
 }
@@ -364,6 +375,9 @@ pub struct SlotSnapshot {
     pub started_ns: u64,
     pub started_unix_ms: u64,
     pub budget: u32,
+    pub key_id: u64,
+    pub degraded: bool,
+    pub client_sse: bool,
 }
 
 impl SlotSnapshot {
@@ -460,6 +474,9 @@ impl StreamTable {
         s.mode.store(Mode::Pending as u8, SeqCst);
         s.endpoint.store(Endpoint::Chat as u8, SeqCst);
         s.headers_sent.store(false, SeqCst);
+        s.degraded.store(false, SeqCst);
+        s.client_sse.store(false, SeqCst);
+        s.key_id.store(0, SeqCst);
         s.created.store(0, SeqCst);
         s.started_ns.store(now_ns, SeqCst);
         let unix_ms = std::time::SystemTime::now()

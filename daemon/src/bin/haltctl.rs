@@ -1,4 +1,5 @@
-//! `haltctl`: the operator's CLI for a running haltd (trip a stream, list streams) and for
+//! `haltctl`: the operator's CLI for a running haltd (trip a stream, list streams, end
+//! degraded safe mode) and for
 //! its flight recorder (verify the hash chain).
 
 use std::{path::PathBuf, process::ExitCode};
@@ -34,6 +35,17 @@ enum Command {
     Streams,
     /// Daemon status (gate, heartbeat, streams).
     Status,
+    /// Show degraded safe mode, or end it: `haltctl mode full [--scope all|node|key:<fingerprint>]`.
+    Mode {
+        /// `full` ends degraded mode for the scope; without it, show the degraded scopes.
+        #[arg(value_parser = ["full"])]
+        set: Option<String>,
+        /// Which degraded scope to end: every one (`all`), the node-wide one, or one API key by its fingerprint (as records and `haltctl mode` show it).
+        #[arg(long, default_value = "all", requires = "set")]
+        scope: String,
+    },
+    /// Committed per-conversation state (turns that ended cleanly).
+    Conversations,
     /// Flight-recorder tools.
     Ledger {
         #[command(subcommand)]
@@ -93,6 +105,20 @@ fn main() -> ExitCode {
         }
         Command::Streams => print_response(agent.get(&format!("{base}/admin/streams")).call()),
         Command::Status => print_response(agent.get(&format!("{base}/admin/status")).call()),
+        Command::Mode { set: None, .. } => {
+            print_response(agent.get(&format!("{base}/admin/mode")).call())
+        }
+        Command::Mode {
+            set: Some(mode),
+            scope,
+        } => print_response(
+            agent
+                .post(&format!("{base}/admin/mode"))
+                .send_json(serde_json::json!({ "mode": mode, "scope": scope })),
+        ),
+        Command::Conversations => {
+            print_response(agent.get(&format!("{base}/admin/conversations")).call())
+        }
         Command::Ledger {
             command: LedgerCommand::Verify { path },
         } => match haltd::ledger::verify(&path) {

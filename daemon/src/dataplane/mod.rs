@@ -26,15 +26,19 @@ use slab::Slab;
 
 use crate::{
     codes::FailureCode,
+    config::SourceKind,
     gate::monotonic_ns,
     http::{self, HttpError, RequestHead},
     ledger::RecordKind,
+    modes::KeyId,
     monitor::{Decision, HaltMonitor},
     openai::{self, ChunkEncoder, Token, TurnRequest},
     shared::Shared,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Endpoint, Mode, StreamId},
 };
+
+mod proxy;
 
 const OP_ACCEPT: u64 = 1;
 const OP_WAKE: u64 = 2;
@@ -43,6 +47,13 @@ const OP_SEND: u64 = 4;
 const OP_TIMER: u64 = 5;
 const OP_LINK_TIMEOUT: u64 = 6;
 const OP_CANCEL: u64 = 7;
+const OP_UP_CONNECT: u64 = 8;
+const OP_UP_SEND: u64 = 9;
+const OP_UP_RECV: u64 = 10;
+const OP_UP_LINK: u64 = 11;
+/// Receive on the client socket while a proxied turn runs (notices a client that left).
+const OP_WATCH: u64 = 12;
+const OP_CANCEL_UP: u64 = 13;
 /// Key used for the listener and the eventfd, which are not connections.
 const WORKER_KEY: u64 = u32::MAX as u64;
 const RING_ENTRIES: u32 = 1024;
@@ -72,6 +83,9 @@ enum Outcome {
     Halted,
     ClientGone,
     Rejected(u16),
+    /// The upstream failed before the client's response began (answered 502/504 or the
+    /// upstream's own error status).
+    UpstreamFailed,
 }
 
 impl Outcome {
@@ -82,6 +96,7 @@ impl Outcome {
             Outcome::Halted => "halted",
             Outcome::ClientGone => "client_gone",
             Outcome::Rejected(_) => "rejected",
+            Outcome::UpstreamFailed => "upstream_failed",
         }
     }
 }
@@ -89,17 +104,34 @@ impl Outcome {
 /// A generated token kept for a batch response.
 #[derive(Debug)]
 struct HeldToken {
-    text: &'static str,
+    text: String,
     logprob: f32,
-    top: Vec<(&'static str, f32)>,
+    top: Vec<(String, f32)>,
     offset: usize,
+}
+
+/// Where a turn's tokens come from.
+#[derive(Debug)]
+enum TurnSource {
+    Builtin(BuiltinStream),
+    /// Proxied to the upstream; its state is the connection's [`proxy::Upstream`].
+    Proxy,
 }
 
 /// The turn a connection is running.
 #[derive(Debug)]
 struct Turn {
-    req: TurnRequest,
-    source: BuiltinStream,
+    source: TurnSource,
+    /// What the client asked for.
+    stream: bool,
+    logprobs: bool,
+    top_logprobs: u32,
+    include_usage: bool,
+    /// The conversation (API key) and whether its scope was degraded at turn start.
+    key_id: KeyId,
+    degraded: bool,
+    /// Tokens the source produced (emitted or held).
+    tokens_generated: u64,
     monitor: HaltMonitor,
     enc: ChunkEncoder,
     /// Bytes of completion text so far (for `text_offset`).
@@ -113,6 +145,8 @@ struct Turn {
     detector_refs: Vec<String>,
     last_token_ns: u64,
     token_gap_ns_sum: u64,
+    /// Tool calls emitted to the client (streaming) or held (batch): `{index, id, name}`.
+    tool_calls: Vec<serde_json::Value>,
 }
 
 #[derive(Debug)]
@@ -137,6 +171,10 @@ struct Conn {
     closing: bool,
     outcome: Outcome,
     turn: Option<Box<Turn>>,
+    /// The upstream exchange of a proxied turn (or `/v1/models`).
+    up: Option<Box<proxy::Upstream>>,
+    watch_inflight: bool,
+    watch_buf: Box<[u8; 16]>,
 }
 
 impl Conn {
@@ -146,6 +184,8 @@ impl Conn {
             || self.link_inflight
             || self.timer_inflight
             || self.cancel_inflight > 0
+            || self.watch_inflight
+            || self.up.as_ref().is_some_and(|u| u.inflight())
     }
 }
 
@@ -298,6 +338,16 @@ impl Worker {
                 }
             }
             OP_CANCEL => conn.cancel_inflight = conn.cancel_inflight.saturating_sub(1),
+            OP_UP_CONNECT => self.on_up_connect(key, res)?,
+            OP_UP_SEND => self.on_up_send(key, res)?,
+            OP_UP_RECV => self.on_up_recv(key, res)?,
+            OP_UP_LINK => self.on_up_link(key)?,
+            OP_WATCH => self.on_watch(key, res)?,
+            OP_CANCEL_UP => {
+                if let Some(up) = conn.up.as_mut() {
+                    up.cancel_inflight = up.cancel_inflight.saturating_sub(1);
+                }
+            }
             _ => {}
         }
         self.maybe_finish_close(key);
@@ -383,6 +433,9 @@ impl Worker {
             closing: false,
             outcome: Outcome::Open,
             turn: None,
+            up: None,
+            watch_inflight: false,
+            watch_buf: Box::new([0; 16]),
         };
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
@@ -492,11 +545,15 @@ impl Worker {
             "/v1/completions" => Some(Endpoint::Completion),
             _ => None,
         };
+        let proxied = self.shared.cfg.args.source == SourceKind::Openai;
         match (head.method.as_str(), path, endpoint) {
+            ("POST", _, Some(endpoint)) if proxied => self.start_proxy_turn(key, endpoint, head),
             ("POST", _, Some(endpoint)) => {
+                let key_id =
+                    KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
                 let body = &self.conns[key].rbuf[head.head_len..];
                 match openai::parse_turn(endpoint, body, MODEL_NAME) {
-                    Ok(req) => self.start_turn(key, req),
+                    Ok(req) => self.start_turn(key, req, key_id),
                     Err(e) => self.reply_error(key, &e),
                 }
             }
@@ -504,6 +561,7 @@ impl Worker {
                 self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
             }
             ("GET", "/healthz", _) => self.reply_health(key),
+            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
             ("GET", "/v1/models", _) => {
                 let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
                 self.reply(key, 200, "application/json", body.as_bytes())
@@ -556,6 +614,17 @@ impl Worker {
         content_type: &str,
         body: &[u8],
     ) -> io::Result<()> {
+        self.reply_with(key, status, content_type, body, &[])
+    }
+
+    fn reply_with(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> io::Result<()> {
         let conn = &mut self.conns[key];
         conn.wbuf.clear();
         http::write_head(
@@ -564,7 +633,7 @@ impl Worker {
             content_type,
             Some(body.len()),
             Some(conn.id),
-            &[],
+            extra,
         );
         conn.wbuf.extend_from_slice(body);
         if status >= 400 {
@@ -600,18 +669,29 @@ impl Worker {
         }
     }
 
-    fn start_turn(&mut self, key: usize, req: TurnRequest) -> io::Result<()> {
+    /// The checks and slot set-up every turn starts with: refuse while shutting down or
+    /// without a flight recorder, look up degraded mode for the conversation, and fix the
+    /// stream's mode and budget. `None`: the turn was refused (the reply is on its way).
+    fn open_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        client_stream: bool,
+        key_id: KeyId,
+        model: Arc<str>,
+    ) -> io::Result<Option<(bool, Mode)>> {
         let shared = Arc::clone(&self.shared);
         if shared.shutting_down.load(SeqCst) {
-            return self.reply_error(
+            self.reply_error(
                 key,
                 &HttpError::new(503, "server_error", "haltd is shutting down")
                     .with_code("shutting_down"),
-            );
+            )?;
+            return Ok(None);
         }
         if shared.recorder_failed.load(SeqCst) {
             // Fail closed: a turn that cannot be recorded is not served.
-            return self.reply_error(
+            self.reply_error(
                 key,
                 &HttpError::new(
                     503,
@@ -619,54 +699,107 @@ impl Worker {
                     "the flight recorder is unavailable; haltd serves no turns until it is restarted with a writable ledger",
                 )
                 .with_code("recorder_failed"),
-            );
+            )?;
+            return Ok(None);
         }
+        // A lock per turn start (degraded-mode registry), never per token.
+        shared.expire_degraded();
+        let degraded = shared.modes.is_degraded(key_id);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        let created = unix_now();
-        slot.created.store(created, SeqCst);
-        slot.endpoint.store(req.endpoint as u8, SeqCst);
-        let mode = if req.stream {
+        slot.created.store(unix_now(), SeqCst);
+        slot.endpoint.store(endpoint as u8, SeqCst);
+        slot.key_id.store(key_id.0, SeqCst);
+        slot.degraded.store(degraded, SeqCst);
+        slot.client_sse.store(client_stream, SeqCst);
+        // Degraded safe mode serves streaming requests as batch: held until complete.
+        let mode = if client_stream && !degraded {
             Mode::Stream
         } else {
             Mode::Batch
         };
-        if mode == Mode::Batch {
-            // A batch response is all or nothing: no token may follow a trip.
+        if mode == Mode::Batch || degraded {
+            // A batch response is all or nothing, and degraded mode runs with B = 0: no
+            // token may follow a trip.
             slot.budget.store(0, SeqCst);
         }
         slot.mode.store(mode as u8, SeqCst);
-        let model = BuiltinModel::get();
-        let monitor = match HaltMonitor::new(shared.cfg.args.hard_limit) {
-            Ok(m) => m,
-            Err(e) => {
-                return self.reply_error(
-                    key,
-                    &HttpError::new(500, "server_error", format!("monitor: {e}")),
-                )
-            }
-        };
-        let mut detector_refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
-        if shared.cfg.args.hard_limit > 0.0 {
-            detector_refs.push(format!(
-                "halt_monitor:token_probability<{}",
-                shared.cfg.args.hard_limit
-            ));
+        {
+            let mut meta = shared.meta(conn.id.slot);
+            meta.model = Some(model);
+            meta.upstream_failure = None;
         }
+        Ok(Some((degraded, mode)))
+    }
+
+    /// The detectors every turn runs, and their references for records.
+    fn turn_detectors(&self) -> Result<(HaltMonitor, Vec<String>), HttpError> {
+        let hard_limit = self.shared.cfg.args.hard_limit;
+        let monitor = HaltMonitor::new(hard_limit)
+            .map_err(|e| HttpError::new(500, "server_error", format!("monitor: {e}")))?;
+        let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
+        if hard_limit > 0.0 {
+            refs.push(format!("halt_monitor:token_probability<{hard_limit}"));
+        }
+        Ok((monitor, refs))
+    }
+
+    /// The response head of a streaming turn, sent before its first token.
+    fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        conn.wbuf.clear();
+        http::write_head(
+            &mut conn.wbuf,
+            200,
+            "text/event-stream",
+            None,
+            Some(conn.id),
+            &[],
+        );
+        if slot.begin_frame(false, false) {
+            slot.headers_sent.store(true, SeqCst);
+            return self.send(key, SendKind::Head);
+        }
+        self.halt(key)
+    }
+
+    fn start_turn(&mut self, key: usize, req: TurnRequest, key_id: KeyId) -> io::Result<()> {
+        let Some((degraded, mode)) =
+            self.open_turn(key, req.endpoint, req.stream, key_id, MODEL_NAME.into())?
+        else {
+            return Ok(());
+        };
+        let (monitor, detector_refs) = match self.turn_detectors() {
+            Ok(d) => d,
+            Err(e) => return self.reply_error(key, &e),
+        };
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
+        let model = BuiltinModel::get();
         let turn = Turn {
-            source: model
-                .stream(&req.prompt, req.seed, req.max_tokens)
-                .with_ignore_eos(req.ignore_eos),
+            source: TurnSource::Builtin(
+                model
+                    .stream(&req.prompt, req.seed, req.max_tokens)
+                    .with_ignore_eos(req.ignore_eos),
+            ),
+            stream: req.stream,
+            logprobs: req.logprobs,
+            top_logprobs: req.top_logprobs,
+            include_usage: req.include_usage,
+            key_id,
+            degraded,
+            tokens_generated: 0,
             prompt_tokens: model.count_tokens(&req.prompt) as u64,
             enc: ChunkEncoder {
                 endpoint: req.endpoint,
                 stream_id: conn.id,
                 created,
-                model: MODEL_NAME,
+                model: MODEL_NAME.into(),
                 logprobs: req.logprobs,
                 top_logprobs: req.top_logprobs,
             },
-            req,
             monitor,
             text_len: 0,
             held_text: String::new(),
@@ -675,23 +808,11 @@ impl Worker {
             detector_refs,
             last_token_ns: 0,
             token_gap_ns_sum: 0,
+            tool_calls: Vec::new(),
         };
         conn.turn = Some(Box::new(turn));
         if mode == Mode::Stream {
-            conn.wbuf.clear();
-            http::write_head(
-                &mut conn.wbuf,
-                200,
-                "text/event-stream",
-                None,
-                Some(conn.id),
-                &[],
-            );
-            if slot.begin_frame(false, false) {
-                slot.headers_sent.store(true, SeqCst);
-                return self.send(key, SendKind::Head);
-            }
-            return self.halt(key);
+            return self.send_stream_head(key);
         }
         self.step(key)
     }
@@ -715,15 +836,19 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
+        let TurnSource::Builtin(source) = &mut turn.source else {
+            return self.proxy_step(key);
+        };
         let mode = slot.mode();
-        let top_n = if turn.req.logprobs {
-            turn.req.top_logprobs as usize
+        let top_n = if turn.logprobs {
+            turn.top_logprobs as usize
         } else {
             0
         };
-        let Some(tok) = turn.source.next_token(top_n) else {
+        let Some(tok) = source.next_token(top_n) else {
             return self.finish(key);
         };
+        turn.tokens_generated += 1;
         // HaltMonitor (spec 001): the score is the token's probability. A failing token is
         // never emitted: the trip happens before it is accounted or sent.
         let score = f64::from(tok.logprob).exp();
@@ -743,9 +868,14 @@ impl Worker {
             // batch path keeps every token for the final body.)
             turn.held_text.push_str(tok.text);
             turn.held_tokens.push(HeldToken {
-                text: tok.text,
+                text: tok.text.to_owned(),
                 logprob: tok.logprob,
-                top: tok.top.as_slice().to_vec(),
+                top: tok
+                    .top
+                    .as_slice()
+                    .iter()
+                    .map(|(t, l)| ((*t).to_owned(), *l))
+                    .collect(),
                 offset,
             });
             slot.tokens_submitted.fetch_add(1, SeqCst);
@@ -770,7 +900,12 @@ impl Worker {
     }
 
     fn schedule_next(&mut self, key: usize) -> io::Result<()> {
-        if self.shared.cfg.token_interval.is_zero() {
+        let proxied = matches!(
+            self.conns[key].turn.as_ref().map(|t| &t.source),
+            Some(TurnSource::Proxy)
+        );
+        if proxied || self.shared.cfg.token_interval.is_zero() {
+            // A proxied turn is paced by its upstream.
             return self.step(key);
         }
         let conn = &mut self.conns[key];
@@ -782,46 +917,84 @@ impl Worker {
         self.push(&e)
     }
 
-    fn finish(&mut self, key: usize) -> io::Result<()> {
+    /// Writes the last frame of a turn that ends normally with `reason` (the final events of
+    /// a stream, or the whole batch response) and sends it.
+    fn finish_with(
+        &mut self,
+        key: usize,
+        reason: &str,
+        usage: (u64, u64),
+        tool_calls: Option<&serde_json::Value>,
+    ) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
-        let reason = turn.source.finish_reason().map_or("stop", |r| r.as_str());
         conn.wbuf.clear();
-        if slot.mode() == Mode::Stream {
-            let usage = turn.req.include_usage.then(|| {
-                (
-                    turn.prompt_tokens,
-                    u64::from(turn.source.tokens_generated()),
-                )
-            });
-            turn.enc.finish_events(&mut conn.wbuf, reason, usage);
+        let degraded_hdr: &[(&str, &str)] = if turn.degraded {
+            &[("x-haltd-mode", "degraded")]
         } else {
+            &[]
+        };
+        if slot.mode() == Mode::Stream {
+            turn.enc
+                .finish_events(&mut conn.wbuf, reason, turn.include_usage.then_some(usage));
+        } else {
+            // Batch (asked for, or a degraded stream): the whole response in one frame.
+            let tops: Vec<Vec<(&str, f32)>> = turn
+                .held_tokens
+                .iter()
+                .map(|t| t.top.iter().map(|(s, l)| (s.as_str(), *l)).collect())
+                .collect();
             let toks: Vec<Token<'_>> = turn
                 .held_tokens
                 .iter()
-                .map(|t| Token {
-                    text: t.text,
+                .zip(&tops)
+                .map(|(t, top)| Token {
+                    text: &t.text,
                     logprob: t.logprob,
-                    top: &t.top,
+                    top,
                 })
                 .collect();
             let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
-            let body =
+            if turn.stream {
+                // Degraded mode serves a stream request as batch, still as SSE so that
+                // streaming clients read it: one content event, the final events, [DONE].
+                http::write_head(
+                    &mut conn.wbuf,
+                    200,
+                    "text/event-stream",
+                    None,
+                    Some(conn.id),
+                    degraded_hdr,
+                );
+                if !turn.held_text.is_empty() || toks.is_empty() {
+                    turn.enc
+                        .content_event(&mut conn.wbuf, &turn.held_text, &toks, &offsets, true);
+                }
                 turn.enc
-                    .batch_body(&turn.held_text, &toks, &offsets, reason, turn.prompt_tokens);
-            http::write_head(
-                &mut conn.wbuf,
-                200,
-                "application/json",
-                Some(body.len()),
-                Some(conn.id),
-                &[],
-            );
-            conn.wbuf.extend_from_slice(&body);
+                    .finish_events(&mut conn.wbuf, reason, turn.include_usage.then_some(usage));
+            } else {
+                let body = turn.enc.batch_body(
+                    &turn.held_text,
+                    &toks,
+                    &offsets,
+                    reason,
+                    usage,
+                    tool_calls,
+                );
+                http::write_head(
+                    &mut conn.wbuf,
+                    200,
+                    "application/json",
+                    Some(body.len()),
+                    Some(conn.id),
+                    degraded_hdr,
+                );
+                conn.wbuf.extend_from_slice(&body);
+            }
         }
         if slot.begin_final() {
             if slot.mode() == Mode::Batch {
@@ -831,6 +1004,18 @@ impl Worker {
         } else {
             self.halt(key)
         }
+    }
+
+    fn finish(&mut self, key: usize) -> io::Result<()> {
+        let Some(turn) = self.conns[key].turn.as_ref() else {
+            return Ok(());
+        };
+        let TurnSource::Builtin(source) = &turn.source else {
+            return Ok(());
+        };
+        let reason = source.finish_reason().map_or("stop", |r| r.as_str());
+        let usage = (turn.prompt_tokens, turn.tokens_generated);
+        self.finish_with(key, reason, usage, None)
     }
 
     fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
@@ -926,7 +1111,9 @@ impl Worker {
             if published && index > slot.trip_token_index.load(SeqCst) {
                 slot.post_trip_delivered.fetch_add(1, SeqCst);
             }
+            self.proxy_frame_delivered(key);
         }
+        let conn = &mut self.conns[key];
         if conn.pending_terminal {
             conn.pending_terminal = false;
             return self.halt(key);
@@ -950,6 +1137,11 @@ impl Worker {
     /// Halts a tripped stream from the emitter's side: claim the halt, then send the terminal
     /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
     fn halt(&mut self, key: usize) -> io::Result<()> {
+        if self.shared.table.slot(self.conns[key].id.slot).is_tripped() {
+            // A tripped turn's generation is cancelled at once (spec: no work for nothing,
+            // and vLLM frees the sequence).
+            self.up_cancel(key, "trip");
+        }
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
@@ -1045,6 +1237,15 @@ impl Worker {
         if conn.recv_inflight {
             cancels.push(ud(key, OP_RECV));
         }
+        if conn.watch_inflight {
+            cancels.push(ud(key, OP_WATCH));
+        }
+        let up_reason = if conn.outcome == Outcome::ClientGone {
+            "client_gone"
+        } else {
+            "trip"
+        };
+        let has_up = conn.up.is_some();
         conn.cancel_inflight += cancels.len() as u32;
         for target in cancels {
             let e = opcode::AsyncCancel::new(target)
@@ -1055,6 +1256,11 @@ impl Worker {
                     c.cancel_inflight -= 1;
                 }
             }
+        }
+        if has_up {
+            // Closing with the upstream still generating: a trip or a client gone (a turn
+            // that finished or failed closed its upstream already, so this is a no-op then).
+            self.up_cancel(key, up_reason);
         }
         self.maybe_finish_close(key);
     }
@@ -1084,6 +1290,10 @@ impl Worker {
         // SAFETY: no operation on this descriptor is in flight and the watchdog is done
         // with it (the slot is not HALTING), so nothing else uses it.
         unsafe { libc::close(conn.fd) };
+        if let Some(up) = conn.up.as_ref() {
+            // SAFETY: nothing is in flight on the upstream socket (`inflight` covers it).
+            unsafe { libc::close(up.fd()) };
+        }
         shared.metrics.streams_active.dec();
         self.record_turn(&conn);
         shared.table.release(conn.id);
@@ -1111,8 +1321,54 @@ impl Worker {
         let mut rec = shared.base_record(RecordKind::Turn, &snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
-        let gaps = u64::from(turn.source.tokens_generated().saturating_sub(1)).max(1);
+        let gaps = turn.tokens_generated.saturating_sub(1).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
+        // TURN-ACID: only a turn that ended cleanly commits; a failed one leaves the
+        // conversation's state as it was, and tool calls it already emitted are dispatched
+        // effects that need reconciliation.
+        let committed = outcome == Outcome::Completed;
+        rec.turn_status = Some(if committed { "committed" } else { "failed" }.to_owned());
+        let tool_status = if committed { "committed" } else { "dispatched" };
+        rec.tool_calls = turn
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                c["status"] = tool_status.into();
+                if !committed {
+                    c["reconciliation"] = "required".into();
+                }
+                c
+            })
+            .collect();
+        if !turn.tool_calls.is_empty() {
+            shared
+                .metrics
+                .tool_calls
+                .get_or_create(&crate::metrics::KindLabels { kind: tool_status })
+                .inc_by(turn.tool_calls.len() as u64);
+        }
+        if committed {
+            let tokens = if snap.mode == Mode::Batch {
+                turn.tokens_generated
+            } else {
+                snap.tokens_delivered
+            };
+            shared.modes.commit_turn(
+                turn.key_id,
+                &conn.id.to_string(),
+                tokens,
+                turn.tool_calls.len() as u64,
+            );
+        } else {
+            shared.modes.fail_turn(turn.key_id);
+        }
+        if let Some(p) = &conn.up {
+            rec.upstream = Some(p.record_value());
+            if outcome == Outcome::UpstreamFailed {
+                rec.failure_codes = vec![FailureCode::UpstreamFailure.as_str().to_owned()];
+            }
+        }
         let started = snap.started_ns;
         rec.message = Some(format!(
             "turn of {} ms",

@@ -1,0 +1,1213 @@
+//! The `openai` source: a turn proxied to an OpenAI-compatible upstream (vLLM, llama.cpp
+//! server, Ollama), on the same io_uring as the client connection.
+//!
+//! Per turn: connect (linked timeout) → send the request (always `stream: true`, logprobs on;
+//! [`crate::upstream::prepare_turn`]) → receive the response (linked timeout: time to the
+//! first event, then the inter-token deadline) → parse it into [`Item`]s → govern and emit
+//! them one frame at a time, exactly like built-in tokens (detectors, frame accounting, the
+//! kernel gate). The upstream socket is not governed: only client-facing sends carry tokens.
+//!
+//! Cancellation: a trip, a client that goes away, or a failure shuts the upstream socket down
+//! (`shutdown(SHUT_RDWR)` sends the FIN at once, whatever is in flight on it; vLLM aborts a
+//! generation whose connection closes) and the turn's record says why.
+//!
+//! Failures map to a typed end: before the client's response began, an HTTP error whose
+//! status says whose fault it was (the upstream's 4xx passes through as that 4xx, its 5xx and
+//! every transport failure become 502, timeouts 504); after it began, a trip with
+//! `UPSTREAM_FAILURE` whose terminal event carries `upstream: {kind, message}`.
+//!
+//! Per event the upstream's JSON is parsed into owned values (`serde_json`): this allocates
+//! per token, unlike the built-in source; it is bounded by the event size limit.
+
+use std::{collections::VecDeque, io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use io_uring::{opcode, squeue, types};
+use serde_json::{json, Value};
+
+use super::{
+    timespec, ud, HeldToken, Outcome, SendKind, Turn, TurnSource, Worker, OP_UP_CONNECT,
+    OP_UP_LINK, OP_UP_RECV, OP_UP_SEND, OP_WATCH,
+};
+use crate::{
+    codes::FailureCode,
+    gate::monotonic_ns,
+    http::{HttpError, RequestHead},
+    modes::KeyId,
+    monitor::Decision,
+    openai::{ChunkEncoder, Token},
+    stream::{state, Endpoint, Mode},
+    upstream::{
+        self, ClientAsk, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError,
+        UpstreamEvent,
+    },
+};
+
+/// Largest upstream response head.
+const MAX_UPSTREAM_HEAD: usize = 64 * 1024;
+/// Largest single SSE event from the upstream.
+const MAX_UPSTREAM_EVENT: usize = 1 << 20;
+/// Largest non-streaming upstream body (error bodies, `/v1/models`).
+const MAX_UPSTREAM_BODY: usize = 4 << 20;
+/// Receive buffer per upstream connection.
+const UP_RECV_CHUNK: usize = 16 * 1024;
+/// Items parsed but not yet emitted before haltd stops reading the upstream (TCP then pushes
+/// back on it): a slow client slows the generation instead of growing memory.
+const MAX_QUEUED_ITEMS: usize = 256;
+
+/// What an upstream exchange is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Purpose {
+    Turn,
+    /// `GET /v1/models`, relayed whole.
+    Models,
+}
+
+/// One thing the upstream said, in the order the client sees it.
+#[derive(Debug)]
+enum Item {
+    /// Text for one frame, with its tokens' logprobs (empty when the upstream sent none).
+    Content {
+        text: String,
+        tokens: Vec<UpToken>,
+    },
+    ToolCalls(Value),
+    Finish(FinishReason),
+    Usage(u64, u64),
+    Done,
+    Error(UpstreamError),
+    /// The stream broke here (malformed event): what came before it is still emitted.
+    Broken(String),
+}
+
+/// The upstream side of a connection: socket, buffers, parser state, and what happened.
+#[derive(Debug)]
+pub(super) struct Upstream {
+    purpose: Purpose,
+    fd: RawFd,
+    addr: Box<libc::sockaddr_storage>,
+    addr_len: libc::socklen_t,
+    wbuf: Vec<u8>,
+    woff: usize,
+    rbuf: Vec<u8>,
+    ts: Box<types::Timespec>,
+    connect_inflight: bool,
+    send_inflight: bool,
+    recv_inflight: bool,
+    link_inflight: bool,
+    pub(super) cancel_inflight: u32,
+    reader: ResponseReader,
+    sse: SseParser,
+    body: Vec<u8>,
+    items: VecDeque<Item>,
+    /// Set once the exchange is over (done, failed or cancelled): nothing more is read.
+    finished: bool,
+    /// `[DONE]` (or a break in the stream) is queued: nothing after it is read.
+    saw_done: bool,
+    finish: Option<FinishReason>,
+    usage: Option<(u64, u64)>,
+    status: Option<u16>,
+    retry_after: Option<String>,
+    failure: Option<(&'static str, String)>,
+    cancelled: Option<&'static str>,
+    events: u64,
+    started_ns: u64,
+    first_event_ns: u64,
+    /// Tool-call deltas merged by index (the batch body, and the record).
+    tools: Vec<Value>,
+    /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
+    inflight_tools: Vec<Value>,
+    /// A content or tool-call frame went out (the chat role goes in the first).
+    first_frame: bool,
+    api_path: &'static str,
+}
+
+impl Upstream {
+    pub(super) fn inflight(&self) -> bool {
+        self.connect_inflight
+            || self.send_inflight
+            || self.recv_inflight
+            || self.link_inflight
+            || self.cancel_inflight > 0
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The FHR `upstream` field.
+    pub(super) fn record_value(&self) -> Value {
+        json!({
+            "path": self.api_path,
+            "status": self.status,
+            "events": self.events,
+            "first_event_ms": (self.first_event_ns != 0)
+                .then(|| (self.first_event_ns - self.started_ns) as f64 / 1e6),
+            "finish_reason": self.finish.as_ref().map(FinishReason::as_str),
+            "failure": self.failure.as_ref().map(|(k, m)| json!({"kind": k, "message": m})),
+            "cancelled": self.cancelled.is_some(),
+            "cancel_reason": self.cancelled,
+        })
+    }
+}
+
+fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in>(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in6>(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// The HTTP status a failure before the client's response began is answered with.
+fn failure_status(kind: &str, upstream_status: Option<u16>) -> u16 {
+    match (kind, upstream_status) {
+        // The upstream judged the request: its client error stays a client error.
+        ("http_status" | "error_event", Some(s @ 400..=499)) => s,
+        ("connect_timeout" | "first_token_timeout", _) => 504,
+        _ => 502,
+    }
+}
+
+/// Splits an upstream chunk into items, one frame per token when the tokens spell the
+/// content exactly (vLLM may put several tokens in one chunk), else one frame for the chunk.
+fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
+    let matches = c.tokens_match_content();
+    let upstream::UpstreamChunk {
+        content,
+        tokens,
+        tool_calls,
+        finish_reason,
+        usage,
+        ..
+    } = c;
+    if !content.is_empty() || !tokens.is_empty() {
+        if tokens.len() > 1 && matches {
+            for t in tokens {
+                items.push_back(Item::Content {
+                    text: t.text.clone(),
+                    tokens: vec![t],
+                });
+            }
+        } else {
+            items.push_back(Item::Content {
+                text: content,
+                tokens,
+            });
+        }
+    }
+    if let Some(calls) = tool_calls {
+        items.push_back(Item::ToolCalls(calls));
+    }
+    if let Some(r) = finish_reason {
+        items.push_back(Item::Finish(r));
+    }
+    if let Some(u) = usage {
+        items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
+    }
+}
+
+/// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
+/// (`{index, id, name}`), which are the ones a frame carrying this delta dispatches.
+fn merge_tool_calls(tools: &mut Vec<Value>, delta: &Value) -> Vec<Value> {
+    let mut started = Vec::new();
+    let Some(list) = delta.as_array() else {
+        return started;
+    };
+    for d in list {
+        let index = d.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        while tools.len() <= index {
+            tools.push(
+                json!({"id": null, "type": "function", "function": {"name": "", "arguments": ""}}),
+            );
+        }
+        let t = &mut tools[index];
+        let fresh = t["id"].is_null();
+        if let Some(id) = d.get("id").and_then(Value::as_str) {
+            t["id"] = id.into();
+        }
+        if let Some(f) = d.get("function") {
+            for key in ["name", "arguments"] {
+                if let Some(piece) = f.get(key).and_then(Value::as_str) {
+                    let cur = t["function"][key].as_str().unwrap_or("").to_owned();
+                    t["function"][key] = (cur + piece).into();
+                }
+            }
+        }
+        if fresh && !t["id"].is_null() {
+            started.push(json!({"index": index, "id": t["id"], "name": t["function"]["name"]}));
+        }
+    }
+    started
+}
+
+impl Worker {
+    /// Opens an upstream exchange for connection `key`: socket, request bytes, connect.
+    fn open_upstream(
+        &mut self,
+        key: usize,
+        purpose: Purpose,
+        api_path: &'static str,
+        method: &str,
+        authorization: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let Some(url) = shared.cfg.upstream.as_ref() else {
+            return self.reply_error(
+                key,
+                &HttpError::new(500, "server_error", "no upstream configured"),
+            );
+        };
+        let addr = url.addrs[0];
+        let (ss, addr_len) = sockaddr(addr);
+        let family = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket creation; the descriptor is owned by this connection.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return self.reply_error(
+                key,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    format!("cannot open a socket to the upstream: {e}"),
+                ),
+            );
+        }
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt on the socket just created, with a valid int option value.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw const one).cast(),
+                size_of::<libc::c_int>() as u32,
+            );
+        }
+        let mut wbuf = Vec::new();
+        upstream::write_http_request(&mut wbuf, url, method, api_path, authorization, body);
+        let up = Upstream {
+            purpose,
+            fd,
+            addr: ss,
+            addr_len,
+            wbuf,
+            woff: 0,
+            rbuf: Vec::with_capacity(UP_RECV_CHUNK),
+            ts: Box::new(timespec(shared.cfg.upstream_connect_timeout)),
+            connect_inflight: false,
+            send_inflight: false,
+            recv_inflight: false,
+            link_inflight: false,
+            cancel_inflight: 0,
+            reader: ResponseReader::new(MAX_UPSTREAM_HEAD),
+            sse: SseParser::new(MAX_UPSTREAM_EVENT),
+            body: Vec::new(),
+            items: VecDeque::new(),
+            finished: false,
+            saw_done: false,
+            finish: None,
+            usage: None,
+            status: None,
+            retry_after: None,
+            failure: None,
+            cancelled: None,
+            events: 0,
+            started_ns: monotonic_ns(),
+            first_event_ns: 0,
+            tools: Vec::new(),
+            inflight_tools: Vec::new(),
+            first_frame: false,
+            api_path,
+        };
+        let conn = &mut self.conns[key];
+        conn.up = Some(Box::new(up));
+        let up = conn.up.as_mut().expect("just set");
+        let addr_ptr: *const libc::sockaddr = (&raw const *up.addr).cast();
+        let connect = opcode::Connect::new(types::Fd(fd), addr_ptr, up.addr_len)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_UP_CONNECT));
+        let ts: *const types::Timespec = &*up.ts;
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_UP_LINK));
+        up.connect_inflight = true;
+        up.link_inflight = true;
+        self.push(&connect)?;
+        self.push(&link)?;
+        self.arm_watch(key)
+    }
+
+    /// Watches the client socket while the turn waits on the upstream: a client that goes
+    /// away cancels the upstream generation at once, not at the next token.
+    fn arm_watch(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        if conn.watch_inflight || conn.closing {
+            return Ok(());
+        }
+        let ptr = conn.watch_buf.as_mut_ptr();
+        let e = opcode::Recv::new(types::Fd(conn.fd), ptr, conn.watch_buf.len() as u32)
+            .build()
+            .user_data(ud(key, OP_WATCH));
+        conn.watch_inflight = true;
+        self.push(&e)
+    }
+
+    pub(super) fn on_watch(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        conn.watch_inflight = false;
+        if conn.closing || res == -libc::ECANCELED {
+            return Ok(());
+        }
+        if res > 0 {
+            // Bytes after the request: not served (one request per connection); stop
+            // watching rather than spin on a chatty client.
+            return Ok(());
+        }
+        // EOF or error: the client went away. Make the stream untrippable, cancel upstream.
+        let slot = shared.table.slot(conn.id.slot);
+        let _ = slot
+            .state
+            .compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
+        if slot.is_tripped() {
+            return self.halt(key);
+        }
+        tracing::debug!(stream_id = %conn.id, "client went away; cancelling the upstream request");
+        conn.outcome = Outcome::ClientGone;
+        self.up_cancel(key, "client_gone");
+        self.begin_close(key);
+        Ok(())
+    }
+
+    /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.
+    pub(super) fn start_proxy_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        head: RequestHead,
+    ) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        let key_id = KeyId::of_authorization(auth.as_deref());
+        // Degraded mode decides what is forwarded, so look it up before preparing the body.
+        self.shared.expire_degraded();
+        let degraded = self.shared.modes.is_degraded(key_id);
+        let body = &self.conns[key].rbuf[head.head_len..];
+        let prepared = upstream::prepare_turn(endpoint, body, degraded);
+        let (ask, up_body): (ClientAsk, Vec<u8>) = match prepared {
+            Ok(v) => v,
+            Err(e) => return self.reply_error(key, &e),
+        };
+        let model: Arc<str> = ask.model.as_str().into();
+        let Some((degraded, mode)) =
+            self.open_turn(key, endpoint, ask.stream, key_id, Arc::clone(&model))?
+        else {
+            return Ok(());
+        };
+        let (monitor, mut detector_refs) = match self.turn_detectors() {
+            Ok(d) => d,
+            Err(e) => return self.reply_error(key, &e),
+        };
+        detector_refs.push("upstream:integrity".to_owned());
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
+        let ClientAsk {
+            stream,
+            logprobs,
+            top_logprobs,
+            include_usage,
+            ..
+        } = ask;
+        conn.turn = Some(Box::new(Turn {
+            source: TurnSource::Proxy,
+            stream,
+            logprobs,
+            top_logprobs,
+            include_usage,
+            key_id,
+            degraded,
+            tokens_generated: 0,
+            monitor,
+            enc: ChunkEncoder {
+                endpoint,
+                stream_id: conn.id,
+                created,
+                model,
+                logprobs,
+                top_logprobs,
+            },
+            text_len: 0,
+            held_text: String::new(),
+            held_tokens: Vec::new(),
+            prompt_tokens: 0,
+            inflight_token: 0,
+            detector_refs,
+            last_token_ns: 0,
+            token_gap_ns_sum: 0,
+            tool_calls: Vec::new(),
+        }));
+        let _ = mode;
+        let path = match endpoint {
+            Endpoint::Chat => upstream::CHAT_PATH,
+            Endpoint::Completion => upstream::COMPLETIONS_PATH,
+        };
+        self.open_upstream(
+            key,
+            Purpose::Turn,
+            path,
+            "POST",
+            auth.as_deref(),
+            Some(&up_body),
+        )
+    }
+
+    /// `GET /v1/models` with `--source openai`: relayed from the upstream.
+    pub(super) fn start_proxy_models(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        self.open_upstream(
+            key,
+            Purpose::Models,
+            upstream::MODELS_PATH,
+            "GET",
+            auth.as_deref(),
+            None,
+        )
+    }
+
+    pub(super) fn on_up_connect(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.connect_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        if res < 0 {
+            let (kind, what) = match -res {
+                libc::ECANCELED => ("connect_timeout", "connecting timed out".to_owned()),
+                libc::ECONNREFUSED => ("connect_refused", "connection refused".to_owned()),
+                e => (
+                    "io_error",
+                    format!("connect: {}", io::Error::from_raw_os_error(e)),
+                ),
+            };
+            return self.up_fail(key, kind, format!("upstream {what}"), None);
+        }
+        self.up_send(key)
+    }
+
+    fn up_send(&mut self, key: usize) -> io::Result<()> {
+        let up = self.conns[key].up.as_mut().expect("upstream open");
+        let rest = &up.wbuf[up.woff..];
+        let e = opcode::Send::new(types::Fd(up.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud(key, OP_UP_SEND));
+        up.send_inflight = true;
+        self.push(&e)
+    }
+
+    pub(super) fn on_up_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.send_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        if res <= 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            return self.up_fail(
+                key,
+                "io_error",
+                format!("sending the request to the upstream: {e}"),
+                None,
+            );
+        }
+        up.woff += res as usize;
+        if up.woff < up.wbuf.len() {
+            return self.up_send(key);
+        }
+        up.wbuf = Vec::new();
+        self.up_arm_recv(key)
+    }
+
+    /// Arms a receive on the upstream socket with the deadline that applies now (time to
+    /// the first event, or the inter-token stall deadline), unless one is armed, the queue
+    /// is full (backpressure) or the exchange is over.
+    fn up_arm_recv(&mut self, key: usize) -> io::Result<()> {
+        let cfg_first = self.shared.cfg.upstream_first_token_timeout;
+        let cfg_stall = self.shared.cfg.upstream_stall_timeout;
+        let conn = &mut self.conns[key];
+        if conn.closing {
+            return Ok(());
+        }
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        if up.finished
+            || up.saw_done
+            || up.recv_inflight
+            || up.link_inflight
+            || up.send_inflight
+            || up.connect_inflight
+            || up.items.len() >= MAX_QUEUED_ITEMS
+        {
+            return Ok(());
+        }
+        *up.ts = timespec(if up.events == 0 { cfg_first } else { cfg_stall });
+        up.rbuf.clear();
+        let ptr = up.rbuf.as_mut_ptr();
+        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, UP_RECV_CHUNK as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_UP_RECV));
+        let ts: *const types::Timespec = &*up.ts;
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_UP_LINK));
+        up.recv_inflight = true;
+        up.link_inflight = true;
+        self.push(&recv)?;
+        self.push(&link)
+    }
+
+    pub(super) fn on_up_link(&mut self, key: usize) -> io::Result<()> {
+        if let Some(up) = self.conns.get_mut(key).and_then(|c| c.up.as_mut()) {
+            up.link_inflight = false;
+            // The linked timeout of the previous receive completes after it; a receive that
+            // was due meanwhile (the queue drained) is armed now.
+            if up.items.is_empty() {
+                return self.up_arm_recv(key);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_up_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.recv_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        let events = up.events;
+        let prev_status = up.status;
+        if res == -libc::ECANCELED {
+            return if events == 0 {
+                let ms = shared.cfg.upstream_first_token_timeout.as_millis();
+                self.up_fail(
+                    key,
+                    "first_token_timeout",
+                    format!("the upstream sent no event within {ms} ms"),
+                    None,
+                )
+            } else {
+                let ms = shared.cfg.upstream_stall_timeout.as_millis();
+                self.up_fail(
+                    key,
+                    "stalled",
+                    format!(
+                        "the upstream stream stalled: no event for {ms} ms after {events} events"
+                    ),
+                    None,
+                )
+            };
+        }
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            return self.up_fail(
+                key,
+                "io_error",
+                format!("reading from the upstream: {e}"),
+                None,
+            );
+        }
+        let had_head = up.reader.head().is_some();
+        up.body.clear();
+        if res == 0 {
+            if let Err(e) = up.reader.eof() {
+                let what = if up.reader.head().is_none() {
+                    "the upstream closed the connection before a response".to_owned()
+                } else {
+                    format!("the upstream closed the connection mid-stream: {e}")
+                };
+                return self.up_fail(key, "early_eof", what, prev_status);
+            }
+        } else {
+            // SAFETY: the kernel wrote `res` bytes into the buffer we handed it.
+            unsafe { up.rbuf.set_len(res as usize) };
+            if let Err(e) = up.reader.feed(&up.rbuf, &mut up.body) {
+                return self.up_fail(
+                    key,
+                    "malformed",
+                    format!("malformed upstream response: {e}"),
+                    prev_status,
+                );
+            }
+        }
+        let Some(head) = up.reader.head() else {
+            return self.up_arm_recv(key);
+        };
+        let status = head.status;
+        up.status = Some(status);
+        if up.retry_after.is_none() {
+            up.retry_after = head.retry_after.clone();
+        }
+        let sse = head
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
+        let complete = res == 0 || up.reader.is_done();
+        if up.purpose == Purpose::Models || status != 200 {
+            // A whole body to relay (models) or to explain (an error status).
+            if up.body.len() + up.wbuf.len() > MAX_UPSTREAM_BODY {
+                return self.up_fail(
+                    key,
+                    "malformed",
+                    "upstream response body too large".to_owned(),
+                    Some(status),
+                );
+            }
+            let chunk = std::mem::take(&mut up.body);
+            up.wbuf.extend_from_slice(&chunk);
+            if !complete {
+                return self.up_arm_recv(key);
+            }
+            let body = std::mem::take(&mut up.wbuf);
+            return self.up_whole_body(key, status, body);
+        }
+        if !sse {
+            let ct = head.content_type.clone().unwrap_or_default();
+            return self.up_fail(
+                key,
+                "malformed",
+                format!(
+                    "the upstream answered 200 with content-type {ct:?}, not text/event-stream"
+                ),
+                Some(status),
+            );
+        }
+        up.sse.push(&up.body);
+        let endpoint = shared.table.slot(id.slot).endpoint();
+        loop {
+            match up.sse.next_event() {
+                Ok(None) => break,
+                Ok(Some(ev)) => {
+                    up.events += 1;
+                    if up.first_event_ns == 0 {
+                        up.first_event_ns = monotonic_ns();
+                    }
+                    match upstream::parse_event(endpoint, &ev) {
+                        Ok(UpstreamEvent::Chunk(c)) => push_chunk(&mut up.items, c),
+                        Ok(UpstreamEvent::Done) => {
+                            up.saw_done = true;
+                            up.items.push_back(Item::Done);
+                        }
+                        Ok(UpstreamEvent::Error(e)) => up.items.push_back(Item::Error(e)),
+                        Err(e) => {
+                            up.items
+                                .push_back(Item::Broken(format!("malformed upstream event: {e}")));
+                            up.saw_done = true;
+                            break;
+                        }
+                    }
+                }
+                Err(e) => {
+                    up.items.push_back(Item::Broken(format!(
+                        "malformed upstream event stream: {e}"
+                    )));
+                    up.saw_done = true;
+                    break;
+                }
+            }
+        }
+        if res == 0 && !up.saw_done {
+            if up.finish.is_some() || up.items.iter().any(|i| matches!(i, Item::Finish(_))) {
+                // Some servers end with the final chunk and close, without `[DONE]`.
+                up.items.push_back(Item::Done);
+                up.saw_done = true;
+            } else {
+                let n = up.events;
+                return self.up_fail(
+                    key,
+                    "early_eof",
+                    format!("the upstream closed the stream after {n} events without a finish_reason or [DONE]"),
+                    Some(status),
+                );
+            }
+        }
+        let queued = !up.items.is_empty();
+        let idle = conn.sending.is_none();
+        tracing::trace!(stream_id = %id, res, queued = up.items.len(), events = up.events, done = up.saw_done, idle, "upstream bytes");
+        if !had_head && shared.table.slot(id.slot).mode() == Mode::Stream {
+            // The upstream accepted the turn: the client's response begins now.
+            if idle {
+                self.send_stream_head(key)?;
+            }
+        } else if queued && idle {
+            self.step(key)?;
+        }
+        self.up_arm_recv(key)
+    }
+
+    /// A whole non-streaming upstream body: `/v1/models` to relay, or an error status.
+    fn up_whole_body(&mut self, key: usize, status: u16, body: Vec<u8>) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.finished = true;
+        up.body = Vec::new();
+        // SAFETY: shutting down our own socket; its descriptor stays open until the
+        // connection is dropped.
+        unsafe { libc::shutdown(up.fd, libc::SHUT_RDWR) };
+        if up.purpose == Purpose::Models && status == 200 {
+            return self.reply(key, 200, "application/json", &body);
+        }
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let message = parsed
+            .as_ref()
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .or_else(|| v.get("message"))
+                    .or_else(|| v.get("detail"))
+            })
+            .map(|m| match m {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+        let msg = format!(
+            "the upstream answered {status}: {}",
+            upstream::truncate_chars(&message, 500)
+        );
+        up.status = Some(status);
+        self.up_fail(key, "http_status", msg, Some(status))
+    }
+
+    /// Governs and emits the next queued upstream item (called by `step` for proxied turns,
+    /// after its heartbeat and trip checks): at most one frame goes out per call.
+    pub(super) fn proxy_step(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
+        loop {
+            let conn = &mut self.conns[key];
+            if conn.sending.is_some() || conn.closing {
+                return Ok(());
+            }
+            let id = conn.id;
+            let slot = shared.table.slot(id.slot);
+            let mode = slot.mode();
+            let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
+                return Ok(());
+            };
+            let Some(item) = up.items.pop_front() else {
+                return self.up_arm_recv(key);
+            };
+            match item {
+                Item::Content { text, tokens } => {
+                    // HaltMonitor on every token before anything of the frame goes out: a
+                    // failing token is never emitted. A token without a logprob cannot be
+                    // scored, so with the monitor on it fails closed.
+                    let scored = turn.monitor.hard_limit() > 0.0;
+                    if scored && tokens.is_empty() && !text.is_empty() {
+                        drop(shared.meta(id.slot).upstream_failure.replace((
+                            "missing_logprobs",
+                            "the upstream sent text without logprobs while the HaltMonitor (--hard-limit) is on; it cannot be scored".to_owned(),
+                        )));
+                        let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
+                        return self.halt(key);
+                    }
+                    for t in &tokens {
+                        let score = match t.logprob {
+                            Some(lp) => f64::from(lp).exp(),
+                            None if scored => f64::NAN, // unscorable: the monitor halts on NaN
+                            None => continue,
+                        };
+                        if turn.monitor.check(score) == Decision::Halt {
+                            let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
+                            return self.halt(key);
+                        }
+                    }
+                    let now = monotonic_ns();
+                    if turn.last_token_ns != 0 {
+                        turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
+                    }
+                    turn.last_token_ns = now;
+                    turn.tokens_generated += tokens.len().max(1) as u64;
+                    let offset = turn.text_len;
+                    turn.text_len += text.len();
+                    if mode == Mode::Batch {
+                        turn.held_text.push_str(&text);
+                        let mut off = offset;
+                        for t in tokens {
+                            let len = t.text.len();
+                            turn.held_tokens.push(HeldToken {
+                                text: t.text,
+                                logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
+                                top: t.top,
+                                offset: off,
+                            });
+                            off += len;
+                        }
+                        slot.tokens_submitted.fetch_add(1, SeqCst);
+                        continue;
+                    }
+                    // Borrowed views of the owned alternatives, without allocating.
+                    let mut tops: [(&str, f32); crate::openai::MAX_TOP_LOGPROBS as usize] =
+                        [("", 0.0); crate::openai::MAX_TOP_LOGPROBS as usize];
+                    let want = turn.top_logprobs as usize;
+                    let mut toks_buf: [Option<Token<'_>>; 1] = [None];
+                    let single = tokens.len() == 1;
+                    if single {
+                        let t = &tokens[0];
+                        let n = t.top.len().min(want).min(tops.len());
+                        for (slot_, (s, l)) in tops.iter_mut().zip(&t.top).take(n) {
+                            *slot_ = (s.as_str(), *l);
+                        }
+                        toks_buf[0] = Some(Token {
+                            text: &t.text,
+                            logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
+                            top: &tops[..n],
+                        });
+                    }
+                    let index = slot.tokens_submitted.load(SeqCst);
+                    conn.wbuf.clear();
+                    if single {
+                        let tok = toks_buf[0].take().expect("set above");
+                        turn.enc.content_event(
+                            &mut conn.wbuf,
+                            &text,
+                            &[tok],
+                            &[offset],
+                            !up.first_frame,
+                        );
+                    } else {
+                        // Several tokens that do not spell the text exactly (or none): one
+                        // frame; logprobs as the upstream gave them (an allocation, rare).
+                        let tops_owned: Vec<Vec<(&str, f32)>> = tokens
+                            .iter()
+                            .map(|t| {
+                                t.top
+                                    .iter()
+                                    .take(want)
+                                    .map(|(s, l)| (s.as_str(), *l))
+                                    .collect()
+                            })
+                            .collect();
+                        let toks: Vec<Token<'_>> = tokens
+                            .iter()
+                            .zip(&tops_owned)
+                            .map(|(t, top)| Token {
+                                text: &t.text,
+                                logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
+                                top,
+                            })
+                            .collect();
+                        let offs: Vec<usize> = tokens
+                            .iter()
+                            .scan(offset, |o, t| {
+                                let cur = *o;
+                                *o += t.text.len();
+                                Some(cur)
+                            })
+                            .collect();
+                        turn.enc.content_event(
+                            &mut conn.wbuf,
+                            &text,
+                            &toks,
+                            &offs,
+                            !up.first_frame,
+                        );
+                    }
+                    up.first_frame = true;
+                    if !slot.begin_frame(true, ignore_halt) {
+                        return self.halt(key);
+                    }
+                    turn.inflight_token = index + 1;
+                    return self.send(key, SendKind::Token);
+                }
+                Item::ToolCalls(delta) => {
+                    if turn.degraded {
+                        // Degraded safe mode blocks new tool dispatch: not emitted, counted.
+                        let n = delta.as_array().map_or(1, Vec::len) as u64;
+                        shared
+                            .metrics
+                            .tool_calls
+                            .get_or_create(&crate::metrics::KindLabels { kind: "suppressed" })
+                            .inc_by(n);
+                        continue;
+                    }
+                    let started = merge_tool_calls(&mut up.tools, &delta);
+                    if mode == Mode::Batch {
+                        continue;
+                    }
+                    let index = slot.tokens_submitted.load(SeqCst);
+                    conn.wbuf.clear();
+                    turn.enc
+                        .tool_call_event(&mut conn.wbuf, &delta, !up.first_frame);
+                    up.first_frame = true;
+                    if !slot.begin_frame(true, ignore_halt) {
+                        return self.halt(key);
+                    }
+                    up.inflight_tools = started;
+                    turn.inflight_token = index + 1;
+                    return self.send(key, SendKind::Token);
+                }
+                Item::Finish(r) => {
+                    if matches!(r, FinishReason::Error | FinishReason::Abort) {
+                        let what = r.as_str().to_owned();
+                        return self.up_fail(
+                            key,
+                            "error_event",
+                            format!(
+                                "the upstream ended the generation with finish_reason {what:?}"
+                            ),
+                            None,
+                        );
+                    }
+                    up.finish = Some(r);
+                }
+                Item::Usage(p, c) => up.usage = Some((p, c)),
+                Item::Error(e) => {
+                    let msg = format!(
+                        "the upstream sent an error event: {}",
+                        upstream::truncate_chars(&e.message, 500)
+                    );
+                    return self.up_fail(key, "error_event", msg, e.status);
+                }
+                Item::Broken(msg) => return self.up_fail(key, "malformed", msg, Some(200)),
+                Item::Done => {
+                    up.finished = true;
+                    // SAFETY: closing our half of our own socket; the descriptor stays
+                    // open until the connection is dropped.
+                    unsafe { libc::shutdown(up.fd, libc::SHUT_RDWR) };
+                    let reason = up
+                        .finish
+                        .as_ref()
+                        .map_or("stop", FinishReason::as_str)
+                        .to_owned();
+                    let usage = up
+                        .usage
+                        .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
+                    let tools = (!up.tools.is_empty() && !turn.degraded)
+                        .then(|| Value::Array(up.tools.clone()));
+                    if mode == Mode::Batch {
+                        if let Some(Value::Array(all)) = &tools {
+                            turn.tool_calls = all
+                                .iter()
+                                .enumerate()
+                                .map(|(i, t)| json!({"index": i, "id": t["id"], "name": t["function"]["name"]}))
+                                .collect();
+                        }
+                    }
+                    return self.finish_with(key, &reason, usage, tools.as_ref());
+                }
+            }
+        }
+    }
+
+    /// The frame in flight was accepted by the kernel: tool calls it started are dispatched.
+    pub(super) fn proxy_frame_delivered(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        if let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) {
+            turn.tool_calls.append(&mut up.inflight_tools);
+        }
+    }
+
+    /// Ends the upstream exchange because of a trip or a client that went away: the
+    /// connection is shut down at once, which makes vLLM abort the generation.
+    pub(super) fn up_cancel(&mut self, key: usize, reason: &'static str) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Some(up) = conn.up.as_mut() else {
+            return;
+        };
+        if up.finished {
+            return;
+        }
+        up.finished = true;
+        up.cancelled = Some(reason);
+        up.items.clear();
+        self.shared
+            .metrics
+            .upstream_cancels
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .inc();
+        tracing::info!(stream_id = %conn.id, reason, "cancelling the upstream request");
+        Self::up_shutdown(up);
+        if up.connect_inflight {
+            up.cancel_inflight += 1;
+            let e = opcode::AsyncCancel::new(ud(key, OP_UP_CONNECT))
+                .build()
+                .user_data(ud(key, super::OP_CANCEL_UP));
+            if self.push(&e).is_err() {
+                if let Some(up) = self.conns.get_mut(key).and_then(|c| c.up.as_mut()) {
+                    up.cancel_inflight -= 1;
+                }
+            }
+        }
+    }
+
+    fn up_shutdown(up: &mut Upstream) {
+        // SAFETY: our own socket; shutdown ends the TCP connection (FIN) now, whatever is in
+        // flight on it, and the descriptor stays open until the connection is dropped.
+        unsafe { libc::shutdown(up.fd, libc::SHUT_RDWR) };
+    }
+
+    /// The upstream failed: count and note it, close the exchange, and end the turn with the
+    /// typed error (an HTTP error before the response began, else an UPSTREAM_FAILURE trip).
+    fn up_fail(
+        &mut self,
+        key: usize,
+        kind: &'static str,
+        message: String,
+        upstream_status: Option<u16>,
+    ) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.finished = true;
+        up.items.clear();
+        up.failure = Some((kind, message.clone()));
+        Self::up_shutdown(up);
+        let purpose = up.purpose;
+        let retry_after = up.retry_after.clone();
+        shared
+            .metrics
+            .upstream_failures
+            .get_or_create(&crate::metrics::KindLabels { kind })
+            .inc();
+        tracing::warn!(stream_id = %id, kind, message = %message, "upstream failure");
+        let slot = shared.table.slot(id.slot);
+        if slot.is_tripped() {
+            return self.halt(key);
+        }
+        if purpose == Purpose::Turn {
+            shared.meta(id.slot).upstream_failure = Some((kind, message.clone()));
+        }
+        if !slot.headers_sent.load(SeqCst) && conn.sending.is_none() {
+            // Nothing of the response went out: answer with a status that says whose fault
+            // it was, and the error object.
+            let status = failure_status(kind, upstream_status);
+            let body = json!({"error": {
+                "message": message,
+                "type": if status < 500 { "invalid_request_error" } else { "upstream_error" },
+                "code": FailureCode::UpstreamFailure.as_str(),
+                "upstream": {"kind": kind, "status": upstream_status},
+                "stream_id": id.to_string(),
+            }})
+            .to_string();
+            let mut extra: Vec<(&str, &str)> = Vec::new();
+            if let Some(ra) = retry_after.as_deref() {
+                if status == 429 || status == 503 {
+                    extra.push(("retry-after", ra));
+                }
+            }
+            if conn.turn.as_ref().is_some_and(|t| t.degraded) {
+                extra.push(("x-haltd-mode", "degraded"));
+            }
+            self.reply_with(key, status, "application/json", body.as_bytes(), &extra)?;
+            if let Some(c) = self.conns.get_mut(key) {
+                c.outcome = Outcome::UpstreamFailed;
+            }
+            return Ok(());
+        }
+        // The client's stream is open: a trip, so the terminal event carries the failure
+        // and the halt is recorded like any other.
+        let _ = shared.trip(id, FailureCode::UpstreamFailure);
+        self.halt(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_statuses_keep_client_errors_client_errors() {
+        assert_eq!(failure_status("http_status", Some(400)), 400);
+        assert_eq!(failure_status("http_status", Some(404)), 404);
+        assert_eq!(failure_status("http_status", Some(429)), 429);
+        assert_eq!(failure_status("http_status", Some(500)), 502);
+        assert_eq!(failure_status("error_event", Some(400)), 400);
+        assert_eq!(failure_status("error_event", None), 502);
+        assert_eq!(failure_status("connect_refused", None), 502);
+        assert_eq!(failure_status("connect_timeout", None), 504);
+        assert_eq!(failure_status("first_token_timeout", None), 504);
+        assert_eq!(failure_status("malformed", Some(200)), 502);
+        assert_eq!(failure_status("early_eof", None), 502);
+    }
+
+    #[test]
+    fn tool_call_deltas_merge_by_index() {
+        let mut tools = Vec::new();
+        let s1 = merge_tool_calls(
+            &mut tools,
+            &json!([{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]),
+        );
+        assert_eq!(s1.len(), 1);
+        assert_eq!(s1[0]["name"], "get_weather");
+        let s2 = merge_tool_calls(
+            &mut tools,
+            &json!([{"index": 0, "function": {"arguments": "{\"city\":"}}]),
+        );
+        assert!(s2.is_empty());
+        merge_tool_calls(
+            &mut tools,
+            &json!([{"index": 0, "function": {"arguments": "\"Oslo\"}"}}]),
+        );
+        let s3 = merge_tool_calls(
+            &mut tools,
+            &json!([{"index": 1, "id": "call_2", "function": {"name": "f", "arguments": "{}"}}]),
+        );
+        assert_eq!(s3[0]["index"], 1);
+        assert_eq!(tools[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(tools[1]["id"], "call_2");
+    }
+}
