@@ -538,7 +538,14 @@ pub fn get_json_here(url: &str) -> Result<Value> {
 
 /// Reads a JSON Lines ledger.
 pub fn read_ledger(path: &Path) -> Result<Vec<Value>> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut text =
+        fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // A record being appended right now has no newline yet: not a record until it has.
+    if let Some(end) = text.rfind('\n') {
+        text.truncate(end + 1);
+    } else {
+        text.clear();
+    }
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -668,4 +675,150 @@ pub fn quantile<T: Copy + PartialOrd>(values: &[T], q: f64) -> Option<T> {
     }
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     Some(v[rank - 1])
+}
+
+/// Port the scripted upstream listens on, on the server namespace's loopback.
+pub const PORT_UPSTREAM: u16 = 9000;
+
+/// A scripted OpenAI-compatible upstream (`scripted-upstream`, this crate's binary) running
+/// on the server namespace's loopback, next to haltd; killed on drop. Its request log
+/// (JSON Lines) says what haltd forwarded and whether the generation was cancelled.
+#[derive(Debug)]
+pub struct ScriptedUpstream {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub log: PathBuf,
+    /// `http://127.0.0.1:9000`, as haltd's `--upstream`.
+    pub url: String,
+}
+
+impl ScriptedUpstream {
+    /// Starts `bin` (pass `env!("CARGO_BIN_EXE_scripted-upstream")`) in `pair.srv` and waits
+    /// until it listens.
+    pub fn start(pair: &NetPair, bin: &str, extra: &[&str]) -> Result<Self> {
+        let dir = temp_dir("upstream")?;
+        let log = dir.join("requests.jsonl");
+        let ready = dir.join("ready");
+        let listen = format!("127.0.0.1:{PORT_UPSTREAM}");
+        let stderr = fs::File::create(dir.join("stderr.log")).context("creating stderr.log")?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &pair.srv, bin, "--listen", &listen])
+            .arg("--log")
+            .arg(&log)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {bin} in {}", pair.srv))?;
+        let mut up = ScriptedUpstream {
+            child: Some(child),
+            dir,
+            log,
+            url: format!("http://{listen}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            if let Some(status) = up.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("scripted-upstream exited during start-up ({status})");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "scripted-upstream not ready after 10 s"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(up)
+    }
+
+    /// The request log so far (one JSON object per line; `event: "started"` lines included).
+    pub fn requests(&self) -> Result<Vec<Value>> {
+        let text = match fs::read_to_string(&self.log) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).context("reading the upstream log"),
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).with_context(|| format!("upstream log line {l:?}")))
+            .collect()
+    }
+
+    /// Waits (at most `timeout`) for the end-of-request line of request `seq` (0-based count
+    /// of requests) and returns it.
+    pub fn wait_ended(&self, nth: usize, timeout: Duration) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ended: Vec<Value> = self
+                .requests()?
+                .into_iter()
+                .filter(|r| r.get("event").is_none())
+                .collect();
+            if let Some(r) = ended.get(nth) {
+                return Ok(r.clone());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "upstream request #{nth} did not end within {timeout:?}; log: {:?}",
+                self.requests()?
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if thread::panicking() {
+            eprintln!("ScriptedUpstream: log kept in {}", self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Runs the official OpenAI Python SDK client (`tests/py/openai_client.py` in the venv that
+/// `cargo xtask setup` made) in namespace `ns`; returns its one JSON line.
+pub fn openai_sdk(ns: &str, args: &[&str]) -> Result<Value> {
+    let python = env::var("HALTD_PYTHON")
+        .context("HALTD_PYTHON is not set: run the tests with `cargo xtask test`")?;
+    let script = env::var("HALTD_OPENAI_CLIENT").unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("py/openai_client.py")
+            .display()
+            .to_string()
+    });
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, &python, &script])
+        .args(args)
+        .output()
+        .context("running the OpenAI SDK client")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "openai_client.py {args:?} failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("openai_client.py printed {stdout:?}"))
+}
+
+/// Runs curl in namespace `ns` with `args`; returns (exit status success, stdout).
+pub fn curl(ns: &str, args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "--max-time", "30"])
+        .args(args)
+        .output()
+        .context("running curl (Debian package curl)")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
 }

@@ -162,6 +162,8 @@ pub struct Progress<'a> {
 #[derive(Debug)]
 pub struct StreamOutcome {
     pub status: u16,
+    /// The `x-haltd-mode` response header (`degraded` in degraded safe mode).
+    pub mode_header: Option<String>,
     pub stream_id: String,
     pub content_type: Option<String>,
     pub events: Vec<SseEvent>,
@@ -245,18 +247,42 @@ pub fn stream(
     url: &str,
     body: &Value,
     timeout: Duration,
+    on_event: impl FnMut(&Progress<'_>, &SseEvent),
+) -> Result<StreamOutcome> {
+    let key = fresh_key();
+    stream_with(url, body, &[("authorization", &key)], timeout, on_event)
+}
+
+/// A new API key: every request made without one is its own conversation, so a trip in one
+/// test stream puts only that key into degraded safe mode, not the streams that follow.
+pub fn fresh_key() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("Bearer haltd-test-{}-{n}", std::process::id())
+}
+
+/// [`stream`] with extra request headers (e.g. `authorization`).
+pub fn stream_with(
+    url: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+    timeout: Duration,
     mut on_event: impl FnMut(&Progress<'_>, &SseEvent),
 ) -> Result<StreamOutcome> {
     let started = Instant::now();
-    let resp = agent(timeout)
+    let mut req = agent(timeout)
         .post(url)
-        .header("content-type", "application/json")
-        .send_json(body)
-        .with_context(|| format!("POST {url}"))?;
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send_json(body).with_context(|| format!("POST {url}"))?;
     let status = resp.status().as_u16();
     let stream_id = header(&resp, "x-haltd-stream-id").unwrap_or_default();
     let content_type = header(&resp, "content-type");
+    let mode_header = header(&resp, "x-haltd-mode");
     let mut out = StreamOutcome {
+        mode_header,
         status,
         stream_id,
         content_type: content_type.clone(),
@@ -354,6 +380,7 @@ pub fn post(url: &str, body: &Value, timeout: Duration) -> Result<(u16, String, 
     let mut resp = agent(timeout)
         .post(url)
         .header("content-type", "application/json")
+        .header("authorization", &fresh_key())
         .send_json(body)
         .with_context(|| format!("POST {url}"))?;
     let id = header(&resp, "x-haltd-stream-id").unwrap_or_default();
