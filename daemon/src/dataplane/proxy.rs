@@ -432,7 +432,7 @@ impl Worker {
             Err(e) => return self.reply_error(key, &e),
         };
         let model: Arc<str> = ask.model.as_str().into();
-        let Some((degraded, mode)) =
+        let Some((degraded, _mode)) =
             self.open_turn(key, endpoint, ask.stream, key_id, Arc::clone(&model))?
         else {
             return Ok(());
@@ -480,7 +480,6 @@ impl Worker {
             token_gap_ns_sum: 0,
             tool_calls: Vec::new(),
         }));
-        let _ = mode;
         let path = match endpoint {
             Endpoint::Chat => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
@@ -716,6 +715,16 @@ impl Worker {
             }
             let body = std::mem::take(&mut up.wbuf);
             return self.up_whole_body(key, status, body);
+        }
+        if let Some(enc) = head
+            .content_encoding
+            .as_deref()
+            .filter(|e| !e.eq_ignore_ascii_case("identity"))
+        {
+            let msg = format!(
+                "the upstream sent a {enc}-encoded stream although haltd asked for identity; compressed streams are not governed"
+            );
+            return self.up_fail(key, "malformed", msg, Some(status));
         }
         if !sse {
             let ct = head.content_type.clone().unwrap_or_default();
