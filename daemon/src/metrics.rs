@@ -66,7 +66,7 @@ pub struct ReasonLabels {
 }
 
 /// Kinds of upstream failure (FHR `upstream.failure`), every one a series from the start.
-pub const UPSTREAM_FAILURE_KINDS: [&str; 9] = [
+pub const UPSTREAM_FAILURE_KINDS: [&str; 10] = [
     "connect_refused",
     "connect_timeout",
     "first_token_timeout",
@@ -76,6 +76,7 @@ pub const UPSTREAM_FAILURE_KINDS: [&str; 9] = [
     "early_eof",
     "http_status",
     "io_error",
+    "missing_logprobs",
 ];
 
 /// All metric handles of the daemon.

@@ -111,7 +111,7 @@ fn check_n(n: Option<u32>) -> Result<(), HttpError> {
         Some(n) => Err(HttpError::bad_request(format!(
             "n = {n} is not supported by the built-in source: each choice would need its own governed stream; send n = 1"
         ))
-        .with_code("unsupported_parameter")),
+        .with_code("n_not_supported")),
     }
 }
 

@@ -108,14 +108,20 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         budget: Some(shared.cfg.args.budget),
         ..Record::default()
     };
+    let source = match &shared.cfg.upstream {
+        Some(u) => format!("openai upstream={u}"),
+        None => "builtin".to_owned(),
+    };
     start.message = Some(format!(
-        "haltd {} started: listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={}{}",
+        "haltd {} started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={}{}",
         env!("CARGO_PKG_VERSION"),
         shared.cfg.args.listen,
         shared.cfg.args.budget,
         shared.cfg.args.hard_limit,
         shared.cfg.heartbeat_deadline.as_millis(),
         shared.kernel_gate_label(),
+        shared.cfg.args.degraded_scope,
+        shared.cfg.args.degraded_for_s,
         if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
     ));
     shared
@@ -154,7 +160,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let admin_l = admin::bind(shared.cfg.args.admin, "admin").await.map_err(io("admin listener"))?;
         let metrics_l = admin::bind(shared.cfg.args.metrics, "metrics").await.map_err(io("metrics listener"))?;
         println!(
-            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={}",
+            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source}",
             shared.cfg.args.listen,
             shared.cfg.args.admin,
             shared.cfg.args.metrics,

@@ -254,7 +254,11 @@ impl Shared {
         });
         self.record(rec);
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
-        // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope.
+        // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope. Not
+        // for the halts of a shutdown: the daemon is going away, nothing was breached.
+        if self.shutting_down.load(SeqCst) {
+            return;
+        }
         if let Some(ch) = self
             .modes
             .enter(KeyId(snap.key_id), cause, &snap.id.to_string())

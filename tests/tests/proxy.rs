@@ -323,6 +323,7 @@ fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked
 fn tool_calls_finish_reasons_and_refusals() -> Result<()> {
     let rig = rig(&[])?;
     let mut b = chat("[[script:tool_call tokens=2 calls=2]]", true);
+    b["logprobs"] = json!(true);
     b["tools"] = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
     let o = rig.stream("/v1/chat/completions", &b, None, |_, _| {})?;
     ended_normally(&o, "tool_calls")?;
@@ -339,6 +340,10 @@ fn tool_calls_finish_reasons_and_refusals() -> Result<()> {
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["id"].as_str())
         .collect();
     ensure!(ids.len() == 2, "two calls started: {ids:?}");
+    ensure!(
+        !o.events.iter().any(|e| e.data.contains("\"content\":\"\"")),
+        "empty content events next to tool-call deltas"
+    );
     let rec = rig.turn_record(&o.stream_id)?;
     let calls = rec["tool_calls"]
         .as_array()
@@ -414,6 +419,24 @@ fn halt_monitor_sees_upstream_logprobs_and_the_generation_is_cancelled() -> Resu
     ensure!(rec["upstream"]["cancel_reason"] == "trip", "{rec}");
     ensure!(rec["turn_status"] == "failed", "{rec}");
     ensure!(rec["trip_token_index"] == 3, "{rec}");
+
+    // A backend without logprobs cannot be scored: with the monitor on, that halts before
+    // the first token (fail closed), and says why.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=5 no_logprobs=1]]", true),
+        None,
+        |_, _| {},
+    )?;
+    o.halted_cleanly("COHERENCE_BELOW_THRESHOLD")?;
+    ensure!(o.tokens == 0, "unscored tokens emitted: {}", o.tokens);
+    let err = o.error.clone().unwrap_or_default();
+    ensure!(err["upstream"]["kind"] == "missing_logprobs", "{err}");
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(
+        rec["upstream"]["failure"]["kind"] == "missing_logprobs",
+        "{rec}"
+    );
     Ok(())
 }
 
@@ -501,13 +524,18 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
             429,
             "http_status",
         ),
+        (
+            "[[script:status code=503 retry_after=7]]",
+            503,
+            "http_status",
+        ),
     ] {
         for stream in [true, false] {
             let (status, h, v) = rig.post("/v1/chat/completions", &chat(script, stream), None)?;
             ensure!(status == want, "{script} stream={stream}: {status} {v}");
             ensure!(v["error"]["code"] == "UPSTREAM_FAILURE", "{script}: {v}");
             ensure!(v["error"]["upstream"]["kind"] == kind, "{script}: {v}");
-            if want == 429 {
+            if want == 429 || want == 503 {
                 ensure!(h["retry-after"] == "7", "retry-after passes through: {h}");
             }
             let id = h["x-haltd-stream-id"]

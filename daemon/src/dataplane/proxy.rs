@@ -70,7 +70,8 @@ enum Item {
         text: String,
         tokens: Vec<UpToken>,
     },
-    ToolCalls(Value),
+    /// A tool-call delta, with the logprobs of its tokens (scored like content).
+    ToolCalls(Value, Vec<UpToken>),
     Finish(FinishReason),
     Usage(u64, u64),
     Done,
@@ -93,7 +94,8 @@ pub(super) struct Upstream {
     connect_inflight: bool,
     send_inflight: bool,
     recv_inflight: bool,
-    link_inflight: bool,
+    /// Linked timeouts not yet completed (connect, send and receive each carry one).
+    link_inflight: u32,
     pub(super) cancel_inflight: u32,
     reader: ResponseReader,
     sse: SseParser,
@@ -112,6 +114,7 @@ pub(super) struct Upstream {
     events: u64,
     started_ns: u64,
     first_event_ns: u64,
+    last_event_ns: u64,
     /// Tool-call deltas merged by index (the batch body, and the record).
     tools: Vec<Value>,
     /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
@@ -126,7 +129,7 @@ impl Upstream {
         self.connect_inflight
             || self.send_inflight
             || self.recv_inflight
-            || self.link_inflight
+            || self.link_inflight > 0
             || self.cancel_inflight > 0
     }
 
@@ -190,6 +193,8 @@ fn failure_status(kind: &str, upstream_status: Option<u16>) -> u16 {
     match (kind, upstream_status) {
         // The upstream judged the request: its client error stays a client error.
         ("http_status" | "error_event", Some(s @ 400..=499)) => s,
+        // "Unavailable, retry later" stays that, with the upstream's Retry-After.
+        ("http_status", Some(503)) => 503,
         ("connect_timeout" | "first_token_timeout", _) => 504,
         _ => 502,
     }
@@ -207,7 +212,10 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
         usage,
         ..
     } = c;
-    if !content.is_empty() || !tokens.is_empty() {
+    if let Some(calls) = tool_calls.filter(|_| content.is_empty()) {
+        // A tool-call chunk: its logprobs belong to the call's tokens, not to a content frame.
+        items.push_back(Item::ToolCalls(calls, tokens));
+    } else if !content.is_empty() || !tokens.is_empty() {
         if tokens.len() > 1 && matches {
             for t in tokens {
                 items.push_back(Item::Content {
@@ -222,15 +230,38 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
             });
         }
     }
-    if let Some(calls) = tool_calls {
-        items.push_back(Item::ToolCalls(calls));
-    }
     if let Some(r) = finish_reason {
         items.push_back(Item::Finish(r));
     }
     if let Some(u) = usage {
         items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
     }
+}
+
+/// The HaltMonitor over one frame's tokens, before anything of the frame goes out: a failing
+/// token is never emitted. With the monitor on, text without logprobs, or a token without
+/// one, cannot be scored and fails closed. `Err(true)`: unscorable; `Err(false)`: a score
+/// below the limit.
+fn monitor_check(
+    monitor: &mut crate::monitor::HaltMonitor,
+    has_text: bool,
+    tokens: &[UpToken],
+) -> Result<(), bool> {
+    let scored = monitor.hard_limit() > 0.0;
+    if scored && tokens.is_empty() && has_text {
+        return Err(true);
+    }
+    for t in tokens {
+        let score = match t.logprob {
+            Some(lp) => f64::from(lp).exp(),
+            None if scored => return Err(true),
+            None => continue,
+        };
+        if monitor.check(score) == Decision::Halt {
+            return Err(false);
+        }
+    }
+    Ok(())
 }
 
 /// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
@@ -330,7 +361,7 @@ impl Worker {
             connect_inflight: false,
             send_inflight: false,
             recv_inflight: false,
-            link_inflight: false,
+            link_inflight: 0,
             cancel_inflight: 0,
             reader: ResponseReader::new(MAX_UPSTREAM_HEAD),
             sse: SseParser::new(MAX_UPSTREAM_EVENT),
@@ -347,6 +378,7 @@ impl Worker {
             events: 0,
             started_ns: monotonic_ns(),
             first_event_ns: 0,
+            last_event_ns: 0,
             tools: Vec::new(),
             inflight_tools: Vec::new(),
             first_frame: false,
@@ -365,7 +397,7 @@ impl Worker {
             .build()
             .user_data(ud(key, OP_UP_LINK));
         up.connect_inflight = true;
-        up.link_inflight = true;
+        up.link_inflight += 1;
         self.push(&connect)?;
         self.push(&link)?;
         self.arm_watch(key)
@@ -531,14 +563,25 @@ impl Worker {
     }
 
     fn up_send(&mut self, key: usize) -> io::Result<()> {
+        let timeout = self.shared.cfg.upstream_connect_timeout;
         let up = self.conns[key].up.as_mut().expect("upstream open");
+        // An upstream that accepts but never reads must not hold the turn: the connect
+        // timeout bounds each send of the request too.
+        *up.ts = timespec(timeout);
         let rest = &up.wbuf[up.woff..];
         let e = opcode::Send::new(types::Fd(up.fd), rest.as_ptr(), rest.len() as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build()
+            .flags(squeue::Flags::IO_LINK)
             .user_data(ud(key, OP_UP_SEND));
+        let ts: *const types::Timespec = &*up.ts;
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_UP_LINK));
         up.send_inflight = true;
-        self.push(&e)
+        up.link_inflight += 1;
+        self.push(&e)?;
+        self.push(&link)
     }
 
     pub(super) fn on_up_send(&mut self, key: usize, res: i32) -> io::Result<()> {
@@ -549,6 +592,14 @@ impl Worker {
         up.send_inflight = false;
         if up.finished || conn.closing {
             return Ok(());
+        }
+        if res == -libc::ECANCELED {
+            return self.up_fail(
+                key,
+                "connect_timeout",
+                "the upstream did not take the request in time".to_owned(),
+                None,
+            );
         }
         if res <= 0 {
             let e = io::Error::from_raw_os_error(-res);
@@ -583,14 +634,23 @@ impl Worker {
         if up.finished
             || up.saw_done
             || up.recv_inflight
-            || up.link_inflight
+            || up.link_inflight > 0
             || up.send_inflight
             || up.connect_inflight
             || up.items.len() >= MAX_QUEUED_ITEMS
         {
             return Ok(());
         }
-        *up.ts = timespec(if up.events == 0 { cfg_first } else { cfg_stall });
+        // Deadlines are absolute: time to the first event counts from the request, the stall
+        // deadline from the last event. Bytes that are no event (keep-alive comments, a
+        // response head) do not extend them.
+        let deadline = if up.events == 0 {
+            up.started_ns + cfg_first.as_nanos() as u64
+        } else {
+            up.last_event_ns + cfg_stall.as_nanos() as u64
+        };
+        let left = deadline.saturating_sub(monotonic_ns()).max(1_000);
+        *up.ts = timespec(std::time::Duration::from_nanos(left));
         up.rbuf.clear();
         let ptr = up.rbuf.as_mut_ptr();
         let recv = opcode::Recv::new(types::Fd(up.fd), ptr, UP_RECV_CHUNK as u32)
@@ -602,17 +662,17 @@ impl Worker {
             .build()
             .user_data(ud(key, OP_UP_LINK));
         up.recv_inflight = true;
-        up.link_inflight = true;
+        up.link_inflight += 1;
         self.push(&recv)?;
         self.push(&link)
     }
 
     pub(super) fn on_up_link(&mut self, key: usize) -> io::Result<()> {
         if let Some(up) = self.conns.get_mut(key).and_then(|c| c.up.as_mut()) {
-            up.link_inflight = false;
+            up.link_inflight = up.link_inflight.saturating_sub(1);
             // The linked timeout of the previous receive completes after it; a receive that
             // was due meanwhile (the queue drained) is armed now.
-            if up.items.is_empty() {
+            if up.items.is_empty() && up.link_inflight == 0 {
                 return self.up_arm_recv(key);
             }
         }
@@ -744,8 +804,9 @@ impl Worker {
                 Ok(None) => break,
                 Ok(Some(ev)) => {
                     up.events += 1;
+                    up.last_event_ns = monotonic_ns();
                     if up.first_event_ns == 0 {
-                        up.first_event_ns = monotonic_ns();
+                        up.first_event_ns = up.last_event_ns;
                     }
                     match upstream::parse_event(endpoint, &ev) {
                         Ok(UpstreamEvent::Chunk(c)) => push_chunk(&mut up.items, c),
@@ -856,28 +917,14 @@ impl Worker {
             };
             match item {
                 Item::Content { text, tokens } => {
-                    // HaltMonitor on every token before anything of the frame goes out: a
-                    // failing token is never emitted. A token without a logprob cannot be
-                    // scored, so with the monitor on it fails closed.
-                    let scored = turn.monitor.hard_limit() > 0.0;
-                    if scored && tokens.is_empty() && !text.is_empty() {
-                        drop(shared.meta(id.slot).upstream_failure.replace((
-                            "missing_logprobs",
-                            "the upstream sent text without logprobs while the HaltMonitor (--hard-limit) is on; it cannot be scored".to_owned(),
-                        )));
+                    if let Err(unscorable) =
+                        monitor_check(&mut turn.monitor, !text.is_empty(), &tokens)
+                    {
+                        if unscorable {
+                            Self::note_missing_logprobs(&shared, up, id.slot);
+                        }
                         let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
                         return self.halt(key);
-                    }
-                    for t in &tokens {
-                        let score = match t.logprob {
-                            Some(lp) => f64::from(lp).exp(),
-                            None if scored => f64::NAN, // unscorable: the monitor halts on NaN
-                            None => continue,
-                        };
-                        if turn.monitor.check(score) == Decision::Halt {
-                            let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
-                            return self.halt(key);
-                        }
                     }
                     let now = monotonic_ns();
                     if turn.last_token_ns != 0 {
@@ -977,10 +1024,22 @@ impl Worker {
                     turn.inflight_token = index + 1;
                     return self.send(key, SendKind::Token);
                 }
-                Item::ToolCalls(delta) => {
+                Item::ToolCalls(delta, tokens) => {
+                    if let Err(unscorable) = monitor_check(&mut turn.monitor, true, &tokens) {
+                        if unscorable {
+                            Self::note_missing_logprobs(&shared, up, id.slot);
+                        }
+                        let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
+                        return self.halt(key);
+                    }
                     if turn.degraded {
-                        // Degraded safe mode blocks new tool dispatch: not emitted, counted.
-                        let n = delta.as_array().map_or(1, Vec::len) as u64;
+                        // Degraded safe mode blocks new tool dispatch: not emitted; each call
+                        // (a delta entry that starts one, with its id) is counted once.
+                        let n = delta.as_array().map_or(0, |l| {
+                            l.iter()
+                                .filter(|d| d.get("id").is_some_and(|i| !i.is_null()))
+                                .count()
+                        }) as u64;
                         shared
                             .metrics
                             .tool_calls
@@ -1003,6 +1062,10 @@ impl Worker {
                     up.inflight_tools = started;
                     turn.inflight_token = index + 1;
                     return self.send(key, SendKind::Token);
+                }
+                Item::Finish(r) if turn.degraded && r == FinishReason::ToolCalls => {
+                    // No tool call reached the client: the turn simply ended.
+                    up.finish = Some(FinishReason::Stop);
                 }
                 Item::Finish(r) => {
                     if matches!(r, FinishReason::Error | FinishReason::Abort) {
@@ -1055,6 +1118,21 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The HaltMonitor cannot score what the upstream sends: say why in the terminal event,
+    /// the record and the failure metric.
+    fn note_missing_logprobs(shared: &crate::shared::Shared, up: &mut Upstream, slot: u32) {
+        let msg = "the upstream sent tokens without logprobs while the HaltMonitor (--hard-limit) is on; they cannot be scored".to_owned();
+        shared
+            .metrics
+            .upstream_failures
+            .get_or_create(&crate::metrics::KindLabels {
+                kind: "missing_logprobs",
+            })
+            .inc();
+        shared.meta(slot).upstream_failure = Some(("missing_logprobs", msg.clone()));
+        up.failure = Some(("missing_logprobs", msg));
     }
 
     /// The frame in flight was accepted by the kernel: tool calls it started are dispatched.
@@ -1184,6 +1262,7 @@ mod tests {
         assert_eq!(failure_status("http_status", Some(404)), 404);
         assert_eq!(failure_status("http_status", Some(429)), 429);
         assert_eq!(failure_status("http_status", Some(500)), 502);
+        assert_eq!(failure_status("http_status", Some(503)), 503);
         assert_eq!(failure_status("error_event", Some(400)), 400);
         assert_eq!(failure_status("error_event", None), 502);
         assert_eq!(failure_status("connect_refused", None), 502);

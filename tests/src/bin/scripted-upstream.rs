@@ -31,7 +31,8 @@
 //! (stop; tool_calls for `tool_call`); `neginf_at=I[,I..]`, logprob -9999.0, vLLM's -inf
 //! sentinel; `low_at=I[,I..]`, logprob ln 0.001; `words=a,b,c`, token texts, cycled (common
 //! English words with a leading space, the first token `The`); `framing=chunked|close`
-//! (overrides `--framing` for this request). Other tokens have logprob ln 0.9 and are their own
+//! (overrides `--framing` for this request); `no_logprobs=1`, never send logprobs, like a
+//! backend without logprob support. Other tokens have logprob ln 0.9 and are their own
 //! top alternative; the other alternatives are made up deterministically.
 //!
 //! | script | after the `tokens` content tokens |
@@ -738,6 +739,8 @@ struct Script {
     rst: bool,
     retry_after: Option<u64>,
     head: Duration,
+    /// Like a backend without logprob support: never send them, whatever was asked.
+    no_logprobs: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -869,6 +872,7 @@ impl Script {
             first: k.ms("first_ms", 0)?,
             per_chunk,
             finish,
+            no_logprobs: k.flag("no_logprobs")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1068,6 +1072,7 @@ impl Plan {
             return Err("tool_call needs /v1/chat/completions".into());
         }
         let lp = match endpoint {
+            _ if script.no_logprobs => Lp::None,
             Endpoint::Chat if body.get("logprobs") == Some(&Value::Bool(true)) => Lp::Chat {
                 top: count_field(body, "top_logprobs"),
             },
