@@ -28,9 +28,11 @@
 //!   spec 001.
 
 pub mod admin;
+pub mod calibrate;
 pub mod codes;
 pub mod config;
 pub mod dataplane;
+pub mod detect;
 pub mod gate;
 pub mod http;
 pub mod ledger;
@@ -38,6 +40,7 @@ pub mod metrics;
 pub mod modes;
 pub mod monitor;
 pub mod openai;
+pub mod safety;
 pub mod server;
 pub mod shared;
 pub mod source;
