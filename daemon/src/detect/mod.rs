@@ -51,10 +51,14 @@ pub struct TokenObs<'a> {
 pub enum Finding {
     Clear,
     /// The detector's condition holds; `detail` says what it measured (no token text).
-    Breach { detail: String },
+    Breach {
+        detail: String,
+    },
     /// The detector could not judge this token (an error, or input it needs is missing):
     /// fail closed in hard mode.
-    Failed { detail: String },
+    Failed {
+        detail: String,
+    },
 }
 
 /// A per-token detector.
