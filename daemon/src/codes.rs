@@ -27,10 +27,13 @@ pub enum FailureCode {
     UpstreamFailure = 13,
     /// The flight recorder cannot write: nothing may stream unrecorded (G3, G7).
     RecorderFailure = 14,
+    /// A hard detector could not judge a token (an error, missing input, a missed deadline):
+    /// fail closed.
+    DetectorFailure = 15,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 14] = [
+    pub const ALL: [FailureCode; 15] = [
         FailureCode::TigBreach,
         FailureCode::IoIntegrityAlert,
         FailureCode::ExfilAlert,
@@ -45,6 +48,7 @@ impl FailureCode {
         FailureCode::HeartbeatLost,
         FailureCode::UpstreamFailure,
         FailureCode::RecorderFailure,
+        FailureCode::DetectorFailure,
     ];
 
     /// The code as written on the wire and in records.
@@ -64,6 +68,7 @@ impl FailureCode {
             FailureCode::HeartbeatLost => "HEARTBEAT_LOST",
             FailureCode::UpstreamFailure => "UPSTREAM_FAILURE",
             FailureCode::RecorderFailure => "RECORDER_FAILURE",
+            FailureCode::DetectorFailure => "DETECTOR_FAILURE",
         }
     }
 
@@ -85,7 +90,7 @@ impl fmt::Display for FailureCode {
 
 /// Error for a failure-code name that is not one of [`FailureCode::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE)")]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE)")]
 pub struct UnknownFailureCode(pub String);
 
 impl std::str::FromStr for FailureCode {
