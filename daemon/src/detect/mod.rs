@@ -79,6 +79,7 @@ pub trait Detector: Send + fmt::Debug {
     }
 }
 
+pub mod config;
 pub mod exfil;
 pub mod scorer;
 pub mod surprise;
