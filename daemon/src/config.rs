@@ -37,6 +37,9 @@ pub struct ServeArgs {
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
+    /// Config file (TOML) with the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`); see docs/detectors.md. Without it every detector runs with its defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` (plain HTTP; a trailing `/v1` is accepted).
     #[arg(long, value_name = "URL")]
     pub upstream: Option<String>,
@@ -152,6 +155,8 @@ pub struct Config {
     pub upstream_stall_timeout: Duration,
     /// `--degraded-for-s`, `None` for 0.
     pub degraded_for: Option<Duration>,
+    /// The detectors' settings (config file and `--hard-limit`), validated.
+    pub detectors: crate::detect::pipeline::DetectorsConfig,
 }
 
 /// Most B accepted: a larger budget is no halt budget.
@@ -247,6 +252,19 @@ impl ServeArgs {
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));
         }
+        let file = match &self.config {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| err("config", format!("{}: {e}", path.display())))?;
+                Some(text.parse::<toml::Table>().map_err(|e| {
+                    err("config", format!("{}: not valid TOML: {e}", path.display()))
+                })?)
+            }
+        };
+        let detectors =
+            crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
+                .map_err(|e| err("config", e.to_string()))?;
         let faults = parse_faults(&self.faults)?;
         let workers = match self.workers {
             Some(0) => return Err(err("workers", "must be at least 1")),
@@ -271,6 +289,7 @@ impl ServeArgs {
                 self.upstream_first_token_timeout_ms,
             ),
             upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
+            detectors,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,

@@ -118,6 +118,9 @@ pub struct Record {
     /// A change of `runtime_mode` (degraded safe mode): scope, from, to, by, cause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_change: Option<serde_json::Value>,
+    /// Per-detector summary of the turn: mode, breaches, failures, what each measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detectors: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -158,6 +161,7 @@ impl Default for Record {
             upstream: None,
             tool_calls: Vec::new(),
             mode_change: None,
+            detectors: None,
         }
     }
 }

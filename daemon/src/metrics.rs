@@ -65,6 +65,12 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DetectorLabels {
+    pub detector: &'static str,
+    pub code: FailureCode,
+}
+
 /// Kinds of upstream failure (FHR `upstream.failure`), every one a series from the start.
 pub const UPSTREAM_FAILURE_KINDS: [&str; 10] = [
     "connect_refused",
@@ -103,6 +109,7 @@ pub struct Metrics {
     pub upstream_failures: Family<KindLabels, Counter>,
     pub upstream_cancels: Family<ReasonLabels, Counter>,
     pub tool_calls: Family<KindLabels, Counter>,
+    pub detector_trips: Family<DetectorLabels, Counter>,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -258,7 +265,14 @@ impl Metrics {
         for kind in ["committed", "dispatched", "suppressed"] {
             drop(tool_calls.get_or_create(&KindLabels { kind }));
         }
+        let detector_trips = Family::<DetectorLabels, Counter>::default();
+        registry.register(
+            "detector_trips",
+            "Streams tripped by a detector, by detector and failure code (DETECTOR_FAILURE: it could not judge)",
+            detector_trips.clone(),
+        );
         Metrics {
+            detector_trips,
             mode_changes,
             degraded_scopes,
             upstream_failures,

@@ -546,7 +546,7 @@ pub struct Halt {
     pub degraded: bool,
     /// Extra detail for the error object, e.g. `upstream: {kind, message}` of an
     /// UPSTREAM_FAILURE.
-    pub detail: Option<(&'static str, Value)>,
+    pub detail: Vec<(&'static str, Value)>,
 }
 
 impl Halt {
@@ -560,7 +560,7 @@ impl Halt {
             "trip_token_index": self.trip_token_index,
             "post_trip_tokens": self.post_trip_tokens,
         });
-        if let Some((k, v)) = &self.detail {
+        for (k, v) in &self.detail {
             obj[*k] = v.clone();
         }
         obj
@@ -781,7 +781,7 @@ mod tests {
             post_trip_tokens: 2,
             nonce: 0xfeed_f00d_0000_0001,
             degraded: false,
-            detail: None,
+            detail: Vec::new(),
         }
     }
 

@@ -31,6 +31,8 @@ pub enum StartError {
     Gate(#[source] crate::gate::GateError),
     #[error("opening the flight recorder: {0}")]
     Ledger(#[source] crate::ledger::LedgerError),
+    #[error("invalid --config: {0}")]
+    Config(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -95,6 +97,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
+        detectors: crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
+            .map_err(|e| StartError::Config(e.to_string()))?,
         turn_meta: (0..cfg.args.max_streams)
             .map(|_| std::sync::Mutex::default())
             .collect(),

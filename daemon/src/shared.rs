@@ -48,6 +48,8 @@ pub struct Shared {
     pub modes: Modes,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
+    /// The detectors every turn is governed by (built from the configuration at start).
+    pub detectors: crate::detect::pipeline::Detectors,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn
@@ -59,6 +61,8 @@ pub struct TurnMeta {
     pub model: Option<Arc<str>>,
     /// Why the upstream failed (kind, message), for the error object of the terminal event.
     pub upstream_failure: Option<(&'static str, String)>,
+    /// The detector that tripped the stream and what it measured.
+    pub detector_trip: Option<(&'static str, String)>,
 }
 
 struct GateTrip<'a> {
@@ -156,12 +160,19 @@ impl Shared {
         let (model, detail) = {
             let meta = self.meta(snap.id.slot);
             let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
-            let detail = meta.upstream_failure.as_ref().map(|(kind, message)| {
-                (
+            let mut detail = Vec::new();
+            if let Some((kind, message)) = &meta.upstream_failure {
+                detail.push((
                     "upstream",
                     serde_json::json!({"kind": kind, "message": message}),
-                )
-            });
+                ));
+            }
+            if let Some((name, what)) = &meta.detector_trip {
+                detail.push((
+                    "detector",
+                    serde_json::json!({"name": name, "detail": what}),
+                ));
+            }
             (model, detail)
         };
         let halt = Halt {

@@ -27,17 +27,18 @@ use slab::Slab;
 use crate::{
     codes::FailureCode,
     config::SourceKind,
+    detect::{pipeline::Gate, pipeline::TurnGovernor, TokenObs},
     gate::monotonic_ns,
     http::{self, HttpError, RequestHead},
     ledger::RecordKind,
     modes::KeyId,
-    monitor::{Decision, HaltMonitor},
     openai::{self, ChunkEncoder, Token, TurnRequest},
     shared::Shared,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Endpoint, Mode, StreamId},
 };
 
+mod govern;
 mod proxy;
 
 const OP_ACCEPT: u64 = 1;
@@ -132,7 +133,21 @@ struct Turn {
     degraded: bool,
     /// Tokens the source produced (emitted or held).
     tokens_generated: u64,
-    monitor: HaltMonitor,
+    /// The turn's detectors and exfiltration scanner.
+    gov: TurnGovernor,
+    /// Frames the exfiltration scanner holds back.
+    hold: govern::Hold,
+    /// A content or tool-call frame went out (the chat role goes in the first).
+    first_frame_sent: bool,
+    /// Emitted text, for SafetyCheck (bounded; see `govern`).
+    out_text: String,
+    out_text_truncated: bool,
+    /// SafetyCheck inputs fixed at turn start.
+    request_urls: std::collections::BTreeSet<String>,
+    identity_before: Option<String>,
+    identity_after: Option<String>,
+    /// SafetyCheck's verdict, once judged.
+    safety: Option<serde_json::Value>,
     enc: ChunkEncoder,
     /// Bytes of completion text so far (for `text_offset`).
     text_len: usize,
@@ -732,16 +747,25 @@ impl Worker {
         Ok(Some((degraded, mode)))
     }
 
-    /// The detectors every turn runs, and their references for records.
-    fn turn_detectors(&self) -> Result<(HaltMonitor, Vec<String>), HttpError> {
-        let hard_limit = self.shared.cfg.args.hard_limit;
-        let monitor = HaltMonitor::new(hard_limit)
-            .map_err(|e| HttpError::new(500, "server_error", format!("monitor: {e}")))?;
-        let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
-        if hard_limit > 0.0 {
-            refs.push(format!("halt_monitor:token_probability<{hard_limit}"));
+    /// The detectors of a new turn and their references for records. A detector that cannot
+    /// start (an external scorer that cannot be reached) trips the stream at once.
+    fn turn_governor(
+        &mut self,
+        key: usize,
+    ) -> (TurnGovernor, Vec<String>, Option<crate::detect::Trip>) {
+        let id = self.conns[key].id;
+        match self.shared.detectors.turn(&id.to_string(), monotonic_ns()) {
+            Ok(gov) => {
+                let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
+                refs.extend(gov.refs());
+                (gov, refs, None)
+            }
+            Err(trip) => (
+                TurnGovernor::empty(),
+                vec![format!("{}:hard", trip.detector)],
+                Some(trip),
+            ),
         }
-        Ok((monitor, refs))
     }
 
     /// The response head of a streaming turn, sent before its first token.
@@ -770,14 +794,14 @@ impl Worker {
         else {
             return Ok(());
         };
-        let (monitor, detector_refs) = match self.turn_detectors() {
-            Ok(d) => d,
-            Err(e) => return self.reply_error(key, &e),
-        };
+        let (gov, detector_refs, failed) = self.turn_governor(key);
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
         let model = BuiltinModel::get();
+        // The built-in model's identity cannot change within a turn: before and after are
+        // the model the request named (checked equal to it) with no system prompt.
+        let identity = crate::safety::identity_digest(MODEL_NAME, "");
         let turn = Turn {
             source: TurnSource::Builtin(
                 model
@@ -800,7 +824,15 @@ impl Worker {
                 logprobs: req.logprobs,
                 top_logprobs: req.top_logprobs,
             },
-            monitor,
+            gov,
+            hold: govern::Hold::default(),
+            first_frame_sent: false,
+            out_text: String::new(),
+            out_text_truncated: false,
+            request_urls: crate::safety::extract_urls(&req.prompt),
+            identity_before: Some(identity.clone()),
+            identity_after: Some(identity),
+            safety: None,
             text_len: 0,
             held_text: String::new(),
             held_tokens: Vec::new(),
@@ -811,14 +843,18 @@ impl Worker {
             tool_calls: Vec::new(),
         };
         conn.turn = Some(Box::new(turn));
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
         if mode == Mode::Stream {
             return self.send_stream_head(key);
         }
         self.step(key)
     }
 
-    /// Produces the next token of a turn: heartbeat and trip checks, generation, detectors,
-    /// accounting, send (or hold, in batch mode).
+    /// Produces the next frame of a turn: heartbeat and trip checks, then a frame the
+    /// exfiltration scanner released earlier, else the next token through the detectors and
+    /// the scanner (sent, held back, or kept for a batch response).
     fn step(&mut self, key: usize) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
@@ -836,8 +872,17 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
-        let TurnSource::Builtin(source) = &mut turn.source else {
+        if matches!(turn.source, TurnSource::Proxy) {
             return self.proxy_step(key);
+        }
+        if let Some(p) = turn.hold.pop_released() {
+            return self.emit_pending(key, p);
+        }
+        if turn.hold.ending {
+            return self.finish(key);
+        }
+        let TurnSource::Builtin(source) = &mut turn.source else {
+            return Ok(());
         };
         let mode = slot.mode();
         let top_n = if turn.logprobs {
@@ -846,15 +891,26 @@ impl Worker {
             0
         };
         let Some(tok) = source.next_token(top_n) else {
-            return self.finish(key);
+            if !self.govern_end(key)? {
+                return Ok(());
+            }
+            return self.step(key);
         };
+        let index = turn.tokens_generated;
         turn.tokens_generated += 1;
-        // HaltMonitor (spec 001): the score is the token's probability. A failing token is
-        // never emitted: the trip happens before it is accounted or sent.
-        let score = f64::from(tok.logprob).exp();
-        if turn.monitor.check(score) == Decision::Halt {
-            let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
-            return self.halt(key);
+        // The detectors judge the token before it is accounted or sent: a failing token is
+        // never emitted (spec 001), nor is text the exfiltration scanner flags.
+        let obs = TokenObs {
+            index,
+            text: tok.text,
+            logprob: Some(tok.logprob),
+            now_ns: now,
+        };
+        let gate = turn.gov.on_token(&obs, monotonic_ns);
+        turn.hold.scanned += tok.text.len();
+        match gate {
+            Gate::Trip(t) => return self.detector_trip(key, t),
+            Gate::Release(n) => turn.hold.release(n),
         }
         if turn.last_token_ns != 0 {
             turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
@@ -867,6 +923,7 @@ impl Worker {
             // Held, not sent: batch responses are committed whole. (Allocates per token: the
             // batch path keeps every token for the final body.)
             turn.held_text.push_str(tok.text);
+            turn.note_output(tok.text);
             turn.held_tokens.push(HeldToken {
                 text: tok.text.to_owned(),
                 logprob: tok.logprob,
@@ -881,17 +938,41 @@ impl Worker {
             slot.tokens_submitted.fetch_add(1, SeqCst);
             return self.schedule_next(key);
         }
+        if !turn.hold.passes(turn.hold.scanned) {
+            // The scanner holds text: this token waits its turn, as an owned copy.
+            turn.hold.queue.push_back(govern::Pending {
+                text: tok.text.to_owned(),
+                kind: govern::PendingKind::Content {
+                    logprob: tok.logprob,
+                    top: tok
+                        .top
+                        .as_slice()
+                        .iter()
+                        .map(|(t, l)| ((*t).to_owned(), *l))
+                        .collect(),
+                },
+                end: turn.hold.scanned,
+                offset,
+            });
+            if let Some(p) = turn.hold.pop_released() {
+                return self.emit_pending(key, p);
+            }
+            return self.schedule_next(key);
+        }
         conn.wbuf.clear();
-        turn.enc.token_event(
+        turn.enc.content_event(
             &mut conn.wbuf,
-            Token {
+            tok.text,
+            &[Token {
                 text: tok.text,
                 logprob: tok.logprob,
                 top: tok.top.as_slice(),
-            },
-            index,
-            offset,
+            }],
+            &[offset],
+            !turn.first_frame_sent,
         );
+        turn.first_frame_sent = true;
+        turn.note_output(tok.text);
         if !slot.begin_frame(true, ignore_halt) {
             return self.halt(key);
         }
@@ -926,6 +1007,9 @@ impl Worker {
         usage: (u64, u64),
         tool_calls: Option<&serde_json::Value>,
     ) -> io::Result<()> {
+        if !self.safety_at_end(key)? {
+            return Ok(());
+        }
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
@@ -1323,6 +1407,28 @@ impl Worker {
         rec.detector_refs = turn.detector_refs.clone();
         let gaps = turn.tokens_generated.saturating_sub(1).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
+        let detectors = turn.gov.summary();
+        // The timing fields of spec 000 §6.1 come from the latency detector when it ran.
+        if let Some(t) = detectors.pointer("/latency_anomaly/summary") {
+            if let Some(b) = t.get("latency_bucket").and_then(|b| b.as_str()) {
+                rec.latency_bucket = Some(b.to_owned());
+            }
+            if let Some(m) = t.get("rts_mode").and_then(|m| m.as_str()) {
+                rec.rts_mode = m.to_owned();
+            }
+            rec.tig_breach = t
+                .get("tig_breach")
+                .and_then(|b| b.as_bool())
+                .unwrap_or(false);
+        }
+        rec.detectors = Some(detectors);
+        rec.safety_verdict = Some(match &turn.safety {
+            Some(v) => v.clone(),
+            // Not judged at a clean end: judge what the turn did (its halt, if any, ended
+            // with the typed terminal event).
+            None => serde_json::to_value(turn.safety_verdict(shared, true))
+                .unwrap_or(serde_json::Value::Null),
+        });
         // TURN-ACID: only a turn that ended cleanly commits; a failed one leaves the
         // conversation's state as it was, and tool calls it already emitted are dispatched
         // effects that need reconciliation.

@@ -25,15 +25,15 @@ use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
 
 use super::{
-    timespec, ud, HeldToken, Outcome, SendKind, Turn, TurnSource, Worker, OP_UP_CONNECT,
+    govern, timespec, ud, HeldToken, Outcome, SendKind, Turn, TurnSource, Worker, OP_UP_CONNECT,
     OP_UP_LINK, OP_UP_RECV, OP_UP_SEND, OP_WATCH,
 };
 use crate::{
     codes::FailureCode,
+    detect::{pipeline::Gate, TokenObs},
     gate::monotonic_ns,
     http::{HttpError, RequestHead},
     modes::KeyId,
-    monitor::Decision,
     openai::{ChunkEncoder, Token},
     stream::{state, Endpoint, Mode},
     upstream::{
@@ -119,8 +119,10 @@ pub(super) struct Upstream {
     tools: Vec<Value>,
     /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
     inflight_tools: Vec<Value>,
-    /// A content or tool-call frame went out (the chat role goes in the first).
-    first_frame: bool,
+    /// The model the upstream says it answered with (its chunks' `model`).
+    model: Option<String>,
+    /// The system prompt of the request sent (SafetyCheck's identity).
+    system_prompt: String,
     api_path: &'static str,
 }
 
@@ -135,6 +137,11 @@ impl Upstream {
 
     pub(super) fn fd(&self) -> RawFd {
         self.fd
+    }
+
+    /// The tool calls the frame about to be sent starts (dispatched once it is accepted).
+    pub(super) fn set_inflight_tools(&mut self, started: Vec<Value>) {
+        self.inflight_tools = started;
     }
 
     /// The FHR `upstream` field.
@@ -238,30 +245,20 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
     }
 }
 
-/// The HaltMonitor over one frame's tokens, before anything of the frame goes out: a failing
-/// token is never emitted. With the monitor on, text without logprobs, or a token without
-/// one, cannot be scored and fails closed. `Err(true)`: unscorable; `Err(false)`: a score
-/// below the limit.
-fn monitor_check(
-    monitor: &mut crate::monitor::HaltMonitor,
-    has_text: bool,
-    tokens: &[UpToken],
-) -> Result<(), bool> {
-    let scored = monitor.hard_limit() > 0.0;
-    if scored && tokens.is_empty() && has_text {
-        return Err(true);
-    }
-    for t in tokens {
-        let score = match t.logprob {
-            Some(lp) => f64::from(lp).exp(),
-            None if scored => return Err(true),
-            None => continue,
-        };
-        if monitor.check(score) == Decision::Halt {
-            return Err(false);
+/// The text of a tool-call delta that reaches the client: names and argument pieces.
+fn tool_call_text(delta: &Value) -> String {
+    let mut out = String::new();
+    for d in delta.as_array().into_iter().flatten() {
+        for key in ["name", "arguments"] {
+            if let Some(piece) = d
+                .pointer(&format!("/function/{key}"))
+                .and_then(Value::as_str)
+            {
+                out.push_str(piece);
+            }
         }
     }
-    Ok(())
+    out
 }
 
 /// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
@@ -300,7 +297,11 @@ fn merge_tool_calls(tools: &mut Vec<Value>, delta: &Value) -> Vec<Value> {
 
 impl Worker {
     /// Opens an upstream exchange for connection `key`: socket, request bytes, connect.
-    fn open_upstream(
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site per purpose; a struct would only rename them"
+    )]
+    fn open_upstream_with(
         &mut self,
         key: usize,
         purpose: Purpose,
@@ -308,6 +309,7 @@ impl Worker {
         method: &str,
         authorization: Option<&str>,
         body: Option<&[u8]>,
+        system_prompt: String,
     ) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let Some(url) = shared.cfg.upstream.as_ref() else {
@@ -381,7 +383,8 @@ impl Worker {
             last_event_ns: 0,
             tools: Vec::new(),
             inflight_tools: Vec::new(),
-            first_frame: false,
+            model: None,
+            system_prompt,
             api_path,
         };
         let conn = &mut self.conns[key];
@@ -459,6 +462,10 @@ impl Worker {
         let degraded = self.shared.modes.is_degraded(key_id);
         let body = &self.conns[key].rbuf[head.head_len..];
         let prepared = upstream::prepare_turn(endpoint, body, degraded);
+        // SafetyCheck's inputs from the request (parsed once more; per turn, not per token).
+        let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let request_urls = crate::safety::request_sources(&request);
+        let system_prompt = crate::safety::system_prompt(&request);
         let (ask, up_body): (ClientAsk, Vec<u8>) = match prepared {
             Ok(v) => v,
             Err(e) => return self.reply_error(key, &e),
@@ -469,11 +476,9 @@ impl Worker {
         else {
             return Ok(());
         };
-        let (monitor, mut detector_refs) = match self.turn_detectors() {
-            Ok(d) => d,
-            Err(e) => return self.reply_error(key, &e),
-        };
+        let (gov, mut detector_refs, failed) = self.turn_governor(key);
         detector_refs.push("upstream:integrity".to_owned());
+        let identity_before = crate::safety::identity_digest(&ask.model, &system_prompt);
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
@@ -493,7 +498,15 @@ impl Worker {
             key_id,
             degraded,
             tokens_generated: 0,
-            monitor,
+            gov,
+            hold: govern::Hold::default(),
+            first_frame_sent: false,
+            out_text: String::new(),
+            out_text_truncated: false,
+            request_urls,
+            identity_before: Some(identity_before),
+            identity_after: None,
+            safety: None,
             enc: ChunkEncoder {
                 endpoint,
                 stream_id: conn.id,
@@ -512,30 +525,35 @@ impl Worker {
             token_gap_ns_sum: 0,
             tool_calls: Vec::new(),
         }));
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
         let path = match endpoint {
             Endpoint::Chat => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
         };
-        self.open_upstream(
+        self.open_upstream_with(
             key,
             Purpose::Turn,
             path,
             "POST",
             auth.as_deref(),
             Some(&up_body),
+            system_prompt,
         )
     }
 
     /// `GET /v1/models` with `--source openai`: relayed from the upstream.
     pub(super) fn start_proxy_models(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
-        self.open_upstream(
+        self.open_upstream_with(
             key,
             Purpose::Models,
             upstream::MODELS_PATH,
             "GET",
             auth.as_deref(),
             None,
+            String::new(),
         )
     }
 
@@ -809,7 +827,12 @@ impl Worker {
                         up.first_event_ns = up.last_event_ns;
                     }
                     match upstream::parse_event(endpoint, &ev) {
-                        Ok(UpstreamEvent::Chunk(c)) => push_chunk(&mut up.items, c),
+                        Ok(UpstreamEvent::Chunk(c)) => {
+                            if up.model.is_none() {
+                                up.model.clone_from(&c.model);
+                            }
+                            push_chunk(&mut up.items, c);
+                        }
                         Ok(UpstreamEvent::Done) => {
                             up.saw_done = true;
                             up.items.push_back(Item::Done);
@@ -912,21 +935,57 @@ impl Worker {
             let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
                 return Ok(());
             };
+            if let Some(p) = turn.hold.pop_released() {
+                return self.emit_pending(key, p);
+            }
+            if turn.hold.ending {
+                // The upstream is done and nothing is held any more.
+                return self.proxy_finish(key);
+            }
             let Some(item) = up.items.pop_front() else {
                 return self.up_arm_recv(key);
             };
             match item {
                 Item::Content { text, tokens } => {
-                    if let Err(unscorable) =
-                        monitor_check(&mut turn.monitor, !text.is_empty(), &tokens)
-                    {
-                        if unscorable {
+                    // The detectors see every token before anything of the frame goes out;
+                    // text without tokens (no logprobs) is one observation without one.
+                    let now = monotonic_ns();
+                    let mut trip = None;
+                    if tokens.is_empty() {
+                        let obs = TokenObs {
+                            index: turn.tokens_generated,
+                            text: &text,
+                            logprob: None,
+                            now_ns: now,
+                        };
+                        trip = turn.gov.set.observe(&obs, monotonic_ns);
+                    }
+                    for (i, t) in tokens.iter().enumerate() {
+                        if trip.is_some() {
+                            break;
+                        }
+                        let obs = TokenObs {
+                            index: turn.tokens_generated + i as u64,
+                            text: &t.text,
+                            logprob: t.logprob,
+                            now_ns: now,
+                        };
+                        trip = turn.gov.set.observe(&obs, monotonic_ns);
+                    }
+                    let trip = trip.or_else(|| match turn.gov.scan(&text) {
+                        Gate::Trip(t) => Some(t),
+                        Gate::Release(n) => {
+                            turn.hold.scanned += text.len();
+                            turn.hold.release(n);
+                            None
+                        }
+                    });
+                    if let Some(t) = trip {
+                        if t.detector == "halt_monitor" && t.detail.starts_with("unscorable") {
                             Self::note_missing_logprobs(&shared, up, id.slot);
                         }
-                        let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
-                        return self.halt(key);
+                        return self.detector_trip(key, t);
                     }
-                    let now = monotonic_ns();
                     if turn.last_token_ns != 0 {
                         turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
                     }
@@ -936,6 +995,7 @@ impl Worker {
                     turn.text_len += text.len();
                     if mode == Mode::Batch {
                         turn.held_text.push_str(&text);
+                        turn.note_output(&text);
                         let mut off = offset;
                         for t in tokens {
                             let len = t.text.len();
@@ -948,6 +1008,24 @@ impl Worker {
                             off += len;
                         }
                         slot.tokens_submitted.fetch_add(1, SeqCst);
+                        continue;
+                    }
+                    if !turn.hold.passes(turn.hold.scanned) {
+                        // Held back by the scanner. A held frame keeps its first token's
+                        // logprobs (frames are one token each unless the upstream's tokens
+                        // do not spell its text).
+                        let (logprob, top) = tokens
+                            .into_iter()
+                            .next()
+                            .map_or((f32::NEG_INFINITY, Vec::new()), |t| {
+                                (t.logprob.unwrap_or(f32::NEG_INFINITY), t.top)
+                            });
+                        turn.hold.queue.push_back(govern::Pending {
+                            text,
+                            kind: govern::PendingKind::Content { logprob, top },
+                            end: turn.hold.scanned,
+                            offset,
+                        });
                         continue;
                     }
                     // Borrowed views of the owned alternatives, without allocating.
@@ -970,15 +1048,11 @@ impl Worker {
                     }
                     let index = slot.tokens_submitted.load(SeqCst);
                     conn.wbuf.clear();
+                    let first = !turn.first_frame_sent;
                     if single {
                         let tok = toks_buf[0].take().expect("set above");
-                        turn.enc.content_event(
-                            &mut conn.wbuf,
-                            &text,
-                            &[tok],
-                            &[offset],
-                            !up.first_frame,
-                        );
+                        turn.enc
+                            .content_event(&mut conn.wbuf, &text, &[tok], &[offset], first);
                     } else {
                         // Several tokens that do not spell the text exactly (or none): one
                         // frame; logprobs as the upstream gave them (an allocation, rare).
@@ -1009,15 +1083,11 @@ impl Worker {
                                 Some(cur)
                             })
                             .collect();
-                        turn.enc.content_event(
-                            &mut conn.wbuf,
-                            &text,
-                            &toks,
-                            &offs,
-                            !up.first_frame,
-                        );
+                        turn.enc
+                            .content_event(&mut conn.wbuf, &text, &toks, &offs, first);
                     }
-                    up.first_frame = true;
+                    turn.first_frame_sent = true;
+                    turn.note_output(&text);
                     if !slot.begin_frame(true, ignore_halt) {
                         return self.halt(key);
                     }
@@ -1025,13 +1095,27 @@ impl Worker {
                     return self.send(key, SendKind::Token);
                 }
                 Item::ToolCalls(delta, tokens) => {
-                    if let Err(unscorable) = monitor_check(&mut turn.monitor, true, &tokens) {
-                        if unscorable {
+                    let now = monotonic_ns();
+                    let mut trip = None;
+                    for (i, t) in tokens.iter().enumerate() {
+                        let obs = TokenObs {
+                            index: turn.tokens_generated + i as u64,
+                            text: &t.text,
+                            logprob: t.logprob,
+                            now_ns: now,
+                        };
+                        trip = turn.gov.set.observe(&obs, monotonic_ns);
+                        if trip.is_some() {
+                            break;
+                        }
+                    }
+                    if let Some(t) = trip {
+                        if t.detector == "halt_monitor" && t.detail.starts_with("unscorable") {
                             Self::note_missing_logprobs(&shared, up, id.slot);
                         }
-                        let _ = shared.trip(id, FailureCode::CoherenceBelowThreshold);
-                        return self.halt(key);
+                        return self.detector_trip(key, t);
                     }
+                    turn.tokens_generated += tokens.len() as u64;
                     if turn.degraded {
                         // Degraded safe mode blocks new tool dispatch: not emitted; each call
                         // (a delta entry that starts one, with its id) is counted once.
@@ -1047,21 +1131,29 @@ impl Worker {
                             .inc_by(n);
                         continue;
                     }
+                    // A tool call's name and arguments are output like any text: scanned for
+                    // secrets, held back the same way.
+                    let args = tool_call_text(&delta);
+                    match turn.gov.scan(&args) {
+                        Gate::Trip(t) => return self.detector_trip(key, t),
+                        Gate::Release(n) => {
+                            turn.hold.scanned += args.len();
+                            turn.hold.release(n);
+                        }
+                    }
                     let started = merge_tool_calls(&mut up.tools, &delta);
                     if mode == Mode::Batch {
                         continue;
                     }
-                    let index = slot.tokens_submitted.load(SeqCst);
-                    conn.wbuf.clear();
-                    turn.enc
-                        .tool_call_event(&mut conn.wbuf, &delta, !up.first_frame);
-                    up.first_frame = true;
-                    if !slot.begin_frame(true, ignore_halt) {
-                        return self.halt(key);
-                    }
-                    up.inflight_tools = started;
-                    turn.inflight_token = index + 1;
-                    return self.send(key, SendKind::Token);
+                    let offset = turn.text_len;
+                    turn.hold.queue.push_back(govern::Pending {
+                        text: args,
+                        kind: govern::PendingKind::ToolCall { delta, started },
+                        end: turn.hold.scanned,
+                        offset,
+                    });
+                    // Emitted through the queue (in order behind any held frame).
+                    continue;
                 }
                 Item::Finish(r) if turn.degraded && r == FinishReason::ToolCalls => {
                     // No tool call reached the client: the turn simply ended.
@@ -1095,29 +1187,46 @@ impl Worker {
                     // SAFETY: closing our half of our own socket; the descriptor stays
                     // open until the connection is dropped.
                     unsafe { libc::shutdown(up.fd, libc::SHUT_RDWR) };
-                    let reason = up
-                        .finish
-                        .as_ref()
-                        .map_or("stop", FinishReason::as_str)
-                        .to_owned();
-                    let usage = up
-                        .usage
-                        .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
-                    let tools = (!up.tools.is_empty() && !turn.degraded)
-                        .then(|| Value::Array(up.tools.clone()));
-                    if mode == Mode::Batch {
-                        if let Some(Value::Array(all)) = &tools {
-                            turn.tool_calls = all
-                                .iter()
-                                .enumerate()
-                                .map(|(i, t)| json!({"index": i, "id": t["id"], "name": t["function"]["name"]}))
-                                .collect();
-                        }
+                    if let Some(m) = &up.model {
+                        turn.identity_after =
+                            Some(crate::safety::identity_digest(m, &up.system_prompt));
                     }
-                    return self.finish_with(key, &reason, usage, tools.as_ref());
+                    if !self.govern_end(key)? {
+                        return Ok(());
+                    }
+                    // Loop: drain what the scanner released, then finish.
                 }
             }
         }
+    }
+
+    /// The upstream finished and every held frame went out: the final frame.
+    fn proxy_finish(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let batch = self.shared.table.slot(conn.id.slot).mode() == Mode::Batch;
+        let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
+            return Ok(());
+        };
+        let reason = up
+            .finish
+            .as_ref()
+            .map_or("stop", FinishReason::as_str)
+            .to_owned();
+        let usage = up
+            .usage
+            .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
+        let tools =
+            (!up.tools.is_empty() && !turn.degraded).then(|| Value::Array(up.tools.clone()));
+        if batch {
+            if let Some(Value::Array(all)) = &tools {
+                turn.tool_calls = all
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| json!({"index": i, "id": t["id"], "name": t["function"]["name"]}))
+                    .collect();
+            }
+        }
+        self.finish_with(key, &reason, usage, tools.as_ref())
     }
 
     /// The HaltMonitor cannot score what the upstream sends: say why in the terminal event,

@@ -81,6 +81,7 @@ pub trait Detector: Send + fmt::Debug {
 
 pub mod config;
 pub mod exfil;
+pub mod pipeline;
 pub mod scorer;
 pub mod surprise;
 pub mod timing;

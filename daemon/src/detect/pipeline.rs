@@ -1,0 +1,442 @@
+//! From configuration to a turn's detectors: [`Detectors`] is built once at start-up from
+//! the config file (and `--hard-limit`), validating every setting and compiling what can be
+//! shared (the exfiltration rules, the latency baseline); [`Detectors::turn`] then gives each
+//! turn its own [`TurnGovernor`], which the data plane asks about every token.
+//!
+//! Order of the checks on a token: HaltMonitor (its scorer), surprise, compute budget,
+//! latency anomaly — then the exfiltration scanner, which decides how much of the text may be
+//! released. The first hard trip wins.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    config::{check_names, entry, err, ConfigFileError, Entry},
+    exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
+    scorer::{Scorer, ScorerConfig, ScorerError},
+    surprise::{SurpriseConfig, SurpriseDetector},
+    timing::{
+        ComputeBudget, ComputeBudgetConfig, LatencyAnomaly, LatencyAnomalyConfig, LatencyBaseline,
+    },
+    Detector, DetectorMode, Finding, TokenObs, Trip, TurnDetectors,
+};
+use crate::{
+    codes::FailureCode,
+    monitor::{Decision, HaltMonitor},
+    safety::{SafetyCheck, SafetyConfig, SafetyPack},
+};
+
+/// The detector names the config file knows, in the order they run.
+pub const DETECTORS: [&str; 5] = [
+    "halt_monitor",
+    "surprise",
+    "compute_budget",
+    "latency_anomaly",
+    "exfil",
+];
+
+/// `[detectors.halt_monitor]`'s own keys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HaltMonitorConfig {
+    /// Scores below this halt (spec 001). `None`: `--hard-limit` (default 0, monitor off).
+    pub hard_limit: Option<f64>,
+    pub scorer: ScorerConfig,
+}
+
+/// Every detector's policy and settings, validated.
+#[derive(Clone, Debug)]
+pub struct DetectorsConfig {
+    pub halt_monitor: Entry<HaltMonitorConfig>,
+    pub surprise: Entry<SurpriseConfig>,
+    pub compute_budget: Entry<ComputeBudgetConfig>,
+    pub latency_anomaly: Entry<LatencyAnomalyConfig>,
+    pub exfil: Entry<ExfilConfig>,
+    pub safety: SafetyConfig,
+}
+
+/// The config file's top level: `[detectors.*]` and `[safety]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTop {
+    #[serde(default)]
+    detectors: Option<toml::Table>,
+    #[serde(default)]
+    safety: Option<toml::Table>,
+}
+
+impl DetectorsConfig {
+    /// Reads the detector settings from a parsed config file (`None`: no file) and the
+    /// `--hard-limit` flag. Defaults: HaltMonitor hard (off while the limit is 0), exfil hard,
+    /// compute budget hard (unlimited until configured), surprise and latency anomaly observe
+    /// (their thresholds need calibration on the deployment's traffic first), safety observe.
+    pub fn load(file: Option<&toml::Table>, cli_hard_limit: f64) -> Result<Self, ConfigFileError> {
+        let top: FileTop = match file {
+            Some(t) => FileTop::deserialize(toml::Value::Table(t.clone()))
+                .map_err(|e| err("file", e.to_string()))?,
+            None => FileTop::default(),
+        };
+        let d = top.detectors.as_ref();
+        check_names(d, &DETECTORS)?;
+        let mut halt_monitor: Entry<HaltMonitorConfig> =
+            entry(d, "halt_monitor", DetectorMode::Hard)?;
+        let limit = match (halt_monitor.cfg.hard_limit, cli_hard_limit) {
+            (Some(file), cli) if cli != 0.0 && cli != file => {
+                return Err(err(
+                    "detectors.halt_monitor.hard_limit",
+                    format!("{file} in the file contradicts --hard-limit {cli}; set one"),
+                ))
+            }
+            (Some(file), _) => file,
+            (None, cli) => cli,
+        };
+        let probability = halt_monitor.cfg.scorer == ScorerConfig::Probability;
+        if !limit.is_finite() || (probability && !(0.0..=1.0).contains(&limit)) {
+            return Err(err(
+                "detectors.halt_monitor.hard_limit",
+                format!("{limit} is not a probability in [0, 1]"),
+            ));
+        }
+        halt_monitor.cfg.hard_limit = Some(limit);
+        halt_monitor.cfg.scorer = halt_monitor
+            .cfg
+            .scorer
+            .clone()
+            .validate()
+            .map_err(|e| err("detectors.halt_monitor", e.to_string()))?;
+        let mut surprise: Entry<SurpriseConfig> = entry(d, "surprise", DetectorMode::Observe)?;
+        surprise.cfg = surprise
+            .cfg
+            .clone()
+            .validate()
+            .map_err(|e| err("detectors.surprise", e.to_string()))?;
+        let mut compute_budget: Entry<ComputeBudgetConfig> =
+            entry(d, "compute_budget", DetectorMode::Hard)?;
+        compute_budget.cfg = compute_budget
+            .cfg
+            .clone()
+            .validate()
+            .map_err(|e| err("detectors.compute_budget", e.to_string()))?;
+        let mut latency_anomaly: Entry<LatencyAnomalyConfig> =
+            entry(d, "latency_anomaly", DetectorMode::Observe)?;
+        latency_anomaly.cfg = latency_anomaly
+            .cfg
+            .clone()
+            .validate()
+            .map_err(|e| err("detectors.latency_anomaly", e.to_string()))?;
+        let exfil: Entry<ExfilConfig> = entry(d, "exfil", DetectorMode::Hard)?;
+        let safety = match &top.safety {
+            Some(t) => SafetyConfig::deserialize(toml::Value::Table(t.clone()))
+                .map_err(|e| err("safety", e.to_string()))?,
+            None => SafetyConfig::default(),
+        };
+        let safety = safety
+            .validate()
+            .map_err(|e| err(format!("safety.{}", e.key), e.reason))?;
+        Ok(DetectorsConfig {
+            halt_monitor,
+            surprise,
+            compute_budget,
+            latency_anomaly,
+            exfil,
+            safety,
+        })
+    }
+}
+
+/// The HaltMonitor of spec 001 as a detector: one implementation for the pure model and the
+/// stream ([`crate::monitor`]), fed by a pluggable scorer.
+#[derive(Debug)]
+struct HaltMonitorDetector {
+    monitor: HaltMonitor,
+    scorer: Box<dyn Scorer>,
+}
+
+impl Detector for HaltMonitorDetector {
+    fn name(&self) -> &'static str {
+        "halt_monitor"
+    }
+    fn code(&self) -> FailureCode {
+        FailureCode::CoherenceBelowThreshold
+    }
+    fn observe(&mut self, tok: &TokenObs<'_>) -> Finding {
+        match self.scorer.score(tok) {
+            Ok(score) => match self.monitor.check(score) {
+                Decision::Emit => Finding::Clear,
+                Decision::Halt => Finding::Breach {
+                    detail: format!(
+                        "score {score:.4} below hard_limit {}",
+                        self.monitor.hard_limit()
+                    ),
+                },
+            },
+            // No logprob to score: the monitor halts on an unscorable token (a NaN score),
+            // as spec 001's model does for a failing one.
+            Err(e @ (ScorerError::NoLogprob { .. } | ScorerError::BadLogprob { .. })) => {
+                let _ = self.monitor.check(f64::NAN);
+                Finding::Breach {
+                    detail: format!("unscorable: {e}"),
+                }
+            }
+            Err(e) => Finding::Failed {
+                detail: e.to_string(),
+            },
+        }
+    }
+    fn summary(&self) -> serde_json::Value {
+        serde_json::json!({"hard_limit": self.monitor.hard_limit(), "halted": self.monitor.is_halted()})
+    }
+}
+
+impl Drop for HaltMonitorDetector {
+    fn drop(&mut self) {
+        self.scorer.end_turn();
+    }
+}
+
+/// Start-up product of the configuration: what every turn's detectors are built from.
+#[derive(Debug)]
+pub struct Detectors {
+    pub cfg: DetectorsConfig,
+    exfil_rules: Option<Arc<ExfilRules>>,
+    baseline: Arc<LatencyBaseline>,
+    pub safety: SafetyCheck,
+    pub safety_pack: SafetyPack,
+}
+
+impl Detectors {
+    pub fn new(cfg: DetectorsConfig) -> Result<Self, ConfigFileError> {
+        let exfil_rules = if cfg.exfil.policy.mode == DetectorMode::Off {
+            None
+        } else {
+            Some(Arc::new(
+                ExfilRules::new(&cfg.exfil.cfg)
+                    .map_err(|e| err("detectors.exfil", e.to_string()))?,
+            ))
+        };
+        // Building the scorer checks its settings once here, not at the first turn.
+        cfg.halt_monitor
+            .cfg
+            .scorer
+            .build()
+            .map_err(|e| err("detectors.halt_monitor.scorer", e.to_string()))?;
+        let safety =
+            SafetyCheck::new().with_require_runtime_checkable(cfg.safety.require_runtime_checkable);
+        let safety_pack = SafetyPack::new(
+            cfg.safety.pack_id.clone(),
+            cfg.safety.boundaries.iter().cloned(),
+        );
+        Ok(Detectors {
+            exfil_rules,
+            baseline: Arc::new(LatencyBaseline::new()),
+            safety,
+            safety_pack,
+            cfg,
+        })
+    }
+
+    /// Whether the HaltMonitor runs at all (a probability limit of 0 passes every token).
+    pub fn halt_monitor_on(&self) -> bool {
+        let h = &self.cfg.halt_monitor;
+        h.policy.mode != DetectorMode::Off
+            && (h.cfg.hard_limit.unwrap_or(0.0) > 0.0 || h.cfg.scorer != ScorerConfig::Probability)
+    }
+
+    /// The detectors of a new turn. An external scorer that cannot be reached fails the turn
+    /// closed (`Err`: trip it before its first token).
+    pub fn turn(&self, turn_id: &str, start_ns: u64) -> Result<TurnGovernor, Trip> {
+        let c = &self.cfg;
+        let mut set = TurnDetectors::new();
+        if self.halt_monitor_on() {
+            let mut scorer = c.halt_monitor.cfg.scorer.build().map_err(|e| Trip {
+                detector: "halt_monitor",
+                code: FailureCode::DetectorFailure,
+                detail: e.to_string(),
+            })?;
+            if let Err(e) = scorer.begin_turn(turn_id) {
+                if c.halt_monitor.policy.mode == DetectorMode::Hard {
+                    return Err(Trip {
+                        detector: "halt_monitor",
+                        code: FailureCode::DetectorFailure,
+                        detail: e.to_string(),
+                    });
+                }
+            }
+            let monitor =
+                HaltMonitor::new(c.halt_monitor.cfg.hard_limit.unwrap_or(0.0)).map_err(|e| {
+                    Trip {
+                        detector: "halt_monitor",
+                        code: FailureCode::DetectorFailure,
+                        detail: e.to_string(),
+                    }
+                })?;
+            set.add(
+                Box::new(HaltMonitorDetector { monitor, scorer }),
+                c.halt_monitor.policy,
+            );
+        }
+        if c.surprise.policy.mode != DetectorMode::Off {
+            if let Ok(d) = SurpriseDetector::new(&c.surprise.cfg) {
+                set.add(Box::new(d), c.surprise.policy);
+            }
+        }
+        if c.compute_budget.policy.mode != DetectorMode::Off && !c.compute_budget.cfg.is_unlimited()
+        {
+            set.add(
+                Box::new(ComputeBudget::starting_at(&c.compute_budget.cfg, start_ns)),
+                c.compute_budget.policy,
+            );
+        }
+        if c.latency_anomaly.policy.mode != DetectorMode::Off {
+            set.add(
+                Box::new(LatencyAnomaly::new(
+                    &c.latency_anomaly.cfg,
+                    Arc::clone(&self.baseline),
+                )),
+                c.latency_anomaly.policy,
+            );
+        }
+        let exfil = self
+            .exfil_rules
+            .as_ref()
+            .map(|r| (ExfilScanner::new(Arc::clone(r)), c.exfil.policy.mode));
+        Ok(TurnGovernor {
+            set,
+            exfil,
+            exfil_hits: 0,
+            held_max: 0,
+        })
+    }
+}
+
+/// What the governor says about a token.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Trip the stream: this token and everything held are never emitted.
+    Trip(Trip),
+    /// This many more bytes of the turn's text (held text first, then this token's) may be
+    /// released now.
+    Release(usize),
+}
+
+/// One turn's detectors and exfiltration scanner.
+#[derive(Debug)]
+pub struct TurnGovernor {
+    pub set: TurnDetectors,
+    exfil: Option<(ExfilScanner, DetectorMode)>,
+    exfil_hits: u64,
+    held_max: usize,
+}
+
+impl TurnGovernor {
+    /// A governor with no detectors (for a turn that is tripped before its first token).
+    pub fn empty() -> Self {
+        TurnGovernor {
+            set: TurnDetectors::new(),
+            exfil: None,
+            exfil_hits: 0,
+            held_max: 0,
+        }
+    }
+
+    /// Judges the next token (and its text, which joins the scanner's window).
+    pub fn on_token(&mut self, tok: &TokenObs<'_>, clock: impl Fn() -> u64) -> Gate {
+        if let Some(t) = self.set.observe(tok, clock) {
+            return Gate::Trip(t);
+        }
+        self.scan(tok.text)
+    }
+
+    /// Text that is scanned but is no token of the detectors (a tool call's arguments).
+    pub fn scan(&mut self, text: &str) -> Gate {
+        let Some((scanner, mode)) = self.exfil.as_mut() else {
+            return Gate::Release(text.len());
+        };
+        let step = scanner.push(text);
+        self.held_max = self.held_max.max(scanner.held_bytes());
+        match step {
+            ExfilStep::Release(n) => Gate::Release(n),
+            ExfilStep::Breach(hit) => {
+                self.exfil_hits += 1;
+                let detail = format!(
+                    "rule {} matched {} bytes at offset {} (fingerprint {:08x})",
+                    hit.rule, hit.len, hit.start, hit.fingerprint
+                );
+                if *mode == DetectorMode::Hard {
+                    Gate::Trip(Trip {
+                        detector: "exfil",
+                        code: FailureCode::ExfilAlert,
+                        detail,
+                    })
+                } else {
+                    // Observe mode: reported, and the text is released as if clean.
+                    let held = scanner.held_bytes();
+                    scanner.reset();
+                    Gate::Release(held)
+                }
+            }
+        }
+    }
+
+    /// The end of the turn's text: everything still held is decided.
+    pub fn on_end(&mut self, now_ns: u64) -> Gate {
+        if let Some(t) = self.set.end_of_turn(now_ns) {
+            return Gate::Trip(t);
+        }
+        let Some((scanner, mode)) = self.exfil.as_mut() else {
+            return Gate::Release(usize::MAX);
+        };
+        match scanner.finish() {
+            ExfilStep::Release(n) => Gate::Release(n),
+            ExfilStep::Breach(hit) => {
+                self.exfil_hits += 1;
+                if *mode == DetectorMode::Hard {
+                    Gate::Trip(Trip {
+                        detector: "exfil",
+                        code: FailureCode::ExfilAlert,
+                        detail: format!(
+                            "rule {} matched {} bytes at offset {} (fingerprint {:08x})",
+                            hit.rule, hit.len, hit.start, hit.fingerprint
+                        ),
+                    })
+                } else {
+                    Gate::Release(usize::MAX)
+                }
+            }
+        }
+    }
+
+    /// `detector_refs[]` entries of the turn.
+    pub fn refs(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.set.refs().collect();
+        if let Some((_, mode)) = &self.exfil {
+            v.push(format!(
+                "exfil:{}",
+                if *mode == DetectorMode::Hard {
+                    "hard"
+                } else {
+                    "observe"
+                }
+            ));
+        }
+        v
+    }
+
+    /// The detectors' summaries for the turn record.
+    pub fn summary(&self) -> serde_json::Value {
+        let mut s = self.set.summary();
+        if let (Some((scanner, mode)), Some(m)) = (self.exfil.as_ref(), s.as_object_mut()) {
+            m.insert(
+                "exfil".to_owned(),
+                serde_json::json!({
+                    "mode": mode,
+                    "hits": self.exfil_hits,
+                    "held_max_bytes": self.held_max.max(scanner.peak_held_bytes()),
+                    "released_bytes": scanner.released_bytes(),
+                }),
+            );
+        }
+        s
+    }
+}
