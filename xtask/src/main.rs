@@ -53,7 +53,12 @@ const OPENAI_SDK_VERSION: &str = "3.57.0";
 const OPENAI_CLIENT_SCRIPT: &str = "tests/py/openai_client.py";
 
 /// Benches run by `cargo xtask bench`: (package, binary). A bench not written yet is skipped.
-const BENCHES: &[(&str, &str)] = &[("haltd-tests", "bench-gate-send")];
+/// All binaries of a bench's package are built first: a bench may run its siblings
+/// (`bench-proxy-overhead` runs `scripted-upstream` and `bench-proxy`).
+const BENCHES: &[(&str, &str)] = &[
+    ("haltd-tests", "bench-gate-send"),
+    ("haltd-tests", "bench-proxy-overhead"),
+];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -762,10 +767,19 @@ impl Ctx {
         let built = self.build(true, &["fault-injection".to_owned()])?;
         let bins = self.workspace_bins()?;
         let mut ran = 0;
+        let mut built_pkgs: Vec<&str> = Vec::new();
         for &(pkg, bin) in BENCHES {
             if !bins.iter().any(|(p, b)| p == pkg && b == bin) {
                 println!("[bench] {bin}: package {pkg} has no such binary yet, skipped");
                 continue;
+            }
+            if !built_pkgs.contains(&pkg) {
+                // `cargo run --bin` builds only that binary; the siblings it runs must be current.
+                let mut c = self.cargo();
+                c.args(["build", "--release", "-p", pkg, "--bins"])
+                    .env("HALTD_BPF_OBJECT", &built.object);
+                run(&mut c).with_context(|| format!("building the binaries of {pkg} failed"))?;
+                built_pkgs.push(pkg);
             }
             println!("[bench] {bin}: cargo run --release -p {pkg} --bin {bin}");
             let mut c = self.cargo();

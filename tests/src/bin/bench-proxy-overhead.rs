@@ -1,0 +1,1156 @@
+//! `bench-proxy-overhead`: what haltd adds per token when it proxies an OpenAI-compatible
+//! upstream, in latency and in CPU time, measured in one run against the same upstream reached
+//! directly (issue 3, point 7; target: under 50 µs added at p99 at 1, 100 and 1000 concurrent
+//! streams).
+//!
+//! ```text
+//! HALTD_BIN=target/release/haltd bench-proxy-overhead [--streams 1,100,1000] [--rounds 3]
+//!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
+//! ```
+//!
+//! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
+//! `cargo xtask bench` builds one with the gate embedded and runs this with it. The sibling
+//! binaries `scripted-upstream` and `bench-proxy` are taken from this executable's directory.
+//!
+//! It starts one `scripted-upstream` and one `haltd serve --source openai` in front of it, on
+//! 127.0.0.1, and keeps both for the whole run. Then, for each stream count N and each of R
+//! rounds, it runs `bench-proxy` (N concurrent streams of the upstream's `bench` script, whose
+//! tokens carry the CLOCK_MONOTONIC time they were written) once against the upstream and once
+//! through haltd, alternating which goes first from round to round. Token latency is the time
+//! from the upstream's write to the client's read, so `added = via - direct` is what the extra
+//! hop costs: haltd's parse, govern, re-encode and send, plus one more loopback TCP hop and the
+//! scheduling around it (all processes share the machine's CPUs).
+//!
+//! CPU time per token is haltd's CPU time (user + system, all threads; read from the kernel's
+//! per-process CPU clock, `clock_getcpuclockid`, with nanosecond resolution, as `/proc/PID/stat`
+//! ticks are too coarse for a 200-token run) over the run divided by the tokens the client
+//! received. haltd also burns CPU with no stream open (the watchdog's heartbeat, timers): the
+//! `net` figure subtracts haltd's CPU rate during the same round's direct run (haltd idle
+//! while the same load runs beside it; quieter still, its rate before the first run is
+//! reported as `idle`). The upstream's and the client's CPU per token are shown for scale,
+//! and so is how busy the machine's CPUs were (haltd + upstream + client CPU over wall time
+//! and CPUs): near 100 % a run measures queueing on a saturated machine, not the proxy. The
+//! kernel's accept-queue overflow and SYN retransmit counters are read around each run: a
+//! stream whose connect was dropped starts a second or more late.
+//!
+//! Per N, the report takes the median over the rounds of each figure and prints a table with
+//! PASS or MISS against the target, and writes the same as JSON to
+//! `target/bench/proxy-overhead.json` (`--out` to change; schema in `docs/bench.md`). A
+//! benchmark reports: missing the target does not fail the run, but any stream error, a run
+//! with no tokens, or haltd exiting does (after the report is written, where possible).
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The target of issue 3, point 7: p99 latency haltd adds per token, in microseconds.
+const TARGET_ADDED_P99_US: f64 = 50.0;
+/// Idle time before the first run over which haltd's idle CPU rate is measured.
+const IDLE_WINDOW: Duration = Duration::from_secs(1);
+/// Pause after each client run before the CPU clocks are read again, so that work haltd does
+/// after the last byte (closing sockets, ledger records) is counted with its run.
+const SETTLE: Duration = Duration::from_millis(200);
+/// Share of the CPUs (percent) other processes may use during a run before it is flagged.
+const OTHERS_WARN_PCT: f64 = 5.0;
+/// How long haltd and the upstream get to come up.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// haltd's added per-token latency and CPU time versus the upstream reached directly.
+#[derive(Debug, Parser)]
+#[command(name = "bench-proxy-overhead")]
+struct Args {
+    /// Concurrent stream counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100, 1000])]
+    streams: Vec<usize>,
+    /// Rounds per stream count (direct and via haltd each run once per round).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Tokens per stream (default: 200 for 1 stream, 100 up to 100 streams, 150 above).
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// The upstream's delay before each token, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    pace_ms: u64,
+    /// haltd's data-plane worker threads (`haltd serve --workers`; default: haltd's own).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// `haltd serve --max-streams` (the watchdog scans this many slots every heartbeat, so it
+    /// sets haltd's background CPU).
+    #[arg(long, default_value_t = 8192)]
+    max_streams: u32,
+    /// JSON report (default: `bench/proxy-overhead.json` in the target directory this binary
+    /// was built into, i.e. `target/bench/proxy-overhead.json`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
+/// streams the runs are long enough for connections whose SYN was dropped by a full accept
+/// queue (retried after 1 s) to overlap the first ones, so the N streams really run together.
+fn default_tokens(streams: usize) -> usize {
+    match streams {
+        0..=1 => 200,
+        2..=100 => 100,
+        _ => 150,
+    }
+}
+
+/// `bench-proxy --json`'s last line.
+#[derive(Debug, Clone, Deserialize)]
+struct ClientReport {
+    requests: u64,
+    tokens: u64,
+    errors: u64,
+    p50_us: Option<f64>,
+    p90_us: Option<f64>,
+    p99_us: Option<f64>,
+    max_us: Option<f64>,
+    mean_us: Option<f64>,
+    wall_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Direct,
+    Via,
+}
+
+impl Route {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Via => "via",
+        }
+    }
+}
+
+/// One client run and the CPU the servers spent during it.
+#[derive(Debug)]
+struct Run {
+    streams: usize,
+    round: usize,
+    path: Route,
+    tokens_per_stream: usize,
+    client: ClientReport,
+    /// Wall time between the two CPU readings.
+    window_s: f64,
+    haltd_cpu_us: f64,
+    upstream_cpu_us: f64,
+    /// The client's (`bench-proxy`'s) CPU time.
+    client_cpu_us: f64,
+    /// haltd + upstream + client CPU over the window, in percent of all the machine's CPUs:
+    /// near 100 the run measures a saturated machine.
+    busy_pct: f64,
+    /// CPU time of everything else on the machine over the window (all CPUs' non-idle time
+    /// from `/proc/stat` less the three processes), in percent of all CPUs: other work that
+    /// competed with the run, e.g. a compile; above a few percent the run is disturbed.
+    others_pct: f64,
+    /// TcpExt counters over the run (this network namespace): accept-queue overflows and SYN
+    /// retransmissions, i.e. connections that started a second or more late.
+    listen_overflows: u64,
+    syn_retrans: u64,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(
+        !args.streams.is_empty(),
+        "--streams needs at least one count"
+    );
+    ensure!(
+        args.streams.iter().all(|&n| n > 0),
+        "--streams counts must be positive"
+    );
+    ensure!(args.rounds > 0, "--rounds must be at least 1");
+    ensure!(args.tokens != Some(0), "--tokens must be at least 1");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    ensure!(
+        euid == 0,
+        "bench-proxy-overhead needs root: haltd loads its kernel halt gate (run `cargo xtask bench` as root)"
+    );
+
+    let haltd_bin = match std::env::var_os("HALTD_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => bail!(
+            "HALTD_BIN is not set: point it at a release haltd built with the BPF gate, or run \
+             `cargo xtask bench`, which builds one and runs this bench with it"
+        ),
+    };
+    ensure!(
+        haltd_bin.is_file(),
+        "HALTD_BIN={} is not a file (run `cargo xtask bench`)",
+        haltd_bin.display()
+    );
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let bin_dir = exe
+        .parent()
+        .context("this executable has no parent directory")?
+        .to_path_buf();
+    let sibling = |name: &str| -> Result<PathBuf> {
+        let p = bin_dir.join(name);
+        ensure!(
+            p.is_file(),
+            "{} not found next to this binary; build it with `cargo build --release -p \
+             haltd-tests --bins` (or run `cargo xtask bench`)",
+            p.display()
+        );
+        Ok(p)
+    };
+    let upstream_bin = sibling("scripted-upstream")?;
+    let client_bin = sibling("bench-proxy")?;
+    let out = match &args.out {
+        Some(p) => p.clone(),
+        None => default_out(&bin_dir),
+    };
+
+    // Two sockets per stream in haltd (client and upstream), one in the upstream and the client.
+    raise_nofile_limit();
+    let cpu_clock = CpuClock::probe();
+    let machine = machine();
+    eprintln!(
+        "bench-proxy-overhead: {} CPUs, Linux {}, {}; haltd {}",
+        machine.nproc,
+        machine.kernel,
+        machine.cpu,
+        haltd_bin.display()
+    );
+
+    let dir = TempDir::new()?;
+    let mut upstream = start_upstream(&upstream_bin, &dir.0)?;
+    let mut haltd = start_haltd(&haltd_bin, &dir.0, upstream.addr.as_str(), &args)?;
+    let direct_url = format!("http://{}", upstream.addr);
+    let via_url = format!("http://{}", haltd.listen);
+    eprintln!(
+        "bench-proxy-overhead: upstream {} (pid {}), haltd {} (pid {})",
+        upstream.addr,
+        upstream.proc.pid(),
+        haltd.listen,
+        haltd.proc.pid()
+    );
+
+    // haltd's CPU rate with no stream open and nothing else running (heartbeats, timers), for
+    // context: the net CPU figures use its rate during the direct runs instead.
+    let idle = {
+        let (h0, u0, t0) = (
+            cpu_clock.read_us(haltd.proc.pid())?,
+            cpu_clock.read_us(upstream.proc.pid())?,
+            Instant::now(),
+        );
+        thread::sleep(IDLE_WINDOW);
+        let s = t0.elapsed().as_secs_f64();
+        (
+            (cpu_clock.read_us(haltd.proc.pid())? - h0) / s,
+            (cpu_clock.read_us(upstream.proc.pid())? - u0) / s,
+        )
+    };
+    eprintln!(
+        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s, upstream {:.0} µs/s",
+        idle.0, idle.1
+    );
+
+    let t_start = Instant::now();
+    let mut runs = Vec::new();
+    for &n in &args.streams {
+        let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
+        for round in 0..args.rounds {
+            let order = if round % 2 == 0 {
+                [Route::Direct, Route::Via]
+            } else {
+                [Route::Via, Route::Direct]
+            };
+            for path in order {
+                let url = match path {
+                    Route::Direct => &direct_url,
+                    Route::Via => &via_url,
+                };
+                eprintln!(
+                    "[N={n} round {}/{} {}] {tokens} tokens/stream, pace {} ms",
+                    round + 1,
+                    args.rounds,
+                    path.name(),
+                    args.pace_ms
+                );
+                let tcp0 = tcp_ext();
+                let all0 = machine_busy_us();
+                let (h0, u0, c0, t0) = (
+                    cpu_clock.read_us(haltd.proc.pid())?,
+                    cpu_clock.read_us(upstream.proc.pid())?,
+                    children_cpu_us(),
+                    Instant::now(),
+                );
+                let client = run_client(&client_bin, url, n, tokens, args.pace_ms)
+                    .with_context(|| format!("bench-proxy, {n} streams, {}", path.name()))?;
+                thread::sleep(SETTLE);
+                let tcp1 = tcp_ext();
+                let window_s = t0.elapsed().as_secs_f64();
+                let haltd_cpu_us = cpu_clock.read_us(haltd.proc.pid())? - h0;
+                let upstream_cpu_us = cpu_clock.read_us(upstream.proc.pid())? - u0;
+                let client_cpu_us = children_cpu_us() - c0;
+                let all_us = machine_busy_us() - all0;
+                let capacity_us = window_s * 1e6 * machine.nproc.max(1) as f64;
+                let run = Run {
+                    streams: n,
+                    round,
+                    path,
+                    tokens_per_stream: tokens,
+                    window_s,
+                    haltd_cpu_us,
+                    upstream_cpu_us,
+                    client_cpu_us,
+                    busy_pct: (haltd_cpu_us + upstream_cpu_us + client_cpu_us) / capacity_us
+                        * 100.0,
+                    others_pct: ((all_us - haltd_cpu_us - upstream_cpu_us - client_cpu_us)
+                        / capacity_us
+                        * 100.0)
+                        .max(0.0),
+                    client,
+                    listen_overflows: tcp1.0.saturating_sub(tcp0.0),
+                    syn_retrans: tcp1.1.saturating_sub(tcp0.1),
+                };
+                if run.listen_overflows > 0 {
+                    eprintln!(
+                        "[N={n} round {}/{} {}] {} accept-queue overflows, {} SYN retransmits: \
+                         some streams started late",
+                        round + 1,
+                        args.rounds,
+                        path.name(),
+                        run.listen_overflows,
+                        run.syn_retrans
+                    );
+                }
+                if run.others_pct > OTHERS_WARN_PCT {
+                    eprintln!(
+                        "[N={n} round {}/{} {}] other processes used {:.0}% of the CPUs during \
+                         this run: its numbers are disturbed",
+                        round + 1,
+                        args.rounds,
+                        path.name(),
+                        run.others_pct
+                    );
+                }
+                let per_tok = |us: f64| us / run.client.tokens.max(1) as f64;
+                eprintln!(
+                    "[N={n} round {}/{} {}] {} tokens, {} errors; latency µs p50 {} p99 {}; \
+                     CPU µs/token haltd {:.1} upstream {:.1} client {:.1}; CPUs {:.0}% busy; \
+                     {:.2} s",
+                    round + 1,
+                    args.rounds,
+                    path.name(),
+                    run.client.tokens,
+                    run.client.errors,
+                    show(run.client.p50_us),
+                    show(run.client.p99_us),
+                    per_tok(run.haltd_cpu_us),
+                    per_tok(run.upstream_cpu_us),
+                    per_tok(run.client_cpu_us),
+                    run.busy_pct,
+                    run.client.wall_s
+                );
+                runs.push(run);
+                haltd.proc.check_alive()?;
+                upstream.proc.check_alive()?;
+            }
+        }
+    }
+    let elapsed = t_start.elapsed();
+
+    let summaries: Vec<Summary> = args.streams.iter().map(|&n| summarize(n, &runs)).collect();
+    print_table(&args, &machine, &summaries, idle.0, elapsed);
+
+    let report = json!({
+        "bench": "proxy_overhead",
+        "target_added_p99_us": TARGET_ADDED_P99_US,
+        "pace_ms": args.pace_ms,
+        "rounds": args.rounds,
+        "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
+        "haltd": {
+            "bin": fs::canonicalize(&haltd_bin).unwrap_or_else(|_| haltd_bin.clone()).display().to_string(),
+            "workers": args.workers,
+            "max_streams": args.max_streams,
+            "idle_cpu_us_per_s": round1(idle.0),
+        },
+        "upstream_idle_cpu_us_per_s": round1(idle.1),
+        "cpu_clock": cpu_clock.name(),
+        "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
+        "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
+        "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
+    });
+    if let Some(parent) = out.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    fs::write(&out, format!("{report:#}\n"))
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("report: {}", out.display());
+
+    let bad: Vec<String> = runs
+        .iter()
+        .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
+        .map(|r| {
+            format!(
+                "N={} round {} {}: {} errors, {} tokens",
+                r.streams,
+                r.round + 1,
+                r.path.name(),
+                r.client.errors,
+                r.client.tokens
+            )
+        })
+        .collect();
+    ensure!(
+        bad.is_empty(),
+        "{} runs had stream errors or no tokens (the numbers above are not trustworthy): {}",
+        bad.len(),
+        bad.join("; ")
+    );
+    Ok(())
+}
+
+/// `target/bench/proxy-overhead.json` when this binary lies in `target/<profile>/`.
+fn default_out(bin_dir: &Path) -> PathBuf {
+    let target = match bin_dir.parent() {
+        Some(t)
+            if bin_dir
+                .file_name()
+                .is_some_and(|n| n == "release" || n == "debug") =>
+        {
+            t.to_path_buf()
+        }
+        _ => PathBuf::from("target"),
+    };
+    target.join("bench").join("proxy-overhead.json")
+}
+
+fn show(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    })
+}
+
+/// Medians over the rounds of one stream count.
+#[derive(Debug)]
+struct Summary {
+    streams: usize,
+    tokens_per_stream: usize,
+    direct_p50: Option<f64>,
+    direct_p99: Option<f64>,
+    via_p50: Option<f64>,
+    via_p99: Option<f64>,
+    haltd_cpu: Option<f64>,
+    haltd_cpu_net: Option<f64>,
+    haltd_background: Option<f64>,
+    upstream_cpu: Option<f64>,
+    client_cpu: Option<f64>,
+    busy_direct: Option<f64>,
+    busy_via: Option<f64>,
+    others_max: Option<f64>,
+    tokens_direct: u64,
+    tokens_via: u64,
+    errors: u64,
+    listen_overflows_direct: u64,
+    listen_overflows_via: u64,
+}
+
+impl Summary {
+    fn added_p50(&self) -> Option<f64> {
+        Some(self.via_p50? - self.direct_p50?)
+    }
+
+    fn added_p99(&self) -> Option<f64> {
+        Some(self.via_p99? - self.direct_p99?)
+    }
+
+    fn pass(&self) -> Option<bool> {
+        self.added_p99().map(|a| a < TARGET_ADDED_P99_US)
+    }
+
+    fn to_json(&self) -> Value {
+        let r = |v: Option<f64>| v.map(round1);
+        json!({
+            "streams": self.streams,
+            "tokens_per_stream": self.tokens_per_stream,
+            "direct_p50_us": r(self.direct_p50),
+            "direct_p99_us": r(self.direct_p99),
+            "via_p50_us": r(self.via_p50),
+            "via_p99_us": r(self.via_p99),
+            "added_p50_us": r(self.added_p50()),
+            "added_p99_us": r(self.added_p99()),
+            "haltd_cpu_us_per_token": r(self.haltd_cpu),
+            "haltd_cpu_net_us_per_token": r(self.haltd_cpu_net),
+            "haltd_background_cpu_us_per_s": r(self.haltd_background),
+            "upstream_cpu_us_per_token": r(self.upstream_cpu),
+            "client_cpu_us_per_token": r(self.client_cpu),
+            "busy_pct_direct": r(self.busy_direct),
+            "busy_pct_via": r(self.busy_via),
+            "others_pct_max": r(self.others_max),
+            "tokens_direct": self.tokens_direct,
+            "tokens_via": self.tokens_via,
+            "errors": self.errors,
+            "listen_overflows_direct": self.listen_overflows_direct,
+            "listen_overflows_via": self.listen_overflows_via,
+            "pass": self.pass(),
+        })
+    }
+}
+
+/// haltd's CPU rate (µs/s) during the direct run paired with `r` (same N, same round): its
+/// background with no stream of its own while the machine carries the same load.
+fn background_rate(runs: &[Run], r: &Run) -> Option<f64> {
+    runs.iter()
+        .find(|d| d.path == Route::Direct && d.streams == r.streams && d.round == r.round)
+        .filter(|d| d.window_s > 0.0)
+        .map(|d| d.haltd_cpu_us / d.window_s)
+}
+
+/// haltd CPU per delivered token of a via run: raw, and net of its background rate over the
+/// run's window.
+fn haltd_cpu_per_token(runs: &[Run], r: &Run) -> (f64, Option<f64>) {
+    let t = r.client.tokens.max(1) as f64;
+    (
+        r.haltd_cpu_us / t,
+        background_rate(runs, r).map(|bg| (r.haltd_cpu_us - bg * r.window_s) / t),
+    )
+}
+
+fn summarize(n: usize, runs: &[Run]) -> Summary {
+    let of = |p: Route| runs.iter().filter(move |r| r.streams == n && r.path == p);
+    let med = |p: Route, f: &dyn Fn(&Run) -> Option<f64>| median(of(p).filter_map(f).collect());
+    let tokens_per_stream = runs
+        .iter()
+        .find(|r| r.streams == n)
+        .map_or(0, |r| r.tokens_per_stream);
+    Summary {
+        streams: n,
+        tokens_per_stream,
+        direct_p50: med(Route::Direct, &|r| r.client.p50_us),
+        direct_p99: med(Route::Direct, &|r| r.client.p99_us),
+        via_p50: med(Route::Via, &|r| r.client.p50_us),
+        via_p99: med(Route::Via, &|r| r.client.p99_us),
+        haltd_cpu: med(Route::Via, &|r| {
+            (r.client.tokens > 0).then(|| haltd_cpu_per_token(runs, r).0)
+        }),
+        haltd_cpu_net: med(Route::Via, &|r| {
+            haltd_cpu_per_token(runs, r)
+                .1
+                .filter(|_| r.client.tokens > 0)
+        }),
+        // The upstream does the same work on both paths.
+        haltd_background: med(Route::Via, &|r| background_rate(runs, r)),
+        upstream_cpu: median(
+            runs.iter()
+                .filter(|r| r.streams == n && r.client.tokens > 0)
+                .map(|r| r.upstream_cpu_us / r.client.tokens as f64)
+                .collect(),
+        ),
+        client_cpu: median(
+            runs.iter()
+                .filter(|r| r.streams == n && r.client.tokens > 0)
+                .map(|r| r.client_cpu_us / r.client.tokens as f64)
+                .collect(),
+        ),
+        busy_direct: med(Route::Direct, &|r| Some(r.busy_pct)),
+        busy_via: med(Route::Via, &|r| Some(r.busy_pct)),
+        others_max: runs
+            .iter()
+            .filter(|r| r.streams == n)
+            .map(|r| r.others_pct)
+            .max_by(f64::total_cmp),
+        tokens_direct: of(Route::Direct).map(|r| r.client.tokens).sum(),
+        tokens_via: of(Route::Via).map(|r| r.client.tokens).sum(),
+        listen_overflows_direct: of(Route::Direct).map(|r| r.listen_overflows).sum(),
+        listen_overflows_via: of(Route::Via).map(|r| r.listen_overflows).sum(),
+        errors: runs
+            .iter()
+            .filter(|r| r.streams == n)
+            .map(|r| r.client.errors)
+            .sum(),
+    }
+}
+
+fn run_json(runs: &[Run], r: &Run) -> Value {
+    let t = r.client.tokens.max(1) as f64;
+    // Per token only where haltd carried the tokens.
+    let (cpu, net) = match r.path {
+        Route::Via => {
+            let (cpu, net) = haltd_cpu_per_token(runs, r);
+            (Some(round1(cpu)), net.map(round1))
+        }
+        Route::Direct => (None, None),
+    };
+    json!({
+        "streams": r.streams,
+        "round": r.round + 1,
+        "path": r.path.name(),
+        "tokens_per_stream": r.tokens_per_stream,
+        "requests": r.client.requests,
+        "tokens": r.client.tokens,
+        "errors": r.client.errors,
+        "p50_us": r.client.p50_us,
+        "p90_us": r.client.p90_us,
+        "p99_us": r.client.p99_us,
+        "max_us": r.client.max_us,
+        "mean_us": r.client.mean_us,
+        "wall_s": r.client.wall_s,
+        "cpu_window_s": (r.window_s * 1000.0).round() / 1000.0,
+        "haltd_cpu_us": r.haltd_cpu_us.round(),
+        "upstream_cpu_us": r.upstream_cpu_us.round(),
+        "haltd_cpu_us_per_token": cpu,
+        "haltd_cpu_net_us_per_token": net,
+        "upstream_cpu_us_per_token": round1(r.upstream_cpu_us / t),
+        "client_cpu_us": r.client_cpu_us.round(),
+        "client_cpu_us_per_token": round1(r.client_cpu_us / t),
+        "busy_pct": round1(r.busy_pct),
+        "others_pct": round1(r.others_pct),
+        "listen_overflows": r.listen_overflows,
+        "syn_retrans": r.syn_retrans,
+    })
+}
+
+fn print_table(
+    args: &Args,
+    machine: &Machine,
+    summaries: &[Summary],
+    idle_us_per_s: f64,
+    elapsed: Duration,
+) {
+    println!(
+        "proxy overhead: haltd --source openai vs scripted-upstream directly; pace {} ms, median \
+         of {} rounds; target: added p99 < {TARGET_ADDED_P99_US:.0} µs",
+        args.pace_ms, args.rounds
+    );
+    println!(
+        "machine: {} CPUs, Linux {}, {}; haltd idle CPU {:.0} µs/s; {:.0} s of runs",
+        machine.nproc,
+        machine.kernel,
+        machine.cpu,
+        idle_us_per_s,
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "{:>7} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>10} {:>8} | {:>8} | {:>9} | \
+         {:>6} | target",
+        "streams",
+        "tok/st",
+        "dir p50",
+        "dir p99",
+        "via p50",
+        "via p99",
+        "add p50",
+        "add p99",
+        "haltd CPU",
+        "(net)",
+        "upstr.",
+        "CPUs busy",
+        "errors"
+    );
+    println!(
+        "{:>7} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>10} {:>8} | {:>8} | {:>9} | \
+         {:>6} |",
+        "",
+        "",
+        "µs",
+        "µs",
+        "µs",
+        "µs",
+        "µs",
+        "µs",
+        "µs/token",
+        "µs/token",
+        "µs/tok",
+        "dir/via %",
+        ""
+    );
+    for s in summaries {
+        let verdict = match s.pass() {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "-",
+        };
+        println!(
+            "{:>7} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>10} {:>8} | {:>8} | {:>9} | \
+             {:>6} | {verdict}",
+            s.streams,
+            s.tokens_per_stream,
+            show(s.direct_p50),
+            show(s.direct_p99),
+            show(s.via_p50),
+            show(s.via_p99),
+            show(s.added_p50()),
+            show(s.added_p99()),
+            show(s.haltd_cpu),
+            show(s.haltd_cpu_net),
+            show(s.upstream_cpu),
+            format!(
+                "{}/{}",
+                s.busy_direct.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}")),
+                s.busy_via.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
+            ),
+            s.errors
+        );
+    }
+    for s in summaries {
+        if let Some(o) = s.others_max.filter(|&o| o > OTHERS_WARN_PCT) {
+            println!(
+                "note: {} streams: other processes used up to {o:.0}% of the CPUs during a run; \
+                 rerun on a quiet machine",
+                s.streams
+            );
+        }
+        for (overflows, path) in [
+            (s.listen_overflows_direct, "directly"),
+            (s.listen_overflows_via, "through haltd"),
+        ] {
+            if overflows > 0 {
+                println!(
+                    "note: {} streams {path}: {overflows} accept-queue overflows over the rounds; \
+                     those connections were retried after 1 s or more, so fewer streams overlapped",
+                    s.streams
+                );
+            }
+        }
+    }
+}
+
+/// Runs `bench-proxy` to completion and parses its JSON line.
+fn run_client(
+    bin: &Path,
+    url: &str,
+    streams: usize,
+    tokens: usize,
+    pace_ms: u64,
+) -> Result<ClientReport> {
+    let out = Command::new(bin)
+        .args(["--url", url, "--json"])
+        .args(["--streams", &streams.to_string()])
+        .args(["--tokens", &tokens.to_string()])
+        .args(["--pace-ms", &pace_ms.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{} exited with {}; stdout: {}",
+        bin.display(),
+        out.status,
+        stdout.trim()
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("no JSON line in bench-proxy's output: {}", stdout.trim()))?;
+    serde_json::from_str(line).with_context(|| format!("parsing bench-proxy's JSON: {line}"))
+}
+
+/// Where a process's CPU time is read from.
+#[derive(Debug, Clone, Copy)]
+enum CpuClock {
+    /// The kernel's per-process CPU clock (`clock_getcpuclockid`): all threads, user + system,
+    /// nanoseconds.
+    Process,
+    /// utime + stime from `/proc/PID/stat`, in clock ticks (usually 10 ms).
+    ProcStat { tick_us: f64 },
+}
+
+impl CpuClock {
+    /// The process clock when the kernel gives one for our own pid, else `/proc` ticks.
+    fn probe() -> Self {
+        if process_cpu_ns(std::process::id()).is_ok() {
+            return Self::Process;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let tick_us = if ticks > 0 { 1e6 / ticks as f64 } else { 1e4 };
+        eprintln!(
+            "bench-proxy-overhead: no per-process CPU clock; CPU times come from /proc/PID/stat \
+             in {tick_us:.0} µs ticks"
+        );
+        Self::ProcStat { tick_us }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Process => "clock_getcpuclockid",
+            Self::ProcStat { .. } => "proc_stat_ticks",
+        }
+    }
+
+    /// CPU time of `pid` so far, in microseconds.
+    fn read_us(self, pid: u32) -> Result<f64> {
+        match self {
+            Self::Process => Ok(process_cpu_ns(pid)? as f64 / 1000.0),
+            Self::ProcStat { tick_us } => Ok(proc_stat_ticks(pid)? as f64 * tick_us),
+        }
+    }
+}
+
+/// Non-idle time of all CPUs so far (`/proc/stat`: user, nice, system, irq, softirq, steal),
+/// in microseconds; 0 if unreadable.
+fn machine_busy_us() -> f64 {
+    let Ok(text) = fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy: u64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    busy as f64 * 1e6 / hz as f64
+}
+
+/// CPU time (user + system) of this process's waited-for children, in microseconds.
+fn children_cpu_us() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value (integers and timevals).
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes into `ru`, which outlives the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(ru.ru_utime) + us(ru.ru_stime)
+}
+
+/// (ListenOverflows, TCPSynRetrans) from `/proc/net/netstat`; zeros if unreadable.
+fn tcp_ext() -> (u64, u64) {
+    let Ok(text) = fs::read_to_string("/proc/net/netstat") else {
+        return (0, 0);
+    };
+    // Pairs of lines: `TcpExt: Name ...` then `TcpExt: value ...`.
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return (0, 0);
+    };
+    let get = |want: &str| {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == want)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("ListenOverflows"), get("TCPSynRetrans"))
+}
+
+/// CPU time of a whole process (all its threads), in nanoseconds.
+fn process_cpu_ns(pid: u32) -> Result<u64> {
+    let pid = libc::pid_t::try_from(pid).context("pid fits pid_t")?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid only writes into `clock`, which outlives the call.
+    let rc = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+    ensure!(
+        rc == 0,
+        "clock_getcpuclockid({pid}): {}",
+        std::io::Error::from_raw_os_error(rc)
+    );
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes into `ts`, which outlives the call.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        bail!(
+            "clock_gettime(CPU clock of {pid}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(u64::try_from(ts.tv_sec)? * 1_000_000_000 + u64::try_from(ts.tv_nsec)?)
+}
+
+/// utime + stime of `pid` from `/proc/PID/stat`, in clock ticks.
+fn proc_stat_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // Fields after the command name, which is in parentheses and may contain anything.
+    let rest = stat
+        .rsplit_once(')')
+        .with_context(|| format!("{path}: no command name"))?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 3 (state) is fields[0]; utime and stime are fields 14 and 15.
+    let field = |i: usize| -> Result<u64> {
+        fields
+            .get(i - 3)
+            .with_context(|| format!("{path}: no field {i}"))?
+            .parse()
+            .with_context(|| format!("{path}: field {i}"))
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+#[derive(Debug)]
+struct Machine {
+    nproc: usize,
+    kernel: String,
+    cpu: String,
+}
+
+fn machine() -> Machine {
+    let nproc = thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned());
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    Machine { nproc, kernel, cpu }
+}
+
+/// Soft RLIMIT_NOFILE up to the hard limit (children inherit it): at 1000 streams haltd holds
+/// 2000 sockets.
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `lim`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    // Root may also raise the hard limit; 65536 is plenty and under every default nr_open.
+    let want = lim.rlim_max.max(65_536);
+    if lim.rlim_cur >= want {
+        return;
+    }
+    for (cur, max) in [(want, want), (lim.rlim_max, lim.rlim_max)] {
+        let new = libc::rlimit {
+            rlim_cur: cur,
+            rlim_max: max,
+        };
+        // SAFETY: setrlimit only reads `new`.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+            return;
+        }
+    }
+    eprintln!(
+        "bench-proxy-overhead: raising RLIMIT_NOFILE: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A scratch directory (logs, the ledger, the ready file), removed at the end.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self> {
+        let p = std::env::temp_dir().join(format!("haltd-bench-overhead-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process, stopped (SIGTERM, then SIGKILL after 3 s) when dropped, also on error.
+#[derive(Debug)]
+struct Proc {
+    name: &'static str,
+    child: Child,
+    /// Its stderr log, quoted when it dies.
+    log: PathBuf,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); its log ends:\n{}",
+                self.name,
+                log_tail(&self.log)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child, which has not been reaped yet.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "bench-proxy-overhead: {} (pid {}) ignored SIGTERM; SIGKILL",
+            self.name,
+            self.child.id()
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The last lines of a log file, for error messages.
+fn log_tail(path: &Path) -> String {
+    let Ok(f) = fs::File::open(path) else {
+        return format!("({} unreadable)", path.display());
+    };
+    let lines: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+struct Upstream {
+    proc: Proc,
+    addr: String,
+}
+
+fn start_upstream(bin: &Path, dir: &Path) -> Result<Upstream> {
+    let ready = dir.join("upstream.addr");
+    let log = dir.join("upstream.log");
+    let child = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0", "--ready-file"])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).context("creating upstream.log")?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut proc = Proc {
+        name: "scripted-upstream",
+        child,
+        log,
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(addr) = fs::read_to_string(&ready) {
+            if !addr.is_empty() {
+                return Ok(Upstream { proc, addr });
+            }
+        }
+        proc.check_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "scripted-upstream wrote no ready file in {READY_TIMEOUT:?}; its log:\n{}",
+            log_tail(&proc.log)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct Haltd {
+    proc: Proc,
+    listen: String,
+}
+
+/// A free loopback port (bound, read and released: haltd binds it a moment later).
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("binding 127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Haltd> {
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let metrics = format!("127.0.0.1:{}", free_port()?);
+    let stdout_path = dir.join("haltd.stdout");
+    let log = dir.join("haltd.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
+        .args([
+            "--listen",
+            &listen,
+            "--admin",
+            &admin,
+            "--metrics",
+            &metrics,
+        ])
+        .arg("--ledger")
+        .arg(dir.join("ledger.jsonl"))
+        .arg("--ledger-no-fsync")
+        .args(["--source", "openai", "--upstream"])
+        .arg(format!("http://{upstream}"))
+        .args(["--max-streams", &args.max_streams.to_string()]);
+    if let Some(w) = args.workers {
+        cmd.args(["--workers", &w.to_string()]);
+    }
+    // `cargo xtask bench` names the object it built; without it, the embedded one.
+    if let Some(obj) = std::env::var_os("HALTD_BPF_OBJECT") {
+        cmd.arg("--bpf-object").arg(obj);
+    }
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&stdout_path).context("creating haltd.stdout")?)
+        .stderr(fs::File::create(&log).context("creating haltd.log")?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut proc = Proc {
+        name: "haltd",
+        child,
+        log,
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let printed = fs::read_to_string(&stdout_path)
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("haltd ready")));
+        if printed {
+            return Ok(Haltd { proc, listen });
+        }
+        proc.check_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "haltd did not print `haltd ready` in {READY_TIMEOUT:?}; its log:\n{}",
+            log_tail(&proc.log)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
