@@ -758,6 +758,10 @@ impl Worker {
             Ok(gov) => {
                 let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
                 refs.extend(gov.refs());
+                refs.push(match self.shared.cfg.detectors.safety.mode {
+                    crate::safety::SafetyMode::Enforce => "safety:enforce".to_owned(),
+                    crate::safety::SafetyMode::Observe => "safety:observe".to_owned(),
+                });
                 (gov, refs, None)
             }
             Err(trip) => (
