@@ -87,6 +87,16 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     }
     let listener = TcpListener::bind(cfg.args.listen)
         .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
+    // std listens with a backlog of 128: a burst of clients (a thousand streams starting
+    // together) would overflow it and wait a SYN retry (1 s). Listening again on a listening
+    // socket only resizes the queue; the kernel caps it at net.core.somaxconn.
+    let backlog = i32::try_from(cfg.args.max_streams).unwrap_or(i32::MAX);
+    // SAFETY: listen(2) on the socket just bound, which this function owns.
+    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), backlog) } != 0 {
+        return Err(io("resizing the --listen accept queue")(
+            std::io::Error::last_os_error(),
+        ));
+    }
     let shared = Arc::new(Shared {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
