@@ -51,6 +51,56 @@ enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
+    /// Calibrate the surprise detector on labelled token streams (offline: no haltd needed).
+    ///
+    /// Prints the AUROC with a bootstrap confidence interval and the operating point (highest
+    /// precision at recall ≥ 0.5); with --config, writes its threshold into that config file.
+    /// Labels file: JSON Lines, one stream a line:
+    /// {"id": "...", "label": 0|1, "logprobs": [natural-log probabilities], "tokens": [...]}
+    /// (label 1 = the detector should trip; "tokens" optional). Exit status: 0 done, 1 no
+    /// operating point (nothing written), 2 error.
+    Calibrate(CalibrateArgs),
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    /// Labels file (JSON Lines; see above).
+    #[arg(
+        long,
+        required_unless_present = "builtin_set",
+        conflicts_with = "builtin_set"
+    )]
+    labels: Option<PathBuf>,
+    /// Instead of a labels file, generate N labelled streams from the built-in model: normal
+    /// generations against ones with a garbled (temperature-raised) span. This measures
+    /// garbled-versus-normal on that model, not hallucination.
+    #[arg(long, value_name = "N")]
+    builtin_set: Option<usize>,
+    /// With --builtin-set: also write the generated set to FILE as a labels file.
+    #[arg(long, value_name = "FILE", requires = "builtin_set")]
+    write_labels: Option<PathBuf>,
+    /// haltd's TOML config file: set [detectors.surprise] threshold_bits, window, statistic
+    /// and min_tokens (created if missing; other content and comments kept).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Rolling window W in tokens (1..=256).
+    #[arg(long, default_value_t = haltd::detect::surprise::DEFAULT_WINDOW)]
+    window: usize,
+    /// Statistic of the window the threshold applies to.
+    #[arg(long, default_value = "mean", value_parser = ["mean", "p90"])]
+    statistic: String,
+    /// Surprises the window must hold before it can trip [default: W/2].
+    #[arg(long)]
+    min_tokens: Option<usize>,
+    /// Bootstrap resamples for the AUROC interval (0: none).
+    #[arg(long, default_value_t = haltd::calibrate::DEFAULT_BOOTSTRAP)]
+    bootstrap: usize,
+    /// RNG seed (bootstrap, and --builtin-set generation).
+    #[arg(long, default_value_t = haltd::calibrate::DEFAULT_SEED)]
+    seed: u64,
+    /// Print the report as JSON (with the ROC curve) instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -87,6 +137,94 @@ fn print_response(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -
     }
 }
 
+/// `haltctl calibrate`: offline, it never talks to haltd.
+fn calibrate(args: CalibrateArgs) -> ExitCode {
+    use haltd::calibrate as cal;
+
+    let fail = |msg: String| {
+        eprintln!("haltctl calibrate: {msg}");
+        ExitCode::from(2)
+    };
+    let statistic = match args.statistic.parse() {
+        Ok(s) => s,
+        Err(e) => return fail(format!("{e}")),
+    };
+    let (streams, skipped) = match (&args.labels, args.builtin_set) {
+        (Some(path), _) => {
+            let file = match std::fs::File::open(path) {
+                Ok(f) => f,
+                Err(e) => return fail(format!("opening {}: {e}", path.display())),
+            };
+            match cal::read_labels(std::io::BufReader::new(file)) {
+                Ok(x) => x,
+                Err(e) => return fail(format!("{}: {e}", path.display())),
+            }
+        }
+        (None, Some(n)) => (cal::builtin_labelled_set(n, args.seed), Vec::new()),
+        (None, None) => return fail("give --labels FILE or --builtin-set N".to_owned()),
+    };
+    if let Some(out) = &args.write_labels {
+        let written = std::fs::File::create(out)
+            .and_then(|f| cal::write_labels(std::io::BufWriter::new(f), &streams));
+        if let Err(e) = written {
+            return fail(format!("writing {}: {e}", out.display()));
+        }
+        eprintln!(
+            "haltctl calibrate: wrote {} labelled streams to {}",
+            streams.len(),
+            out.display()
+        );
+    }
+    let opts = cal::CalibrateOptions {
+        window: args.window,
+        statistic,
+        min_tokens: args.min_tokens,
+        bootstrap: args.bootstrap,
+        seed: args.seed,
+        ..cal::CalibrateOptions::default()
+    };
+    let mut report = match cal::calibrate(&streams, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            for s in &skipped {
+                eprintln!(
+                    "haltctl calibrate: line {}: id {:?}: {}",
+                    s.line.unwrap_or(0),
+                    s.id,
+                    s.reason
+                );
+            }
+            return fail(e.to_string());
+        }
+    };
+    report.add_skipped(skipped);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => return fail(format!("encoding the report: {e}")),
+        }
+    } else {
+        print!("{report}");
+    }
+    if report.operating_point.is_none() {
+        if args.config.is_some() {
+            eprintln!("haltctl calibrate: no operating point: the config file was not changed");
+        }
+        return ExitCode::from(1);
+    }
+    if let Some(path) = &args.config {
+        if let Err(e) = cal::write_threshold(path, &report) {
+            return fail(e.to_string());
+        }
+        eprintln!(
+            "haltctl calibrate: wrote [detectors.surprise] threshold_bits, window, statistic, \
+             min_tokens to {}",
+            path.display()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -119,6 +257,7 @@ fn main() -> ExitCode {
         Command::Conversations => {
             print_response(agent.get(&format!("{base}/admin/conversations")).call())
         }
+        Command::Calibrate(args) => calibrate(args),
         Command::Ledger {
             command: LedgerCommand::Verify { path },
         } => match haltd::ledger::verify(&path) {

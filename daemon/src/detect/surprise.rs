@@ -1,1 +1,894 @@
-//! (being written)
+//! The surprise detector (spec 003; issue 4 point 3): trips with `SURPRISE_THRESHOLD` when
+//! the rolling surprise of the stream's tokens crosses a calibrated threshold.
+//!
+//! - **Surprise** of token *i* is `-log2 p(token_i) = -logprob_i / ln 2` bits, from the
+//!   natural-log probability the token source reported ([`surprise_bits`]).
+//! - **Window.** The last `window` (W, default 16, at most [`MAX_WINDOW`]) surprises are kept
+//!   in a ring ([`RollingSurprise`]); the detector's statistic is their **mean** or their
+//!   **p90** (linear interpolation between closest ranks, numpy's default: position
+//!   `0.9·(n−1)` in the sorted window). Both are kept up to date per token without heap
+//!   allocation: a running sum for the mean, a fixed-size sorted array for the p90.
+//! - **Breach** when the configured statistic is strictly above `threshold_bits` and the
+//!   window holds at least `min_tokens` surprises (default W/2, so a stream's first few
+//!   tokens cannot trip it on their own). Debounce and what a breach does (`hard`, `observe`,
+//!   `off`) are the detector framework's ([`crate::detect`]).
+//! - **No logprob, no score.** A token without a logprob is never scored as zero surprise:
+//!   the detector answers [`Finding::Failed`] ("the stream has no logprobs"), which fails
+//!   closed in hard mode and is reported in observe mode. A logprob that is NaN or clearly
+//!   positive (a probability above 1) fails the same way.
+//! - **vLLM's sentinel.** vLLM reports `-9999.0` (and some backends `-inf`) for a token whose
+//!   probability underflowed. Such a logprob, and any that would give more than
+//!   [`SURPRISE_CAP_BITS`] (64 bits, p < 2⁻⁶⁴), counts as exactly 64 bits: very surprising
+//!   but finite, so one sentinel moves a 16-token mean by 4 bits instead of making it
+//!   infinite (or, at -9999 nats ≈ 14 425 bits, swamping the window for W tokens).
+//!
+//! [`max_statistic`] is the score `haltctl calibrate` ranks streams by: the largest value the
+//! statistic reaches over a whole stream, computed with the same [`RollingSurprise`], so a
+//! stream trips under threshold *t* exactly when its score is above *t*.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codes::FailureCode;
+use crate::detect::{Detector, Finding, TokenObs};
+
+/// Largest window the detector accepts (its buffers are fixed-size arrays of this length).
+pub const MAX_WINDOW: usize = 256;
+
+/// Default window W.
+pub const DEFAULT_WINDOW: usize = 16;
+
+/// Surprise given to a token whose logprob is vLLM's `-9999.0` sentinel, `-inf`, or anything
+/// below `-64·ln 2`: the largest surprise the detector counts.
+pub const SURPRISE_CAP_BITS: f32 = 64.0;
+
+/// Logprobs at or below this are vLLM's "probability underflowed" sentinel.
+pub const VLLM_SENTINEL_LOGPROB: f32 = -9999.0;
+
+/// A logprob above 0 by more than this is a probability above 1: invalid input. Up to it,
+/// rounding in the source is forgiven and the surprise is 0.
+pub const LOGPROB_POSITIVE_TOLERANCE: f32 = 1e-3;
+
+/// Default threshold, in bits. Deliberately high: it trips only on sustained garbage (a
+/// 16-token window averaging p < 1/1024). Calibrate it for the model that is served
+/// (`haltctl calibrate`), which also writes it into the config file.
+pub const DEFAULT_THRESHOLD_BITS: f64 = 10.0;
+
+/// Which rolling statistic of the window the threshold applies to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Statistic {
+    /// Arithmetic mean of the window's surprises.
+    #[default]
+    Mean,
+    /// 90th percentile of the window's surprises (linear interpolation between closest ranks).
+    P90,
+}
+
+impl Statistic {
+    /// The config spelling: `"mean"` or `"p90"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Statistic::Mean => "mean",
+            Statistic::P90 => "p90",
+        }
+    }
+}
+
+impl fmt::Display for Statistic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Statistic {
+    type Err = SurpriseConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mean" => Ok(Statistic::Mean),
+            "p90" => Ok(Statistic::P90),
+            other => Err(SurpriseConfigError::UnknownStatistic {
+                value: other.to_owned(),
+            }),
+        }
+    }
+}
+
+/// The surprise detector's own keys of the `[detectors.surprise]` config table. Spec 003 keeps
+/// the gate from acting until a threshold has been calibrated for the model served
+/// (`haltctl calibrate`): set `mode = "hard"` only after that.
+///
+/// ```toml
+/// [detectors.surprise]
+/// mode = "observe"        # common keys (mode, debounce, deadline_us): the framework's,
+/// debounce = 1            #   see crate::detect::config
+/// window = 16             # W, 1..=256
+/// statistic = "mean"      # "mean" | "p90"
+/// threshold_bits = 10.0   # breach when the statistic is above this
+/// min_tokens = 8          # surprises in the window before it can breach (default W/2)
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SurpriseConfig {
+    /// Window length W in tokens, 1..=[`MAX_WINDOW`].
+    pub window: usize,
+    /// The statistic of the window compared with the threshold.
+    pub statistic: Statistic,
+    /// Threshold in bits; a breach is the statistic strictly above it. Finite.
+    pub threshold_bits: f64,
+    /// Surprises the window must hold before a breach can count, 1..=`window`; absent means
+    /// `max(1, window / 2)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<usize>,
+}
+
+impl Default for SurpriseConfig {
+    fn default() -> Self {
+        Self {
+            window: DEFAULT_WINDOW,
+            statistic: Statistic::Mean,
+            threshold_bits: DEFAULT_THRESHOLD_BITS,
+            min_tokens: None,
+        }
+    }
+}
+
+/// A `[detectors.surprise]` value that cannot be used; each names its key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SurpriseConfigError {
+    #[error("detectors.surprise.window = {window}: must be 1..={max}")]
+    Window { window: usize, max: usize },
+    #[error("detectors.surprise.min_tokens = {min_tokens}: must be 1..=window ({window})")]
+    MinTokens { min_tokens: usize, window: usize },
+    #[error("detectors.surprise.threshold_bits = {threshold}: must be a finite number")]
+    Threshold { threshold: f64 },
+    #[error("detectors.surprise.statistic = {value:?}: must be \"mean\" or \"p90\"")]
+    UnknownStatistic { value: String },
+}
+
+impl SurpriseConfig {
+    /// Checks every key; the error names the first bad one.
+    pub fn validate(self) -> Result<Self, SurpriseConfigError> {
+        check_window(self.window)?;
+        if let Some(m) = self.min_tokens {
+            if m == 0 || m > self.window {
+                return Err(SurpriseConfigError::MinTokens {
+                    min_tokens: m,
+                    window: self.window,
+                });
+            }
+        }
+        if !self.threshold_bits.is_finite() {
+            return Err(SurpriseConfigError::Threshold {
+                threshold: self.threshold_bits,
+            });
+        }
+        Ok(self)
+    }
+
+    /// `min_tokens`, or its default `max(1, window / 2)`.
+    pub fn effective_min_tokens(&self) -> usize {
+        self.min_tokens
+            .unwrap_or_else(|| default_min_tokens(self.window))
+    }
+}
+
+/// The default `min_tokens` for a window: `max(1, window / 2)`.
+pub fn default_min_tokens(window: usize) -> usize {
+    (window / 2).max(1)
+}
+
+fn check_window(window: usize) -> Result<(), SurpriseConfigError> {
+    if window == 0 || window > MAX_WINDOW {
+        return Err(SurpriseConfigError::Window {
+            window,
+            max: MAX_WINDOW,
+        });
+    }
+    Ok(())
+}
+
+/// Why a logprob cannot be turned into a surprise.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum InvalidLogprob {
+    #[error("logprob is NaN")]
+    NaN,
+    #[error("logprob {0} is above 0 (a probability above 1)")]
+    Positive(f32),
+}
+
+/// Surprise in bits of a token with natural-log probability `logprob`: `-logprob / ln 2`,
+/// capped at [`SURPRISE_CAP_BITS`] (vLLM's `-9999.0` sentinel and `-inf` included); a logprob
+/// in `(0, LOGPROB_POSITIVE_TOLERANCE]` gives 0.
+pub fn surprise_bits(logprob: f32) -> Result<f32, InvalidLogprob> {
+    if logprob.is_nan() {
+        return Err(InvalidLogprob::NaN);
+    }
+    if logprob > LOGPROB_POSITIVE_TOLERANCE {
+        return Err(InvalidLogprob::Positive(logprob));
+    }
+    if logprob >= 0.0 {
+        return Ok(0.0);
+    }
+    if logprob <= VLLM_SENTINEL_LOGPROB {
+        return Ok(SURPRISE_CAP_BITS);
+    }
+    Ok((-logprob / std::f32::consts::LN_2).min(SURPRISE_CAP_BITS))
+}
+
+/// The last W surprises with their mean and p90, updated in O(W) per token without
+/// allocating: a ring for eviction order, a sorted copy for the percentile, a running sum for
+/// the mean (re-summed from the ring once per W pushes so rounding cannot accumulate).
+#[derive(Clone)]
+pub struct RollingSurprise {
+    ring: [f32; MAX_WINDOW],
+    sorted: [f32; MAX_WINDOW],
+    window: usize,
+    len: usize,
+    /// Next slot of `ring` to write.
+    head: usize,
+    sum: f64,
+    /// Pushes since the last exact re-summation.
+    since_resum: usize,
+}
+
+impl fmt::Debug for RollingSurprise {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RollingSurprise")
+            .field("window", &self.window)
+            .field("len", &self.len)
+            .field("mean", &self.mean())
+            .field("p90", &self.p90())
+            .finish()
+    }
+}
+
+impl RollingSurprise {
+    /// An empty window of `window` (1..=[`MAX_WINDOW`]) surprises.
+    pub fn new(window: usize) -> Result<Self, SurpriseConfigError> {
+        check_window(window)?;
+        Ok(Self {
+            ring: [0.0; MAX_WINDOW],
+            sorted: [0.0; MAX_WINDOW],
+            window,
+            len: 0,
+            head: 0,
+            sum: 0.0,
+            since_resum: 0,
+        })
+    }
+
+    /// The window length W.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Surprises held now (at most W).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Empties the window.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.head = 0;
+        self.sum = 0.0;
+        self.since_resum = 0;
+    }
+
+    /// Adds one surprise (bits, finite and ≥ 0 as [`surprise_bits`] gives them), evicting the
+    /// oldest when the window is full. A value outside `[0, SURPRISE_CAP_BITS]` (or NaN) is
+    /// clamped into it, so the window's order and sums stay sound whatever the caller passes.
+    pub fn push(&mut self, bits: f32) {
+        let bits = if bits.is_nan() {
+            SURPRISE_CAP_BITS
+        } else {
+            bits.clamp(0.0, SURPRISE_CAP_BITS)
+        };
+        if self.len == self.window {
+            let old = self.ring[self.head];
+            self.sum -= f64::from(old);
+            self.remove_sorted(old);
+        } else {
+            self.len += 1;
+        }
+        self.ring[self.head] = bits;
+        self.head = (self.head + 1) % self.window;
+        self.sum += f64::from(bits);
+        self.insert_sorted(bits);
+        self.since_resum += 1;
+        if self.since_resum >= self.window {
+            self.since_resum = 0;
+            self.sum = self.ring[..self.len].iter().map(|&b| f64::from(b)).sum();
+        }
+    }
+
+    /// Removes one copy of `old` from `sorted[..len]`, leaving `sorted[..len - 1]` sorted
+    /// (`insert_sorted` then restores `len` values).
+    fn remove_sorted(&mut self, old: f32) {
+        let n = self.len;
+        let s = &mut self.sorted[..n];
+        let pos = s.partition_point(|&x| x < old);
+        // `old` is in the window, so it is at `pos`; the guard only protects against a bug.
+        if pos < n {
+            s.copy_within(pos + 1..n, pos);
+        }
+    }
+
+    /// Inserts `bits` into `sorted[..len - 1]`, giving `sorted[..len]`.
+    fn insert_sorted(&mut self, bits: f32) {
+        let n = self.len - 1;
+        let pos = self.sorted[..n].partition_point(|&x| x <= bits);
+        self.sorted.copy_within(pos..n, pos + 1);
+        self.sorted[pos] = bits;
+    }
+
+    /// The surprises held, oldest first (allocates: for tests and diagnostics).
+    pub fn values(&self) -> Vec<f32> {
+        let start = (self.head + self.window - self.len) % self.window;
+        (0..self.len)
+            .map(|i| self.ring[(start + i) % self.window])
+            .collect()
+    }
+
+    /// Mean of the window; `None` when empty.
+    pub fn mean(&self) -> Option<f64> {
+        (self.len > 0).then(|| self.sum / self.len as f64)
+    }
+
+    /// 90th percentile of the window (linear interpolation at position `0.9·(n−1)` of the
+    /// sorted values); `None` when empty.
+    pub fn p90(&self) -> Option<f64> {
+        quantile_sorted(&self.sorted[..self.len], 0.9)
+    }
+
+    /// The configured statistic; `None` when empty.
+    pub fn statistic(&self, statistic: Statistic) -> Option<f64> {
+        match statistic {
+            Statistic::Mean => self.mean(),
+            Statistic::P90 => self.p90(),
+        }
+    }
+}
+
+/// Quantile `q` of ascending `sorted` by linear interpolation between closest ranks (numpy's
+/// default): position `q·(n−1)`. `None` when empty.
+pub fn quantile_sorted(sorted: &[f32], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let pos = q.clamp(0.0, 1.0) * (n - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = (lo + 1).min(n - 1);
+    let frac = pos - lo as f64;
+    let a = f64::from(sorted[lo]);
+    let b = f64::from(sorted[hi]);
+    Some(a + (b - a) * frac)
+}
+
+/// Why a whole stream cannot be scored.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unscorable {
+    #[error("the stream has no logprobs")]
+    NoLogprobs,
+    #[error("token {index} has no logprob")]
+    MissingLogprob { index: usize },
+    #[error("token {index}: {source}")]
+    InvalidLogprob {
+        index: usize,
+        #[source]
+        source: InvalidLogprob,
+    },
+}
+
+/// The score of a whole stream: the largest value `statistic` reaches over a `window`-token
+/// rolling window, counting only positions where the window holds at least `min_tokens`
+/// surprises. `Ok(None)` for a stream too short ever to hold `min_tokens`: the detector can
+/// never breach on it. A stream with no tokens, or a token with no (or an invalid) logprob,
+/// is [`Unscorable`], never scored as zero surprise.
+pub fn max_statistic(
+    logprobs: &[Option<f32>],
+    window: usize,
+    statistic: Statistic,
+    min_tokens: usize,
+) -> Result<Result<Option<f64>, Unscorable>, SurpriseConfigError> {
+    let mut w = RollingSurprise::new(window)?;
+    if min_tokens == 0 || min_tokens > window {
+        return Err(SurpriseConfigError::MinTokens { min_tokens, window });
+    }
+    if logprobs.is_empty() {
+        return Ok(Err(Unscorable::NoLogprobs));
+    }
+    let mut best: Option<f64> = None;
+    for (index, lp) in logprobs.iter().enumerate() {
+        let Some(lp) = *lp else {
+            return Ok(Err(Unscorable::MissingLogprob { index }));
+        };
+        match surprise_bits(lp) {
+            Ok(bits) => w.push(bits),
+            Err(source) => return Ok(Err(Unscorable::InvalidLogprob { index, source })),
+        }
+        if w.len() >= min_tokens {
+            if let Some(v) = w.statistic(statistic) {
+                best = Some(best.map_or(v, |b| b.max(v)));
+            }
+        }
+    }
+    Ok(Ok(best))
+}
+
+/// The surprise detector: one per turn.
+#[derive(Debug, Clone)]
+pub struct SurpriseDetector {
+    window: RollingSurprise,
+    statistic: Statistic,
+    threshold_bits: f64,
+    min_tokens: usize,
+    scored: u64,
+    unscored: u64,
+    /// Tokens that came with vLLM's sentinel (or `-inf`) and counted as the cap.
+    sentinels: u64,
+    breaches: u64,
+    max_mean: Option<f64>,
+    max_p90: Option<f64>,
+}
+
+impl SurpriseDetector {
+    /// A detector for one turn. The config is validated here too.
+    pub fn new(cfg: &SurpriseConfig) -> Result<Self, SurpriseConfigError> {
+        let cfg = cfg.clone().validate()?;
+        Ok(Self {
+            window: RollingSurprise::new(cfg.window)?,
+            statistic: cfg.statistic,
+            threshold_bits: cfg.threshold_bits,
+            min_tokens: cfg.effective_min_tokens(),
+            scored: 0,
+            unscored: 0,
+            sentinels: 0,
+            breaches: 0,
+            max_mean: None,
+            max_p90: None,
+        })
+    }
+
+    /// The rolling window as it stands.
+    pub fn window(&self) -> &RollingSurprise {
+        &self.window
+    }
+}
+
+fn fmax(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+impl Detector for SurpriseDetector {
+    fn name(&self) -> &'static str {
+        "surprise"
+    }
+
+    fn code(&self) -> FailureCode {
+        FailureCode::SurpriseThreshold
+    }
+
+    fn observe(&mut self, tok: &TokenObs<'_>) -> Finding {
+        let Some(lp) = tok.logprob else {
+            self.unscored += 1;
+            return Finding::Failed {
+                detail: format!(
+                    "token {} has no logprob: the stream has no logprobs, so surprise cannot be \
+                     scored",
+                    tok.index
+                ),
+            };
+        };
+        let bits = match surprise_bits(lp) {
+            Ok(b) => b,
+            Err(e) => {
+                self.unscored += 1;
+                return Finding::Failed {
+                    detail: format!("token {}: {e}: surprise cannot be scored", tok.index),
+                };
+            }
+        };
+        if lp <= VLLM_SENTINEL_LOGPROB {
+            self.sentinels += 1;
+        }
+        self.scored += 1;
+        self.window.push(bits);
+        if self.window.len() < self.min_tokens {
+            return Finding::Clear;
+        }
+        let mean = self.window.mean();
+        let p90 = self.window.p90();
+        self.max_mean = fmax(self.max_mean, mean);
+        self.max_p90 = fmax(self.max_p90, p90);
+        let value = match self.statistic {
+            Statistic::Mean => mean,
+            Statistic::P90 => p90,
+        };
+        match value {
+            Some(v) if v > self.threshold_bits => {
+                self.breaches += 1;
+                Finding::Breach {
+                    detail: format!(
+                        "{} surprise {v:.2} bits over the last {} tokens is above the threshold \
+                         {:.2} bits",
+                        self.statistic,
+                        self.window.len(),
+                        self.threshold_bits
+                    ),
+                }
+            }
+            _ => Finding::Clear,
+        }
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "tokens_scored": self.scored,
+            "unscored": self.unscored,
+            "sentinels": self.sentinels,
+            "breaches": self.breaches,
+            "max_mean_bits": self.max_mean,
+            "max_p90_bits": self.max_p90,
+            "threshold_bits": self.threshold_bits,
+            "statistic": self.statistic.as_str(),
+            "window": self.window.window(),
+            "min_tokens": self.min_tokens,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn naive_mean(v: &[f32]) -> f64 {
+        v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64
+    }
+
+    fn naive_p90(v: &[f32]) -> f64 {
+        let mut s: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
+        s.sort_by(f64::total_cmp);
+        let pos = 0.9 * (s.len() - 1) as f64;
+        let lo = pos.floor() as usize;
+        let hi = (lo + 1).min(s.len() - 1);
+        s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+    }
+
+    fn obs(index: u64, logprob: Option<f32>) -> TokenObs<'static> {
+        TokenObs {
+            index,
+            text: " x",
+            logprob,
+            now_ns: 0,
+        }
+    }
+
+    fn cfg(window: usize, statistic: Statistic, threshold: f64) -> SurpriseConfig {
+        SurpriseConfig {
+            window,
+            statistic,
+            threshold_bits: threshold,
+            min_tokens: None,
+        }
+    }
+
+    /// Natural-log probability of a token with `bits` of surprise.
+    fn lp(bits: f32) -> f32 {
+        -bits * std::f32::consts::LN_2
+    }
+
+    proptest! {
+        #[test]
+        fn rolling_stats_match_naive_reference(
+            window in 1usize..=MAX_WINDOW,
+            values in proptest::collection::vec(
+                prop_oneof![0.0f32..64.0, Just(0.0f32), Just(64.0f32), 0.0f32..2.0],
+                0..700,
+            ),
+        ) {
+            let mut w = RollingSurprise::new(window).expect("valid window");
+            for (i, &v) in values.iter().enumerate() {
+                w.push(v);
+                let lo = (i + 1).saturating_sub(window);
+                let expect = &values[lo..=i];
+                prop_assert_eq!(w.len(), expect.len());
+                prop_assert_eq!(w.values(), expect.to_vec());
+                let mean = w.mean().expect("non-empty");
+                prop_assert!((mean - naive_mean(expect)).abs() < 1e-9, "mean {} vs {}", mean, naive_mean(expect));
+                let p90 = w.p90().expect("non-empty");
+                prop_assert!((p90 - naive_p90(expect)).abs() < 1e-9, "p90 {} vs {}", p90, naive_p90(expect));
+            }
+        }
+
+        #[test]
+        fn max_statistic_matches_the_detector(
+            window in 1usize..=32,
+            bits in proptest::collection::vec(0.0f32..20.0, 1..100),
+            p90 in any::<bool>(),
+        ) {
+            let statistic = if p90 { Statistic::P90 } else { Statistic::Mean };
+            let lps: Vec<Option<f32>> = bits.iter().map(|&b| Some(lp(b))).collect();
+            let min_tokens = default_min_tokens(window);
+            let score = max_statistic(&lps, window, statistic, min_tokens)
+                .expect("valid params")
+                .expect("scorable");
+            // The detector breaches at threshold t somewhere in the stream iff score > t.
+            if let Some(s) = score {
+                for t in [s - 1e-6, s] {
+                    let mut d = SurpriseDetector::new(&cfg(window, statistic, t)).expect("cfg");
+                    let breached = lps
+                        .iter()
+                        .enumerate()
+                        .any(|(i, l)| matches!(d.observe(&obs(i as u64, *l)), Finding::Breach { .. }));
+                    prop_assert_eq!(breached, s > t);
+                }
+            } else {
+                prop_assert!(bits.len() < min_tokens);
+            }
+        }
+    }
+
+    #[test]
+    fn surprise_of_logprobs() {
+        assert_eq!(surprise_bits(0.0), Ok(0.0));
+        assert_eq!(surprise_bits(-0.0), Ok(0.0));
+        assert_eq!(surprise_bits(1e-4), Ok(0.0));
+        assert!((surprise_bits(-std::f32::consts::LN_2).expect("ok") - 1.0).abs() < 1e-6);
+        assert!((surprise_bits((0.25f32).ln()).expect("ok") - 2.0).abs() < 1e-6);
+        assert_eq!(surprise_bits(-9999.0), Ok(SURPRISE_CAP_BITS));
+        assert_eq!(surprise_bits(-1e30), Ok(SURPRISE_CAP_BITS));
+        assert_eq!(surprise_bits(f32::NEG_INFINITY), Ok(SURPRISE_CAP_BITS));
+        assert_eq!(surprise_bits(-100.0), Ok(SURPRISE_CAP_BITS));
+        assert_eq!(surprise_bits(f32::NAN), Err(InvalidLogprob::NaN));
+        assert_eq!(surprise_bits(0.5), Err(InvalidLogprob::Positive(0.5)));
+        assert!(surprise_bits(f32::INFINITY).is_err());
+    }
+
+    #[test]
+    fn window_evicts_duplicates_correctly() {
+        let mut w = RollingSurprise::new(3).expect("window");
+        for v in [5.0, 5.0, 1.0, 5.0, 2.0, 2.0, 2.0] {
+            w.push(v);
+        }
+        assert_eq!(w.values(), vec![2.0, 2.0, 2.0]);
+        assert_eq!(w.p90(), Some(2.0));
+        assert_eq!(w.mean(), Some(2.0));
+        w.clear();
+        assert!(w.is_empty());
+        assert_eq!(w.mean(), None);
+        assert_eq!(w.p90(), None);
+        // Out-of-range inputs are clamped, never corrupt the order.
+        w.push(f32::NAN);
+        w.push(-3.0);
+        w.push(1e9);
+        assert_eq!(w.values(), vec![64.0, 0.0, 64.0]);
+    }
+
+    #[test]
+    fn p90_of_sixteen() {
+        let mut w = RollingSurprise::new(16).expect("window");
+        for v in 1..=16 {
+            w.push(v as f32);
+        }
+        // Position 0.9 * 15 = 13.5: between 14 and 15.
+        assert_eq!(w.p90(), Some(14.5));
+        assert_eq!(w.mean(), Some(8.5));
+    }
+
+    #[test]
+    fn breaches_on_high_surprise_and_not_before_min_tokens() {
+        let mut d = SurpriseDetector::new(&cfg(16, Statistic::Mean, 5.0)).expect("cfg");
+        // 7 very surprising tokens: below min_tokens (8), no breach however high.
+        for i in 0..7 {
+            assert_eq!(d.observe(&obs(i, Some(lp(20.0)))), Finding::Clear);
+        }
+        match d.observe(&obs(7, Some(lp(20.0)))) {
+            Finding::Breach { detail } => {
+                assert!(detail.contains("mean surprise 20.00 bits"), "{detail}");
+                assert!(detail.contains("threshold 5.00"), "{detail}");
+            }
+            other => panic!("expected a breach, got {other:?}"),
+        }
+        assert_eq!(d.code(), FailureCode::SurpriseThreshold);
+        assert_eq!(d.name(), "surprise");
+        let s = d.summary();
+        assert_eq!(s["tokens_scored"], 8);
+        assert_eq!(s["breaches"], 1);
+        assert_eq!(s["unscored"], 0);
+        assert_eq!(s["threshold_bits"], 5.0);
+    }
+
+    #[test]
+    fn no_breach_on_ordinary_text_and_breach_on_a_burst() {
+        let mut d = SurpriseDetector::new(&cfg(16, Statistic::Mean, 6.0)).expect("cfg");
+        for i in 0..200 {
+            assert_eq!(d.observe(&obs(i, Some(lp(2.0)))), Finding::Clear);
+        }
+        // A burst: the mean climbs by 8/16 bit per token: 2 + 8·k/16 > 6 from k = 9.
+        let mut first = None;
+        for k in 1..=16u64 {
+            if let Finding::Breach { .. } = d.observe(&obs(199 + k, Some(lp(10.0)))) {
+                first.get_or_insert(k);
+            }
+        }
+        assert_eq!(first, Some(9));
+        let s = d.summary();
+        assert_eq!(s["max_mean_bits"], 10.0);
+        assert_eq!(s["max_p90_bits"], 10.0);
+    }
+
+    #[test]
+    fn p90_breaches_on_a_short_spike_the_mean_misses() {
+        let spike = |stat| {
+            let mut d = SurpriseDetector::new(&cfg(16, stat, 8.0)).expect("cfg");
+            (0..64u64).any(|i| {
+                let bits = if i % 16 >= 13 { 30.0 } else { 1.0 };
+                matches!(d.observe(&obs(i, Some(lp(bits)))), Finding::Breach { .. })
+            })
+        };
+        assert!(!spike(Statistic::Mean)); // (3·30 + 13) / 16 = 6.4
+        assert!(spike(Statistic::P90));
+    }
+
+    #[test]
+    fn missing_logprob_fails_and_is_never_zero_surprise() {
+        let mut d = SurpriseDetector::new(&cfg(4, Statistic::Mean, 50.0)).expect("cfg");
+        for i in 0..4 {
+            assert_eq!(d.observe(&obs(i, Some(lp(10.0)))), Finding::Clear);
+        }
+        match d.observe(&obs(4, None)) {
+            Finding::Failed { detail } => {
+                assert!(detail.contains("no logprobs"), "{detail}");
+                assert!(detail.contains("token 4"), "{detail}");
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        // The window is untouched: a zero was not pushed.
+        assert_eq!(d.window().values(), vec![10.0; 4]);
+        match d.observe(&obs(5, Some(f32::NAN))) {
+            Finding::Failed { detail } => assert!(detail.contains("NaN"), "{detail}"),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        let s = d.summary();
+        assert_eq!(s["unscored"], 2);
+        assert_eq!(s["tokens_scored"], 4);
+    }
+
+    #[test]
+    fn sentinel_is_large_but_finite() {
+        let mut d = SurpriseDetector::new(&cfg(16, Statistic::Mean, 5.0)).expect("cfg");
+        for i in 0..15 {
+            assert_eq!(d.observe(&obs(i, Some(lp(1.0)))), Finding::Clear);
+        }
+        // One sentinel in 16: (15 + 64) / 16 = 4.94 bits, below 5: no breach, not infinite.
+        assert_eq!(d.observe(&obs(15, Some(-9999.0))), Finding::Clear);
+        assert!((d.window().mean().expect("full") - 79.0 / 16.0).abs() < 1e-9);
+        // A second one pushes it over.
+        assert!(matches!(
+            d.observe(&obs(16, Some(f32::NEG_INFINITY))),
+            Finding::Breach { .. }
+        ));
+        let s = d.summary();
+        assert_eq!(s["sentinels"], 2);
+        assert!(s["max_mean_bits"].as_f64().expect("number").is_finite());
+    }
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c = SurpriseConfig::default();
+        assert_eq!(c.window, 16);
+        assert_eq!(c.effective_min_tokens(), 8);
+        assert_eq!(c.clone().validate(), Ok(c));
+        let bad = |f: fn(&mut SurpriseConfig)| {
+            let mut c = SurpriseConfig::default();
+            f(&mut c);
+            c.validate().expect_err("invalid").to_string()
+        };
+        assert!(bad(|c| c.window = 0).contains("detectors.surprise.window"));
+        assert!(bad(|c| c.window = 257).contains("1..=256"));
+        assert!(bad(|c| c.min_tokens = Some(17)).contains("min_tokens"));
+        assert!(bad(|c| c.min_tokens = Some(0)).contains("min_tokens"));
+        assert!(bad(|c| c.threshold_bits = f64::NAN).contains("threshold_bits"));
+        assert_eq!(default_min_tokens(1), 1);
+        assert_eq!("p90".parse::<Statistic>(), Ok(Statistic::P90));
+        assert!("p95".parse::<Statistic>().is_err());
+        assert!(SurpriseDetector::new(&cfg(0, Statistic::Mean, 1.0)).is_err());
+    }
+
+    #[test]
+    fn config_serde_is_strict_and_defaulted() {
+        let c: SurpriseConfig =
+            serde_json::from_str(r#"{"window":32,"statistic":"p90","threshold_bits":7.5}"#)
+                .expect("parses");
+        assert_eq!(c.statistic, Statistic::P90);
+        assert_eq!(c.effective_min_tokens(), 16);
+        assert_eq!(c.threshold_bits, 7.5);
+        assert!(serde_json::from_str::<SurpriseConfig>(r#"{"windw":3}"#).is_err());
+        assert!(serde_json::from_str::<SurpriseConfig>(r#"{"statistic":"p95"}"#).is_err());
+    }
+
+    #[test]
+    fn max_statistic_edges() {
+        let m = |l: &[Option<f32>]| max_statistic(l, 4, Statistic::Mean, 2).expect("params");
+        assert_eq!(m(&[]), Err(Unscorable::NoLogprobs));
+        assert_eq!(m(&[Some(lp(1.0))]), Ok(None));
+        assert_eq!(
+            m(&[Some(lp(1.0)), None, Some(lp(1.0))]),
+            Err(Unscorable::MissingLogprob { index: 1 })
+        );
+        assert!(matches!(
+            m(&[Some(lp(1.0)), Some(2.0)]),
+            Err(Unscorable::InvalidLogprob { index: 1, .. })
+        ));
+        let s = m(&[Some(lp(1.0)), Some(lp(3.0)), Some(lp(0.0))])
+            .expect("scorable")
+            .expect("long enough");
+        assert!((s - 2.0).abs() < 1e-6);
+        assert!(max_statistic(&[], 4, Statistic::Mean, 5).is_err());
+        assert!(max_statistic(&[], 0, Statistic::Mean, 1).is_err());
+    }
+
+    /// Per-token cost of `observe` (release build):
+    /// `cargo test -p haltd --release --lib surprise_observe_cost -- --ignored --nocapture`.
+    /// Reports the mean over 2M tokens (timed in batches of 1000) and per-token percentiles
+    /// (each call timed on its own, so they include one `Instant::now` pair, ~20-40 ns).
+    #[test]
+    #[ignore = "timing measurement; run in release with --ignored --nocapture"]
+    fn surprise_observe_cost() {
+        use std::time::Instant;
+        let lps: Vec<f32> = (0..4096u32)
+            .map(|i| -((i.wrapping_mul(2_654_435_761) >> 20) as f32 / 512.0))
+            .collect();
+        for (stat, window) in [
+            (Statistic::Mean, 16),
+            (Statistic::P90, 16),
+            (Statistic::Mean, 256),
+        ] {
+            // Threshold above anything the stream reaches: the Clear path, which is the
+            // per-token cost of a healthy stream.
+            let mut d = SurpriseDetector::new(&cfg(window, stat, 100.0)).expect("cfg");
+            let n = 2_000_000usize;
+            let mut clear = 0usize;
+            let t0 = Instant::now();
+            for k in 0..n {
+                let o = obs(k as u64, Some(lps[k % lps.len()]));
+                if std::hint::black_box(d.observe(std::hint::black_box(&o))) == Finding::Clear {
+                    clear += 1;
+                }
+            }
+            let mean = t0.elapsed().as_nanos() as f64 / n as f64;
+            assert_eq!(clear, n);
+            let mut each = Vec::with_capacity(n);
+            for k in 0..n {
+                let o = obs(k as u64, Some(lps[k % lps.len()]));
+                let t = Instant::now();
+                std::hint::black_box(d.observe(std::hint::black_box(&o)));
+                each.push(t.elapsed().as_nanos() as u64);
+            }
+            each.sort_unstable();
+            let pct = |q: f64| each[((each.len() - 1) as f64 * q) as usize];
+            println!(
+                "surprise observe, {stat}, W={window}: mean {mean:.1} ns/token; per token p50 \
+                 {} ns, p99 {} ns, p99.9 {} ns, max {} ns",
+                pct(0.5),
+                pct(0.99),
+                pct(0.999),
+                pct(1.0)
+            );
+        }
+    }
+}

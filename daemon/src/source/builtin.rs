@@ -257,6 +257,7 @@ impl BuiltinModel {
             max_tokens,
             finish: None,
             ignore_eos: false,
+            temperature: 1.0,
         }
     }
 
@@ -407,6 +408,9 @@ pub struct BuiltinStream {
     /// vLLM's `ignore_eos`: the end-of-text event is taken out of the distribution (which is
     /// renormalised, so logprobs stay those of the distribution actually sampled).
     ignore_eos: bool,
+    /// Sampling temperature ([`set_temperature`](Self::set_temperature)); 1.0 = the model's own
+    /// distribution.
+    temperature: f64,
 }
 
 impl BuiltinStream {
@@ -414,6 +418,27 @@ impl BuiltinStream {
     pub fn with_ignore_eos(mut self, ignore_eos: bool) -> Self {
         self.ignore_eos = ignore_eos;
         self
+    }
+
+    /// Samples from now on at `temperature` (builder form of
+    /// [`set_temperature`](Self::set_temperature)).
+    pub fn with_temperature(mut self, temperature: f64) -> Self {
+        self.set_temperature(temperature);
+        self
+    }
+
+    /// Samples the following tokens from the model's distribution raised to the power
+    /// `1/temperature` (renormalised): above 1.0 less likely tokens are drawn more often, which
+    /// garbles the text. **The reported `logprob` and alternatives stay the model's own,
+    /// untempered ones** (like vLLM's default raw logprobs), so a raised temperature shows up as
+    /// higher surprise. Used to build labelled sets for `haltctl calibrate --builtin-set`;
+    /// the data plane never calls it. A temperature that is not finite and positive is ignored
+    /// (the previous one stays); 1.0, the default, samples exactly as a stream that never set
+    /// it.
+    pub fn set_temperature(&mut self, temperature: f64) {
+        if temperature.is_finite() && temperature > 0.0 {
+            self.temperature = temperature;
+        }
     }
 
     /// Samples the next token, with the `top_n` (at most [`MAX_TOP_LOGPROBS`]) most likely
@@ -443,8 +468,21 @@ impl BuiltinStream {
             return None;
         }
 
-        // Inverse-CDF sampling over the same probabilities the caller is told about.
-        let threshold = self.rng.next_f64() * total;
+        // Inverse-CDF sampling over the same probabilities the caller is told about (at
+        // temperature 1; otherwise over p^(1/T), while the caller is still told p).
+        let inv_t = 1.0 / self.temperature;
+        let tempered = self.temperature != 1.0;
+        let weight = |p: f64| if tempered { p.powf(inv_t) } else { p };
+        let mut sample_total = total;
+        if tempered {
+            sample_total = 0.0;
+            dist.for_each(|id, p| {
+                if !(ignore_eos && id == EOS) {
+                    sample_total += weight(p);
+                }
+            });
+        }
+        let threshold = self.rng.next_f64() * sample_total;
         let top_n = top_n.min(MAX_TOP_LOGPROBS);
         let mut top = TopLogprobs::new();
         let mut acc = 0.0;
@@ -463,7 +501,7 @@ impl BuiltinStream {
             if p > 0.0 {
                 last = Some((id, logprob));
             }
-            acc += p;
+            acc += weight(p);
             if chosen.is_none() && acc > threshold {
                 chosen = Some((id, logprob));
             }
@@ -733,6 +771,44 @@ mod tests {
             t.as_slice(),
             &[("e", -0.5), ("b", -1.0), ("d", -1.0), ("c", -2.0)]
         );
+    }
+
+    #[test]
+    fn temperature_one_is_the_plain_stream_and_raised_temperature_is_more_surprising() {
+        let run = |t: Option<f64>, seed: u64| {
+            let mut s = BuiltinModel::get()
+                .stream("temperature", Some(seed), 200)
+                .with_ignore_eos(true);
+            if let Some(t) = t {
+                s.set_temperature(t);
+            }
+            let mut out = Vec::new();
+            while let Some(tok) = s.next_token(MAX_TOP_LOGPROBS) {
+                // The reported logprob is still the model's own: its entry among the
+                // alternatives, when it is there.
+                if let Some((_, lp)) = tok.top.as_slice().iter().find(|(tx, _)| *tx == tok.text) {
+                    assert_eq!(*lp, tok.logprob);
+                }
+                assert!(tok.logprob <= 0.0 && tok.logprob.is_finite());
+                out.push((tok.text, tok.logprob));
+            }
+            out
+        };
+        let mut plain = 0.0;
+        let mut hot = 0.0;
+        for seed in 0..20 {
+            let a = run(None, seed);
+            assert_eq!(a, run(Some(1.0), seed));
+            // Not finite or not positive: ignored.
+            assert_eq!(a, run(Some(f64::NAN), seed));
+            assert_eq!(a, run(Some(0.0), seed));
+            plain += a.iter().map(|(_, lp)| -f64::from(*lp)).sum::<f64>();
+            hot += run(Some(2.5), seed)
+                .iter()
+                .map(|(_, lp)| -f64::from(*lp))
+                .sum::<f64>();
+        }
+        assert!(hot > 1.3 * plain, "hot {hot} vs plain {plain}");
     }
 
     /// Prints a sample for eyeballing: `cargo test -p haltd builtin_sample -- --nocapture`.
