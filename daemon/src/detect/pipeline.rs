@@ -370,10 +370,9 @@ impl TurnGovernor {
                         detail,
                     })
                 } else {
-                    // Observe mode: reported, and the text is released as if clean.
-                    let held = scanner.held_bytes();
-                    scanner.reset();
-                    Gate::Release(held)
+                    // Observe mode: reported; the match now counts as decided, and the
+                    // scanner releases it with what follows (or at the end of the turn).
+                    Gate::Release(0)
                 }
             }
         }
