@@ -253,7 +253,7 @@ fn safety_check_enforce_trips_on_a_fabricated_source_and_records_every_verdict()
 #[test]
 fn latency_anomaly_trips_on_a_slowed_stream_after_a_learned_baseline() -> Result<()> {
     let rig = rig(
-        "[detectors.latency_anomaly]\nmode = \"hard\"\nwarmup_samples = 40\nbaseline_alpha = 0.05\n",
+        "[detectors.latency_anomaly]\nmode = \"hard\"\nwarmup_samples = 40\nwarmup_turns = 3\nbaseline_alpha = 0.05\n",
         &[],
     )?;
     // Teach the baseline: clean turns at a steady pace.

@@ -1412,19 +1412,16 @@ impl Worker {
         let gaps = turn.tokens_generated.saturating_sub(1).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
         let detectors = turn.gov.summary();
-        // The timing fields of spec 000 §6.1 come from the latency detector when it ran.
-        if let Some(t) = detectors.pointer("/latency_anomaly/summary") {
-            if let Some(b) = t.get("latency_bucket").and_then(|b| b.as_str()) {
-                rec.latency_bucket = Some(b.to_owned());
-            }
-            if let Some(m) = t.get("rts_mode").and_then(|m| m.as_str()) {
-                rec.rts_mode = m.to_owned();
-            }
-            rec.tig_breach = t
-                .get("tig_breach")
-                .and_then(|b| b.as_bool())
-                .unwrap_or(false);
+        // The timing fields of spec 000 §6.1 come from the timing detectors.
+        let timing = crate::detect::timing::fhr_timing_from_json(
+            detectors.pointer("/latency_anomaly/summary"),
+            detectors.pointer("/compute_budget/summary"),
+        );
+        if let Some(b) = timing.latency_bucket {
+            rec.latency_bucket = Some(b.to_owned());
         }
+        rec.rts_mode = timing.rts_mode.as_str().to_owned();
+        rec.tig_breach = timing.tig_breach;
         rec.detectors = Some(detectors);
         rec.safety_verdict = Some(match &turn.safety {
             Some(v) => v.clone(),
