@@ -258,10 +258,16 @@ impl Shared {
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.detector_refs = detector_refs;
         rec.kernel = self.kernel_socket_state(fd);
+        let detector = self
+            .meta(snap.id.slot)
+            .detector_trip
+            .as_ref()
+            .map(|(name, detail)| format!("; detector {name}: {detail}"))
+            .unwrap_or_default();
         rec.message = Some(if terminal_delivered {
-            format!("stream halted ({cause}); terminal event delivered")
+            format!("stream halted ({cause}); terminal event delivered{detector}")
         } else {
-            format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate)")
+            format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate){detector}")
         });
         self.record(rec);
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");

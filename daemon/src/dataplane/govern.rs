@@ -123,7 +123,9 @@ impl Worker {
                 code: trip.code,
             })
             .inc();
-        shared.meta(id.slot).detector_trip = Some((trip.detector, trip.detail));
+        // Bounded: the terminal frame must fit the gate's terminal allowance.
+        let detail: String = trip.detail.chars().take(240).collect();
+        shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
         let _ = shared.trip(id, trip.code);
         self.halt(key)
     }

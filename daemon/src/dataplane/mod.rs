@@ -743,6 +743,7 @@ impl Worker {
             let mut meta = shared.meta(conn.id.slot);
             meta.model = Some(model);
             meta.upstream_failure = None;
+            meta.detector_trip = None;
         }
         Ok(Some((degraded, mode)))
     }

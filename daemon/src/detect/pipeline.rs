@@ -81,6 +81,14 @@ impl DetectorsConfig {
         check_names(d, &DETECTORS)?;
         let mut halt_monitor: Entry<HaltMonitorConfig> =
             entry(d, "halt_monitor", DetectorMode::Hard)?;
+        if halt_monitor.policy.debounce > 1 {
+            // Spec 001: the failing token itself is never emitted; the monitor latches, so a
+            // debounce would let the failing token and the next K-1 out first.
+            return Err(err(
+                "detectors.halt_monitor.debounce",
+                "must be 1: the HaltMonitor halts on the first failing token (spec 001)",
+            ));
+        }
         let limit = match (halt_monitor.cfg.hard_limit, cli_hard_limit) {
             (Some(file), cli) if cli != 0.0 && cli != file => {
                 return Err(err(
@@ -126,6 +134,17 @@ impl DetectorsConfig {
             .validate()
             .map_err(|e| err("detectors.latency_anomaly", e.to_string()))?;
         let exfil: Entry<ExfilConfig> = entry(d, "exfil", DetectorMode::Hard)?;
+        if exfil.policy.debounce > 1 || exfil.policy.deadline_ns > 0 {
+            return Err(err(
+                "detectors.exfil",
+                "takes no debounce or deadline_us: a secret trips at its first match, and the scanner's cost is bounded by its rules",
+            ));
+        }
+        if exfil.policy.mode != DetectorMode::Off {
+            // Compiled here too, so that a bad rule is a configuration error (exit 2) before
+            // anything starts; the daemon compiles it again once (tens of ms).
+            ExfilRules::new(&exfil.cfg).map_err(|e| err("detectors.exfil", e.to_string()))?;
+        }
         let safety = match &top.safety {
             Some(t) => SafetyConfig::deserialize(toml::Value::Table(t.clone()))
                 .map_err(|e| err("safety", e.to_string()))?,
@@ -437,5 +456,94 @@ impl TurnGovernor {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, cli: f64) -> Result<DetectorsConfig, ConfigFileError> {
+        let t: toml::Table = text.parse().expect("toml");
+        DetectorsConfig::load(Some(&t), cli)
+    }
+
+    #[test]
+    fn defaults_fail_closed_where_they_can() {
+        let c = DetectorsConfig::load(None, 0.0).expect("defaults");
+        assert_eq!(c.exfil.policy.mode, DetectorMode::Hard);
+        assert_eq!(c.halt_monitor.policy.mode, DetectorMode::Hard);
+        assert_eq!(c.surprise.policy.mode, DetectorMode::Observe);
+        let d = Detectors::new(c).expect("builds");
+        assert!(!d.halt_monitor_on(), "a limit of 0 passes every token");
+        let gov = d.turn("t", 0).expect("turn");
+        assert!(gov.refs().iter().any(|r| r == "exfil:hard"));
+    }
+
+    #[test]
+    fn hard_limit_from_the_flag_or_the_file_but_not_both_differently() {
+        assert_eq!(
+            load("", 0.2).expect("flag").halt_monitor.cfg.hard_limit,
+            Some(0.2)
+        );
+        let file = "[halt_monitor]\nhard_limit = 0.3\n";
+        let file = format!("[detectors.{}", &file[1..]);
+        assert_eq!(
+            load(&file, 0.0).expect("file").halt_monitor.cfg.hard_limit,
+            Some(0.3)
+        );
+        assert_eq!(
+            load(&file, 0.4).expect_err("conflict").at,
+            "detectors.halt_monitor.hard_limit"
+        );
+        assert!(load("[detectors.halt_monitor]\nhard_limit = 1.5\n", 0.0).is_err());
+    }
+
+    #[test]
+    fn settings_that_would_weaken_a_guarantee_are_refused() {
+        for (text, at) in [
+            (
+                "[detectors.halt_monitor]\ndebounce = 2\n",
+                "detectors.halt_monitor.debounce",
+            ),
+            ("[detectors.exfil]\ndebounce = 2\n", "detectors.exfil"),
+            (
+                "[detectors.exfil]\nextra_patterns = [\"a+\"]\n",
+                "detectors.exfil",
+            ),
+            ("[detectors.surprise]\nwindow = 0\n", "detectors.surprise"),
+            ("[safety]\nmode = \"loud\"\n", "safety"),
+            ("[nonsense]\n", "file"),
+        ] {
+            let e = load(text, 0.0).expect_err(text);
+            assert!(e.at.starts_with(at), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_governor_holds_a_secret_and_trips_on_it() {
+        let d = Detectors::new(DetectorsConfig::load(None, 0.0).expect("defaults")).expect("ok");
+        let mut gov = d.turn("t", 0).expect("turn");
+        let mut released = 0;
+        for (i, piece) in ["The key is ", "AKIA", "IOSFODNN", "7EXAMPLE", " ok"]
+            .iter()
+            .enumerate()
+        {
+            let obs = TokenObs {
+                index: i as u64,
+                text: piece,
+                logprob: Some(-0.1),
+                now_ns: i as u64 * 20_000_000,
+            };
+            match gov.on_token(&obs, || 0) {
+                Gate::Release(n) => released += n,
+                Gate::Trip(t) => {
+                    assert_eq!(t.code, FailureCode::ExfilAlert);
+                    assert!(released <= "The key is ".len(), "released {released}");
+                    return;
+                }
+            }
+        }
+        panic!("no trip");
     }
 }
