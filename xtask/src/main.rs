@@ -58,6 +58,7 @@ const OPENAI_CLIENT_SCRIPT: &str = "tests/py/openai_client.py";
 const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-gate-send"),
     ("haltd-tests", "bench-proxy-overhead"),
+    ("haltd-tests", "bench-detectors"),
 ];
 
 #[derive(Debug, Parser)]
