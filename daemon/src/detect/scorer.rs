@@ -51,7 +51,7 @@
 //! Per token, haltd sends one request line and reads exactly one reply line:
 //!
 //! ```text
-//! → {"turn_id":"chatcmpl-7f3a…","index":0,"text":"The","logprob":-0.105}
+//! → {"turn_id":"hs_0000000100000007","index":0,"text":"The","logprob":-0.105}
 //! ← {"score":0.93}
 //! ```
 //!
