@@ -110,6 +110,7 @@ pub struct Metrics {
     pub upstream_cancels: Family<ReasonLabels, Counter>,
     pub tool_calls: Family<KindLabels, Counter>,
     pub detector_trips: Family<DetectorLabels, Counter>,
+    pub detector_observed: Family<DetectorLabels, Counter>,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -271,7 +272,14 @@ impl Metrics {
             "Streams tripped by a detector, by detector and failure code (DETECTOR_FAILURE: it could not judge)",
             detector_trips.clone(),
         );
+        let detector_observed = Family::<DetectorLabels, Counter>::default();
+        registry.register(
+            "detector_observed",
+            "Observe-mode detector findings (breaches, or DETECTOR_FAILURE when it could not judge); nothing was tripped",
+            detector_observed.clone(),
+        );
         Metrics {
+            detector_observed,
             detector_trips,
             mode_changes,
             degraded_scopes,

@@ -1412,6 +1412,16 @@ impl Worker {
         rec.detector_refs = turn.detector_refs.clone();
         let gaps = turn.tokens_generated.saturating_sub(1).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
+        for t in turn.gov.set.observed() {
+            shared
+                .metrics
+                .detector_observed
+                .get_or_create(&crate::metrics::DetectorLabels {
+                    detector: t.detector,
+                    code: t.code,
+                })
+                .inc();
+        }
         let detectors = turn.gov.summary();
         // The timing fields of spec 000 §6.1 come from the timing detectors.
         let timing = crate::detect::timing::fhr_timing_from_json(
