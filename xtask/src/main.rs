@@ -39,6 +39,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "build-essential",
         "the C linker rustc needs for host binaries",
     ),
+    (
+        "prometheus",
+        "promtool (checks of deploy/prometheus and of /metrics) and the Prometheus server for the ops-pack tests",
+    ),
 ];
 
 /// bpf-linker release verified with the nightly's LLVM 22 (notes/ebpf-toolchain.md).

@@ -1,0 +1,381 @@
+//! Root-only checks of the operations pack in `deploy/`: the example config starts a real
+//! haltd, the Prometheus files pass `promtool` (Debian's `prometheus` package, installed by
+//! `cargo xtask setup`), the alert unit tests pass, a live haltd's `/metrics` passes
+//! `promtool check metrics`, and every haltd metric the alerts and the dashboard use exists in
+//! a live exposition.
+//!
+//! Run serially (`--test-threads=1`), like the other integration binaries.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{ensure, Context, Result};
+use haltd_tests::{
+    agent, in_netns, require_root, sse, temp_dir, trip_here, Haltd, NetPair, StreamOutcome,
+};
+use serde_json::Value;
+
+const PROMTOOL: &str = "/usr/bin/promtool";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn deploy(rel: &str) -> PathBuf {
+    repo().join("deploy").join(rel)
+}
+
+fn promtool() -> Result<&'static str> {
+    ensure!(
+        Path::new(PROMTOOL).exists(),
+        "{PROMTOOL} missing: run `cargo xtask setup` (Debian package prometheus)"
+    );
+    Ok(PROMTOOL)
+}
+
+/// Runs promtool with `args`; fails with its output unless it exits 0.
+fn promtool_ok(args: &[&str]) -> Result<String> {
+    let out = Command::new(promtool()?)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .context("running promtool")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "promtool {args:?} failed ({}):\n{text}",
+        out.status
+    );
+    Ok(text)
+}
+
+/// `promtool check metrics` on `text` (stdin); returns (exit code, output).
+fn promtool_check_metrics(text: &str) -> Result<(i32, String)> {
+    let mut child = Command::new(promtool()?)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running promtool check metrics")?;
+    child
+        .stdin
+        .take()
+        .context("promtool stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}
+
+/// `(table, key)` of every `key = value` line of a TOML text (comments and continuation lines
+/// of arrays skipped): enough to compare two files written in the same flat style.
+fn toml_keys(text: &str) -> BTreeSet<(String, String)> {
+    let mut table = String::new();
+    let mut keys = BTreeSet::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if let Some(t) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            table = t.to_owned();
+        } else if let Some((k, _)) = line.split_once('=') {
+            let k = k.trim();
+            if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                keys.insert((table.clone(), k.to_owned()));
+            }
+        }
+    }
+    keys
+}
+
+/// Streams one turn of `max_tokens` tokens from the client namespace; `trip_at` > 0 trips it
+/// through the admin API once that many tokens arrived.
+fn turn(haltd: &Haltd, max_tokens: u32, trip_at: usize) -> Result<StreamOutcome> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let admin = haltd.admin_url();
+    in_netns(&haltd.client_ns, move || {
+        let body = sse::chat_body("ops pack", max_tokens, true);
+        let mut tripped = false;
+        sse::stream(&url, &body, Duration::from_secs(30), |p, _| {
+            if trip_at > 0 && !tripped && p.tokens >= trip_at {
+                tripped = true;
+                let trip = format!("{admin}/admin/streams/{}/trip", p.stream_id);
+                if let Err(e) = trip_here(&trip, Some("OPERATOR_TRIP")) {
+                    eprintln!("trip failed: {e:#}");
+                }
+            }
+        })
+    })
+}
+
+/// The raw `/metrics` text, fetched from the client namespace.
+fn metrics_text(haltd: &Haltd) -> Result<String> {
+    let url = format!("http://{}/metrics", haltd.metrics);
+    in_netns(&haltd.client_ns, move || -> Result<String> {
+        let mut resp = agent(Duration::from_secs(10))
+            .get(&url)
+            .call()
+            .with_context(|| format!("GET {url}"))?;
+        ensure!(resp.status() == 200, "GET {url}: {}", resp.status());
+        Ok(resp.body_mut().read_to_string()?)
+    })
+}
+
+/// Sample names of an exposition (`haltd_halts_total`, `haltd_halt_latency_seconds_bucket`).
+fn sample_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// OpenMetrics text (what prometheus-client writes) to Prometheus text 0.0.4, for promtool:
+/// an OpenMetrics counter family `foo` has samples `foo_total`, while the 0.0.4 format names the
+/// family after the sample, so `# HELP foo` / `# TYPE foo counter` become `# HELP foo_total` /
+/// `# TYPE foo_total counter`. Nothing else changes (`# EOF` and `# UNIT` are comments there).
+fn openmetrics_to_text(text: &str) -> String {
+    let counters: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (hash, kind, name) = (parts.next(), parts.next(), parts.next());
+        match (hash, kind, name) {
+            (Some("#"), Some(k @ ("HELP" | "TYPE" | "UNIT")), Some(n)) if counters.contains(n) => {
+                out.push_str(&format!("# {k} {n}_total"));
+                if let Some(rest) = parts.next() {
+                    out.push(' ');
+                    out.push_str(rest);
+                }
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `deploy/haltd.toml` starts a real haltd (kernel gate enforcing), a turn runs under it, and
+/// the detectors it configures are the ones that ran. It also holds every key of the full
+/// example in docs/detectors.md.
+#[test]
+fn example_config_serves() -> Result<()> {
+    require_root()?;
+    let config = deploy("haltd.toml");
+    let deploy_keys = toml_keys(&fs::read_to_string(&config)?);
+    let docs = fs::read_to_string(repo().join("docs/detectors.md"))?;
+    let example = docs
+        .split("### Full example")
+        .nth(1)
+        .and_then(|s| s.split("```toml").nth(1))
+        .and_then(|s| s.split("```").next())
+        .context("docs/detectors.md has no full example")?;
+    let missing: Vec<_> = toml_keys(example)
+        .difference(&deploy_keys)
+        .cloned()
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "deploy/haltd.toml lacks keys of the docs example: {missing:?}"
+    );
+
+    let pair = NetPair::new()?;
+    let config = config.to_string_lossy().into_owned();
+    let haltd = Haltd::start(&pair, &["--config", &config])?;
+    let out = turn(&haltd, 8, 0)?;
+    ensure!(
+        out.status == 200 && out.tokens == 8 && out.finish_reason.as_deref() == Some("length"),
+        "turn under deploy/haltd.toml: {out:?}"
+    );
+    let records = haltd.ledger_records()?;
+    let turn_rec = records
+        .iter()
+        .rev()
+        .find(|r| r["kind"] == "turn")
+        .context("no turn record")?;
+    let refs: BTreeSet<&str> = turn_rec["detector_refs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "surprise:observe",
+        "compute_budget:hard",
+        "latency_anomaly:observe",
+        "exfil:hard",
+    ] {
+        ensure!(refs.contains(want), "detector_refs {refs:?} lacks {want}");
+    }
+    Ok(())
+}
+
+/// The alert rules pass `promtool check rules` and their unit tests (`promtool test rules`).
+#[test]
+fn promtool_checks_rules() -> Result<()> {
+    require_root()?;
+    let out = promtool_ok(&["check", "rules", "deploy/prometheus/alerts.yml"])?;
+    ensure!(out.contains("SUCCESS"), "promtool check rules: {out}");
+    let out = promtool_ok(&["test", "rules", "deploy/prometheus/alerts_test.yml"])?;
+    ensure!(out.contains("SUCCESS"), "promtool test rules: {out}");
+    Ok(())
+}
+
+/// The scrape config (with its rule file) passes `promtool check config`.
+#[test]
+fn promtool_checks_config() -> Result<()> {
+    require_root()?;
+    let out = promtool_ok(&["check", "config", "deploy/prometheus/prometheus.yml"])?;
+    ensure!(
+        out.contains("SUCCESS") && out.contains("alerts.yml"),
+        "promtool check config did not check the rule file: {out}"
+    );
+    Ok(())
+}
+
+/// A live haltd's `/metrics`, after a finished turn, an operator trip, a detector trip and an
+/// observe-mode finding (so the histograms and the detector families have samples), passes
+/// `promtool check metrics` once converted from OpenMetrics to text 0.0.4
+/// ([`openmetrics_to_text`]); unconverted, promtool's only complaints are the
+/// "no help text" lints of the counters' `_total` samples. Every haltd metric the alert rules
+/// and the dashboard name is in the exposition.
+#[test]
+fn live_metrics_pass_promtool_and_cover_the_pack() -> Result<()> {
+    require_root()?;
+    let dir = temp_dir("ops-pack")?;
+    let config = dir.join("haltd.toml");
+    fs::write(
+        &config,
+        "[detectors.compute_budget]\nmode = \"hard\"\nmax_tokens = 4\n\n\
+         [detectors.surprise]\nmode = \"observe\"\nwindow = 1\nmin_tokens = 1\nthreshold_bits = 0.0\n",
+    )?;
+    let pair = NetPair::new()?;
+    let config_arg = config.to_string_lossy().into_owned();
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--config",
+            &config_arg,
+            "--builtin-token-interval-us",
+            "50000",
+        ],
+    )?;
+    let short = turn(&haltd, 3, 0)?;
+    ensure!(
+        short.status == 200 && short.tokens == 3,
+        "short turn: {short:?}"
+    );
+    let budget = turn(&haltd, 20, 0)?;
+    ensure!(
+        budget.error.is_some() || budget.finish_reason.is_none(),
+        "a 20-token turn under max_tokens = 4 was not halted: {budget:?}"
+    );
+    let tripped = turn(&haltd, 200, 2)?;
+    ensure!(
+        tripped.tokens < 200,
+        "the operator trip did not halt the turn: {tripped:?}"
+    );
+    // An error answer, so `haltd_requests_rejected_total` has a series.
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let status = in_netns(&haltd.client_ns, move || -> Result<u16> {
+        let mut body = sse::chat_body("ops pack", 3, false);
+        body["model"] = Value::from("no-such-model");
+        Ok(sse::post(&url, &body, Duration::from_secs(10))?.0)
+    })?;
+    ensure!(status == 404, "unknown model answered {status}");
+    // Halts are counted when they complete; give the last one a moment.
+    std::thread::sleep(Duration::from_millis(300));
+
+    let text = metrics_text(&haltd)?;
+    ensure!(
+        text.trim_end().ends_with("# EOF"),
+        "not OpenMetrics text (no # EOF):\n{text}"
+    );
+    let names = sample_names(&text);
+    for want in [
+        "haltd_detector_trips_total",
+        "haltd_detector_observed_total",
+        "haltd_halt_tokens_post_trip_bucket",
+    ] {
+        ensure!(names.contains(want), "{want} not in /metrics:\n{text}");
+    }
+
+    // Unconverted: every complaint is a counter's `_total` sample without HELP of its own.
+    let counters: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .map(|n| format!("{n}_total"))
+        .collect();
+    let (code, raw) = promtool_check_metrics(&text)?;
+    ensure!(
+        code == 0 || code == 3,
+        "promtool check metrics ({code}):\n{raw}"
+    );
+    for line in raw.lines().filter(|l| !l.trim().is_empty()) {
+        let ok = line
+            .strip_suffix(" no help text")
+            .is_some_and(|n| counters.contains(n));
+        ensure!(
+            ok,
+            "unexpected promtool complaint on raw /metrics: {line:?}\n{raw}"
+        );
+    }
+    // Converted to text 0.0.4: clean.
+    let (code, out) = promtool_check_metrics(&openmetrics_to_text(&text))?;
+    ensure!(
+        code == 0 && out.trim().is_empty(),
+        "promtool check metrics ({code}):\n{out}"
+    );
+
+    // Every haltd metric the pack uses exists.
+    let mut used = BTreeSet::new();
+    for file in [
+        "prometheus/alerts.yml",
+        "prometheus/alerts_test.yml",
+        "grafana/haltd-timing-and-halt.json",
+    ] {
+        let body = fs::read_to_string(deploy(file))?;
+        let mut rest = body.as_str();
+        while let Some(at) = rest.find("haltd_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            used.insert((file, tail[..end].to_owned()));
+            rest = &tail[end..];
+        }
+    }
+    let unknown: Vec<_> = used
+        .iter()
+        .filter(|(_, n)| !names.contains(n.as_str()))
+        .collect();
+    ensure!(
+        unknown.is_empty(),
+        "metrics used in deploy/ but not served by haltd: {unknown:?}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
