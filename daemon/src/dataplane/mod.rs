@@ -254,6 +254,21 @@ fn timespec(d: Duration) -> types::Timespec {
         .nsec(d.subsec_nanos())
 }
 
+/// One token per frame must leave at once: no Nagle delay on client or upstream sockets.
+fn set_nodelay(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket the caller owns, with a valid int option value.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as u32,
+        );
+    }
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -370,17 +385,7 @@ impl Worker {
     }
 
     fn accepted(&mut self, fd: RawFd) {
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt on a socket we own, with a valid int option value.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&raw const one).cast(),
-                size_of::<libc::c_int>() as u32,
-            );
-        }
+        set_nodelay(fd);
         let shared = &self.shared;
         let Some(id) = shared
             .table

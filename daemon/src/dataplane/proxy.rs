@@ -338,17 +338,7 @@ impl Worker {
                 ),
             );
         }
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt on the socket just created, with a valid int option value.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&raw const one).cast(),
-                size_of::<libc::c_int>() as u32,
-            );
-        }
+        super::set_nodelay(fd);
         let mut wbuf = Vec::new();
         upstream::write_http_request(&mut wbuf, url, method, api_path, authorization, body);
         let up = Upstream {
@@ -395,14 +385,8 @@ impl Worker {
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(ud(key, OP_UP_CONNECT));
-        let ts: *const types::Timespec = &*up.ts;
-        let link = opcode::LinkTimeout::new(ts)
-            .build()
-            .user_data(ud(key, OP_UP_LINK));
         up.connect_inflight = true;
-        up.link_inflight += 1;
-        self.push(&connect)?;
-        self.push(&link)?;
+        self.push_with_deadline(key, &connect)?;
         self.arm_watch(key)
     }
 
@@ -592,13 +576,20 @@ impl Worker {
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(ud(key, OP_UP_SEND));
+        up.send_inflight = true;
+        self.push_with_deadline(key, &e)
+    }
+
+    /// Pushes an upstream operation (built with `IO_LINK`) and, linked to it, a timeout of
+    /// `up.ts` (the kernel copies the timespec when it takes the entries).
+    fn push_with_deadline(&mut self, key: usize, entry: &squeue::Entry) -> io::Result<()> {
+        let up = self.conns[key].up.as_mut().expect("upstream open");
         let ts: *const types::Timespec = &*up.ts;
         let link = opcode::LinkTimeout::new(ts)
             .build()
             .user_data(ud(key, OP_UP_LINK));
-        up.send_inflight = true;
         up.link_inflight += 1;
-        self.push(&e)?;
+        self.push(entry)?;
         self.push(&link)
     }
 
@@ -675,14 +666,8 @@ impl Worker {
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(ud(key, OP_UP_RECV));
-        let ts: *const types::Timespec = &*up.ts;
-        let link = opcode::LinkTimeout::new(ts)
-            .build()
-            .user_data(ud(key, OP_UP_LINK));
         up.recv_inflight = true;
-        up.link_inflight += 1;
-        self.push(&recv)?;
-        self.push(&link)
+        self.push_with_deadline(key, &recv)
     }
 
     pub(super) fn on_up_link(&mut self, key: usize) -> io::Result<()> {
