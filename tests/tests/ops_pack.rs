@@ -209,12 +209,21 @@ fn example_config_serves() -> Result<()> {
         out.status == 200 && out.tokens == 8 && out.finish_reason.as_deref() == Some("length"),
         "turn under deploy/haltd.toml: {out:?}"
     );
-    let records = haltd.ledger_records()?;
-    let turn_rec = records
-        .iter()
-        .rev()
-        .find(|r| r["kind"] == "turn")
-        .context("no turn record")?;
+    // The turn's record is written as its connection closes, just after the client saw the
+    // end: wait for it.
+    let mut turn_rec = None;
+    for _ in 0..250 {
+        turn_rec = haltd
+            .ledger_records()?
+            .into_iter()
+            .rev()
+            .find(|r| r["kind"] == "turn");
+        if turn_rec.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let turn_rec = &turn_rec.context("no turn record")?;
     let refs: BTreeSet<&str> = turn_rec["detector_refs"]
         .as_array()
         .into_iter()
