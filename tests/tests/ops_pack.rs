@@ -2,7 +2,8 @@
 //! haltd, the Prometheus files pass `promtool` (Debian's `prometheus` package, installed by
 //! `cargo xtask setup`), the alert unit tests pass, a live haltd's `/metrics` passes
 //! `promtool check metrics`, and every haltd metric the alerts and the dashboard use exists in
-//! a live exposition.
+//! a live exposition, and a real Prometheus server scrapes haltd and answers queries on its
+//! halt metrics.
 //!
 //! Run serially (`--test-threads=1`), like the other integration binaries.
 
@@ -11,17 +12,19 @@ use std::{
     fs,
     io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::Duration,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
     agent, in_netns, require_root, sse, temp_dir, trip_here, Haltd, NetPair, StreamOutcome,
+    PORT_METRICS,
 };
 use serde_json::Value;
 
 const PROMTOOL: &str = "/usr/bin/promtool";
+const PROMETHEUS: &str = "/usr/bin/prometheus";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -386,5 +389,139 @@ fn live_metrics_pass_promtool_and_cover_the_pack() -> Result<()> {
         "metrics used in deploy/ but not served by haltd: {unknown:?}"
     );
     let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A Prometheus server run by a test; drop kills it and removes its directory.
+struct Prometheus {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn log_tail(&self, n: usize) -> String {
+        let log = fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `GET /api/v1/<path>` on the Prometheus in `ns`, as JSON.
+fn prom_get(ns: &str, path: &str, query: Option<&str>) -> Result<Value> {
+    let url = format!("http://127.0.0.1:9090/api/v1/{path}");
+    in_netns(ns, move || -> Result<Value> {
+        let mut req = agent(Duration::from_secs(5)).get(&url);
+        if let Some(q) = query {
+            req = req.query("query", q);
+        }
+        let mut resp = req.call().with_context(|| format!("GET {url}"))?;
+        let status = resp.status();
+        let body = resp.body_mut().read_to_string()?;
+        ensure!(status == 200, "GET {url} ({query:?}): {status}: {body}");
+        serde_json::from_str(&body).with_context(|| format!("GET {url}: not JSON: {body}"))
+    })
+}
+
+/// The values of an instant query's result vector.
+fn prom_values(ns: &str, query: &str) -> Result<Vec<f64>> {
+    let v = prom_get(ns, "query", Some(query))?;
+    ensure!(v["status"] == "success", "query {query}: {v}");
+    let result = v["data"]["result"]
+        .as_array()
+        .with_context(|| format!("query {query}: no result vector: {v}"))?;
+    result
+        .iter()
+        .map(|r| {
+            r["value"][1]
+                .as_str()
+                .and_then(|x| x.parse::<f64>().ok())
+                .with_context(|| format!("query {query}: bad sample {r}"))
+        })
+        .collect()
+}
+
+/// A real Prometheus server (Debian's 2.42) in the client namespace scrapes a live haltd every
+/// second; an operator trip's counter and the post-trip token histogram come back through its
+/// HTTP API, and the haltd target is up.
+#[test]
+fn a_real_prometheus_scrapes_haltd() -> Result<()> {
+    require_root()?;
+    ensure!(
+        Path::new(PROMETHEUS).is_file(),
+        "{PROMETHEUS} is missing: run `cargo xtask setup` (Debian package `prometheus`)"
+    );
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &[])?;
+    let tripped = turn(&haltd, 200, 2)?;
+    ensure!(
+        tripped.tokens < 200,
+        "the operator trip did not halt the turn: {tripped:?}"
+    );
+
+    let dir = temp_dir("prometheus")?;
+    let config = dir.join("prometheus.yml");
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: haltd\n    static_configs:\n      \
+             - targets: [\"{}\"]\n",
+            pair.srv_addr(PORT_METRICS)
+        ),
+    )?;
+    let log = fs::File::create(dir.join("prometheus.log"))?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", &pair.cli, PROMETHEUS])
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg("--web.listen-address=127.0.0.1:9090")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("spawning prometheus")?;
+    let prom = Prometheus { child, dir };
+
+    let trips = r#"haltd_watchdog_trips_total{cause="OPERATOR_TRIP"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = match prom_values(&pair.cli, trips) {
+            Ok(v) if v.iter().any(|&x| x >= 1.0) => break,
+            Ok(v) => format!("{trips} = {v:?}"),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            let targets = prom_get(&pair.cli, "targets", None)
+                .map(|v| v.to_string())
+                .unwrap_or_else(|e| format!("{e:#}"));
+            anyhow::bail!(
+                "Prometheus did not see {trips} >= 1 in 30 s; last: {last}\n\
+                 targets: {targets}\nprometheus log:\n{}\nhaltd log:\n{}",
+                prom.log_tail(30),
+                haltd.log_tail(30)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    let up = prom_values(&pair.cli, r#"up{job="haltd"}"#)?;
+    ensure!(up == [1.0], "up{{job=\"haltd\"}} = {up:?}");
+    let post = prom_values(&pair.cli, "haltd_halt_tokens_post_trip_count")?;
+    ensure!(
+        post.iter().any(|&x| x >= 1.0),
+        "haltd_halt_tokens_post_trip_count = {post:?}"
+    );
+    drop(prom);
     Ok(())
 }
