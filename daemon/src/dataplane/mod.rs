@@ -254,6 +254,14 @@ fn timespec(d: Duration) -> types::Timespec {
         .nsec(d.subsec_nanos())
 }
 
+/// A built-in token's alternatives as owned strings (for a token that is kept: batch or held).
+fn owned_top(top: &crate::source::builtin::TopLogprobs) -> Vec<(String, f32)> {
+    top.as_slice()
+        .iter()
+        .map(|(t, l)| ((*t).to_owned(), *l))
+        .collect()
+}
+
 /// One token per frame must leave at once: no Nagle delay on client or upstream sockets.
 fn set_nodelay(fd: RawFd) {
     let one: libc::c_int = 1;
@@ -937,12 +945,7 @@ impl Worker {
             turn.held_tokens.push(HeldToken {
                 text: tok.text.to_owned(),
                 logprob: tok.logprob,
-                top: tok
-                    .top
-                    .as_slice()
-                    .iter()
-                    .map(|(t, l)| ((*t).to_owned(), *l))
-                    .collect(),
+                top: owned_top(&tok.top),
                 offset,
             });
             slot.tokens_submitted.fetch_add(1, SeqCst);
@@ -954,12 +957,7 @@ impl Worker {
                 text: tok.text.to_owned(),
                 kind: govern::PendingKind::Content {
                     logprob: tok.logprob,
-                    top: tok
-                        .top
-                        .as_slice()
-                        .iter()
-                        .map(|(t, l)| ((*t).to_owned(), *l))
-                        .collect(),
+                    top: owned_top(&tok.top),
                 },
                 end: turn.hold.scanned,
                 offset,
