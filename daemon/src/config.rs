@@ -5,6 +5,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, ValueEnum};
+use serde::Deserialize;
 
 /// Where tokens come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -37,7 +38,7 @@ pub struct ServeArgs {
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
-    /// Config file (TOML) with the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`); see docs/detectors.md. Without it every detector runs with its defaults.
+    /// Config file (TOML) with the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md) and the flight recorder's sampling (`[flight_recorder]`). Without it every detector runs with its defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` (plain HTTP; a trailing `/v1` is accepted).
@@ -73,6 +74,12 @@ pub struct ServeArgs {
     /// Skip the fsync after each record (faster, loses the last records on power loss).
     #[arg(long)]
     pub ledger_no_fsync: bool,
+    /// Share of normal turns whose record the flight recorder keeps, 0.01 ..= 1 (spec 000 §6.2: 1–5 %; above 0.05 is logged as outside it). Incidents, halted and failed turns are always recorded. Overrides `[flight_recorder] turn_sample_rate` of `--config` [0.05].
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
+    pub turn_sample_rate: Option<f64>,
+    /// Turn records carry the turn's output text (first 64 KiB); off, records hold no generated text. `--record-token-text=false` overrides `[flight_recorder] record_token_text = true` of `--config` [false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub record_token_text: Option<bool>,
     /// Run WITHOUT the kernel halt gate: only the userspace watchdog enforces the budget. Stated in every record and in `haltd_kernel_gate_enabled`.
     #[arg(long)]
     pub no_kernel_gate: bool,
@@ -157,6 +164,9 @@ pub struct Config {
     pub degraded_for: Option<Duration>,
     /// The detectors' settings (config file and `--hard-limit`), validated.
     pub detectors: crate::detect::pipeline::DetectorsConfig,
+    /// What the flight recorder keeps (`--turn-sample-rate`, `--record-token-text`, or
+    /// `[flight_recorder]` of the config file).
+    pub sampling: crate::sampling::SamplingPolicy,
 }
 
 /// Most B accepted: a larger budget is no halt budget.
@@ -252,7 +262,7 @@ impl ServeArgs {
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));
         }
-        let file = match &self.config {
+        let mut file = match &self.config {
             None => None,
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -262,6 +272,9 @@ impl ServeArgs {
                 })?)
             }
         };
+        // `[flight_recorder]` is read here; the rest of the file belongs to the detectors.
+        let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
+        let sampling = self.sampling_policy(recorder)?;
         let detectors =
             crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
                 .map_err(|e| err("config", e.to_string()))?;
@@ -290,9 +303,55 @@ impl ServeArgs {
             ),
             upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
             detectors,
+            sampling,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
+        })
+    }
+}
+
+impl ServeArgs {
+    /// The flight recorder's sampling policy: the flags, else `[flight_recorder]` of the
+    /// config file, else the defaults (5 %, no text).
+    fn sampling_policy(
+        &self,
+        section: Option<toml::Value>,
+    ) -> Result<crate::sampling::SamplingPolicy, ConfigError> {
+        use crate::sampling::{check_rate, FileSection, SamplingPolicy};
+        let file = match section {
+            None => FileSection::default(),
+            Some(v @ toml::Value::Table(_)) => FileSection::deserialize(v)
+                .map_err(|e| err("config", format!("config flight_recorder: {e}")))?,
+            Some(_) => {
+                return Err(err(
+                    "config",
+                    "config flight_recorder: must be a table ([flight_recorder])",
+                ))
+            }
+        };
+        // The file's value is checked even when the flag overrides it: a file haltd would
+        // refuse on its own is not a file to keep.
+        let from_file = file
+            .turn_sample_rate
+            .map(check_rate)
+            .transpose()
+            .map_err(|e| {
+                err(
+                    "config",
+                    format!("config flight_recorder.turn_sample_rate: {e}"),
+                )
+            })?;
+        let turn_sample_rate = match self.turn_sample_rate {
+            Some(cli) => check_rate(cli).map_err(|e| err("turn-sample-rate", e))?,
+            None => from_file.unwrap_or(SamplingPolicy::default().turn_sample_rate),
+        };
+        Ok(SamplingPolicy {
+            turn_sample_rate,
+            record_token_text: self
+                .record_token_text
+                .or(file.record_token_text)
+                .unwrap_or(false),
         })
     }
 }
@@ -377,9 +436,108 @@ mod tests {
                 &["--upstream-stall-timeout-ms", "0"][..],
                 "upstream-stall-timeout-ms",
             ),
+            (&["--turn-sample-rate", "0"][..], "turn-sample-rate"),
+            (&["--turn-sample-rate", "-0.05"][..], "turn-sample-rate"),
+            (&["--turn-sample-rate", "NaN"][..], "turn-sample-rate"),
+            (&["--turn-sample-rate", "1.5"][..], "turn-sample-rate"),
+            (&["--turn-sample-rate", "0.005"][..], "turn-sample-rate"),
         ] {
             assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
         }
+    }
+
+    /// A config file in a fresh temporary directory, removed on drop.
+    struct TempConfig(std::path::PathBuf);
+
+    impl TempConfig {
+        fn new(tag: &str, text: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("haltd-config-test-{}-{tag}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let path = dir.join("haltd.toml");
+            std::fs::write(&path, text).expect("write config");
+            TempConfig(path)
+        }
+        fn arg(&self) -> &str {
+            self.0.to_str().expect("utf-8 temp path")
+        }
+    }
+
+    impl Drop for TempConfig {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_defaults_to_five_percent_without_text() {
+        let c = parse(&[]).expect("valid");
+        assert_eq!(c.sampling, crate::sampling::SamplingPolicy::default());
+        assert_eq!(c.sampling.turn_sample_rate, 0.05);
+        assert!(!c.sampling.record_token_text);
+        let c = parse(&["--turn-sample-rate", "1", "--record-token-text"]).expect("valid");
+        assert_eq!(c.sampling.turn_sample_rate, 1.0);
+        assert!(c.sampling.record_token_text && c.sampling.above_spec());
+        let c = parse(&["--turn-sample-rate=0.01", "--record-token-text=false"]).expect("valid");
+        assert_eq!(c.sampling.turn_sample_rate, 0.01);
+        assert!(!c.sampling.record_token_text);
+        let e = parse(&["--turn-sample-rate", "0"]).expect_err("zero");
+        assert!(
+            e.to_string()
+                .starts_with("invalid --turn-sample-rate: 0 is not a fraction in [0.01, 1]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sampling_from_the_file_and_the_flags_over_it() {
+        let f = TempConfig::new(
+            "sampling",
+            "[flight_recorder]\nturn_sample_rate = 0.02\nrecord_token_text = true\n\n\
+             [detectors.surprise]\nmode = \"observe\"\n",
+        );
+        let c = parse(&["--config", f.arg()]).expect("valid");
+        assert_eq!(c.sampling.turn_sample_rate, 0.02);
+        assert!(c.sampling.record_token_text);
+        let c = parse(&[
+            "--config",
+            f.arg(),
+            "--turn-sample-rate",
+            "1",
+            "--record-token-text=false",
+        ])
+        .expect("valid");
+        assert_eq!(c.sampling.turn_sample_rate, 1.0);
+        assert!(!c.sampling.record_token_text);
+        for (tag, text, want) in [
+            (
+                "zero",
+                "[flight_recorder]\nturn_sample_rate = 0.0\n",
+                "flight_recorder.turn_sample_rate",
+            ),
+            (
+                "unknown",
+                "[flight_recorder]\nsample_rate = 0.05\n",
+                "unknown field `sample_rate`",
+            ),
+            (
+                "type",
+                "[flight_recorder]\nrecord_token_text = \"yes\"\n",
+                "flight_recorder",
+            ),
+            ("scalar", "flight_recorder = 1\n", "must be a table"),
+        ] {
+            let f = TempConfig::new(tag, text);
+            let e = parse(&["--config", f.arg()]).expect_err(tag);
+            assert_eq!(e.flag, "config", "{tag}: {e}");
+            assert!(e.reason.contains(want), "{tag}: {e}");
+        }
+        // The flag wins, but a file value haltd would refuse is refused all the same.
+        let f = TempConfig::new("override", "[flight_recorder]\nturn_sample_rate = 0.0\n");
+        let e = parse(&["--config", f.arg(), "--turn-sample-rate", "0.05"]).expect_err("bad file");
+        assert_eq!(e.flag, "config", "{e}");
     }
 
     #[cfg(feature = "fault-injection")]

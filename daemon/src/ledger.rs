@@ -1,6 +1,7 @@
 //! The flight recorder (FHR, DESIGN §6): an append-only, hash-linked JSON Lines ledger.
 //!
-//! One record per line: one per turn, one per incident, plus lifecycle records. Each record
+//! One record per line: one per incident, one per turn (every turn that is not normal, a
+//! sample of the normal ones: [`crate::sampling`]), plus lifecycle records. Each record
 //! carries its position (`seq`, 0-based and contiguous), the previous record's hash
 //! (`prev_hash`, 64 zeros for the first) and its own `hash`: hex SHA-256 over the record
 //! serialised by `serde_json` *without* the `hash` field, fields in struct order. Changing,
@@ -121,6 +122,17 @@ pub struct Record {
     /// Per-detector summary of the turn: mode, breaches, failures, what each measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detectors: Option<serde_json::Value>,
+    /// Turn records: why the record exists under the sampling policy (spec 000 §6.2):
+    /// `{"rate": r}` for a normal turn drawn at rate r, `{"rate": 1.0, "reason": ...}` for
+    /// one that is always recorded ([`crate::sampling`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<serde_json::Value>,
+    /// Turn records with `--record-token-text`: the turn's output text (bounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// With `text`: whether the turn produced more than it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_truncated: Option<bool>,
 }
 
 impl Default for Record {
@@ -162,6 +174,9 @@ impl Default for Record {
             tool_calls: Vec::new(),
             mode_change: None,
             detectors: None,
+            sampling: None,
+            text: None,
+            text_truncated: None,
         }
     }
 }
@@ -851,6 +866,34 @@ mod tests {
             message: Some("line\nbreak \u{2028} and unicode ✓".to_owned()),
             ..Record::default()
         }
+    }
+
+    /// Fields added later are left out when unset, so that a record written before them
+    /// serialises (and hashes) exactly as it did.
+    #[test]
+    fn late_fields_are_absent_when_unset() {
+        let line = serde_json::to_string(&rec(1)).expect("serialises");
+        for key in [
+            "conversation",
+            "turn_status",
+            "upstream",
+            "tool_calls",
+            "mode_change",
+            "detectors",
+            "sampling",
+            "text",
+            "text_truncated",
+        ] {
+            assert!(!line.contains(&format!("\"{key}\":")), "{key} in {line}");
+        }
+        // `message` is the last field of every record.
+        assert!(line.ends_with("and unicode ✓\"}"), "{line}");
+        let mut sampled = rec(1);
+        sampled.sampling = Some(serde_json::json!({"rate": 0.05}));
+        let line = serde_json::to_string(&sampled).expect("serialises");
+        assert!(line.ends_with(r#","sampling":{"rate":0.05}}"#), "{line}");
+        let back: Record = serde_json::from_str(&line).expect("parses");
+        assert_eq!(back, sampled);
     }
 
     fn write_n(path: &Path, fsync: bool, n: u64) -> Ledger {

@@ -23,7 +23,8 @@
 //!   bound of B post-trip frames is exact even for an emitter that ignores the halt.
 //! * [`watchdog`] runs on its own thread: heartbeats to the kernel (a stale one trips every
 //!   stream, in the kernel and in userspace), and halts streams whose emitter did not.
-//! * [`ledger`] is the hash-linked flight recorder; [`metrics`] the Prometheus surface.
+//! * [`ledger`] is the hash-linked flight recorder, [`sampling`] what it keeps of normal
+//!   turns; [`metrics`] the Prometheus surface.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001.
 
@@ -41,6 +42,7 @@ pub mod modes;
 pub mod monitor;
 pub mod openai;
 pub mod safety;
+pub mod sampling;
 pub mod server;
 pub mod shared;
 pub mod source;
