@@ -269,6 +269,10 @@ pub struct Haltd {
 impl Haltd {
     /// Starts haltd with `extra` arguments after the address and ledger flags, and waits until
     /// it is ready (a `haltd ready` line on stdout, or `/healthz` answering 200), at most 20 s.
+    ///
+    /// Every turn is recorded (`--turn-sample-rate 1`, [`TEST_SAMPLING`]) unless `extra` sets
+    /// `--turn-sample-rate` itself: the tests read the records of normal turns, which haltd
+    /// samples at 5 % by default.
     pub fn start(pair: &NetPair, extra: &[&str]) -> Result<Self> {
         Self::start_with_ledger(pair, None, extra)
     }
@@ -302,6 +306,7 @@ impl Haltd {
             ])
             .arg("--ledger")
             .arg(&ledger)
+            .args(test_sampling(extra))
             .args(extra)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -470,6 +475,22 @@ impl Drop for Haltd {
         } else {
             let _ = fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The sampling flags the harness adds: record every turn, so that tests can wait for the
+/// record of any turn (production samples 5 % of normal turns).
+pub const TEST_SAMPLING: [&str; 2] = ["--turn-sample-rate", "1"];
+
+/// [`TEST_SAMPLING`], unless `extra` sets the rate itself.
+pub fn test_sampling(extra: &[&str]) -> &'static [&'static str] {
+    let own = extra
+        .iter()
+        .any(|a| *a == "--turn-sample-rate" || a.starts_with("--turn-sample-rate="));
+    if own {
+        &[]
+    } else {
+        &TEST_SAMPLING
     }
 }
 

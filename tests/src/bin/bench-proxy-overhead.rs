@@ -1117,6 +1117,9 @@ fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Ha
         .arg("--ledger")
         .arg(dir.join("ledger.jsonl"))
         .arg("--ledger-no-fsync")
+        // Every turn recorded (production samples 5 % of normal turns): the overhead measured
+        // includes a ledger record per turn, as in the runs docs/bench.md reports.
+        .args(haltd_tests::TEST_SAMPLING)
         .args(["--source", "openai", "--upstream"])
         .arg(format!("http://{upstream}"))
         .args(["--max-streams", &args.max_streams.to_string()]);
