@@ -66,6 +66,11 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DetectorLabels {
     pub detector: &'static str,
     pub code: FailureCode,
@@ -111,6 +116,7 @@ pub struct Metrics {
     pub tool_calls: Family<KindLabels, Counter>,
     pub detector_trips: Family<DetectorLabels, Counter>,
     pub detector_observed: Family<DetectorLabels, Counter>,
+    pub turn_records: Family<DecisionLabels, Counter>,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -278,7 +284,17 @@ impl Metrics {
             "Observe-mode detector findings (breaches, or DETECTOR_FAILURE when it could not judge); nothing was tripped",
             detector_observed.clone(),
         );
+        let turn_records = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "turn_records",
+            "Finished turns by what the flight recorder did with their record: always (not a normal turn: incident, failure, finding), sampled (a normal turn drawn at --turn-sample-rate), skipped (a normal turn not drawn: no record)",
+            turn_records.clone(),
+        );
+        for decision in crate::sampling::Decision::LABELS {
+            drop(turn_records.get_or_create(&DecisionLabels { decision }));
+        }
         Metrics {
+            turn_records,
             detector_observed,
             detector_trips,
             mode_changes,

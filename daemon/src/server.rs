@@ -69,6 +69,16 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     } else {
         Some(load_gate(&cfg).map_err(StartError::Gate)?)
     };
+    let sampling = cfg.sampling;
+    if sampling.above_spec() {
+        tracing::warn!(
+            turn_sample_rate = sampling.turn_sample_rate,
+            "the flight recorder keeps more than the 1-5 % of normal turns of spec 000 §6.2 (for audits and tests); production runs at 0.01 to 0.05"
+        );
+    }
+    if sampling.record_token_text {
+        tracing::warn!("--record-token-text: turn records carry the text of the turns (up to 64 KiB each); the ledger now holds generated content");
+    }
     let ledger =
         Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
     let metrics = Metrics::new();
@@ -127,7 +137,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         None => "builtin".to_owned(),
     };
     start.message = Some(format!(
-        "haltd {} started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={}{}",
+        "haltd {} started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={} turn_sample_rate={} record_token_text={}{}",
         env!("CARGO_PKG_VERSION"),
         shared.cfg.args.listen,
         shared.cfg.args.budget,
@@ -136,6 +146,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         shared.kernel_gate_label(),
         shared.cfg.args.degraded_scope,
         shared.cfg.args.degraded_for_s,
+        shared.cfg.sampling.turn_sample_rate,
+        shared.cfg.sampling.record_token_text,
         if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
     ));
     shared

@@ -1484,8 +1484,9 @@ impl Worker {
         } else {
             shared.modes.fail_turn(turn.key_id);
         }
+        let policy = shared.cfg.sampling;
         if let Some(p) = &conn.up {
-            rec.upstream = Some(p.record_value());
+            rec.upstream = Some(p.record_value(policy.record_token_text));
             if outcome == Outcome::UpstreamFailed {
                 rec.failure_codes = vec![FailureCode::UpstreamFailure.as_str().to_owned()];
             }
@@ -1495,6 +1496,29 @@ impl Worker {
             "turn of {} ms",
             monotonic_ns().saturating_sub(started) / 1_000_000
         ));
+        // Spec 000 §6.2: every turn that is not normal is recorded, a normal one with
+        // probability --turn-sample-rate. Everything above (metrics, the TURN-ACID commit)
+        // happened for every turn; only the ledger line is sampled.
+        let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
+        shared
+            .metrics
+            .turn_records
+            .get_or_create(&crate::metrics::DecisionLabels {
+                decision: decision.label(),
+            })
+            .inc();
+        let Some(sampling) = decision.field(policy.turn_sample_rate) else {
+            return;
+        };
+        rec.sampling = Some(sampling);
+        if policy.record_token_text {
+            // The text SafetyCheck keeps anyway (`Turn::out_text`, bounded): recording it adds
+            // no per-token work, only this copy per recorded turn.
+            let (text, truncated) =
+                crate::sampling::text_excerpt(&turn.out_text, turn.out_text_truncated);
+            rec.text = Some(text);
+            rec.text_truncated = Some(truncated);
+        }
         shared.record(rec);
     }
 }

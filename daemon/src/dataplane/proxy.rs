@@ -110,6 +110,10 @@ pub(super) struct Upstream {
     status: Option<u16>,
     retry_after: Option<String>,
     failure: Option<(&'static str, String)>,
+    /// The end of `failure`'s message that quotes the upstream (its error message), which
+    /// records leave out unless `--record-token-text`: some backends build it from the
+    /// request (a validation error that echoes the input).
+    failure_quote: Option<String>,
     cancelled: Option<&'static str>,
     events: u64,
     started_ns: u64,
@@ -144,8 +148,20 @@ impl Upstream {
         self.inflight_tools = started;
     }
 
-    /// The FHR `upstream` field.
-    pub(super) fn record_value(&self) -> Value {
+    /// The FHR `upstream` field; without `record_text`, what the upstream's error message
+    /// said is replaced by its length and SHA-256.
+    pub(super) fn record_value(&self, record_text: bool) -> Value {
+        let failure = self.failure.as_ref().map(|(kind, message)| {
+            // The quote ends the message (`<what haltd saw>: <quote>`).
+            let message = match self.failure_quote.as_deref() {
+                Some(q) if !record_text && !q.is_empty() => match message.strip_suffix(q) {
+                    Some(head) => format!("{head}{}", crate::sampling::withheld(q)),
+                    None => crate::sampling::withheld(message),
+                },
+                _ => message.clone(),
+            };
+            json!({"kind": kind, "message": message})
+        });
         json!({
             "path": self.api_path,
             "status": self.status,
@@ -153,7 +169,7 @@ impl Upstream {
             "first_event_ms": (self.first_event_ns != 0)
                 .then(|| (self.first_event_ns - self.started_ns) as f64 / 1e6),
             "finish_reason": self.finish.as_ref().map(FinishReason::as_str),
-            "failure": self.failure.as_ref().map(|(k, m)| json!({"kind": k, "message": m})),
+            "failure": failure,
             "cancelled": self.cancelled.is_some(),
             "cancel_reason": self.cancelled,
         })
@@ -366,6 +382,7 @@ impl Worker {
             status: None,
             retry_after: None,
             failure: None,
+            failure_quote: None,
             cancelled: None,
             events: 0,
             started_ns: monotonic_ns(),
@@ -896,10 +913,9 @@ impl Worker {
                 other => other.to_string(),
             })
             .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
-        let msg = format!(
-            "the upstream answered {status}: {}",
-            upstream::truncate_chars(&message, 500)
-        );
+        let quote = upstream::truncate_chars(&message, 500);
+        let msg = format!("the upstream answered {status}: {quote}");
+        up.failure_quote = Some(quote);
         up.status = Some(status);
         self.up_fail(key, "http_status", msg, Some(status))
     }
@@ -1160,10 +1176,9 @@ impl Worker {
                 }
                 Item::Usage(p, c) => up.usage = Some((p, c)),
                 Item::Error(e) => {
-                    let msg = format!(
-                        "the upstream sent an error event: {}",
-                        upstream::truncate_chars(&e.message, 500)
-                    );
+                    let quote = upstream::truncate_chars(&e.message, 500);
+                    let msg = format!("the upstream sent an error event: {quote}");
+                    up.failure_quote = Some(quote);
                     return self.up_fail(key, "error_event", msg, e.status);
                 }
                 Item::Broken(msg) => return self.up_fail(key, "malformed", msg, Some(200)),
