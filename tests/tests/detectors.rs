@@ -277,6 +277,10 @@ fn bad_detector_config_is_refused_at_start() -> Result<()> {
         ("[detectors.nope]\n", "detectors.nope"),
         ("[detectors.exfil]\nextra_patterns = [\"(\"]\n", "exfil"),
         ("[safety]\nmode = \"loud\"\n", "safety"),
+        (
+            "[flight_recorder]\nturn_sample_rate = 0.0\n",
+            "flight_recorder.turn_sample_rate",
+        ),
     ] {
         let path = dir.join("bad.toml");
         fs::write(&path, text)?;

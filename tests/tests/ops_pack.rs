@@ -18,8 +18,8 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
-    agent, in_netns, require_root, sse, temp_dir, trip_here, Haltd, NetPair, StreamOutcome,
-    PORT_METRICS,
+    agent, in_netns, require_root, sse, temp_dir, trip_here, verify_ledger, Haltd, NetPair,
+    StreamOutcome, PORT_METRICS,
 };
 use serde_json::Value;
 
@@ -523,5 +523,257 @@ fn a_real_prometheus_scrapes_haltd() -> Result<()> {
         "haltd_halt_tokens_post_trip_count = {post:?}"
     );
     drop(prom);
+    Ok(())
+}
+
+/// A word of every prompt of the sampling test, which no record may contain.
+const SAMPLING_PROMPT: &str = "Tell me about the quokkasampling rivers";
+
+/// Runs `normal` short turns (3 tokens) and `tripped` long ones tripped by the operator after
+/// 2 tokens, interleaved, one after the other; returns each outcome with whether it was
+/// tripped.
+fn sampling_turns(
+    haltd: &Haltd,
+    normal: usize,
+    tripped: usize,
+) -> Result<Vec<(StreamOutcome, bool)>> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let admin = haltd.admin_url();
+    let total = normal + tripped;
+    let every = total / tripped.max(1);
+    in_netns(&haltd.client_ns, move || {
+        let mut out = Vec::with_capacity(total);
+        let mut left = tripped;
+        for i in 0..total {
+            let trip = left > 0 && (i % every == every - 1 || total - i == left);
+            let body = sse::chat_body(SAMPLING_PROMPT, if trip { 400 } else { 3 }, true);
+            let mut sent = false;
+            let o = sse::stream(&url, &body, Duration::from_secs(30), |p, _| {
+                if trip && !sent && p.tokens >= 2 {
+                    sent = true;
+                    let at = format!("{admin}/admin/streams/{}/trip", p.stream_id);
+                    if let Err(e) = trip_here(&at, Some("OPERATOR_TRIP")) {
+                        eprintln!("trip failed: {e:#}");
+                    }
+                }
+            })?;
+            if trip {
+                left -= 1;
+                o.halted_cleanly("OPERATOR_TRIP")
+                    .with_context(|| format!("tripped turn {i}: {o:?}"))?;
+            } else {
+                ensure!(
+                    o.status == 200
+                        && o.tokens == 3
+                        && o.finish_reason.as_deref() == Some("length"),
+                    "normal turn {i}: {o:?}"
+                );
+            }
+            out.push((o, trip));
+        }
+        Ok(out)
+    })
+}
+
+/// `haltd_turn_records_total` by decision, once it counts `total` turns (records are written,
+/// and counted, as the connections close, just after the clients saw the end).
+fn turn_record_counts(haltd: &Haltd, total: usize) -> Result<[f64; 3]> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = haltd.metrics()?;
+        let mut counts = [0.0; 3];
+        for (c, decision) in counts.iter_mut().zip(["always", "sampled", "skipped"]) {
+            *c = m.value("haltd_turn_records_total", &[("decision", decision)])?;
+        }
+        if counts.iter().sum::<f64>() >= total as f64 || Instant::now() > deadline {
+            return Ok(counts);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The ledger once it holds `turns` turn records (the writer thread may still be behind).
+fn ledger_with_turns(haltd: &Haltd, turns: usize) -> Result<Vec<Value>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let records = haltd.ledger_records()?;
+        let n = records.iter().filter(|r| r["kind"] == "turn").count();
+        if n >= turns || Instant::now() > deadline {
+            return Ok(records);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every string in a JSON value (keys included).
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(o) => {
+            for (k, x) in o {
+                out.push(k.clone());
+                strings(x, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Spec 000 §6.2 on a live haltd at the production rate of 5 %: every tripped turn has its
+/// incident and turn record; normal turns are recorded at about the rate (binomial, 4 sd),
+/// each record saying so; `haltd_turn_records_total` agrees with the ledger; no record holds
+/// any turn's text or the prompt. Then `--record-token-text --turn-sample-rate 1`: every turn
+/// record carries the text the client received.
+#[test]
+fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> {
+    require_root()?;
+    const NORMAL: usize = 400;
+    const TRIPPED: usize = 20;
+    const RATE: f64 = 0.05;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--turn-sample-rate",
+            "0.05",
+            "--builtin-token-interval-us",
+            "2000",
+        ],
+    )?;
+    let outcomes = sampling_turns(&haltd, NORMAL, TRIPPED)?;
+    let [always, sampled, skipped] = turn_record_counts(&haltd, NORMAL + TRIPPED)?;
+    ensure!(
+        always + sampled + skipped == (NORMAL + TRIPPED) as f64,
+        "haltd_turn_records_total: always {always} + sampled {sampled} + skipped {skipped} != {} turns",
+        NORMAL + TRIPPED
+    );
+    let records = ledger_with_turns(&haltd, (always + sampled) as usize)?;
+    let turns: Vec<&Value> = records.iter().filter(|r| r["kind"] == "turn").collect();
+    let reasons: Vec<(&Value, &Value)> = turns
+        .iter()
+        .filter(|r| !r["sampling"]["reason"].is_null())
+        .map(|r| (&r["stream_id"], &r["sampling"]["reason"]))
+        .collect();
+    ensure!(
+        always == TRIPPED as f64 && reasons.len() == TRIPPED,
+        "always-recorded turns: metric {always}, records {reasons:?} (expected the {TRIPPED} tripped ones)"
+    );
+    for (o, _) in outcomes.iter().filter(|(_, trip)| *trip) {
+        let id = o.stream_id.as_str();
+        let turn = turns
+            .iter()
+            .find(|r| r["stream_id"] == id)
+            .with_context(|| format!("no turn record for tripped {id}"))?;
+        ensure!(
+            turn["sampling"] == serde_json::json!({"rate": 1.0, "reason": "incident"})
+                && turn["trip_cause"] == "OPERATOR_TRIP",
+            "{turn}"
+        );
+        ensure!(
+            records
+                .iter()
+                .any(|r| r["kind"] == "incident" && r["stream_id"] == id),
+            "no incident record for tripped {id}"
+        );
+    }
+    let normal_records: Vec<&&Value> = turns
+        .iter()
+        .filter(|r| r["sampling"]["reason"].is_null())
+        .collect();
+    ensure!(
+        normal_records.len() as f64 == sampled,
+        "{} sampled turn records, haltd_turn_records_total{{decision=\"sampled\"}} {sampled}",
+        normal_records.len()
+    );
+    for r in &normal_records {
+        ensure!(
+            r["sampling"] == serde_json::json!({"rate": RATE})
+                && r["outcome"] == "completed"
+                && r["text"].is_null(),
+            "{r}"
+        );
+    }
+    eprintln!(
+        "sampling: {sampled} of {NORMAL} normal turns recorded at rate {RATE}, {always} always"
+    );
+    // Binomial(400, 0.05): mean 20, sd 4.36; 4 sd either side, and at least one.
+    let (mean, sd) = (
+        NORMAL as f64 * RATE,
+        (NORMAL as f64 * RATE * (1.0 - RATE)).sqrt(),
+    );
+    ensure!(
+        sampled > 0.0 && (sampled - mean).abs() <= 4.0 * sd,
+        "{sampled} of {NORMAL} normal turns recorded at rate {RATE} (expected {mean} ± {:.1})",
+        4.0 * sd
+    );
+    // Privacy: no string of any record holds a turn's text or the prompt.
+    let mut all = Vec::new();
+    records.iter().for_each(|r| strings(r, &mut all));
+    ensure!(
+        !all.iter().any(|s| s.contains("quokkasampling")),
+        "a record holds the prompt"
+    );
+    let mut checked = 0;
+    for (o, _) in &outcomes {
+        if o.text.trim().len() < 8 {
+            continue;
+        }
+        checked += 1;
+        if let Some(s) = all.iter().find(|s| s.contains(o.text.as_str())) {
+            anyhow::bail!(
+                "a record holds the text {:?} of {}: {s:?}",
+                o.text,
+                o.stream_id
+            );
+        }
+    }
+    ensure!(
+        checked > NORMAL / 2,
+        "only {checked} turns had text to look for"
+    );
+    verify_ledger(&haltd.ledger)?;
+    drop(haltd);
+
+    // Every turn, with its text.
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--turn-sample-rate",
+            "1",
+            "--record-token-text",
+            "--builtin-token-interval-us",
+            "2000",
+        ],
+    )?;
+    let outcomes = sampling_turns(&haltd, 5, 1)?;
+    let [always, sampled, skipped] = turn_record_counts(&haltd, 6)?;
+    ensure!(
+        (always, sampled, skipped) == (1.0, 5.0, 0.0),
+        "haltd_turn_records_total at rate 1: always {always}, sampled {sampled}, skipped {skipped}"
+    );
+    let records = ledger_with_turns(&haltd, 6)?;
+    for (o, trip) in &outcomes {
+        let rec = records
+            .iter()
+            .find(|r| r["kind"] == "turn" && r["stream_id"] == o.stream_id.as_str())
+            .with_context(|| format!("no turn record for {}", o.stream_id))?;
+        let text = rec["text"]
+            .as_str()
+            .with_context(|| format!("no text: {rec}"))?;
+        ensure!(rec["text_truncated"] == false, "{rec}");
+        if *trip {
+            // A halted turn may have produced one token the halt kept from the client.
+            ensure!(text.starts_with(&o.text), "{text:?} vs {:?}", o.text);
+            ensure!(rec["sampling"]["reason"] == "incident", "{rec}");
+        } else {
+            ensure!(
+                text == o.text,
+                "record text {text:?}, client got {:?}",
+                o.text
+            );
+            ensure!(rec["sampling"] == serde_json::json!({"rate": 1.0}), "{rec}");
+        }
+    }
     Ok(())
 }

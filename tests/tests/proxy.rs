@@ -497,6 +497,17 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
         let rec = rig.turn_record(&o.stream_id)?;
         ensure!(rec["upstream"]["failure"]["kind"] == kind, "{rec}");
         ensure!(rec["turn_status"] == "failed");
+        if script.contains("boom") {
+            // The client got the upstream's words; the record keeps only their length and
+            // hash (no --record-token-text).
+            let msg = rec["upstream"]["failure"]["message"].as_str().unwrap_or("");
+            let digest = haltd::sampling::withheld("boom-from-vllm");
+            ensure!(
+                msg == format!("the upstream sent an error event: {digest}"),
+                "{rec}"
+            );
+            ensure!(rec["sampling"]["reason"] == "incident", "{rec}");
+        }
     }
     // A reset connection is a transport failure (or an early end), never a silent one.
     let o = rig.stream(
