@@ -1,15 +1,18 @@
 //! Prometheus metrics (prometheus-client), served on `--metrics ADDR` at `/metrics`.
 //!
-//! Handles are created once; the per-token path touches only `tokens_emitted` (one atomic
-//! add). Kernel verdict counters live in per-CPU BPF maps; they are summed at scrape time and
+//! Handles are created once; the per-token path touches only `tokens_emitted` and
+//! `token_overhead` (relaxed atomic adds, no lock: [`NsHistogram`]). Kernel verdict counters live in per-CPU BPF maps; they are summed at scrape time and
 //! the difference since the last scrape is added to `haltd_kernel_frames_total`, so the
 //! counter stays monotonic and BPF remains their only writer.
 
-use std::sync::{atomic::AtomicU64, Mutex};
+use std::sync::{
+    atomic::{AtomicU64, Ordering::Relaxed},
+    Arc, Mutex,
+};
 
 use prometheus_client::{
-    encoding::{text::encode, EncodeLabelSet},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    encoding::{text::encode, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, MetricType},
     registry::{Registry, Unit},
 };
 
@@ -23,6 +26,85 @@ pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [
 pub const HALT_LATENCY_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
 ];
+
+/// `haltd_token_overhead_seconds` bucket bounds in ns: 5 µs doubling to 164 ms.
+pub const TOKEN_OVERHEAD_BUCKETS_NS: [u64; 16] = {
+    let mut b = [0; 16];
+    let mut i = 0;
+    while i < b.len() {
+        b[i] = 5_000 << i;
+        i += 1;
+    }
+    b
+};
+
+/// A histogram of durations for the per-token path. prometheus-client's `Histogram` takes a
+/// mutex per observation; this one is lock-free and allocation-free: an observation is two
+/// relaxed atomic adds (its bucket and the sum, in integer ns). A scrape reads the buckets one
+/// by one, so one taken during observations may be a few observations behind in some buckets
+/// (`_count` is always the sum of the buckets it read). Clones share the counts.
+#[derive(Clone, Debug)]
+pub struct NsHistogram {
+    inner: Arc<NsInner>,
+}
+
+#[derive(Debug)]
+struct NsInner {
+    /// Upper bounds (inclusive), ascending.
+    bounds_ns: Box<[u64]>,
+    /// One count per bound, then the +Inf bucket (not cumulative).
+    counts: Box<[AtomicU64]>,
+    sum_ns: AtomicU64,
+}
+
+impl NsHistogram {
+    pub fn new(bounds_ns: &[u64]) -> Self {
+        debug_assert!(
+            bounds_ns.windows(2).all(|w| w[0] < w[1]),
+            "ascending bounds"
+        );
+        NsHistogram {
+            inner: Arc::new(NsInner {
+                bounds_ns: bounds_ns.into(),
+                counts: (0..=bounds_ns.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum_ns: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Records one duration.
+    pub fn observe_ns(&self, ns: u64) {
+        let i = self.inner.bounds_ns.partition_point(|&b| b < ns);
+        self.inner.counts[i].fetch_add(1, Relaxed);
+        self.inner.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.inner.counts.iter().map(|c| c.load(Relaxed)).sum()
+    }
+}
+
+impl EncodeMetric for NsHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // At scrape time, not per token: allocating here is fine.
+        let buckets: Vec<(f64, u64)> = self
+            .inner
+            .bounds_ns
+            .iter()
+            .map(|&b| b as f64 / 1e9)
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.inner.counts.iter().map(|c| c.load(Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.inner.sum_ns.load(Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
@@ -117,6 +199,7 @@ pub struct Metrics {
     pub detector_trips: Family<DetectorLabels, Counter>,
     pub detector_observed: Family<DetectorLabels, Counter>,
     pub turn_records: Family<DecisionLabels, Counter>,
+    pub token_overhead: NsHistogram,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -293,7 +376,15 @@ impl Metrics {
         for decision in crate::sampling::Decision::LABELS {
             drop(turn_records.get_or_create(&DecisionLabels { decision }));
         }
+        let token_overhead = NsHistogram::new(&TOKEN_OVERHEAD_BUCKETS_NS);
+        registry.register_with_unit(
+            "token_overhead",
+            "Streaming overhead per token frame: from the token's arrival at haltd (the upstream receive that carried it, or the built-in source producing it) to the completion of the send that carried its frame to the client",
+            Unit::Seconds,
+            token_overhead.clone(),
+        );
         Metrics {
+            token_overhead,
             turn_records,
             detector_observed,
             detector_trips,
@@ -393,8 +484,57 @@ mod tests {
             "haltd_streams_active",
             "haltd_tokens_emitted_total",
             "haltd_heartbeat_age_seconds",
+            "haltd_turn_records_total{decision=\"skipped\"} 0",
+            "haltd_token_overhead_seconds_count 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_lock_free_histogram_buckets_like_prometheus() {
+        let m = Metrics::new();
+        let h = &m.token_overhead;
+        assert_eq!(TOKEN_OVERHEAD_BUCKETS_NS[0], 5_000);
+        assert_eq!(TOKEN_OVERHEAD_BUCKETS_NS[15], 163_840_000);
+        // On a bound counts in that bucket (le), above the last in +Inf.
+        for ns in [
+            0,
+            5_000,
+            5_001,
+            10_000,
+            163_840_000,
+            163_840_001,
+            u64::MAX / 4,
+        ] {
+            h.observe_ns(ns);
+        }
+        assert_eq!(h.count(), 7);
+        let text = m.encode();
+        let line = |le: &str| {
+            let prefix = format!("haltd_token_overhead_seconds_bucket{{le=\"{le}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("no bucket {le} in\n{text}"))
+                .parse::<u64>()
+                .expect("count")
+        };
+        assert_eq!(line("0.000005"), 2);
+        assert_eq!(line("0.00001"), 4);
+        assert_eq!(line("0.08192"), 4);
+        assert_eq!(line("0.16384"), 5);
+        assert_eq!(line("+Inf"), 7);
+        assert!(
+            text.contains("haltd_token_overhead_seconds_count 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE haltd_token_overhead_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# UNIT haltd_token_overhead_seconds seconds"),
+            "{text}"
+        );
     }
 }

@@ -44,6 +44,8 @@ pub(super) struct Pending {
     pub end: usize,
     /// Byte offset of the text in the completion (for `text_offset`).
     pub offset: usize,
+    /// When its token reached haltd (`haltd_token_overhead_seconds` runs from here).
+    pub arrived_ns: u64,
 }
 
 /// The hold queue and scan positions of a turn.
@@ -173,6 +175,7 @@ impl Worker {
         }
         turn.note_output(&p.text);
         turn.inflight_token = index + 1;
+        conn.frame_arrived_ns = p.arrived_ns;
         self.send(key, SendKind::Token)
     }
 

@@ -190,6 +190,10 @@ struct Conn {
     up: Option<Box<proxy::Upstream>>,
     watch_inflight: bool,
     watch_buf: Box<[u8; 16]>,
+    /// When the token(s) of the token frame in flight reached haltd (the built-in source
+    /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
+    /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
+    frame_arrived_ns: u64,
 }
 
 impl Conn {
@@ -464,6 +468,7 @@ impl Worker {
             up: None,
             watch_inflight: false,
             watch_buf: Box::new([0; 16]),
+            frame_arrived_ns: 0,
         };
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
@@ -914,6 +919,7 @@ impl Worker {
             }
             return self.step(key);
         };
+        let produced_ns = monotonic_ns();
         let index = turn.tokens_generated;
         turn.tokens_generated += 1;
         // The detectors judge the token before it is accounted or sent: a failing token is
@@ -961,6 +967,7 @@ impl Worker {
                 },
                 end: turn.hold.scanned,
                 offset,
+                arrived_ns: produced_ns,
             });
             if let Some(p) = turn.hold.pop_released() {
                 return self.emit_pending(key, p);
@@ -985,6 +992,7 @@ impl Worker {
             return self.halt(key);
         }
         turn.inflight_token = index + 1;
+        conn.frame_arrived_ns = produced_ns;
         self.send(key, SendKind::Token)
     }
 
@@ -1193,6 +1201,14 @@ impl Worker {
             // Account the delivered token before anything else, halt included.
             slot.tokens_delivered.fetch_add(1, SeqCst);
             shared.metrics.tokens_emitted.inc();
+            // Arrival to send completion, one lock-free observation per token frame.
+            let arrived = std::mem::take(&mut conn.frame_arrived_ns);
+            if arrived != 0 {
+                shared
+                    .metrics
+                    .token_overhead
+                    .observe_ns(monotonic_ns().saturating_sub(arrived));
+            }
             let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
             // τ is published before TRIPPED; a token completing while the trip is still
             // TRIPPING was handed out before the trip, so it is not post-trip.

@@ -65,13 +65,16 @@ pub(super) enum Purpose {
 /// One thing the upstream said, in the order the client sees it.
 #[derive(Debug)]
 enum Item {
-    /// Text for one frame, with its tokens' logprobs (empty when the upstream sent none).
+    /// Text for one frame, with its tokens' logprobs (empty when the upstream sent none), and
+    /// when the receive that completed its event came back (`haltd_token_overhead_seconds`).
     Content {
         text: String,
         tokens: Vec<UpToken>,
+        arrived_ns: u64,
     },
-    /// A tool-call delta, with the logprobs of its tokens (scored like content).
-    ToolCalls(Value, Vec<UpToken>),
+    /// A tool-call delta, with the logprobs of its tokens (scored like content) and its
+    /// arrival.
+    ToolCalls(Value, Vec<UpToken>, u64),
     Finish(FinishReason),
     Usage(u64, u64),
     Done,
@@ -224,8 +227,9 @@ fn failure_status(kind: &str, upstream_status: Option<u16>) -> u16 {
 }
 
 /// Splits an upstream chunk into items, one frame per token when the tokens spell the
-/// content exactly (vLLM may put several tokens in one chunk), else one frame for the chunk.
-fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
+/// content exactly (vLLM may put several tokens in one chunk), else one frame for the chunk;
+/// every item arrived at `arrived_ns` (the receive that completed the chunk's event).
+fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns: u64) {
     let matches = c.tokens_match_content();
     let upstream::UpstreamChunk {
         content,
@@ -237,19 +241,21 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk) {
     } = c;
     if let Some(calls) = tool_calls.filter(|_| content.is_empty()) {
         // A tool-call chunk: its logprobs belong to the call's tokens, not to a content frame.
-        items.push_back(Item::ToolCalls(calls, tokens));
+        items.push_back(Item::ToolCalls(calls, tokens, arrived_ns));
     } else if !content.is_empty() || !tokens.is_empty() {
         if tokens.len() > 1 && matches {
             for t in tokens {
                 items.push_back(Item::Content {
                     text: t.text.clone(),
                     tokens: vec![t],
+                    arrived_ns,
                 });
             }
         } else {
             items.push_back(Item::Content {
                 text: content,
                 tokens,
+                arrived_ns,
             });
         }
     }
@@ -700,6 +706,8 @@ impl Worker {
     }
 
     pub(super) fn on_up_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        // When the bytes arrived: the start of every token's haltd_token_overhead_seconds.
+        let arrived_ns = monotonic_ns();
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let id = conn.id;
@@ -833,7 +841,7 @@ impl Worker {
                             if up.model.is_none() {
                                 up.model.clone_from(&c.model);
                             }
-                            push_chunk(&mut up.items, c);
+                            push_chunk(&mut up.items, c, arrived_ns);
                         }
                         Ok(UpstreamEvent::Done) => {
                             up.saw_done = true;
@@ -947,7 +955,11 @@ impl Worker {
                 return self.up_arm_recv(key);
             };
             match item {
-                Item::Content { text, tokens } => {
+                Item::Content {
+                    text,
+                    tokens,
+                    arrived_ns,
+                } => {
                     // The detectors see every token before anything of the frame goes out;
                     // text without tokens (no logprobs) is one observation without one.
                     let now = monotonic_ns();
@@ -1026,6 +1038,7 @@ impl Worker {
                             kind: govern::PendingKind::Content { logprob, top },
                             end: turn.hold.scanned,
                             offset,
+                            arrived_ns,
                         });
                         continue;
                     }
@@ -1093,9 +1106,10 @@ impl Worker {
                         return self.halt(key);
                     }
                     turn.inflight_token = index + 1;
+                    conn.frame_arrived_ns = arrived_ns;
                     return self.send(key, SendKind::Token);
                 }
-                Item::ToolCalls(delta, tokens) => {
+                Item::ToolCalls(delta, tokens, arrived_ns) => {
                     let now = monotonic_ns();
                     let mut trip = None;
                     for (i, t) in tokens.iter().enumerate() {
@@ -1152,6 +1166,7 @@ impl Worker {
                         kind: govern::PendingKind::ToolCall { delta, started },
                         end: turn.hold.scanned,
                         offset,
+                        arrived_ns,
                     });
                     // Emitted through the queue (in order behind any held frame).
                     continue;
