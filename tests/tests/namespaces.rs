@@ -1089,6 +1089,8 @@ fn metrics_exposition_is_strict() -> Result<()> {
         "haltd_streams_active",
         "haltd_tokens_emitted",
         "haltd_heartbeat_age_seconds",
+        "haltd_token_overhead_seconds",
+        "haltd_turn_records",
     ] {
         ensure!(
             m.families.contains_key(family),
@@ -1109,6 +1111,13 @@ fn metrics_exposition_is_strict() -> Result<()> {
     ensure!(
         emitted == received as f64,
         "haltd_tokens_emitted_total {emitted}, clients received {received}"
+    );
+    // One streaming-overhead observation per token frame the kernel accepted.
+    let overhead = m.histogram_count("haltd_token_overhead_seconds")?;
+    let overhead_sum = m.value("haltd_token_overhead_seconds_sum", &[])?;
+    ensure!(
+        overhead == emitted && overhead_sum > 0.0 && overhead_sum < emitted,
+        "haltd_token_overhead_seconds: count {overhead} (tokens {emitted}), sum {overhead_sum} s"
     );
     let age = m.value("haltd_heartbeat_age_seconds", &[])?;
     ensure!((0.0..0.2).contains(&age), "heartbeat age {age} s");

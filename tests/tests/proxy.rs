@@ -585,6 +585,12 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
     ended_normally(&o, "stop")?;
     ensure!(o.mode_header.is_none(), "degraded after upstream failures");
     let m = rig.haltd.metrics()?;
+    // Proxied token frames are timed from the upstream receive that carried them.
+    let overhead = m.histogram_count("haltd_token_overhead_seconds")?;
+    ensure!(
+        overhead >= 2.0,
+        "haltd_token_overhead_seconds_count {overhead}"
+    );
     for kind in [
         "stalled",
         "malformed",
