@@ -158,6 +158,15 @@ pub struct DetectorLabels {
     pub code: FailureCode,
 }
 
+/// Kinds of `haltd_ring_events_total`, every one a series from the start.
+pub const RING_EVENT_KINDS: [&str; 5] = [
+    "cq_overflow",
+    "cq_dropped",
+    "sq_dropped",
+    "sq_full",
+    "submit_error",
+];
+
 /// Kinds of upstream failure (FHR `upstream.failure`), every one a series from the start.
 pub const UPSTREAM_FAILURE_KINDS: [&str; 10] = [
     "connect_refused",
@@ -200,6 +209,7 @@ pub struct Metrics {
     pub detector_observed: Family<DetectorLabels, Counter>,
     pub turn_records: Family<DecisionLabels, Counter>,
     pub token_overhead: NsHistogram,
+    pub ring_events: Family<KindLabels, Counter>,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -383,7 +393,17 @@ impl Metrics {
             Unit::Seconds,
             token_overhead.clone(),
         );
+        let ring_events = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "ring_events",
+            "Data-plane io_uring trouble, by kind: cq_overflow (loop passes that found the completion ring full, completions waiting in the kernel's backlog), cq_dropped (completions the kernel lost), sq_dropped (submissions the kernel rejected as invalid), sq_full (pushes that found the submission ring full and submitted early), submit_error (io_uring_enter failed; EBUSY and EAGAIN are retried, anything else stops the daemon)",
+            ring_events.clone(),
+        );
+        for kind in RING_EVENT_KINDS {
+            drop(ring_events.get_or_create(&KindLabels { kind }));
+        }
         Metrics {
+            ring_events,
             token_overhead,
             turn_records,
             detector_observed,
@@ -486,6 +506,8 @@ mod tests {
             "haltd_heartbeat_age_seconds",
             "haltd_turn_records_total{decision=\"skipped\"} 0",
             "haltd_token_overhead_seconds_count 0",
+            "haltd_ring_events_total{kind=\"cq_overflow\"} 0",
+            "haltd_ring_events_total{kind=\"submit_error\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

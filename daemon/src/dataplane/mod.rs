@@ -230,6 +230,8 @@ pub fn spawn_workers(
                         shared,
                         wake_buf: Box::new(0),
                         cqes: Vec::new(),
+                        cq_dropped_seen: 0,
+                        sq_dropped_seen: 0,
                     };
                     if let Err(e) = w.run() {
                         // A dead worker cannot police its streams: stop the daemon (fail closed).
@@ -250,6 +252,10 @@ struct Worker {
     shared: Arc<Shared>,
     wake_buf: Box<u64>,
     cqes: Vec<(u64, i32)>,
+    /// The ring's lost-completion and invalid-submission counters as last read (the kernel
+    /// keeps them per ring; `haltd_ring_events_total` gets the increments).
+    cq_dropped_seen: u32,
+    sq_dropped_seen: u32,
 }
 
 fn timespec(d: Duration) -> types::Timespec {
@@ -288,14 +294,64 @@ fn unix_now() -> u64 {
 }
 
 impl Worker {
+    /// Counts `n` ring events of `kind` (`haltd_ring_events_total`; rare, never per token).
+    fn ring_event(&self, kind: &'static str, n: u64) {
+        self.shared
+            .metrics
+            .ring_events
+            .get_or_create(&crate::metrics::KindLabels { kind })
+            .inc_by(n);
+    }
+
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        let mut full = false;
         loop {
             // SAFETY: every entry points into buffers owned by `self.conns` (or the worker)
             // that stay alive and unmoved until the matching completion is reaped.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
-            self.ring.submit()?;
+            if !full {
+                full = true;
+                self.ring_event("sq_full", 1);
+            }
+            if let Err(e) = self.ring.submit() {
+                // In the middle of a completion there is no reaping to make room: as before,
+                // the worker fails (and the daemon stops, fail closed).
+                self.ring_event("submit_error", 1);
+                return Err(e);
+            }
+        }
+    }
+
+    /// After each wait: whether the completion ring overflowed into the kernel's backlog,
+    /// and whether the kernel lost completions or rejected submissions since the last look
+    /// (three atomic loads of the shared ring header per loop pass).
+    fn check_ring(&mut self) {
+        if self.ring.submission().cq_overflow() {
+            self.ring_event("cq_overflow", 1);
+        }
+        let cq_dropped = self.ring.completion().overflow();
+        if cq_dropped != self.cq_dropped_seen {
+            let n = cq_dropped.wrapping_sub(self.cq_dropped_seen);
+            self.cq_dropped_seen = cq_dropped;
+            self.ring_event("cq_dropped", u64::from(n));
+            tracing::error!(
+                worker = self.id,
+                lost = n,
+                "the kernel dropped io_uring completions; connections waiting on them may hang"
+            );
+        }
+        let sq_dropped = self.ring.submission().dropped();
+        if sq_dropped != self.sq_dropped_seen {
+            let n = sq_dropped.wrapping_sub(self.sq_dropped_seen);
+            self.sq_dropped_seen = sq_dropped;
+            self.ring_event("sq_dropped", u64::from(n));
+            tracing::error!(
+                worker = self.id,
+                dropped = n,
+                "the kernel rejected io_uring submissions as invalid"
+            );
         }
     }
 
@@ -303,15 +359,33 @@ impl Worker {
         self.arm_accept()?;
         self.arm_wake()?;
         loop {
+            let mut retry = false;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => {
+                    // EBUSY: completions wait in the kernel's overflow backlog because the
+                    // completion ring is full; EAGAIN: the kernel is short of memory for
+                    // requests. Both pass: reap what is there (which makes room), then submit
+                    // again. Submissions not taken stay queued in the ring.
+                    self.ring_event("submit_error", 1);
+                    tracing::warn!(worker = self.id, error = %e, "io_uring_enter: retrying after reaping completions");
+                    retry = true;
+                }
+                Err(e) => {
+                    self.ring_event("submit_error", 1);
+                    return Err(e);
+                }
             }
+            self.check_ring();
             self.cqes.clear();
             self.cqes
                 .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             let cqes = std::mem::take(&mut self.cqes);
+            if retry && cqes.is_empty() {
+                // Nothing to reap (EAGAIN): do not spin on the kernel.
+                std::thread::sleep(Duration::from_millis(1));
+            }
             for &(data, res) in &cqes {
                 self.complete(data, res)?;
             }
@@ -1577,5 +1651,42 @@ fn latency_bucket(mean_gap_ns: u64) -> &'static str {
         1_000_001..=10_000_000 => "le_10ms",
         10_000_001..=100_000_000 => "le_100ms",
         _ => "gt_100ms",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `Worker::check_ring` relies on: completions past a full completion ring set the
+    /// overflow flag (kernels with IORING_FEAT_NODROP keep them in a backlog) or count as
+    /// dropped (older kernels), and reaping then entering the kernel again flushes the backlog.
+    #[test]
+    fn a_full_completion_ring_shows_in_the_counters_check_ring_reads() {
+        let Ok(mut ring) = IoUring::new(2) else {
+            eprintln!("no io_uring here (kernel.io_uring_disabled?): skipped");
+            return;
+        };
+        let cq = ring.params().cq_entries();
+        for i in 0..cq + 2 {
+            let nop = opcode::Nop::new().build().user_data(u64::from(i));
+            // SAFETY: a NOP points at no memory.
+            unsafe { ring.submission().push(&nop) }.expect("room after each submit");
+            ring.submit().expect("submit");
+        }
+        let overflowed = ring.submission().cq_overflow();
+        let dropped = ring.completion().overflow();
+        assert!(
+            overflowed || dropped == 2,
+            "flag {overflowed}, dropped {dropped}"
+        );
+        assert_eq!(ring.submission().dropped(), 0);
+        let mut reaped = ring.completion().count() as u32;
+        if overflowed {
+            ring.submit_and_wait(0).expect("enter flushes the backlog");
+            reaped += ring.completion().count() as u32;
+            assert!(!ring.submission().cq_overflow(), "backlog flushed");
+            assert_eq!(reaped, cq + 2, "no completion lost");
+        }
     }
 }
