@@ -58,10 +58,11 @@ const OPENAI_CLIENT_SCRIPT: &str = "tests/py/openai_client.py";
 
 /// Benches run by `cargo xtask bench`: (package, binary). A bench not written yet is skipped.
 /// All binaries of a bench's package are built first: a bench may run its siblings
-/// (`bench-proxy-overhead` runs `scripted-upstream` and `bench-proxy`).
+/// (`bench-halt-slo` runs `bench-gate-send` and `bench-proxy-overhead`, which runs
+/// `scripted-upstream` and `bench-proxy`). The first one is the halt SLO bench, and the
+/// arguments after `cargo xtask bench --` go to it.
 const BENCHES: &[(&str, &str)] = &[
-    ("haltd-tests", "bench-gate-send"),
-    ("haltd-tests", "bench-proxy-overhead"),
+    ("haltd-tests", "bench-halt-slo"),
     ("haltd-tests", "bench-detectors"),
 ];
 
@@ -93,8 +94,14 @@ enum Task {
     },
     /// Unit and property tests, then the root-only integration tests (serially).
     Test(TestArgs),
-    /// Build a release haltd with fault injection and run the benches.
-    Bench,
+    /// Build a release haltd with fault injection and run the benches: the halt SLO bench
+    /// (with the gate cost per send and the streaming overhead), then the detector cost.
+    Bench {
+        /// Extra arguments for `bench-halt-slo` (after `--`), e.g. `--quick` or
+        /// `--streams 1,100`.
+        #[arg(last = true)]
+        args: Vec<OsString>,
+    },
     /// Build the BPF gate and have haltd load and attach it once (`haltd check-gate`).
     Load,
 }
@@ -140,7 +147,7 @@ fn main() {
         }
         Task::Run { args } => ctx.run_demo(args),
         Task::Test(args) => ctx.test(args),
-        Task::Bench => ctx.bench(),
+        Task::Bench { args } => ctx.bench(&args),
         Task::Load => ctx.load(),
     });
     if let Err(e) = result {
@@ -767,7 +774,7 @@ impl Ctx {
         Ok(())
     }
 
-    fn bench(&self) -> Result<()> {
+    fn bench(&self, halt_slo_args: &[OsString]) -> Result<()> {
         self.setup()?;
         let built = self.build(true, &["fault-injection".to_owned()])?;
         let bins = self.workspace_bins()?;
@@ -788,8 +795,11 @@ impl Ctx {
             }
             println!("[bench] {bin}: cargo run --release -p {pkg} --bin {bin}");
             let mut c = self.cargo();
-            c.args(["run", "--release", "-p", pkg, "--bin", bin])
-                .env("HALTD_BIN", &built.haltd)
+            c.args(["run", "--release", "-p", pkg, "--bin", bin]);
+            if bin == BENCHES[0].1 && !halt_slo_args.is_empty() {
+                c.arg("--").args(halt_slo_args);
+            }
+            c.env("HALTD_BIN", &built.haltd)
                 .env("HALTCTL_BIN", &built.haltctl)
                 .env("HALTD_BPF_OBJECT", &built.object);
             run(&mut c).with_context(|| format!("bench {bin} failed"))?;
