@@ -246,6 +246,8 @@ struct Campaign {
     spec: RunSpec,
     api: SocketAddr,
     admin: SocketAddr,
+    /// Streams that got a permit so far (the first N are the first wave).
+    started: AtomicUsize,
     /// Streams of the first wave with a token; trips wait until all have one.
     opened: AtomicUsize,
     gate_open: AtomicBool,
@@ -281,10 +283,14 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 const HEAD_MAX: usize = 16 * 1024;
 
-async fn one_stream(c: Arc<Campaign>, i: usize) -> StreamResult {
+async fn one_stream(c: Arc<Campaign>, i: usize, first_wave: bool) -> StreamResult {
     let mut r = StreamResult::default();
-    if let Err(e) = drive_stream(&c, i, &mut r).await {
+    if let Err(e) = drive_stream(&c, i, first_wave, &mut r).await {
         r.failure = Some(format!("{e:#}"));
+    }
+    if first_wave && r.tokens == 0 {
+        // It ended without a token: the others must not wait for it to open.
+        c.note_opened();
     }
     if r.end.is_none() {
         r.end = Some(Instant::now());
@@ -293,7 +299,12 @@ async fn one_stream(c: Arc<Campaign>, i: usize) -> StreamResult {
     r
 }
 
-async fn drive_stream(c: &Arc<Campaign>, i: usize, r: &mut StreamResult) -> Result<()> {
+async fn drive_stream(
+    c: &Arc<Campaign>,
+    i: usize,
+    first_wave: bool,
+    r: &mut StreamResult,
+) -> Result<()> {
     let body = json!({
         "model": "builtin",
         "messages": [{"role": "user", "content": format!("halt slo bench, stream {i}")}],
@@ -371,7 +382,7 @@ async fn drive_stream(c: &Arc<Campaign>, i: usize, r: &mut StreamResult) -> Resu
                 c.tokens.fetch_add(1, Ordering::Relaxed);
                 if !counted_open {
                     counted_open = true;
-                    if i < c.first_wave() {
+                    if first_wave {
                         c.note_opened();
                     }
                 }
@@ -511,6 +522,7 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
         spec,
         api: haltd.api,
         admin: haltd.admin,
+        started: AtomicUsize::new(0),
         opened: AtomicUsize::new(0),
         gate_open: AtomicBool::new(false),
         gate: Notify::new(),
@@ -535,9 +547,17 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
                 let (c, permits) = (Arc::clone(&c), Arc::clone(&permits));
                 tasks.push(tokio::spawn(async move {
                     let _permit = permits.acquire_owned().await;
+                    // The first wave is the first N streams to get a permit, whatever their
+                    // index: the runtime may start stream 150 before stream 50.
+                    let first_wave = c.started.fetch_add(1, Ordering::AcqRel) < c.first_wave();
                     // A stream that ends before its run's stream limit (a refusal, a stall) is
                     // reported, never waited on forever.
-                    match tokio::time::timeout(Duration::from_secs(300), one_stream(c, i)).await {
+                    match tokio::time::timeout(
+                        Duration::from_secs(300),
+                        one_stream(c, i, first_wave),
+                    )
+                    .await
+                    {
                         Ok(r) => r,
                         Err(_) => StreamResult {
                             failure: Some("no end within 300 s".into()),
