@@ -140,7 +140,8 @@ struct Args {
     /// directory this binary was built into).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Small and fast: 1 and 100 streams, 40 trips, no sub-benches (a smoke run).
+    /// Small and fast: 1 and 100 streams, 40 trips, k-max at most 20, no sub-benches (a smoke
+    /// run; `--streams` and `--min-trips` given explicitly are kept).
     #[arg(long)]
     quick: bool,
     /// Skip the gate cost per send (`bench-gate-send`).
@@ -187,6 +188,26 @@ impl RunSpec {
 /// 40 streams so that the whole node streams about 20,000 tokens/s.
 fn pace_us(streams: usize) -> u64 {
     (streams as u64 * 50).max(2_000)
+}
+
+/// The adversarial emitter floods (no pacing) up to 1,000 streams. Above, a flood from the
+/// streams already open starves the connects of the rest (10,000 never get a token each on
+/// two CPUs), so it is paced to offer about 80,000 tokens/s in all, more than the node
+/// relays; [`adversarial_grace_ms`] keeps the kernel in charge for as long.
+fn adversarial_pace_us(streams: usize) -> u64 {
+    if streams <= 1000 {
+        0
+    } else {
+        streams as u64 * 25 / 2
+    }
+}
+
+/// `--halt-grace-ms` of an adversarial run: the default 50 ms while the emitter floods; with
+/// a paced emitter, long enough (2 s) that the watchdog's close does not end the stream
+/// before the emitter has tried well over B tokens past the trip, so the kernel gate is what
+/// holds the budget.
+fn adversarial_grace_ms(streams: usize) -> Option<u64> {
+    (adversarial_pace_us(streams) > 0).then_some(2_000)
 }
 
 /// How long the watchdog beats in a watchdog-stall run: enough for N connections to open
@@ -503,7 +524,12 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
     .collect();
     match spec.scenario {
         Scenario::LateTrip => {}
-        Scenario::Adversarial => extra.extend(["--fault".into(), "emitter-ignores-halt".into()]),
+        Scenario::Adversarial => {
+            extra.extend(["--fault".into(), "emitter-ignores-halt".into()]);
+            if let Some(ms) = adversarial_grace_ms(spec.concurrency) {
+                extra.extend(["--halt-grace-ms".into(), ms.to_string()]);
+            }
+        }
         Scenario::WatchdogStall => extra.extend([
             "--heartbeat-deadline-ms".into(),
             spec.heartbeat_deadline_ms.to_string(),
@@ -763,6 +789,11 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
         "pace_us": spec.pace_us,
         "k_max": spec.k_max,
         "stall_after_ms": spec.stall_after_ms,
+        "halt_grace_ms": if spec.scenario == Scenario::Adversarial {
+            adversarial_grace_ms(spec.concurrency).unwrap_or(50)
+        } else {
+            50
+        },
         "halted": halted.len(),
         "not_halted": not_halted,
         "failed": failures.len(),
@@ -1237,8 +1268,13 @@ fn raise_nofile() {
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.quick {
-        args.streams = vec![1, 100];
-        args.min_trips = 40;
+        // Smaller defaults; counts given on the command line stay.
+        if args.streams == [1, 100, 1000, 10000] {
+            args.streams = vec![1, 100];
+        }
+        if args.min_trips == 200 {
+            args.min_trips = 40;
+        }
         args.k_max = args.k_max.min(20);
         args.no_gate_send = true;
         args.no_overhead = true;
@@ -1267,7 +1303,7 @@ fn main() -> Result<()> {
                     concurrency: n,
                     total: n.max(args.min_trips),
                     pace_us: if scenario == Scenario::Adversarial {
-                        0
+                        adversarial_pace_us(n)
                     } else {
                         pace_us(n)
                     },
