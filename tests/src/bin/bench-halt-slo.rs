@@ -849,6 +849,18 @@ fn markdown(report: &Value) -> String {
         m["kernel"].as_str().unwrap_or_default(),
         report["wall_s"]
     );
+    let runs = report["runs"].as_array().map_or(&[][..], Vec::as_slice);
+    let halts: u64 = runs.iter().filter_map(|r| r["halted"].as_u64()).sum();
+    let breaches: u64 = runs.iter().filter_map(|r| r["breaches"].as_u64()).sum();
+    let worst_p95 = runs
+        .iter()
+        .filter_map(|r| r["post_trip_tokens"]["p95"].as_f64())
+        .fold(0.0_f64, f64::max);
+    let _ = writeln!(
+        md,
+        "**{halts} halts in {} runs; {breaches} streams got more than B tokens after the trip; worst post-trip p95 {worst_p95} tokens** (spec 000 §10: p95 ≤ 5 under synthetic breaches).\n",
+        runs.len()
+    );
     let _ = writeln!(
         md,
         "| scenario | B | N | streams halted | post-trip tokens p50 / p95 / p99 / max | halt latency ms p50 / p95 / p99 / max | haltd's record: post-trip max, latency p99 ms | breaches |"
@@ -906,9 +918,10 @@ fn markdown(report: &Value) -> String {
         let _ = writeln!(
             md,
             "\nGate cost per send (`bench-gate-send`, median of {} rounds of {} 64-byte sends): no gate {} ns, gate {} ns, extra {} ns ({:.2}×); the BPF program itself {} ns per run.",
-            g["rounds"], g["sends"], g["no_gate_ns"], g["gate_ns"], g["extra_ns"],
+            g["rounds"], g["sends"], fmt_num(&g["no_gate_ns"]), fmt_num(&g["gate_ns"]),
+            fmt_num(&g["extra_ns"]),
             g["gate_ns"].as_f64().unwrap_or(0.0) / g["no_gate_ns"].as_f64().unwrap_or(1.0),
-            g["prog_ns"]
+            fmt_num(&g["prog_ns"])
         );
     }
     let o = &report["overhead"];
