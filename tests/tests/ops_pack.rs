@@ -777,3 +777,175 @@ fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> 
     }
     Ok(())
 }
+
+/// The halt SLO bench of `cargo xtask bench`, at smoke scale, so that the harness cannot rot
+/// between bench runs: every scenario and budget at 1 and 20 streams, a report with a run per
+/// (scenario, B, N), no breach of B, the kernel (not the emitter) holding the adversarial
+/// runs, and the summary and both plots written. The numbers themselves are the bench's
+/// business, not this test's.
+#[test]
+fn halt_slo_bench_runs_at_smoke_scale() -> Result<()> {
+    require_root()?;
+    let out = temp_dir("halt-slo-smoke")?;
+    let bench = env!("CARGO_BIN_EXE_bench-halt-slo");
+    let t = Instant::now();
+    let run = Command::new(bench)
+        .args([
+            "--quick",
+            "--streams",
+            "1,20",
+            "--min-trips",
+            "20",
+            "--k-max",
+            "8",
+            "--out-dir",
+        ])
+        .arg(&out)
+        .output()
+        .with_context(|| format!("running {bench}"))?;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    ensure!(
+        run.status.success(),
+        "bench-halt-slo --quick failed ({}):\n{}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        stderr
+    );
+    println!(
+        "bench-halt-slo --quick took {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    ensure!(
+        stderr.contains("[halt-slo] [12/12]"),
+        "no progress lines for 12 runs on stderr:\n{stderr}"
+    );
+    let report: Value = serde_json::from_str(&fs::read_to_string(out.join("halt-slo.json"))?)?;
+    let runs = report["runs"].as_array().context("report has no runs")?;
+    ensure!(
+        runs.len() == 12,
+        "{} runs, expected 3 scenarios × 2 budgets × 2 counts",
+        runs.len()
+    );
+    ensure!(
+        report["problems"].as_array().is_some_and(Vec::is_empty),
+        "problems: {}",
+        report["problems"]
+    );
+    for r in runs {
+        let name = format!("{} B={} N={}", r["scenario"], r["budget"], r["concurrency"]);
+        let b = r["budget"].as_u64().context("budget")?;
+        ensure!(r["breaches"] == 0, "{name}: breaches {}", r["breaches"]);
+        ensure!(
+            r["halted"] == r["streams"] && r["failed"] == 0,
+            "{name}: {} of {} halted, {} failed",
+            r["halted"],
+            r["streams"],
+            r["failed"]
+        );
+        let max = r["post_trip_tokens"]["max"]
+            .as_f64()
+            .context("post-trip max")?;
+        ensure!(max <= b as f64, "{name}: post-trip max {max} > B");
+        ensure!(
+            r["ledger_incidents"].as_u64() >= r["halted"].as_u64(),
+            "{name}: {} incident records for {} halts",
+            r["ledger_incidents"],
+            r["halted"]
+        );
+        if r["scenario"] == "adversarial" && b == 5 {
+            // The emitter ignores the halt: the kernel lets exactly B more frames through.
+            ensure!(
+                max >= 1.0,
+                "{name}: the emitter stopped by itself (post-trip max {max})"
+            );
+        }
+        if r["scenario"] != "watchdog-stall" {
+            ensure!(
+                r["halt_latency_ms"]["n"] == r["halted"],
+                "{name}: halt latencies {} for {} halts",
+                r["halt_latency_ms"]["n"],
+                r["halted"]
+            );
+        }
+    }
+    let md = fs::read_to_string(out.join("halt-slo.md"))?;
+    ensure!(
+        md.contains("| scenario | B | N |"),
+        "summary without its table:\n{md}"
+    );
+    for svg in ["post-trip-tokens.svg", "halt-latency.svg"] {
+        let text = fs::read_to_string(out.join(svg)).with_context(|| svg.to_owned())?;
+        ensure!(
+            text.contains("<svg") && text.contains("</svg>") && text.len() > 2000,
+            "{svg} is not a drawn SVG ({} bytes)",
+            text.len()
+        );
+    }
+    fs::remove_dir_all(&out).ok();
+    Ok(())
+}
+
+/// The systemd unit of `deploy/` loads in systemd's own parser without a single warning
+/// (`systemd-analyze verify`, with ExecStart pointed at the haltd under test, since verify
+/// checks that the binary exists), and its hardening keeps systemd's exposure score in the
+/// "OK" band (`systemd-analyze security --offline=yes`, at most 3.0 of 10).
+#[test]
+fn systemd_unit_verifies_and_is_hardened() -> Result<()> {
+    require_root()?;
+    let analyze = "/usr/bin/systemd-analyze";
+    ensure!(
+        Path::new(analyze).exists(),
+        "{analyze} is missing: `cargo xtask setup` installs Debian's systemd package"
+    );
+    let haltd = haltd_tests::haltd_bin()?;
+    let unit = fs::read_to_string(deploy("systemd/haltd.service"))?;
+    ensure!(
+        unit.contains("ExecStart=/usr/local/bin/haltd serve"),
+        "the unit no longer starts /usr/local/bin/haltd serve"
+    );
+    let dir = temp_dir("systemd-unit")?;
+    let path = dir.join("haltd.service");
+    fs::write(
+        &path,
+        unit.replace("/usr/local/bin/haltd", &haltd.display().to_string()),
+    )?;
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .context("running systemd-analyze verify")?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify ({}):\n{said}",
+        out.status
+    );
+    let out = Command::new(analyze)
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(&path)
+        .output()
+        .context("running systemd-analyze security")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let score: f64 = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for haltd.service: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| {
+            format!(
+                "no exposure level in:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    println!("systemd-analyze security: overall exposure {score} of 10");
+    ensure!(
+        score <= 3.0,
+        "exposure {score} is above 3.0 (systemd's OK band); the hardening options slipped:\n{text}"
+    );
+    fs::remove_dir_all(&dir).ok();
+    Ok(())
+}

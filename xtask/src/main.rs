@@ -43,6 +43,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "prometheus",
         "promtool (checks of deploy/prometheus and of /metrics) and the Prometheus server for the ops-pack tests",
     ),
+    (
+        "systemd",
+        "systemd-analyze, which checks deploy/systemd/haltd.service in the ops-pack tests",
+    ),
 ];
 
 /// bpf-linker release verified with the nightly's LLVM 22 (notes/ebpf-toolchain.md).
