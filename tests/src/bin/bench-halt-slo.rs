@@ -194,7 +194,7 @@ fn pace_us(streams: usize) -> u64 {
 /// The adversarial emitter floods (no pacing) up to 1,000 streams. Above, a flood from the
 /// streams already open starves the connects of the rest (10,000 never get a token each on
 /// two CPUs), so it is paced to offer about 80,000 tokens/s in all, more than the node
-/// relays; [`adversarial_grace_ms`] keeps the kernel in charge for as long.
+/// relays; [`adversarial_grace_ms`] keeps the stream open long enough to reach its budget.
 fn adversarial_pace_us(streams: usize) -> u64 {
     if streams <= 1000 {
         0
@@ -203,10 +203,12 @@ fn adversarial_pace_us(streams: usize) -> u64 {
     }
 }
 
-/// `--halt-grace-ms` of an adversarial run: the default 50 ms while the emitter floods; with
-/// a paced emitter, long enough (2 s) that the watchdog's close does not end the stream
-/// before the emitter has tried well over B tokens past the trip, so the kernel gate is what
-/// holds the budget.
+/// `--halt-grace-ms` of an adversarial run: the default 50 ms while the emitter floods. With a
+/// paced emitter (125 ms per token at 10,000 streams) the default grace would have the
+/// watchdog close the socket before a single post-trip frame was tried, so the budget would
+/// never be tested; with 2 s the watchdog closes only after a quarter of the grace and once B
+/// post-trip frames went out, so the stream reaches its budget and the kernel gate counts it
+/// and drops any frame beyond.
 fn adversarial_grace_ms(streams: usize) -> Option<u64> {
     (adversarial_pace_us(streams) > 0).then_some(2_000)
 }
