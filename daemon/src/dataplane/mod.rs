@@ -332,9 +332,7 @@ impl Worker {
             self.ring_event("cq_overflow", 1);
         }
         let cq_dropped = self.ring.completion().overflow();
-        if cq_dropped != self.cq_dropped_seen {
-            let n = cq_dropped.wrapping_sub(self.cq_dropped_seen);
-            self.cq_dropped_seen = cq_dropped;
+        if let Some(n) = counter_delta(cq_dropped, &mut self.cq_dropped_seen) {
             self.ring_event("cq_dropped", u64::from(n));
             tracing::error!(
                 worker = self.id,
@@ -343,9 +341,7 @@ impl Worker {
             );
         }
         let sq_dropped = self.ring.submission().dropped();
-        if sq_dropped != self.sq_dropped_seen {
-            let n = sq_dropped.wrapping_sub(self.sq_dropped_seen);
-            self.sq_dropped_seen = sq_dropped;
+        if let Some(n) = counter_delta(sq_dropped, &mut self.sq_dropped_seen) {
             self.ring_event("sq_dropped", u64::from(n));
             tracing::error!(
                 worker = self.id,
@@ -1652,6 +1648,14 @@ fn latency_bucket(mean_gap_ns: u64) -> &'static str {
         10_000_001..=100_000_000 => "le_100ms",
         _ => "gt_100ms",
     }
+}
+
+/// How far a wrapping kernel counter moved since `seen` (which it then becomes); `None` when
+/// it did not.
+fn counter_delta(now: u32, seen: &mut u32) -> Option<u32> {
+    let n = now.wrapping_sub(*seen);
+    *seen = now;
+    (n != 0).then_some(n)
 }
 
 #[cfg(test)]

@@ -1295,18 +1295,19 @@ fn overhead(streams: &[usize], dir: &Path) -> Result<Value> {
     Ok(json!({"results": results, "reports": reports, "notes": notes}))
 }
 
-/// The soft open-file limit (after [`raise_nofile`]), which haltd inherits.
-fn nofile_limit() -> u64 {
+/// The open-file limit, soft and hard (`None` if it cannot be read).
+fn nofile() -> Option<libc::rlimit> {
     let mut l = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit with a valid pointer to a local.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0 {
-        l.rlim_cur
-    } else {
-        1024
-    }
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0).then_some(l)
+}
+
+/// The soft open-file limit (after [`raise_nofile`]), which haltd inherits.
+fn nofile_limit() -> u64 {
+    nofile().map_or(1024, |l| l.rlim_cur)
 }
 
 fn machine() -> Value {
@@ -1339,16 +1340,10 @@ fn default_out_dir() -> Result<PathBuf> {
 /// Raises the open-file limit to its hard limit (10,000 streams are 10,000 sockets on each
 /// side; haltd inherits the limit).
 fn raise_nofile() {
-    let mut l = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
-        }
+    if let Some(mut l) = nofile().filter(|l| l.rlim_cur < l.rlim_max) {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: setrlimit with a valid pointer to a local.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
     }
 }
 
