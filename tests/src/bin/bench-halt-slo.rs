@@ -236,6 +236,11 @@ struct StreamResult {
     error_code: Option<String>,
     error_trip_index: Option<u64>,
     error_post_trip: Option<i64>,
+    /// From haltd's incident record for this stream (the trip index and cause): the only
+    /// source when no terminal event could reach the client (the kernel gate saw the
+    /// heartbeat lost before the emitter did, and drops for good).
+    ledger_trip_index: Option<u64>,
+    ledger_cause: Option<String>,
     done: bool,
     end: Option<Instant>,
     /// Anything that should not happen: connect or read errors, a bad head.
@@ -243,9 +248,19 @@ struct StreamResult {
 }
 
 impl StreamResult {
-    /// τ: the admin answer's, else the terminal event's.
+    /// τ: the admin answer's, else the terminal event's, else haltd's record's.
     fn tau(&self) -> Option<u64> {
-        self.trip_index.or(self.error_trip_index)
+        self.trip_index
+            .or(self.error_trip_index)
+            .or(self.ledger_trip_index)
+    }
+
+    /// Halted as the scenario says: tripped by the client, or ended by a halt with the
+    /// scenario's cause (in the terminal event or, failing that, in haltd's record).
+    fn halted_by(&self, cause: &str) -> bool {
+        self.trip_index.is_some()
+            || self.error_code.as_deref() == Some(cause)
+            || (self.error_code.is_none() && self.ledger_cause.as_deref() == Some(cause))
     }
 
     /// Token events beyond τ. The gate may cut the frame in flight at the trip, so a client
@@ -613,7 +628,7 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
             campaign.tokens.load(Ordering::Relaxed),
         );
     }
-    let streams = client
+    let mut streams = client
         .join()
         .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
     let wall_s = t0.elapsed().as_secs_f64();
@@ -622,6 +637,17 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
     // SIGTERM halts nothing here (every stream has ended); the ledger is complete after it.
     haltd.stop().context("stopping haltd")?;
     let ledger = haltd.ledger_records().unwrap_or_default();
+    let incidents: std::collections::HashMap<&str, &Value> = ledger
+        .iter()
+        .filter(|v| v["kind"] == "incident")
+        .filter_map(|v| Some((v["stream_id"].as_str()?, v)))
+        .collect();
+    for s in &mut streams {
+        if let Some(v) = incidents.get(s.stream_id.as_str()) {
+            s.ledger_trip_index = v["trip_token_index"].as_u64();
+            s.ledger_cause = v["trip_cause"].as_str().map(str::to_owned);
+        }
+    }
     Ok(RunResult {
         spec,
         streams,
@@ -707,10 +733,10 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
     let halted: Vec<&StreamResult> = r
         .streams
         .iter()
-        .filter(|s| {
-            s.error_code.as_deref() == Some(spec.scenario.cause()) || s.trip_index.is_some()
-        })
+        .filter(|s| s.halted_by(spec.scenario.cause()))
         .collect();
+    // Halts whose terminal event never reached the client (the stream just closed).
+    let without_terminal = halted.iter().filter(|s| s.error_code.is_none()).count();
     let post: Vec<u32> = halted
         .iter()
         .filter_map(|s| s.post_trip())
@@ -724,6 +750,29 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
         .filter(|s| s.trip_error.is_some())
         .collect();
     let not_halted = r.streams.len() - halted.len();
+    // What the streams that did not halt as the scenario says looked like (a few).
+    let not_halted_examples: Vec<Value> = r
+        .streams
+        .iter()
+        .filter(|s| !s.halted_by(spec.scenario.cause()))
+        .take(3)
+        .map(|s| {
+            json!({
+                "stream_id": s.stream_id, "status": s.status, "tokens": s.tokens,
+                "done": s.done, "error_code": s.error_code, "trip_error": s.trip_error,
+                "failure": s.failure,
+                "records": r.ledger.iter()
+                    .filter(|v| v["stream_id"] == s.stream_id.as_str())
+                    .map(|v| json!({
+                        "kind": v["kind"], "outcome": v["outcome"], "trip_cause": v["trip_cause"],
+                        "halted_by": v["halted_by"], "kernel": v["kernel"],
+                        "trip_token_index": v["trip_token_index"],
+                        "tokens_emitted": v["tokens_emitted"], "message": v["message"],
+                    }))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let breaches: Vec<&StreamResult> = halted
         .iter()
         .copied()
@@ -799,6 +848,8 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
         },
         "halted": halted.len(),
         "not_halted": not_halted,
+        "halted_without_terminal_event": without_terminal,
+        "not_halted_examples": not_halted_examples,
         "failed": failures.len(),
         "trip_errors": trip_errors.len(),
         "breaches": breaches.len(),
@@ -891,6 +942,26 @@ fn markdown(report: &Value) -> String {
             fmt_num(&s["ledger_post_trip_tokens"]["max"]),
             fmt_num(&s["ledger_halt_latency_ms"]["p99"]),
             s["breaches"]
+        );
+    }
+    let silent: Vec<String> = runs
+        .iter()
+        .filter(|r| r["halted_without_terminal_event"].as_u64().unwrap_or(0) > 0)
+        .map(|r| {
+            format!(
+                "{} B={} N={}: {}",
+                r["scenario"].as_str().unwrap_or_default(),
+                r["budget"],
+                r["concurrency"],
+                r["halted_without_terminal_event"]
+            )
+        })
+        .collect();
+    if !silent.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nHalts whose terminal event did not reach the client (the stream closed; τ and the cause from haltd's record; with a stalled watchdog, the kernel gate can see the heartbeat lost before the emitter does, and then drops for good): {}.",
+            silent.join("; ")
         );
     }
     let mem: Vec<&Value> = report["runs"]
