@@ -113,11 +113,15 @@ async fn streams(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let now = monotonic_ns();
+    let hb = shared.heartbeat_view(now);
     Json(json!({
         "kernel_gate": shared.kernel_gate_label(),
+        "cgroup": shared.gate.as_ref().map(|g| g.cgroup().display().to_string()),
         "budget": shared.cfg.args.budget,
-        "heartbeat_fresh": shared.heartbeat_fresh(now),
-        "heartbeat_age_ms": shared.heartbeat_age_s(now) * 1e3,
+        "heartbeat_fresh": hb.fresh,
+        "heartbeat_age_ms": hb.age_ms_json(),
+        "heartbeat_clock": hb.clock,
+        "heartbeat_error": hb.error,
         "streams_active": shared.table.active_count(),
         "max_streams": shared.table.capacity(),
         "workers": shared.cfg.workers,
@@ -196,7 +200,7 @@ async fn conversations(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let now = monotonic_ns();
-    let age = shared.heartbeat_age_s(now);
+    let age = shared.heartbeat_view(now).age_s;
     shared
         .metrics
         .heartbeat_age_seconds

@@ -190,6 +190,8 @@ pub struct Metrics {
     pub watchdog_trips: Family<CauseLabels, Counter>,
     pub halts_by: Family<HalterLabels, Counter>,
     pub kernel_frames: Family<VerdictLabels, Counter>,
+    pub kernel_segments: Family<VerdictLabels, Counter>,
+    pub kernel_adoptions: Family<VerdictLabels, Counter>,
     pub kernel_halt_events: Counter,
     pub streams_active: Gauge,
     pub streams_total: Family<OutcomeLabels, Counter>,
@@ -198,6 +200,7 @@ pub struct Metrics {
     pub heartbeat_age_seconds: Gauge<f64, AtomicU64>,
     pub kernel_gate_enabled: Gauge,
     pub gate_errors: Counter,
+    pub ungovernable_connections: Counter,
     pub ledger_errors: Counter,
     pub ledger_records: Gauge,
     pub mode_changes: Family<ModeChangeLabels, Counter>,
@@ -248,6 +251,18 @@ impl Metrics {
             "Sends seen by the kernel halt gate, by verdict (summed BPF per-CPU counters)",
             kernel_frames.clone(),
         );
+        let kernel_segments = Family::<VerdictLabels, Counter>::default();
+        registry.register(
+            "kernel_segments",
+            "TCP segments of governed sockets judged by the kernel egress check, by verdict: pass, drop_ceiling (ends beyond the stream's post-trip byte ceiling; each retransmission counts), drop_unparsed (a tripped stream's segment whose TCP header could not be read)",
+            kernel_segments.clone(),
+        );
+        let kernel_adoptions = Family::<VerdictLabels, Counter>::default();
+        registry.register(
+            "kernel_adoptions",
+            "Connections on the client port the kernel governed at establishment (adopted), or could not (failed: its socket map was full; haltd refuses those)",
+            kernel_adoptions.clone(),
+        );
         let kernel_halt_events = Counter::default();
         registry.register(
             "kernel_halt_events",
@@ -297,6 +312,12 @@ impl Metrics {
             "Failed kernel gate operations (each one halts or refuses its stream)",
             gate_errors.clone(),
         );
+        let ungovernable_connections = Counter::default();
+        registry.register(
+            "ungovernable_connections",
+            "Accepted connections the kernel gate could not govern (its socket map full, or the connection no longer established); each is reset, never served",
+            ungovernable_connections.clone(),
+        );
         let ledger_errors = Counter::default();
         registry.register(
             "ledger_errors",
@@ -310,8 +331,9 @@ impl Metrics {
         for halted_by in ["emitter", "watchdog"] {
             drop(halts_by.get_or_create(&HalterLabels { halted_by }));
         }
-        for verdict in haltd_common::verdict::NAMES {
-            drop(kernel_frames.get_or_create(&VerdictLabels { verdict }));
+        for i in 0..haltd_common::verdict::COUNT {
+            let (family, verdict) = kernel_counter(&kernel_frames, &kernel_segments, &kernel_adoptions, i);
+            drop(family.get_or_create(&VerdictLabels { verdict }));
         }
         let ledger_records = Gauge::default();
         registry.register(
@@ -419,6 +441,8 @@ impl Metrics {
             watchdog_trips,
             halts_by,
             kernel_frames,
+            kernel_segments,
+            kernel_adoptions,
             kernel_halt_events,
             streams_active,
             streams_total,
@@ -427,6 +451,7 @@ impl Metrics {
             heartbeat_age_seconds,
             kernel_gate_enabled,
             gate_errors,
+            ungovernable_connections,
             ledger_errors,
             ledger_records,
             kernel_last: Mutex::new(vec![0; haltd_common::verdict::COUNT as usize]),
@@ -436,14 +461,14 @@ impl Metrics {
     /// Folds fresh BPF verdict totals into `haltd_kernel_frames_total`.
     pub fn observe_kernel_totals(&self, totals: &[u64]) {
         let mut last = self.kernel_last.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, (&now, prev)) in totals.iter().zip(last.iter_mut()).enumerate() {
-            let name = haltd_common::verdict::NAMES
-                .get(i)
-                .copied()
-                .unwrap_or("unknown");
-            let counter = self
-                .kernel_frames
-                .get_or_create(&VerdictLabels { verdict: name });
+        for (i, (&now, prev)) in (0u32..).zip(totals.iter().zip(last.iter_mut())) {
+            let (family, verdict) = kernel_counter(
+                &self.kernel_frames,
+                &self.kernel_segments,
+                &self.kernel_adoptions,
+                i,
+            );
+            let counter = family.get_or_create(&VerdictLabels { verdict });
             if now > *prev {
                 counter.inc_by(now - *prev);
             }
@@ -481,6 +506,30 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Which metric family and label a kernel counter index belongs to: send verdicts go to
+/// `haltd_kernel_frames_total`, egress verdicts to `haltd_kernel_segments_total`, adoptions
+/// to `haltd_kernel_adoptions_total`.
+fn kernel_counter<'a>(
+    frames: &'a Family<VerdictLabels, Counter>,
+    segments: &'a Family<VerdictLabels, Counter>,
+    adoptions: &'a Family<VerdictLabels, Counter>,
+    index: u32,
+) -> (&'a Family<VerdictLabels, Counter>, &'static str) {
+    use haltd_common::verdict;
+    let name = verdict::NAMES
+        .get(index as usize)
+        .copied()
+        .unwrap_or("unknown");
+    match index {
+        verdict::EGRESS_PASS | verdict::EGRESS_DROP_CEILING | verdict::EGRESS_DROP_UNPARSED => {
+            (segments, name.trim_start_matches("egress_"))
+        }
+        verdict::ADOPTED => (adoptions, "adopted"),
+        verdict::ADOPT_FAILED => (adoptions, "failed"),
+        _ => (frames, name),
     }
 }
 

@@ -287,6 +287,12 @@ pub struct ChunkEncoder {
 }
 
 impl ChunkEncoder {
+    /// Upper bound on one token event of this encoder (interim: the global frame cap; replaced
+    /// by the encoder's own bound).
+    pub fn max_event_bytes(&self) -> u32 {
+        16 * 1024
+    }
+
     fn id_prefix(&self) -> &'static str {
         match self.endpoint {
             Endpoint::Chat => "chatcmpl-",

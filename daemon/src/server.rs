@@ -46,19 +46,32 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
     move |source| StartError::Io { what, source }
 }
 
-/// Loads the gate as `cfg` asks.
+/// Loads the gate as `cfg` asks and runs its self-test (see `gate::selftest`): a gate that
+/// does not refuse what it must refuse is not used.
 pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
-    KernelGate::load(&GateConfig {
+    let max_streams = cfg.args.max_streams;
+    let gate = KernelGate::load(&GateConfig {
         object: cfg
             .args
             .bpf_object
             .clone()
             .map_or(GateObject::Embedded, GateObject::Path),
-        max_streams: cfg.args.max_streams,
+        // Open streams, plus the connections waiting in the accept queue (governed at
+        // establishment), plus those being refused at capacity.
+        max_sockets: max_streams.saturating_mul(2).saturating_add(1024),
         heartbeat_deadline: cfg.heartbeat_deadline,
-        budget_frames: cfg.args.budget,
-        budget_bytes: u64::from(cfg.args.budget) * cfg.args.max_frame_bytes,
-    })
+    })?;
+    gate.beat()?;
+    let report = crate::gate::selftest::run(&gate, cfg.args.listen.ip())
+        .map_err(|e| crate::gate::GateError::SelfTest(Box::new(e)))?;
+    tracing::info!(
+        cgroup = %gate.cgroup().display(),
+        egress_held_bytes = report.egress_held_bytes,
+        heartbeat_age_us = report.heartbeat_age.as_micros() as u64,
+        took_ms = report.took.as_millis() as u64,
+        "kernel gate self-test passed: a send after a trip was refused with EACCES, and the egress check held back bytes beyond a stream's ceiling"
+    );
+    Ok(gate)
 }
 
 /// Runs the daemon; returns only on a start-up error.
@@ -95,8 +108,18 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
         wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
     }
+    // The gate is loaded first: the listener must be created inside the gate's cgroup.
     let listener = TcpListener::bind(cfg.args.listen)
         .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
+    if let Some(gate) = &gate {
+        let port = listener
+            .local_addr()
+            .map_err(io("reading the --listen address"))?
+            .port();
+        // Connections to the client port are governed the moment they are established,
+        // before a client that half-closes could make a later insertion fail.
+        gate.govern_port(port).map_err(StartError::Gate)?;
+    }
     // std listens with a backlog of 128: a burst of clients (a thousand streams starting
     // together) would overflow it and wait a SYN retry (1 s). Listening again on a listening
     // socket only resizes the queue; the kernel caps it at net.core.somaxconn.
@@ -113,6 +136,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         metrics,
         ledger,
         heartbeat_ns: AtomicU64::new(0),
+        ungovernable_logged_ns: AtomicU64::new(0),
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),

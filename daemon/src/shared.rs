@@ -10,7 +10,9 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use haltd_common::TripEntry;
+use std::io::Write as _;
+
+use haltd_common::SockPolicy;
 
 use crate::{
     codes::FailureCode,
@@ -22,8 +24,8 @@ use crate::{
     openai::Halt,
     source::builtin::MODEL_NAME,
     stream::{
-        halter, nonce_hex, KernelTrip, Mode, SlotSnapshot, StreamId, StreamTable, TripError,
-        TripInfo,
+        halter, nonce_hex, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamId,
+        StreamTable, TripError, TripInfo,
     },
 };
 
@@ -35,9 +37,13 @@ pub struct Shared {
     pub gate: Option<KernelGate>,
     pub metrics: Metrics,
     pub ledger: Ledger,
-    /// The watchdog's last heartbeat (`CLOCK_MONOTONIC` ns); 0 before the first. The same
-    /// value goes to the kernel gate, so userspace and kernel judge staleness alike.
+    /// The watchdog's last heartbeat in this process's `CLOCK_MONOTONIC` (ns); 0 before the
+    /// first. Emitters and the watchdog compare it with the same clock. The kernel gate keeps
+    /// its own heartbeat, stamped in the kernel's clock (`KernelGate::beat`), so a time
+    /// namespace that shifts this clock shifts neither check.
     pub heartbeat_ns: AtomicU64,
+    /// When a refused ungovernable connection was last logged (rate limit).
+    pub ungovernable_logged_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
     pub wakers: Vec<OwnedFd>,
     /// Set once the flight recorder failed: every stream halts and no new turn starts.
@@ -63,6 +69,8 @@ pub struct TurnMeta {
     pub upstream_failure: Option<(&'static str, String)>,
     /// The detector that tripped the stream and what it measured.
     pub detector_trip: Option<(&'static str, String)>,
+    /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
+    pub terminal: Option<PreparedTerminal>,
 }
 
 struct GateTrip<'a> {
@@ -71,35 +79,75 @@ struct GateTrip<'a> {
 }
 
 impl KernelTrip for GateTrip<'_> {
-    fn trip(
-        &self,
-        id: StreamId,
-        cause: FailureCode,
-        frame_limit: u64,
-        budget: u32,
-        nonce: u64,
-    ) -> bool {
-        let entry = TripEntry {
-            generation: id.generation,
+    fn trip(&self, id: StreamId, p: &KernelTripPoint) -> bool {
+        let slot = self.shared.table.slot(id.slot);
+        // The terminal frame is encoded now, once, at its final length: the gate lets through
+        // exactly one frame of exactly this length with this nonce.
+        let terminal = self.shared.prepare_terminal(&slot.snapshot(id.slot));
+        let terminal_len = terminal.bytes.len();
+        self.shared.meta(id.slot).terminal = Some(terminal);
+        let max_event = slot.max_event_bytes.load(SeqCst);
+        let allowance = u64::from(p.budget) * u64::from(max_event);
+        let policy = SockPolicy {
             tripped: 1,
-            cause: cause.as_u32(),
-            terminal_max_bytes: self.shared.cfg.terminal_max_bytes,
-            frame_limit,
+            cause: p.cause.as_u32(),
+            budget: p.budget,
+            max_event_bytes: max_event,
             // Frames up to F were handed to the kernel before the trip: they pass as pre-trip
-            // even if they reach the gate after this write, and leave the byte budget alone.
-            pre_trip_frames: frame_limit - u64::from(budget),
-            budget_bytes: u64::from(budget) * self.shared.cfg.args.max_frame_bytes,
-            nonce: nonce_hex(nonce),
+            // even if they reach the gate after this write, and their bytes (the whole of the
+            // frame in progress included) are below the ceiling.
+            pre_trip_frames: p.frames,
+            egress_ceiling: p.bytes + allowance + terminal_len as u64,
+            terminal_len: u32::try_from(terminal_len).unwrap_or(u32::MAX),
+            _pad: 0,
+            nonce: nonce_hex(p.nonce),
+            stream_tag: stream_tag(id),
         };
-        match self.gate.trip(id.slot, entry) {
+        // The slot's socket is open: a stream in TRIPPING cannot be closed by its worker
+        // (`Slot::settle_for_close`).
+        let fd = slot.fd.load(SeqCst);
+        // SAFETY: see above; the descriptor stays open for this call.
+        let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+        match self.gate.set_policy(sock, &policy) {
             Ok(()) => true,
             Err(e) => {
                 // The watchdog sees `kernel_tripped == false` and closes the stream at once.
                 self.shared.metrics.gate_errors.inc();
-                tracing::error!(stream_id = %id, error = %e, "writing the kernel trip map failed; the watchdog closes the stream");
+                tracing::error!(stream_id = %id, error = %e, "writing the kernel trip failed; the watchdog closes the stream");
                 false
             }
         }
+    }
+}
+
+/// The stream id the gate's halt events carry: `generation << 32 | slot`.
+pub fn stream_tag(id: StreamId) -> u64 {
+    (u64::from(id.generation) << 32) | u64::from(id.slot)
+}
+
+/// A terminal frame encoded at the trip: its bytes, and where the `post_trip_tokens` number
+/// sits, right-aligned in a field of fixed width, so the frame sent at the halt has exactly
+/// the length the gate was told.
+#[derive(Debug, Clone)]
+pub struct PreparedTerminal {
+    pub bytes: Vec<u8>,
+    /// Offset and width of the number's field (`None`: no such field, nothing to patch).
+    pub count_field: Option<(usize, usize)>,
+}
+
+impl PreparedTerminal {
+    /// The frame with `post_trip_tokens` set; a number wider than the field (more post-trip
+    /// tokens than the budget, which the gate never lets through) makes a longer frame, which
+    /// the gate drops.
+    pub fn write(&self, post_trip_tokens: u64, out: &mut Vec<u8>) {
+        out.clear();
+        let Some((at, width)) = self.count_field else {
+            out.extend_from_slice(&self.bytes);
+            return;
+        };
+        out.extend_from_slice(&self.bytes[..at]);
+        let _ = write!(out, "{post_trip_tokens:>width$}");
+        out.extend_from_slice(&self.bytes[at + width..]);
     }
 }
 
@@ -129,6 +177,37 @@ impl Shared {
         Ok(info)
     }
 
+    /// A connection the gate could not govern: refused (reset, never served), counted, and
+    /// logged at most once a second with the count since the last line.
+    pub fn note_ungovernable(&self, stream_id: &str, reason: &str) {
+        self.metrics.ungovernable_connections.inc();
+        let now = monotonic_ns();
+        let last = self.ungovernable_logged_ns.load(SeqCst);
+        if now.saturating_sub(last) >= 1_000_000_000
+            && self
+                .ungovernable_logged_ns
+                .compare_exchange(last, now, SeqCst, SeqCst)
+                .is_ok()
+        {
+            let total = self.metrics.ungovernable_connections.get();
+            tracing::warn!(stream_id, reason, refused_total = total, "a connection the kernel gate could not govern was refused (reset); at most one such line per second");
+        }
+    }
+
+    /// Whether the egress check is holding back bytes of this socket (it dropped a segment
+    /// beyond the stream's ceiling): closing it gracefully would leave it hanging.
+    pub fn kernel_held_bytes(&self, fd: RawFd) -> bool {
+        let Some(gate) = &self.gate else {
+            return false;
+        };
+        // SAFETY: callers pass the stream's open socket; it is closed only after they return.
+        let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+        gate.socket(sock)
+            .ok()
+            .and_then(|v| v.egress)
+            .is_some_and(|eg| eg.dropped_segments > 0)
+    }
+
     /// Rings a worker's eventfd.
     pub fn wake(&self, worker: u32) {
         if let Some(fd) = self.wakers.get(worker as usize) {
@@ -147,6 +226,36 @@ impl Shared {
         hb != 0 && now_ns.saturating_sub(hb) <= self.cfg.heartbeat_deadline.as_nanos() as u64
     }
 
+    /// The heartbeat as health checks report it: with the kernel gate, the age the gate itself
+    /// sees (its own clock, read through `clock_read`), and fresh only if both the process's
+    /// and the gate's heartbeat are; without it, the process's. A gate whose clock cannot be
+    /// read counts as lost.
+    pub fn heartbeat_view(&self, now_ns: u64) -> HeartbeatView {
+        let process_fresh = self.heartbeat_fresh(now_ns);
+        let Some(gate) = &self.gate else {
+            return HeartbeatView {
+                fresh: process_fresh,
+                age_s: self.heartbeat_age_s(now_ns),
+                clock: "process",
+                error: None,
+            };
+        };
+        match gate.clock() {
+            Ok(k) => HeartbeatView {
+                fresh: process_fresh && !k.heartbeat_lost(),
+                age_s: k.heartbeat_age().map_or(f64::INFINITY, |a| a.as_secs_f64()),
+                clock: "kernel",
+                error: None,
+            },
+            Err(e) => HeartbeatView {
+                fresh: false,
+                age_s: f64::INFINITY,
+                clock: "kernel",
+                error: Some(e.to_string()),
+            },
+        }
+    }
+
     pub fn heartbeat_age_s(&self, now_ns: u64) -> f64 {
         let hb = self.heartbeat_ns.load(SeqCst);
         if hb == 0 {
@@ -155,8 +264,46 @@ impl Shared {
         now_ns.saturating_sub(hb) as f64 / 1e9
     }
 
-    /// The terminal frame for a tripped stream, in the form its response needs.
+    /// The terminal frame for a tripped stream, in the form its response needs: the one
+    /// prepared at the trip when there is one (its length is the one the kernel expects).
     pub fn terminal_frame(&self, snap: &SlotSnapshot, out: &mut Vec<u8>) {
+        let prepared = self.meta(snap.id.slot).terminal.clone();
+        match prepared {
+            Some(t) => t.write(snap.post_trip_delivered, out),
+            None => self.encode_terminal(snap, snap.post_trip_delivered, out),
+        }
+    }
+
+    /// Encodes the terminal frame with `post_trip_tokens` in a field as wide as the stream's
+    /// budget needs.
+    pub fn prepare_terminal(&self, snap: &SlotSnapshot) -> PreparedTerminal {
+        let mut bytes = Vec::with_capacity(1024);
+        self.encode_terminal(snap, 0, &mut bytes);
+        let width = u64::from(snap.budget).max(1).ilog10() as usize + 1;
+        // The key occurs once, outside any string (a quote inside a JSON string is escaped).
+        let key = b"\"post_trip_tokens\":";
+        let count_field = bytes
+            .windows(key.len())
+            .position(|w| w == key)
+            .map(|i| i + key.len());
+        match count_field {
+            Some(at) if bytes.get(at) == Some(&b'0') => {
+                // JSON allows whitespace before a value: pad "0" to the field's width.
+                let pad = width - 1;
+                bytes.splice(at..at, std::iter::repeat_n(b' ', pad));
+                PreparedTerminal {
+                    bytes,
+                    count_field: Some((at, width)),
+                }
+            }
+            _ => PreparedTerminal {
+                bytes,
+                count_field: None,
+            },
+        }
+    }
+
+    fn encode_terminal(&self, snap: &SlotSnapshot, post_trip_tokens: u64, out: &mut Vec<u8>) {
         let (model, detail) = {
             let meta = self.meta(snap.id.slot);
             let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
@@ -182,7 +329,7 @@ impl Shared {
             model,
             code: snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip),
             trip_token_index: snap.trip_token_index,
-            post_trip_tokens: snap.post_trip_delivered,
+            post_trip_tokens,
             nonce: snap.nonce,
             degraded: snap.degraded,
             detail,
@@ -289,21 +436,35 @@ impl Shared {
         let gate = self.gate.as_ref()?;
         // SAFETY: callers pass the stream's open socket; it is closed only after they return.
         let sock = unsafe { BorrowedFd::borrow_raw(fd) };
-        match gate.socket_state(sock) {
-            Ok(Some(st)) => Some(serde_json::json!({
-                "frames": st.frames,
-                "post_trip_frames": st.post_trip_frames,
-                "post_trip_bytes": st.post_trip_bytes,
-                "terminal_sent": st.terminal_sent != 0,
-                "dropped": st.dropped != 0,
-                "trip_reason": match st.trip_reason {
-                    haltd_common::trip_reason::TRIPPED => "tripped",
-                    haltd_common::trip_reason::HEARTBEAT => "heartbeat",
-                    haltd_common::trip_reason::STALE_SLOT => "stale_slot",
-                    _ => "none",
-                },
-            })),
-            Ok(None) => Some(serde_json::json!({ "error": "no gate state for this socket" })),
+        match gate.socket(sock) {
+            Ok(v) => {
+                let Some(st) = v.state else {
+                    return Some(serde_json::json!({ "error": "no gate state for this socket" }));
+                };
+                let mut out = serde_json::json!({
+                    "frames": st.frames,
+                    "post_trip_frames": st.post_trip_frames,
+                    "post_trip_bytes": st.post_trip_bytes,
+                    "terminal_sent": st.terminal_sent != 0,
+                    "dropped": st.dropped != 0,
+                    "trip_reason": haltd_common::trip_reason::name(st.trip_reason),
+                    "adopted": st.adopted != 0,
+                });
+                if let Some(p) = v.policy.filter(|p| p.tripped != 0) {
+                    out["egress_ceiling"] = p.egress_ceiling.into();
+                    out["max_event_bytes"] = p.max_event_bytes.into();
+                }
+                if let Some(eg) = v.egress {
+                    out["egress_dropped_segments"] = eg.dropped_segments.into();
+                    out["egress_passed_end"] = eg.passed_end.into();
+                    if eg.latched_ceiling != 0 {
+                        out["egress_latched_ceiling"] = (eg.latched_ceiling - 1).into();
+                        out["egress_latch_reason"] =
+                            haltd_common::trip_reason::name(eg.latch_reason).into();
+                    }
+                }
+                Some(out)
+            }
             Err(e) => Some(serde_json::json!({ "error": e.to_string() })),
         }
     }
@@ -388,6 +549,29 @@ impl Shared {
         }
         tracing::error!(ledger = %self.ledger.path().display(), "the flight recorder failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger");
         self.trip_all(FailureCode::RecorderFailure);
+    }
+}
+
+/// The watchdog heartbeat as `/healthz`, the admin status and the metrics report it.
+#[derive(Debug, Clone)]
+pub struct HeartbeatView {
+    pub fresh: bool,
+    /// Seconds since the last beat; infinite before the first.
+    pub age_s: f64,
+    /// Whose clock measured the age: `kernel` (the gate's) or `process`.
+    pub clock: &'static str,
+    /// Why the gate's heartbeat could not be read.
+    pub error: Option<String>,
+}
+
+impl HeartbeatView {
+    /// The age in milliseconds as JSON (`null` before the first beat: JSON has no infinity).
+    pub fn age_ms_json(&self) -> serde_json::Value {
+        if self.age_s.is_finite() {
+            (self.age_s * 1e3).into()
+        } else {
+            serde_json::Value::Null
+        }
     }
 }
 

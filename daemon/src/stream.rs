@@ -185,6 +185,9 @@ pub struct Slot {
     /// (the rest of a short write may run the program again), never fewer, so a kernel limit
     /// computed from this count is exact or stricter.
     pub frames_submitted: AtomicU64,
+    /// Bytes of the frames counted in `frames_submitted`, whole (the rest of a short write is
+    /// part of its frame): where the stream's post-trip byte ceiling starts.
+    pub bytes_submitted: AtomicU64,
     /// Token frames handed to the kernel.
     pub tokens_submitted: AtomicU64,
     /// Token frames the kernel accepted in full.
@@ -202,6 +205,8 @@ pub struct Slot {
     pub halt_ns: AtomicU64,
     /// Budget B in force for this stream (0 for batch).
     pub budget: AtomicU32,
+    /// E: the largest token event this stream's encoder can write (0 before the turn starts).
+    pub max_event_bytes: AtomicU32,
     /// The emitter has a send on this socket in flight; the watchdog does not write then.
     pub send_inflight: AtomicBool,
     /// The turn's conversation key (API-key fingerprint, [`crate::modes::KeyId`]): the scope a
@@ -243,7 +248,8 @@ impl Slot {
     ///
     /// `ignore_halt` is the `emitter-ignores-halt` fault: the frame is counted and sent anyway,
     /// so only the kernel gate stops it.
-    pub fn begin_frame(&self, is_token: bool, ignore_halt: bool) -> bool {
+    /// `len` is the frame's length in bytes, all of it, however many sends it takes.
+    pub fn begin_frame(&self, is_token: bool, ignore_halt: bool, len: usize) -> bool {
         loop {
             match self.state.compare_exchange_weak(
                 state::STREAMING,
@@ -252,13 +258,13 @@ impl Slot {
                 SeqCst,
             ) {
                 Ok(_) => {
-                    self.count_frame(is_token);
+                    self.count_frame(is_token, len);
                     self.state.store(state::STREAMING, SeqCst);
                     return true;
                 }
                 Err(state::STREAMING) => continue, // spurious failure of the weak CAS
                 Err(state::TRIPPED | state::HALTING) if ignore_halt && is_token => {
-                    self.count_frame(true);
+                    self.count_frame(true, len);
                     return true;
                 }
                 Err(_) => return false,
@@ -268,7 +274,7 @@ impl Slot {
 
     /// Accounts the last frame of a stream that ends normally (the `[DONE]` frame or a whole
     /// batch body). After it the stream can no longer be tripped.
-    pub fn begin_final(&self) -> bool {
+    pub fn begin_final(&self, len: usize) -> bool {
         loop {
             match self.state.compare_exchange_weak(
                 state::STREAMING,
@@ -277,7 +283,7 @@ impl Slot {
                 SeqCst,
             ) {
                 Ok(_) => {
-                    self.count_frame(false);
+                    self.count_frame(false, len);
                     return true;
                 }
                 Err(state::STREAMING) => continue,
@@ -286,13 +292,55 @@ impl Slot {
         }
     }
 
-    fn count_frame(&self, is_token: bool) {
+    fn count_frame(&self, is_token: bool, len: usize) {
         // Order matters: tokens before frames here, frames before tokens in `trip`, so τ can
-        // only be read too high relative to the frame limit (stricter), never too low.
+        // only be read too high relative to the frame limit (stricter), never too low. The
+        // bytes are counted inside the same EMITTING window as the frame, so a trip never
+        // reads a frame without its bytes.
         if is_token {
             self.tokens_submitted.fetch_add(1, SeqCst);
         }
+        self.bytes_submitted.fetch_add(len as u64, SeqCst);
         self.frames_submitted.fetch_add(1, SeqCst);
+    }
+
+    /// Runs `f` inside the frame window (STREAMING → EMITTING → STREAMING), where no trip can
+    /// happen: for kernel policy writes that must not overwrite a trip. Returns false, without
+    /// running `f`, once the stream is tripping or tripped (or over).
+    pub fn while_untripped(&self, f: impl FnOnce()) -> bool {
+        loop {
+            match self.state.compare_exchange_weak(
+                state::STREAMING,
+                state::EMITTING,
+                SeqCst,
+                SeqCst,
+            ) {
+                Ok(_) => {
+                    f();
+                    self.state.store(state::STREAMING, SeqCst);
+                    return true;
+                }
+                Err(state::STREAMING) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Takes a stream that is not tripped out of reach of trips before its connection
+    /// closes: STREAMING → DONE. Returns false while a trip is in progress or the stream is
+    /// tripped (the caller waits for the halt), true otherwise.
+    pub fn settle_for_close(&self) -> bool {
+        loop {
+            match self
+                .state
+                .compare_exchange_weak(state::STREAMING, state::DONE, SeqCst, SeqCst)
+            {
+                Ok(_) => return true,
+                Err(state::STREAMING | state::EMITTING) => std::hint::spin_loop(),
+                Err(state::TRIPPING | state::TRIPPED | state::HALTING) => return false,
+                Err(_) => return true,
+            }
+        }
     }
 
     /// Moves TRIPPED → HALTING for the caller; only one of emitter and watchdog wins.
@@ -422,15 +470,21 @@ pub enum TripError {
 /// What the table needs from the kernel gate when a stream trips. Implemented by the gate
 /// glue in the daemon; absent with `--no-kernel-gate`.
 pub trait KernelTrip: Send + Sync {
-    /// Writes the trip into the gate: frames numbered above `frame_limit` are post-budget.
-    fn trip(
-        &self,
-        id: StreamId,
-        cause: FailureCode,
-        frame_limit: u64,
-        budget: u32,
-        nonce: u64,
-    ) -> bool;
+    /// Writes the trip into the gate.
+    fn trip(&self, id: StreamId, trip: &KernelTripPoint) -> bool;
+}
+
+/// What a trip fixed that the kernel gate needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelTripPoint {
+    pub cause: FailureCode,
+    /// `F`: frames handed to the kernel before the trip.
+    pub frames: u64,
+    /// Bytes of those frames, whole.
+    pub bytes: u64,
+    /// B of this stream.
+    pub budget: u32,
+    pub nonce: u64,
 }
 
 /// Fixed-capacity table of stream slots.
@@ -485,6 +539,7 @@ impl StreamTable {
         s.started_unix_ms.store(unix_ms, SeqCst);
         for c in [
             &s.frames_submitted,
+            &s.bytes_submitted,
             &s.tokens_submitted,
             &s.tokens_delivered,
             &s.post_trip_delivered,
@@ -500,6 +555,7 @@ impl StreamTable {
         s.send_inflight.store(false, SeqCst);
         s.halted_by.store(halter::NONE, SeqCst);
         s.budget.store(budget, SeqCst);
+        s.max_event_bytes.store(0, SeqCst);
         s.state.store(state::STREAMING, SeqCst);
         Some(StreamId {
             slot: idx,
@@ -603,6 +659,7 @@ impl StreamTable {
         }
         // Frames first, then tokens (the reverse of `count_frame`).
         let frames = s.frames_submitted.load(SeqCst);
+        let bytes = s.bytes_submitted.load(SeqCst);
         let tau = s.tokens_submitted.load(SeqCst);
         let budget = s.budget.load(SeqCst);
         let nonce = loop {
@@ -615,15 +672,14 @@ impl StreamTable {
         s.trip_token_index.store(tau, SeqCst);
         s.nonce.store(nonce, SeqCst);
         s.trip_ns.store(now_ns, SeqCst);
-        let kernel_enforced = kernel.is_some_and(|k| {
-            k.trip(
-                id,
-                cause,
-                frames.saturating_add(u64::from(budget)),
-                budget,
-                nonce,
-            )
-        });
+        let point = KernelTripPoint {
+            cause,
+            frames,
+            bytes,
+            budget,
+            nonce,
+        };
+        let kernel_enforced = kernel.is_some_and(|k| k.trip(id, &point));
         s.kernel_tripped.store(kernel_enforced, SeqCst);
         s.state.store(state::TRIPPED, SeqCst);
         Ok(TripInfo {
@@ -692,8 +748,8 @@ mod tests {
 
     struct RecordingKernel(AtomicU64);
     impl KernelTrip for RecordingKernel {
-        fn trip(&self, _: StreamId, _: FailureCode, frame_limit: u64, _: u32, _: u64) -> bool {
-            self.0.store(frame_limit, SeqCst);
+        fn trip(&self, _: StreamId, p: &KernelTripPoint) -> bool {
+            self.0.store(p.frames + u64::from(p.budget), SeqCst);
             true
         }
     }
@@ -703,9 +759,9 @@ mod tests {
         let t = StreamTable::new(4);
         let id = t.alloc(0, -1, 5, 1).expect("free slot");
         let s = t.get(id).expect("live");
-        assert!(s.begin_frame(false, false)); // response head
+        assert!(s.begin_frame(false, false, 100)); // response head
         for _ in 0..3 {
-            assert!(s.begin_frame(true, false));
+            assert!(s.begin_frame(true, false, 10));
         }
         let k = RecordingKernel(AtomicU64::new(0));
         let info = t
@@ -713,8 +769,8 @@ mod tests {
             .expect("trips");
         assert_eq!(info.trip_token_index, 3);
         assert_eq!(k.0.load(SeqCst), 4 + 5);
-        assert!(!s.begin_frame(true, false), "no frame after a trip");
-        assert!(s.begin_frame(true, true), "the fault keeps sending");
+        assert!(!s.begin_frame(true, false, 10), "no frame after a trip");
+        assert!(s.begin_frame(true, true, 10), "the fault keeps sending");
         assert!(matches!(
             t.trip(id, FailureCode::ExfilAlert, Some(&k), 3),
             Err(TripError::AlreadyTripped {
@@ -743,7 +799,7 @@ mod tests {
     fn finished_streams_cannot_trip_and_released_ids_go_stale() {
         let t = StreamTable::new(1);
         let id = t.alloc(0, -1, 5, 1).expect("free slot");
-        assert!(t.get(id).expect("live").begin_final());
+        assert!(t.get(id).expect("live").begin_final(10));
         assert!(matches!(
             t.trip(id, FailureCode::OperatorTrip, None, 2),
             Err(TripError::Finished(_))
@@ -779,7 +835,7 @@ mod tests {
             let emitter = std::thread::spawn(move || {
                 let s = t2.get(id).expect("live");
                 let mut sent = 0u64;
-                while s.begin_frame(true, false) {
+                while s.begin_frame(true, false, 1) {
                     sent += 1;
                 }
                 sent

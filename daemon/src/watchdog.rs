@@ -71,9 +71,8 @@ fn run(shared: &Shared) {
             if let Err(e) = gate.drain_halt_events(&mut |ev| {
                 events += 1;
                 tracing::debug!(
-                    slot = ev.slot,
-                    generation = ev.generation,
-                    verdict = ev.verdict,
+                    stream_tag = format_args!("{:#x}", ev.stream_tag),
+                    verdict = haltd_common::verdict::NAMES.get(ev.verdict as usize).copied().unwrap_or("unknown"),
                     frames = ev.frames,
                     "kernel gate dropped a send"
                 );
@@ -98,7 +97,7 @@ fn halt_after_gap(shared: &Shared, gap_ns: u64) {
 
 fn beat(shared: &Shared, now: u64) {
     if let Some(gate) = &shared.gate {
-        if let Err(e) = gate.beat(now) {
+        if let Err(e) = gate.beat() {
             // Leave the in-process heartbeat stale too: every emitter then halts its stream.
             shared.metrics.gate_errors.inc();
             tracing::error!(error = %e, "writing the kernel heartbeat failed; streams will halt with HEARTBEAT_LOST");

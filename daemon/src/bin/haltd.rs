@@ -69,8 +69,9 @@ fn main() -> ExitCode {
             match haltd::server::load_gate(&cfg) {
                 Ok(gate) => {
                     println!(
-                        "kernel halt gate: loaded, verified and attached (max_streams={})",
-                        gate.max_streams()
+                        "kernel halt gate: loaded, verified, attached to cgroup {} and self-tested (governed sockets at most {})",
+                        gate.cgroup().display(),
+                        gate.max_sockets()
                     );
                     ExitCode::SUCCESS
                 }

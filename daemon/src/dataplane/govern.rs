@@ -165,7 +165,7 @@ impl Worker {
             }
         }
         turn.first_frame_sent = true;
-        if !slot.begin_frame(true, ignore_halt) {
+        if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
             return self.halt(key);
         }
         if let PendingKind::ToolCall { started, .. } = p.kind {

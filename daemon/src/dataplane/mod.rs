@@ -37,6 +37,7 @@ use crate::{
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Endpoint, Mode, StreamId},
 };
+use haltd_common::SockPolicy;
 
 mod govern;
 mod proxy;
@@ -75,6 +76,9 @@ enum SendKind {
     /// An error or health response; the connection closes after it.
     Reply,
     Terminal,
+    /// An interim `100 Continue` to a client that half-closed while its proxied turn waits on
+    /// the upstream (see `proxy::on_watch`).
+    Probe,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +194,8 @@ struct Conn {
     up: Option<Box<proxy::Upstream>>,
     watch_inflight: bool,
     watch_buf: Box<[u8; 16]>,
+    /// The client half-closed (or closed) its side: EOF was read after the request.
+    peer_eof: bool,
     /// When the token(s) of the token frame in flight reached haltd (the built-in source
     /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
     /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
@@ -473,41 +479,28 @@ impl Worker {
             .table
             .alloc(self.id, fd, shared.cfg.args.budget, monotonic_ns())
         else {
-            // A stream that cannot be governed is not served: answer 503 outside the gate
-            // (no tokens, nothing to police) and close.
-            shared
-                .metrics
-                .requests_rejected
-                .get_or_create(&crate::metrics::StatusLabels { status: 503 })
-                .inc();
-            let mut out = Vec::new();
-            http::write_error_response(
-                &mut out,
-                &HttpError::new(
-                    503,
-                    "server_error",
-                    "haltd is at --max-streams; retry later",
-                ),
-                None,
-            );
-            // SAFETY: plain non-blocking write and close of the socket we just accepted.
-            unsafe {
-                libc::send(
-                    fd,
-                    out.as_ptr().cast(),
-                    out.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                );
-                libc::close(fd);
-            }
+            self.refuse_at_capacity(fd);
             return;
         };
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            if let Err(e) = gate.govern(sock, id.slot, id.generation) {
-                shared.metrics.gate_errors.inc();
-                tracing::error!(stream_id = %id, error = %e, "cannot put the connection under the kernel gate; refusing it");
+            let policy = SockPolicy {
+                stream_tag: crate::shared::stream_tag(id),
+                ..SockPolicy::default()
+            };
+            let slot = shared.table.slot(id.slot);
+            // In the frame window, so a trip cannot be overwritten by this first policy.
+            let mut res = Ok(crate::gate::Governed::Inserted);
+            let untripped = slot.while_untripped(|| res = gate.govern(sock, &policy));
+            if let Err(e) = res.map_err(|e| e.to_string()).and_then(|_| {
+                untripped
+                    .then_some(())
+                    .ok_or_else(|| "tripped before it was governed".to_owned())
+            }) {
+                shared.note_ungovernable(&id.to_string(), &e);
+                // Reset, not a graceful close: nothing of this connection may linger.
+                let _ = crate::gate::selftest::set_linger_zero(&sock);
                 // SAFETY: closing the socket we accepted; nothing else refers to it.
                 unsafe { libc::close(fd) };
                 shared.table.release(id);
@@ -538,12 +531,56 @@ impl Worker {
             up: None,
             watch_inflight: false,
             watch_buf: Box::new([0; 16]),
+            peer_eof: false,
             frame_arrived_ns: 0,
         };
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
             tracing::error!(error = %e, "arming recv failed");
             self.begin_close(key);
+        }
+    }
+
+    /// At `--max-streams`: answer 503 and close. With the gate, the connection was governed
+    /// at establishment, so it gets an untripped policy with no budget first (no tokens, and
+    /// a lost heartbeat still stops it).
+    fn refuse_at_capacity(&self, fd: RawFd) {
+        let shared = &self.shared;
+        shared
+            .metrics
+            .requests_rejected
+            .get_or_create(&crate::metrics::StatusLabels { status: 503 })
+            .inc();
+        if let Some(gate) = &shared.gate {
+            // SAFETY: `fd` is open for the duration of this call.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if let Err(e) = gate.govern(sock, &SockPolicy::default()) {
+                shared.note_ungovernable("-", &e.to_string());
+                let _ = crate::gate::selftest::set_linger_zero(&sock);
+                // SAFETY: closing the socket we just accepted; nothing else refers to it.
+                unsafe { libc::close(fd) };
+                return;
+            }
+        }
+        let mut out = Vec::new();
+        http::write_error_response(
+            &mut out,
+            &HttpError::new(
+                503,
+                "server_error",
+                "haltd is at --max-streams; retry later",
+            ),
+            None,
+        );
+        // SAFETY: plain non-blocking write and close of the socket we just accepted.
+        unsafe {
+            libc::send(
+                fd,
+                out.as_ptr().cast(),
+                out.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            );
+            libc::close(fd);
         }
     }
 
@@ -617,7 +654,7 @@ impl Worker {
                     .shared
                     .table
                     .slot(conn.id.slot)
-                    .begin_frame(false, false)
+                    .begin_frame(false, false, conn.wbuf.len())
                 {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
@@ -690,7 +727,9 @@ impl Worker {
 
     fn reply_health(&mut self, key: usize) -> io::Result<()> {
         let now = monotonic_ns();
-        let fresh = self.shared.heartbeat_fresh(now);
+        // A syscall or two per health check (the gate's clock), never per token.
+        let hb = self.shared.heartbeat_view(now);
+        let fresh = hb.fresh;
         let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
         let status = match (fresh, recorder_ok) {
             (true, true) => "ok",
@@ -700,7 +739,8 @@ impl Worker {
         let body = serde_json::json!({
             "status": status,
             "kernel_gate": self.shared.kernel_gate_label(),
-            "heartbeat_age_ms": self.shared.heartbeat_age_s(now) * 1e3,
+            "heartbeat_age_ms": hb.age_ms_json(),
+            "heartbeat_clock": hb.clock,
             "recorder_ok": recorder_ok,
             // Not counting this health check's own connection.
             "streams_active": self.shared.table.active_count().saturating_sub(1),
@@ -747,7 +787,12 @@ impl Worker {
                 .inc();
             conn.outcome = Outcome::Rejected(status);
         }
-        if self.shared.table.slot(conn.id.slot).begin_final() {
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wbuf.len())
+        {
             self.send(key, SendKind::Reply)
         } else {
             self.halt(key)
@@ -765,7 +810,12 @@ impl Worker {
             .get_or_create(&crate::metrics::StatusLabels { status: err.status })
             .inc();
         conn.outcome = Outcome::Rejected(err.status);
-        if self.shared.table.slot(conn.id.slot).begin_final() {
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wbuf.len())
+        {
             self.send(key, SendKind::Reply)
         } else {
             self.halt(key)
@@ -874,7 +924,7 @@ impl Worker {
             Some(conn.id),
             &[],
         );
-        if slot.begin_frame(false, false) {
+        if slot.begin_frame(false, false, conn.wbuf.len()) {
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);
         }
@@ -936,6 +986,9 @@ impl Worker {
             tool_calls: Vec::new(),
         };
         conn.turn = Some(Box::new(turn));
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
         if let Some(trip) = failed {
             return self.detector_trip(key, trip);
         }
@@ -943,6 +996,45 @@ impl Worker {
             return self.send_stream_head(key);
         }
         self.step(key)
+    }
+
+    /// Gives the kernel gate the turn's own policy, before the turn's first frame: its
+    /// budget (0 for batch and degraded turns, as in userspace) and E, the largest token
+    /// event its encoder can write, which bounds every post-trip frame and the post-trip
+    /// bytes. Written in the frame window so it can never overwrite a trip. Returns false if
+    /// the turn cannot go on: the gate refused the write (the stream is tripped then, fail
+    /// closed) or a trip came first.
+    fn arm_turn_policy(&mut self, key: usize) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let conn = &self.conns[key];
+        let Some(turn) = conn.turn.as_ref() else {
+            return false;
+        };
+        let slot = shared.table.slot(conn.id.slot);
+        let max_event = turn.enc.max_event_bytes();
+        slot.max_event_bytes.store(max_event, SeqCst);
+        let Some(gate) = &shared.gate else {
+            return !slot.is_tripped();
+        };
+        let policy = SockPolicy {
+            budget: slot.budget.load(SeqCst),
+            max_event_bytes: max_event,
+            stream_tag: crate::shared::stream_tag(conn.id),
+            ..SockPolicy::default()
+        };
+        // SAFETY: the connection's socket, open until the connection is dropped.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.fd) };
+        let mut res = Ok(());
+        if !slot.while_untripped(|| res = gate.set_policy(sock, &policy)) {
+            return false;
+        }
+        if let Err(e) = res {
+            shared.metrics.gate_errors.inc();
+            tracing::error!(stream_id = %conn.id, error = %e, "writing the turn's kernel policy failed; halting the stream");
+            let _ = shared.trip(conn.id, FailureCode::WatchdogTrip);
+            return false;
+        }
+        true
     }
 
     /// Produces the next frame of a turn: heartbeat and trip checks, then a frame the
@@ -1058,7 +1150,7 @@ impl Worker {
         );
         turn.first_frame_sent = true;
         turn.note_output(tok.text);
-        if !slot.begin_frame(true, ignore_halt) {
+        if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
             return self.halt(key);
         }
         turn.inflight_token = index + 1;
@@ -1166,7 +1258,7 @@ impl Worker {
                 conn.wbuf.extend_from_slice(&body);
             }
         }
-        if slot.begin_final() {
+        if slot.begin_final(conn.wbuf.len()) {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);
             }
@@ -1298,6 +1390,7 @@ impl Worker {
         }
         match kind {
             SendKind::Continue100 => self.arm_recv(key),
+            SendKind::Probe => self.probe_sent(key),
             SendKind::Head => self.step(key),
             SendKind::Token => self.schedule_next(key),
             SendKind::Final | SendKind::Reply => {
@@ -1464,6 +1557,16 @@ impl Worker {
             }
             _ => {}
         }
+        // Out of reach of trips before the descriptor goes: a trip writes the kernel through
+        // it. A trip that raced in wakes us once it is published.
+        if !slot.settle_for_close() {
+            return;
+        }
+        if shared.kernel_held_bytes(conn.fd) {
+            // The egress check holds bytes of this stream back: a graceful close would queue
+            // the FIN behind them for ever. Reset the connection instead.
+            let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
+        }
         let conn = self.conns.remove(key);
         // SAFETY: no operation on this descriptor is in flight and the watchdog is done
         // with it (the slot is not HALTING), so nothing else uses it.
@@ -1619,7 +1722,7 @@ fn resync_frames(shared: &Shared, fd: RawFd, slot: &crate::stream::Slot) {
     };
     // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    if let Ok(Some(st)) = gate.socket_state(sock) {
+    if let Ok(crate::gate::SocketView { state: Some(st), .. }) = gate.socket(sock) {
         // Never lower it: a trip may have read the count already, and lower is looser.
         slot.frames_submitted.fetch_max(st.frames, SeqCst);
     }
@@ -1632,8 +1735,10 @@ fn kernel_drop_cause(shared: &Shared, fd: RawFd) -> FailureCode {
     };
     // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    match gate.socket_state(sock) {
-        Ok(Some(st)) if st.trip_reason == haltd_common::trip_reason::HEARTBEAT => {
+    match gate.socket(sock) {
+        Ok(crate::gate::SocketView { state: Some(st), .. })
+            if st.trip_reason == haltd_common::trip_reason::HEARTBEAT =>
+        {
             FailureCode::HeartbeatLost
         }
         _ => FailureCode::WatchdogTrip,

@@ -414,16 +414,24 @@ impl Worker {
     }
 
     /// Watches the client socket while the turn waits on the upstream: a client that goes
-    /// away cancels the upstream generation at once, not at the next token.
+    /// away cancels the upstream generation at once, not at the next token. Before the client
+    /// half-closed, a receive (EOF or an error ends it); after, a poll for the reset or hang-up
+    /// that only a client that closed for good causes (see `on_watch`).
     fn arm_watch(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
         if conn.watch_inflight || conn.closing {
             return Ok(());
         }
-        let ptr = conn.watch_buf.as_mut_ptr();
-        let e = opcode::Recv::new(types::Fd(conn.fd), ptr, conn.watch_buf.len() as u32)
-            .build()
-            .user_data(ud(key, OP_WATCH));
+        let e = if conn.peer_eof {
+            opcode::PollAdd::new(types::Fd(conn.fd), (libc::POLLERR | libc::POLLHUP) as u32)
+                .build()
+                .user_data(ud(key, OP_WATCH))
+        } else {
+            let ptr = conn.watch_buf.as_mut_ptr();
+            opcode::Recv::new(types::Fd(conn.fd), ptr, conn.watch_buf.len() as u32)
+                .build()
+                .user_data(ud(key, OP_WATCH))
+        };
         conn.watch_inflight = true;
         self.push(&e)
     }
@@ -435,12 +443,31 @@ impl Worker {
         if conn.closing || res == -libc::ECANCELED {
             return Ok(());
         }
-        if res > 0 {
+        if res > 0 && !conn.peer_eof {
             // Bytes after the request: not served (one request per connection); stop
             // watching rather than spin on a chatty client.
             return Ok(());
         }
-        // EOF or error: the client went away. Make the stream untrippable, cancel upstream.
+        if res == 0 && !conn.peer_eof {
+            // EOF: the client half-closed (it may still be reading, as `nc -N` and many
+            // HTTP/1.0-style tools do) or closed. A half-closed client is served like any
+            // other. To tell the two apart before the response begins, send an interim
+            // `100 Continue` (HTTP/1.1 clients skip 1xx responses): a client that closed
+            // answers it with a reset, which the poll armed next sees.
+            conn.peer_eof = true;
+            let slot = shared.table.slot(conn.id.slot);
+            if slot.headers_sent.load(SeqCst) || conn.sending.is_some() {
+                return self.arm_watch(key);
+            }
+            conn.wbuf.clear();
+            conn.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !slot.begin_frame(false, false, conn.wbuf.len()) {
+                return self.halt(key);
+            }
+            return self.send(key, SendKind::Probe);
+        }
+        // An error, or a reset or hang-up after EOF: the client went away. Make the stream
+        // untrippable, cancel the upstream.
         let slot = shared.table.slot(conn.id.slot);
         let _ = slot
             .state
@@ -453,6 +480,26 @@ impl Worker {
         self.up_cancel(key, "client_gone");
         self.begin_close(key);
         Ok(())
+    }
+
+    /// The interim response sent to a client that half-closed went out: watch for its reset,
+    /// and carry on with whatever the upstream sent meanwhile.
+    pub(super) fn probe_sent(&mut self, key: usize) -> io::Result<()> {
+        self.arm_watch(key)?;
+        let conn = &self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        // The upstream's head may have arrived while the probe was in flight: the client's
+        // response begins now, as it would have then.
+        let head_due = slot.mode() == Mode::Stream
+            && !slot.headers_sent.load(SeqCst)
+            && conn
+                .up
+                .as_ref()
+                .is_some_and(|u| u.reader.head().is_some() && !u.finished);
+        if head_due {
+            return self.send_stream_head(key);
+        }
+        self.proxy_step(key)
     }
 
     /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.
@@ -532,6 +579,9 @@ impl Worker {
             token_gap_ns_sum: 0,
             tool_calls: Vec::new(),
         }));
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
         if let Some(trip) = failed {
             return self.detector_trip(key, trip);
         }
@@ -1102,7 +1152,7 @@ impl Worker {
                     }
                     turn.first_frame_sent = true;
                     turn.note_output(&text);
-                    if !slot.begin_frame(true, ignore_halt) {
+                    if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
                         return self.halt(key);
                     }
                     turn.inflight_token = index + 1;

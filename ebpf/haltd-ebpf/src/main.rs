@@ -1,237 +1,171 @@
-//! The haltd halt gate: an `sk_msg` program on the send path of every governed client socket.
+//! The haltd halt gate: the BPF programs that bound what a tripped stream may still send.
 //!
-//! Once a stream is tripped (by the daemon through `TRIPS`, or by the gate itself when the
-//! watchdog heartbeat is lost, or because the socket's slot now belongs to another stream), at
-//! most the post-trip budget of further sends may leave, then one terminal frame carrying the
-//! trip's nonce, then nothing. A send the gate drops fails with `EACCES` and the kernel never
-//! runs the program for that socket again, so a drop is final.
+//! * `halt_gate` (`sk_msg`, attached to `GOVERNED`) judges every send call the kernel runs it
+//!   for: post-trip frames, their size, the terminal frame. A drop fails the send with
+//!   `EACCES`, and the kernel never runs the program for that socket again.
+//! * `halt_egress` (`cgroup_skb/egress`, attached to haltd's cgroup) judges every TCP segment
+//!   of a governed socket by its stream offset against the post-trip byte ceiling. It caches
+//!   nothing, so it also bounds the sends `halt_gate` never saw (the kernel keeps an earlier
+//!   verdict while a push stays partial).
+//! * `halt_adopt` (`sock_ops`, attached to haltd's cgroup) governs every connection accepted
+//!   on a governed port at establishment, before the client can half-close it.
+//! * `heartbeat_stamp` and `clock_read` (socket filters, run by `BPF_PROG_RUN`) stamp the
+//!   watchdog's heartbeat and read the clock the checks use (`bpf_ktime_get_ns`).
 //!
-//! The program runs once per send call (large sends are split into several runs of about
-//! 544 KiB); it keeps no logging on this path, only per-CPU verdict counters and one ring-buffer
-//! event per socket, on its first drop. Map layouts and who writes what: `haltd-common`.
+//! The decisions themselves are `haltd_common::decide`, shared with the model of the gate.
+//! Nothing logs on these paths: per-CPU counters, and one ring-buffer event per socket on its
+//! first drop.
 #![no_std]
 #![no_main]
 
 use core::ptr;
 
 use aya_ebpf::{
-    bindings::sk_action,
-    btf_maps::{Array, PerCpuArray, RingBuf, SkStorage, SockHash},
+    bindings::{
+        bpf_sock, sk_action, BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+    },
+    btf_maps::{Array, HashMap, PerCpuArray, RingBuf, SkStorage, SockHash},
     helpers::{
         bpf_ktime_get_ns,
-        generated::{bpf_msg_pull_data, bpf_sk_storage_get},
+        generated::{
+            bpf_get_socket_cookie, bpf_msg_pull_data, bpf_sk_fullsock, bpf_sk_storage_get,
+            bpf_tcp_sock,
+        },
     },
-    macros::{btf_map, sk_msg},
-    programs::SkMsgContext,
+    macros::{btf_map, cgroup_skb, sk_msg, sock_ops, socket_filter},
+    programs::{SkBuffContext, SkMsgContext, SockOpsContext},
 };
 use haltd_common::{
-    trip_reason, verdict, HaltEvent, Heartbeat, SockState, TripEntry, DEFAULT_MAX_STREAMS,
-    NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
+    decide::{self, SegmentView, SendView},
+    verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState, DEFAULT_MAX_SOCKETS,
+    MAX_GOVERNED_PORTS, NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
 };
 
-/// Governed sockets by stream slot. The program is attached to this map; its values are never
-/// read here (the program identifies the stream through `SOCK_STATE`).
+/// Governed sockets by socket cookie. `halt_gate` is attached to this map.
 #[btf_map]
-static GOVERNED: SockHash<u32, { DEFAULT_MAX_STREAMS as usize }> = SockHash::new();
+static GOVERNED: SockHash<u64, { DEFAULT_MAX_SOCKETS as usize }> = SockHash::new();
 
-/// Per-socket state, written by userspace by fd before the socket enters `GOVERNED`.
+/// Local ports whose accepted connections `halt_adopt` governs.
+#[btf_map]
+static GOVERNED_PORTS: HashMap<u32, u32, { MAX_GOVERNED_PORTS as usize }> = HashMap::new();
+
+/// The send check's per-socket state.
 #[btf_map]
 static SOCK_STATE: SkStorage<SockState> = SkStorage::new();
 
-/// Per-slot trip state; capacity overridden by the daemon at load time.
+/// Userspace's per-socket policy and trip.
 #[btf_map]
-static TRIPS: Array<TripEntry, { DEFAULT_MAX_STREAMS as usize }> = Array::new();
+static SOCK_POLICY: SkStorage<SockPolicy> = SkStorage::new();
 
-/// The watchdog's heartbeat.
+/// The egress check's per-socket state.
+#[btf_map]
+static EGRESS_STATE: SkStorage<EgressState> = SkStorage::new();
+
+/// The watchdog's heartbeat, in the kernel's clock.
 #[btf_map]
 static HEARTBEAT: Array<Heartbeat, 1> = Array::new();
 
-/// Sends by verdict, per CPU so the hot path never contends on a cache line.
+/// Counters by outcome, per CPU so the hot path never contends on a cache line.
 #[btf_map]
 static VERDICTS: PerCpuArray<u64, { verdict::COUNT as usize }> = PerCpuArray::new();
 
-/// One event per socket, on its first drop. 256 KiB holds over 6000 unread events; when full,
-/// events are lost but the verdict counters still count every drop.
+/// One event per socket, on its first drop. 256 KiB holds over 5000 unread events; when full,
+/// events are lost but the counters still count every drop.
 #[btf_map]
 static HALT_EVENTS: RingBuf<HaltEvent, { 256 * 1024 }> = RingBuf::new();
 
 const SK_PASS: u32 = sk_action::SK_PASS;
 const SK_DROP: u32 = sk_action::SK_DROP;
+/// `cgroup_skb` return values: 1 lets the packet go, 0 drops it (TCP keeps the data queued
+/// and retries later, when it is judged again).
+const CG_PASS: i32 = 1;
+const CG_DROP: i32 = 0;
+const IPPROTO_TCP: u8 = 6;
 
-#[sk_msg]
-pub fn halt_gate(ctx: SkMsgContext) -> u32 {
-    let v = decide(&ctx);
-    if let Some(count) = VERDICTS.get_ptr_mut(v) {
-        // SAFETY: a per-CPU array element of this CPU; sk_msg runs with preemption disabled
-        // for the whole program, so nothing else writes it concurrently.
-        unsafe { *count += 1 };
-    }
-    match v {
-        verdict::PASS | verdict::PASS_POST_TRIP | verdict::PASS_TERMINAL => SK_PASS,
-        _ => SK_DROP,
+#[inline(always)]
+fn count(v: u32) {
+    if let Some(c) = VERDICTS.get_ptr_mut(v) {
+        // SAFETY: a per-CPU array element of this CPU; BPF programs run with migration
+        // disabled, and a program that is preempted on this CPU by another one only loses a
+        // count, never corrupts memory.
+        unsafe { *c += 1 };
     }
 }
 
 #[inline(always)]
-fn decide(ctx: &SkMsgContext) -> u32 {
+fn now() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// A socket's storage in `map`, created zeroed when `create`.
+#[inline(always)]
+fn storage<T>(map: &SkStorage<T>, sk: *mut bpf_sock, create: bool) -> *mut T {
+    let flags = if create {
+        u64::from(BPF_SK_STORAGE_GET_F_CREATE)
+    } else {
+        0
+    };
+    // SAFETY: `map` is a map definition the loader relocates to the map fd; `sk` is a socket
+    // pointer of the program's context, of a type the verifier accepts for this helper.
+    unsafe { bpf_sk_storage_get(ptr::from_ref(map).cast_mut().cast(), sk.cast(), ptr::null_mut(), flags) }
+        .cast::<T>()
+}
+
+#[inline(always)]
+fn heartbeat_lost(now_ns: u64) -> bool {
+    decide::heartbeat_lost(HEARTBEAT.get(0), now_ns)
+}
+
+#[sk_msg]
+pub fn halt_gate(ctx: SkMsgContext) -> u32 {
     // SAFETY: `ctx.msg` is the kernel's `sk_msg_md` for this run, valid for the whole program.
     let sk = unsafe { (*ctx.msg).__bindgen_anon_3.sk };
-    // SAFETY: `SOCK_STATE` is a map definition the loader relocates to the map fd; `sk` comes
-    // from the context, the only socket pointer the verifier accepts here.
-    let st = unsafe {
-        bpf_sk_storage_get(
-            ptr::from_ref(&SOCK_STATE).cast_mut().cast(),
-            sk.cast(),
-            ptr::null_mut(),
-            0,
-        )
-    }
-    .cast::<SockState>();
+    let st = storage(&SOCK_STATE, sk, false);
     if st.is_null() {
         // Governed but never given state: a daemon bug. Fail closed.
-        return verdict::DROP_NO_STATE;
+        count(verdict::DROP_NO_STATE);
+        return SK_DROP;
     }
-    // SAFETY: non-null storage of this socket; sends on one socket are serialised by the socket
-    // lock, so this run is its only writer.
+    // SAFETY: non-null storage of this socket; sends on one socket are serialised by the
+    // socket lock, so this run is its only writer.
     let st = unsafe { &mut *st };
-    let v = gate(ctx, st);
-    if matches!(
-        v,
-        verdict::DROP_BUDGET | verdict::DROP_BYTES | verdict::DROP_AFTER_TERMINAL
-    ) && st.dropped == 0
-    {
+    let policy = storage(&SOCK_POLICY, sk, false);
+    // SAFETY: non-null storage of this socket, written only by userspace, whose updates link a
+    // new element in whole (never a half-written value).
+    let policy = unsafe { policy.as_ref() };
+    let now_ns = now();
+    let view = SendView {
+        size: u64::from(ctx.size()),
+        now_ns,
+        heartbeat_lost: heartbeat_lost(now_ns),
+    };
+    let v = decide::send_verdict(st, policy, view, |nonce| carries_nonce(&ctx, nonce));
+    count(v);
+    if verdict::passes(v) {
+        return SK_PASS;
+    }
+    if verdict::is_trip_drop(v) && st.dropped == 0 {
         st.dropped = 1;
-        // The cause belongs to this stream only if the slot still holds its generation.
-        let cause = match TRIPS.get(st.slot) {
-            Some(t) if t.generation == st.generation => t.cause,
-            _ => 0,
+        let (stream_tag, cause) = match policy {
+            Some(p) => (p.stream_tag, p.cause),
+            None => (0, 0),
         };
         let event = HaltEvent {
-            slot: st.slot,
-            generation: st.generation,
+            stream_tag,
             verdict: v,
             trip_reason: st.trip_reason,
             frames: st.frames,
             post_trip_frames: st.post_trip_frames,
             cause,
-            // SAFETY: no preconditions.
-            ts_ns: unsafe { bpf_ktime_get_ns() },
+            _pad: 0,
+            ts_ns: now_ns,
         };
-        // A full ring buffer loses the event; the verdict counter still records the drop.
+        // A full ring buffer loses the event; the counter still records the drop.
         let _ = HALT_EVENTS.output(event, 0);
     }
-    v
-}
-
-#[inline(always)]
-fn gate(ctx: &SkMsgContext, st: &mut SockState) -> u32 {
-    if st.terminal_sent != 0 {
-        return verdict::DROP_AFTER_TERMINAL;
-    }
-    st.frames += 1;
-    let n = st.frames;
-    let size = u64::from(ctx.size());
-
-    // The slot's trip entry, if it still belongs to this socket's stream.
-    let trip = match TRIPS.get(st.slot) {
-        Some(t) if t.generation == st.generation => Some(t),
-        _ => None,
-    };
-    let user_tripped = trip.is_some_and(|t| t.tripped != 0 && n > t.pre_trip_frames);
-
-    let hb_bytes = heartbeat_budget(st, n);
-
-    // Untripped, or a frame userspace handed to the kernel before the trip (in flight when
-    // the trip was written): pass it as it would have passed before the trip.
-    let pre_trip = match trip {
-        Some(t) => t.tripped == 0 || n <= t.pre_trip_frames,
-        None => false,
-    };
-    if pre_trip && st.stale_frame_limit == 0 {
-        return verdict::PASS;
-    }
-
-    first_tripped_send(st, trip.is_none(), user_tripped);
-
-    // The terminal allowance: only a trip from userspace has a nonce, and only a frame that
-    // carries it (which token frames never do) is let through once more.
-    if let Some(t) = trip {
-        if t.tripped != 0 && size <= u64::from(t.terminal_max_bytes) && carries_nonce(ctx, &t.nonce)
-        {
-            st.terminal_sent = 1;
-            return verdict::PASS_TERMINAL;
-        }
-    }
-
-    // Effective budget: the tightest of every reason the stream is tripped for.
-    let mut frame_limit = u64::MAX;
-    let mut byte_budget = u64::MAX;
-    match trip {
-        None => frame_limit = 0,
-        // Only for post-trip frames: a pre-trip frame here is tripped by the heartbeat alone.
-        Some(t) if user_tripped => {
-            frame_limit = t.frame_limit;
-            byte_budget = t.budget_bytes;
-        }
-        Some(_) => {}
-    }
-    if st.stale_frame_limit != 0 {
-        frame_limit = min(frame_limit, st.stale_frame_limit - 1);
-        byte_budget = min(byte_budget, hb_bytes);
-    }
-
-    if n > frame_limit {
-        return verdict::DROP_BUDGET;
-    }
-    if st.post_trip_bytes + size > byte_budget {
-        return verdict::DROP_BYTES;
-    }
-    st.post_trip_frames += 1;
-    st.post_trip_bytes += size;
-    verdict::PASS_POST_TRIP
-}
-
-/// Checks the watchdog heartbeat; the first time this socket sees it lost (or never written),
-/// fixes the socket's own frame limit at `n - 1 + budget_frames`, stored plus one so that
-/// 0 keeps meaning "never set". Sticky: a socket that saw the beat lost stays tripped.
-/// Returns the heartbeat's byte budget.
-#[inline(always)]
-fn heartbeat_budget(st: &mut SockState, n: u64) -> u64 {
-    let (last_ns, deadline_ns, frames, bytes) = match HEARTBEAT.get(0) {
-        Some(hb) => (
-            hb.last_ns,
-            hb.deadline_ns,
-            u64::from(hb.budget_frames),
-            hb.budget_bytes,
-        ),
-        None => (0, 0, 0, 0),
-    };
-    if st.stale_frame_limit == 0 {
-        // SAFETY: no preconditions.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let stale = last_ns == 0 || now > last_ns.saturating_add(deadline_ns);
-        if stale {
-            st.stale_frame_limit = n - 1 + frames + 1;
-        }
-    }
-    bytes
-}
-
-/// Records when and why the gate first saw this socket's stream tripped.
-#[inline(always)]
-fn first_tripped_send(st: &mut SockState, stale_slot: bool, user_tripped: bool) {
-    if st.first_post_trip_ns != 0 {
-        return;
-    }
-    // SAFETY: no preconditions.
-    st.first_post_trip_ns = unsafe { bpf_ktime_get_ns() };
-    st.trip_reason = if user_tripped {
-        trip_reason::TRIPPED
-    } else if stale_slot {
-        trip_reason::STALE_SLOT
-    } else {
-        trip_reason::HEARTBEAT
-    };
+    SK_DROP
 }
 
 /// Whether the message has the trip's nonce at `NONCE_OFFSET`. An all-zero nonce (the
@@ -265,13 +199,188 @@ fn carries_nonce(ctx: &SkMsgContext, nonce: &[u8; NONCE_LEN]) -> bool {
     diff == 0
 }
 
-#[inline(always)]
-fn min(a: u64, b: u64) -> u64 {
-    if a < b {
-        a
-    } else {
-        b
+#[cgroup_skb(egress)]
+pub fn halt_egress(ctx: SkBuffContext) -> i32 {
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run.
+    let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return CG_PASS;
     }
+    // SAFETY: a socket pointer from the context, as the helper expects.
+    let sk = unsafe { bpf_sk_fullsock(sk) };
+    if sk.is_null() {
+        // Request and time-wait sockets carry no stream data of a governed connection.
+        return CG_PASS;
+    }
+    if storage(&SOCK_STATE, sk, false).is_null() {
+        // Not governed: upstream connections, the admin and metrics listeners.
+        return CG_PASS;
+    }
+    let Some(payload) = payload(&ctx) else {
+        return judge(sk, None);
+    };
+    if payload.len == 0 {
+        // SYN, FIN, RST, pure ACKs: no stream bytes.
+        return CG_PASS;
+    }
+    // SAFETY: a full socket pointer from `bpf_sk_fullsock`.
+    let tp = unsafe { bpf_tcp_sock(sk) };
+    if tp.is_null() {
+        return judge(sk, None);
+    }
+    // SAFETY: non-null `bpf_tcp_sock` of this socket; the egress path holds the socket lock,
+    // so the three fields are consistent with each other.
+    let (snd_una, snd_nxt, bytes_acked) =
+        unsafe { ((*tp).snd_una, (*tp).snd_nxt, (*tp).bytes_acked) };
+    let start = decide::stream_offset(payload.seq, snd_una, bytes_acked);
+    let sent = decide::stream_offset(snd_nxt, snd_una, bytes_acked);
+    judge(sk, Some((sent, start.saturating_add(u64::from(payload.len)))))
+}
+
+/// Where a segment's payload lies.
+struct Payload {
+    seq: u32,
+    len: u32,
+}
+
+/// The TCP sequence number and payload length of the packet (IPv4 or IPv6, network header
+/// first), or `None` if it cannot be read as TCP.
+#[inline(always)]
+fn payload(ctx: &SkBuffContext) -> Option<Payload> {
+    const ETH_P_IP: u32 = 0x0800;
+    const ETH_P_IPV6: u32 = 0x86dd;
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run.
+    let (proto, len) = unsafe { ((*ctx.skb.skb).protocol, (*ctx.skb.skb).len) };
+    let proto = u32::from(u16::from_be(proto as u16));
+    let ip_len = if proto == ETH_P_IP {
+        let vihl: u8 = ctx.load(0).ok()?;
+        let l4: u8 = ctx.load(9).ok()?;
+        if vihl >> 4 != 4 || l4 != IPPROTO_TCP {
+            return None;
+        }
+        u32::from(vihl & 0x0f) * 4
+    } else if proto == ETH_P_IPV6 {
+        // The kernel's TCP adds no extension headers of its own; one set by the socket owner
+        // makes the segment unreadable here, which fails closed for a tripped stream.
+        let next: u8 = ctx.load(6).ok()?;
+        if next != IPPROTO_TCP {
+            return None;
+        }
+        40
+    } else {
+        return None;
+    };
+    let seq = u32::from_be(ctx.load::<u32>(ip_len as usize + 4).ok()?);
+    let doff: u8 = ctx.load(ip_len as usize + 12).ok()?;
+    let headers = ip_len + u32::from(doff >> 4) * 4;
+    if len < headers {
+        return None;
+    }
+    Some(Payload {
+        seq,
+        len: len - headers,
+    })
+}
+
+#[inline(always)]
+fn judge(sk: *mut bpf_sock, offsets: Option<(u64, u64)>) -> i32 {
+    let policy = storage(&SOCK_POLICY, sk, false);
+    // SAFETY: non-null storage of this socket, written only by userspace, whole.
+    let policy = unsafe { policy.as_ref() };
+    let now_ns = now();
+    let view = SegmentView {
+        now_ns,
+        heartbeat_lost: heartbeat_lost(now_ns),
+        offsets,
+    };
+    let eg = storage(&EGRESS_STATE, sk, true);
+    let mut scratch = EgressState::default();
+    // Without storage (allocation failed) judge with a fresh state: a latched ceiling is then
+    // recomputed per segment, which is never looser than the first one would have been for a
+    // stream already tripped by userspace, and fails closed without a policy.
+    // SAFETY: non-null storage of this socket; the egress path holds the socket lock, so this
+    // run is its only writer.
+    let eg = unsafe { eg.as_mut() }.unwrap_or(&mut scratch);
+    let first_drop = eg.dropped_segments == 0;
+    let v = decide::segment_verdict(eg, policy, view);
+    count(v);
+    if v == verdict::EGRESS_PASS {
+        return CG_PASS;
+    }
+    if first_drop {
+        let (stream_tag, cause) = match policy {
+            Some(p) => (p.stream_tag, p.cause),
+            None => (0, 0),
+        };
+        let event = HaltEvent {
+            stream_tag,
+            verdict: v,
+            trip_reason: eg.latch_reason,
+            frames: 0,
+            post_trip_frames: 0,
+            cause,
+            _pad: 0,
+            ts_ns: now_ns,
+        };
+        let _ = HALT_EVENTS.output(event, 0);
+    }
+    CG_DROP
+}
+
+#[sock_ops]
+pub fn halt_adopt(ctx: SockOpsContext) -> u32 {
+    if ctx.op() != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+        return 1;
+    }
+    let port = ctx.local_port();
+    // SAFETY: the value is only tested for presence, never read through the reference.
+    if unsafe { GOVERNED_PORTS.get(&port) }.is_none() {
+        return 1;
+    }
+    // SAFETY: `ctx.ops` is the kernel's `bpf_sock_ops` for this run.
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        count(verdict::ADOPT_FAILED);
+        return 1;
+    }
+    // State first: a socket in GOVERNED without state has every send dropped.
+    let st = storage(&SOCK_STATE, sk, true);
+    if st.is_null() {
+        count(verdict::ADOPT_FAILED);
+        return 1;
+    }
+    // SAFETY: `ctx.ops` is this run's context, the argument the helper expects.
+    let mut cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // SAFETY: `ctx.ops` is this run's context.
+    match GOVERNED.update(&mut cookie, unsafe { &mut *ctx.ops }, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            // SAFETY: non-null storage of this socket, created above; nothing else writes it
+            // before the daemon accepts the connection.
+            unsafe { (*st).adopted = 1 };
+            count(verdict::ADOPTED);
+        }
+        Err(_) => count(verdict::ADOPT_FAILED),
+    }
+    1
+}
+
+#[socket_filter]
+pub fn heartbeat_stamp(_ctx: SkBuffContext) -> i64 {
+    if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
+        // SAFETY: the array's only element; this program is its field's only writer, and an
+        // aligned 8-byte store is never seen half-done.
+        unsafe { (*hb).last_ns = now() };
+    }
+    0
+}
+
+#[socket_filter]
+pub fn clock_read(_ctx: SkBuffContext) -> i64 {
+    if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
+        // SAFETY: as in `heartbeat_stamp`, for the `read_ns` field.
+        unsafe { (*hb).read_ns = now() };
+    }
+    0
 }
 
 #[cfg(not(test))]

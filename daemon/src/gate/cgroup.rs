@@ -1,0 +1,205 @@
+//! The cgroup v2 leaf the egress and adoption programs are attached to.
+//!
+//! `halt_egress` and `halt_adopt` see the sockets of one cgroup (and its descendants). haltd
+//! makes a leaf of its own under the cgroup it was started in (`haltd.<pid>.<n>`), moves the
+//! whole process into it before it opens any socket, and attaches both programs there with a
+//! plain `BPF_PROG_ATTACH`, not a link: an attachment outlives the daemon, so a segment still
+//! queued on a tripped stream's socket when haltd dies is judged like any other, and the
+//! gate's maps (held by the attached programs) keep policing sockets that outlive the process.
+//! A later start removes the leaves of daemons that are gone; the kernel releases their
+//! programs once the last socket charged to them closes.
+//!
+//! Under systemd the unit is started in its own cgroup (`Delegate=yes` lets it make the leaf);
+//! in a shell it is the shell's cgroup. cgroup v2 must be mounted (pure v2, or the hybrid
+//! layout's `/sys/fs/cgroup/unified`).
+
+use std::{
+    fs,
+    io::{self, BufRead},
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+/// Where the cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo`.
+pub fn cgroup2_mount() -> io::Result<PathBuf> {
+    let f = fs::File::open("/proc/self/mountinfo")?;
+    for line in io::BufReader::new(f).lines() {
+        let line = line?;
+        // "<id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> ..."
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        if right.split_whitespace().next() == Some("cgroup2") {
+            if let Some(mount) = left.split_whitespace().nth(4) {
+                return Ok(PathBuf::from(unescape_mount(mount)));
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "no cgroup2 file system is mounted (the egress check needs cgroup v2: mount it, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`)",
+    ))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mount(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(char::from(v));
+            i += 4;
+        } else {
+            out.push(char::from(b[i]));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// This process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).
+fn current_cgroup() -> io::Result<String> {
+    let text = fs::read_to_string("/proc/self/cgroup")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "/proc/self/cgroup has no cgroup v2 entry"))
+}
+
+/// A leaf cgroup this process made and moved itself into.
+#[derive(Debug)]
+pub struct Leaf {
+    pub path: PathBuf,
+    pub fd: OwnedFd,
+}
+
+static LEAVES: AtomicU32 = AtomicU32::new(0);
+
+/// Makes `haltd.<pid>.<n>` under this process's cgroup, moves the whole process into it, and
+/// removes the leaves of haltd processes that no longer exist.
+pub fn make_leaf() -> io::Result<Leaf> {
+    let mount = cgroup2_mount()?;
+    let current = current_cgroup()?;
+    // The process may already sit in a leaf of an earlier load (tests load several gates):
+    // make the new one beside it, not inside it.
+    let mut parent = mount.join(current.trim_start_matches('/'));
+    if parent
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| parse_leaf(n).is_some())
+    {
+        parent.pop();
+    }
+    remove_stale_leaves(&parent);
+    let pid = std::process::id();
+    let n = LEAVES.fetch_add(1, Ordering::Relaxed);
+    let path = parent.join(format!("haltd.{pid}.{n}"));
+    match fs::create_dir(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("creating the cgroup {}: {e}", path.display()),
+            ))
+        }
+    }
+    fs::write(path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("moving haltd into the cgroup {}: {e}", path.display()),
+        )
+    })?;
+    let fd = fs::File::open(&path)?.into();
+    Ok(Leaf { path, fd })
+}
+
+/// `(pid, n)` of a leaf name `haltd.<pid>.<n>`.
+fn parse_leaf(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_prefix("haltd.")?;
+    let (pid, n) = rest.split_once('.')?;
+    Some((pid.parse().ok()?, n.parse().ok()?))
+}
+
+/// Removes the leaves under `parent` whose process is gone, or earlier leaves of this process
+/// that it has left. A leaf in use cannot be removed (`EBUSY`) and is left alone.
+fn remove_stale_leaves(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    let me = std::process::id();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some((pid, _)) = name.to_str().and_then(parse_leaf) else {
+            continue;
+        };
+        let gone = pid == me || !Path::new(&format!("/proc/{pid}")).exists();
+        if gone {
+            // An empty leaf goes; one still holding a process (ours, being current) stays.
+            let _ = fs::remove_dir(e.path());
+        }
+    }
+}
+
+/// `BPF_PROG_ATTACH` with `BPF_F_ALLOW_MULTI`: the attachment stays after the program's fd
+/// closes and lives as long as the cgroup. aya attaches cgroup programs through links, which
+/// the kernel detaches when the daemon exits; the gate must outlive it.
+pub fn prog_attach(cgroup: BorrowedFd<'_>, prog: BorrowedFd<'_>, attach_type: u32) -> io::Result<()> {
+    const BPF_PROG_ATTACH: libc::c_long = 8;
+    const BPF_F_ALLOW_MULTI: u32 = 2;
+    /// The `BPF_PROG_ATTACH` part of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct AttachAttr {
+        target_fd: u32,
+        attach_bpf_fd: u32,
+        attach_type: u32,
+        attach_flags: u32,
+        replace_bpf_fd: u32,
+        relative_fd: u32,
+        expected_revision: u64,
+    }
+    let attr = AttachAttr {
+        target_fd: cgroup.as_raw_fd() as u32,
+        attach_bpf_fd: prog.as_raw_fd() as u32,
+        attach_type,
+        attach_flags: BPF_F_ALLOW_MULTI,
+        ..AttachAttr::default()
+    };
+    // SAFETY: bpf(2) reads `size_of::<AttachAttr>()` bytes of a live, initialised attribute
+    // block whose layout is the kernel's (all fields after `attach_flags` zero = unused).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_ATTACH,
+            &raw const attr,
+            size_of::<AttachAttr>() as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaf_names_parse() {
+        assert_eq!(parse_leaf("haltd.123.4"), Some((123, 4)));
+        assert_eq!(parse_leaf("haltd.123"), None);
+        assert_eq!(parse_leaf("system.slice"), None);
+    }
+
+    #[test]
+    fn mountinfo_escapes_unescape() {
+        assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
+        assert_eq!(unescape_mount("/a\\040b"), "/a b");
+    }
+}
