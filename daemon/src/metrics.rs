@@ -332,7 +332,8 @@ impl Metrics {
             drop(halts_by.get_or_create(&HalterLabels { halted_by }));
         }
         for i in 0..haltd_common::verdict::COUNT {
-            let (family, verdict) = kernel_counter(&kernel_frames, &kernel_segments, &kernel_adoptions, i);
+            let (family, verdict) =
+                kernel_counter(&kernel_frames, &kernel_segments, &kernel_adoptions, i);
             drop(family.get_or_create(&VerdictLabels { verdict }));
         }
         let ledger_records = Gauge::default();

@@ -24,8 +24,8 @@ use crate::{
     openai::Halt,
     source::builtin::MODEL_NAME,
     stream::{
-        halter, nonce_hex, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamId,
-        StreamTable, TripError, TripInfo,
+        halter, nonce_hex, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamId, StreamTable,
+        TripError, TripInfo,
     },
 };
 

@@ -72,7 +72,10 @@ fn run(shared: &Shared) {
                 events += 1;
                 tracing::debug!(
                     stream_tag = format_args!("{:#x}", ev.stream_tag),
-                    verdict = haltd_common::verdict::NAMES.get(ev.verdict as usize).copied().unwrap_or("unknown"),
+                    verdict = haltd_common::verdict::NAMES
+                        .get(ev.verdict as usize)
+                        .copied()
+                        .unwrap_or("unknown"),
                     frames = ev.frames,
                     "kernel gate dropped a send"
                 );

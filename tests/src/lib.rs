@@ -25,6 +25,7 @@ use std::{
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_json::Value;
 
+pub mod adversary;
 pub mod metrics;
 pub mod sse;
 
@@ -283,6 +284,17 @@ impl Haltd {
         ledger: Option<&Path>,
         extra: &[&str],
     ) -> Result<Self> {
+        Self::start_wrapped(pair, ledger, &[], extra)
+    }
+
+    /// Like [`Haltd::start_with_ledger`], with haltd run through `wrapper` (a command that
+    /// execs its arguments, e.g. `unshare -T --monotonic N`), so its pid is still haltd's.
+    pub fn start_wrapped(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
         let api = pair.srv_addr(PORT_API);
@@ -294,6 +306,7 @@ impl Haltd {
         // `ip netns exec` joins the namespace and execs haltd, so the child is haltd itself.
         let child = Command::new("ip")
             .args(["netns", "exec", &pair.srv])
+            .args(wrapper)
             .arg(&bin)
             .arg("serve")
             .args([

@@ -196,6 +196,8 @@ struct Conn {
     watch_buf: Box<[u8; 16]>,
     /// The client half-closed (or closed) its side: EOF was read after the request.
     peer_eof: bool,
+    /// Period of the half-closed client's watch timer (`proxy::WATCH_PERIOD`).
+    watch_ts: Box<types::Timespec>,
     /// When the token(s) of the token frame in flight reached haltd (the built-in source
     /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
     /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
@@ -532,6 +534,7 @@ impl Worker {
             watch_inflight: false,
             watch_buf: Box::new([0; 16]),
             peer_eof: false,
+            watch_ts: Box::new(timespec(proxy::WATCH_PERIOD)),
             frame_arrived_ns: 0,
         };
         let key = self.conns.insert(conn);
@@ -1722,7 +1725,10 @@ fn resync_frames(shared: &Shared, fd: RawFd, slot: &crate::stream::Slot) {
     };
     // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    if let Ok(crate::gate::SocketView { state: Some(st), .. }) = gate.socket(sock) {
+    if let Ok(crate::gate::SocketView {
+        state: Some(st), ..
+    }) = gate.socket(sock)
+    {
         // Never lower it: a trip may have read the count already, and lower is looser.
         slot.frames_submitted.fetch_max(st.frames, SeqCst);
     }
@@ -1736,11 +1742,9 @@ fn kernel_drop_cause(shared: &Shared, fd: RawFd) -> FailureCode {
     // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     match gate.socket(sock) {
-        Ok(crate::gate::SocketView { state: Some(st), .. })
-            if st.trip_reason == haltd_common::trip_reason::HEARTBEAT =>
-        {
-            FailureCode::HeartbeatLost
-        }
+        Ok(crate::gate::SocketView {
+            state: Some(st), ..
+        }) if st.trip_reason == haltd_common::trip_reason::HEARTBEAT => FailureCode::HeartbeatLost,
         _ => FailureCode::WatchdogTrip,
     }
 }

@@ -226,6 +226,28 @@ fn failure_status(kind: &str, upstream_status: Option<u16>) -> u16 {
     }
 }
 
+/// How often a half-closed client is checked for a reset while its turn waits on the upstream.
+pub(super) const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether the connection was reset or closed by the peer (TCP state `CLOSE`): a client that
+/// closed for good answers the interim response haltd sends after its FIN with a reset.
+fn peer_reset(fd: RawFd) -> bool {
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, a live tcp_info.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    // TCP_CLOSE is 7; an error reading the state counts as gone.
+    rc != 0 || info.tcpi_state == 7
+}
+
 /// Splits an upstream chunk into items, one frame per token when the tokens spell the
 /// content exactly (vLLM may put several tokens in one chunk), else one frame for the chunk;
 /// every item arrived at `arrived_ns` (the receive that completed the chunk's event).
@@ -415,15 +437,28 @@ impl Worker {
 
     /// Watches the client socket while the turn waits on the upstream: a client that goes
     /// away cancels the upstream generation at once, not at the next token. Before the client
-    /// half-closed, a receive (EOF or an error ends it); after, a poll for the reset or hang-up
-    /// that only a client that closed for good causes (see `on_watch`).
+    /// half-closed, a receive (EOF or an error ends it); after, a timer that looks every
+    /// [`WATCH_PERIOD`] for the reset only a client that closed for good sends back (see
+    /// `on_watch`). A poll cannot wait for it: io_uring reports the peer's FIN (`POLLRDHUP`)
+    /// whatever the mask.
     fn arm_watch(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
         if conn.watch_inflight || conn.closing {
             return Ok(());
         }
         let e = if conn.peer_eof {
-            opcode::PollAdd::new(types::Fd(conn.fd), (libc::POLLERR | libc::POLLHUP) as u32)
+            if self
+                .shared
+                .table
+                .slot(conn.id.slot)
+                .headers_sent
+                .load(SeqCst)
+            {
+                // The response is under way: a client that left shows at the next send.
+                return Ok(());
+            }
+            let ts: *const types::Timespec = &*conn.watch_ts;
+            opcode::Timeout::new(ts)
                 .build()
                 .user_data(ud(key, OP_WATCH))
         } else {
@@ -448,6 +483,12 @@ impl Worker {
             // watching rather than spin on a chatty client.
             return Ok(());
         }
+        if conn.peer_eof && res == -libc::ETIME {
+            if !peer_reset(conn.fd) {
+                // Still a half-closed client that reads: look again later.
+                return self.arm_watch(key);
+            }
+        }
         if res == 0 && !conn.peer_eof {
             // EOF: the client half-closed (it may still be reading, as `nc -N` and many
             // HTTP/1.0-style tools do) or closed. A half-closed client is served like any
@@ -460,7 +501,8 @@ impl Worker {
                 return self.arm_watch(key);
             }
             conn.wbuf.clear();
-            conn.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            conn.wbuf
+                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if !slot.begin_frame(false, false, conn.wbuf.len()) {
                 return self.halt(key);
             }

@@ -10,8 +10,9 @@
 //! programs once the last socket charged to them closes.
 //!
 //! Under systemd the unit is started in its own cgroup (`Delegate=yes` lets it make the leaf);
-//! in a shell it is the shell's cgroup. cgroup v2 must be mounted (pure v2, or the hybrid
-//! layout's `/sys/fs/cgroup/unified`).
+//! in a shell it is the shell's cgroup. The kernel must have cgroup v2 (pure v2, or the hybrid
+//! layout's `/sys/fs/cgroup/unified`); a mount namespace without a cgroup2 mount gets one of
+//! haltd's own (see [`cgroup2_mount`]).
 
 use std::{
     fs,
@@ -21,8 +22,44 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-/// Where the cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo`.
+/// Where haltd mounts the cgroup v2 hierarchy itself when its mount namespace has none (as
+/// under `ip netns exec`, which mounts a fresh `/sys` without the cgroup file systems).
+const OWN_MOUNT: &str = "/run/haltd/cgroup2";
+
+/// Where the cgroup v2 hierarchy is mounted: from `/proc/self/mountinfo`, or mounted by haltd
+/// at [`OWN_MOUNT`] if this mount namespace has none. There is one cgroup v2 hierarchy per
+/// machine; a second mount is another view of the same tree.
 pub fn cgroup2_mount() -> io::Result<PathBuf> {
+    if let Some(found) = find_cgroup2_mount()? {
+        return Ok(found);
+    }
+    std::fs::create_dir_all(OWN_MOUNT)?;
+    let target = std::ffi::CString::new(OWN_MOUNT).map_err(io::Error::other)?;
+    // SAFETY: mount(2) with valid NUL-terminated strings and no data.
+    let rc = unsafe {
+        libc::mount(
+            c"cgroup2".as_ptr(),
+            target.as_ptr(),
+            c"cgroup2".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("no cgroup2 file system is mounted, and mounting one at {OWN_MOUNT} failed: {e} (the egress check needs cgroup v2)"),
+        ));
+    }
+    tracing::info!(
+        mount = OWN_MOUNT,
+        "no cgroup2 mount in this mount namespace; mounted one for the kernel gate"
+    );
+    Ok(PathBuf::from(OWN_MOUNT))
+}
+
+fn find_cgroup2_mount() -> io::Result<Option<PathBuf>> {
     let f = fs::File::open("/proc/self/mountinfo")?;
     for line in io::BufReader::new(f).lines() {
         let line = line?;
@@ -32,14 +69,11 @@ pub fn cgroup2_mount() -> io::Result<PathBuf> {
         };
         if right.split_whitespace().next() == Some("cgroup2") {
             if let Some(mount) = left.split_whitespace().nth(4) {
-                return Ok(PathBuf::from(unescape_mount(mount)));
+                return Ok(Some(PathBuf::from(unescape_mount(mount))));
             }
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::NotFound,
-        "no cgroup2 file system is mounted (the egress check needs cgroup v2: mount it, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`)",
-    ))
+    Ok(None)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -48,8 +82,7 @@ fn unescape_mount(s: &str) -> String {
     let b = s.as_bytes();
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(char::from(v));
             i += 4;
@@ -67,7 +100,12 @@ fn current_cgroup() -> io::Result<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(str::to_owned)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "/proc/self/cgroup has no cgroup v2 entry"))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "/proc/self/cgroup has no cgroup v2 entry",
+            )
+        })
 }
 
 /// A leaf cgroup this process made and moved itself into.
@@ -148,7 +186,11 @@ fn remove_stale_leaves(parent: &Path) {
 /// `BPF_PROG_ATTACH` with `BPF_F_ALLOW_MULTI`: the attachment stays after the program's fd
 /// closes and lives as long as the cgroup. aya attaches cgroup programs through links, which
 /// the kernel detaches when the daemon exits; the gate must outlive it.
-pub fn prog_attach(cgroup: BorrowedFd<'_>, prog: BorrowedFd<'_>, attach_type: u32) -> io::Result<()> {
+pub fn prog_attach(
+    cgroup: BorrowedFd<'_>,
+    prog: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<()> {
     const BPF_PROG_ATTACH: libc::c_long = 8;
     const BPF_F_ALLOW_MULTI: u32 = 2;
     /// The `BPF_PROG_ATTACH` part of `union bpf_attr`.
@@ -199,7 +241,10 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_unescape() {
-        assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
+        assert_eq!(
+            unescape_mount("/sys/fs/cgroup/unified"),
+            "/sys/fs/cgroup/unified"
+        );
         assert_eq!(unescape_mount("/a\\040b"), "/a b");
     }
 }

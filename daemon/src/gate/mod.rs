@@ -29,9 +29,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, SkStorage, SockHash},
-    programs::{
-        CgroupSkb, ProgramError, SkMsg, SockOps, SocketFilter, TestRun, TestRunOptions,
-    },
+    programs::{CgroupSkb, ProgramError, SkMsg, SockOps, SocketFilter, TestRun, TestRunOptions},
     Ebpf, EbpfError, EbpfLoader,
 };
 use haltd_common::{
@@ -321,7 +319,8 @@ impl KernelGate {
             .attach(governed.fd())
             .map_err(GateError::program("attaching", PROGRAM_GATE))?;
 
-        let leaf = cgroup::make_leaf().map_err(GateError::io("placing haltd in a cgroup v2 leaf"))?;
+        let leaf =
+            cgroup::make_leaf().map_err(GateError::io("placing haltd in a cgroup v2 leaf"))?;
         for (name, attach_type) in [
             (PROGRAM_EGRESS, ATTACH_INET_EGRESS),
             (PROGRAM_ADOPT, ATTACH_SOCK_OPS),
@@ -389,7 +388,9 @@ impl KernelGate {
     /// established socket. A socket that already sent through the gate is refused.
     pub fn govern(&self, sock: BorrowedFd<'_>, policy: &SockPolicy) -> Result<Governed, GateError> {
         let fd = sock.as_raw_fd();
-        let how = match lock(&self.sock_state).get(&fd, 0) {
+        // Read, then release the lock: the arms below take it again.
+        let existing = lock(&self.sock_state).get(&fd, 0);
+        let how = match existing {
             Ok(st) if st.frames != 0 => {
                 return Err(GateError::Ungovernable(
                     "the socket sent before it was governed",
@@ -419,9 +420,9 @@ impl KernelGate {
                     "the connection is no longer established (the client half-closed or \
                      closed it before it was governed)",
                 )),
-                Some(libc::E2BIG | libc::ENOSPC | libc::ENOMEM) => Err(GateError::Ungovernable(
-                    "the gate's socket map is full",
-                )),
+                Some(libc::E2BIG | libc::ENOSPC | libc::ENOMEM) => {
+                    Err(GateError::Ungovernable("the gate's socket map is full"))
+                }
                 Some(libc::EEXIST) => Err(GateError::Ungovernable(
                     "the socket is in the gate's map without gate state",
                 )),

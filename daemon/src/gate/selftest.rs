@@ -63,14 +63,21 @@ pub fn run(gate: &KernelGate, ip: IpAddr) -> Result<SelfTestReport, SelfTestErro
         IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         a => a,
     };
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(io("binding a loopback listener"))?;
-    let port = listener.local_addr().map_err(io("reading its address"))?.port();
-    gate.govern_port(port).map_err(gate_err("governing the self-test port"))?;
+    let listener =
+        TcpListener::bind(SocketAddr::new(ip, 0)).map_err(io("binding a loopback listener"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io("reading its address"))?
+        .port();
+    gate.govern_port(port)
+        .map_err(gate_err("governing the self-test port"))?;
     let result = checks(gate, &listener);
     let _ = gate.ungovern_port(port);
     let held = result?;
     gate.beat().map_err(gate_err("stamping the heartbeat"))?;
-    let clock = gate.clock().map_err(gate_err("reading the kernel's clock"))?;
+    let clock = gate
+        .clock()
+        .map_err(gate_err("reading the kernel's clock"))?;
     let age = clock
         .heartbeat_age()
         .ok_or_else(|| SelfTestError::NotEnforced("no heartbeat in the kernel yet".into()))?;
@@ -119,7 +126,9 @@ fn governed_pair(
         }
         Err(e) => return Err(gate_err("governing a self-test connection")(e)),
     }
-    (&server).write_all(FRAME).map_err(io("sending an untripped frame"))?;
+    (&server)
+        .write_all(FRAME)
+        .map_err(io("sending an untripped frame"))?;
     Ok((server, client))
 }
 
@@ -158,8 +167,9 @@ fn checks(gate: &KernelGate, listener: &TcpListener) -> Result<usize, SelfTestEr
 
     // 3. One frame allowed by the send check, none by the byte ceiling.
     let (server, mut client) = governed_pair(gate, listener)?;
-    let before = gate.verdict_totals().map_err(gate_err("reading counters"))?
-        [verdict::EGRESS_DROP_CEILING as usize];
+    let before = gate
+        .verdict_totals()
+        .map_err(gate_err("reading counters"))?[verdict::EGRESS_DROP_CEILING as usize];
     gate.set_policy(server.as_fd(), &trip(1, FRAME.len() as u64))
         .map_err(gate_err("tripping a self-test connection"))?;
     (&server)
@@ -172,12 +182,20 @@ fn checks(gate: &KernelGate, listener: &TcpListener) -> Result<usize, SelfTestEr
         match client.read(&mut got[n..]) {
             Ok(0) => break,
             Ok(k) => n += k,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
             Err(e) => return Err(io("reading at the self-test client")(e)),
         }
     }
-    let after = gate.verdict_totals().map_err(gate_err("reading counters"))?
-        [verdict::EGRESS_DROP_CEILING as usize];
+    let after = gate
+        .verdict_totals()
+        .map_err(gate_err("reading counters"))?[verdict::EGRESS_DROP_CEILING as usize];
     if n != FRAME.len() || after == before {
         return Err(SelfTestError::NotEnforced(format!(
             "the egress check did not hold back bytes beyond the ceiling: the client received {n} bytes (expected {}), egress drops {before} -> {after} (is halt_egress attached to haltd's cgroup?)",

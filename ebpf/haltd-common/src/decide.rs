@@ -161,11 +161,7 @@ pub fn egress_ceiling(eg: &EgressState, policy: Option<&SockPolicy>) -> u64 {
 /// The first segment that sees the heartbeat lost (or the socket without a policy) latches a
 /// ceiling of its own: the next unsent byte plus the stream's budget of token events.
 #[inline(always)]
-pub fn segment_verdict(
-    eg: &mut EgressState,
-    policy: Option<&SockPolicy>,
-    seg: SegmentView,
-) -> u32 {
+pub fn segment_verdict(eg: &mut EgressState, policy: Option<&SockPolicy>, seg: SegmentView) -> u32 {
     if eg.latched_ceiling == 0 && (seg.heartbeat_lost || policy.is_none()) {
         let allowance = match policy {
             Some(p) => u64::from(p.budget).saturating_mul(u64::from(p.max_event_bytes)),

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
-use haltd::gate::{monotonic_ns, GateConfig, GateObject, KernelGate};
+use haltd::gate::{GateConfig, GateObject, KernelGate};
 
 const FRAME: [u8; 64] = *b"data: {\"t\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}\n\n";
 
@@ -31,10 +31,8 @@ fn main() -> Result<()> {
     };
     let gate = KernelGate::load(&GateConfig {
         object,
-        max_streams: 64,
+        max_sockets: 64,
         heartbeat_deadline: Duration::from_secs(600),
-        budget_frames: 16,
-        budget_bytes: 1 << 20,
     })
     .context("loading the gate (needs root; set HALTD_BPF_OBJECT)")?;
 
@@ -44,16 +42,14 @@ fn main() -> Result<()> {
     let mut plain = Vec::new();
     let mut gated = Vec::new();
     for round in 0..rounds {
-        gate.beat(monotonic_ns())?;
-        let slot = u32::try_from(round % 64)?;
-        let generation = u32::try_from(round + 1)?;
+        gate.beat()?;
         let order = if round % 2 == 0 {
             [false, true]
         } else {
             [true, false]
         };
         for governed in order {
-            let gov = governed.then_some((&gate, slot, generation));
+            let gov = governed.then_some(&gate);
             let ns = run(sends, gov)?;
             if governed {
                 gated.push(ns);
@@ -106,14 +102,19 @@ fn main() -> Result<()> {
 
 /// Times `sends` writes of one frame on a fresh loopback connection, governed if `gov` says
 /// so, with a client thread draining; returns ns per send.
-fn run(sends: usize, gov: Option<(&KernelGate, u32, u32)>) -> Result<f64> {
+fn run(sends: usize, gov: Option<&KernelGate>) -> Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let mut client = TcpStream::connect(listener.local_addr()?)?;
     let (server, _) = listener.accept()?;
     // The daemon writes each frame out at once.
     server.set_nodelay(true)?;
-    if let Some((gate, slot, generation)) = gov {
-        gate.govern(server.as_fd(), slot, generation)?;
+    if let Some(gate) = gov {
+        let policy = haltd_common::SockPolicy {
+            budget: 16,
+            max_event_bytes: 1 << 16,
+            ..haltd_common::SockPolicy::default()
+        };
+        gate.govern(server.as_fd(), &policy)?;
     }
     let drain = thread::spawn(move || -> std::io::Result<u64> {
         let mut buf = vec![0u8; 1 << 16];
