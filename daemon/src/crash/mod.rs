@@ -30,9 +30,13 @@
 //! handled by the caller as before. This is why haltd does not build with `panic = "abort"`.
 //!
 //! The file is opened with `O_APPEND`, not truncated: if haltd panics again before a start
-//! got as far as reading the file (a crash loop), every crash keeps its line.
+//! got as far as recording the file (a crash loop), every crash keeps its line.
+//!
+//! At the next start, [`recover`] turns every line of the crash file into a `crash` ledger
+//! record, logs it at ERROR, counts it in `haltd_crashes_recovered_total` and removes the file.
 
 mod hook;
+mod recover;
 
 use std::{
     cell::Cell,
@@ -41,6 +45,7 @@ use std::{
 };
 
 pub use hook::{install, InstallError};
+pub use recover::{recover, RecoverError};
 
 /// Exit status of a process ended by an uncontained panic: 101, what Rust itself uses for a
 /// panic that ends `main`, so it means "panic" whichever path took the process down.
