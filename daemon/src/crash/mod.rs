@@ -35,6 +35,7 @@
 //! At the next start, [`recover`] turns every line of the crash file into a `crash` ledger
 //! record, logs it at ERROR, counts it in `haltd_crashes_recovered_total` and removes the file.
 
+mod fault;
 mod hook;
 mod recover;
 
@@ -44,6 +45,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use fault::{watchdog_pass, worker_step, PanicFault, PanicThread};
 pub use hook::{install, InstallError};
 pub use recover::{recover, RecoverError};
 
