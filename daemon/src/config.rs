@@ -110,7 +110,7 @@ pub struct ServeArgs {
     /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`.
+    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`.
     #[arg(long = "fault", value_name = "FAULT")]
     pub faults: Vec<String>,
     /// Log format on stderr.
@@ -125,6 +125,8 @@ pub struct Faults {
     pub emitter_ignores_halt: bool,
     /// The watchdog thread stops (heartbeats included) this long after start.
     pub watchdog_stall_after: Option<Duration>,
+    /// A data-plane worker or the watchdog panics after N tokens ([`crate::crash`]).
+    pub panic: Option<crate::crash::PanicFault>,
 }
 
 /// A configuration error, naming the flag.
@@ -375,11 +377,15 @@ fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 )
             })?;
             out.watchdog_stall_after = Some(Duration::from_millis(ms));
+        } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
+            let fault = crate::crash::PanicFault::parse(spec)
+                .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
+            out.panic = Some(fault);
         } else {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N)"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
                 ),
             ));
         }
@@ -548,6 +554,8 @@ mod tests {
             "emitter-ignores-halt",
             "--fault",
             "watchdog-stall-after-ms=250",
+            "--fault",
+            "panic-after-tokens=12,thread=watchdog",
         ])
         .expect("valid");
         assert!(c.faults.emitter_ignores_halt);
@@ -555,5 +563,14 @@ mod tests {
             c.faults.watchdog_stall_after,
             Some(Duration::from_millis(250))
         );
+        assert_eq!(
+            c.faults.panic,
+            Some(crate::crash::PanicFault {
+                after_tokens: 12,
+                thread: crate::crash::PanicThread::Watchdog
+            })
+        );
+        let e = parse(&["--fault", "panic-after-tokens=0"]).expect_err("N = 0");
+        assert_eq!(e.flag, "fault", "{e}");
     }
 }

@@ -53,6 +53,9 @@ pub enum RecordKind {
     Incident,
     /// Daemon start, stop, config and mode changes.
     Lifecycle,
+    /// An earlier haltd ended on an uncontained panic, recorded at the next start from its
+    /// crash file ([`crate::crash`]).
+    Crash,
 }
 
 /// One flight-recorder record. `seq`, `prev_hash` and `hash` are filled by the ledger; `ts`
@@ -133,6 +136,9 @@ pub struct Record {
     /// With `text`: whether the turn produced more than it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_truncated: Option<bool>,
+    /// Crash records: what the panic hook wrote (pid, thread, location, message, time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -177,6 +183,7 @@ impl Default for Record {
             sampling: None,
             text: None,
             text_truncated: None,
+            crash: None,
         }
     }
 }
@@ -883,6 +890,7 @@ mod tests {
             "sampling",
             "text",
             "text_truncated",
+            "crash",
         ] {
             assert!(!line.contains(&format!("\"{key}\":")), "{key} in {line}");
         }

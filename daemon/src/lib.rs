@@ -25,6 +25,8 @@
 //!   stream, in the kernel and in userspace), and halts streams whose emitter did not.
 //! * [`ledger`] is the hash-linked flight recorder, [`sampling`] what it keeps of normal
 //!   turns; [`metrics`] the Prometheus surface.
+//! * [`crash`] fails closed on a panic: the process ends at once and the next start records
+//!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001.
 
@@ -32,6 +34,7 @@ pub mod admin;
 pub mod calibrate;
 pub mod codes;
 pub mod config;
+pub mod crash;
 pub mod dataplane;
 pub mod detect;
 pub mod gate;

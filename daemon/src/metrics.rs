@@ -213,6 +213,7 @@ pub struct Metrics {
     pub turn_records: Family<DecisionLabels, Counter>,
     pub token_overhead: NsHistogram,
     pub ring_events: Family<KindLabels, Counter>,
+    pub crashes_recovered: Counter,
     /// Last per-verdict totals read from BPF, to turn them into increments.
     kernel_last: Mutex<Vec<u64>>,
 }
@@ -425,7 +426,14 @@ impl Metrics {
         for kind in RING_EVENT_KINDS {
             drop(ring_events.get_or_create(&KindLabels { kind }));
         }
+        let crashes_recovered = Counter::default();
+        registry.register(
+            "crashes_recovered",
+            "Uncontained panics of an earlier haltd on this ledger (each ended that process at once), recorded at this start from the crash file",
+            crashes_recovered.clone(),
+        );
         Metrics {
+            crashes_recovered,
             ring_events,
             token_overhead,
             turn_records,

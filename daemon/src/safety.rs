@@ -45,7 +45,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    panic::{self, AssertUnwindSafe},
+    panic::AssertUnwindSafe,
     sync::Arc,
 };
 
@@ -388,7 +388,8 @@ impl SafetyCheck {
 /// Runs one predicate: a panic is a violation (deny on error), a result for another id is
 /// rebound to `id` with a `rebound_from` evidence entry.
 fn run_predicate(id: &str, predicate: &SafetyPredicate, ctx: &SafetyContext) -> SafetyCheckResult {
-    match panic::catch_unwind(AssertUnwindSafe(|| predicate(ctx))) {
+    // Contained: the daemon's panic hook leaves this panic to us (crate::crash).
+    match crate::crash::contain(AssertUnwindSafe(|| predicate(ctx))) {
         Ok(mut result) => {
             if result.boundary_id != id {
                 let given = std::mem::replace(&mut result.boundary_id, id.to_owned());

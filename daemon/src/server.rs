@@ -31,6 +31,8 @@ pub enum StartError {
     Gate(#[source] crate::gate::GateError),
     #[error("opening the flight recorder: {0}")]
     Ledger(#[source] crate::ledger::LedgerError),
+    #[error("{0}; haltd does not start with a crash it cannot record")]
+    Crash(#[source] crate::crash::RecoverError),
     #[error("invalid --config: {0}")]
     Config(String),
     #[error("{what}: {source}")]
@@ -96,6 +98,20 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
     let metrics = Metrics::new();
     metrics.kernel_gate_enabled.set(i64::from(gate.is_some()));
+    // An earlier haltd on this ledger that panicked left a crash file: record it before this
+    // start's own record, so the ledger reads in order.
+    let gate_label = if gate.is_some() {
+        "enforcing"
+    } else {
+        "disabled"
+    };
+    let crashes = crate::crash::recover(
+        &crate::crash::file_for(&cfg.args.ledger),
+        &ledger,
+        gate_label,
+    )
+    .map_err(StartError::Crash)?;
+    metrics.crashes_recovered.inc_by(crashes);
     let mut wakers = Vec::new();
     for _ in 0..cfg.workers {
         // SAFETY: eventfd returns a new descriptor we own, or -1.

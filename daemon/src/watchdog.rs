@@ -65,6 +65,7 @@ fn run(shared: &Shared) {
         if shared.ledger.is_failed() {
             shared.recorder_failed();
         }
+        crate::crash::watchdog_pass(shared);
         enforce(shared, now, &mut buf);
         if let Some(gate) = &shared.gate {
             let mut events = 0u64;

@@ -388,6 +388,25 @@ impl Haltd {
         Ok(child.wait()?)
     }
 
+    /// Waits at most `timeout` for haltd to exit by itself (a crash) and returns how it ended;
+    /// its directory (logs, ledger, crash file) stays until drop.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().context("haltd already stopped")?;
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "haltd still running {timeout:?} later; log tail:\n{}",
+                self.log_tail(30)
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Process id of the haltd process (for signals).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -53,6 +53,12 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            // Before any thread starts: from here an uncontained panic anywhere ends the
+            // process at once and leaves a crash file for the next start (fail closed).
+            if let Err(e) = haltd::crash::install(&haltd::crash::file_for(&cfg.args.ledger)) {
+                eprintln!("haltd: installing the panic hook: {e}");
+                return ExitCode::from(1);
+            }
             match haltd::server::run(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

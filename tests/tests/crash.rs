@@ -1,0 +1,277 @@
+//! Root-only: haltd fails closed on a panic (DESIGN G3). With `--fault
+//! panic-after-tokens=N,thread=worker|watchdog` a data-plane worker or the watchdog panics for
+//! real while several streams are open; the panic hook (`daemon/src/crash`) ends the process at
+//! once. Measured at the client: every connection closes (EOF or reset) well within
+//! `--heartbeat-deadline-ms`, no stream gets more than N + B tokens; haltd exits with
+//! `haltd::crash::EXIT_CODE` and leaves a crash file, and the next haltd on the same ledger
+//! records the crash, removes the file and keeps a chain that verifies.
+//!
+//! Run serially (`cargo xtask test` passes `--test-threads=1`): they share kernel state.
+
+use std::{
+    fs,
+    os::unix::process::ExitStatusExt,
+    sync::{Arc, Barrier},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{anyhow, ensure, Context, Result};
+use haltd_tests::{spawn_in_netns, sse, verify_ledger, Haltd, NetPair, StreamOutcome};
+use serde_json::{json, Value};
+
+/// The fault's N: the panic comes after a stream handed out this many tokens.
+const N: usize = 20;
+const BUDGET: usize = 5;
+const STREAMS: usize = 4;
+const DEADLINE_MS: f64 = 200.0;
+/// Allowed beyond the deadline for the client to see the close: scheduling on a loaded CI
+/// machine. (Measured closes are a few ms; see the printed figures.)
+const SLACK_MS: f64 = 50.0;
+/// Pacing of the built-in source: N tokens take about 100 ms, so every stream is under way
+/// when the panic comes.
+const TOKEN_INTERVAL_US: u64 = 5_000;
+
+/// A chat request that would run far past N (`ignore_eos`: no early end).
+fn long_chat(i: usize) -> Value {
+    json!({
+        "model": "builtin",
+        "stream": true,
+        "max_tokens": 1000,
+        "seed": i,
+        "ignore_eos": true,
+        "messages": [{ "role": "user", "content": format!("panic test stream {i}") }],
+    })
+}
+
+/// What one client saw around the crash, in ms.
+#[derive(Debug)]
+struct Close {
+    tokens: usize,
+    /// Last received event → EOF or reset.
+    after_last_byte_ms: f64,
+    /// The panic (the crash line's `unix_ns`) → EOF or reset at the client.
+    after_panic_ms: f64,
+    read_error: Option<String>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn panic_fails_closed(thread: &str) -> Result<()> {
+    let pair = NetPair::new()?;
+    let fault = format!("panic-after-tokens={N},thread={thread}");
+    let interval = TOKEN_INTERVAL_US.to_string();
+    let mut first = Haltd::start(
+        &pair,
+        &[
+            "--budget",
+            &BUDGET.to_string(),
+            "--heartbeat-deadline-ms",
+            &format!("{DEADLINE_MS}"),
+            "--builtin-token-interval-us",
+            &interval,
+            "--fault",
+            &fault,
+        ],
+    )?;
+    let pid = first.pid().context("haltd pid")?;
+    // One clock for both ends: the crash line's wall-clock time against the clients' Instants.
+    let anchor = (Instant::now(), SystemTime::now());
+    let start = Arc::new(Barrier::new(STREAMS));
+    let clients: Vec<_> = (0..STREAMS)
+        .map(|i| {
+            let url = format!("{}/v1/chat/completions", first.api_url());
+            let start = Arc::clone(&start);
+            spawn_in_netns(&first.client_ns, move || {
+                start.wait();
+                sse::stream(&url, &long_chat(i), Duration::from_secs(20), |_, _| {})
+            })
+        })
+        .collect();
+    let outcomes: Vec<StreamOutcome> = clients
+        .into_iter()
+        .map(|h| h.join().map_err(|_| anyhow!("client thread panicked"))?)
+        .collect::<Result<_>>()
+        .with_context(|| first.log_tail(30))?;
+    let status = first.wait_exit(Duration::from_secs(5))?;
+
+    // (c) the documented exit status, not a signal.
+    ensure!(
+        status.code() == Some(haltd::crash::EXIT_CODE),
+        "haltd ended with {status:?} (signal {:?}), expected exit {}\n{}",
+        status.signal(),
+        haltd::crash::EXIT_CODE,
+        first.log_tail(30)
+    );
+    ensure!(
+        first.log_tail(30).contains("haltd: uncontained panic"),
+        "no crash line on stderr\n{}",
+        first.log_tail(30)
+    );
+    // (d) the crash file, one line for this panic.
+    let crash_file = haltd::crash::file_for(&first.ledger);
+    let text = fs::read_to_string(&crash_file)
+        .with_context(|| format!("reading the crash file {}", crash_file.display()))?;
+    let lines: Vec<&str> = text.lines().collect();
+    ensure!(lines.len() == 1, "crash file: {text}");
+    let crash: Value = serde_json::from_str(lines[0]).context("crash line")?;
+    ensure!(
+        crash["pid"] == pid,
+        "crash line pid {} != {pid}",
+        crash["pid"]
+    );
+    ensure!(crash["exit_code"] == haltd::crash::EXIT_CODE, "{crash}");
+    let crashed_thread = crash["thread"].as_str().unwrap_or_default();
+    let thread_ok = match thread {
+        "worker" => crashed_thread.starts_with("haltd-dp-"),
+        _ => crashed_thread == "haltd-watchdog",
+    };
+    ensure!(thread_ok, "panic in thread {crashed_thread:?}: {crash}");
+    ensure!(
+        crash["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("fault injection")),
+        "{crash}"
+    );
+    let panic_ns = crash["unix_ns"].as_u64().context("unix_ns")?;
+    let panic_wall = UNIX_EPOCH + Duration::from_nanos(panic_ns);
+
+    // (a) every connection closed soon after the panic; (b) at most N + B tokens each.
+    let closes: Vec<Close> = outcomes
+        .iter()
+        .map(|o| {
+            let last = o.events.last().map_or(o.started, |e| e.at);
+            let closed_wall = anchor.1 + o.ended.saturating_duration_since(anchor.0);
+            let after_panic_ms = match closed_wall.duration_since(panic_wall) {
+                Ok(d) => ms(d),
+                Err(e) => -ms(e.duration()),
+            };
+            Close {
+                tokens: o.tokens,
+                after_last_byte_ms: ms(o.ended.saturating_duration_since(last)),
+                after_panic_ms,
+                read_error: o.read_error.clone(),
+            }
+        })
+        .collect();
+    let worst_panic = closes
+        .iter()
+        .map(|c| c.after_panic_ms)
+        .fold(f64::MIN, f64::max);
+    let worst_last = closes
+        .iter()
+        .map(|c| c.after_last_byte_ms)
+        .fold(f64::MIN, f64::max);
+    println!(
+        "panic in {crashed_thread}: exit {:?}; per stream (tokens, last byte → close ms, panic → close ms, read error): {:?}; worst {worst_last:.2} ms after the last byte, {worst_panic:.2} ms after the panic",
+        status.code(),
+        closes
+            .iter()
+            .map(|c| (
+                c.tokens,
+                format!("{:.2}", c.after_last_byte_ms),
+                format!("{:.2}", c.after_panic_ms),
+                c.read_error.clone()
+            ))
+            .collect::<Vec<_>>()
+    );
+    for (o, c) in outcomes.iter().zip(&closes) {
+        ensure!(
+            o.status == 200,
+            "stream {}: status {}",
+            o.stream_id,
+            o.status
+        );
+        ensure!(
+            o.done_at.is_none() && o.finish_reason.is_none(),
+            "stream {} ended cleanly across a crash: {:?}",
+            o.stream_id,
+            o.finish_reason
+        );
+        ensure!(
+            c.tokens <= N + BUDGET,
+            "stream {}: {} tokens > N + B = {}",
+            o.stream_id,
+            c.tokens,
+            N + BUDGET
+        );
+        ensure!(
+            c.after_panic_ms <= DEADLINE_MS + SLACK_MS && c.after_last_byte_ms <= DEADLINE_MS + SLACK_MS,
+            "stream {}: closed {:.1} ms after the panic, {:.1} ms after its last byte (deadline {DEADLINE_MS} ms + {SLACK_MS} ms)",
+            o.stream_id,
+            c.after_panic_ms,
+            c.after_last_byte_ms
+        );
+    }
+    ensure!(
+        closes.iter().any(|c| c.tokens >= N),
+        "no stream reached N = {N} tokens: the fault fired early? {closes:?}"
+    );
+
+    // (e) the next haltd on this ledger records the crash once and keeps the chain.
+    let before = first.ledger_records()?.len();
+    let mut second = Haltd::start_with_ledger(&pair, Some(&first.ledger), &[])?;
+    ensure!(
+        !crash_file.exists(),
+        "the crash file is still there after the restart"
+    );
+    let records = second.ledger_records()?;
+    let crashes: Vec<(usize, &Value)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r["kind"] == "crash")
+        .collect();
+    ensure!(crashes.len() == 1, "crash records: {crashes:?}");
+    let (at, rec) = crashes[0];
+    ensure!(
+        at == before,
+        "the crash record is record {at}, expected {before} (before this start's own)"
+    );
+    ensure!(
+        rec["crash"]["pid"] == pid
+            && rec["crash"]["thread"] == crashed_thread
+            && rec["crash"]["unix_ns"] == panic_ns
+            && rec["crash"]["exit_code"] == haltd::crash::EXIT_CODE,
+        "crash record {rec} does not match the crash line {crash}"
+    );
+    ensure!(
+        records.get(at + 1).is_some_and(|r| r["kind"] == "lifecycle"
+            && r["message"].as_str().is_some_and(|m| m.contains("started"))),
+        "no start record right after the crash record"
+    );
+    let recovered = second.metrics()?.sum("haltd_crashes_recovered_total");
+    ensure!(
+        recovered == 1.0,
+        "haltd_crashes_recovered_total = {recovered}"
+    );
+    ensure!(
+        second
+            .log_tail(60)
+            .contains("ended on an uncontained panic"),
+        "no ERROR log of the recovered crash\n{}",
+        second.log_tail(60)
+    );
+    let report = verify_ledger(&second.ledger)?;
+    second.stop()?;
+    let report_after = verify_ledger(&second.ledger)?;
+    println!(
+        "crash record {at}: {}; ledger while running: {}; after stop: {}",
+        rec["message"].as_str().unwrap_or_default(),
+        report.trim(),
+        report_after.trim()
+    );
+    Ok(())
+}
+
+/// A data-plane worker panics when a stream has handed out its Nth token.
+#[test]
+fn worker_panic_closes_every_stream_and_is_recorded() -> Result<()> {
+    panic_fails_closed("worker")
+}
+
+/// The watchdog panics at its first pass after a stream handed out N tokens.
+#[test]
+fn watchdog_panic_closes_every_stream_and_is_recorded() -> Result<()> {
+    panic_fails_closed("watchdog")
+}
