@@ -185,3 +185,63 @@ fn the_known_gaps_shortest_counterexamples() {
         println!("  last state: {:?}", o.last_states[i]);
     }
 }
+
+/// Larger bounds, a few minutes with one thread: haltd's emitters with a lossy network under
+/// every heartbeat, the wider adversarial bounds. Run with
+/// `cargo test --release -p haltd-model --test bounds -- --ignored --nocapture`.
+#[test]
+#[ignore = "minutes; run by hand when the gate's decisions change"]
+fn larger_bounds() {
+    let t0 = Instant::now();
+    let mut states = 0;
+    let known_gap = |o: &Outcome| {
+        let gap = if o.cfg.emitter == Emitter::Adversarial {
+            prop::P2
+        } else {
+            prop::P3
+        };
+        let comes_back = matches!(
+            o.cfg.heartbeat,
+            Heartbeat::Flicker | Heartbeat::RecoverAfterTrip
+        );
+        for name in o.violated() {
+            assert!(
+                comes_back && name == gap,
+                "{}: counterexamples:{}",
+                o.summary(),
+                describe_violations(o)
+            );
+        }
+        assert!(o.unreached().is_empty(), "{}", o.summary());
+    };
+    let mut configs = Vec::new();
+    for hb in [
+        Heartbeat::Live,
+        Heartbeat::Sticky,
+        Heartbeat::Flicker,
+        Heartbeat::RecoverAfterTrip,
+    ] {
+        for budget in 0..=2 {
+            for emitter in [Emitter::Honest, Emitter::Disciplined] {
+                configs.push(Config {
+                    net_loss: true,
+                    ..Config::small(budget, emitter, hb)
+                });
+            }
+        }
+    }
+    configs.push(Config::adversarial_wide(2, Heartbeat::Live));
+    configs.push(Config::adversarial_wide(0, Heartbeat::Flicker));
+    configs.push(Config::adversarial_wide(1, Heartbeat::Flicker));
+    configs.push(Config::adversarial_wide(1, Heartbeat::RecoverAfterTrip));
+    for cfg in configs {
+        let o = check(cfg, 1, None);
+        println!("{} violated: {:?}", o.summary(), o.violated());
+        known_gap(&o);
+        states += o.unique_states;
+    }
+    println!(
+        "larger bounds: {states} unique states in all, {:.2?}",
+        t0.elapsed()
+    );
+}
