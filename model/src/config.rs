@@ -52,6 +52,9 @@ pub enum Mistake {
     /// The trip write's egress ceiling counts only the bytes the kernel accepted, not the whole
     /// frame in progress.
     CeilingWithoutFrameInProgress,
+    /// The two checks do not share their latches: each one latches only on a lost heartbeat it
+    /// sees itself (the gate as first written, before the model found the gap).
+    UnsharedLatches,
 }
 
 /// One configuration of the model. Sizes are in abstract units (one unit stands for any

@@ -100,6 +100,7 @@ fn send_check(cfg: &Config, s: &mut State, size: u8, carries_nonce: bool, lost: 
         size: u64::from(size),
         now_ns: NOW_NS,
         heartbeat_lost: lost,
+        egress_latched: s.egress.latched_ceiling != 0 && !cfg.has(Mistake::UnsharedLatches),
     };
     if cfg.has(Mistake::LatchNotSticky) && !lost {
         s.sock.stale_frame_limit = 0;
@@ -173,6 +174,7 @@ pub fn segment(cfg: &Config, s: &mut State, kind: Segment, len: u8, alt: bool) -
         let seg = SegmentView {
             now_ns: NOW_NS,
             heartbeat_lost: lost,
+            send_latched: s.sock.stale_frame_limit != 0 && !cfg.has(Mistake::UnsharedLatches),
             offsets: Some((u64::from(s.snd_nxt), u64::from(end))),
         };
         if cfg.has(Mistake::LatchNotSticky) && !lost {

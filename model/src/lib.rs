@@ -70,13 +70,12 @@
 //!
 //! # Findings
 //!
-//! Every property holds while the heartbeat stays fresh, or once stale stays stale. Where it
-//! can come back, P2 (adversarial) and P3 (honest and disciplined) break when counted from the
-//! kernel's own observation, while P1, P2u, P3u, L1, L2 hold: a check that saw the heartbeat
-//! lost latched its own limit, the other did not, and the trip userspace writes after the
-//! heartbeat came back counts as pre-trip what it handed over in between; the egress check's
-//! room for the terminal after its latch (`latched + T`) takes token bytes as well. See
-//! `tests/bounds.rs` and the crate's README for the counterexamples.
+//! Every property holds for every emitter, budget and heartbeat. The model first found a gap
+//! where the heartbeat comes back: a check that saw it lost latched its own limit, the other
+//! did not, and the trip userspace wrote after the heartbeat came back counted as pre-trip what
+//! it handed over in between. The checks now share their latches; [`Mistake::UnsharedLatches`]
+//! keeps the old gate as a mutation, which the checker breaks in 9 steps (see
+//! `tests/mutations.rs` and the crate's README).
 //!
 //! # Abstractions
 //!

@@ -76,3 +76,21 @@ fn m5_a_ceiling_without_the_frame_in_progress_drops_an_honest_stream() {
         prop::HONEST_NO_DROP,
     );
 }
+
+/// M6: checks that latch only on what they see themselves. When the heartbeat comes back, a
+/// frame the emitter began after the egress check saw the gap passes the send check as
+/// pre-trip (userspace's later trip counts it so), and an adversary gets bytes out beyond the
+/// allowance counted from the kernel's first observation.
+#[test]
+fn m6_latches_that_are_not_shared_break_the_bounds_when_the_heartbeat_comes_back() {
+    finds(
+        Config::small(0, Emitter::Honest, Heartbeat::RecoverAfterTrip),
+        Mistake::UnsharedLatches,
+        prop::P3,
+    );
+    finds(
+        Config::adversarial(1, Heartbeat::RecoverAfterTrip),
+        Mistake::UnsharedLatches,
+        prop::P2,
+    );
+}

@@ -1,7 +1,7 @@
 //! The gate's decisions, as pure functions of the map values and what the program sees.
 //!
 //! The BPF programs in `ebpf/haltd-ebpf` read their maps and the packet, call these, and act on
-//! the verdict; the `stateright` model of emitter × watchdog × kernel (`tests/model`) calls the
+//! the verdict; the `stateright` model of emitter × watchdog × kernel (`model/`) calls the
 //! very same functions in its kernel steps, so what the model proves is about this code. Every
 //! function is `#[inline(always)]` and free of loops over data: the BPF verifier sees one
 //! straight program.
@@ -41,6 +41,10 @@ pub struct SendView {
     pub now_ns: u64,
     /// [`heartbeat_lost`] now.
     pub heartbeat_lost: bool,
+    /// The egress check has latched a ceiling on this socket
+    /// ([`EgressState::latched_ceiling`] is set): it saw the heartbeat lost (or no policy)
+    /// first, so this send is past the trip point too, whatever the heartbeat says now.
+    pub egress_latched: bool,
 }
 
 /// The send check (`halt_gate`): the verdict on one send, one of the send verdicts of
@@ -65,9 +69,12 @@ pub fn send_verdict(
         Some(p) => (u64::from(p.budget), u64::from(p.max_event_bytes)),
         None => (0, 0),
     };
-    if st.stale_frame_limit == 0 && send.heartbeat_lost {
-        // The first send that sees the heartbeat lost fixes this socket's own limit: the
-        // frames before it, plus the stream's budget (stored plus one, see `SockState`).
+    if st.stale_frame_limit == 0 && (send.heartbeat_lost || send.egress_latched) {
+        // The first send that sees the heartbeat lost (or follows the egress check's latch)
+        // fixes this socket's own limit: the frames before it, plus the stream's budget
+        // (stored plus one, see `SockState`). Sharing the latch matters when the heartbeat
+        // comes back: a check that did not see the gap must not treat later frames as
+        // pre-trip, and a userspace trip written after the gap cannot reclassify them.
         st.stale_frame_limit = n - 1 + budget + 1;
     }
     let user_tripped = policy.is_some_and(|p| p.tripped != 0 && n > p.pre_trip_frames);
@@ -129,6 +136,9 @@ pub struct SegmentView {
     pub now_ns: u64,
     /// [`heartbeat_lost`] now.
     pub heartbeat_lost: bool,
+    /// The send check saw the heartbeat lost on this socket ([`SockState::stale_frame_limit`]
+    /// is set): the egress check latches at this segment even if the heartbeat is back.
+    pub send_latched: bool,
     /// `(sent, end)`: the stream offset of the next byte never sent before (`snd_nxt`) and the
     /// stream offset this segment's payload ends at; `None` when the program could not read
     /// the TCP header or the socket.
@@ -158,11 +168,14 @@ pub fn egress_ceiling(eg: &EgressState, policy: Option<&SockPolicy>) -> u64 {
 /// socket, [`verdict::EGRESS_PASS`] or a drop, updating the socket's egress state.
 ///
 /// It caches no verdict: every segment, retransmissions included, is judged by its end offset.
-/// The first segment that sees the heartbeat lost (or the socket without a policy) latches a
-/// ceiling of its own: the next unsent byte plus the stream's budget of token events.
+/// The first segment that sees the heartbeat lost (or follows the send check's own latch, or
+/// finds the socket without a policy) latches a ceiling of its own: the next unsent byte plus
+/// the stream's budget of token events. Every byte below `snd_nxt` was sent before that
+/// segment, so before the trip point: the two checks serialise on the socket lock, and this is
+/// the first segment judged after either saw the heartbeat lost.
 #[inline(always)]
 pub fn segment_verdict(eg: &mut EgressState, policy: Option<&SockPolicy>, seg: SegmentView) -> u32 {
-    if eg.latched_ceiling == 0 && (seg.heartbeat_lost || policy.is_none()) {
+    if eg.latched_ceiling == 0 && (seg.heartbeat_lost || seg.send_latched || policy.is_none()) {
         let allowance = match policy {
             Some(p) => u64::from(p.budget).saturating_mul(u64::from(p.max_event_bytes)),
             None => 0,

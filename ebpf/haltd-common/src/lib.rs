@@ -1,7 +1,7 @@
 //! What the haltd halt gate (the BPF programs in `ebpf/haltd-ebpf`) and the haltd daemon share:
 //! the `#[repr(C)]` map values, the verdict and reason codes, and — in [`decide`] — the gate's
 //! pure decision functions, which the BPF programs run in the kernel and the `stateright` model
-//! of the gate (`tests/model`) runs exhaustively.
+//! of the gate (`model/`) runs exhaustively.
 //!
 //! # Two checks, one per send and one per segment
 //!

@@ -136,10 +136,15 @@ pub fn halt_gate(ctx: SkMsgContext) -> u32 {
     // new element in whole (never a half-written value).
     let policy = unsafe { policy.as_ref() };
     let now_ns = now();
+    let eg = storage(&EGRESS_STATE, sk, false);
+    // SAFETY: non-null storage of this socket; only `latched_ceiling` is read, an aligned
+    // 8-byte field the egress check writes once (0 to non-zero).
+    let egress_latched = unsafe { eg.as_ref() }.is_some_and(|eg| eg.latched_ceiling != 0);
     let view = SendView {
         size: u64::from(ctx.size()),
         now_ns,
         heartbeat_lost: heartbeat_lost(now_ns),
+        egress_latched,
     };
     let v = decide::send_verdict(st, policy, view, |nonce| carries_nonce(&ctx, nonce));
     count(v);
@@ -212,12 +217,16 @@ pub fn halt_egress(ctx: SkBuffContext) -> i32 {
         // Request and time-wait sockets carry no stream data of a governed connection.
         return CG_PASS;
     }
-    if storage(&SOCK_STATE, sk, false).is_null() {
+    let st = storage(&SOCK_STATE, sk, false);
+    // SAFETY: non-null storage of this socket; only `stale_frame_limit` is read, an aligned
+    // 8-byte field the send check writes once (0 to non-zero).
+    let Some(st) = (unsafe { st.as_ref() }) else {
         // Not governed: upstream connections, the admin and metrics listeners.
         return CG_PASS;
-    }
+    };
+    let send_latched = st.stale_frame_limit != 0;
     let Some(payload) = payload(&ctx) else {
-        return judge(sk, None);
+        return judge(sk, send_latched, None);
     };
     if payload.len == 0 {
         // SYN, FIN, RST, pure ACKs: no stream bytes.
@@ -226,7 +235,7 @@ pub fn halt_egress(ctx: SkBuffContext) -> i32 {
     // SAFETY: a full socket pointer from `bpf_sk_fullsock`.
     let tp = unsafe { bpf_tcp_sock(sk) };
     if tp.is_null() {
-        return judge(sk, None);
+        return judge(sk, send_latched, None);
     }
     // SAFETY: non-null `bpf_tcp_sock` of this socket; the egress path holds the socket lock,
     // so the three fields are consistent with each other.
@@ -234,7 +243,11 @@ pub fn halt_egress(ctx: SkBuffContext) -> i32 {
         unsafe { ((*tp).snd_una, (*tp).snd_nxt, (*tp).bytes_acked) };
     let start = decide::stream_offset(payload.seq, snd_una, bytes_acked);
     let sent = decide::stream_offset(snd_nxt, snd_una, bytes_acked);
-    judge(sk, Some((sent, start.saturating_add(u64::from(payload.len)))))
+    judge(
+        sk,
+        send_latched,
+        Some((sent, start.saturating_add(u64::from(payload.len)))),
+    )
 }
 
 /// Where a segment's payload lies.
@@ -283,7 +296,7 @@ fn payload(ctx: &SkBuffContext) -> Option<Payload> {
 }
 
 #[inline(always)]
-fn judge(sk: *mut bpf_sock, offsets: Option<(u64, u64)>) -> i32 {
+fn judge(sk: *mut bpf_sock, send_latched: bool, offsets: Option<(u64, u64)>) -> i32 {
     let policy = storage(&SOCK_POLICY, sk, false);
     // SAFETY: non-null storage of this socket, written only by userspace, whole.
     let policy = unsafe { policy.as_ref() };
@@ -291,6 +304,7 @@ fn judge(sk: *mut bpf_sock, offsets: Option<(u64, u64)>) -> i32 {
     let view = SegmentView {
         now_ns,
         heartbeat_lost: heartbeat_lost(now_ns),
+        send_latched,
         offsets,
     };
     let eg = storage(&EGRESS_STATE, sk, true);

@@ -7,6 +7,7 @@ fn send(size: u64) -> SendView {
         size,
         now_ns: 1_000,
         heartbeat_lost: false,
+        egress_latched: false,
     }
 }
 
@@ -161,6 +162,7 @@ fn seg(sent: u64, end: u64, lost: bool) -> SegmentView {
     SegmentView {
         now_ns: 5,
         heartbeat_lost: lost,
+        send_latched: false,
         offsets: Some((sent, end)),
     }
 }
@@ -226,6 +228,7 @@ fn egress_without_policy_or_offsets_fails_closed() {
     let unparsed = SegmentView {
         now_ns: 1,
         heartbeat_lost: false,
+        send_latched: false,
         offsets: None,
     };
     assert_eq!(
@@ -261,4 +264,38 @@ fn heartbeat_is_lost_when_missing_unset_or_old() {
     let hb = Heartbeat { last_ns: 50, ..hb };
     assert!(!heartbeat_lost(Some(&hb), 150));
     assert!(heartbeat_lost(Some(&hb), 151));
+}
+
+#[test]
+fn each_check_latches_when_the_other_did_even_with_the_heartbeat_back() {
+    // The egress check saw the gap; the heartbeat is back by the next send: that send is
+    // still past the trip point, even though the policy calls it pre-trip.
+    let mut st = SockState {
+        frames: 1,
+        ..SockState::default()
+    };
+    let p = tripped(0, 300, 2, 10_000);
+    let after_egress_latch = SendView {
+        egress_latched: true,
+        ..send(100)
+    };
+    assert_eq!(
+        send_verdict(&mut st, Some(&p), after_egress_latch, no_nonce),
+        verdict::DROP_BUDGET
+    );
+    assert_eq!(st.stale_frame_limit, 1 + 0 + 1);
+
+    // The send check saw the gap; the egress check latches at its next segment.
+    let mut eg = EgressState::default();
+    let p = untripped(1, 300);
+    let v = segment_verdict(
+        &mut eg,
+        Some(&p),
+        SegmentView {
+            send_latched: true,
+            ..seg(500, 900, false)
+        },
+    );
+    assert_eq!(v, verdict::EGRESS_DROP_CEILING);
+    assert_eq!(eg.latched_ceiling, 500 + 300 + 1);
 }
