@@ -432,3 +432,77 @@ fn proxied_half_closed_client_is_served() -> Result<()> {
     println!("proxied half-closed clients: 5 served in full after a 300 ms upstream head, each with one interim 100 Continue");
     Ok(())
 }
+
+/// The gate loads, verifies, attaches and passes its self-test with the privileges the systemd
+/// unit gives haltd: an unprivileged user (65534) with CAP_BPF and CAP_NET_ADMIN alone, in a
+/// cgroup it owns (the unit's `Delegate=yes`). This is what catches a program the verifier
+/// accepts only with CAP_PERFMON or root (e.g. pointer arithmetic at a variable offset).
+#[test]
+fn the_gate_loads_with_the_units_privileges() -> Result<()> {
+    haltd_tests::require_root()?;
+    let dir = haltd_tests::temp_dir("unprivileged")?;
+    let bin = dir.join("haltd");
+    std::fs::copy(haltd_tests::haltd_bin()?, &bin)?;
+    let object = dir.join("gate.o");
+    let src = std::env::var_os("HALTD_BPF_OBJECT").context("HALTD_BPF_OBJECT is not set")?;
+    std::fs::copy(src, &object)?;
+    use std::os::unix::fs::PermissionsExt;
+    for (p, mode) in [(&dir, 0o755), (&bin, 0o755), (&object, 0o644)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    }
+    // A cgroup owned by the unprivileged user, as systemd delegates the unit's.
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next() == Some("cgroup2"))
+                .then(|| left.split_whitespace().nth(4).map(str::to_owned))
+                .flatten()
+        })
+        .context("no cgroup2 mount")?;
+    let cg = std::path::Path::new(&mount).join(format!("haltd-test-deleg-{}", std::process::id()));
+    std::fs::create_dir_all(&cg)?;
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&cg)
+        .status()?;
+    ensure!(chown.success(), "chown of {} failed", cg.display());
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec setpriv --reuid 65534 --regid 65534 --clear-groups \
+         --inh-caps -all,+bpf,+net_admin --ambient-caps -all,+bpf,+net_admin --bounding-set -all,+bpf,+net_admin \
+         {} check-gate --bpf-object {}",
+        cg.display(),
+        bin.display(),
+        object.display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The leaf haltd made is empty once it exited; remove it, then our cgroup.
+    if let Ok(entries) = std::fs::read_dir(&cg) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("haltd.") {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(&cg);
+    let _ = std::fs::remove_dir_all(&dir);
+    let last: Vec<&str> = text.lines().rev().take(6).collect();
+    println!(
+        "unprivileged check-gate: {}",
+        last.first().copied().unwrap_or("")
+    );
+    ensure!(
+        out.status.success() && text.contains("self-tested"),
+        "the gate did not load as uid 65534 with CAP_BPF + CAP_NET_ADMIN ({}):\n{}",
+        out.status,
+        last.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
+    Ok(())
+}

@@ -112,7 +112,7 @@ pub struct Heartbeat {
     pub read_ns: u64,
 }
 
-/// Emitted by the gate on `HALT_EVENTS` the first time it drops a send on a socket.
+/// Emitted on `HALT_EVENTS` the first time each check drops something on a socket.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HaltEvent {
@@ -122,7 +122,10 @@ pub struct HaltEvent {
     pub verdict: u32,
     /// One of [`trip_reason`].
     pub trip_reason: u32,
+    /// The send check: frames the socket sent. The egress check: the stream offset the
+    /// dropped segment ended at.
     pub frames: u64,
+    /// The send check: post-trip frames it passed. The egress check: the ceiling in force.
     pub post_trip_frames: u64,
     pub cause: u32,
     pub _pad: u32,

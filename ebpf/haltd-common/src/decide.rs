@@ -199,17 +199,21 @@ pub fn segment_verdict(eg: &mut EgressState, policy: Option<&SockPolicy>, seg: S
         None if ceiling == u64::MAX => verdict::EGRESS_PASS,
         None => verdict::EGRESS_DROP_UNPARSED,
     };
-    match (v, seg.offsets) {
-        (verdict::EGRESS_PASS, Some((_, end))) => eg.passed_end = max(eg.passed_end, end),
-        (verdict::EGRESS_PASS, None) => {}
-        (_, offsets) => {
-            eg.dropped_segments += 1;
-            if eg.first_drop_ns == 0 {
-                eg.first_drop_ns = if seg.now_ns == 0 { 1 } else { seg.now_ns };
-            }
-            if let Some((_, end)) = offsets {
-                eg.dropped_end = max(eg.dropped_end, end);
-            }
+    // Both fields are written on every path, with values chosen per path: stores to a field
+    // chosen per path compile to a store at a variable offset, which the verifier refuses to
+    // an unprivileged loader (CAP_BPF without CAP_PERFMON).
+    let end = match seg.offsets {
+        Some((_, end)) => end,
+        None => 0,
+    };
+    let passed = v == verdict::EGRESS_PASS;
+    let (passed_end, dropped_end) = (eg.passed_end, eg.dropped_end);
+    eg.passed_end = if passed { max(passed_end, end) } else { passed_end };
+    eg.dropped_end = if passed { dropped_end } else { max(dropped_end, end) };
+    if !passed {
+        eg.dropped_segments += 1;
+        if eg.first_drop_ns == 0 {
+            eg.first_drop_ns = if seg.now_ns == 0 { 1 } else { seg.now_ns };
         }
     }
     v

@@ -308,15 +308,33 @@ fn judge(sk: *mut bpf_sock, send_latched: bool, offsets: Option<(u64, u64)>) -> 
         offsets,
     };
     let eg = storage(&EGRESS_STATE, sk, true);
-    let mut scratch = EgressState::default();
-    // Without storage (allocation failed) judge with a fresh state: a latched ceiling is then
-    // recomputed per segment, which is never looser than the first one would have been for a
-    // stream already tripped by userspace, and fails closed without a policy.
+    if eg.is_null() {
+        // No storage (allocation failed): judge with a fresh state. A latched ceiling is then
+        // recomputed per segment, never looser than the first one would have been for a stream
+        // userspace tripped, and failing closed without a policy. (A separate path: the
+        // verifier does not let an unprivileged loader mix stack and map pointers.)
+        let mut scratch = EgressState::default();
+        let v = decide::segment_verdict(&mut scratch, policy, view);
+        return egress_outcome(v, true, &scratch, policy, now_ns);
+    }
     // SAFETY: non-null storage of this socket; the egress path holds the socket lock, so this
     // run is its only writer.
-    let eg = unsafe { eg.as_mut() }.unwrap_or(&mut scratch);
+    let eg = unsafe { &mut *eg };
     let first_drop = eg.dropped_segments == 0;
     let v = decide::segment_verdict(eg, policy, view);
+    egress_outcome(v, first_drop, eg, policy, now_ns)
+}
+
+/// Counts an egress verdict, emits a halt event on a socket's first drop, and returns the
+/// program's answer.
+#[inline(always)]
+fn egress_outcome(
+    v: u32,
+    first_drop: bool,
+    eg: &EgressState,
+    policy: Option<&SockPolicy>,
+    now_ns: u64,
+) -> i32 {
     count(v);
     if v == verdict::EGRESS_PASS {
         return CG_PASS;
@@ -330,8 +348,9 @@ fn judge(sk: *mut bpf_sock, send_latched: bool, offsets: Option<(u64, u64)>) -> 
             stream_tag,
             verdict: v,
             trip_reason: eg.latch_reason,
-            frames: 0,
-            post_trip_frames: 0,
+            // For an egress drop: where the dropped segment ended, and the ceiling.
+            frames: eg.dropped_end,
+            post_trip_frames: decide::egress_ceiling(eg, policy),
             cause,
             _pad: 0,
             ts_ns: now_ns,
