@@ -101,9 +101,6 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Largest token frame in bytes; the kernel caps post-trip bytes at B times this.
-    #[arg(long, default_value_t = 16 * 1024)]
-    pub max_frame_bytes: u64,
     /// Time a client has to send its whole request (ms) before it gets 408.
     #[arg(long, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
@@ -155,8 +152,6 @@ pub struct Config {
     pub request_timeout: Duration,
     pub workers: usize,
     pub faults: Faults,
-    /// Largest terminal frame the gate lets through after the budget.
-    pub terminal_max_bytes: u32,
     /// The resolved upstream of `--source openai`.
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
     pub upstream_connect_timeout: Duration,
@@ -208,9 +203,6 @@ impl ServeArgs {
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 64 << 20 {
             return Err(err("max-body-bytes", "must be between 1 and 67108864"));
-        }
-        if !(256..=1 << 20).contains(&self.max_frame_bytes) {
-            return Err(err("max-frame-bytes", "must be between 256 and 1048576"));
         }
         if self.builtin_token_interval_us > 60_000_000 {
             return Err(err("builtin-token-interval-us", "must be at most 60 s"));
@@ -297,7 +289,6 @@ impl ServeArgs {
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             workers,
             faults,
-            terminal_max_bytes: 4096,
             upstream,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
             upstream_first_token_timeout: Duration::from_millis(

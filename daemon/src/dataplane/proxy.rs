@@ -483,11 +483,9 @@ impl Worker {
             // watching rather than spin on a chatty client.
             return Ok(());
         }
-        if conn.peer_eof && res == -libc::ETIME {
-            if !peer_reset(conn.fd) {
-                // Still a half-closed client that reads: look again later.
-                return self.arm_watch(key);
-            }
+        if conn.peer_eof && res == -libc::ETIME && !peer_reset(conn.fd) {
+            // Still a half-closed client that reads: look again later.
+            return self.arm_watch(key);
         }
         if res == 0 && !conn.peer_eof {
             // EOF: the client half-closed (it may still be reading, as `nc -N` and many

@@ -403,7 +403,15 @@ impl KernelGate {
                 lock(&self.sock_state)
                     .insert(&fd, SockState::default(), 0)
                     .map_err(GateError::map("writing", MAP_SOCK_STATE))?;
-                self.insert(sock)?
+                match self.insert(sock) {
+                    Ok(how) => how,
+                    Err(e) => {
+                        // Not governed after all: take the state back, so the egress check
+                        // does not treat the socket as a governed one without a policy.
+                        let _ = lock(&self.sock_state).remove(&fd);
+                        return Err(e);
+                    }
+                }
             }
             Err(e) => return Err(GateError::map("reading", MAP_SOCK_STATE)(e)),
         };

@@ -208,8 +208,16 @@ pub fn segment_verdict(eg: &mut EgressState, policy: Option<&SockPolicy>, seg: S
     };
     let passed = v == verdict::EGRESS_PASS;
     let (passed_end, dropped_end) = (eg.passed_end, eg.dropped_end);
-    eg.passed_end = if passed { max(passed_end, end) } else { passed_end };
-    eg.dropped_end = if passed { dropped_end } else { max(dropped_end, end) };
+    eg.passed_end = if passed {
+        max(passed_end, end)
+    } else {
+        passed_end
+    };
+    eg.dropped_end = if passed {
+        dropped_end
+    } else {
+        max(dropped_end, end)
+    };
     if !passed {
         eg.dropped_segments += 1;
         if eg.first_drop_ns == 0 {

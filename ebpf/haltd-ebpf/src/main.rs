@@ -38,7 +38,7 @@ use aya_ebpf::{
 };
 use haltd_common::{
     decide::{self, SegmentView, SendView},
-    verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState, DEFAULT_MAX_SOCKETS,
+    trip_reason, verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState, DEFAULT_MAX_SOCKETS,
     MAX_GOVERNED_PORTS, NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
 };
 
@@ -347,7 +347,10 @@ fn egress_outcome(
         let event = HaltEvent {
             stream_tag,
             verdict: v,
-            trip_reason: eg.latch_reason,
+            trip_reason: match (eg.latch_reason, policy) {
+                (trip_reason::NONE, Some(p)) if p.tripped != 0 => trip_reason::TRIPPED,
+                (reason, _) => reason,
+            },
             // For an egress drop: where the dropped segment ended, and the ceiling.
             frames: eg.dropped_end,
             post_trip_frames: decide::egress_ceiling(eg, policy),

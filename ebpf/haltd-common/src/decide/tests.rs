@@ -283,7 +283,8 @@ fn each_check_latches_when_the_other_did_even_with_the_heartbeat_back() {
         send_verdict(&mut st, Some(&p), after_egress_latch, no_nonce),
         verdict::DROP_BUDGET
     );
-    assert_eq!(st.stale_frame_limit, 1 + 0 + 1);
+    // Frame 2 saw it: limit n - 1 + budget = 1, stored plus one.
+    assert_eq!(st.stale_frame_limit, 2);
 
     // The send check saw the gap; the egress check latches at its next segment.
     let mut eg = EgressState::default();
