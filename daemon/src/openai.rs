@@ -28,6 +28,29 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// Largest `max_tokens` accepted.
 pub const MAX_MAX_TOKENS: u32 = 1_000_000;
 
+/// Longest text one token frame carries, in bytes.
+///
+/// Real tokenizer tokens are short: BPE vocabularies are dominated by tokens of a few bytes,
+/// their rare long entries are runs of spaces or punctuation (indentation, separator lines),
+/// and the built-in source's longest token is 13 bytes. A token whose text is longer
+/// is split, at UTF-8 character boundaries, into pieces of at most this many bytes, each its own
+/// frame counted as one token (see `docs/wire-format.md`, "Framing"). The cap is what makes
+/// [`ChunkEncoder::max_event_bytes`] small: every text an event carries (the token, its
+/// `bytes`, each alternative) is bounded by it. 64 keeps real tokens whole, and a chat event
+/// with 20 alternatives under 15 KiB (with a short model name).
+pub const MAX_TOKEN_TEXT_BYTES: usize = 64;
+/// Longest function name a tool-call frame carries whole (OpenAI's own limit on function
+/// names); a proxied upstream that sends a longer one fails the turn as malformed.
+pub const MAX_TOOL_NAME_BYTES: usize = 64;
+/// Longest tool-call id a tool-call frame carries (vLLM's `chatcmpl-tool-<32 hex>` is 46
+/// bytes, OpenAI's `call_<24>` 29); longer fails the turn as malformed.
+pub const MAX_TOOL_CALL_ID_BYTES: usize = 128;
+
+/// `s` cut to at most `max` bytes at a UTF-8 character boundary.
+pub fn truncate_text(s: &str, max: usize) -> &str {
+    &s[..s.floor_char_boundary(max)]
+}
+
 /// One generated token as the encoder needs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Token<'a> {
