@@ -56,7 +56,23 @@ pub fn truncate_text(s: &str, max: usize) -> &str {
 pub struct Token<'a> {
     pub text: &'a str,
     pub logprob: f32,
+    /// Alternatives, most likely first; the encoder writes at most `top_logprobs` of them,
+    /// each cut to [`MAX_TOKEN_TEXT_BYTES`] at a character boundary.
     pub top: &'a [(&'a str, f32)],
+}
+
+/// One call's part of a chat tool-call delta, as a frame carries it: a header (`id` and
+/// `type`, the function's `name`, empty `arguments`) or a piece of the arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallDelta<'a> {
+    /// The call's position in `tool_calls` (its `index`).
+    pub index: u32,
+    /// At most [`MAX_TOOL_CALL_ID_BYTES`]; written with `"type":"function"`.
+    pub id: Option<&'a str>,
+    /// At most [`MAX_TOOL_NAME_BYTES`].
+    pub name: Option<&'a str>,
+    /// At most [`MAX_TOKEN_TEXT_BYTES`] in a streamed frame.
+    pub arguments: &'a str,
 }
 
 /// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
@@ -100,7 +116,11 @@ pub struct ChunkEncoder {
     /// upstream for (client input: always written JSON-escaped).
     pub model: Arc<str>,
     pub logprobs: bool,
+    /// Alternatives per token (at most [`MAX_TOP_LOGPROBS`] are written).
     pub top_logprobs: u32,
+    /// The stream may carry tool-call frames (a proxied chat turn outside degraded mode):
+    /// [`ChunkEncoder::max_event_bytes`] covers them too.
+    pub tool_calls: bool,
 }
 
 impl ChunkEncoder {
@@ -115,6 +135,11 @@ impl ChunkEncoder {
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completion => "cmpl-",
         }
+    }
+
+    /// Alternatives written per token.
+    fn top_n(&self) -> usize {
+        self.top_logprobs.min(MAX_TOP_LOGPROBS) as usize
     }
 
     fn chunk_head(&self, out: &mut Vec<u8>) {
@@ -133,14 +158,48 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"choices\":[");
     }
 
-    /// One SSE event carrying one token. `index` is the 0-based token index, `text_offset`
-    /// the byte offset of the token in the completion text.
-    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, index: u64, text_offset: usize) {
-        self.content_event(out, tok.text, &[tok], &[text_offset], index == 0);
+    /// One SSE event carrying one token (a token frame): its text, at most
+    /// [`MAX_TOKEN_TEXT_BYTES`], and its logprobs when asked. `text_offset` is the token's byte
+    /// offset in the completion text; `first` adds the chat role. At most
+    /// [`ChunkEncoder::max_event_bytes`] bytes.
+    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, text_offset: usize, first: bool) {
+        debug_assert!(
+            tok.text.len() <= MAX_TOKEN_TEXT_BYTES,
+            "token frames are split"
+        );
+        self.content_event(out, tok.text, &[tok], &[text_offset], first);
+    }
+
+    /// One SSE event carrying text whose token is not known (a frame of the one-token-per-
+    /// character rule): `logprobs` is `null` even when the client asked for them. At most
+    /// [`ChunkEncoder::max_event_bytes`] bytes for a text of at most [`MAX_TOKEN_TEXT_BYTES`].
+    pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool) {
+        debug_assert!(text.len() <= MAX_TOKEN_TEXT_BYTES, "text frames are split");
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        match self.endpoint {
+            Endpoint::Chat => {
+                out.extend_from_slice(b"{\"index\":0,\"delta\":{");
+                if first {
+                    out.extend_from_slice(b"\"role\":\"assistant\",");
+                }
+                out.extend_from_slice(b"\"content\":");
+                write_str(out, text);
+                out.extend_from_slice(b"},\"logprobs\":null");
+            }
+            Endpoint::Completion => {
+                out.extend_from_slice(b"{\"index\":0,\"text\":");
+                write_str(out, text);
+                out.extend_from_slice(b",\"logprobs\":null");
+            }
+        }
+        out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
     }
 
     /// One SSE event carrying `text`, made of `toks` (whose logprobs it carries when asked;
     /// `offsets` are their byte offsets in the completion text). `first` adds the chat role.
+    /// With one token of at most [`MAX_TOKEN_TEXT_BYTES`] this is a token frame; with more
+    /// (a batch response served as SSE) it is not bounded.
     pub fn content_event(
         &self,
         out: &mut Vec<u8>,
@@ -187,17 +246,31 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
     }
 
-    /// One SSE event carrying a chat tool-call delta as the upstream sent it.
-    pub fn tool_call_event(&self, out: &mut Vec<u8>, tool_calls: &Value, first: bool) {
+    /// One SSE event carrying one call's tool-call delta (chat). Tool-call frames carry no
+    /// logprobs. At most [`ChunkEncoder::max_event_bytes`] bytes when the encoder has
+    /// `tool_calls` and the delta keeps to the caps of [`ToolCallDelta`].
+    pub fn tool_call_event(&self, out: &mut Vec<u8>, call: ToolCallDelta<'_>, first: bool) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         out.extend_from_slice(b"{\"index\":0,\"delta\":{");
         if first {
             out.extend_from_slice(b"\"role\":\"assistant\",");
         }
-        out.extend_from_slice(b"\"tool_calls\":");
-        let _ = serde_json::to_writer(&mut *out, tool_calls);
-        out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        let _ = write!(out, "\"tool_calls\":[{{\"index\":{}", call.index);
+        if let Some(id) = call.id {
+            out.extend_from_slice(b",\"id\":");
+            write_str(out, id);
+            out.extend_from_slice(b",\"type\":\"function\"");
+        }
+        out.extend_from_slice(b",\"function\":{");
+        if let Some(name) = call.name {
+            out.extend_from_slice(b"\"name\":");
+            write_str(out, name);
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"arguments\":");
+        write_str(out, call.arguments);
+        out.extend_from_slice(b"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
     }
 
     fn chat_logprob_entry(&self, out: &mut Vec<u8>, tok: Token<'_>) {
@@ -208,10 +281,11 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"bytes\":");
         write_bytes(out, tok.text);
         out.extend_from_slice(b",\"top_logprobs\":[");
-        for (i, (t, lp)) in tok.top.iter().take(self.top_logprobs as usize).enumerate() {
+        for (i, (t, lp)) in tok.top.iter().take(self.top_n()).enumerate() {
             if i > 0 {
                 out.push(b',');
             }
+            let t = truncate_text(t, MAX_TOKEN_TEXT_BYTES);
             out.extend_from_slice(b"{\"token\":");
             write_str(out, t);
             out.extend_from_slice(b",\"logprob\":");
@@ -245,9 +319,13 @@ impl ChunkEncoder {
             }
             out.push(b'{');
             // A JSON object cannot hold the same key twice; keep the first (most likely).
+            // Keys are cut to the cap first, so two alternatives that share their first
+            // MAX_TOKEN_TEXT_BYTES bytes are one key.
+            let cut = |a: &str| -> usize { a.floor_char_boundary(MAX_TOKEN_TEXT_BYTES) };
             let mut written = 0;
-            for (j, (alt, lp)) in t.top.iter().take(self.top_logprobs as usize).enumerate() {
-                if t.top[..j].iter().any(|(a, _)| a == alt) {
+            for (j, (alt, lp)) in t.top.iter().take(self.top_n()).enumerate() {
+                let alt = &alt[..cut(alt)];
+                if t.top[..j].iter().any(|(a, _)| &a[..cut(a)] == alt) {
                     continue;
                 }
                 if written > 0 {
@@ -397,6 +475,7 @@ impl Halt {
             model: Arc::clone(&self.model),
             logprobs: false,
             top_logprobs: 0,
+            tool_calls: false,
         };
         enc.final_chunk(out, "content_filter");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
@@ -491,6 +570,7 @@ mod tests {
             model: "builtin".into(),
             logprobs,
             top_logprobs: 2,
+            tool_calls: false,
         }
     }
 
@@ -515,7 +595,7 @@ mod tests {
                 top: &top,
             },
             0,
-            0,
+            true,
         );
         let v = event_json(&out);
         assert_eq!(v["object"], "chat.completion.chunk");
@@ -541,8 +621,8 @@ mod tests {
                 logprob: f32::NEG_INFINITY,
                 top: &top,
             },
-            4,
             17,
+            false,
         );
         let v = event_json(&out);
         assert_eq!(v["choices"][0]["text"], "a");
@@ -553,6 +633,89 @@ mod tests {
                 .as_object()
                 .map(|o| o.len()),
             Some(1)
+        );
+    }
+
+    #[test]
+    fn alternatives_longer_than_the_cap_are_cut_and_keys_dedupe_after_the_cut() {
+        let long = format!("{}é{}", "x".repeat(MAX_TOKEN_TEXT_BYTES - 1), "tail");
+        let other = format!("{}é{}", "x".repeat(MAX_TOKEN_TEXT_BYTES - 1), "other");
+        let top = [(long.as_str(), -0.1f32), (other.as_str(), -0.2)];
+        let tok = Token {
+            text: "x",
+            logprob: -0.1,
+            top: &top,
+        };
+        // The cut falls inside `é` (bytes 63..65): it is dropped whole.
+        let cut = "x".repeat(MAX_TOKEN_TEXT_BYTES - 1);
+        let mut out = Vec::new();
+        enc(Endpoint::Chat, true).token_event(&mut out, tok, 0, false);
+        let v = event_json(&out);
+        let alts = &v["choices"][0]["logprobs"]["content"][0]["top_logprobs"];
+        assert_eq!(alts[0]["token"], cut.as_str());
+        assert_eq!(alts[1]["token"], cut.as_str());
+        assert_eq!(alts[0]["bytes"].as_array().map(Vec::len), Some(cut.len()));
+        out.clear();
+        enc(Endpoint::Completion, true).token_event(&mut out, tok, 0, false);
+        let v = event_json(&out);
+        let keys = v["choices"][0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .expect("object")
+            .clone();
+        assert_eq!(keys.len(), 1, "one key after the cut: {keys:?}");
+        assert!((keys[cut.as_str()].as_f64().expect("number") + 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn text_events_carry_null_logprobs_even_when_asked() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+            let mut out = Vec::new();
+            enc(endpoint, true).text_event(&mut out, "é", true);
+            let v = event_json(&out);
+            assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+            let text = match endpoint {
+                Endpoint::Chat => {
+                    assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+                    &v["choices"][0]["delta"]["content"]
+                }
+                Endpoint::Completion => &v["choices"][0]["text"],
+            };
+            assert_eq!(text, "é");
+        }
+    }
+
+    #[test]
+    fn tool_call_events_are_openai_deltas() {
+        let mut out = Vec::new();
+        let e = enc(Endpoint::Chat, false);
+        let header = ToolCallDelta {
+            index: 1,
+            id: Some("call_1"),
+            name: Some("get_weather"),
+            arguments: "",
+        };
+        e.tool_call_event(&mut out, header, true);
+        let v = event_json(&out);
+        let call = &v["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(
+            call,
+            &json!({"index": 1, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}})
+        );
+        assert!(v["choices"][0]["logprobs"].is_null());
+        out.clear();
+        let piece = ToolCallDelta {
+            index: 1,
+            id: None,
+            name: None,
+            arguments: "{\"city\":",
+        };
+        e.tool_call_event(&mut out, piece, false);
+        let v = event_json(&out);
+        assert!(v["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(
+            v["choices"][0]["delta"]["tool_calls"][0],
+            json!({"index": 1, "function": {"arguments": "{\"city\":"}})
         );
     }
 
