@@ -1,5 +1,6 @@
 //! The OpenAI-compatible wire format (DESIGN §4): request bodies in ([`request`]), SSE chunks
-//! and JSON bodies out, and the typed terminal event of a halted stream.
+//! and JSON bodies out, the bound on one token event ([`bound`], the kernel gate's per-stream
+//! byte size), and the typed terminal event of a halted stream.
 //!
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
 //! token once the buffer has grown); the rarer shapes (terminal, batch bodies) use
@@ -16,7 +17,9 @@ use crate::{
     stream::{nonce_hex, Endpoint, StreamId},
 };
 
+mod bound;
 mod request;
+pub use bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES};
 pub use request::{parse_turn, TurnRequest};
 
 /// Highest `top_logprobs` / `logprobs` accepted (the OpenAI limit).
@@ -124,12 +127,6 @@ pub struct ChunkEncoder {
 }
 
 impl ChunkEncoder {
-    /// Upper bound on one token event of this encoder (interim: the global frame cap; replaced
-    /// by the encoder's own bound).
-    pub fn max_event_bytes(&self) -> u32 {
-        16 * 1024
-    }
-
     fn id_prefix(&self) -> &'static str {
         match self.endpoint {
             Endpoint::Chat => "chatcmpl-",
