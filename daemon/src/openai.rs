@@ -1,5 +1,6 @@
-//! The OpenAI-compatible wire format (DESIGN §4): request bodies in, SSE chunks and JSON
-//! bodies out, and the typed terminal event of a halted stream.
+//! The OpenAI-compatible wire format (DESIGN §4): request bodies in ([`request`]), SSE chunks
+//! and JSON bodies out, the bound on one token event ([`bound`], the kernel gate's per-stream
+//! byte size), and the typed terminal event of a halted stream.
 //!
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
 //! token once the buffer has grown); the rarer shapes (terminal, batch bodies) use
@@ -8,14 +9,18 @@
 use std::{io::Write as _, sync::Arc};
 
 use haltd_common::{HTTP_TERMINAL_PREFIX, SSE_TERMINAL_PREFIX};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{
     codes::FailureCode,
-    http::{self, HttpError},
+    http,
     stream::{nonce_hex, Endpoint, StreamId},
 };
+
+mod bound;
+mod request;
+pub use bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES};
+pub use request::{parse_turn, TurnRequest};
 
 /// Highest `top_logprobs` / `logprobs` accepted (the OpenAI limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -26,212 +31,27 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// Largest `max_tokens` accepted.
 pub const MAX_MAX_TOKENS: u32 = 1_000_000;
 
-/// One turn as the data plane needs it, whichever endpoint it came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TurnRequest {
-    pub endpoint: Endpoint,
-    pub prompt: String,
-    pub stream: bool,
-    pub max_tokens: u32,
-    /// Whether to return logprobs, and how many alternatives per token.
-    pub logprobs: bool,
-    pub top_logprobs: u32,
-    pub seed: Option<u64>,
-    pub include_usage: bool,
-    /// vLLM's `ignore_eos`: generate exactly `max_tokens` tokens.
-    pub ignore_eos: bool,
-}
+/// Longest text one token frame carries, in bytes.
+///
+/// Real tokenizer tokens are short: BPE vocabularies are dominated by tokens of a few bytes,
+/// their rare long entries are runs of spaces or punctuation (indentation, separator lines),
+/// and the built-in source's longest token is 13 bytes. A token whose text is longer
+/// is split, at UTF-8 character boundaries, into pieces of at most this many bytes, each its own
+/// frame counted as one token (see `docs/wire-format.md`, "Framing"). The cap is what makes
+/// [`ChunkEncoder::max_event_bytes`] small: every text an event carries (the token, its
+/// `bytes`, each alternative) is bounded by it. 64 keeps real tokens whole, and a chat event
+/// with 20 alternatives under 15 KiB (with a short model name).
+pub const MAX_TOKEN_TEXT_BYTES: usize = 64;
+/// Longest function name a tool-call frame carries whole (OpenAI's own limit on function
+/// names); a proxied upstream that sends a longer one fails the turn as malformed.
+pub const MAX_TOOL_NAME_BYTES: usize = 64;
+/// Longest tool-call id a tool-call frame carries (vLLM's `chatcmpl-tool-<32 hex>` is 46
+/// bytes, OpenAI's `call_<24>` 29); longer fails the turn as malformed.
+pub const MAX_TOOL_CALL_ID_BYTES: usize = 128;
 
-#[derive(Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize)]
-struct ChatMessage {
-    #[serde(default)]
-    role: String,
-    #[serde(default)]
-    content: Value,
-}
-
-#[derive(Deserialize)]
-struct ChatBody {
-    model: Option<String>,
-    messages: Vec<ChatMessage>,
-    #[serde(default)]
-    stream: bool,
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    logprobs: bool,
-    top_logprobs: Option<u32>,
-    seed: Option<u64>,
-    n: Option<u32>,
-    stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    ignore_eos: bool,
-}
-
-#[derive(Deserialize)]
-struct CompletionBody {
-    model: Option<String>,
-    prompt: Value,
-    #[serde(default)]
-    stream: bool,
-    max_tokens: Option<u32>,
-    logprobs: Option<u32>,
-    seed: Option<u64>,
-    n: Option<u32>,
-    stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    ignore_eos: bool,
-}
-
-fn check_model(model: Option<&str>, served: &str) -> Result<(), HttpError> {
-    match model {
-        None => Ok(()),
-        Some(m) if m == served => Ok(()),
-        Some(m) => Err(HttpError::new(
-            404,
-            "invalid_request_error",
-            format!(
-                "the model `{}` does not exist; this node serves `{served}`",
-                m.chars().take(128).collect::<String>()
-            ),
-        )
-        .with_code("model_not_found")),
-    }
-}
-
-fn check_n(n: Option<u32>) -> Result<(), HttpError> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(n) => Err(HttpError::bad_request(format!(
-            "n = {n} is not supported by the built-in source: each choice would need its own governed stream; send n = 1"
-        ))
-        .with_code("n_not_supported")),
-    }
-}
-
-fn check_max_tokens(v: Option<u32>, default: u32) -> Result<u32, HttpError> {
-    match v {
-        None => Ok(default),
-        Some(0) => Err(HttpError::bad_request("max_tokens must be at least 1")),
-        Some(v) if v > MAX_MAX_TOKENS => Err(HttpError::bad_request(format!(
-            "max_tokens must be at most {MAX_MAX_TOKENS}"
-        ))),
-        Some(v) => Ok(v),
-    }
-}
-
-fn json_error(e: serde_json::Error) -> HttpError {
-    HttpError::bad_request(format!("invalid JSON body: {e}"))
-}
-
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    }
-}
-
-/// Parses and validates a request body for `endpoint`.
-pub fn parse_turn(
-    endpoint: Endpoint,
-    body: &[u8],
-    served_model: &str,
-) -> Result<TurnRequest, HttpError> {
-    match endpoint {
-        Endpoint::Chat => {
-            let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
-            check_model(b.model.as_deref(), served_model)?;
-            check_n(b.n)?;
-            if b.messages.is_empty() {
-                return Err(HttpError::bad_request("messages must not be empty"));
-            }
-            if let Some(m) = b.messages.iter().find(|m| {
-                !matches!(
-                    m.role.as_str(),
-                    "system" | "developer" | "user" | "assistant" | "tool"
-                )
-            }) {
-                return Err(HttpError::bad_request(format!(
-                    "unknown message role {:?}",
-                    m.role.chars().take(32).collect::<String>()
-                )));
-            }
-            let top = b.top_logprobs.unwrap_or(0);
-            if top > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!(
-                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
-                )));
-            }
-            if top > 0 && !b.logprobs {
-                return Err(HttpError::bad_request(
-                    "top_logprobs requires logprobs: true",
-                ));
-            }
-            let prompt = b
-                .messages
-                .iter()
-                .map(|m| text_of(&m.content))
-                .collect::<Vec<_>>()
-                .join("\n");
-            Ok(TurnRequest {
-                endpoint,
-                prompt,
-                stream: b.stream,
-                max_tokens: check_max_tokens(
-                    b.max_completion_tokens.or(b.max_tokens),
-                    DEFAULT_CHAT_MAX_TOKENS,
-                )?,
-                logprobs: b.logprobs,
-                top_logprobs: top,
-                seed: b.seed,
-                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
-                ignore_eos: b.ignore_eos,
-            })
-        }
-        Endpoint::Completion => {
-            let b: CompletionBody = serde_json::from_slice(body).map_err(json_error)?;
-            check_model(b.model.as_deref(), served_model)?;
-            check_n(b.n)?;
-            let prompt = match &b.prompt {
-                Value::String(s) => s.clone(),
-                Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_owned(),
-                Value::Array(_) => {
-                    return Err(HttpError::bad_request(
-                        "a batch of prompts is not supported by the built-in source; send one prompt string",
-                    ))
-                }
-                _ => return Err(HttpError::bad_request("prompt must be a string")),
-            };
-            let lp = b.logprobs.unwrap_or(0);
-            if lp > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!(
-                    "logprobs must be at most {MAX_TOP_LOGPROBS}"
-                )));
-            }
-            Ok(TurnRequest {
-                endpoint,
-                prompt,
-                stream: b.stream,
-                max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
-                logprobs: b.logprobs.is_some(),
-                top_logprobs: lp,
-                seed: b.seed,
-                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
-                ignore_eos: b.ignore_eos,
-            })
-        }
-    }
+/// `s` cut to at most `max` bytes at a UTF-8 character boundary.
+pub fn truncate_text(s: &str, max: usize) -> &str {
+    &s[..s.floor_char_boundary(max)]
 }
 
 /// One generated token as the encoder needs it.
@@ -239,7 +59,23 @@ pub fn parse_turn(
 pub struct Token<'a> {
     pub text: &'a str,
     pub logprob: f32,
+    /// Alternatives, most likely first; the encoder writes at most `top_logprobs` of them,
+    /// each cut to [`MAX_TOKEN_TEXT_BYTES`] at a character boundary.
     pub top: &'a [(&'a str, f32)],
+}
+
+/// One call's part of a chat tool-call delta, as a frame carries it: a header (`id` and
+/// `type`, the function's `name`, empty `arguments`) or a piece of the arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallDelta<'a> {
+    /// The call's position in `tool_calls` (its `index`).
+    pub index: u32,
+    /// At most [`MAX_TOOL_CALL_ID_BYTES`]; written with `"type":"function"`.
+    pub id: Option<&'a str>,
+    /// At most [`MAX_TOOL_NAME_BYTES`].
+    pub name: Option<&'a str>,
+    /// At most [`MAX_TOKEN_TEXT_BYTES`] in a streamed frame.
+    pub arguments: &'a str,
 }
 
 /// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
@@ -283,21 +119,24 @@ pub struct ChunkEncoder {
     /// upstream for (client input: always written JSON-escaped).
     pub model: Arc<str>,
     pub logprobs: bool,
+    /// Alternatives per token (at most [`MAX_TOP_LOGPROBS`] are written).
     pub top_logprobs: u32,
+    /// The stream may carry tool-call frames (a proxied chat turn outside degraded mode):
+    /// [`ChunkEncoder::max_event_bytes`] covers them too.
+    pub tool_calls: bool,
 }
 
 impl ChunkEncoder {
-    /// Upper bound on one token event of this encoder (interim: the global frame cap; replaced
-    /// by the encoder's own bound).
-    pub fn max_event_bytes(&self) -> u32 {
-        16 * 1024
-    }
-
     fn id_prefix(&self) -> &'static str {
         match self.endpoint {
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completion => "cmpl-",
         }
+    }
+
+    /// Alternatives written per token.
+    fn top_n(&self) -> usize {
+        self.top_logprobs.min(MAX_TOP_LOGPROBS) as usize
     }
 
     fn chunk_head(&self, out: &mut Vec<u8>) {
@@ -316,14 +155,48 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"choices\":[");
     }
 
-    /// One SSE event carrying one token. `index` is the 0-based token index, `text_offset`
-    /// the byte offset of the token in the completion text.
-    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, index: u64, text_offset: usize) {
-        self.content_event(out, tok.text, &[tok], &[text_offset], index == 0);
+    /// One SSE event carrying one token (a token frame): its text, at most
+    /// [`MAX_TOKEN_TEXT_BYTES`], and its logprobs when asked. `text_offset` is the token's byte
+    /// offset in the completion text; `first` adds the chat role. At most
+    /// [`ChunkEncoder::max_event_bytes`] bytes.
+    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, text_offset: usize, first: bool) {
+        debug_assert!(
+            tok.text.len() <= MAX_TOKEN_TEXT_BYTES,
+            "token frames are split"
+        );
+        self.content_event(out, tok.text, &[tok], &[text_offset], first);
+    }
+
+    /// One SSE event carrying text whose token is not known (a frame of the one-token-per-
+    /// character rule): `logprobs` is `null` even when the client asked for them. At most
+    /// [`ChunkEncoder::max_event_bytes`] bytes for a text of at most [`MAX_TOKEN_TEXT_BYTES`].
+    pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool) {
+        debug_assert!(text.len() <= MAX_TOKEN_TEXT_BYTES, "text frames are split");
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        match self.endpoint {
+            Endpoint::Chat => {
+                out.extend_from_slice(b"{\"index\":0,\"delta\":{");
+                if first {
+                    out.extend_from_slice(b"\"role\":\"assistant\",");
+                }
+                out.extend_from_slice(b"\"content\":");
+                write_str(out, text);
+                out.extend_from_slice(b"},\"logprobs\":null");
+            }
+            Endpoint::Completion => {
+                out.extend_from_slice(b"{\"index\":0,\"text\":");
+                write_str(out, text);
+                out.extend_from_slice(b",\"logprobs\":null");
+            }
+        }
+        out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
     }
 
     /// One SSE event carrying `text`, made of `toks` (whose logprobs it carries when asked;
     /// `offsets` are their byte offsets in the completion text). `first` adds the chat role.
+    /// With one token of at most [`MAX_TOKEN_TEXT_BYTES`] this is a token frame; with more
+    /// (a batch response served as SSE) it is not bounded.
     pub fn content_event(
         &self,
         out: &mut Vec<u8>,
@@ -370,17 +243,31 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"finish_reason\":null}]}\n\n");
     }
 
-    /// One SSE event carrying a chat tool-call delta as the upstream sent it.
-    pub fn tool_call_event(&self, out: &mut Vec<u8>, tool_calls: &Value, first: bool) {
+    /// One SSE event carrying one call's tool-call delta (chat). Tool-call frames carry no
+    /// logprobs. At most [`ChunkEncoder::max_event_bytes`] bytes when the encoder has
+    /// `tool_calls` and the delta keeps to the caps of [`ToolCallDelta`].
+    pub fn tool_call_event(&self, out: &mut Vec<u8>, call: ToolCallDelta<'_>, first: bool) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         out.extend_from_slice(b"{\"index\":0,\"delta\":{");
         if first {
             out.extend_from_slice(b"\"role\":\"assistant\",");
         }
-        out.extend_from_slice(b"\"tool_calls\":");
-        let _ = serde_json::to_writer(&mut *out, tool_calls);
-        out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        let _ = write!(out, "\"tool_calls\":[{{\"index\":{}", call.index);
+        if let Some(id) = call.id {
+            out.extend_from_slice(b",\"id\":");
+            write_str(out, id);
+            out.extend_from_slice(b",\"type\":\"function\"");
+        }
+        out.extend_from_slice(b",\"function\":{");
+        if let Some(name) = call.name {
+            out.extend_from_slice(b"\"name\":");
+            write_str(out, name);
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"arguments\":");
+        write_str(out, call.arguments);
+        out.extend_from_slice(b"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
     }
 
     fn chat_logprob_entry(&self, out: &mut Vec<u8>, tok: Token<'_>) {
@@ -391,10 +278,11 @@ impl ChunkEncoder {
         out.extend_from_slice(b",\"bytes\":");
         write_bytes(out, tok.text);
         out.extend_from_slice(b",\"top_logprobs\":[");
-        for (i, (t, lp)) in tok.top.iter().take(self.top_logprobs as usize).enumerate() {
+        for (i, (t, lp)) in tok.top.iter().take(self.top_n()).enumerate() {
             if i > 0 {
                 out.push(b',');
             }
+            let t = truncate_text(t, MAX_TOKEN_TEXT_BYTES);
             out.extend_from_slice(b"{\"token\":");
             write_str(out, t);
             out.extend_from_slice(b",\"logprob\":");
@@ -428,9 +316,13 @@ impl ChunkEncoder {
             }
             out.push(b'{');
             // A JSON object cannot hold the same key twice; keep the first (most likely).
+            // Keys are cut to the cap first, so two alternatives that share their first
+            // MAX_TOKEN_TEXT_BYTES bytes are one key.
+            let cut = |a: &str| -> usize { a.floor_char_boundary(MAX_TOKEN_TEXT_BYTES) };
             let mut written = 0;
-            for (j, (alt, lp)) in t.top.iter().take(self.top_logprobs as usize).enumerate() {
-                if t.top[..j].iter().any(|(a, _)| a == alt) {
+            for (j, (alt, lp)) in t.top.iter().take(self.top_n()).enumerate() {
+                let alt = &alt[..cut(alt)];
+                if t.top[..j].iter().any(|(a, _)| &a[..cut(a)] == alt) {
                     continue;
                 }
                 if written > 0 {
@@ -580,6 +472,7 @@ impl Halt {
             model: Arc::clone(&self.model),
             logprobs: false,
             top_logprobs: 0,
+            tool_calls: false,
         };
         enc.final_chunk(out, "content_filter");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
@@ -674,6 +567,7 @@ mod tests {
             model: "builtin".into(),
             logprobs,
             top_logprobs: 2,
+            tool_calls: false,
         }
     }
 
@@ -698,7 +592,7 @@ mod tests {
                 top: &top,
             },
             0,
-            0,
+            true,
         );
         let v = event_json(&out);
         assert_eq!(v["object"], "chat.completion.chunk");
@@ -724,8 +618,8 @@ mod tests {
                 logprob: f32::NEG_INFINITY,
                 top: &top,
             },
-            4,
             17,
+            false,
         );
         let v = event_json(&out);
         assert_eq!(v["choices"][0]["text"], "a");
@@ -736,6 +630,89 @@ mod tests {
                 .as_object()
                 .map(|o| o.len()),
             Some(1)
+        );
+    }
+
+    #[test]
+    fn alternatives_longer_than_the_cap_are_cut_and_keys_dedupe_after_the_cut() {
+        let long = format!("{}é{}", "x".repeat(MAX_TOKEN_TEXT_BYTES - 1), "tail");
+        let other = format!("{}é{}", "x".repeat(MAX_TOKEN_TEXT_BYTES - 1), "other");
+        let top = [(long.as_str(), -0.1f32), (other.as_str(), -0.2)];
+        let tok = Token {
+            text: "x",
+            logprob: -0.1,
+            top: &top,
+        };
+        // The cut falls inside `é` (bytes 63..65): it is dropped whole.
+        let cut = "x".repeat(MAX_TOKEN_TEXT_BYTES - 1);
+        let mut out = Vec::new();
+        enc(Endpoint::Chat, true).token_event(&mut out, tok, 0, false);
+        let v = event_json(&out);
+        let alts = &v["choices"][0]["logprobs"]["content"][0]["top_logprobs"];
+        assert_eq!(alts[0]["token"], cut.as_str());
+        assert_eq!(alts[1]["token"], cut.as_str());
+        assert_eq!(alts[0]["bytes"].as_array().map(Vec::len), Some(cut.len()));
+        out.clear();
+        enc(Endpoint::Completion, true).token_event(&mut out, tok, 0, false);
+        let v = event_json(&out);
+        let keys = v["choices"][0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .expect("object")
+            .clone();
+        assert_eq!(keys.len(), 1, "one key after the cut: {keys:?}");
+        assert!((keys[cut.as_str()].as_f64().expect("number") + 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn text_events_carry_null_logprobs_even_when_asked() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+            let mut out = Vec::new();
+            enc(endpoint, true).text_event(&mut out, "é", true);
+            let v = event_json(&out);
+            assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+            let text = match endpoint {
+                Endpoint::Chat => {
+                    assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+                    &v["choices"][0]["delta"]["content"]
+                }
+                Endpoint::Completion => &v["choices"][0]["text"],
+            };
+            assert_eq!(text, "é");
+        }
+    }
+
+    #[test]
+    fn tool_call_events_are_openai_deltas() {
+        let mut out = Vec::new();
+        let e = enc(Endpoint::Chat, false);
+        let header = ToolCallDelta {
+            index: 1,
+            id: Some("call_1"),
+            name: Some("get_weather"),
+            arguments: "",
+        };
+        e.tool_call_event(&mut out, header, true);
+        let v = event_json(&out);
+        let call = &v["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(
+            call,
+            &json!({"index": 1, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}})
+        );
+        assert!(v["choices"][0]["logprobs"].is_null());
+        out.clear();
+        let piece = ToolCallDelta {
+            index: 1,
+            id: None,
+            name: None,
+            arguments: "{\"city\":",
+        };
+        e.tool_call_event(&mut out, piece, false);
+        let v = event_json(&out);
+        assert!(v["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(
+            v["choices"][0]["delta"]["tool_calls"][0],
+            json!({"index": 1, "function": {"arguments": "{\"city\":"}})
         );
     }
 

@@ -9,7 +9,8 @@
 //! tool-call deltas, finish reasons, `n > 1`, Authorization pass-through (and never logged),
 //! every upstream failure mapped to a typed end and a record, upstream cancellation on a trip
 //! and on a client disconnect, degraded safe mode (scope, behaviour, operator and timer exits),
-//! and turn atomicity.
+//! turn atomicity, and framing: one token per frame (per token, long tokens in pieces of at
+//! most 64 bytes, per character when the tokens are not known).
 
 use std::{
     io::{Read, Write},
@@ -1107,6 +1108,178 @@ fn the_official_openai_sdk_and_curl_see_normal_streams_and_halts() -> Result<()>
     ensure!(
         out.contains("\"code\":\"UPSTREAM_FAILURE\"") && out.ends_with("data: [DONE]\n\n"),
         "{out}"
+    );
+    Ok(())
+}
+
+/// The token events' texts, in order.
+fn token_texts(o: &StreamOutcome) -> Vec<String> {
+    o.events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Token(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Framing (issue 10): every frame carries one token by the stated rules. Tokens that spell
+/// their chunk's text go out one frame each, a token longer than 64 bytes in pieces of at most
+/// 64 (the first with its logprobs, later ones logprob 0 and no alternatives); text without
+/// logprobs, or whose tokens do not spell it, one frame per character with `logprobs: null`;
+/// the exfiltration hold-back still holds; and the official SDK reassembles the same text and
+/// tool-call arguments.
+#[test]
+fn every_frame_carries_one_token_by_the_stated_rules() -> Result<()> {
+    let rig = rig(&[])?;
+
+    // Three tokens in one chunk without logprobs: three frames, three tokens, even though
+    // the client asked for logprobs (the frames say null: the tokens are not known).
+    let xyz = "[[script:normal tokens=3 per_chunk=3 no_logprobs=1 words=x,y,z]]";
+    let mut b = chat(xyz, true);
+    b["logprobs"] = json!(true);
+    let o = rig.stream("/v1/chat/completions", &b, None, |_, _| {})?;
+    ended_normally(&o, "stop")?;
+    ensure!(token_texts(&o) == ["x", "y", "z"], "{:?}", o.events);
+    for c in token_chunks(&o) {
+        ensure!(c["choices"][0]["logprobs"].is_null(), "{c}");
+    }
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(rec["tokens_emitted"] == 3, "three token frames: {rec}");
+
+    // One frame per character, not per byte.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat(
+            "[[script:normal tokens=2 per_chunk=2 no_logprobs=1 words=\"é x,𝄞\"]]",
+            true,
+        ),
+        None,
+        |_, _| {},
+    )?;
+    ended_normally(&o, "stop")?;
+    ensure!(token_texts(&o) == ["é", " ", "x", "𝄞"], "{:?}", o.events);
+
+    // Tokens that do not spell the text (vLLM's `token_id:` form): per character, on both
+    // endpoints, logprobs null.
+    let mismatch = "[[script:normal tokens=3 per_chunk=3 token_ids=1 words=ab,cd,ef]]";
+    let mut b = chat(mismatch, true);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(2);
+    let mut c = completion(mismatch, true);
+    c["logprobs"] = json!(1);
+    for (path, body) in [("/v1/chat/completions", &b), ("/v1/completions", &c)] {
+        let o = rig.stream(path, body, None, |_, _| {})?;
+        ended_normally(&o, "stop")?;
+        ensure!(
+            token_texts(&o) == ["a", "b", "c", "d", "e", "f"],
+            "{path}: {:?}",
+            o.events
+        );
+        for ch in token_chunks(&o) {
+            ensure!(ch["choices"][0]["logprobs"].is_null(), "{path}: {ch}");
+        }
+        let rec = rig.turn_record(&o.stream_id)?;
+        ensure!(rec["tokens_emitted"] == 6, "{path}: {rec}");
+    }
+
+    // A token longer than the cap: pieces of at most 64 bytes cut at character boundaries
+    // (151 bytes = 63 + 64 + 24: the 64th byte would split an é).
+    let long = format!("a{}", "é".repeat(75));
+    let directive = format!("[[script:normal tokens=2 words={long}]]");
+    let mut b = chat(&directive, true);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(1);
+    let o = rig.stream("/v1/chat/completions", &b, None, |_, _| {})?;
+    ended_normally(&o, "stop")?;
+    let lens: Vec<usize> = token_texts(&o).iter().map(String::len).collect();
+    ensure!(lens == [63, 64, 24, 63, 64, 24], "{lens:?}");
+    ensure!(o.text == long.repeat(2), "{:?}", o.text);
+    for (i, c) in token_chunks(&o).iter().enumerate() {
+        let entry = &c["choices"][0]["logprobs"]["content"][0];
+        let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+        ensure!(entry["token"] == text, "the entry names its piece: {c}");
+        ensure!(
+            entry["bytes"].as_array().map(Vec::len) == Some(text.len()),
+            "{c}"
+        );
+        let lp = entry["logprob"].as_f64().context("logprob")?;
+        let alts = entry["top_logprobs"].as_array().map_or(0, Vec::len);
+        if i % 3 == 0 {
+            ensure!(lp < 0.0 && alts == 1, "the first piece is the token's: {c}");
+        } else {
+            ensure!(lp == 0.0 && alts == 0, "a continuation piece: {c}");
+        }
+    }
+    let mut c = completion(&directive, true);
+    c["logprobs"] = json!(1);
+    let o = rig.stream("/v1/completions", &c, None, |_, _| {})?;
+    ended_normally(&o, "stop")?;
+    let offsets: Vec<u64> = token_chunks(&o)
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["text_offset"][0].as_u64())
+        .collect();
+    ensure!(offsets == [0, 63, 127, 151, 214, 278], "{offsets:?}");
+
+    // Batch: the same text, held whole.
+    let (status, _, v) = rig.post("/v1/chat/completions", &chat(xyz, false), None)?;
+    ensure!(status == 200, "{status} {v}");
+    ensure!(v["choices"][0]["message"]["content"] == "xyz", "{v}");
+
+    // The exfiltration hold-back holds per-character frames too: a secret split across
+    // chunks without logprobs never reaches the client.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat(
+            "[[script:normal tokens=12 per_chunk=2 no_logprobs=1 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
+            true,
+        ),
+        None,
+        |_, _| {},
+    )?;
+    o.halted_cleanly("EXFIL_ALERT")
+        .with_context(|| format!("{:?}", o.events))?;
+    ensure!(
+        !o.text.contains("AKIA") && "The access key is".starts_with(o.text.trim_end()),
+        "{:?}",
+        o.text
+    );
+
+    // The official SDK reassembles the same text and tool-call arguments.
+    let base = format!("{}/v1", rig.haltd.api_url());
+    let ns = rig.pair.cli.clone();
+    let sdk = |args: &[&str]| -> Result<Value> {
+        let mut all = vec!["--base-url", base.as_str()];
+        all.extend_from_slice(args);
+        openai_sdk(&ns, &all)
+    };
+    let r = sdk(&["--prompt", xyz])?;
+    ensure!(
+        r["ok"] == true && r["content"] == "xyz" && r["chunks"] == 3,
+        "{r}"
+    );
+    let r = sdk(&["--logprobs", "--prompt", &directive])?;
+    ensure!(
+        r["ok"] == true && r["content"] == long.repeat(2).as_str() && r["logprobs_tokens"] == 6,
+        "{r}"
+    );
+    let r = sdk(&["--endpoint", "completions", "--prompt", mismatch])?;
+    ensure!(r["ok"] == true && r["content"] == "abcdef", "{r}");
+    let r = sdk(&[
+        "--tools",
+        "--prompt",
+        "[[script:tool_call tokens=1 calls=1 no_logprobs=1]]",
+    ])?;
+    ensure!(r["ok"] == true && r["finish_reason"] == "tool_calls", "{r}");
+    let call = &r["tool_calls"][0];
+    ensure!(call["function"]["name"] == "get_weather", "{r}");
+    ensure!(
+        call["function"]["arguments"] == r#"{"location": "Paris, France", "unit": "celsius"}"#,
+        "the arguments, one character per frame, reassemble: {r}"
+    );
+    ensure!(
+        call["id"].as_str().is_some_and(|i| i.starts_with("call_")),
+        "{r}"
     );
     Ok(())
 }

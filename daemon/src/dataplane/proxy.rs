@@ -34,11 +34,12 @@ use crate::{
     gate::monotonic_ns,
     http::{HttpError, RequestHead},
     modes::KeyId,
-    openai::{ChunkEncoder, Token},
+    openai::ChunkEncoder,
     stream::{state, Endpoint, Mode},
     upstream::{
-        self, ClientAsk, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError,
-        UpstreamEvent,
+        self,
+        framing::{self, Split},
+        ClientAsk, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError, UpstreamEvent,
     },
 };
 
@@ -65,11 +66,14 @@ pub(super) enum Purpose {
 /// One thing the upstream said, in the order the client sees it.
 #[derive(Debug)]
 enum Item {
-    /// Text for one frame, with its tokens' logprobs (empty when the upstream sent none), and
-    /// when the receive that completed its event came back (`haltd_token_overhead_seconds`).
+    /// Text and the tokens the detectors observe before any of its frames goes out: one token
+    /// (`Split::Token`, `tokens` = that token), or text whose tokens (possibly none) do not
+    /// spell it (`Split::Chars`); and when the receive that completed its event came back
+    /// (`haltd_token_overhead_seconds`).
     Content {
         text: String,
         tokens: Vec<UpToken>,
+        split: Split,
         arrived_ns: u64,
     },
     /// A tool-call delta, with the logprobs of its tokens (scored like content) and its
@@ -248,11 +252,12 @@ fn peer_reset(fd: RawFd) -> bool {
     rc != 0 || info.tcpi_state == 7
 }
 
-/// Splits an upstream chunk into items, one frame per token when the tokens spell the
-/// content exactly (vLLM may put several tokens in one chunk), else one frame for the chunk;
-/// every item arrived at `arrived_ns` (the receive that completed the chunk's event).
+/// Splits an upstream chunk into items ([`framing`]): one per token when the tokens spell the
+/// content exactly (vLLM may put several tokens in one chunk), else one for the content, framed
+/// per character; a tool-call delta is its own item. Every item arrived at `arrived_ns` (the
+/// receive that completed the chunk's event).
 fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns: u64) {
-    let matches = c.tokens_match_content();
+    let spelled = c.tokens_match_content();
     let upstream::UpstreamChunk {
         content,
         tokens,
@@ -261,24 +266,42 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns
         usage,
         ..
     } = c;
-    if let Some(calls) = tool_calls.filter(|_| content.is_empty()) {
-        // A tool-call chunk: its logprobs belong to the call's tokens, not to a content frame.
-        items.push_back(Item::ToolCalls(calls, tokens, arrived_ns));
-    } else if !content.is_empty() || !tokens.is_empty() {
-        if tokens.len() > 1 && matches {
-            for t in tokens {
+    match tool_calls {
+        // A tool-call chunk: its logprobs belong to the call's tokens.
+        Some(calls) if content.is_empty() => {
+            items.push_back(Item::ToolCalls(calls, tokens, arrived_ns));
+        }
+        calls => {
+            if spelled && tokens.len() == 1 {
+                // The common case: the content is the token's text, moved, not copied.
                 items.push_back(Item::Content {
-                    text: t.text.clone(),
-                    tokens: vec![t],
+                    text: content,
+                    tokens,
+                    split: Split::Token,
+                    arrived_ns,
+                });
+            } else if spelled {
+                for t in tokens {
+                    items.push_back(Item::Content {
+                        text: t.text.clone(),
+                        tokens: vec![t],
+                        split: Split::Token,
+                        arrived_ns,
+                    });
+                }
+            } else if !content.is_empty() || !tokens.is_empty() {
+                items.push_back(Item::Content {
+                    text: content,
+                    tokens,
+                    split: Split::Chars,
                     arrived_ns,
                 });
             }
-        } else {
-            items.push_back(Item::Content {
-                text: content,
-                tokens,
-                arrived_ns,
-            });
+            // Content and a tool call in one chunk (rare): the call after the text, its
+            // arguments per character.
+            if let Some(calls) = calls {
+                items.push_back(Item::ToolCalls(calls, Vec::new(), arrived_ns));
+            }
         }
     }
     if let Some(r) = finish_reason {
@@ -287,22 +310,6 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns
     if let Some(u) = usage {
         items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
     }
-}
-
-/// The text of a tool-call delta that reaches the client: names and argument pieces.
-fn tool_call_text(delta: &Value) -> String {
-    let mut out = String::new();
-    for d in delta.as_array().into_iter().flatten() {
-        for key in ["name", "arguments"] {
-            if let Some(piece) = d
-                .pointer(&format!("/function/{key}"))
-                .and_then(Value::as_str)
-            {
-                out.push_str(piece);
-            }
-        }
-    }
-    out
 }
 
 /// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
@@ -608,6 +615,8 @@ impl Worker {
                 model,
                 logprobs,
                 top_logprobs,
+                // Degraded mode emits no tool calls (a degraded stream is batch anyway).
+                tool_calls: endpoint == Endpoint::Chat && !degraded,
             },
             text_len: 0,
             held_text: String::new(),
@@ -1022,7 +1031,6 @@ impl Worker {
     /// after its heartbeat and trip checks): at most one frame goes out per call.
     pub(super) fn proxy_step(&mut self, key: usize) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
         loop {
             let conn = &mut self.conns[key];
             if conn.sending.is_some() || conn.closing {
@@ -1048,9 +1056,10 @@ impl Worker {
                 Item::Content {
                     text,
                     tokens,
+                    split,
                     arrived_ns,
                 } => {
-                    // The detectors see every token before anything of the frame goes out;
+                    // The detectors see every token before any frame of the item goes out;
                     // text without tokens (no logprobs) is one observation without one.
                     let now = monotonic_ns();
                     let mut trip = None;
@@ -1093,7 +1102,11 @@ impl Worker {
                         turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
                     }
                     turn.last_token_ns = now;
-                    turn.tokens_generated += tokens.len().max(1) as u64;
+                    // One token per frame by the rule; a chunk with more upstream tokens than
+                    // frames (byte tokens of one character) counts those, so that detector
+                    // indices stay distinct.
+                    let frames = split.frames(&text);
+                    turn.tokens_generated += frames.max(tokens.len() as u64);
                     let offset = turn.text_len;
                     turn.text_len += text.len();
                     if mode == Mode::Batch {
@@ -1110,94 +1123,14 @@ impl Worker {
                             });
                             off += len;
                         }
-                        slot.tokens_submitted.fetch_add(1, SeqCst);
+                        slot.tokens_submitted.fetch_add(frames, SeqCst);
                         continue;
                     }
-                    if !turn.hold.passes(turn.hold.scanned) {
-                        // Held back by the scanner. A held frame keeps its first token's
-                        // logprobs (frames are one token each unless the upstream's tokens
-                        // do not spell its text).
-                        let (logprob, top) = tokens
-                            .into_iter()
-                            .next()
-                            .map_or((f32::NEG_INFINITY, Vec::new()), |t| {
-                                (t.logprob.unwrap_or(f32::NEG_INFINITY), t.top)
-                            });
-                        turn.hold.queue.push_back(govern::Pending {
-                            text,
-                            kind: govern::PendingKind::Content { logprob, top },
-                            end: turn.hold.scanned,
-                            offset,
-                            arrived_ns,
-                        });
-                        continue;
-                    }
-                    // Borrowed views of the owned alternatives, without allocating.
-                    let mut tops: [(&str, f32); crate::openai::MAX_TOP_LOGPROBS as usize] =
-                        [("", 0.0); crate::openai::MAX_TOP_LOGPROBS as usize];
-                    let want = turn.top_logprobs as usize;
-                    let mut toks_buf: [Option<Token<'_>>; 1] = [None];
-                    let single = tokens.len() == 1;
-                    if single {
-                        let t = &tokens[0];
-                        let n = t.top.len().min(want).min(tops.len());
-                        for (slot_, (s, l)) in tops.iter_mut().zip(&t.top).take(n) {
-                            *slot_ = (s.as_str(), *l);
-                        }
-                        toks_buf[0] = Some(Token {
-                            text: &t.text,
-                            logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
-                            top: &tops[..n],
-                        });
-                    }
-                    let index = slot.tokens_submitted.load(SeqCst);
-                    conn.wbuf.clear();
-                    let first = !turn.first_frame_sent;
-                    if single {
-                        let tok = toks_buf[0].take().expect("set above");
-                        turn.enc
-                            .content_event(&mut conn.wbuf, &text, &[tok], &[offset], first);
-                    } else {
-                        // Several tokens that do not spell the text exactly (or none): one
-                        // frame; logprobs as the upstream gave them (an allocation, rare).
-                        let tops_owned: Vec<Vec<(&str, f32)>> = tokens
-                            .iter()
-                            .map(|t| {
-                                t.top
-                                    .iter()
-                                    .take(want)
-                                    .map(|(s, l)| (s.as_str(), *l))
-                                    .collect()
-                            })
-                            .collect();
-                        let toks: Vec<Token<'_>> = tokens
-                            .iter()
-                            .zip(&tops_owned)
-                            .map(|(t, top)| Token {
-                                text: &t.text,
-                                logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
-                                top,
-                            })
-                            .collect();
-                        let offs: Vec<usize> = tokens
-                            .iter()
-                            .scan(offset, |o, t| {
-                                let cur = *o;
-                                *o += t.text.len();
-                                Some(cur)
-                            })
-                            .collect();
-                        turn.enc
-                            .content_event(&mut conn.wbuf, &text, &toks, &offs, first);
-                    }
-                    turn.first_frame_sent = true;
-                    turn.note_output(&text);
-                    if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
-                        return self.halt(key);
-                    }
-                    turn.inflight_token = index + 1;
-                    conn.frame_arrived_ns = arrived_ns;
-                    return self.send(key, SendKind::Token);
+                    // The frames go out through the hold queue, one per step, in order behind
+                    // anything the scanner holds (the text moves in, no copy).
+                    let token = tokens.into_iter().next();
+                    turn.hold.push_text(text, split, token, offset, arrived_ns);
+                    continue;
                 }
                 Item::ToolCalls(delta, tokens, arrived_ns) => {
                     let now = monotonic_ns();
@@ -1220,8 +1153,8 @@ impl Worker {
                         }
                         return self.detector_trip(key, t);
                     }
-                    turn.tokens_generated += tokens.len() as u64;
                     if turn.degraded {
+                        turn.tokens_generated += tokens.len() as u64;
                         // Degraded safe mode blocks new tool dispatch: not emitted; each call
                         // (a delta entry that starts one, with its id) is counted once.
                         let n = delta.as_array().map_or(0, |l| {
@@ -1236,9 +1169,19 @@ impl Worker {
                             .inc_by(n);
                         continue;
                     }
+                    let parts = match framing::tool_call_parts(&delta) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let msg = format!("malformed upstream tool call: {e}");
+                            return self.up_fail(key, "malformed", msg, Some(200));
+                        }
+                    };
                     // A tool call's name and arguments are output like any text: scanned for
                     // secrets, held back the same way.
-                    let args = tool_call_text(&delta);
+                    let args: String = parts
+                        .iter()
+                        .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
+                        .collect();
                     match turn.gov.scan(&args) {
                         Gate::Trip(t) => return self.detector_trip(key, t),
                         Gate::Release(n) => {
@@ -1246,19 +1189,16 @@ impl Worker {
                             turn.hold.release(n);
                         }
                     }
+                    let frames = framing::tool_call_frames(&parts, &tokens);
+                    turn.tokens_generated += frames.max(tokens.len() as u64);
                     let started = merge_tool_calls(&mut up.tools, &delta);
                     if mode == Mode::Batch {
+                        slot.tokens_submitted.fetch_add(frames, SeqCst);
                         continue;
                     }
-                    let offset = turn.text_len;
-                    turn.hold.queue.push_back(govern::Pending {
-                        text: args,
-                        kind: govern::PendingKind::ToolCall { delta, started },
-                        end: turn.hold.scanned,
-                        offset,
-                        arrived_ns,
-                    });
                     // Emitted through the queue (in order behind any held frame).
+                    turn.hold
+                        .push_tool_calls(parts, tokens, &started, arrived_ns);
                     continue;
                 }
                 Item::Finish(r) if turn.degraded && r == FinishReason::ToolCalls => {

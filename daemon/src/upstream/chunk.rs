@@ -152,22 +152,12 @@ impl UpstreamChunk {
     /// Whether `tokens` is non-empty and their texts concatenate exactly to `content`.
     ///
     /// Upstreams may put several tokens in one chunk (vLLM under load, speculative decoding).
-    /// When this holds, the proxy emits one frame per token, so the frame count the kernel
-    /// gate enforces stays a token count; when it does not (detokenisation held bytes back,
-    /// tokens written as `bytes:`/`token_id:` forms, reasoning tokens), the chunk's content
-    /// goes out as one frame.
+    /// When this holds, the proxy emits one frame per token (a token longer than the cap in
+    /// pieces); when it does not (detokenisation held bytes back, tokens written as
+    /// `bytes:`/`token_id:` forms, reasoning tokens, no logprobs at all), one frame per
+    /// character of the content ([`super::framing`]).
     pub fn tokens_match_content(&self) -> bool {
-        if self.tokens.is_empty() {
-            return false;
-        }
-        let mut rest = self.content.as_str();
-        for t in &self.tokens {
-            match rest.strip_prefix(t.text.as_str()) {
-                Some(r) => rest = r,
-                None => return false,
-            }
-        }
-        rest.is_empty()
+        super::framing::tokens_spell(&self.tokens, &self.content)
     }
 }
 

@@ -11,6 +11,7 @@
 //!                       ──sse::SseParser──► SSE events
 //!                       ──chunk::parse_event──► tokens with logprobs, finish reason, usage,
 //!                                               or the upstream's error
+//!                       ──framing──► how the text is cut into frames, one token each
 //! ```
 //!
 //! haltd always streams from the upstream, even for a client's batch request, so that the
@@ -23,6 +24,7 @@
 //! replaced, and its failure must end in a clean terminal event for the client (G3, G7).
 
 pub mod chunk;
+pub mod framing;
 pub mod request;
 pub mod response;
 pub mod sse;

@@ -32,7 +32,9 @@
 //! sentinel; `low_at=I[,I..]`, logprob ln 0.001; `words=a,b,c`, token texts, cycled (common
 //! English words with a leading space, the first token `The`); `framing=chunked|close`
 //! (overrides `--framing` for this request); `no_logprobs=1`, never send logprobs, like a
-//! backend without logprob support. Other tokens have logprob ln 0.9 and are their own
+//! backend without logprob support; `token_ids=1`, logprob entries name their token
+//! `token_id:<index>` (vLLM's `--return-tokens-as-token-ids` form), so their texts do not
+//! spell the content. Other tokens have logprob ln 0.9 and are their own
 //! top alternative; the other alternatives are made up deterministically.
 //!
 //! | script | after the `tokens` content tokens |
@@ -741,6 +743,8 @@ struct Script {
     head: Duration,
     /// Like a backend without logprob support: never send them, whatever was asked.
     no_logprobs: bool,
+    /// Logprob entries name their token `token_id:<index>` instead of its text.
+    token_ids: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -873,6 +877,7 @@ impl Script {
             per_chunk,
             finish,
             no_logprobs: k.flag("no_logprobs")?,
+            token_ids: k.flag("token_ids")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -951,6 +956,15 @@ impl Script {
             out.push_str("The");
         } else {
             out.push_str(WORDS[index % WORDS.len()]);
+        }
+    }
+
+    /// What token `index` (text `text`) is called in its logprob entry.
+    fn token_name<'a>(&self, index: usize, text: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.token_ids {
+            format!("token_id:{index}").into()
+        } else {
+            text.into()
         }
     }
 
@@ -1245,12 +1259,13 @@ fn write_logprobs(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], offset: u
                     s.push(',');
                 }
                 let text = &texts[t.start..t.end];
+                let named = p.script.token_name(t.index, text);
                 s.push_str(r#"{"token":"#);
-                esc(s, text);
+                esc(s, &named);
                 s.push_str(r#","logprob":"#);
                 float(s, p.script.class(t.index).logprob());
                 s.push_str(r#","bytes":"#);
-                utf8_bytes(s, text);
+                utf8_bytes(s, &named);
                 s.push_str(r#","top_logprobs":["#);
                 for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
                     if j > 0 {
@@ -1280,7 +1295,9 @@ fn write_logprobs(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], offset: u
                 s.push(']');
             };
             s.push_str(r#"{"tokens":"#);
-            list(s, &mut |s, _, text| esc(s, text));
+            list(s, &mut |s, t, text| {
+                esc(s, &p.script.token_name(t.index, text))
+            });
             s.push_str(r#","token_logprobs":"#);
             list(s, &mut |s, t, _| {
                 float(s, p.script.class(t.index).logprob())

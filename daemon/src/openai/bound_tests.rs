@@ -1,0 +1,386 @@
+//! Tests of [`ChunkEncoder::max_event_bytes`]: safe (a property test over random tokens and
+//! encoders) and tight (worst-case events reach it).
+
+use std::{cell::Cell, sync::Arc};
+
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestRunner},
+};
+use serde_json::Value;
+
+use super::*;
+use crate::{
+    openai::{truncate_text, write_logprob, MAX_TOP_LOGPROBS},
+    stream::StreamId,
+};
+
+fn encoder(
+    endpoint: Endpoint,
+    logprobs: bool,
+    top_logprobs: u32,
+    model: &str,
+    tool_calls: bool,
+) -> ChunkEncoder {
+    ChunkEncoder {
+        endpoint,
+        stream_id: StreamId {
+            slot: 7,
+            generation: 3,
+        },
+        created: 1_700_000_000,
+        model: model.into(),
+        logprobs,
+        top_logprobs,
+        tool_calls,
+    }
+}
+
+fn token_len(enc: &ChunkEncoder, tok: Token<'_>, offset: usize, first: bool) -> usize {
+    let mut out = Vec::new();
+    enc.token_event(&mut out, tok, offset, first);
+    assert_valid_event(&out);
+    out.len()
+}
+
+fn tool_len(enc: &ChunkEncoder, call: ToolCallDelta<'_>, first: bool) -> usize {
+    let mut out = Vec::new();
+    enc.tool_call_event(&mut out, call, first);
+    assert_valid_event(&out);
+    out.len()
+}
+
+/// One `data: {json}\n\n` event.
+fn assert_valid_event(frame: &[u8]) {
+    let body = frame
+        .strip_prefix(b"data: ")
+        .and_then(|b| b.strip_suffix(b"\n\n"))
+        .expect("one SSE event");
+    serde_json::from_slice::<Value>(body).expect("valid JSON");
+}
+
+#[test]
+fn no_f32_logprob_is_written_longer_than_the_bound() {
+    // Every sign and binade, with mantissas at their ends, middles and a spread between
+    // (the exhaustive scan over all 2^32 values was done once, offline: the longest is
+    // −1e-45 at 48 bytes).
+    let mut longest = 0;
+    let mut out = Vec::new();
+    for sign in [0u32, 1 << 31] {
+        for exp in 0u32..=255 {
+            for m in (0u32..(1 << 23))
+                .step_by(65_537)
+                .chain([1, 2, 3, 0x40_0000, 0x7f_fffe, 0x7f_ffff])
+            {
+                out.clear();
+                write_logprob(&mut out, f32::from_bits(sign | exp << 23 | m));
+                longest = longest.max(out.len());
+                assert!(
+                    out.len() <= MAX_LOGPROB_BYTES,
+                    "{:?}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+        }
+    }
+    out.clear();
+    write_logprob(&mut out, LONGEST_LOGPROB);
+    assert_eq!(out.len(), MAX_LOGPROB_BYTES);
+    assert_eq!(longest, MAX_LOGPROB_BYTES);
+    for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        out.clear();
+        write_logprob(&mut out, special);
+        assert_eq!(out, b"-9999.0");
+    }
+}
+
+/// The closed forms of `F - H` in the module docs and docs/wire-format.md.
+#[test]
+fn the_fixed_part_is_the_documented_formula() {
+    let l = MAX_LOGPROB_BYTES;
+    for model in ["builtin", "scripted", "a \"quoted\"\u{1}model"] {
+        let escaped = serde_json::to_string(model).expect("string").len();
+        for k in 0..=MAX_TOP_LOGPROBS as usize {
+            let some = usize::from(k > 0);
+            for (endpoint, lp, head, fixed) in [
+                (Endpoint::Chat, false, 107, 94),
+                (Endpoint::Completion, false, 97, 62),
+                (Endpoint::Chat, true, 107, 156 + l + k * (35 + l) - some),
+                (Endpoint::Completion, true, 97, 150 + l + k * (4 + l) - some),
+            ] {
+                let enc = encoder(endpoint, lp, k as u32, model, false);
+                assert_eq!(enc.head_bytes(), head + 10 + escaped, "{endpoint:?}");
+                assert_eq!(
+                    enc.token_event_fixed_bytes() - enc.head_bytes(),
+                    fixed,
+                    "{endpoint:?} logprobs {lp} k {k}"
+                );
+            }
+        }
+        let enc = encoder(Endpoint::Chat, false, 0, model, true);
+        assert_eq!(
+            enc.max_tool_call_event_bytes() - enc.head_bytes(),
+            181 + 6 * (MAX_TOOL_CALL_ID_BYTES + MAX_TOOL_NAME_BYTES)
+        );
+    }
+}
+
+/// The values quoted in docs/wire-format.md (created = 10 digits).
+#[test]
+fn example_bounds() {
+    let e =
+        |endpoint, lp, k, model, tools| encoder(endpoint, lp, k, model, tools).max_event_bytes();
+    assert_eq!(e(Endpoint::Chat, false, 0, "builtin", false), 604);
+    assert_eq!(e(Endpoint::Chat, true, 0, "builtin", false), 1290);
+    assert_eq!(e(Endpoint::Chat, true, 5, "builtin", false), 4584);
+    assert_eq!(e(Endpoint::Chat, true, 20, "builtin", false), 14469);
+    assert_eq!(e(Endpoint::Completion, false, 0, "builtin", false), 562);
+    assert_eq!(e(Endpoint::Completion, true, 5, "builtin", false), 3261);
+    assert_eq!(e(Endpoint::Completion, true, 20, "builtin", false), 9801);
+    // A proxied chat turn that may carry tool calls: the header frame is the larger.
+    assert_eq!(e(Endpoint::Chat, false, 0, "scripted", true), 1460);
+    assert_eq!(e(Endpoint::Chat, true, 5, "scripted", true), 4585);
+}
+
+/// Characters whose JSON escape is `\u00XX` (6 bytes).
+fn six_byte_escapes() -> impl DoubleEndedIterator<Item = char> {
+    (0u8..0x20)
+        .filter(|b| !matches!(b, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d))
+        .map(char::from)
+}
+
+/// Worst-case events reach the bound: it is tight, not just safe.
+#[test]
+fn worst_case_events_reach_the_bound() {
+    // \u{1f}: 6 bytes escaped and `31,` in a bytes array, the most any byte costs.
+    let worst = "\u{1f}".repeat(MAX_TOKEN_TEXT_BYTES);
+    // Completions alternatives are object keys: distinct, each of 6-byte escapes.
+    let distinct: Vec<String> = six_byte_escapes()
+        .rev()
+        .map(|c| c.to_string().repeat(MAX_TOKEN_TEXT_BYTES))
+        .collect();
+    assert!(distinct.len() >= MAX_TOP_LOGPROBS as usize);
+    let mut lowest = f64::MAX;
+    for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+        for lp in [false, true] {
+            for k in 0..=MAX_TOP_LOGPROBS {
+                for tools in [false, true] {
+                    let enc = encoder(endpoint, lp, k, "m\u{1}\"", tools);
+                    let top: Vec<(&str, f32)> = match endpoint {
+                        Endpoint::Chat => vec![(worst.as_str(), LONGEST_LOGPROB); k as usize],
+                        Endpoint::Completion => distinct
+                            .iter()
+                            .take(k as usize)
+                            .map(|a| (a.as_str(), LONGEST_LOGPROB))
+                            .collect(),
+                    };
+                    let tok = Token {
+                        text: &worst,
+                        logprob: LONGEST_LOGPROB,
+                        top: &top,
+                    };
+                    let token = token_len(&enc, tok, usize::MAX, true);
+                    let bound = enc.max_token_event_bytes();
+                    assert!(token <= bound);
+                    // Slack: the last entry of each bytes array has no comma.
+                    let slack = if endpoint == Endpoint::Chat && lp {
+                        1 + k as usize
+                    } else {
+                        0
+                    };
+                    assert_eq!(token + slack, bound, "{endpoint:?} logprobs {lp} k {k}");
+                    let mut most = token;
+                    if tools && endpoint == Endpoint::Chat {
+                        let id = "\u{1f}".repeat(MAX_TOOL_CALL_ID_BYTES);
+                        let name = "\u{1f}".repeat(MAX_TOOL_NAME_BYTES);
+                        let header = ToolCallDelta {
+                            index: u32::MAX,
+                            id: Some(&id),
+                            name: Some(&name),
+                            arguments: "",
+                        };
+                        let tool = tool_len(&enc, header, true);
+                        assert_eq!(tool, enc.max_tool_call_event_bytes());
+                        most = most.max(tool);
+                    }
+                    let e = enc.max_event_bytes() as usize;
+                    assert!(most <= e);
+                    lowest = lowest.min(most as f64 / e as f64);
+                }
+            }
+        }
+    }
+    eprintln!("worst-case event / max_event_bytes: at least {lowest:.4}");
+    assert!(lowest >= 0.99, "{lowest}");
+}
+
+fn any_char() -> impl Strategy<Value = char> {
+    prop_oneof![
+        3 => (0u8..0x20).prop_map(char::from),
+        1 => Just('"'),
+        1 => Just('\\'),
+        1 => Just('\u{7f}'),
+        2 => proptest::char::range(' ', '~'),
+        2 => proptest::char::any(),
+        1 => prop_oneof![Just('é'), Just('€'), Just('𝄞'), Just('\u{2028}')],
+    ]
+}
+
+/// Strings of up to `max` bytes.
+fn text(max: usize) -> impl Strategy<Value = String> {
+    proptest::collection::vec(any_char(), 0..=max).prop_map(move |cs| {
+        let s: String = cs.into_iter().collect();
+        truncate_text(&s, max).to_owned()
+    })
+}
+
+fn logprob() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        any::<u32>().prop_map(f32::from_bits),
+        (0u32..0x80_0000).prop_map(|m| f32::from_bits(0x8000_0000 | m)),
+        (0.0f32..50.0).prop_map(|x| -x),
+        prop_oneof![
+            Just(f32::NEG_INFINITY),
+            Just(f32::INFINITY),
+            Just(f32::NAN),
+            Just(f32::MIN),
+            Just(f32::MAX),
+            Just(LONGEST_LOGPROB),
+            Just(-0.0),
+        ],
+    ]
+}
+
+/// Alternatives, some longer than the cap (truncated by the encoder), some sharing their first
+/// 64 bytes (one key after truncation), some repeated; more than any `top_logprobs` at times.
+fn alternatives() -> impl Strategy<Value = Vec<(String, f32)>> {
+    let alt = prop_oneof![
+        4 => text(MAX_TOKEN_TEXT_BYTES),
+        1 => text(3 * MAX_TOKEN_TEXT_BYTES),
+        1 => text(8).prop_map(|s| "\u{1f}".repeat(MAX_TOKEN_TEXT_BYTES) + &s),
+        1 => Just(String::new()),
+        1 => Just("a".to_owned()),
+    ];
+    proptest::collection::vec((alt, logprob()), 0..=MAX_TOP_LOGPROBS as usize + 4)
+}
+
+fn any_encoder() -> impl Strategy<Value = ChunkEncoder> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![0u32..=MAX_TOP_LOGPROBS, Just(MAX_TOP_LOGPROBS + 5)],
+        text(48),
+        (any::<u32>(), any::<u32>(), any::<u64>()),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(chat, logprobs, top_logprobs, model, (slot, generation, created), tool_calls)| {
+                ChunkEncoder {
+                    endpoint: if chat {
+                        Endpoint::Chat
+                    } else {
+                        Endpoint::Completion
+                    },
+                    stream_id: StreamId { slot, generation },
+                    created,
+                    model: Arc::from(model.as_str()),
+                    logprobs,
+                    top_logprobs,
+                    tool_calls,
+                }
+            },
+        )
+}
+
+#[derive(Debug)]
+struct Case {
+    enc: ChunkEncoder,
+    text: String,
+    logprob: f32,
+    top: Vec<(String, f32)>,
+    offset: usize,
+    first: bool,
+    call: (u32, Option<String>, Option<String>, String),
+}
+
+fn any_case() -> impl Strategy<Value = Case> {
+    (
+        any_encoder(),
+        text(MAX_TOKEN_TEXT_BYTES),
+        logprob(),
+        alternatives(),
+        any::<usize>(),
+        any::<bool>(),
+        (
+            any::<u32>(),
+            proptest::option::of(text(MAX_TOOL_CALL_ID_BYTES)),
+            proptest::option::of(text(MAX_TOOL_NAME_BYTES)),
+            text(MAX_TOKEN_TEXT_BYTES),
+        ),
+    )
+        .prop_map(|(enc, text, logprob, top, offset, first, call)| Case {
+            enc,
+            text,
+            logprob,
+            top,
+            offset,
+            first,
+            call,
+        })
+}
+
+/// Every event an encoder writes for tokens within the caps fits its `max_event_bytes`;
+/// prints how close the random cases came.
+#[test]
+fn every_event_fits_the_bound() {
+    let mut runner = TestRunner::new(Config {
+        cases: 2000,
+        ..Config::default()
+    });
+    let closest = Cell::new(0.0f64);
+    runner
+        .run(&any_case(), |c| {
+            let e = c.enc.max_event_bytes() as usize;
+            let top: Vec<(&str, f32)> = c.top.iter().map(|(s, l)| (s.as_str(), *l)).collect();
+            let tok = Token {
+                text: &c.text,
+                logprob: c.logprob,
+                top: &top,
+            };
+            let mut most = token_len(&c.enc, tok, c.offset, c.first);
+            prop_assert!(most <= c.enc.max_token_event_bytes());
+            let mut out = Vec::new();
+            c.enc.text_event(&mut out, &c.text, c.first);
+            assert_valid_event(&out);
+            prop_assert!(out.len() <= c.enc.max_token_event_bytes());
+            most = most.max(out.len());
+            if c.enc.tool_calls && c.enc.endpoint == Endpoint::Chat {
+                let (index, id, name, args) = &c.call;
+                let header = ToolCallDelta {
+                    index: *index,
+                    id: id.as_deref(),
+                    name: name.as_deref(),
+                    arguments: "",
+                };
+                let piece = ToolCallDelta {
+                    index: *index,
+                    id: None,
+                    name: None,
+                    arguments: args,
+                };
+                for call in [header, piece] {
+                    let n = tool_len(&c.enc, call, c.first);
+                    prop_assert!(n <= c.enc.max_tool_call_event_bytes());
+                    most = most.max(n);
+                }
+            }
+            prop_assert!(most <= e, "{most} > {e}");
+            closest.set(closest.get().max(most as f64 / e as f64));
+            Ok(())
+        })
+        .expect("every event fits max_event_bytes");
+    eprintln!(
+        "random events / max_event_bytes: at most {:.4}",
+        closest.get()
+    );
+}

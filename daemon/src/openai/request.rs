@@ -1,0 +1,218 @@
+//! Request bodies in: a chat or completion request parsed and validated into a
+//! [`TurnRequest`] (the built-in source; the proxy forwards bodies, `crate::upstream::request`).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{
+    DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_MAX_TOKENS, MAX_TOP_LOGPROBS,
+};
+use crate::{http::HttpError, stream::Endpoint};
+
+/// One turn as the data plane needs it, whichever endpoint it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnRequest {
+    pub endpoint: Endpoint,
+    pub prompt: String,
+    pub stream: bool,
+    pub max_tokens: u32,
+    /// Whether to return logprobs, and how many alternatives per token.
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    pub seed: Option<u64>,
+    pub include_usage: bool,
+    /// vLLM's `ignore_eos`: generate exactly `max_tokens` tokens.
+    pub ignore_eos: bool,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u32>,
+    seed: Option<u64>,
+    n: Option<u32>,
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    model: Option<String>,
+    prompt: Value,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<u32>,
+    logprobs: Option<u32>,
+    seed: Option<u64>,
+    n: Option<u32>,
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+fn check_model(model: Option<&str>, served: &str) -> Result<(), HttpError> {
+    match model {
+        None => Ok(()),
+        Some(m) if m == served => Ok(()),
+        Some(m) => Err(HttpError::new(
+            404,
+            "invalid_request_error",
+            format!(
+                "the model `{}` does not exist; this node serves `{served}`",
+                m.chars().take(128).collect::<String>()
+            ),
+        )
+        .with_code("model_not_found")),
+    }
+}
+
+fn check_n(n: Option<u32>) -> Result<(), HttpError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(HttpError::bad_request(format!(
+            "n = {n} is not supported by the built-in source: each choice would need its own governed stream; send n = 1"
+        ))
+        .with_code("n_not_supported")),
+    }
+}
+
+fn check_max_tokens(v: Option<u32>, default: u32) -> Result<u32, HttpError> {
+    match v {
+        None => Ok(default),
+        Some(0) => Err(HttpError::bad_request("max_tokens must be at least 1")),
+        Some(v) if v > MAX_MAX_TOKENS => Err(HttpError::bad_request(format!(
+            "max_tokens must be at most {MAX_MAX_TOKENS}"
+        ))),
+        Some(v) => Ok(v),
+    }
+}
+
+fn json_error(e: serde_json::Error) -> HttpError {
+    HttpError::bad_request(format!("invalid JSON body: {e}"))
+}
+
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Parses and validates a request body for `endpoint`.
+pub fn parse_turn(
+    endpoint: Endpoint,
+    body: &[u8],
+    served_model: &str,
+) -> Result<TurnRequest, HttpError> {
+    match endpoint {
+        Endpoint::Chat => {
+            let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
+            check_model(b.model.as_deref(), served_model)?;
+            check_n(b.n)?;
+            if b.messages.is_empty() {
+                return Err(HttpError::bad_request("messages must not be empty"));
+            }
+            if let Some(m) = b.messages.iter().find(|m| {
+                !matches!(
+                    m.role.as_str(),
+                    "system" | "developer" | "user" | "assistant" | "tool"
+                )
+            }) {
+                return Err(HttpError::bad_request(format!(
+                    "unknown message role {:?}",
+                    m.role.chars().take(32).collect::<String>()
+                )));
+            }
+            let top = b.top_logprobs.unwrap_or(0);
+            if top > MAX_TOP_LOGPROBS {
+                return Err(HttpError::bad_request(format!(
+                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+                )));
+            }
+            if top > 0 && !b.logprobs {
+                return Err(HttpError::bad_request(
+                    "top_logprobs requires logprobs: true",
+                ));
+            }
+            let prompt = b
+                .messages
+                .iter()
+                .map(|m| text_of(&m.content))
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok(TurnRequest {
+                endpoint,
+                prompt,
+                stream: b.stream,
+                max_tokens: check_max_tokens(
+                    b.max_completion_tokens.or(b.max_tokens),
+                    DEFAULT_CHAT_MAX_TOKENS,
+                )?,
+                logprobs: b.logprobs,
+                top_logprobs: top,
+                seed: b.seed,
+                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+                ignore_eos: b.ignore_eos,
+            })
+        }
+        Endpoint::Completion => {
+            let b: CompletionBody = serde_json::from_slice(body).map_err(json_error)?;
+            check_model(b.model.as_deref(), served_model)?;
+            check_n(b.n)?;
+            let prompt = match &b.prompt {
+                Value::String(s) => s.clone(),
+                Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_owned(),
+                Value::Array(_) => {
+                    return Err(HttpError::bad_request(
+                        "a batch of prompts is not supported by the built-in source; send one prompt string",
+                    ))
+                }
+                _ => return Err(HttpError::bad_request("prompt must be a string")),
+            };
+            let lp = b.logprobs.unwrap_or(0);
+            if lp > MAX_TOP_LOGPROBS {
+                return Err(HttpError::bad_request(format!(
+                    "logprobs must be at most {MAX_TOP_LOGPROBS}"
+                )));
+            }
+            Ok(TurnRequest {
+                endpoint,
+                prompt,
+                stream: b.stream,
+                max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
+                logprobs: b.logprobs.is_some(),
+                top_logprobs: lp,
+                seed: b.seed,
+                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+                ignore_eos: b.ignore_eos,
+            })
+        }
+    }
+}
