@@ -1529,3 +1529,87 @@ fn kernel_clock_and_heartbeat() -> Result<()> {
     ensure!(!c3.heartbeat_lost(), "lost after a new beat: {c3:?}");
     Ok(())
 }
+
+/// The attack of issue 10, with haltd's own encoder: B = 1 and one send carrying 80 token
+/// events after the trip. The stream's E is the built-in chat encoder's bound on one token
+/// event; the send is far larger, so the send check drops it (`drop_frame_size`), the client
+/// reads nothing of it, and a single event of the same stream would still have fitted.
+#[test]
+fn eighty_events_in_one_send_are_dropped() -> Result<()> {
+    use haltd::{
+        openai::{ChunkEncoder, Token},
+        stream::{Endpoint, StreamId},
+    };
+    let enc = ChunkEncoder {
+        endpoint: Endpoint::Chat,
+        stream_id: StreamId {
+            slot: 3,
+            generation: 7,
+        },
+        created: 1_796_000_000,
+        model: "builtin".into(),
+        logprobs: false,
+        top_logprobs: 0,
+        tool_calls: false,
+    };
+    let e = enc.max_event_bytes();
+    let event = |out: &mut Vec<u8>, i: usize| {
+        let tok = Token {
+            text: " river",
+            logprob: -0.25,
+            top: &[],
+        };
+        enc.token_event(out, tok, i * 6, i == 0);
+    };
+    let mut one = Vec::new();
+    event(&mut one, 3);
+    let mut eighty = Vec::new();
+    for i in 0..80 {
+        event(&mut eighty, 3 + i);
+    }
+    ensure!(one.len() <= e as usize, "one event {} > E {e}", one.len());
+
+    let gate = live_gate()?;
+    let policy = SockPolicy {
+        budget: 1,
+        max_event_bytes: e,
+        stream_tag: TAG,
+        ..SockPolicy::default()
+    };
+    let c = conn(&gate, &policy)?;
+    let mut pre = Vec::new();
+    for i in 0..3 {
+        let mut f = Vec::new();
+        event(&mut f, i);
+        send(&c.server, &f)?;
+        pre.extend_from_slice(&f);
+    }
+    let t = terminal_len();
+    gate.set_policy(c.server.as_fd(), &trip_policy(3, pre.len() as u64, 1, e, t))?;
+    expect_dropped(
+        send(&c.server, &eighty),
+        "80 token events in one post-trip send",
+    )?;
+    let Conn { server, mut client } = c;
+    drop(server);
+    let mut got = Vec::new();
+    client.read_to_end(&mut got)?;
+    println!(
+        "80 events in one send: {} bytes against E = {e} (one event {} bytes); the client read {} bytes, the 3 pre-trip events",
+        eighty.len(),
+        one.len(),
+        got.len()
+    );
+    ensure!(
+        got == pre,
+        "the client read {} bytes, expected the {} pre-trip bytes",
+        got.len(),
+        pre.len()
+    );
+    let v = send_verdicts(&gate)?;
+    ensure!(
+        v == expected(&[(verdict::PASS, 3), (verdict::DROP_FRAME_SIZE, 1)]),
+        "{v:?}"
+    );
+    Ok(())
+}
