@@ -533,14 +533,20 @@ fn terminate(child: &mut Child) -> Result<ExitStatus> {
     let pid = libc::pid_t::try_from(child.id()).context("pid fits pid_t")?;
     // SAFETY: plain kill(2) on our own child, which has not been reaped yet.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // A stop writes its record behind every record still queued, each fsync'd: on a busy disk
+    // that takes seconds after a campaign of hundreds of turns. Slow stops are reported.
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
+            if t0.elapsed() > Duration::from_secs(2) {
+                eprintln!("Haltd: pid {pid} took {:.1?} to stop on SIGTERM", t0.elapsed());
+            }
             return Ok(status);
         }
         thread::sleep(Duration::from_millis(20));
     }
-    eprintln!("Haltd: pid {pid} ignored SIGTERM for 2 s; SIGKILL");
+    eprintln!("Haltd: pid {pid} ignored SIGTERM for 10 s; SIGKILL");
     child.kill()?;
     Ok(child.wait()?)
 }
