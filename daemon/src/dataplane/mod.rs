@@ -484,6 +484,9 @@ impl Worker {
             self.refuse_at_capacity(fd);
             return;
         };
+        // The slot's per-turn facts start empty: a terminal prepared for the stream that had
+        // the slot before must never be sent for this one.
+        *shared.meta(id.slot) = crate::shared::TurnMeta::default();
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
