@@ -540,7 +540,10 @@ fn terminate(child: &mut Child) -> Result<ExitStatus> {
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
             if t0.elapsed() > Duration::from_secs(2) {
-                eprintln!("Haltd: pid {pid} took {:.1?} to stop on SIGTERM", t0.elapsed());
+                eprintln!(
+                    "Haltd: pid {pid} took {:.1?} to stop on SIGTERM",
+                    t0.elapsed()
+                );
             }
             return Ok(status);
         }

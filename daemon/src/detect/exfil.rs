@@ -217,14 +217,51 @@ struct Rule {
 /// The compiled, shareable rule set. Build once per configuration, share through an `Arc`
 /// with every stream's [`ExfilScanner`].
 pub struct ExfilRules {
-    dfa: dense::DFA<Vec<u32>>,
-    /// Anchored start state for each look-behind: index = previous byte, 256 = none.
-    starts: Box<[StateID]>,
-    /// Indexed by the DFA's pattern id.
+    /// Every rule: candidates that start at the beginning of the turn or after a byte that is
+    /// not an ASCII letter.
+    any: RuleDfa,
+    /// The rules that may also start right after an ASCII letter (all but
+    /// [`STARTS_AFTER_NON_LETTER`]); `None` when there are none.
+    after_letter: Option<RuleDfa>,
     rules: Vec<Rule>,
     max_match_len: usize,
     max_holdback_bytes: usize,
     entropy_min_bits: f64,
+}
+
+/// One compiled DFA over some of the rules.
+struct RuleDfa {
+    dfa: dense::DFA<Vec<u32>>,
+    /// Anchored start state for each look-behind: index = previous byte, 256 = none.
+    starts: Box<[StateID]>,
+    /// The index in [`ExfilRules::rules`] of each of the DFA's pattern ids.
+    rule_of: Vec<usize>,
+}
+
+impl RuleDfa {
+    fn build(patterns: &[&str], rule_of: Vec<usize>) -> Result<Self, ExfilError> {
+        let dfa = dfa_builder()
+            .build_many(patterns)
+            .map_err(|e| ExfilError::Config(format!("compiling the rules: {e}")))?;
+        let mut starts = Vec::with_capacity(257);
+        for lb in (0..=255u8).map(Some).chain([None]) {
+            let cfg = start::Config::new().anchored(Anchored::Yes).look_behind(lb);
+            let id = dfa
+                .start_state(&cfg)
+                .map_err(|e| ExfilError::Config(format!("start state: {e}")))?;
+            starts.push(id);
+        }
+        Ok(Self {
+            dfa,
+            starts: starts.into_boxed_slice(),
+            rule_of,
+        })
+    }
+
+    #[inline]
+    fn start_for(&self, prev: Option<u8>) -> StateID {
+        self.starts[prev.map_or(256, usize::from)]
+    }
 }
 
 impl fmt::Debug for ExfilRules {
@@ -233,7 +270,7 @@ impl fmt::Debug for ExfilRules {
             .field("rules", &self.rule_names().collect::<Vec<_>>())
             .field("max_match_len", &self.max_match_len)
             .field("max_holdback_bytes", &self.max_holdback_bytes)
-            .field("dfa_bytes", &self.dfa.memory_usage())
+            .field("dfa_bytes", &self.dfa_memory_usage())
             .finish()
     }
 }
@@ -272,6 +309,28 @@ fn value(class: &str, min: usize) -> String {
 
 /// Separator between a key word and its value: `:`, `=`, `:=`, `=>` (spaces allowed), or ` is `.
 const SEP: &str = r"(?:[ \t]{0,4}(?::=|=>|[:=])[ \t]{0,4}|[ \t]{1,4}(?i-u:is)[ \t]{1,4})";
+
+/// The built-in rules that begin with a letter and cannot start right after an ASCII letter:
+/// only at the start of the turn or after any other byte (`_`, a digit, punctuation, a space).
+/// A secret's key word or prefix is written after such a byte (`DB_PASSWORD=`, `"token":`,
+/// `Bearer `), so this costs no match that matters, and it keeps the letters in the middle of a
+/// word from starting candidates: a token that ends in `s`, `r`, `t`, `e` or `a` no longer holds
+/// its last bytes back in case `sk_live_`, `rk_live_`, `token`, `eyJ` or `aws` follows (it did
+/// for 61 % of the built-in model's tokens). The price: a key word glued to the letters before
+/// it (`userPassword: ...`, `MYTOKEN=...`) is not a key word. (`aws_access_key_id` and
+/// `openai_api_key` start with a word boundary of their own.) The scanner applies this as a
+/// look-behind on the byte before a candidate's start; it is not part of the match.
+const STARTS_AFTER_NON_LETTER: [&str; 9] = [
+    "aws_secret_access_key",
+    "azure_storage_key",
+    "github_token",
+    "slack_token",
+    "stripe_live_key",
+    "bearer_token",
+    "basic_auth",
+    "jwt",
+    "keyword_entropy",
+];
 
 /// (name, pattern, value-checked).
 fn builtin_rules(cfg: &ExfilConfig) -> Vec<(&'static str, String, bool)> {
@@ -472,20 +531,23 @@ impl ExfilRules {
                 "no rules left (every built-in disabled and no extra_patterns)".to_owned(),
             ));
         }
-        let dfa = dfa_builder()
-            .build_many(&patterns)
-            .map_err(|e| ExfilError::Config(format!("compiling the rules: {e}")))?;
-        let mut starts = Vec::with_capacity(257);
-        for lb in (0..=255u8).map(Some).chain([None]) {
-            let cfg = start::Config::new().anchored(Anchored::Yes).look_behind(lb);
-            let id = dfa
-                .start_state(&cfg)
-                .map_err(|e| ExfilError::Config(format!("start state: {e}")))?;
-            starts.push(id);
-        }
+        let all: Vec<&str> = patterns.iter().map(String::as_str).collect();
+        let any = RuleDfa::build(&all, (0..rules.len()).collect())?;
+        let (glued, glued_rules): (Vec<&str>, Vec<usize>) = rules
+            .iter()
+            .zip(&patterns)
+            .enumerate()
+            .filter(|(_, (r, _))| !STARTS_AFTER_NON_LETTER.contains(&r.name.as_str()))
+            .map(|(i, (_, p))| (p.as_str(), i))
+            .unzip();
+        let after_letter = if glued.is_empty() {
+            None
+        } else {
+            Some(RuleDfa::build(&glued, glued_rules)?)
+        };
         Ok(Self {
-            dfa,
-            starts: starts.into_boxed_slice(),
+            any,
+            after_letter,
             rules,
             max_match_len,
             max_holdback_bytes: bound,
@@ -509,14 +571,32 @@ impl ExfilRules {
         self.max_holdback_bytes
     }
 
-    /// Memory used by the compiled DFA, in bytes.
+    /// Memory used by the compiled DFAs, in bytes.
     pub fn dfa_memory_usage(&self) -> usize {
-        self.dfa.memory_usage()
+        self.any.dfa.memory_usage()
+            + self
+                .after_letter
+                .as_ref()
+                .map_or(0, |d| d.dfa.memory_usage())
+    }
+
+    /// The DFA a candidate starting after `prev` runs in: a rule of
+    /// [`STARTS_AFTER_NON_LETTER`] cannot start right after an ASCII letter.
+    #[inline]
+    fn dfa_after(&self, prev: Option<u8>) -> Option<&RuleDfa> {
+        if prev.is_some_and(|b| b.is_ascii_alphabetic()) {
+            self.after_letter.as_ref()
+        } else {
+            Some(&self.any)
+        }
     }
 
     #[inline]
-    fn start_for(&self, prev: Option<u8>) -> StateID {
-        self.starts[prev.map_or(256, usize::from)]
+    fn dfa(&self, after_letter: bool) -> &RuleDfa {
+        match (after_letter, &self.after_letter) {
+            (true, Some(d)) => d,
+            _ => &self.any,
+        }
     }
 
     /// Judges the match(es) that `state` (a match state) reports for `[start, end)`, the text
@@ -524,6 +604,7 @@ impl ExfilRules {
     /// secret wins.
     fn decide(
         &self,
+        dfa: &RuleDfa,
         hay: &[u8],
         base: usize,
         start: usize,
@@ -531,8 +612,8 @@ impl ExfilRules {
         state: StateID,
     ) -> Option<ExfilHit> {
         let (s, e) = (start - base, end - base);
-        for k in 0..self.dfa.match_len(state) {
-            let rule = &self.rules[self.dfa.match_pattern(state, k).as_usize()];
+        for k in 0..dfa.dfa.match_len(state) {
+            let rule = &self.rules[dfa.rule_of[dfa.dfa.match_pattern(state, k).as_usize()]];
             let secret = match &rule.check {
                 Check::Plain => true,
                 Check::Value(re) => self.value_check(re, &hay[..e], s),
@@ -603,6 +684,8 @@ fn shannon_bits_per_byte(v: &[u8]) -> f64 {
 struct Run {
     start: usize,
     state: StateID,
+    /// It started right after an ASCII letter, in [`ExfilRules::after_letter`]'s DFA.
+    after_letter: bool,
 }
 
 /// Per-turn streaming scanner. Feed it each token's text with [`push`](Self::push); release
@@ -706,9 +789,12 @@ impl ExfilScanner {
         if self.pending.is_empty() && !self.ended {
             let end = self.scanned;
             for run in self.runs.drain(..) {
-                let eoi = self.rules.dfa.next_eoi_state(run.state);
-                if self.rules.dfa.is_match_state(eoi) {
-                    if let Some(hit) = self.rules.decide(&self.buf, self.base, run.start, end, eoi)
+                let dfa = self.rules.dfa(run.after_letter);
+                let eoi = dfa.dfa.next_eoi_state(run.state);
+                if dfa.dfa.is_match_state(eoi) {
+                    if let Some(hit) = self
+                        .rules
+                        .decide(dfa, &self.buf, self.base, run.start, end, eoi)
                     {
                         self.pending.push_back(hit);
                     }
@@ -758,25 +844,32 @@ impl ExfilScanner {
             pending,
             ..
         } = self;
-        let dfa = &rules.dfa;
         let end = *base + buf.len();
         while *scanned < end {
             let i = *scanned;
             let b = buf[i - *base];
-            let fresh = Run {
+            // No fresh candidate after a letter when no rule may start there.
+            let fresh = rules.dfa_after(*prev).map(|d| Run {
                 start: i,
-                state: rules.start_for(*prev),
-            };
+                state: d.start_for(*prev),
+                after_letter: prev.is_some_and(|p| p.is_ascii_alphabetic()),
+            });
+            let total = runs.len() + usize::from(fresh.is_some());
             let mut keep = 0;
-            for k in 0..=runs.len() {
-                let mut run = if k < runs.len() { runs[k] } else { fresh };
-                run.state = dfa.next_state(run.state, b);
-                if dfa.is_dead_state(run.state) {
+            for k in 0..total {
+                let mut run = match (runs.get(k), fresh) {
+                    (Some(r), _) => *r,
+                    (None, Some(f)) => f,
+                    (None, None) => break,
+                };
+                let dfa = rules.dfa(run.after_letter);
+                run.state = dfa.dfa.next_state(run.state, b);
+                if dfa.dfa.is_dead_state(run.state) {
                     continue;
                 }
-                if dfa.is_match_state(run.state) {
+                if dfa.dfa.is_match_state(run.state) {
                     // A match [run.start, i) is complete (DFA matches are reported one byte late).
-                    if let Some(hit) = rules.decide(buf, *base, run.start, i, run.state) {
+                    if let Some(hit) = rules.decide(dfa, buf, *base, run.start, i, run.state) {
                         pending.push_back(hit);
                         continue;
                     }
@@ -1211,6 +1304,34 @@ mod tests {
     }
 
     #[test]
+    fn rules_that_begin_with_a_letter_start_only_after_a_non_letter() {
+        let secret = "Xk9#mP2vR7qL4wZ8tN3s";
+        // A word ending in a letter that could begin a rule (`s` of `sk_live_`, `r` of
+        // `rk_live_`, `e` of `eyJ`, `t` of `token`) holds nothing back.
+        for word in [" rivers", " river", " more", " that"] {
+            let mut sc = ExfilScanner::new(Arc::clone(&RULES));
+            assert_eq!(sc.push(word), ExfilStep::Release(word.len()), "{word:?}");
+        }
+        // A key word after `_`, a quote, a space, or at the start of the turn is one.
+        for text in [
+            format!("DB_PASSWORD={secret} "),
+            format!("{{\"token\": \"{secret}\"}}"),
+            format!("the secret is {secret} "),
+            format!("password: {secret} "),
+            "x Bearer eyZa9Kq2Lm8Np4Rs7Tu1Vw3Xy5 ".to_owned(),
+        ] {
+            let out = scan_chunks(&RULES, [text.as_str()]);
+            assert_eq!(out.hits.len(), 1, "{text:?}: {:?}", out.hits);
+        }
+        // Glued to the letters before it, it is not (the price of the look-behind).
+        let out = scan_chunks(&RULES, [format!("mypassword={secret} ").as_str()]);
+        assert!(out.hits.is_empty(), "{:?}", out.hits);
+        // A user pattern is not affected: it may start anywhere.
+        let out = scan_chunks(&RULES, ["xACME-12345678 "]);
+        assert_eq!(out.hits.len(), 1, "{:?}", out.hits);
+    }
+
+    #[test]
     fn holdback_is_exact_and_prompt() {
         let mut sc = ExfilScanner::new(Arc::clone(&RULES));
         // No rule can start in plain words: everything is released at once.
@@ -1229,19 +1350,22 @@ mod tests {
             ("aws_access_key_id", 20, 20)
         );
         // Observe mode: keep going; the decided match is released with what follows.
-        assert_eq!(sc.push(" more"), ExfilStep::Release(28));
-        // The final "e" could start a JWT (`eyJ`): held until the next byte rules it out.
+        // The final "e" follows a letter, so it cannot start a JWT (`eyJ`): nothing is held.
+        assert_eq!(sc.push(" more"), ExfilStep::Release(29));
+        assert_eq!(sc.held_bytes(), 0);
+        // After a space it could: held until the next byte rules it out.
+        assert_eq!(sc.push(" e"), ExfilStep::Release(1));
         assert_eq!(sc.held_bytes(), 1);
         assert_eq!(sc.push("."), ExfilStep::Release(2));
-        assert_eq!(sc.released_bytes(), 50);
+        assert_eq!(sc.released_bytes(), 52);
         assert_eq!(sc.finish(), ExfilStep::Release(0));
 
         // A look-alike is released as soon as it is ruled out.
         sc.reset();
         assert_eq!(sc.push("AKIA"), ExfilStep::Release(0));
-        assert_eq!(sc.push(" is a prefix"), ExfilStep::Release(15));
-        // ("x" could start a Slack token.)
-        assert_eq!(sc.push("."), ExfilStep::Release(2));
+        // ("x" follows a letter: it cannot start a Slack token.)
+        assert_eq!(sc.push(" is a prefix"), ExfilStep::Release(16));
+        assert_eq!(sc.push("."), ExfilStep::Release(1));
         assert_eq!(sc.finish(), ExfilStep::Release(0));
         assert!(sc.peak_held_bytes() >= 4);
     }
@@ -1468,6 +1592,42 @@ mod tests {
 
     const CODE: &str = "fn main() {\n    let token = next_token(&mut lexer);\n    let password = std::env::var(\"DB_PASSWORD\").unwrap_or_default();\n    // the api_key is read from the vault: secret = vault.get(\"api_key\")\n    println!(\"tokens: {} in {:?}\", count, elapsed);\n    let id = \"123e4567-e89b-12d3-a456-426614174000\"; // request id, sha 3f9a2c1\n}\n";
 
+    /// Share of the built-in model's tokens (`ignore_eos` streams of 400 tokens over many
+    /// prompts and seeds) after which the scanner still holds text: each such token waits for
+    /// the next one before it is sent (the data plane releases whole tokens).
+    fn builtin_tokens_left_held(streams: u64) -> (usize, usize) {
+        use crate::source::builtin::BuiltinModel;
+        let model = BuiltinModel::get();
+        let (mut tokens, mut held) = (0, 0);
+        for seed in 0..streams {
+            let prompt =
+                ["Tell me about rivers", "Explain the tides", "Write a story"][(seed % 3) as usize];
+            let mut stream = model.stream(prompt, Some(seed), 400).with_ignore_eos(true);
+            let mut sc = ExfilScanner::new(Arc::clone(&RULES));
+            while let Some(tok) = stream.next_token(0) {
+                assert!(matches!(sc.push(tok.text), ExfilStep::Release(_)));
+                tokens += 1;
+                held += usize::from(sc.held_bytes() > 0);
+            }
+        }
+        (tokens, held)
+    }
+
+    /// Few built-in tokens leave text held: 6.0 % of 51,200 (`holdback_distribution_on_corpus`),
+    /// down from 61 % before the letter-starting rules got their look-behind. What remains is
+    /// mostly the article ` a` / ` A` (which could begin `api_key`, `aws`, `AKIA`...) and ` to`
+    /// (`token`): held until the next byte rules them out.
+    #[test]
+    fn few_builtin_tokens_leave_text_held() {
+        let (tokens, held) = builtin_tokens_left_held(16);
+        let share = held as f64 / tokens as f64;
+        assert!(
+            share <= 0.07,
+            "{held} of {tokens} built-in tokens left text held ({:.1} %)",
+            share * 100.0
+        );
+    }
+
     #[test]
     #[ignore = "measurement: prints the hold-back distribution"]
     fn holdback_distribution_on_corpus() {
@@ -1487,6 +1647,11 @@ mod tests {
                 100.0 * nonzero as f64 / toks.len() as f64
             );
         }
+        let (tokens, held) = builtin_tokens_left_held(128);
+        println!(
+            "exfil hold-back over the built-in model ({tokens} tokens): tokens leaving text held: {held} ({:.1}%)",
+            100.0 * held as f64 / tokens as f64
+        );
         println!(
             "bound: max_match_len={} max_holdback_bytes={} dfa={} bytes",
             RULES.max_match_len(),
