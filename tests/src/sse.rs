@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use crate::{agent, header};
+use crate::http::{agent, header};
 
 /// What an event's `data` is, for haltd's OpenAI-style streams.
 #[derive(Debug, Clone, PartialEq)]

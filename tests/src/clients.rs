@@ -1,0 +1,46 @@
+//! Real clients run in a namespace: curl and the official OpenAI Python SDK.
+
+use std::{env, path::Path, process::Command};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+/// Runs the official OpenAI Python SDK client (`tests/py/openai_client.py` in the venv that
+/// `cargo xtask setup` made) in namespace `ns`; returns its one JSON line.
+pub fn openai_sdk(ns: &str, args: &[&str]) -> Result<Value> {
+    let python = env::var("HALTD_PYTHON")
+        .context("HALTD_PYTHON is not set: run the tests with `cargo xtask test`")?;
+    let script = env::var("HALTD_OPENAI_CLIENT").unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("py/openai_client.py")
+            .display()
+            .to_string()
+    });
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, &python, &script])
+        .args(args)
+        .output()
+        .context("running the OpenAI SDK client")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "openai_client.py {args:?} failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("openai_client.py printed {stdout:?}"))
+}
+
+/// Runs curl in namespace `ns` with `args`; returns (exit status success, stdout).
+pub fn curl(ns: &str, args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "--max-time", "30"])
+        .args(args)
+        .output()
+        .context("running curl (Debian package curl)")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}

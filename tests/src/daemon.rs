@@ -1,0 +1,352 @@
+//! The haltd process harness: a `haltd serve` in a pair's server namespace ([`Haltd`]), the
+//! ports it listens on, and the haltd and haltctl binaries the tests run.
+
+use std::{
+    env, fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+
+use crate::{
+    http::{agent, get_json_here, header, trip_here},
+    ledger::read_ledger,
+    metrics::Metrics,
+    netns::{in_netns, NetPair},
+    temp_dir,
+};
+
+/// Ports haltd listens on inside the server namespace.
+pub const PORT_API: u16 = 8080;
+pub const PORT_ADMIN: u16 = 8081;
+pub const PORT_METRICS: u16 = 9464;
+
+/// Path of a binary that `cargo xtask test` names in an environment variable.
+fn bin_from_env(var: &str, name: &str) -> Result<PathBuf> {
+    if let Some(p) = env::var_os(var) {
+        return Ok(PathBuf::from(p));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!("{var} is not set and no target/*/{name} exists: run the tests with `cargo xtask test`")
+}
+
+pub fn haltd_bin() -> Result<PathBuf> {
+    bin_from_env("HALTD_BIN", "haltd")
+}
+
+pub fn haltctl_bin() -> Result<PathBuf> {
+    bin_from_env("HALTCTL_BIN", "haltctl")
+}
+
+/// A running `haltd serve` in a pair's server namespace. Drop stops it (SIGTERM, then SIGKILL
+/// after 2 s) and removes its directory, unless the thread is panicking (then the directory
+/// with the logs and the ledger stays and its path is printed).
+#[derive(Debug)]
+pub struct Haltd {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub api: SocketAddr,
+    pub admin: SocketAddr,
+    pub metrics: SocketAddr,
+    pub ledger: PathBuf,
+    /// Namespace the clients of this instance run in.
+    pub client_ns: String,
+}
+
+impl Haltd {
+    /// Starts haltd with `extra` arguments after the address and ledger flags, and waits until
+    /// it is ready (a `haltd ready` line on stdout, or `/healthz` answering 200), at most 20 s.
+    ///
+    /// Every turn is recorded (`--turn-sample-rate 1`, [`TEST_SAMPLING`]) unless `extra` sets
+    /// `--turn-sample-rate` itself: the tests read the records of normal turns, which haltd
+    /// samples at 5 % by default.
+    pub fn start(pair: &NetPair, extra: &[&str]) -> Result<Self> {
+        Self::start_with_ledger(pair, None, extra)
+    }
+
+    /// Like [`Haltd::start`], on an existing ledger file (e.g. one a killed instance left).
+    pub fn start_with_ledger(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        extra: &[&str],
+    ) -> Result<Self> {
+        Self::start_wrapped(pair, ledger, &[], extra)
+    }
+
+    /// Like [`Haltd::start_with_ledger`], with haltd run through `wrapper` (a command that
+    /// execs its arguments, e.g. `unshare -T --monotonic N`), so its pid is still haltd's.
+    pub fn start_wrapped(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
+        let bin = haltd_bin()?;
+        let dir = temp_dir("haltd")?;
+        let api = pair.srv_addr(PORT_API);
+        let admin = pair.srv_addr(PORT_ADMIN);
+        let metrics = pair.srv_addr(PORT_METRICS);
+        let ledger = ledger.map_or_else(|| dir.join("ledger.jsonl"), Path::to_path_buf);
+        let stdout = fs::File::create(dir.join("stdout.log")).context("creating stdout.log")?;
+        let stderr = fs::File::create(dir.join("stderr.log")).context("creating stderr.log")?;
+        // `ip netns exec` joins the namespace and execs haltd, so the child is haltd itself.
+        let child = Command::new("ip")
+            .args(["netns", "exec", &pair.srv])
+            .args(wrapper)
+            .arg(&bin)
+            .arg("serve")
+            .args([
+                "--listen",
+                &api.to_string(),
+                "--admin",
+                &admin.to_string(),
+                "--metrics",
+                &metrics.to_string(),
+            ])
+            .arg("--ledger")
+            .arg(&ledger)
+            .args(test_sampling(extra))
+            .args(extra)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {} in {}", bin.display(), pair.srv))?;
+        let mut haltd = Haltd {
+            child: Some(child),
+            dir,
+            api,
+            admin,
+            metrics,
+            ledger,
+            client_ns: pair.cli.clone(),
+        };
+        haltd
+            .wait_ready(Duration::from_secs(20))
+            .with_context(|| format!("haltd {extra:?} did not become ready"))?;
+        Ok(haltd)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let health = format!("http://{}/healthz", self.api);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "haltd exited during start-up ({status}); log tail:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            let printed = fs::read_to_string(self.dir.join("stdout.log"))
+                .is_ok_and(|s| s.lines().any(|l| l.starts_with("haltd ready")));
+            if printed {
+                return Ok(());
+            }
+            let url = health.clone();
+            let healthy = in_netns(&self.client_ns, move || {
+                agent(Duration::from_millis(500))
+                    .get(&url)
+                    .call()
+                    .is_ok_and(|r| r.status() == 200)
+            });
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not ready after {timeout:?}; log tail:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills haltd with SIGKILL (a crash) and waits for it; its directory stays until drop.
+    pub fn crash(&mut self) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("haltd already stopped")?;
+        child.kill()?;
+        Ok(child.wait()?)
+    }
+
+    /// Waits at most `timeout` for haltd to exit by itself (a crash) and returns how it ended;
+    /// its directory (logs, ledger, crash file) stays until drop.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().context("haltd already stopped")?;
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "haltd still running {timeout:?} later; log tail:\n{}",
+                self.log_tail(30)
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Process id of the haltd process (for signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api)
+    }
+
+    /// Base URL of the admin API.
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+
+    /// The last `n` lines of haltd's stdout and stderr.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut out = String::new();
+        for name in ["stdout.log", "stderr.log"] {
+            let text = fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!(
+                "--- {name} (last {} of {} lines)\n",
+                n.min(lines.len()),
+                lines.len()
+            ));
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Fetches and strictly parses `/metrics` (from the client namespace).
+    pub fn metrics(&self) -> Result<Metrics> {
+        let url = format!("http://{}/metrics", self.metrics);
+        let (content_type, text) =
+            in_netns(&self.client_ns, move || -> Result<(String, String)> {
+                let mut resp = agent(Duration::from_secs(10))
+                    .get(&url)
+                    .call()
+                    .with_context(|| format!("GET {url}"))?;
+                ensure!(resp.status() == 200, "GET {url}: status {}", resp.status());
+                let ct = header(&resp, "content-type").unwrap_or_default();
+                let body = resp
+                    .body_mut()
+                    .read_to_string()
+                    .context("reading /metrics")?;
+                Ok((ct, body))
+            })?;
+        Metrics::parse(&text, &content_type)
+            .with_context(|| format!("parsing /metrics (content-type {content_type:?})"))
+    }
+
+    /// Trips a stream through the admin API; returns (status, JSON body or Null).
+    pub fn trip(&self, stream_id: &str, cause: Option<&str>) -> Result<(u16, Value)> {
+        let url = format!("{}/admin/streams/{stream_id}/trip", self.admin_url());
+        let ns = self.client_ns.clone();
+        let cause = cause.map(str::to_owned);
+        in_netns(&ns, move || trip_here(&url, cause.as_deref()))
+    }
+
+    /// `GET /admin/streams`.
+    pub fn list_streams(&self) -> Result<Value> {
+        let url = format!("{}/admin/streams", self.admin_url());
+        in_netns(&self.client_ns, move || get_json_here(&url))
+    }
+
+    /// The ledger's records, in order.
+    pub fn ledger_records(&self) -> Result<Vec<Value>> {
+        read_ledger(&self.ledger)
+    }
+
+    /// Stops haltd with SIGTERM (SIGKILL after 2 s) and returns how it ended.
+    pub fn stop(&mut self) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("haltd already stopped")?;
+        terminate(&mut child)
+    }
+}
+
+impl Drop for Haltd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Err(e) = terminate(&mut child) {
+                eprintln!("Haltd: stopping pid {}: {e:#}", child.id());
+            }
+        }
+        if thread::panicking() {
+            eprintln!("Haltd: logs and ledger kept in {}", self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The sampling flags the harness adds: record every turn, so that tests can wait for the
+/// record of any turn (production samples 5 % of normal turns).
+pub const TEST_SAMPLING: [&str; 2] = ["--turn-sample-rate", "1"];
+
+/// [`TEST_SAMPLING`], unless `extra` sets the rate itself.
+pub fn test_sampling(extra: &[&str]) -> &'static [&'static str] {
+    let own = extra
+        .iter()
+        .any(|a| *a == "--turn-sample-rate" || a.starts_with("--turn-sample-rate="));
+    if own {
+        &[]
+    } else {
+        &TEST_SAMPLING
+    }
+}
+
+fn terminate(child: &mut Child) -> Result<ExitStatus> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(status);
+    }
+    let pid = libc::pid_t::try_from(child.id()).context("pid fits pid_t")?;
+    // SAFETY: plain kill(2) on our own child, which has not been reaped yet.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // A stop writes its record behind every record still queued, each fsync'd: on a busy disk
+    // that takes seconds after a campaign of hundreds of turns. Slow stops are reported.
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            if t0.elapsed() > Duration::from_secs(2) {
+                eprintln!(
+                    "Haltd: pid {pid} took {:.1?} to stop on SIGTERM",
+                    t0.elapsed()
+                );
+            }
+            return Ok(status);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("Haltd: pid {pid} ignored SIGTERM for 10 s; SIGKILL");
+    child.kill()?;
+    Ok(child.wait()?)
+}
