@@ -8,8 +8,9 @@
 //! gate, and the tests measure what the client really received. Addresses come from
 //! 198.18.0.0/15 (RFC 2544 benchmarking) and exist only inside those namespaces.
 //!
-//! Guards clean up in `Drop`, also on panic: a failing assertion never leaves namespaces or
-//! processes behind.
+//! Guards clean up in `Drop`, also on panic: a failing assertion never leaves namespaces,
+//! processes or a gate's cgroup behind. A guard also puts back what it changed in the test
+//! process (see [`gate::TestGate`]).
 //!
 //! Modules, one per concern:
 //! - [`netns`]: the namespace pair and running code inside a namespace;
@@ -18,6 +19,7 @@
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
 //! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI SDK;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
+//! - [`gate`]: the kernel gate loaded in the test process, cgroups, socket options;
 //! - [`adversary`]: the raw adversarial sender.
 
 use std::{
@@ -33,6 +35,7 @@ use anyhow::{bail, ensure, Context, Result};
 pub mod adversary;
 pub mod clients;
 pub mod daemon;
+pub mod gate;
 pub mod http;
 pub mod ledger;
 pub mod metrics;

@@ -22,7 +22,6 @@ use std::{
     io::Read,
     net::{SocketAddr, TcpListener, TcpStream},
     os::fd::{AsFd, AsRawFd},
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -32,10 +31,11 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use haltd::gate::{GateConfig, GateObject, KernelGate};
+use haltd::gate::KernelGate;
 use haltd_common::SockPolicy;
 use haltd_tests::{
     adversary::{frame_size, Book, Frame, Method, Sender},
+    gate::{reset_on_close, set_int, TestGate},
     in_netns, spawn_in_netns, NetPair,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -47,18 +47,8 @@ const SCHEDULES: u64 = 200;
 const WORKERS: usize = 8;
 const POST_TRIP_STEPS: usize = 60;
 
-fn gate() -> Result<KernelGate> {
-    haltd_tests::require_root()?;
-    let object = match std::env::var_os("HALTD_BPF_OBJECT") {
-        Some(path) => GateObject::Path(PathBuf::from(path)),
-        None => GateObject::Embedded,
-    };
-    let gate = KernelGate::load(&GateConfig {
-        object,
-        max_sockets: 4096,
-        heartbeat_deadline: Duration::from_secs(600),
-    })
-    .context("loading the gate (set HALTD_BPF_OBJECT to the built object)")?;
+fn gate() -> Result<TestGate> {
+    let gate = TestGate::load(4096, Duration::from_secs(600))?;
     gate.beat()?;
     Ok(gate)
 }
@@ -84,36 +74,6 @@ struct Sample {
     eacces: usize,
     short_writes: usize,
     methods_ok: Vec<Method>,
-}
-
-fn set_int(fd: i32, level: i32, opt: i32, v: i32) {
-    // SAFETY: setsockopt reads a live i32.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (&raw const v).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
-    };
-}
-
-fn reset_on_close(fd: i32) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt reads a live linger.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const l).cast(),
-            size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
 }
 
 /// The reader: slow while the sender sends (under backpressure), then drains until 100 ms of
@@ -259,16 +219,16 @@ fn run_schedule(
     let rd = spawn_in_netns(cli_ns, move || -> Result<u64> {
         let s = TcpStream::connect(addr)?;
         if slow {
-            set_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+            set_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096)?;
         }
         let n = reader(s.try_clone()?, slow, done2);
-        reset_on_close(s.as_raw_fd());
+        reset_on_close(&s)?;
         Ok(n)
     });
     let (server, _) = listener.accept()?;
     let fd = server.as_raw_fd();
     if cell.backpressure {
-        set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096);
+        set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096)?;
     }
     server.set_nonblocking(true)?;
     let untripped = SockPolicy {
@@ -316,7 +276,7 @@ fn run_schedule(
         .socket(server.as_fd())?
         .state
         .map_or(0, |s| s.post_trip_frames);
-    reset_on_close(fd);
+    reset_on_close(&server)?;
     Ok(sample)
 }
 

@@ -451,16 +451,8 @@ fn the_gate_loads_with_the_units_privileges() -> Result<()> {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
     }
     // A cgroup owned by the unprivileged user, as systemd delegates the unit's.
-    let mount = std::fs::read_to_string("/proc/self/mountinfo")?
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next() == Some("cgroup2"))
-                .then(|| left.split_whitespace().nth(4).map(str::to_owned))
-                .flatten()
-        })
-        .context("no cgroup2 mount")?;
-    let cg = std::path::Path::new(&mount).join(format!("haltd-test-deleg-{}", std::process::id()));
+    let mount = haltd_tests::gate::cgroup2_mount()?;
+    let cg = mount.join(format!("haltd-test-deleg-{}", std::process::id()));
     std::fs::create_dir_all(&cg)?;
     let chown = std::process::Command::new("chown")
         .args(["-R", "65534:65534"])

@@ -10,6 +10,7 @@
 //! Each test loads its own gate (its own maps and counters, its own cgroup leaf), so tests do
 //! not interfere. Loading moves the test process into the new gate's cgroup, so every socket is
 //! created after the load: the egress and adoption programs see only sockets of that cgroup.
+//! Dropping the gate moves the process back (`haltd_tests::gate::TestGate`).
 //!
 //! The send check (`halt_gate`) counts verdicts 0..=7; the egress check (`halt_egress`) and the
 //! adoption program count on their own indices, and `EGRESS_PASS` moves with every governed
@@ -19,17 +20,18 @@ use std::{
     io::{self, Read, Write},
     net::{Shutdown, TcpListener, TcpStream},
     os::fd::{AsFd, AsRawFd},
-    path::PathBuf,
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, ensure, Context, Result};
-use haltd::gate::{GateConfig, GateError, GateObject, Governed, KernelGate};
+use haltd::gate::{GateError, Governed, KernelGate};
+
 use haltd_common::{
     trip_reason, verdict, HaltEvent, SockPolicy, HTTP_TERMINAL_PREFIX, NONCE_LEN, NONCE_OFFSET,
     SSE_TERMINAL_PREFIX,
 };
+use haltd_tests::gate::{reset_on_close, set_int, TestGate};
 
 const NONCE: &[u8; NONCE_LEN] = b"0123456789abcdef";
 /// E: the largest token event of the test streams (every token frame and every terminal frame
@@ -45,32 +47,13 @@ const SEND_VERDICTS: usize = verdict::EGRESS_PASS as usize;
 
 type SendVerdicts = [u64; SEND_VERDICTS];
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "kernel_gate tests load BPF programs and need root; run them as root (CI does)"
-    );
-}
-
-/// A gate with no heartbeat yet.
-fn load_gate(deadline: Duration) -> Result<KernelGate> {
-    require_root();
-    let object = match std::env::var_os("HALTD_BPF_OBJECT") {
-        Some(path) => GateObject::Path(PathBuf::from(path)),
-        None => GateObject::Embedded,
-    };
-    KernelGate::load(&GateConfig {
-        object,
-        max_sockets: 64,
-        heartbeat_deadline: deadline,
-    })
-    .context("loading the gate (set HALTD_BPF_OBJECT to the built object)")
+/// A gate with no heartbeat yet (the test process needs root: it fails without).
+fn load_gate(deadline: Duration) -> Result<TestGate> {
+    TestGate::load(64, deadline)
 }
 
 /// A gate with a fresh heartbeat and a deadline no test reaches.
-fn live_gate() -> Result<KernelGate> {
+fn live_gate() -> Result<TestGate> {
     let gate = load_gate(Duration::from_secs(600))?;
     gate.beat().context("stamping the heartbeat")?;
     Ok(gate)
@@ -282,46 +265,6 @@ fn events(gate: &KernelGate) -> Result<Vec<HaltEvent>> {
     let mut out = Vec::new();
     gate.drain_halt_events(&mut |e| out.push(e))?;
     Ok(out)
-}
-
-fn set_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
-    // SAFETY: setsockopt reads a live i32 of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (&raw const v).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    ensure!(
-        rc == 0,
-        "setsockopt({level}, {opt}): {}",
-        io::Error::last_os_error()
-    );
-    Ok(())
-}
-
-/// `SO_LINGER {on, 0}`: close resets the connection instead of leaving what is queued (and
-/// held back by the egress check) to be retransmitted.
-fn reset_on_close(s: &TcpStream) -> Result<()> {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt reads a live linger of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const l).cast(),
-            size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", io::Error::last_os_error());
-    Ok(())
 }
 
 #[test]
