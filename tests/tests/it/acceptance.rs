@@ -1,4 +1,4 @@
-//! Root-only acceptance tests for the points the scenario tests (`namespaces.rs`) leave open:
+//! Root-only acceptance tests for the points the scenario tests (`namespaces`) leave open:
 //! refusing to start without the gate, `--no-kernel-gate` stated everywhere, the HaltMonitor on
 //! real streams, the watchdog closing a blocked emitter, client disconnects, admin trip races,
 //! the completions endpoint, ledger tampering, curl as a client, the whole daemon stopped, and

@@ -4,7 +4,7 @@
 //!
 //! Needs root (CAP_BPF, CAP_NET_ADMIN, cgroup v2) and the BPF object:
 //! `HALTD_BPF_OBJECT=$PWD/ebpf/haltd-ebpf/target/bpfel-unknown-none/release/haltd-ebpf \
-//!  cargo test -p haltd-tests --test kernel_gate -- --test-threads=1`
+//!  cargo test -p haltd-tests --test it -- --test-threads=1 kernel_gate::`
 //! Without root the tests fail (CI runs as root; a skip would hide a missing gate).
 //!
 //! Each test loads its own gate (its own maps and counters, its own cgroup leaf), so tests do

@@ -5,7 +5,7 @@
 //! a live exposition, and a real Prometheus server scrapes haltd and answers queries on its
 //! halt metrics.
 //!
-//! Run serially (`--test-threads=1`), like the other integration binaries.
+//! Run serially (`--test-threads=1`), like the other topics.
 
 use std::{
     collections::BTreeSet,

@@ -1,0 +1,21 @@
+//! The root-only integration tests of haltd, as one test binary with a module per topic (the
+//! layout of aya's integration tests). What two or more topics share lives in the
+//! `haltd_tests` library (`tests/src`); what one topic needs stays in its module.
+//!
+//! Every test needs root: the tests create network namespaces, run haltd with its kernel gate
+//! and load the gate themselves. They share kernel state (BPF programs and maps, namespaces,
+//! cgroups) and one process, so they run serially: `cargo xtask test` runs
+//! `cargo test -p haltd-tests --features haltd/fault-injection -- --test-threads=1 --nocapture`
+//! with `HALTD_BIN`, `HALTCTL_BIN`, `HALTD_BPF_OBJECT`, `HALTD_PYTHON` and
+//! `HALTD_OPENAI_CLIENT` set. A test's name is `topic::name`; one topic runs with e.g.
+//! `cargo xtask test --no-unit -- kernel_gate::`.
+
+mod acceptance;
+mod adversarial;
+mod crash;
+mod detectors;
+mod guarantee;
+mod kernel_gate;
+mod namespaces;
+mod ops_pack;
+mod proxy;
