@@ -18,7 +18,7 @@ use crate::{
     ledger::read_ledger,
     metrics::Metrics,
     netns::{in_netns, NetPair},
-    temp_dir,
+    temp_dir, wait_for,
 };
 
 /// Ports haltd listens on inside the server namespace.
@@ -283,6 +283,20 @@ impl Haltd {
     /// The ledger's records, in order.
     pub fn ledger_records(&self) -> Result<Vec<Value>> {
         read_ledger(&self.ledger)
+    }
+
+    /// Waits (at most 5 s) until the ledger holds a record matching `pred` and returns it:
+    /// records land asynchronously, just after the client saw the end.
+    pub fn wait_record(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+        wait_for(Duration::from_secs(5), what, || {
+            Ok(self.ledger_records()?.into_iter().find(|r| pred(r)))
+        })
+        .with_context(|| {
+            format!(
+                "no ledger record {what}; records: {:#?}",
+                self.ledger_records()
+            )
+        })
     }
 
     /// Stops haltd with SIGTERM (SIGKILL after 2 s) and returns how it ended.

@@ -15,7 +15,7 @@
 //! Modules, one per concern:
 //! - [`netns`]: the namespace pair and running code inside a namespace;
 //! - [`daemon`]: the haltd process harness ([`Haltd`]) and the binaries under test;
-//! - [`upstream`]: the scripted upstream process;
+//! - [`upstream`]: the scripted upstream process; [`rig`]: haltd in front of it;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
 //! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI SDK;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
@@ -28,6 +28,8 @@ use std::{
     path::PathBuf,
     process::{Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, ensure, Context, Result};
@@ -41,6 +43,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod netns;
 pub mod raw_http;
+pub mod rig;
 pub mod sse;
 pub mod upstream;
 
@@ -112,4 +115,20 @@ pub fn quantile<T: Copy + PartialOrd>(values: &[T], q: f64) -> Option<T> {
     }
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     Some(v[rank - 1])
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, at most `timeout`.
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        ensure!(Instant::now() < deadline, "{what}: not after {timeout:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -23,8 +23,8 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use haltd_tests::{
     agent, checked, haltctl_bin, haltd_bin, in_netns, raw_exchange_on, spawn_in_netns,
     sse::{self, classify, SseParser},
-    temp_dir, trip_here, verify_ledger, EventKind, Haltd, NetPair, StreamOutcome, PORT_ADMIN,
-    PORT_API, PORT_METRICS,
+    temp_dir, trip_here, verify_ledger, wait_for, EventKind, Haltd, NetPair, StreamOutcome,
+    PORT_ADMIN, PORT_API, PORT_METRICS,
 };
 use serde_json::{json, Value};
 
@@ -137,22 +137,6 @@ fn get_json(haltd: &Haltd, url: &str) -> Result<(u16, Value)> {
     })
 }
 
-/// Polls `f` every 20 ms until it returns `Some`, at most `timeout`.
-fn wait_for<T>(
-    timeout: Duration,
-    what: &str,
-    mut f: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f()? {
-            return Ok(v);
-        }
-        ensure!(Instant::now() < deadline, "{what}: not after {timeout:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits until `haltd_streams_active` is 0 (and no stream is listed).
 fn wait_idle(haltd: &Haltd) -> Result<()> {
     wait_for(Duration::from_secs(5), "streams_active back to 0", || {
@@ -162,14 +146,6 @@ fn wait_idle(haltd: &Haltd) -> Result<()> {
             .map_or(0, Vec::len);
         Ok((active == 0.0 && listed == 0).then_some(()))
     })
-}
-
-/// Waits for a ledger record matching `pred`.
-fn wait_record(haltd: &Haltd, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
-    wait_for(Duration::from_secs(5), what, || {
-        Ok(haltd.ledger_records()?.into_iter().find(|r| pred(r)))
-    })
-    .with_context(|| format!("ledger records: {:?}", haltd.ledger_records()))
 }
 
 /// Every ledger line says `"kernel_gate":"<want>"`, both as raw text and parsed.
@@ -830,7 +806,7 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
         c.finish_reason,
         c.error
     );
-    let incident = wait_record(&haltd, "incident of the blocked stream", |r| {
+    let incident = haltd.wait_record("incident of the blocked stream", |r| {
         r["kind"] == "incident" && r["stream_id"] == id.0.as_str()
     })?;
     ensure!(incident["halted_by"] == "watchdog", "incident: {incident}");
@@ -882,7 +858,7 @@ fn client_disconnect_mid_stream() -> Result<()> {
     println!("client gone: closed {id} after {got} tokens");
     ensure!(!id.is_empty(), "no x-haltd-stream-id");
     wait_idle(&haltd).with_context(|| haltd.log_tail(20))?;
-    let turn = wait_record(&haltd, "turn record of the gone client", |r| {
+    let turn = haltd.wait_record("turn record of the gone client", |r| {
         r["kind"] == "turn" && r["stream_id"] == id.as_str()
     })?;
     ensure!(turn["outcome"] == "client_gone", "turn record: {turn}");
@@ -1433,7 +1409,7 @@ fn whole_daemon_stopped_mid_stream() -> Result<()> {
     );
     o.halted_cleanly("HEARTBEAT_LOST")
         .with_context(|| format!("read error {:?}\n{}", o.read_error, haltd.log_tail(30)))?;
-    let rec = wait_record(&haltd, "HEARTBEAT_LOST incident", |r| {
+    let rec = haltd.wait_record("HEARTBEAT_LOST incident", |r| {
         r["kind"] == "incident"
             && r["trip_cause"] == "HEARTBEAT_LOST"
             && r["stream_id"] == o.stream_id.as_str()

@@ -5,108 +5,66 @@
 
 use std::{fs, thread, time::Duration};
 
-use anyhow::{bail, ensure, Context, Result};
-use haltd_tests::{in_netns, sse, temp_dir, Haltd, NetPair, ScriptedUpstream, StreamOutcome};
-use serde_json::{json, Value};
+use anyhow::{ensure, Context, Result};
+use haltd_tests::{
+    rig::{chat, Rig},
+    sse, temp_dir, NetPair, StreamOutcome,
+};
+use serde_json::Value;
 
-const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
+use crate::UPSTREAM_BIN;
+
 const SCORER_BIN: &str = env!("CARGO_BIN_EXE_test-scorer");
-
-struct Rig {
-    haltd: Haltd,
-    _up: ScriptedUpstream,
-    _pair: NetPair,
-    _dir: std::path::PathBuf,
-}
 
 /// haltd in front of the scripted upstream, with `config` as its config file.
 fn rig(config: &str, extra: &[&str]) -> Result<Rig> {
-    let pair = NetPair::new()?;
-    let up = ScriptedUpstream::start(&pair, UPSTREAM_BIN, &[])?;
-    let dir = temp_dir("detectors")?;
-    let path = dir.join("haltd.toml");
-    fs::write(&path, config)?;
-    let path = path.display().to_string();
-    let mut args = vec![
-        "--source",
-        "openai",
-        "--upstream",
-        up.url.as_str(),
-        "--config",
-        path.as_str(),
-    ];
-    args.extend_from_slice(extra);
-    let haltd = Haltd::start(&pair, &args)?;
-    Ok(Rig {
-        haltd,
-        _up: up,
-        _pair: pair,
-        _dir: dir,
-    })
+    Rig::with_config(UPSTREAM_BIN, config, extra)
 }
 
-fn chat(directive: &str) -> Value {
-    json!({"model": "scripted", "stream": true, "messages": [{"role": "user", "content": directive}]})
+/// Streams a chat request with a key of its own (a halt puts only that key into degraded
+/// safe mode, not the streams that follow).
+fn stream(rig: &Rig, body: &Value) -> Result<StreamOutcome> {
+    let key = sse::fresh_key();
+    rig.stream("/v1/chat/completions", body, Some(&key), |_, _| {})
 }
 
-impl Rig {
-    fn stream(&self, body: &Value) -> Result<StreamOutcome> {
-        let url = format!("{}/v1/chat/completions", self.haltd.api_url());
-        let body = body.clone();
-        in_netns(&self.haltd.client_ns, move || {
-            sse::stream(&url, &body, Duration::from_secs(30), |_, _| {})
-        })
-    }
-
-    fn record(&self, kind: &str, stream_id: &str) -> Result<Value> {
-        for _ in 0..250 {
-            if let Some(r) = self
-                .haltd
-                .ledger_records()?
-                .into_iter()
-                .find(|r| r["kind"] == kind && r["stream_id"] == stream_id)
-            {
-                return Ok(r);
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        bail!("no {kind} record for {stream_id}")
-    }
-
-    /// Checks a detector halt end to end: terminal event, budget, incident and turn records.
-    fn halted_by(&self, o: &StreamOutcome, code: &str, detector: &str) -> Result<Value> {
-        o.halted_cleanly(code)
-            .with_context(|| format!("events: {:?}", o.events))?;
-        let err = o.error.clone().unwrap_or_default();
-        ensure!(
-            err["detector"]["name"] == detector,
-            "terminal event names the detector: {err}"
-        );
-        ensure!(
-            err["post_trip_tokens"].as_u64().unwrap_or(99) <= 5,
-            "more than B tokens after the trip: {err}"
-        );
-        let inc = self.record("incident", &o.stream_id)?;
-        ensure!(inc["trip_cause"] == code, "{inc}");
-        let turn = self.record("turn", &o.stream_id)?;
-        ensure!(turn["turn_status"] == "failed", "{turn}");
-        ensure!(
-            turn["detector_refs"].as_array().is_some_and(|r| r
-                .iter()
-                .any(|x| x.as_str().is_some_and(|s| s.starts_with(detector)))),
-            "{turn}"
-        );
-        Ok(turn)
-    }
+/// Checks a detector halt end to end: terminal event, budget, incident and turn records.
+fn halted_by(rig: &Rig, o: &StreamOutcome, code: &str, detector: &str) -> Result<Value> {
+    o.halted_cleanly(code)
+        .with_context(|| format!("events: {:?}", o.events))?;
+    let err = o.error.clone().unwrap_or_default();
+    ensure!(
+        err["detector"]["name"] == detector,
+        "terminal event names the detector: {err}"
+    );
+    ensure!(
+        err["post_trip_tokens"].as_u64().unwrap_or(99) <= 5,
+        "more than B tokens after the trip: {err}"
+    );
+    let inc = rig.record("incident", &o.stream_id)?;
+    ensure!(inc["trip_cause"] == code, "{inc}");
+    let turn = rig.record("turn", &o.stream_id)?;
+    ensure!(turn["turn_status"] == "failed", "{turn}");
+    ensure!(
+        turn["detector_refs"].as_array().is_some_and(|r| r
+            .iter()
+            .any(|x| x.as_str().is_some_and(|s| s.starts_with(detector)))),
+        "{turn}"
+    );
+    Ok(turn)
 }
 
 #[test]
 fn a_secret_split_across_tokens_never_reaches_the_client() -> Result<()> {
     let rig = rig("", &[])?;
-    let o = rig.stream(&chat(
-        "[[script:normal tokens=12 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
-    ))?;
-    let turn = rig.halted_by(&o, "EXFIL_ALERT", "exfil")?;
+    let o = stream(
+        &rig,
+        &chat(
+            "[[script:normal tokens=12 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
+            true,
+        ),
+    )?;
+    let turn = halted_by(&rig, &o, "EXFIL_ALERT", "exfil")?;
     ensure!(
         !o.text.contains("AKIA"),
         "part of the secret was emitted: {:?}",
@@ -119,13 +77,17 @@ fn a_secret_split_across_tokens_never_reaches_the_client() -> Result<()> {
     );
     ensure!(turn["detectors"]["exfil"]["hits"] == 1, "{turn}");
     // A private key block, streamed a few bytes at a time, too.
-    let o = rig.stream(&chat(
-        "[[script:normal tokens=9 words=\"Here:, -----BEGIN ,RSA PRIV,ATE KEY-----\nMIIEow,IBAAKCAQEAxyzq,rstuv0123456789abcdef\n,-----END RSA ,PRIVATE KEY-----, end\"]]",
-    ))?;
-    rig.halted_by(&o, "EXFIL_ALERT", "exfil")?;
+    let o = stream(
+        &rig,
+        &chat(
+            "[[script:normal tokens=9 words=\"Here:, -----BEGIN ,RSA PRIV,ATE KEY-----\nMIIEow,IBAAKCAQEAxyzq,rstuv0123456789abcdef\n,-----END RSA ,PRIVATE KEY-----, end\"]]",
+            true,
+        ),
+    )?;
+    halted_by(&rig, &o, "EXFIL_ALERT", "exfil")?;
     ensure!(!o.text.contains("BEGIN"), "{:?}", o.text);
     // Clean text goes through whole, with nothing held at the end.
-    let o = rig.stream(&chat("[[script:normal tokens=20]]"))?;
+    let o = stream(&rig, &chat("[[script:normal tokens=20]]", true))?;
     ensure!(
         o.finish_reason.as_deref() == Some("stop") && o.tokens == 20,
         "{:?}",
@@ -147,15 +109,15 @@ fn compute_budget_and_surprise_trip_hard() -> Result<()> {
         "[detectors.compute_budget]\nmax_tokens = 5\n\n[detectors.surprise]\nmode = \"hard\"\nwindow = 4\nthreshold_bits = 6.0\nmin_tokens = 2\n",
         &[],
     )?;
-    let o = rig.stream(&chat("[[script:normal tokens=20]]"))?;
-    rig.halted_by(&o, "COMPUTE_BUDGET_EXCEEDED", "compute_budget")?;
+    let o = stream(&rig, &chat("[[script:normal tokens=20]]", true))?;
+    halted_by(&rig, &o, "COMPUTE_BUDGET_EXCEEDED", "compute_budget")?;
     // The 6th token is over budget and never sent (the scanner may still hold the 5th).
     ensure!(o.tokens <= 5, "tokens {}", o.tokens);
     let inc = rig.record("incident", &o.stream_id)?;
     ensure!(inc["trip_token_index"].as_u64() <= Some(5), "{inc}");
     // ln 0.001 is ~10 bits of surprise: three of them lift the mean of 4 above 6 bits.
-    let o = rig.stream(&chat("[[script:normal tokens=5 low_at=1,2,3]]"))?;
-    rig.halted_by(&o, "SURPRISE_THRESHOLD", "surprise")?;
+    let o = stream(&rig, &chat("[[script:normal tokens=5 low_at=1,2,3]]", true))?;
+    halted_by(&rig, &o, "SURPRISE_THRESHOLD", "surprise")?;
     ensure!(o.tokens < 4, "tokens {}", o.tokens);
     Ok(())
 }
@@ -193,10 +155,14 @@ fn an_external_scorer_feeds_the_halt_monitor_and_fails_closed() -> Result<()> {
             ),
             &[],
         )?;
-        let o = r.stream(&chat(
-            "[[script:normal tokens=6 words=\"The, plan, is, forbidden, now, ok\"]]",
-        ))?;
-        r.halted_by(&o, "COHERENCE_BELOW_THRESHOLD", "halt_monitor")?;
+        let o = stream(
+            &r,
+            &chat(
+                "[[script:normal tokens=6 words=\"The, plan, is, forbidden, now, ok\"]]",
+                true,
+            ),
+        )?;
+        halted_by(&r, &o, "COHERENCE_BELOW_THRESHOLD", "halt_monitor")?;
         ensure!(
             o.tokens <= 3 && !o.text.contains("forbidden"),
             "the failing token is never emitted: {:?}",
@@ -211,8 +177,8 @@ fn an_external_scorer_feeds_the_halt_monitor_and_fails_closed() -> Result<()> {
             ),
             &[],
         )?;
-        let o = r.stream(&chat("[[script:normal tokens=6]]"))?;
-        r.halted_by(&o, "DETECTOR_FAILURE", "halt_monitor")?;
+        let o = stream(&r, &chat("[[script:normal tokens=6]]", true))?;
+        halted_by(&r, &o, "DETECTOR_FAILURE", "halt_monitor")?;
         ensure!(o.tokens == 0, "{}", o.tokens);
         Ok(())
     })();
@@ -232,18 +198,26 @@ fn safety_check_enforce_trips_on_a_fabricated_source_and_records_every_verdict()
     )?;
     // The URL is assembled from two tokens, so the request (holding the script) never
     // names it whole.
-    let o = rig.stream(&chat(
-        "[[script:normal tokens=4 words=\"See, https://evil,.example/x, .\"]]",
-    ))?;
-    let turn = rig.halted_by(&o, "SAFETY_BOUNDARY_VIOLATED", "safety")?;
+    let o = stream(
+        &rig,
+        &chat(
+            "[[script:normal tokens=4 words=\"See, https://evil,.example/x, .\"]]",
+            true,
+        ),
+    )?;
+    let turn = halted_by(&rig, &o, "SAFETY_BOUNDARY_VIOLATED", "safety")?;
     ensure!(
         turn["safety_verdict"]["violated_boundaries"][0] == "no_fabricated_source",
         "{turn}"
     );
     // The same citation is fine when the request gave that source.
-    let o = rig.stream(&chat(
-        "Use https://evil.example/x as your source. [[script:normal tokens=4 words=\"See, https://evil,.example/x, .\"]]",
-    ))?;
+    let o = stream(
+        &rig,
+        &chat(
+            "Use https://evil.example/x as your source. [[script:normal tokens=4 words=\"See, https://evil,.example/x, .\"]]",
+            true,
+        ),
+    )?;
     ensure!(o.finish_reason.as_deref() == Some("stop"), "{:?}", o.events);
     let turn = rig.record("turn", &o.stream_id)?;
     ensure!(turn["safety_verdict"]["upheld"] == true, "{turn}");
@@ -258,11 +232,11 @@ fn latency_anomaly_trips_on_a_slowed_stream_after_a_learned_baseline() -> Result
     )?;
     // Teach the baseline: clean turns at a steady pace.
     for _ in 0..3 {
-        let o = rig.stream(&chat("[[script:normal tokens=25 pace_ms=4]]"))?;
+        let o = stream(&rig, &chat("[[script:normal tokens=25 pace_ms=4]]", true))?;
         ensure!(o.finish_reason.as_deref() == Some("stop"), "{:?}", o.events);
     }
-    let o = rig.stream(&chat("[[script:normal tokens=60 pace_ms=60]]"))?;
-    let turn = rig.halted_by(&o, "TIMING_DISTRIBUTION_ANOMALY", "latency_anomaly")?;
+    let o = stream(&rig, &chat("[[script:normal tokens=60 pace_ms=60]]", true))?;
+    let turn = halted_by(&rig, &o, "TIMING_DISTRIBUTION_ANOMALY", "latency_anomaly")?;
     ensure!(turn["tig_breach"] == true, "{turn}");
     ensure!(o.tokens < 60, "{}", o.tokens);
     Ok(())

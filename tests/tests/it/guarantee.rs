@@ -399,9 +399,8 @@ fn half_closed_clients_are_served_and_halted() -> Result<()> {
 /// serves the half-closed client in full.
 #[test]
 fn proxied_half_closed_client_is_served() -> Result<()> {
-    const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
     let pair = NetPair::new()?;
-    let up = ScriptedUpstream::start(&pair, UPSTREAM_BIN, &[])?;
+    let up = ScriptedUpstream::start(&pair, crate::UPSTREAM_BIN, &[])?;
     let haltd = Haltd::start(
         &pair,
         &["--source", "openai", "--upstream", up.url.as_str()],

@@ -10,6 +10,9 @@
 //! `HALTD_OPENAI_CLIENT` set. A test's name is `topic::name`; one topic runs with e.g.
 //! `cargo xtask test --no-unit -- kernel_gate::`.
 
+/// The scripted OpenAI-compatible upstream, this crate's `scripted-upstream` binary.
+const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
+
 mod acceptance;
 mod adversarial;
 mod crash;

@@ -20,126 +20,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use haltd_tests::{
-    agent, curl, haltctl_bin, header, in_netns, openai_sdk, sse, trip_here, EventKind, Haltd,
-    NetPair, ScriptedUpstream, StreamOutcome,
+    curl, haltctl_bin, in_netns, openai_sdk,
+    rig::{chat, Rig},
+    sse, trip_here, EventKind, Haltd, NetPair, StreamOutcome,
 };
 use serde_json::{json, Value};
 
-const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
+use crate::UPSTREAM_BIN;
+
 const SECRET: &str = "Bearer sk-haltd-test-SECRET-4711";
 
-/// haltd, its upstream and their namespaces; dropped in this order.
-struct Rig {
-    haltd: Haltd,
-    up: ScriptedUpstream,
-    pair: NetPair,
-}
-
 fn rig(haltd_extra: &[&str]) -> Result<Rig> {
-    let pair = NetPair::new()?;
-    let up = ScriptedUpstream::start(&pair, UPSTREAM_BIN, &[])?;
-    let mut args = vec!["--source", "openai", "--upstream", up.url.as_str()];
-    args.extend_from_slice(haltd_extra);
-    let haltd = Haltd::start(&pair, &args)?;
-    Ok(Rig { haltd, up, pair })
-}
-
-fn chat(directive: &str, stream: bool) -> Value {
-    json!({
-        "model": "scripted",
-        "stream": stream,
-        "messages": [{"role": "user", "content": directive}],
-    })
+    Rig::start(UPSTREAM_BIN, haltd_extra)
 }
 
 fn completion(directive: &str, stream: bool) -> Value {
     json!({"model": "scripted", "stream": stream, "prompt": directive})
-}
-
-impl Rig {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.haltd.api_url())
-    }
-
-    /// Streams `body` to `path` with `auth`, calling `on_event` per event.
-    fn stream(
-        &self,
-        path: &str,
-        body: &Value,
-        auth: Option<&str>,
-        on_event: impl FnMut(&sse::Progress<'_>, &sse::SseEvent) + Send,
-    ) -> Result<StreamOutcome> {
-        let (url, body) = (self.url(path), body.clone());
-        let auth = auth.map(str::to_owned);
-        in_netns(&self.haltd.client_ns, move || {
-            let headers: Vec<(&str, &str)> = auth
-                .as_deref()
-                .map(|a| vec![("authorization", a)])
-                .unwrap_or_default();
-            sse::stream_with(&url, &body, &headers, Duration::from_secs(30), on_event)
-        })
-    }
-
-    /// A non-streaming request: (status, headers we care about, body as JSON or Null).
-    fn post(&self, path: &str, body: &Value, auth: Option<&str>) -> Result<(u16, Value, Value)> {
-        let (url, body) = (self.url(path), body.clone());
-        let auth = auth.map(str::to_owned);
-        in_netns(
-            &self.haltd.client_ns,
-            move || -> Result<(u16, Value, Value)> {
-                let mut req = agent(Duration::from_secs(30))
-                    .post(&url)
-                    .header("content-type", "application/json");
-                if let Some(a) = &auth {
-                    req = req.header("authorization", a.as_str());
-                }
-                let mut resp = req
-                    .send_json(&body)
-                    .with_context(|| format!("POST {url}"))?;
-                let headers = json!({
-                    "x-haltd-mode": header(&resp, "x-haltd-mode"),
-                    "x-haltd-stream-id": header(&resp, "x-haltd-stream-id"),
-                    "content-type": header(&resp, "content-type"),
-                    "retry-after": header(&resp, "retry-after"),
-                });
-                let text = resp.body_mut().read_to_string().unwrap_or_default();
-                let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                Ok((resp.status().as_u16(), headers, json))
-            },
-        )
-    }
-
-    fn get_admin(&self, path: &str) -> Result<Value> {
-        let url = format!("{}{path}", self.haltd.admin_url());
-        in_netns(&self.haltd.client_ns, move || {
-            haltd_tests::get_json_here(&url)
-        })
-    }
-
-    /// Waits until the ledger holds a record matching `pred` (records land asynchronously).
-    fn wait_record(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(r) = self.haltd.ledger_records()?.into_iter().find(|r| pred(r)) {
-                return Ok(r);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "no ledger record {what}; records: {:#?}",
-                    self.haltd.ledger_records()?
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn turn_record(&self, stream_id: &str) -> Result<Value> {
-        self.wait_record(&format!("for turn {stream_id}"), |r| {
-            r["kind"] == "turn" && r["stream_id"] == stream_id
-        })
-    }
 }
 
 /// The JSON of a token event's data.

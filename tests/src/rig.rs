@@ -1,0 +1,164 @@
+//! haltd with `--source openai` in front of the scripted upstream, both in the server
+//! namespace of one pair, clients in the client namespace: the set-up of the proxy and
+//! detector tests.
+
+use std::{fs, path::PathBuf, time::Duration};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::{
+    daemon::Haltd,
+    http::{agent, get_json_here, header},
+    netns::{in_netns, NetPair},
+    sse::{self, StreamOutcome},
+    temp_dir,
+    upstream::ScriptedUpstream,
+};
+
+/// haltd, its upstream and their namespaces; dropped in this order.
+#[derive(Debug)]
+pub struct Rig {
+    pub haltd: Haltd,
+    pub up: ScriptedUpstream,
+    pub pair: NetPair,
+    /// The directory of haltd's config file, if it was given one (kept, like a failed
+    /// test's logs).
+    pub config_dir: Option<PathBuf>,
+}
+
+impl Rig {
+    /// Starts the upstream (`upstream_bin`: pass `env!("CARGO_BIN_EXE_scripted-upstream")`)
+    /// and haltd proxying it, with `haltd_extra` after `--source openai --upstream URL`.
+    pub fn start(upstream_bin: &str, haltd_extra: &[&str]) -> Result<Self> {
+        let pair = NetPair::new()?;
+        let up = ScriptedUpstream::start(&pair, upstream_bin, &[])?;
+        let mut args = vec!["--source", "openai", "--upstream", up.url.as_str()];
+        args.extend_from_slice(haltd_extra);
+        let haltd = Haltd::start(&pair, &args)?;
+        Ok(Rig {
+            haltd,
+            up,
+            pair,
+            config_dir: None,
+        })
+    }
+
+    /// Like [`Rig::start`], with `config` written to a file that haltd gets as `--config`
+    /// (before `extra`).
+    pub fn with_config(upstream_bin: &str, config: &str, extra: &[&str]) -> Result<Self> {
+        let pair = NetPair::new()?;
+        let up = ScriptedUpstream::start(&pair, upstream_bin, &[])?;
+        let dir = temp_dir("detectors")?;
+        let path = dir.join("haltd.toml");
+        fs::write(&path, config)?;
+        let path = path.display().to_string();
+        let mut args = vec![
+            "--source",
+            "openai",
+            "--upstream",
+            up.url.as_str(),
+            "--config",
+            path.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let haltd = Haltd::start(&pair, &args)?;
+        Ok(Rig {
+            haltd,
+            up,
+            pair,
+            config_dir: Some(dir),
+        })
+    }
+
+    /// `http://<haltd's API><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.haltd.api_url())
+    }
+
+    /// Streams `body` to `path` with `auth` (no `authorization` header when `None`), calling
+    /// `on_event` per event.
+    pub fn stream(
+        &self,
+        path: &str,
+        body: &Value,
+        auth: Option<&str>,
+        on_event: impl FnMut(&sse::Progress<'_>, &sse::SseEvent) + Send,
+    ) -> Result<StreamOutcome> {
+        let (url, body) = (self.url(path), body.clone());
+        let auth = auth.map(str::to_owned);
+        in_netns(&self.haltd.client_ns, move || {
+            let headers: Vec<(&str, &str)> = auth
+                .as_deref()
+                .map(|a| vec![("authorization", a)])
+                .unwrap_or_default();
+            sse::stream_with(&url, &body, &headers, Duration::from_secs(30), on_event)
+        })
+    }
+
+    /// A non-streaming request: (status, headers we care about, body as JSON or Null).
+    pub fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        auth: Option<&str>,
+    ) -> Result<(u16, Value, Value)> {
+        let (url, body) = (self.url(path), body.clone());
+        let auth = auth.map(str::to_owned);
+        in_netns(
+            &self.haltd.client_ns,
+            move || -> Result<(u16, Value, Value)> {
+                let mut req = agent(Duration::from_secs(30))
+                    .post(&url)
+                    .header("content-type", "application/json");
+                if let Some(a) = &auth {
+                    req = req.header("authorization", a.as_str());
+                }
+                let mut resp = req
+                    .send_json(&body)
+                    .with_context(|| format!("POST {url}"))?;
+                let headers = json!({
+                    "x-haltd-mode": header(&resp, "x-haltd-mode"),
+                    "x-haltd-stream-id": header(&resp, "x-haltd-stream-id"),
+                    "content-type": header(&resp, "content-type"),
+                    "retry-after": header(&resp, "retry-after"),
+                });
+                let text = resp.body_mut().read_to_string().unwrap_or_default();
+                let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                Ok((resp.status().as_u16(), headers, json))
+            },
+        )
+    }
+
+    /// `GET <admin API><path>` as JSON, from the client namespace.
+    pub fn get_admin(&self, path: &str) -> Result<Value> {
+        let url = format!("{}{path}", self.haltd.admin_url());
+        in_netns(&self.haltd.client_ns, move || get_json_here(&url))
+    }
+
+    /// Waits until the ledger holds a record matching `pred` (records land asynchronously).
+    pub fn wait_record(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+        self.haltd.wait_record(what, pred)
+    }
+
+    /// The record of `kind` (`turn`, `incident`, ...) for stream `stream_id`, once written.
+    pub fn record(&self, kind: &str, stream_id: &str) -> Result<Value> {
+        self.wait_record(&format!("{kind} for {stream_id}"), |r| {
+            r["kind"] == kind && r["stream_id"] == stream_id
+        })
+    }
+
+    /// The turn record of stream `stream_id`, once written.
+    pub fn turn_record(&self, stream_id: &str) -> Result<Value> {
+        self.record("turn", stream_id)
+    }
+}
+
+/// A chat request to the scripted model; `directive` (`[[script:...]]`) scripts its answer.
+pub fn chat(directive: &str, stream: bool) -> Value {
+    json!({
+        "model": "scripted",
+        "stream": stream,
+        "messages": [{"role": "user", "content": directive}],
+    })
+}
