@@ -1,0 +1,212 @@
+//! The watchdog closes a stream whose emitter cannot send.
+
+use std::{
+    fs,
+    io::{BufReader, Read},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, ensure, Context, Result};
+use haltd_tests::{
+    checked, in_netns, spawn_in_netns, sse, wait_for, EventKind, Haltd, NetPair, PORT_API,
+};
+
+use super::{
+    chat, chat_url, read_head, send_request, sse_events, stop_and_verify, stream_in, wait_idle,
+};
+
+const TCP_ESTABLISHED: u8 = 1;
+
+/// TCP states (hex `st` of /proc/net/tcp) of the connections between local port `local` and
+/// remote port `remote`, in the calling thread's network namespace.
+fn tcp_states_here(local: u16, remote: u16) -> Result<Vec<u8>> {
+    let text = fs::read_to_string("/proc/thread-self/net/tcp")?;
+    let port = |addr: &str| {
+        addr.split(':')
+            .nth(1)
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    Ok(text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 3 && port(f[1]) == Some(local) && port(f[2]) == Some(remote))
+                .then(|| u8::from_str_radix(f[3], 16).ok())
+                .flatten()
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The watchdog closes a stream whose emitter cannot send.
+
+#[test]
+fn watchdog_halts_a_blocked_emitter() -> Result<()> {
+    const GRACE_MS: u64 = 50;
+    const BUDGET: u64 = 5;
+    const CONCURRENT_TOKENS: u32 = 400;
+    let pair = NetPair::new()?;
+    // Small socket buffers on both ends: a client that does not read blocks the emitter fast.
+    for (ns, key) in [
+        (&pair.cli, "net.ipv4.tcp_rmem"),
+        (&pair.srv, "net.ipv4.tcp_wmem"),
+    ] {
+        checked(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-q",
+            "-w",
+            &format!("{key}=4096 4096 4096"),
+        ]))?;
+    }
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--budget",
+            &BUDGET.to_string(),
+            "--halt-grace-ms",
+            &GRACE_MS.to_string(),
+            "--builtin-token-interval-us",
+            "1000",
+        ],
+    )?;
+    let url = chat_url(&haltd);
+    // Reference for the concurrent stream (the built-in source is deterministic).
+    let normal_body = chat("A steady stream", 3, CONCURRENT_TOKENS, true);
+    let reference = stream_in(&haltd, &url, &normal_body, |_, _| {})?;
+    ensure!(
+        reference.tokens == CONCURRENT_TOKENS as usize,
+        "reference: {} tokens",
+        reference.tokens
+    );
+
+    // The silent client: sends its request, never reads.
+    let api = haltd.api;
+    let silent = in_netns(&pair.cli, move || {
+        send_request(
+            api,
+            "/v1/chat/completions",
+            &chat("Never read", 9, 1_000_000, true),
+        )
+    })?;
+    let cli_port = silent.local_addr()?.port();
+    // Wait until its emitter is stuck: the submitted count stops moving.
+    let mut last = (u64::MAX, Instant::now());
+    let id = wait_for(
+        Duration::from_secs(10),
+        "the silent stream's emitter blocks",
+        || {
+            let list = haltd.list_streams()?;
+            let Some(s) = list["streams"].as_array().and_then(|l| l.first()).cloned() else {
+                return Ok(None);
+            };
+            let tokens = s["tokens"].as_u64().unwrap_or_default();
+            if tokens != last.0 {
+                last = (tokens, Instant::now());
+                return Ok(None);
+            }
+            Ok((last.1.elapsed() > Duration::from_millis(150)).then(|| {
+                (
+                    s["stream_id"].as_str().unwrap_or_default().to_owned(),
+                    tokens,
+                )
+            }))
+        },
+    )?;
+    println!("blocked emitter {}: stuck after {} tokens", id.0, id.1);
+
+    let (u, b) = (url.clone(), normal_body.clone());
+    let concurrent = spawn_in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(30), |_, _| {})
+    });
+    thread::sleep(Duration::from_millis(20));
+    let tripped_at = Instant::now();
+    let (status, trip) = haltd.trip(&id.0, None)?;
+    ensure!(status == 200, "trip answered {status}: {trip}");
+    // Measured on the server's socket: how long until haltd's end is no longer ESTABLISHED.
+    let closed_after = in_netns(&pair.srv, move || -> Result<Duration> {
+        loop {
+            let states = tcp_states_here(PORT_API, cli_port)?;
+            if !states.contains(&TCP_ESTABLISHED) {
+                return Ok(tripped_at.elapsed());
+            }
+            ensure!(
+                tripped_at.elapsed() < Duration::from_secs(5),
+                "the connection is still ESTABLISHED 5 s after the trip"
+            );
+            thread::sleep(Duration::from_millis(2));
+        }
+    })?;
+    let bound = Duration::from_millis(4 * GRACE_MS + 250);
+    println!(
+        "blocked emitter: haltd closed the connection {:.0} ms after the trip (bound {bound:?})",
+        closed_after.as_secs_f64() * 1e3
+    );
+    ensure!(
+        closed_after <= bound,
+        "closed {closed_after:?} after the trip, bound {bound:?}\n{}",
+        haltd.log_tail(30)
+    );
+
+    // Now the client reads: whatever was queued, then the end of the connection.
+    let idx = trip["trip_token_index"]
+        .as_u64()
+        .context("trip_token_index")?;
+    let received = in_netns(&pair.cli, move || -> Result<(Vec<u8>, Duration)> {
+        let t = Instant::now();
+        let s = silent;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut r = BufReader::new(s);
+        read_head(&mut r)?;
+        let mut body = Vec::new();
+        r.read_to_end(&mut body).context("reading to EOF")?;
+        Ok((body, t.elapsed()))
+    })?;
+    let events = sse_events(&received.0);
+    let tokens = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::Token(_)))
+        .count() as u64;
+    println!(
+        "blocked emitter: client drained {tokens} tokens (trip index {idx}) and EOF in {:.0} ms; last events {:?}",
+        received.1.as_secs_f64() * 1e3,
+        events.iter().rev().take(2).collect::<Vec<_>>()
+    );
+    ensure!(
+        tokens <= idx + BUDGET,
+        "{tokens} tokens reached the client, trip index {idx}, budget {BUDGET}"
+    );
+
+    let c = concurrent
+        .join()
+        .map_err(|_| anyhow!("concurrent client panicked"))??;
+    ensure!(
+        c.text == reference.text
+            && c.tokens == reference.tokens
+            && c.done_at.is_some()
+            && c.error.is_none(),
+        "the concurrent stream was not intact: {} tokens, finish {:?}, error {:?}",
+        c.tokens,
+        c.finish_reason,
+        c.error
+    );
+    let incident = haltd.wait_record("incident of the blocked stream", |r| {
+        r["kind"] == "incident" && r["stream_id"] == id.0.as_str()
+    })?;
+    ensure!(incident["halted_by"] == "watchdog", "incident: {incident}");
+    wait_idle(&haltd)?;
+    let halts = haltd
+        .metrics()?
+        .value("haltd_halts_total", &[("halted_by", "watchdog")])?;
+    ensure!(
+        halts >= 1.0,
+        "haltd_halts_total{{halted_by=\"watchdog\"}} = {halts}"
+    );
+    stop_and_verify(haltd)?;
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The egress check (`halt_egress`): bytes beyond a stream's ceiling are held back, under
+//! backpressure too.
+
+use std::{
+    io::{self, Read, Write},
+    net::{TcpListener, TcpStream},
+    os::fd::{AsFd, AsRawFd},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use haltd_common::{trip_reason, verdict, HaltEvent, SockPolicy};
+use haltd_tests::gate::{reset_on_close, set_int};
+
+use super::{events, live_gate, terminal_len, trip_policy, untripped, CAUSE, TAG};
+
+/// The stream's byte at offset `k` is `k % 251`: what arrives can be checked as a prefix.
+fn pattern(from: usize, len: usize) -> Vec<u8> {
+    (from..from + len).map(|k| (k % 251) as u8).collect()
+}
+
+/// The backpressure bypass, deterministically: the server's socket (tiny send buffer,
+/// nonblocking) is filled with 64 KiB frames to a short write or EAGAIN while the client does
+/// not read, then tripped with a small allowance (B = 1, E = 256), then handed new 4 KiB
+/// frames, each larger than E. The send check drops each one it sees, but after a short write
+/// (a push left partial) the kernel keeps its earlier verdict and accepts the next send without
+/// running it; the egress check must hold every byte beyond the ceiling (pre-trip bytes +
+/// B × E + T), and let every pre-trip byte through.
+#[test]
+fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
+    const SMALL_E: u32 = 256;
+    const B: u32 = 1;
+    const FRAME: usize = 4096;
+    const FILL_FRAME: usize = 64 * 1024;
+    const POST_TRIP_ATTEMPTS: usize = 400;
+    let t = terminal_len();
+    let gate = live_gate()?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let mut client = TcpStream::connect(listener.local_addr()?)?;
+    let (server, _) = listener.accept()?;
+    set_int(server.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4096)?;
+    server.set_nonblocking(true)?;
+    gate.govern(
+        server.as_fd(),
+        &SockPolicy {
+            max_event_bytes: SMALL_E,
+            ..untripped(B)
+        },
+    )?;
+
+    // Fill: whole frames until a short write or EAGAIN.
+    let mut accepted = 0usize;
+    let mut frames = 0u64;
+    let fill_end = loop {
+        match (&server).write(&pattern(accepted, FILL_FRAME)) {
+            Ok(n) => {
+                frames += 1;
+                accepted += n;
+                if n < FILL_FRAME {
+                    break format!("short write of {n}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break "EAGAIN".to_owned(),
+            Err(e) => return Err(e).context("filling the socket before the trip"),
+        }
+        ensure!(frames < 100_000, "the socket never filled");
+    };
+    let trip = trip_policy(frames, accepted as u64, B, SMALL_E, t);
+    let ceiling = trip.egress_ceiling;
+    gate.set_policy(server.as_fd(), &trip)?;
+
+    // New 4 KiB frames after the trip.
+    let mut post = 0usize;
+    let (mut eagain, mut accepted_calls, mut eacces) = (0, 0, false);
+    for _ in 0..POST_TRIP_ATTEMPTS {
+        match (&server).write(&pattern(accepted + post, FRAME)) {
+            Ok(n) => {
+                post += n;
+                accepted_calls += 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                eagain += 1;
+                thread::sleep(Duration::from_micros(500));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                eacces = true;
+                break;
+            }
+            Err(e) => return Err(e).context("sending after the trip"),
+        }
+    }
+
+    // The client reads everything that arrives for a second.
+    client.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e).context("reading at the client"),
+        }
+    }
+    let view = gate.socket(server.as_fd())?;
+    reset_on_close(&server)?;
+    drop(server);
+    let totals = gate.verdict_totals()?;
+    let egress_drops = totals[verdict::EGRESS_DROP_CEILING as usize];
+    let st = view.state.context("state")?;
+    let eg = view.egress.context("egress state")?;
+    let total = (accepted + post) as u64;
+    println!(
+        "fill: {frames} frames, {accepted} bytes, ended by {fill_end}; ceiling {ceiling}; after the trip: {post} bytes accepted in {accepted_calls} calls, {eagain} EAGAIN, EACCES {eacces}; client received {}; egress drops {egress_drops}; send-check state {st:?}; egress state {eg:?}",
+        got.len()
+    );
+
+    ensure!(
+        got == pattern(0, got.len()),
+        "the client received bytes out of order or altered"
+    );
+    ensure!(
+        got.len() >= accepted,
+        "pre-trip bytes held back: the client received {} of the {accepted} bytes accepted before the trip",
+        got.len()
+    );
+    ensure!(
+        got.len() as u64 <= ceiling,
+        "the client received {} bytes, beyond the ceiling {ceiling}",
+        got.len()
+    );
+    ensure!(
+        st.post_trip_frames <= u64::from(B),
+        "the send check passed {} post-trip frames",
+        st.post_trip_frames
+    );
+    if total > ceiling {
+        ensure!(
+            egress_drops > 0 && eg.dropped_segments > 0,
+            "{total} bytes accepted, beyond the ceiling {ceiling}, yet the egress check dropped nothing"
+        );
+        ensure!(
+            eg.passed_end <= ceiling && eg.dropped_end > ceiling,
+            "egress state {eg:?} against the ceiling {ceiling}"
+        );
+    }
+    // One event per check that dropped: the send check's (frames, post-trip frames), the
+    // egress check's (where the dropped segment ended, the ceiling in force).
+    let ev = events(&gate)?;
+    ensure!(
+        ev.iter().all(|e| e.stream_tag == TAG && e.cause == CAUSE),
+        "halt events of another stream: {ev:?}"
+    );
+    let send_events: Vec<&HaltEvent> = ev
+        .iter()
+        .filter(|e| e.verdict < verdict::EGRESS_PASS)
+        .collect();
+    let egress_events: Vec<&HaltEvent> = ev
+        .iter()
+        .filter(|e| e.verdict >= verdict::EGRESS_PASS)
+        .collect();
+    ensure!(
+        send_events.len() == usize::from(eacces),
+        "send-check halt events {send_events:?}, EACCES {eacces}"
+    );
+    if let Some(e) = send_events.first() {
+        ensure!(
+            e.verdict == verdict::DROP_FRAME_SIZE && e.trip_reason == trip_reason::TRIPPED,
+            "the send check dropped a 4 KiB post-trip frame for another reason: {e:?}"
+        );
+    }
+    ensure!(
+        egress_events.len() == usize::from(eg.dropped_segments > 0),
+        "egress halt events {egress_events:?} for {} dropped segments",
+        eg.dropped_segments
+    );
+    if let Some(e) = egress_events.first() {
+        ensure!(
+            e.verdict == verdict::EGRESS_DROP_CEILING
+                && e.frames > ceiling
+                && e.post_trip_frames == ceiling,
+            "egress halt event {e:?}, ceiling {ceiling}"
+        );
+    }
+    Ok(())
+}
