@@ -4,7 +4,7 @@
 //! frame, so that the peer's byte count can be attributed to frames written before and after
 //! the trip.
 //!
-//! Used by `tests/tests/adversarial.rs` (seeded schedules against the real gate) and by the
+//! Used by `tests/tests/it/adversarial.rs` (seeded schedules against the real gate) and by the
 //! halt bench.
 
 use std::{

@@ -1,6 +1,7 @@
-//! Shared harness for the root-only integration tests (`tests/tests`) and the benches
-//! (`src/bin`): network namespaces, haltd processes, the scripted upstream, an SSE client, the
-//! admin API, raw HTTP, a strict Prometheus text parser and the ledger.
+//! Shared harness for the root-only integration tests (`tests/tests/it`, one test binary with a
+//! module per topic) and the benches (`src/bin`): network namespaces, haltd processes, the
+//! scripted upstream, an SSE client, the admin API, raw HTTP, a strict Prometheus text parser,
+//! the ledger, and the kernel gate loaded in the test process itself.
 //!
 //! Everything here needs root (CAP_SYS_ADMIN for namespaces, CAP_BPF/CAP_NET_ADMIN for haltd's
 //! gate). Each test builds a [`NetPair`]: haltd runs in the server namespace, clients run in
