@@ -50,7 +50,7 @@ pub fn haltctl_bin() -> Result<PathBuf> {
 }
 
 /// A running `haltd serve` in a pair's server namespace. Drop stops it (SIGTERM, then SIGKILL
-/// after 2 s) and removes its directory, unless the thread is panicking (then the directory
+/// after 10 s) and removes its directory, unless the thread is panicking (then the directory
 /// with the logs and the ledger stays and its path is printed).
 #[derive(Debug)]
 pub struct Haltd {
@@ -299,7 +299,7 @@ impl Haltd {
         })
     }
 
-    /// Stops haltd with SIGTERM (SIGKILL after 2 s) and returns how it ended.
+    /// Stops haltd with SIGTERM (SIGKILL after 10 s) and returns how it ended.
     pub fn stop(&mut self) -> Result<ExitStatus> {
         let mut child = self.child.take().context("haltd already stopped")?;
         terminate(&mut child)
