@@ -1,23 +1,110 @@
-//! Embeds the halt-gate BPF object when `cargo xtask build-ebpf` has produced one.
+//! Embeds the BPF halt gate into haltd, so a plain `cargo build -p haltd` (or `cargo install`)
+//! gives a binary whose kernel gate loads.
 //!
-//! `cargo xtask` sets `HALTD_BPF_OBJECT` to the object it built. Without it (a plain
-//! `cargo build`, clippy, docs) the daemon still compiles, with an empty embedded object; such
-//! a binary refuses to start unless it is given `--bpf-object PATH` or `--no-kernel-gate`
-//! (fail closed), so a missing gate is never silent.
-use std::{env, fs, path::PathBuf};
+//! - `HALTD_BPF_OBJECT` set (`cargo xtask` sets it to the object it just built): that file is
+//!   embedded as it is.
+//! - Otherwise the gate crate, `ebpf/haltd-ebpf`, is built here with the nightly toolchain for
+//!   `bpfel-unknown-none` (`haltd-ebpf-build`: the command `cargo xtask build-ebpf` runs) into
+//!   its own target dir, where cargo caches it: clippy, doc and test runs pay for it once.
+//!
+//! There is no empty fallback: a haltd without its gate refuses to start, so a missing
+//! toolchain fails the build here, with the fix (`cargo xtask setup`) in the message.
+use std::{
+    env, fs,
+    io::Read,
+    path::{Path, PathBuf},
+    process::{exit, Command, Stdio},
+};
+
+use haltd_ebpf_build::Gate;
+
+/// The file `gate::embedded_object` includes, in `OUT_DIR`.
+const EMBEDDED: &str = "haltd-gate.bpf.o";
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=HALTD_BPF_OBJECT");
-    let out =
-        PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("haltd-gate.bpf.o");
-    match env::var_os("HALTD_BPF_OBJECT") {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-env-changed=HALTD_BPF_OBJECT");
+    let Some(out_dir) = env::var_os("OUT_DIR") else {
+        fail("OUT_DIR is not set (this is cargo's build script for haltd)")
+    };
+    let object = match env::var_os("HALTD_BPF_OBJECT") {
         Some(path) => {
             let path = PathBuf::from(path);
-            println!("cargo:rerun-if-changed={}", path.display());
-            let bytes = fs::read(&path)
-                .unwrap_or_else(|e| panic!("reading HALTD_BPF_OBJECT {}: {e}", path.display()));
-            fs::write(&out, bytes).expect("writing embedded BPF object");
+            println!("cargo::rerun-if-changed={}", path.display());
+            path
         }
-        None => fs::write(&out, []).expect("writing empty BPF object placeholder"),
+        None => build_gate(),
+    };
+    if let Err(why) = check_object(&object) {
+        fail(&why);
     }
+    let embedded = PathBuf::from(out_dir).join(EMBEDDED);
+    if let Err(e) = fs::copy(&object, &embedded) {
+        fail(&format!(
+            "copying the gate object {} to {}: {e}",
+            object.display(),
+            embedded.display()
+        ));
+    }
+}
+
+/// Builds `ebpf/haltd-ebpf` (cached in its own target dir); returns the object's path.
+fn build_gate() -> PathBuf {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let Some(root) = manifest_dir.parent() else {
+        fail("CARGO_MANIFEST_DIR has no parent (the daemon crate lives in <workspace>/daemon)")
+    };
+    let gate = Gate::new(root);
+    for input in gate.inputs() {
+        println!("cargo::rerun-if-changed={}", input.display());
+    }
+    if let Err(missing) = haltd_ebpf_build::check_toolchain() {
+        fail(&format!(
+            "haltd embeds its BPF halt gate, built from {} with the {} toolchain, but {missing}.\n\
+             Run `cargo xtask setup` (it installs the nightly, its rust-src and bpf-linker), \
+             or set HALTD_BPF_OBJECT to a gate object built by `cargo xtask build-ebpf`.",
+            gate.dir().display(),
+            haltd_ebpf_build::TOOLCHAIN,
+        ));
+    }
+    run_nested(gate.command(), &gate);
+    gate.object()
+}
+
+/// Runs the nested cargo; its output shows only if it fails (cargo keeps a build script's
+/// stderr), and its stdout must not be read as build-script directives.
+fn run_nested(mut c: Command, gate: &Gate) {
+    let line = Gate::command_line();
+    match c.stdout(Stdio::null()).stderr(Stdio::inherit()).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => fail(&format!(
+            "building the BPF halt gate failed ({s}): `{line}` in {} (output above). \
+             If the toolchain is incomplete, run `cargo xtask setup`.",
+            gate.dir().display()
+        )),
+        Err(e) => fail(&format!("starting `{line}`: {e}")),
+    }
+}
+
+/// A gate object is a non-empty ELF file.
+fn check_object(path: &Path) -> Result<(), String> {
+    let mut head = Vec::with_capacity(4);
+    fs::File::open(path)
+        .and_then(|f| f.take(4).read_to_end(&mut head))
+        .map_err(|e| format!("reading the gate object {}: {e}", path.display()))?;
+    if head == b"\x7fELF" {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not a BPF object (empty, or no ELF header); HALTD_BPF_OBJECT must name the \
+             file `cargo xtask build-ebpf` built",
+            path.display()
+        ))
+    }
+}
+
+/// Stops the build with `message` (cargo shows a build script's stderr when it fails).
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    exit(1)
 }
