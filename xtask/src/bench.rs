@@ -1,0 +1,73 @@
+//! `cargo xtask bench`: a release haltd with fault injection, then the benches in [`BENCHES`].
+
+use std::ffi::OsString;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::{
+    build::{self, Built},
+    ctx::Ctx,
+    setup,
+    util::run,
+};
+
+/// Benches run by `cargo xtask bench`: (package, binary). A bench not written yet is skipped.
+/// All binaries of a bench's package are built first: a bench may run its siblings
+/// (`bench-halt-slo` runs `bench-gate-send` and `bench-proxy-overhead`, which runs
+/// `scripted-upstream` and `bench-proxy`). The first one is the halt SLO bench, and the
+/// arguments after `cargo xtask bench --` go to it.
+const BENCHES: &[(&str, &str)] = &[
+    ("haltd-tests", "bench-halt-slo"),
+    ("haltd-tests", "bench-detectors"),
+];
+
+#[derive(Debug, Args)]
+pub(crate) struct Options {
+    /// Extra arguments for `bench-halt-slo` (after `--`), e.g. `--quick` or
+    /// `--streams 1,100`.
+    #[arg(last = true)]
+    args: Vec<OsString>,
+}
+
+pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
+    setup::setup(ctx)?;
+    let built = build::build(ctx, true, &["fault-injection".to_owned()])?;
+    let bins = ctx.workspace_bins();
+    let mut ran = 0;
+    let mut built_pkgs: Vec<&str> = Vec::new();
+    for &(pkg, bin) in BENCHES {
+        if !bins.iter().any(|(p, b)| p == pkg && b == bin) {
+            println!("[bench] {bin}: package {pkg} has no such binary yet, skipped");
+            continue;
+        }
+        if !built_pkgs.contains(&pkg) {
+            build_package_bins(ctx, pkg, &built)?;
+            built_pkgs.push(pkg);
+        }
+        let args: &[OsString] = if bin == BENCHES[0].1 { &opts.args } else { &[] };
+        run_bench(ctx, pkg, bin, args, &built)?;
+        ran += 1;
+    }
+    println!("bench: {ran} of {} benches ran", BENCHES.len());
+    Ok(())
+}
+
+/// `cargo run --bin` builds only that binary; the siblings it runs must be current.
+fn build_package_bins(ctx: &Ctx, pkg: &str, built: &Built) -> Result<()> {
+    let mut c = ctx.cargo_with_gate(&built.object);
+    c.args(["build", "--release", "-p", pkg, "--bins"]);
+    run(&mut c).with_context(|| format!("building the binaries of {pkg} failed"))
+}
+
+fn run_bench(ctx: &Ctx, pkg: &str, bin: &str, args: &[OsString], built: &Built) -> Result<()> {
+    println!("[bench] {bin}: cargo run --release -p {pkg} --bin {bin}");
+    let mut c = ctx.cargo_with_gate(&built.object);
+    c.args(["run", "--release", "-p", pkg, "--bin", bin]);
+    if !args.is_empty() {
+        c.arg("--").args(args);
+    }
+    c.env("HALTD_BIN", &built.haltd)
+        .env("HALTCTL_BIN", &built.haltctl);
+    run(&mut c).with_context(|| format!("bench {bin} failed"))
+}

@@ -1,0 +1,116 @@
+//! `cargo xtask build-ebpf` and `cargo xtask build`: the BPF gate, then haltd and haltctl with
+//! that object embedded (`HALTD_BPF_OBJECT`, so the daemon's build script does not build it a
+//! second time).
+
+use std::{fs, path::PathBuf, time::Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use haltd_ebpf_build::Gate;
+
+use crate::{
+    ctx::Ctx,
+    util::{run, secs},
+};
+
+#[derive(Debug, Args)]
+pub(crate) struct Options {
+    /// Release profile (target/release) instead of debug.
+    #[arg(long)]
+    release: bool,
+    /// haltd features; default `fault-injection` (the test and bench build). Repeatable or
+    /// comma-separated; pass `--features ''` for a production build.
+    #[arg(long, value_delimiter = ',', default_value = "fault-injection")]
+    features: Vec<String>,
+}
+
+/// Paths of a finished build.
+#[derive(Debug)]
+pub(crate) struct Built {
+    pub(crate) haltd: PathBuf,
+    pub(crate) haltctl: PathBuf,
+    pub(crate) object: PathBuf,
+}
+
+pub(crate) fn build_task(ctx: &Ctx, opts: &Options) -> Result<()> {
+    let built = build(ctx, opts.release, &opts.features)?;
+    println!("[build] haltd:   {}", built.haltd.display());
+    println!("[build] haltctl: {}", built.haltctl.display());
+    println!("[build] gate:    {}", built.object.display());
+    Ok(())
+}
+
+/// Builds the BPF gate; returns the object's absolute path.
+pub(crate) fn build_ebpf(ctx: &Ctx) -> Result<PathBuf> {
+    let dir = ctx.gate.dir();
+    if !dir.join("src/main.rs").is_file() {
+        bail!(
+            "the BPF crate is not there yet: {} has no src/main.rs",
+            dir.display()
+        );
+    }
+    haltd_ebpf_build::check_toolchain().map_err(|missing| {
+        anyhow!("cannot build the BPF gate: {missing}; run `cargo xtask setup`")
+    })?;
+    println!("[build-ebpf] {}", Gate::command_line());
+    let t = Instant::now();
+    run(&mut ctx.gate.command())
+        .context("building the BPF gate failed (has `cargo xtask setup` run?)")?;
+    let object = ctx.gate.object();
+    let size = fs::metadata(&object)
+        .with_context(|| {
+            format!(
+                "the BPF build succeeded but left no object at {}",
+                object.display()
+            )
+        })?
+        .len();
+    println!(
+        "[build-ebpf] {} ({size} bytes) in {}",
+        object.display(),
+        secs(t.elapsed())
+    );
+    Ok(object)
+}
+
+/// Builds the gate, then haltd and haltctl (`release` or debug, with `features`).
+pub(crate) fn build(ctx: &Ctx, release: bool, features: &[String]) -> Result<Built> {
+    let object = build_ebpf(ctx)?;
+    let features: Vec<&str> = features
+        .iter()
+        .map(|f| f.trim())
+        .filter(|f| !f.is_empty())
+        .collect();
+    let profile = if release { "release" } else { "debug" };
+    println!(
+        "[build] haltd ({profile}, features: {})",
+        if features.is_empty() {
+            "none".into()
+        } else {
+            features.join(",")
+        }
+    );
+    let t = Instant::now();
+    let mut c = ctx.cargo_with_gate(&object);
+    c.args(["build", "-p", "haltd", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    if !features.is_empty() {
+        c.arg("--features").arg(features.join(","));
+    }
+    run(&mut c).context("building haltd failed")?;
+    let dir = ctx.target_dir.join(profile);
+    let built = Built {
+        haltd: dir.join("haltd"),
+        haltctl: dir.join("haltctl"),
+        object,
+    };
+    for bin in [&built.haltd, &built.haltctl] {
+        if !bin.is_file() {
+            bail!("cargo built haltd but {} is missing", bin.display());
+        }
+    }
+    println!("[build] done in {}", secs(t.elapsed()));
+    Ok(built)
+}

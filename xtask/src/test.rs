@@ -1,0 +1,150 @@
+//! `cargo xtask test` (root): set-up, the build, then the unit and property tests and the
+//! root-only integration tests as steps. A red step does not stop the next, so one failure hides
+//! no other result; cargo's "test result:" lines go to stdout for CI to parse.
+
+use std::{
+    ffi::OsString,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use crate::{
+    build::{self, Built},
+    ctx::Ctx,
+    setup,
+    util::{is_root, run, secs},
+};
+
+/// The Python client the integration tests run, relative to the workspace root.
+const OPENAI_CLIENT_SCRIPT: &str = "tests/py/openai_client.py";
+
+#[derive(Debug, Args)]
+pub(crate) struct Options {
+    /// Run the integration tests against a release haltd instead of a debug one.
+    #[arg(long)]
+    release: bool,
+    /// Skip the unit and property tests.
+    #[arg(long)]
+    no_unit: bool,
+    /// Skip the root-only integration tests.
+    #[arg(long)]
+    no_integration: bool,
+    /// Arguments for the integration test binary (after `--`), e.g. a test name filter.
+    #[arg(last = true)]
+    args: Vec<OsString>,
+}
+
+/// A step that ran: its name, how long it took, how it ended.
+struct Step {
+    name: &'static str,
+    took: Duration,
+    result: Result<()>,
+}
+
+impl Step {
+    fn run(name: &'static str, f: impl FnOnce() -> Result<()>) -> Self {
+        let t = Instant::now();
+        let result = f();
+        Step {
+            name,
+            took: t.elapsed(),
+            result,
+        }
+    }
+}
+
+pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
+    if !is_root() {
+        bail!("`cargo xtask test` must run as root: the integration tests create network namespaces and load the BPF gate (try `sudo -E env PATH=$PATH cargo xtask test`)");
+    }
+    let t0 = Instant::now();
+    setup::setup(ctx)?;
+    let t_setup = t0.elapsed();
+    let t = Instant::now();
+    let built = build::build(ctx, opts.release, &["fault-injection".to_owned()])?;
+    let t_build = t.elapsed();
+    let mut steps = Vec::new();
+    if !opts.no_unit {
+        steps.push(Step::run("unit", || unit_tests(ctx, &built)));
+    }
+    if !opts.no_integration {
+        steps.push(Step::run("integration", || {
+            integration_tests(ctx, &built, &opts.args)
+        }));
+    }
+    summarize(&steps, t_setup, t_build, t0.elapsed())
+}
+
+fn unit_tests(ctx: &Ctx, built: &Built) -> Result<()> {
+    println!("[test] unit and property tests: cargo test --workspace --exclude haltd-tests --features haltd/fault-injection");
+    let mut c = ctx.cargo_with_gate(&built.object);
+    c.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "haltd-tests",
+        "--features",
+        "haltd/fault-injection",
+    ]);
+    run(&mut c)
+}
+
+fn integration_tests(ctx: &Ctx, built: &Built, args: &[OsString]) -> Result<()> {
+    println!("[test] integration tests (root, serial): cargo test --no-fail-fast -p haltd-tests -- --test-threads=1");
+    let mut c = ctx.cargo_with_gate(&built.object);
+    // Same haltd features as the unit tests, so the haltd library builds once.
+    // --nocapture: the scenario tests print their measured distributions.
+    // --no-fail-fast: one red test binary must not hide the others' results.
+    c.args([
+        "test",
+        "--no-fail-fast",
+        "-p",
+        "haltd-tests",
+        "--features",
+        "haltd/fault-injection",
+        "--",
+        "--test-threads=1",
+        "--nocapture",
+    ])
+    .args(args)
+    .env("HALTD_BIN", &built.haltd)
+    .env("HALTCTL_BIN", &built.haltctl)
+    // The official OpenAI SDK as a client: setup made the venv.
+    .env("HALTD_PYTHON", setup::venv_python(ctx))
+    .env("HALTD_OPENAI_CLIENT", ctx.root.join(OPENAI_CLIENT_SCRIPT));
+    run(&mut c)
+}
+
+/// Prints the summary line; fails if a step did.
+fn summarize(steps: &[Step], t_setup: Duration, t_build: Duration, total: Duration) -> Result<()> {
+    let parts: Vec<String> = steps
+        .iter()
+        .map(|s| {
+            let verdict = if s.result.is_ok() { "ok" } else { "FAILED" };
+            format!("{} {verdict} ({})", s.name, secs(s.took))
+        })
+        .collect();
+    let failed: Vec<String> = steps
+        .iter()
+        .filter(|s| s.result.is_err())
+        .map(|s| format!("{} tests", s.name))
+        .collect();
+    println!(
+        "xtask test: {} — setup {}, build {}, {}; total {}",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        secs(t_setup),
+        secs(t_build),
+        if parts.is_empty() {
+            "no tests run".to_owned()
+        } else {
+            parts.join(", ")
+        },
+        secs(total),
+    );
+    if !failed.is_empty() {
+        bail!("{} failed", failed.join(" and "));
+    }
+    Ok(())
+}
