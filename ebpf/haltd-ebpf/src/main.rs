@@ -38,8 +38,8 @@ use aya_ebpf::{
 };
 use haltd_common::{
     decide::{self, SegmentView, SendView},
-    trip_reason, verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState, DEFAULT_MAX_SOCKETS,
-    MAX_GOVERNED_PORTS, NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
+    trip_reason, verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState,
+    DEFAULT_MAX_SOCKETS, MAX_GOVERNED_PORTS, NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
 };
 
 /// Governed sockets by socket cookie. `halt_gate` is attached to this map.
@@ -109,8 +109,15 @@ fn storage<T>(map: &SkStorage<T>, sk: *mut bpf_sock, create: bool) -> *mut T {
     };
     // SAFETY: `map` is a map definition the loader relocates to the map fd; `sk` is a socket
     // pointer of the program's context, of a type the verifier accepts for this helper.
-    unsafe { bpf_sk_storage_get(ptr::from_ref(map).cast_mut().cast(), sk.cast(), ptr::null_mut(), flags) }
-        .cast::<T>()
+    unsafe {
+        bpf_sk_storage_get(
+            ptr::from_ref(map).cast_mut().cast(),
+            sk.cast(),
+            ptr::null_mut(),
+            flags,
+        )
+    }
+    .cast::<T>()
 }
 
 #[inline(always)]
@@ -388,7 +395,11 @@ pub fn halt_adopt(ctx: SockOpsContext) -> u32 {
     // SAFETY: `ctx.ops` is this run's context, the argument the helper expects.
     let mut cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
     // SAFETY: `ctx.ops` is this run's context.
-    match GOVERNED.update(&mut cookie, unsafe { &mut *ctx.ops }, u64::from(BPF_NOEXIST)) {
+    match GOVERNED.update(
+        &mut cookie,
+        unsafe { &mut *ctx.ops },
+        u64::from(BPF_NOEXIST),
+    ) {
         Ok(()) => {
             // SAFETY: non-null storage of this socket, created above; nothing else writes it
             // before the daemon accepts the connection.
