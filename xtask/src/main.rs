@@ -11,6 +11,7 @@
 mod bench;
 mod build;
 mod ctx;
+mod lint;
 mod load;
 mod run;
 mod setup;
@@ -45,8 +46,10 @@ enum Task {
     Build(build::Options),
     /// Build a release haltd and run it on localhost with the built-in token source.
     Run(run::Options),
-    /// Unit and property tests, then the root-only integration tests (serially).
+    /// `lint`, the unit and property tests, then the root-only integration tests (serially).
     Test(test::Options),
+    /// Check formatting and run clippy with warnings denied, with and without fault injection.
+    Lint(lint::Options),
     /// Build a release haltd with fault injection and run the benches: the halt SLO bench
     /// (with the gate cost per send and the streaming overhead), then the detector cost.
     Bench(bench::Options),
@@ -62,6 +65,7 @@ fn main() {
         Task::Build(opts) => build::build_task(&ctx, &opts),
         Task::Run(opts) => run::run(&ctx, opts),
         Task::Test(opts) => test::test(&ctx, &opts),
+        Task::Lint(opts) => lint::lint_task(&ctx, &opts),
         Task::Bench(opts) => bench::bench(&ctx, &opts),
         Task::Load => load::load(&ctx),
     });

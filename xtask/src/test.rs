@@ -1,6 +1,6 @@
-//! `cargo xtask test` (root): set-up, the build, then the unit and property tests and the
-//! root-only integration tests as steps. A red step does not stop the next, so one failure hides
-//! no other result; cargo's "test result:" lines go to stdout for CI to parse.
+//! `cargo xtask test` (root): set-up, the build, then the lint, the unit and property tests and
+//! the root-only integration tests as steps. A red step does not stop the next, so one failure
+//! hides no other result; cargo's "test result:" lines go to stdout for CI to parse.
 
 use std::{
     ffi::OsString,
@@ -13,7 +13,7 @@ use clap::Args;
 use crate::{
     build::{self, Built},
     ctx::Ctx,
-    setup,
+    lint, setup,
     util::{is_root, run, secs},
 };
 
@@ -25,6 +25,9 @@ pub(crate) struct Options {
     /// Run the integration tests against a release haltd instead of a debug one.
     #[arg(long)]
     release: bool,
+    /// Skip the lint (`cargo xtask lint`: rustfmt and clippy).
+    #[arg(long)]
+    no_lint: bool,
     /// Skip the unit and property tests.
     #[arg(long)]
     no_unit: bool,
@@ -66,6 +69,9 @@ pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
     let built = build::build(ctx, opts.release, &["fault-injection".to_owned()])?;
     let t_build = t.elapsed();
     let mut steps = Vec::new();
+    if !opts.no_lint {
+        steps.push(Step::run("lint", || lint::lint(ctx, &built.object, false)));
+    }
     if !opts.no_unit {
         steps.push(Step::run("unit", || unit_tests(ctx, &built)));
     }
@@ -129,7 +135,10 @@ fn summarize(steps: &[Step], t_setup: Duration, t_build: Duration, total: Durati
     let failed: Vec<String> = steps
         .iter()
         .filter(|s| s.result.is_err())
-        .map(|s| format!("{} tests", s.name))
+        .map(|s| match s.name {
+            "lint" => "the lint".to_owned(),
+            name => format!("{name} tests"),
+        })
         .collect();
     println!(
         "xtask test: {} — setup {}, build {}, {}; total {}",
