@@ -3,12 +3,17 @@
 //!
 //! ```text
 //! scripted-upstream --listen ADDR:PORT (default --log FILE) (default --framing chunked|close) (default --ready-file FILE)
+//!     [--keep-alive]
 //! ```
 //!
 //! Once bound it prints `listening on ADDR:PORT` (the real port when asked for port 0) and, with
 //! `--ready-file`, writes that address (no newline) to the file, atomically. It runs until
 //! killed. HTTP/1.1 is hand-written over tokio sockets so that every byte on the wire is under
 //! the script's control: one request per connection, every response says `connection: close`.
+//! With `--keep-alive` (for a reverse proxy's connection pool in the benches), a streamed
+//! response with chunked framing to a request that did not say `connection: close` says
+//! `connection: keep-alive` instead, and once it has ended normally the connection waits for
+//! the next request; every other response still closes its connection.
 //!
 //! Routes: `GET /v1/models`; `POST /v1/chat/completions` and `POST /v1/completions`, streamed
 //! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
@@ -120,6 +125,10 @@ struct Args {
     /// Write the bound address to this file once listening.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Keep the connection open after a streamed, chunked response that ended normally, unless
+    /// the request said `connection: close` (see the crate docs).
+    #[arg(long)]
+    keep_alive: bool,
 }
 
 fn main() -> Result<()> {
@@ -171,6 +180,7 @@ fn monotonic_ns() -> u64 {
 #[derive(Debug)]
 struct Server {
     framing: Framing,
+    keep_alive: bool,
     log: Option<Mutex<File>>,
     seq: AtomicU64,
 }
@@ -209,6 +219,7 @@ async fn serve(args: Args) -> Result<()> {
     }
     let server = Arc::new(Server {
         framing: args.framing,
+        keep_alive: args.keep_alive,
         log,
         seq: AtomicU64::new(0),
     });
@@ -273,10 +284,19 @@ impl Request {
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
-/// Reads one request; `None` if the peer closed before sending a byte.
-async fn read_request(s: &mut TcpStream) -> Result<Option<Request>> {
-    let mut buf = Vec::with_capacity(8192);
+/// Reads one request; `None` if the peer closed before sending a byte. `carry` holds bytes
+/// already read from the connection (the start of this request, on a kept-alive connection);
+/// it is left holding whatever followed a request with a `content-length` body (the next one,
+/// pipelined), and empty otherwise.
+async fn read_request(s: &mut TcpStream, carry: &mut Vec<u8>) -> Result<Option<Request>> {
+    let mut buf = std::mem::take(carry);
     let (mut req, head_len) = loop {
+        if !buf.is_empty() {
+            if let Some(parsed) = parse_head(&buf)? {
+                break parsed;
+            }
+            ensure!(buf.len() < MAX_HEAD, "request head over {MAX_HEAD} bytes");
+        }
         buf.reserve(8192);
         let n = s.read_buf(&mut buf).await.context("reading the request")?;
         if n == 0 {
@@ -284,31 +304,6 @@ async fn read_request(s: &mut TcpStream) -> Result<Option<Request>> {
                 return Ok(None);
             }
             bail!("connection closed inside the request head");
-        }
-        let mut hs = [httparse::EMPTY_HEADER; 64];
-        let mut r = httparse::Request::new(&mut hs);
-        match r.parse(&buf).context("parsing the request head")? {
-            httparse::Status::Complete(len) => {
-                let req = Request {
-                    method: r.method.unwrap_or_default().to_owned(),
-                    path: r.path.unwrap_or_default().to_owned(),
-                    headers: r
-                        .headers
-                        .iter()
-                        .map(|h| {
-                            (
-                                h.name.to_ascii_lowercase(),
-                                String::from_utf8_lossy(h.value).into_owned(),
-                            )
-                        })
-                        .collect(),
-                    body: Vec::new(),
-                };
-                break (req, len);
-            }
-            httparse::Status::Partial => {
-                ensure!(buf.len() < MAX_HEAD, "request head over {MAX_HEAD} bytes");
-            }
         }
     };
     let chunked = req
@@ -340,6 +335,7 @@ async fn read_request(s: &mut TcpStream) -> Result<Option<Request>> {
             }
         } else if have.len() >= length {
             req.body = have[..length].to_vec();
+            carry.extend_from_slice(&have[length..]);
             break;
         }
         ensure!(have.len() <= MAX_BODY + 4096, "request body too large");
@@ -348,6 +344,33 @@ async fn read_request(s: &mut TcpStream) -> Result<Option<Request>> {
         ensure!(n > 0, "connection closed inside the request body");
     }
     Ok(Some(req))
+}
+
+/// A complete request head and its length, or `None` if more bytes are needed.
+fn parse_head(buf: &[u8]) -> Result<Option<(Request, usize)>> {
+    let mut hs = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Request::new(&mut hs);
+    match r.parse(buf).context("parsing the request head")? {
+        httparse::Status::Complete(len) => {
+            let req = Request {
+                method: r.method.unwrap_or_default().to_owned(),
+                path: r.path.unwrap_or_default().to_owned(),
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).into_owned(),
+                        )
+                    })
+                    .collect(),
+                body: Vec::new(),
+            };
+            Ok(Some((req, len)))
+        }
+        httparse::Status::Partial => Ok(None),
+    }
 }
 
 /// A complete chunked body, or `None` if more bytes are needed. Trailers are skipped.
@@ -433,20 +456,35 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
+async fn handle_conn(server: Arc<Server>, stream: TcpStream) {
     // One SSE event per write: without NODELAY, Nagle holds each small frame until the previous
     // one is acknowledged, a delay the bench would wrongly charge to the proxy.
     if let Err(e) = stream.set_nodelay(true) {
         eprintln!("scripted-upstream: TCP_NODELAY: {e}");
     }
-    let req = match read_request(&mut stream).await {
+    // Bytes read past the end of a request, the start of the next one (`--keep-alive`).
+    let mut carry = Vec::new();
+    let mut next = Some(stream);
+    while let Some(stream) = next {
+        next = handle_request(&server, stream, &mut carry).await;
+    }
+}
+
+/// Serves one request; returns the connection when it stays open for the next one
+/// (`--keep-alive`), else closes it (drops it) before the request's log line is written.
+async fn handle_request(
+    server: &Server,
+    mut stream: TcpStream,
+    carry: &mut Vec<u8>,
+) -> Option<TcpStream> {
+    let req = match read_request(&mut stream, carry).await {
         Ok(Some(r)) => r,
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => {
             let body = error_json(400, &format!("{e:#}"));
             // The peer may be gone already; there is nobody else to tell.
             let _ = write_simple(&mut stream, 400, &body, &[]).await;
-            return;
+            return None;
         }
     };
     let t0 = Instant::now();
@@ -484,15 +522,15 @@ async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
             } else {
                 Outcome::Cancelled
             };
-            finish_log(&server, entry, 0, outcome, t0, None);
-            return;
+            finish_log(server, entry, 0, outcome, t0, None);
+            return None;
         }
         _ => {
             let msg = format!("no route for {} {}", req.method, req.path);
             let _ = write_simple(&mut stream, 404, &error_json(404, &msg), &[]).await;
             let _ = stream.shutdown().await;
-            finish_log(&server, entry, 0, Outcome::Status, t0, None);
-            return;
+            finish_log(server, entry, 0, Outcome::Status, t0, None);
+            return None;
         }
     };
     let plan = match Plan::new(endpoint, body.as_ref(), seq, server.framing) {
@@ -502,8 +540,8 @@ async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
             let _ = write_simple(&mut stream, 400, &error_json(400, &msg), &[]).await;
             let _ = stream.shutdown().await;
             entry["error"] = Value::String(msg);
-            finish_log(&server, entry, 0, Outcome::Status, t0, None);
-            return;
+            finish_log(server, entry, 0, Outcome::Status, t0, None);
+            return None;
         }
     };
     entry["script"] = Value::String(plan.script.name.clone());
@@ -511,21 +549,40 @@ async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
     started["event"] = Value::String("started".into());
     server.log(&started);
 
+    let keep_alive = server.keep_alive
+        && plan.stream
+        && plan.framing == Framing::Chunked
+        && !req
+            .header("connection")
+            .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
     let prog = Progress::default();
+    let mut kept = false;
     let (outcome, cancelled_after) = {
         let (mut rd, wr) = stream.split();
         let mut out = Out {
             w: wr,
             framing: plan.framing,
+            keep_alive,
             frame: Vec::with_capacity(4096),
+        };
+        // What the peer sends meanwhile is kept only where it may be the next request.
+        let mut ignored = Vec::new();
+        let sent = if keep_alive {
+            &mut *carry
+        } else {
+            &mut ignored
         };
         // `biased`: a script that has just finished wins over a peer that hung up right after.
         let ended = tokio::select! {
             biased;
             r = run(&plan, &mut out, &prog) => r.ok(),
-            () = peer_gone(&mut rd) => None,
+            () = peer_gone(&mut rd, sent) => None,
         };
         match ended {
+            Some(Outcome::Completed) if keep_alive => {
+                kept = true;
+                (Outcome::Completed, None)
+            }
             Some(o) => {
                 if matches!(o, Outcome::Completed | Outcome::Status | Outcome::Stalled) {
                     // A clean FIN after the body; with `close` framing this ends the body.
@@ -550,9 +607,14 @@ async fn handle_conn(server: Arc<Server>, mut stream: TcpStream) {
             eprintln!("scripted-upstream: SO_LINGER: {e}");
         }
     }
-    drop(stream);
     let tokens = prog.tokens.load(Ordering::Relaxed);
-    finish_log(&server, entry, tokens, outcome, t0, cancelled_after);
+    if kept {
+        finish_log(server, entry, tokens, outcome, t0, cancelled_after);
+        return Some(stream);
+    }
+    drop(stream);
+    finish_log(server, entry, tokens, outcome, t0, cancelled_after);
+    None
 }
 
 fn finish_log(
@@ -570,14 +632,18 @@ fn finish_log(
     server.log(&entry);
 }
 
-/// Resolves when the peer has closed its side (or the socket failed).
-async fn peer_gone(r: &mut ReadHalf<'_>) {
+/// Resolves when the peer has closed its side (or the socket failed). What the peer sends
+/// meanwhile goes to `sent` (up to [`MAX_HEAD`] bytes, the rest is dropped): the caller keeps
+/// it as the start of the next request on a kept-alive connection, or ignores it.
+async fn peer_gone(r: &mut ReadHalf<'_>, sent: &mut Vec<u8>) {
     let mut buf = [0u8; 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            // Anything a client sends after its request (pipelining) is ignored.
-            Ok(_) => {}
+            Ok(n) => {
+                let room = MAX_HEAD.saturating_sub(sent.len());
+                sent.extend_from_slice(&buf[..n.min(room)]);
+            }
         }
     }
 }
@@ -646,6 +712,8 @@ async fn write_simple(
 struct Out<'a> {
     w: WriteHalf<'a>,
     framing: Framing,
+    /// The head says `connection: keep-alive` instead of `close` (`--keep-alive`).
+    keep_alive: bool,
     frame: Vec<u8>,
 }
 
@@ -655,9 +723,14 @@ impl Out<'_> {
             Framing::Chunked => "transfer-encoding: chunked\r\n",
             Framing::Close => "",
         };
+        let connection = if self.keep_alive {
+            "keep-alive"
+        } else {
+            "close"
+        };
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-             connection: close\r\nserver: scripted-upstream\r\n{te}\r\n"
+             connection: {connection}\r\nserver: scripted-upstream\r\n{te}\r\n"
         );
         self.w.write_all(head.as_bytes()).await
     }
