@@ -14,9 +14,16 @@
 //! namespaces of one machine, which share the clock). With `--duration-s`, each of the N
 //! streams is restarted when it ends until that time has passed; otherwise each runs once.
 //!
+//! Each request also gives two start-up times, both from just before the request is written
+//! (after the connect) to: the first byte of the response read (`ttfb`, time to first byte),
+//! and the first token event read (`ttft`, time to first token, which includes the upstream's
+//! pause before its first token).
+//!
 //! Prints one human line and, with `--json`, then one JSON object:
-//! `{"streams","requests","tokens","errors","p50_us","p90_us","p99_us","max_us","mean_us","wall_s"}`
-//! (latencies in microseconds, one decimal; null when no token arrived). A stream that fails
+//! `{"streams","requests","tokens","errors","p50_us","p90_us","p99_us","max_us","mean_us","wall_s",
+//! "ttfb_n","ttfb_p50_us","ttfb_p99_us","ttfb_max_us","ttft_n","ttft_p50_us","ttft_p99_us","ttft_max_us"}`
+//! (latencies in microseconds, one decimal; null when no token arrived; `ttfb_n` and `ttft_n`
+//! count the requests that got a first byte and a first token). A stream that fails
 //! (connect or read error, non-200, an `error` event, no `[DONE]`, fewer or more than T tokens)
 //! counts as an error, and the first few are described on stderr; the run goes on.
 //!
@@ -127,29 +134,28 @@ fn main() -> Result<()> {
     let wall = start.elapsed();
 
     let mut lat: Vec<u64> = Vec::with_capacity(results.iter().map(|r| r.lat.len()).sum());
+    let (mut ttfb, mut ttft) = (Vec::new(), Vec::new());
     let (mut errors, mut requests) = (0, 0);
     for r in results {
         lat.extend_from_slice(&r.lat);
+        ttfb.extend_from_slice(&r.ttfb);
+        ttft.extend_from_slice(&r.ttft);
         errors += r.errors;
         requests += r.requests;
     }
     lat.sort_unstable();
-    let us = |ns: u64| (ns as f64 / 100.0).round() / 10.0;
-    let pct = |q: f64| -> Option<f64> {
-        // Nearest rank: the smallest value with at least q of the samples at or below it.
-        let rank = ((q * lat.len() as f64).ceil() as usize).max(1);
-        lat.get(rank.min(lat.len()).saturating_sub(1))
-            .map(|&v| us(v))
-    };
+    ttfb.sort_unstable();
+    ttft.sort_unstable();
     let mean = (!lat.is_empty()).then(|| {
         (lat.iter().map(|&v| v as f64).sum::<f64>() / lat.len() as f64 / 100.0).round() / 10.0
     });
-    let (p50, p90, p99) = (pct(0.50), pct(0.90), pct(0.99));
+    let (p50, p90, p99) = (pct(&lat, 0.50), pct(&lat, 0.90), pct(&lat, 0.99));
     let max = lat.last().map(|&v| us(v));
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     println!(
         "bench-proxy: {} streams, {requests} requests, {} tokens, {errors} errors; latency us: \
-         p50 {} p90 {} p99 {} max {} mean {}; {:.2} s",
+         p50 {} p90 {} p99 {} max {} mean {}; first byte us: p50 {} p99 {}; first token us: \
+         p50 {} p99 {}; {:.2} s",
         args.streams,
         lat.len(),
         show(p50),
@@ -157,6 +163,10 @@ fn main() -> Result<()> {
         show(p99),
         show(max),
         show(mean),
+        show(pct(&ttfb, 0.50)),
+        show(pct(&ttfb, 0.99)),
+        show(pct(&ttft, 0.50)),
+        show(pct(&ttft, 0.99)),
         wall.as_secs_f64()
     );
     if args.json {
@@ -171,10 +181,32 @@ fn main() -> Result<()> {
             "max_us": max,
             "mean_us": mean,
             "wall_s": (wall.as_secs_f64() * 1000.0).round() / 1000.0,
+            "ttfb_n": ttfb.len(),
+            "ttfb_p50_us": pct(&ttfb, 0.50),
+            "ttfb_p99_us": pct(&ttfb, 0.99),
+            "ttfb_max_us": ttfb.last().map(|&v| us(v)),
+            "ttft_n": ttft.len(),
+            "ttft_p50_us": pct(&ttft, 0.50),
+            "ttft_p99_us": pct(&ttft, 0.99),
+            "ttft_max_us": ttft.last().map(|&v| us(v)),
         });
         println!("{v}");
     }
     Ok(())
+}
+
+/// Nanoseconds to microseconds, one decimal.
+fn us(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
+/// Nearest-rank percentile of sorted nanoseconds, in µs: the smallest value with at least `q`
+/// of the samples at or below it; `None` without samples.
+fn pct(sorted: &[u64], q: f64) -> Option<f64> {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).max(1);
+    sorted
+        .get(rank.min(sorted.len()).saturating_sub(1))
+        .map(|&v| us(v))
 }
 
 fn raise_nofile_limit() {
@@ -259,7 +291,12 @@ fn build_request(args: &Args, host: &str) -> Vec<u8> {
 
 #[derive(Debug, Default)]
 struct WorkerResult {
+    /// Per-token latencies, ns.
     lat: Vec<u64>,
+    /// Per request: request written → first response byte, ns.
+    ttfb: Vec<u64>,
+    /// Per request: request written → first token event, ns.
+    ttft: Vec<u64>,
     requests: usize,
     errors: usize,
 }
@@ -284,6 +321,15 @@ async fn worker(
             tokio::time::timeout(timeout, conn.stream(addr, &request, tokens, &mut res.lat))
                 .await
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("no end within {timeout:?}")));
+        // Also for a stream that failed later: its start was measured all the same.
+        if let Some(sent) = conn.sent {
+            if let Some(b) = conn.first_byte {
+                res.ttfb.push(b.saturating_sub(sent));
+            }
+            if let Some(t) = conn.seen.first_token {
+                res.ttft.push(t.saturating_sub(sent));
+            }
+        }
         if let Err(e) = outcome {
             res.errors += 1;
             if shown.fetch_add(1, Ordering::Relaxed) < SHOWN_ERRORS {
@@ -297,12 +343,17 @@ async fn worker(
     }
 }
 
-/// Buffers reused from stream to stream of one worker.
+/// Buffers reused from stream to stream of one worker, and what the current stream saw.
 #[derive(Debug, Default)]
 struct Conn {
     head: Vec<u8>,
     read: Vec<u8>,
     sse: Sse,
+    seen: Seen,
+    /// CLOCK_MONOTONIC ns just before the request was written, and when the first byte of
+    /// the response was read.
+    sent: Option<u64>,
+    first_byte: Option<u64>,
 }
 
 /// What a stream's events said.
@@ -311,6 +362,8 @@ struct Seen {
     tokens: usize,
     done: bool,
     error: Option<String>,
+    /// CLOCK_MONOTONIC ns when the first token event was read.
+    first_token: Option<u64>,
 }
 
 impl Conn {
@@ -321,11 +374,15 @@ impl Conn {
         tokens: usize,
         lat: &mut Vec<u64>,
     ) -> Result<()> {
+        self.seen = Seen::default();
+        self.sent = None;
+        self.first_byte = None;
         let mut s = TcpStream::connect(addr)
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         // Small requests and no pipelining, but keep the kernel from holding anything back.
         s.set_nodelay(true).context("TCP_NODELAY")?;
+        self.sent = Some(monotonic_ns());
         s.write_all(request).await.context("sending the request")?;
 
         self.head.clear();
@@ -335,6 +392,9 @@ impl Conn {
                 .read_buf(&mut self.head)
                 .await
                 .context("reading the head")?;
+            if n > 0 && self.first_byte.is_none() {
+                self.first_byte = Some(monotonic_ns());
+            }
             ensure!(n > 0, "connection closed before the response head");
             let mut hs = [httparse::EMPTY_HEADER; 32];
             let mut r = httparse::Response::new(&mut hs);
@@ -374,8 +434,7 @@ impl Conn {
         }
 
         self.sse.reset();
-        let mut seen = Seen::default();
-        let mut on_event = |data: &[u8]| handle_event(data, &mut seen, lat);
+        let mut on_event = |data: &[u8]| handle_event(data, &mut self.seen, lat);
         let mut ended = {
             let sse = &mut self.sse;
             body.feed(&self.head[head_len..], &mut |p| sse.feed(p, &mut on_event))?
@@ -389,7 +448,7 @@ impl Conn {
                 ensure!(
                     matches!(body, Body::Close),
                     "connection closed inside the body (after {} tokens)",
-                    seen.tokens
+                    self.seen.tokens
                 );
                 self.sse.finish(&mut on_event);
                 break;
@@ -397,7 +456,8 @@ impl Conn {
             let sse = &mut self.sse;
             ended = body.feed(&self.read[..n], &mut |p| sse.feed(p, &mut on_event))?;
         }
-        if let Some(e) = seen.error {
+        let seen = &self.seen;
+        if let Some(e) = &seen.error {
             bail!("error event after {} tokens: {e}", seen.tokens);
         }
         ensure!(seen.done, "no [DONE] (after {} tokens)", seen.tokens);
@@ -436,6 +496,7 @@ fn handle_event(data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
             acc.wrapping_mul(10).wrapping_add(u64::from(b - b'0'))
         });
         lat.push(now.saturating_sub(ns));
+        seen.first_token.get_or_insert(now);
         seen.tokens += 1;
         rest = &tail[digits..];
     }
