@@ -1,43 +1,54 @@
 //! `bench-proxy-overhead`: what haltd adds per token when it proxies an OpenAI-compatible
 //! upstream, in latency and in CPU time, measured in one run against the same upstream reached
 //! directly (issue 3, point 7; target: under 50 µs added at p99 at 1, 100 and 1000 concurrent
-//! streams).
+//! streams) and through nginx, a plain relay that nobody here wrote (issue 11: haltd's CPU per
+//! token at most 1.5 × nginx's, at most 0.2 ms added to the time to first byte at p50).
 //!
 //! ```text
 //! HALTD_BIN=target/release/haltd bench-proxy-overhead [--streams 1,100,1000] [--rounds 3]
 //!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
+//!     [--nginx /usr/sbin/nginx | --no-nginx]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
 //! `cargo xtask bench` builds one with the gate embedded and runs this with it. The sibling
 //! binaries `scripted-upstream` and `bench-proxy` are taken from this executable's directory.
+//! nginx comes from the Debian package `nginx`; without it the nginx route is skipped, and
+//! the report says so.
 //!
-//! It starts one `scripted-upstream` and one `haltd serve --source openai` in front of it, on
-//! 127.0.0.1, and keeps both for the whole run. Then, for each stream count N and each of R
-//! rounds, it runs `bench-proxy` (N concurrent streams of the upstream's `bench` script, whose
-//! tokens carry the CLOCK_MONOTONIC time they were written) once against the upstream and once
-//! through haltd, alternating which goes first from round to round. Token latency is the time
-//! from the upstream's write to the client's read, so `added = via - direct` is what the extra
-//! hop costs: haltd's parse, govern, re-encode and send, plus one more loopback TCP hop and the
-//! scheduling around it (all processes share the machine's CPUs).
+//! It starts one `scripted-upstream` (with `--keep-alive`, so that nginx can pool its upstream
+//! connections), one `haltd serve --source openai` in front of it and one nginx reverse proxy
+//! in front of it (`proxy_buffering off`, an upstream `keepalive` pool, as many worker
+//! processes as haltd has workers), all on 127.0.0.1, and keeps them for the whole run. Then,
+//! for each stream count N and each of R rounds, it runs `bench-proxy` (N concurrent streams
+//! of the upstream's `bench` script, whose tokens carry the CLOCK_MONOTONIC time they were
+//! written) once per route: against the upstream (`direct`), through haltd (`via`) and through
+//! nginx (`nginx`), rotating the order of the routes from round to round. Token latency is the
+//! time from the upstream's write to the client's read, so `added = via - direct` is what the
+//! extra hop costs: haltd's parse, govern, re-encode and send, plus one more loopback TCP hop
+//! and the scheduling around it (all processes share the machine's CPUs). The client also
+//! reports each request's time to first byte (request written → first response byte), so the
+//! time haltd and nginx add before a response begins is `route - direct` too.
 //!
-//! CPU time per token is haltd's CPU time (user + system, all threads; read from the kernel's
-//! per-process CPU clock, `clock_getcpuclockid`, with nanosecond resolution, as `/proc/PID/stat`
-//! ticks are too coarse for a 200-token run) over the run divided by the tokens the client
-//! received. haltd also burns CPU with no stream open (the watchdog's heartbeat, timers): the
-//! `net` figure subtracts haltd's CPU rate during the same round's direct run (haltd idle
-//! while the same load runs beside it; quieter still, its rate before the first run is
-//! reported as `idle`). The upstream's and the client's CPU per token are shown for scale,
-//! and so is how busy the machine's CPUs were (haltd + upstream + client CPU over wall time
-//! and CPUs): near 100 % a run measures queueing on a saturated machine, not the proxy. The
-//! kernel's accept-queue overflow and SYN retransmit counters are read around each run: a
-//! stream whose connect was dropped starts a second or more late.
+//! CPU time per token is a proxy's CPU time (user + system, all threads; for nginx the sum
+//! over its master and worker processes; read from the kernel's per-process CPU clock,
+//! `clock_getcpuclockid`, with nanosecond resolution, as `/proc/PID/stat` ticks are too coarse
+//! for a 200-token run) over the run divided by the tokens the client received. haltd also
+//! burns CPU with no stream open (the watchdog's heartbeat, timers): the `net` figure
+//! subtracts the proxy's CPU rate during the same round's direct run (the proxy idle while the
+//! same load runs beside it; quieter still, its rate before the first run is reported as
+//! `idle`); nginx's is netted the same way. The upstream's and the client's CPU per token are
+//! shown for scale, and so is how busy the machine's CPUs were (haltd + nginx + upstream +
+//! client CPU over wall time and CPUs): near 100 % a run measures queueing on a saturated
+//! machine, not the proxy. The kernel's accept-queue overflow and SYN retransmit counters are
+//! read around each run: a stream whose connect was dropped starts a second or more late.
 //!
-//! Per N, the report takes the median over the rounds of each figure and prints a table with
-//! PASS or MISS against the target, and writes the same as JSON to
+//! Per N, the report takes the median over the rounds of each figure and prints tables with
+//! PASS or MISS against the targets, and writes the same as JSON to
 //! `target/bench/proxy-overhead.json` (`--out` to change; schema in `docs/bench.md`). A
-//! benchmark reports: missing the target does not fail the run, but any stream error, a run
-//! with no tokens, or haltd exiting does (after the report is written, where possible).
+//! benchmark reports: missing a target does not fail the run, but any stream error, a run
+//! with no tokens, or haltd, nginx or the upstream exiting does (after the report is written,
+//! where possible).
 
 use std::{
     fs,
@@ -56,6 +67,10 @@ use serde_json::{json, Value};
 
 /// The target of issue 3, point 7: p99 latency haltd adds per token, in microseconds.
 const TARGET_ADDED_P99_US: f64 = 50.0;
+/// Issue 11: haltd's net CPU per proxied token over nginx's, at most.
+const TARGET_CPU_RATIO: f64 = 1.5;
+/// Issue 11: time to first byte haltd adds at p50, in microseconds, at most.
+const TARGET_ADDED_TTFB_P50_US: f64 = 200.0;
 /// Idle time before the first run over which haltd's idle CPU rate is measured.
 const IDLE_WINDOW: Duration = Duration::from_secs(1);
 /// Pause after each client run before the CPU clocks are read again, so that work haltd does
@@ -93,6 +108,13 @@ struct Args {
     /// was built into, i.e. `target/bench/proxy-overhead.json`).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The nginx binary of the third route (Debian package `nginx`); the route is skipped,
+    /// with a note, when it is not there.
+    #[arg(long, default_value = "/usr/sbin/nginx")]
+    nginx: PathBuf,
+    /// Leave out the nginx route.
+    #[arg(long)]
+    no_nginx: bool,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -118,12 +140,22 @@ struct ClientReport {
     max_us: Option<f64>,
     mean_us: Option<f64>,
     wall_s: f64,
+    /// Time to first byte and to first token, per request.
+    #[serde(default)]
+    ttfb_p50_us: Option<f64>,
+    #[serde(default)]
+    ttfb_p99_us: Option<f64>,
+    #[serde(default)]
+    ttft_p50_us: Option<f64>,
+    #[serde(default)]
+    ttft_p99_us: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Direct,
     Via,
+    Nginx,
 }
 
 impl Route {
@@ -131,8 +163,16 @@ impl Route {
         match self {
             Self::Direct => "direct",
             Self::Via => "via",
+            Self::Nginx => "nginx",
         }
     }
+}
+
+/// A process whose CPU time a run accounts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Haltd,
+    Nginx,
 }
 
 /// One client run and the CPU the servers spent during it.
@@ -146,14 +186,16 @@ struct Run {
     /// Wall time between the two CPU readings.
     window_s: f64,
     haltd_cpu_us: f64,
+    /// nginx's master and workers together; 0 without nginx.
+    nginx_cpu_us: f64,
     upstream_cpu_us: f64,
     /// The client's (`bench-proxy`'s) CPU time.
     client_cpu_us: f64,
-    /// haltd + upstream + client CPU over the window, in percent of all the machine's CPUs:
-    /// near 100 the run measures a saturated machine.
+    /// haltd + nginx + upstream + client CPU over the window, in percent of all the machine's
+    /// CPUs: near 100 the run measures a saturated machine.
     busy_pct: f64,
     /// CPU time of everything else on the machine over the window (all CPUs' non-idle time
-    /// from `/proc/stat` less the three processes), in percent of all CPUs: other work that
+    /// from `/proc/stat` less the bench's processes), in percent of all CPUs: other work that
     /// competed with the run, e.g. a compile; above a few percent the run is disturbed.
     others_pct: f64,
     /// TcpExt counters over the run (this network namespace): accept-queue overflows and SYN
@@ -229,7 +271,36 @@ fn main() -> Result<()> {
 
     let dir = TempDir::new()?;
     let mut upstream = start_upstream(&upstream_bin, &dir.0)?;
-    let mut haltd = start_haltd(&haltd_bin, &dir.0, upstream.addr.as_str(), &args)?;
+    let mut haltd = start_haltd(
+        &haltd_bin,
+        &dir.0,
+        "haltd",
+        upstream.addr.as_str(),
+        &args,
+        &[],
+    )?;
+    // haltd's own default (`haltd serve --workers`): the CPUs, at most 8.
+    let workers = args.workers.unwrap_or_else(|| machine.nproc.clamp(1, 8));
+    let (mut nginx, nginx_skipped) = if args.no_nginx {
+        (None, Some("--no-nginx".to_owned()))
+    } else if !args.nginx.is_file() {
+        (
+            None,
+            Some(format!(
+                "{} not found (install the Debian package nginx)",
+                args.nginx.display()
+            )),
+        )
+    } else {
+        let n = start_nginx(
+            &args.nginx,
+            &dir.0,
+            upstream.addr.as_str(),
+            workers,
+            args.max_streams,
+        )?;
+        (Some(n), None)
+    };
     let direct_url = format!("http://{}", upstream.addr);
     let via_url = format!("http://{}", haltd.listen);
     eprintln!(
@@ -239,53 +310,73 @@ fn main() -> Result<()> {
         haltd.listen,
         haltd.proc.pid()
     );
+    match (&nginx, &nginx_skipped) {
+        (Some(x), _) => eprintln!(
+            "bench-proxy-overhead: {} at {} (master {}, workers {:?})",
+            x.version,
+            x.url,
+            x.proc.pid(),
+            x.workers
+        ),
+        (None, Some(why)) => eprintln!("bench-proxy-overhead: nginx route skipped: {why}"),
+        (None, None) => {}
+    }
 
-    // haltd's CPU rate with no stream open and nothing else running (heartbeats, timers), for
-    // context: the net CPU figures use its rate during the direct runs instead.
+    // The proxies' CPU rates with no stream open and nothing else running (heartbeats,
+    // timers), for context: the net CPU figures use their rates during the direct runs.
     let idle = {
-        let (h0, u0, t0) = (
+        let (h0, g0, u0, t0) = (
             cpu_clock.read_us(haltd.proc.pid())?,
+            nginx_cpu_us(nginx.as_ref(), cpu_clock)?,
             cpu_clock.read_us(upstream.proc.pid())?,
             Instant::now(),
         );
         thread::sleep(IDLE_WINDOW);
         let s = t0.elapsed().as_secs_f64();
-        (
-            (cpu_clock.read_us(haltd.proc.pid())? - h0) / s,
-            (cpu_clock.read_us(upstream.proc.pid())? - u0) / s,
-        )
+        Idle {
+            haltd: (cpu_clock.read_us(haltd.proc.pid())? - h0) / s,
+            nginx: (nginx_cpu_us(nginx.as_ref(), cpu_clock)? - g0) / s,
+            upstream: (cpu_clock.read_us(upstream.proc.pid())? - u0) / s,
+        }
     };
     eprintln!(
-        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s, upstream {:.0} µs/s",
-        idle.0, idle.1
+        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s, nginx {:.0} µs/s, upstream {:.0} µs/s",
+        idle.haltd, idle.nginx, idle.upstream
     );
 
+    let mut routes = vec![Route::Direct, Route::Via];
+    if nginx.is_some() {
+        routes.push(Route::Nginx);
+    }
     let t_start = Instant::now();
     let mut runs = Vec::new();
     for &n in &args.streams {
         let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
         for round in 0..args.rounds {
-            let order = if round % 2 == 0 {
-                [Route::Direct, Route::Via]
-            } else {
-                [Route::Via, Route::Direct]
-            };
+            // Each route takes each place in the order in turn.
+            let mut order = routes.clone();
+            order.rotate_left(round % routes.len());
             for path in order {
                 let url = match path {
-                    Route::Direct => &direct_url,
-                    Route::Via => &via_url,
+                    Route::Direct => direct_url.as_str(),
+                    Route::Via => via_url.as_str(),
+                    Route::Nginx => nginx
+                        .as_ref()
+                        .map(|x| x.url.as_str())
+                        .context("the nginx route without nginx")?,
                 };
-                eprintln!(
-                    "[N={n} round {}/{} {}] {tokens} tokens/stream, pace {} ms",
+                let tag = format!(
+                    "[N={n} round {}/{} {}]",
                     round + 1,
                     args.rounds,
-                    path.name(),
-                    args.pace_ms
+                    path.name()
                 );
+                eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
                 let tcp0 = tcp_ext();
                 let all0 = machine_busy_us();
-                let (h0, u0, c0, t0) = (
+                let (h0, g0, u0, c0, t0) = (
                     cpu_clock.read_us(haltd.proc.pid())?,
+                    nginx_cpu_us(nginx.as_ref(), cpu_clock)?,
                     cpu_clock.read_us(upstream.proc.pid())?,
                     children_cpu_us(),
                     Instant::now(),
@@ -296,10 +387,12 @@ fn main() -> Result<()> {
                 let tcp1 = tcp_ext();
                 let window_s = t0.elapsed().as_secs_f64();
                 let haltd_cpu_us = cpu_clock.read_us(haltd.proc.pid())? - h0;
+                let nginx_cpu_us = nginx_cpu_us(nginx.as_ref(), cpu_clock)? - g0;
                 let upstream_cpu_us = cpu_clock.read_us(upstream.proc.pid())? - u0;
                 let client_cpu_us = children_cpu_us() - c0;
                 let all_us = machine_busy_us() - all0;
                 let capacity_us = window_s * 1e6 * machine.nproc.max(1) as f64;
+                let ours = haltd_cpu_us + nginx_cpu_us + upstream_cpu_us + client_cpu_us;
                 let run = Run {
                     streams: n,
                     round,
@@ -307,52 +400,42 @@ fn main() -> Result<()> {
                     tokens_per_stream: tokens,
                     window_s,
                     haltd_cpu_us,
+                    nginx_cpu_us,
                     upstream_cpu_us,
                     client_cpu_us,
-                    busy_pct: (haltd_cpu_us + upstream_cpu_us + client_cpu_us) / capacity_us
-                        * 100.0,
-                    others_pct: ((all_us - haltd_cpu_us - upstream_cpu_us - client_cpu_us)
-                        / capacity_us
-                        * 100.0)
-                        .max(0.0),
+                    busy_pct: ours / capacity_us * 100.0,
+                    others_pct: ((all_us - ours) / capacity_us * 100.0).max(0.0),
                     client,
                     listen_overflows: tcp1.0.saturating_sub(tcp0.0),
                     syn_retrans: tcp1.1.saturating_sub(tcp0.1),
                 };
                 if run.listen_overflows > 0 {
                     eprintln!(
-                        "[N={n} round {}/{} {}] {} accept-queue overflows, {} SYN retransmits: \
-                         some streams started late",
-                        round + 1,
-                        args.rounds,
-                        path.name(),
-                        run.listen_overflows,
-                        run.syn_retrans
+                        "{tag} {} accept-queue overflows, {} SYN retransmits: some streams \
+                         started late",
+                        run.listen_overflows, run.syn_retrans
                     );
                 }
                 if run.others_pct > OTHERS_WARN_PCT {
                     eprintln!(
-                        "[N={n} round {}/{} {}] other processes used {:.0}% of the CPUs during \
-                         this run: its numbers are disturbed",
-                        round + 1,
-                        args.rounds,
-                        path.name(),
+                        "{tag} other processes used {:.0}% of the CPUs during this run: its \
+                         numbers are disturbed",
                         run.others_pct
                     );
                 }
                 let per_tok = |us: f64| us / run.client.tokens.max(1) as f64;
                 eprintln!(
-                    "[N={n} round {}/{} {}] {} tokens, {} errors; latency µs p50 {} p99 {}; \
-                     CPU µs/token haltd {:.1} upstream {:.1} client {:.1}; CPUs {:.0}% busy; \
-                     {:.2} s",
-                    round + 1,
-                    args.rounds,
-                    path.name(),
+                    "{tag} {} tokens, {} errors; latency µs p50 {} p99 {}; first byte µs p50 {} \
+                     p99 {}; CPU µs/token haltd {:.1} nginx {:.1} upstream {:.1} client {:.1}; \
+                     CPUs {:.0}% busy; {:.2} s",
                     run.client.tokens,
                     run.client.errors,
                     show(run.client.p50_us),
                     show(run.client.p99_us),
+                    show(run.client.ttfb_p50_us),
+                    show(run.client.ttfb_p99_us),
                     per_tok(run.haltd_cpu_us),
+                    per_tok(run.nginx_cpu_us),
                     per_tok(run.upstream_cpu_us),
                     per_tok(run.client_cpu_us),
                     run.busy_pct,
@@ -361,27 +444,54 @@ fn main() -> Result<()> {
                 runs.push(run);
                 haltd.proc.check_alive()?;
                 upstream.proc.check_alive()?;
+                if let Some(x) = nginx.as_mut() {
+                    x.check_alive()?;
+                }
             }
         }
     }
     let elapsed = t_start.elapsed();
 
     let summaries: Vec<Summary> = args.streams.iter().map(|&n| summarize(n, &runs)).collect();
-    print_table(&args, &machine, &summaries, idle.0, elapsed);
+    print_table(&args, &machine, &summaries, idle.haltd, elapsed);
+    print_nginx_table(
+        &args,
+        nginx.as_ref(),
+        nginx_skipped.as_deref(),
+        cpu_clock,
+        &summaries,
+    );
+    print_ttfb_table(&args, &summaries);
+
+    let nginx_json = match (&nginx, &nginx_skipped) {
+        (Some(x), _) => json!({
+            "bin": fs::canonicalize(&args.nginx).unwrap_or_else(|_| args.nginx.clone()).display().to_string(),
+            "version": x.version,
+            "worker_processes": x.workers.len(),
+            "worker_connections": x.worker_connections,
+            "upstream_keepalive": NGINX_KEEPALIVE,
+            "idle_cpu_us_per_s": round1(idle.nginx),
+        }),
+        (None, why) => json!({"skipped": why}),
+    };
 
     let report = json!({
         "bench": "proxy_overhead",
         "target_added_p99_us": TARGET_ADDED_P99_US,
+        "target_cpu_ratio": TARGET_CPU_RATIO,
+        "target_added_ttfb_p50_us": TARGET_ADDED_TTFB_P50_US,
         "pace_ms": args.pace_ms,
         "rounds": args.rounds,
         "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
         "haltd": {
             "bin": fs::canonicalize(&haltd_bin).unwrap_or_else(|_| haltd_bin.clone()).display().to_string(),
             "workers": args.workers,
+            "workers_effective": workers,
             "max_streams": args.max_streams,
-            "idle_cpu_us_per_s": round1(idle.0),
+            "idle_cpu_us_per_s": round1(idle.haltd),
         },
-        "upstream_idle_cpu_us_per_s": round1(idle.1),
+        "nginx": nginx_json,
+        "upstream_idle_cpu_us_per_s": round1(idle.upstream),
         "cpu_clock": cpu_clock.name(),
         "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
         "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
@@ -453,138 +563,272 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// p50 and p99 of something, µs.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pct {
+    p50: Option<f64>,
+    p99: Option<f64>,
+}
+
+impl Pct {
+    /// `self − base`, each percentile where both are known.
+    fn minus(self, base: Self) -> Self {
+        Self {
+            p50: self.p50.zip(base.p50).map(|(a, b)| a - b),
+            p99: self.p99.zip(base.p99).map(|(a, b)| a - b),
+        }
+    }
+}
+
+/// One route's medians over the rounds of one stream count.
+#[derive(Debug, Default)]
+struct RouteSummary {
+    /// Per-token latency.
+    lat: Pct,
+    /// Time to first byte and to first token (per request).
+    ttfb: Pct,
+    ttft: Pct,
+    /// The route's proxy (haltd or nginx): CPU per token, raw and net of its background,
+    /// and that background rate (µs/s); `None` on the direct route.
+    cpu: Option<f64>,
+    cpu_net: Option<f64>,
+    background: Option<f64>,
+    busy: Option<f64>,
+    tokens: u64,
+    listen_overflows: u64,
+}
+
 /// Medians over the rounds of one stream count.
 #[derive(Debug)]
 struct Summary {
     streams: usize,
     tokens_per_stream: usize,
-    direct_p50: Option<f64>,
-    direct_p99: Option<f64>,
-    via_p50: Option<f64>,
-    via_p99: Option<f64>,
-    haltd_cpu: Option<f64>,
-    haltd_cpu_net: Option<f64>,
-    haltd_background: Option<f64>,
+    direct: RouteSummary,
+    via: RouteSummary,
+    /// `None` when nginx was not run.
+    nginx: Option<RouteSummary>,
     upstream_cpu: Option<f64>,
     client_cpu: Option<f64>,
-    busy_direct: Option<f64>,
-    busy_via: Option<f64>,
     others_max: Option<f64>,
-    tokens_direct: u64,
-    tokens_via: u64,
     errors: u64,
-    listen_overflows_direct: u64,
-    listen_overflows_via: u64,
 }
 
 impl Summary {
-    fn added_p50(&self) -> Option<f64> {
-        Some(self.via_p50? - self.direct_p50?)
-    }
-
-    fn added_p99(&self) -> Option<f64> {
-        Some(self.via_p99? - self.direct_p99?)
+    fn added(&self) -> Pct {
+        self.via.lat.minus(self.direct.lat)
     }
 
     fn pass(&self) -> Option<bool> {
-        self.added_p99().map(|a| a < TARGET_ADDED_P99_US)
+        self.added().p99.map(|a| a < TARGET_ADDED_P99_US)
+    }
+
+    fn nginx_added(&self) -> Pct {
+        self.nginx
+            .as_ref()
+            .map_or_else(Pct::default, |g| g.lat.minus(self.direct.lat))
+    }
+
+    /// haltd's net CPU per token over nginx's; `None` unless both are known and nginx's is
+    /// positive.
+    fn cpu_ratio(&self) -> Option<f64> {
+        let g = self.nginx.as_ref()?.cpu_net.filter(|&g| g > 0.0)?;
+        Some(self.via.cpu_net? / g)
+    }
+
+    fn cpu_pass(&self) -> Option<bool> {
+        self.cpu_ratio().map(|r| r <= TARGET_CPU_RATIO)
+    }
+
+    fn ttfb_added(&self) -> Pct {
+        self.via.ttfb.minus(self.direct.ttfb)
+    }
+
+    fn nginx_ttfb_added(&self) -> Pct {
+        self.nginx
+            .as_ref()
+            .map_or_else(Pct::default, |g| g.ttfb.minus(self.direct.ttfb))
+    }
+
+    fn ttfb_pass(&self) -> Option<bool> {
+        self.ttfb_added().p50.map(|a| a <= TARGET_ADDED_TTFB_P50_US)
     }
 
     fn to_json(&self) -> Value {
         let r = |v: Option<f64>| v.map(round1);
-        json!({
+        let g = self.nginx.as_ref();
+        let gf = |f: &dyn Fn(&RouteSummary) -> Option<f64>| r(g.and_then(f));
+        let mut v = json!({
             "streams": self.streams,
             "tokens_per_stream": self.tokens_per_stream,
-            "direct_p50_us": r(self.direct_p50),
-            "direct_p99_us": r(self.direct_p99),
-            "via_p50_us": r(self.via_p50),
-            "via_p99_us": r(self.via_p99),
-            "added_p50_us": r(self.added_p50()),
-            "added_p99_us": r(self.added_p99()),
-            "haltd_cpu_us_per_token": r(self.haltd_cpu),
-            "haltd_cpu_net_us_per_token": r(self.haltd_cpu_net),
-            "haltd_background_cpu_us_per_s": r(self.haltd_background),
+            "direct_p50_us": r(self.direct.lat.p50),
+            "direct_p99_us": r(self.direct.lat.p99),
+            "via_p50_us": r(self.via.lat.p50),
+            "via_p99_us": r(self.via.lat.p99),
+            "added_p50_us": r(self.added().p50),
+            "added_p99_us": r(self.added().p99),
+            "haltd_cpu_us_per_token": r(self.via.cpu),
+            "haltd_cpu_net_us_per_token": r(self.via.cpu_net),
+            "haltd_background_cpu_us_per_s": r(self.via.background),
             "upstream_cpu_us_per_token": r(self.upstream_cpu),
             "client_cpu_us_per_token": r(self.client_cpu),
-            "busy_pct_direct": r(self.busy_direct),
-            "busy_pct_via": r(self.busy_via),
+            "busy_pct_direct": r(self.direct.busy),
+            "busy_pct_via": r(self.via.busy),
             "others_pct_max": r(self.others_max),
-            "tokens_direct": self.tokens_direct,
-            "tokens_via": self.tokens_via,
+            "tokens_direct": self.direct.tokens,
+            "tokens_via": self.via.tokens,
             "errors": self.errors,
-            "listen_overflows_direct": self.listen_overflows_direct,
-            "listen_overflows_via": self.listen_overflows_via,
+            "listen_overflows_direct": self.direct.listen_overflows,
+            "listen_overflows_via": self.via.listen_overflows,
             "pass": self.pass(),
-        })
+        });
+        // Issue 11: nginx beside haltd, and the time to first byte and to first token.
+        let more = json!({
+            "nginx_p50_us": gf(&|g| g.lat.p50),
+            "nginx_p99_us": gf(&|g| g.lat.p99),
+            "nginx_added_p50_us": r(self.nginx_added().p50),
+            "nginx_added_p99_us": r(self.nginx_added().p99),
+            "nginx_cpu_us_per_token": gf(&|g| g.cpu),
+            "nginx_cpu_net_us_per_token": gf(&|g| g.cpu_net),
+            "nginx_background_cpu_us_per_s": gf(&|g| g.background),
+            "busy_pct_nginx": gf(&|g| g.busy),
+            "tokens_nginx": g.map(|g| g.tokens),
+            "listen_overflows_nginx": g.map(|g| g.listen_overflows),
+            "cpu_ratio_haltd_nginx": self.cpu_ratio().map(|v| (v * 100.0).round() / 100.0),
+            "cpu_ratio_pass": self.cpu_pass(),
+            "ttfb_direct_p50_us": r(self.direct.ttfb.p50),
+            "ttfb_direct_p99_us": r(self.direct.ttfb.p99),
+            "ttfb_via_p50_us": r(self.via.ttfb.p50),
+            "ttfb_via_p99_us": r(self.via.ttfb.p99),
+            "ttfb_nginx_p50_us": gf(&|g| g.ttfb.p50),
+            "ttfb_nginx_p99_us": gf(&|g| g.ttfb.p99),
+            "ttfb_added_p50_us": r(self.ttfb_added().p50),
+            "ttfb_added_p99_us": r(self.ttfb_added().p99),
+            "ttfb_nginx_added_p50_us": r(self.nginx_ttfb_added().p50),
+            "ttfb_nginx_added_p99_us": r(self.nginx_ttfb_added().p99),
+            "ttfb_pass": self.ttfb_pass(),
+            "ttft_direct_p50_us": r(self.direct.ttft.p50),
+            "ttft_direct_p99_us": r(self.direct.ttft.p99),
+            "ttft_via_p50_us": r(self.via.ttft.p50),
+            "ttft_via_p99_us": r(self.via.ttft.p99),
+            "ttft_nginx_p50_us": gf(&|g| g.ttft.p50),
+            "ttft_nginx_p99_us": gf(&|g| g.ttft.p99),
+        });
+        if let (Some(v), Value::Object(more)) = (v.as_object_mut(), more) {
+            v.extend(more);
+        }
+        v
     }
 }
 
-/// haltd's CPU rate (µs/s) during the direct run paired with `r` (same N, same round): its
+impl Run {
+    fn cpu_us(&self, who: Who) -> f64 {
+        match who {
+            Who::Haltd => self.haltd_cpu_us,
+            Who::Nginx => self.nginx_cpu_us,
+        }
+    }
+}
+
+impl Route {
+    /// The proxy a route goes through.
+    fn proxy(self) -> Option<Who> {
+        match self {
+            Self::Direct => None,
+            Self::Via => Some(Who::Haltd),
+            Self::Nginx => Some(Who::Nginx),
+        }
+    }
+}
+
+/// `who`'s CPU rate (µs/s) during the direct run paired with `r` (same N, same round): its
 /// background with no stream of its own while the machine carries the same load.
-fn background_rate(runs: &[Run], r: &Run) -> Option<f64> {
+fn background_rate(runs: &[Run], r: &Run, who: Who) -> Option<f64> {
     runs.iter()
         .find(|d| d.path == Route::Direct && d.streams == r.streams && d.round == r.round)
         .filter(|d| d.window_s > 0.0)
-        .map(|d| d.haltd_cpu_us / d.window_s)
+        .map(|d| d.cpu_us(who) / d.window_s)
 }
 
-/// haltd CPU per delivered token of a via run: raw, and net of its background rate over the
-/// run's window.
-fn haltd_cpu_per_token(runs: &[Run], r: &Run) -> (f64, Option<f64>) {
+/// CPU per delivered token of the proxy that carried run `r` (none on the direct route): raw,
+/// and net of its background rate over the run's window.
+fn proxy_cpu_per_token(runs: &[Run], r: &Run) -> Option<(f64, Option<f64>)> {
+    let who = r.path.proxy()?;
     let t = r.client.tokens.max(1) as f64;
-    (
-        r.haltd_cpu_us / t,
-        background_rate(runs, r).map(|bg| (r.haltd_cpu_us - bg * r.window_s) / t),
-    )
+    let cpu = r.cpu_us(who);
+    Some((
+        cpu / t,
+        background_rate(runs, r, who).map(|bg| (cpu - bg * r.window_s) / t),
+    ))
+}
+
+fn summarize_route(n: usize, runs: &[Run], route: Route) -> RouteSummary {
+    let of = || {
+        runs.iter()
+            .filter(move |r| r.streams == n && r.path == route)
+    };
+    let med = |f: &dyn Fn(&Run) -> Option<f64>| median(of().filter_map(f).collect());
+    let with_tokens = |r: &Run| r.client.tokens > 0;
+    RouteSummary {
+        lat: Pct {
+            p50: med(&|r| r.client.p50_us),
+            p99: med(&|r| r.client.p99_us),
+        },
+        ttfb: Pct {
+            p50: med(&|r| r.client.ttfb_p50_us),
+            p99: med(&|r| r.client.ttfb_p99_us),
+        },
+        ttft: Pct {
+            p50: med(&|r| r.client.ttft_p50_us),
+            p99: med(&|r| r.client.ttft_p99_us),
+        },
+        cpu: med(&|r| {
+            proxy_cpu_per_token(runs, r)
+                .filter(|_| with_tokens(r))
+                .map(|c| c.0)
+        }),
+        cpu_net: med(&|r| {
+            proxy_cpu_per_token(runs, r)
+                .filter(|_| with_tokens(r))
+                .and_then(|c| c.1)
+        }),
+        background: med(&|r| background_rate(runs, r, r.path.proxy()?)),
+        busy: med(&|r| Some(r.busy_pct)),
+        tokens: of().map(|r| r.client.tokens).sum(),
+        listen_overflows: of().map(|r| r.listen_overflows).sum(),
+    }
 }
 
 fn summarize(n: usize, runs: &[Run]) -> Summary {
-    let of = |p: Route| runs.iter().filter(move |r| r.streams == n && r.path == p);
-    let med = |p: Route, f: &dyn Fn(&Run) -> Option<f64>| median(of(p).filter_map(f).collect());
     let tokens_per_stream = runs
         .iter()
         .find(|r| r.streams == n)
         .map_or(0, |r| r.tokens_per_stream);
+    let per_token = |f: &dyn Fn(&Run) -> f64| {
+        median(
+            runs.iter()
+                .filter(|r| r.streams == n && r.client.tokens > 0)
+                .map(|r| f(r) / r.client.tokens as f64)
+                .collect(),
+        )
+    };
+    let has_nginx = runs
+        .iter()
+        .any(|r| r.streams == n && r.path == Route::Nginx);
     Summary {
         streams: n,
         tokens_per_stream,
-        direct_p50: med(Route::Direct, &|r| r.client.p50_us),
-        direct_p99: med(Route::Direct, &|r| r.client.p99_us),
-        via_p50: med(Route::Via, &|r| r.client.p50_us),
-        via_p99: med(Route::Via, &|r| r.client.p99_us),
-        haltd_cpu: med(Route::Via, &|r| {
-            (r.client.tokens > 0).then(|| haltd_cpu_per_token(runs, r).0)
-        }),
-        haltd_cpu_net: med(Route::Via, &|r| {
-            haltd_cpu_per_token(runs, r)
-                .1
-                .filter(|_| r.client.tokens > 0)
-        }),
-        // The upstream does the same work on both paths.
-        haltd_background: med(Route::Via, &|r| background_rate(runs, r)),
-        upstream_cpu: median(
-            runs.iter()
-                .filter(|r| r.streams == n && r.client.tokens > 0)
-                .map(|r| r.upstream_cpu_us / r.client.tokens as f64)
-                .collect(),
-        ),
-        client_cpu: median(
-            runs.iter()
-                .filter(|r| r.streams == n && r.client.tokens > 0)
-                .map(|r| r.client_cpu_us / r.client.tokens as f64)
-                .collect(),
-        ),
-        busy_direct: med(Route::Direct, &|r| Some(r.busy_pct)),
-        busy_via: med(Route::Via, &|r| Some(r.busy_pct)),
+        direct: summarize_route(n, runs, Route::Direct),
+        via: summarize_route(n, runs, Route::Via),
+        nginx: has_nginx.then(|| summarize_route(n, runs, Route::Nginx)),
+        // The upstream does the same work on every route (a little more through haltd, which
+        // asks for logprobs).
+        upstream_cpu: per_token(&|r| r.upstream_cpu_us),
+        client_cpu: per_token(&|r| r.client_cpu_us),
         others_max: runs
             .iter()
             .filter(|r| r.streams == n)
             .map(|r| r.others_pct)
             .max_by(f64::total_cmp),
-        tokens_direct: of(Route::Direct).map(|r| r.client.tokens).sum(),
-        tokens_via: of(Route::Via).map(|r| r.client.tokens).sum(),
-        listen_overflows_direct: of(Route::Direct).map(|r| r.listen_overflows).sum(),
-        listen_overflows_via: of(Route::Via).map(|r| r.listen_overflows).sum(),
         errors: runs
             .iter()
             .filter(|r| r.streams == n)
@@ -595,13 +839,13 @@ fn summarize(n: usize, runs: &[Run]) -> Summary {
 
 fn run_json(runs: &[Run], r: &Run) -> Value {
     let t = r.client.tokens.max(1) as f64;
-    // Per token only where haltd carried the tokens.
-    let (cpu, net) = match r.path {
-        Route::Via => {
-            let (cpu, net) = haltd_cpu_per_token(runs, r);
-            (Some(round1(cpu)), net.map(round1))
-        }
-        Route::Direct => (None, None),
+    // Per token only for the proxy that carried the tokens.
+    let (cpu, net) = proxy_cpu_per_token(runs, r)
+        .map_or((None, None), |(c, n)| (Some(round1(c)), n.map(round1)));
+    let (haltd, nginx) = match r.path {
+        Route::Via => ((cpu, net), (None, None)),
+        Route::Nginx => ((None, None), (cpu, net)),
+        Route::Direct => ((None, None), (None, None)),
     };
     json!({
         "streams": r.streams,
@@ -617,11 +861,18 @@ fn run_json(runs: &[Run], r: &Run) -> Value {
         "max_us": r.client.max_us,
         "mean_us": r.client.mean_us,
         "wall_s": r.client.wall_s,
+        "ttfb_p50_us": r.client.ttfb_p50_us,
+        "ttfb_p99_us": r.client.ttfb_p99_us,
+        "ttft_p50_us": r.client.ttft_p50_us,
+        "ttft_p99_us": r.client.ttft_p99_us,
         "cpu_window_s": (r.window_s * 1000.0).round() / 1000.0,
         "haltd_cpu_us": r.haltd_cpu_us.round(),
+        "nginx_cpu_us": r.nginx_cpu_us.round(),
         "upstream_cpu_us": r.upstream_cpu_us.round(),
-        "haltd_cpu_us_per_token": cpu,
-        "haltd_cpu_net_us_per_token": net,
+        "haltd_cpu_us_per_token": haltd.0,
+        "haltd_cpu_net_us_per_token": haltd.1,
+        "nginx_cpu_us_per_token": nginx.0,
+        "nginx_cpu_net_us_per_token": nginx.1,
         "upstream_cpu_us_per_token": round1(r.upstream_cpu_us / t),
         "client_cpu_us": r.client_cpu_us.round(),
         "client_cpu_us_per_token": round1(r.client_cpu_us / t),
@@ -697,19 +948,19 @@ fn print_table(
              {:>6} | {verdict}",
             s.streams,
             s.tokens_per_stream,
-            show(s.direct_p50),
-            show(s.direct_p99),
-            show(s.via_p50),
-            show(s.via_p99),
-            show(s.added_p50()),
-            show(s.added_p99()),
-            show(s.haltd_cpu),
-            show(s.haltd_cpu_net),
+            show(s.direct.lat.p50),
+            show(s.direct.lat.p99),
+            show(s.via.lat.p50),
+            show(s.via.lat.p99),
+            show(s.added().p50),
+            show(s.added().p99),
+            show(s.via.cpu),
+            show(s.via.cpu_net),
             show(s.upstream_cpu),
             format!(
                 "{}/{}",
-                s.busy_direct.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}")),
-                s.busy_via.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
+                s.direct.busy.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}")),
+                s.via.busy.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
             ),
             s.errors
         );
@@ -723,8 +974,12 @@ fn print_table(
             );
         }
         for (overflows, path) in [
-            (s.listen_overflows_direct, "directly"),
-            (s.listen_overflows_via, "through haltd"),
+            (s.direct.listen_overflows, "directly"),
+            (s.via.listen_overflows, "through haltd"),
+            (
+                s.nginx.as_ref().map_or(0, |g| g.listen_overflows),
+                "through nginx",
+            ),
         ] {
             if overflows > 0 {
                 println!(
@@ -734,6 +989,118 @@ fn print_table(
                 );
             }
         }
+    }
+}
+
+fn verdict(pass: Option<bool>) -> &'static str {
+    match pass {
+        Some(true) => "PASS",
+        Some(false) => "MISS",
+        None => "-",
+    }
+}
+
+/// haltd against nginx on the same load: latency, and CPU per token (issue 11).
+fn print_nginx_table(
+    args: &Args,
+    nginx: Option<&Nginx>,
+    skipped: Option<&str>,
+    clock: CpuClock,
+    summaries: &[Summary],
+) {
+    let Some(x) = nginx else {
+        if let Some(why) = skipped {
+            println!("\nnginx route skipped: {why}");
+        }
+        return;
+    };
+    println!(
+        "\nhaltd beside nginx on the same load: {} reverse proxy, {} worker processes (as many \
+         as haltd's workers), proxy_buffering off, upstream keepalive {NGINX_KEEPALIVE}; CPU is \
+         user+sys of all the proxy's threads and processes ({}), net of its rate during the \
+         direct run; median of {} rounds; target: haltd's CPU per token ≤ {TARGET_CPU_RATIO} × \
+         nginx's",
+        x.version,
+        x.workers.len(),
+        clock.name(),
+        args.rounds
+    );
+    println!(
+        "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>11} {:>11} | {:>7} | target",
+        "streams",
+        "ngx p50",
+        "ngx p99",
+        "ngx +p50",
+        "ngx +p99",
+        "via +p50",
+        "via +p99",
+        "haltd CPU",
+        "nginx CPU",
+        "ratio"
+    );
+    println!(
+        "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>11} {:>11} | {:>7} |",
+        "", "µs", "µs", "µs", "µs", "µs", "µs", "net µs/tok", "net µs/tok", "h/n"
+    );
+    for s in summaries {
+        let g = s.nginx.as_ref();
+        println!(
+            "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>11} {:>11} | {:>7} | {}",
+            s.streams,
+            show(g.and_then(|g| g.lat.p50)),
+            show(g.and_then(|g| g.lat.p99)),
+            show(s.nginx_added().p50),
+            show(s.nginx_added().p99),
+            show(s.added().p50),
+            show(s.added().p99),
+            show(s.via.cpu_net),
+            show(g.and_then(|g| g.cpu_net)),
+            s.cpu_ratio()
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+            verdict(s.cpu_pass())
+        );
+    }
+}
+
+/// Time to first byte per route, and what each proxy adds to it (issue 11).
+fn print_ttfb_table(args: &Args, summaries: &[Summary]) {
+    println!(
+        "\ntime to first byte (request written → first response byte, per request), median of \
+         {} rounds of each run's p50 and p99; \"+\" is the route minus direct; target: haltd \
+         adds ≤ {TARGET_ADDED_TTFB_P50_US:.0} µs at p50",
+        args.rounds
+    );
+    println!(
+        "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | target",
+        "streams",
+        "dir p50",
+        "dir p99",
+        "via p50",
+        "via p99",
+        "ngx p50",
+        "ngx p99",
+        "via +p50",
+        "via +p99",
+        "ngx +p50",
+        "ngx +p99"
+    );
+    for s in summaries {
+        let g = s.nginx.as_ref();
+        println!(
+            "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {}",
+            s.streams,
+            show(s.direct.ttfb.p50),
+            show(s.direct.ttfb.p99),
+            show(s.via.ttfb.p50),
+            show(s.via.ttfb.p99),
+            show(g.and_then(|g| g.ttfb.p50)),
+            show(g.and_then(|g| g.ttfb.p99)),
+            show(s.ttfb_added().p50),
+            show(s.ttfb_added().p99),
+            show(s.nginx_ttfb_added().p50),
+            show(s.nginx_ttfb_added().p99),
+            verdict(s.ttfb_pass())
+        );
     }
 }
 
@@ -986,7 +1353,7 @@ impl Drop for TempDir {
     }
 }
 
-/// A child process, stopped (SIGTERM, then SIGKILL after 3 s) when dropped, also on error.
+/// A child process, stopped (SIGTERM, then SIGKILL after 10 s) when dropped, also on error.
 #[derive(Debug)]
 struct Proc {
     name: &'static str,
@@ -1021,7 +1388,8 @@ impl Drop for Proc {
             // SAFETY: kill(2) on our own child, which has not been reaped yet.
             unsafe { libc::kill(pid, libc::SIGTERM) };
         }
-        let deadline = Instant::now() + Duration::from_secs(3);
+        // haltd may take a few seconds to close thousands of streams and detach its gate.
+        let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
                 return;
@@ -1056,7 +1424,8 @@ fn start_upstream(bin: &Path, dir: &Path) -> Result<Upstream> {
     let ready = dir.join("upstream.addr");
     let log = dir.join("upstream.log");
     let child = Command::new(bin)
-        .args(["--listen", "127.0.0.1:0", "--ready-file"])
+        // nginx keeps a pool of upstream connections; haltd and the direct client ask to close.
+        .args(["--listen", "127.0.0.1:0", "--keep-alive", "--ready-file"])
         .arg(&ready)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -1098,12 +1467,21 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Haltd> {
+/// A haltd in front of `upstream`, with `name` for its files in `dir` and its messages, and
+/// `extra` arguments for `haltd serve`.
+fn start_haltd(
+    bin: &Path,
+    dir: &Path,
+    name: &'static str,
+    upstream: &str,
+    args: &Args,
+    extra: &[&std::ffi::OsStr],
+) -> Result<Haltd> {
     let listen = format!("127.0.0.1:{}", free_port()?);
     let admin = format!("127.0.0.1:{}", free_port()?);
     let metrics = format!("127.0.0.1:{}", free_port()?);
-    let stdout_path = dir.join("haltd.stdout");
-    let log = dir.join("haltd.log");
+    let stdout_path = dir.join(format!("{name}.stdout"));
+    let log = dir.join(format!("{name}.log"));
     let mut cmd = Command::new(bin);
     cmd.arg("serve")
         .args([
@@ -1115,14 +1493,15 @@ fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Ha
             &metrics,
         ])
         .arg("--ledger")
-        .arg(dir.join("ledger.jsonl"))
+        .arg(dir.join(format!("{name}.ledger.jsonl")))
         .arg("--ledger-no-fsync")
         // Every turn recorded (production samples 5 % of normal turns): the overhead measured
         // includes a ledger record per turn, as in the runs docs/bench.md reports.
         .args(haltd_tests::TEST_SAMPLING)
         .args(["--source", "openai", "--upstream"])
         .arg(format!("http://{upstream}"))
-        .args(["--max-streams", &args.max_streams.to_string()]);
+        .args(["--max-streams", &args.max_streams.to_string()])
+        .args(extra);
     if let Some(w) = args.workers {
         cmd.args(["--workers", &w.to_string()]);
     }
@@ -1132,15 +1511,14 @@ fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Ha
     }
     let child = cmd
         .stdin(Stdio::null())
-        .stdout(fs::File::create(&stdout_path).context("creating haltd.stdout")?)
-        .stderr(fs::File::create(&log).context("creating haltd.log")?)
+        .stdout(
+            fs::File::create(&stdout_path)
+                .with_context(|| format!("creating {}", stdout_path.display()))?,
+        )
+        .stderr(fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    let mut proc = Proc {
-        name: "haltd",
-        child,
-        log,
-    };
+    let mut proc = Proc { name, child, log };
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let printed = fs::read_to_string(&stdout_path)
@@ -1151,9 +1529,238 @@ fn start_haltd(bin: &Path, dir: &Path, upstream: &str, args: &Args) -> Result<Ha
         proc.check_alive()?;
         ensure!(
             Instant::now() < deadline,
-            "haltd did not print `haltd ready` in {READY_TIMEOUT:?}; its log:\n{}",
+            "{name} did not print `haltd ready` in {READY_TIMEOUT:?}; its log:\n{}",
             log_tail(&proc.log)
         );
         thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The proxies' and the upstream's CPU rates before the first run, µs/s.
+#[derive(Debug)]
+struct Idle {
+    haltd: f64,
+    nginx: f64,
+    upstream: f64,
+}
+
+/// Idle upstream connections each nginx worker keeps (`keepalive` of the `upstream` block):
+/// more than a thousand streams' worth, so that every stream of a later run can reuse one.
+const NGINX_KEEPALIVE: usize = 1024;
+
+/// nginx as a plain streaming reverse proxy to the upstream: the third route.
+#[derive(Debug)]
+struct Nginx {
+    /// The master process (`daemon off`: our child).
+    proc: Proc,
+    url: String,
+    /// The worker processes (the master's children), sorted.
+    workers: Vec<u32>,
+    /// `nginx -v`'s answer, e.g. `nginx/1.22.1`.
+    version: String,
+    worker_connections: u64,
+}
+
+impl Nginx {
+    /// CPU time of the master and all workers together, µs.
+    fn cpu_us(&self, clock: CpuClock) -> Result<f64> {
+        let mut sum = clock.read_us(self.proc.pid())?;
+        for &w in &self.workers {
+            sum += clock
+                .read_us(w)
+                .with_context(|| format!("CPU time of nginx worker {w}"))?;
+        }
+        Ok(sum)
+    }
+
+    /// The master is running and its workers are the ones whose CPU time is being summed (a
+    /// worker that died would take its CPU time with it, and its replacement's would be
+    /// missed).
+    fn check_alive(&mut self) -> Result<()> {
+        self.proc.check_alive()?;
+        let now = children_of(self.proc.pid());
+        ensure!(
+            now == self.workers,
+            "nginx's worker processes changed from {:?} to {:?}; its log ends:\n{}",
+            self.workers,
+            now,
+            log_tail(&self.proc.log)
+        );
+        Ok(())
+    }
+}
+
+/// nginx's CPU time so far (0 without nginx), µs.
+fn nginx_cpu_us(nginx: Option<&Nginx>, clock: CpuClock) -> Result<f64> {
+    nginx.map_or(Ok(0.0), |x| x.cpu_us(clock))
+}
+
+/// The processes whose parent is `pid` (from `/proc/*/stat`), sorted.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // After the parenthesised command name: state, then the parent's pid.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The soft open-file limit (after [`raise_nofile_limit`]), which children inherit.
+fn nofile_soft() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `lim`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// The configuration of the nginx route (see `docs/bench.md`): a reverse proxy to `upstream`
+/// that relays the stream as it comes (`proxy_buffering off`), over HTTP/1.1 with pooled
+/// upstream connections, no access log, and room for `max_streams` concurrent streams per
+/// worker (two connections each). Every path nginx would write is inside `dir`.
+fn nginx_conf(
+    dir: &Path,
+    listen: &str,
+    upstream: &str,
+    workers: usize,
+    max_streams: u32,
+) -> (String, u64) {
+    let nofile = nofile_soft();
+    let connections = (2 * u64::from(max_streams) + 64).min(nofile.saturating_sub(64).max(1024));
+    let d = dir.display();
+    let conf = format!(
+        "# bench-proxy-overhead: nginx as a plain streaming relay beside haltd (issue 11)
+worker_processes {workers};
+worker_rlimit_nofile {nofile};
+pid {d}/nginx.pid;
+error_log stderr warn;
+
+events {{
+    worker_connections {connections};
+}}
+
+http {{
+    access_log off;
+    client_body_temp_path {d}/nginx-client-body;
+    proxy_temp_path {d}/nginx-proxy;
+    fastcgi_temp_path {d}/nginx-fastcgi;
+    uwsgi_temp_path {d}/nginx-uwsgi;
+    scgi_temp_path {d}/nginx-scgi;
+
+    upstream backend {{
+        server {upstream};
+        keepalive {NGINX_KEEPALIVE};
+        keepalive_requests 1000000;
+        keepalive_timeout 600s;
+    }}
+
+    server {{
+        # As deep an accept queue as haltd's (--max-streams; the kernel caps it at somaxconn).
+        listen {listen} backlog={max_streams};
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"
+    );
+    (conf, connections)
+}
+
+/// Starts nginx (`-p DIR -c DIR/nginx.conf -g 'daemon off;'`, master process on) and waits
+/// until it accepts connections and all its workers are up.
+fn start_nginx(
+    bin: &Path,
+    dir: &Path,
+    upstream: &str,
+    workers: usize,
+    max_streams: u32,
+) -> Result<Nginx> {
+    let version = Command::new(bin)
+        .arg("-v")
+        .output()
+        .with_context(|| format!("running {} -v", bin.display()))?;
+    // `nginx version: nginx/1.22.1`, on stderr.
+    let version = String::from_utf8_lossy(&version.stderr)
+        .trim()
+        .trim_start_matches("nginx version: ")
+        .to_owned();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let (conf, worker_connections) = nginx_conf(dir, &listen, upstream, workers, max_streams);
+    let conf_path = dir.join("nginx.conf");
+    fs::write(&conf_path, conf).with_context(|| format!("writing {}", conf_path.display()))?;
+    let log = dir.join("nginx.log");
+    let child = Command::new(bin)
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&conf_path)
+        .args(["-g", "daemon off;"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).context("creating nginx.log")?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut proc = Proc {
+        name: "nginx",
+        child,
+        log,
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        proc.check_alive()?;
+        let kids = children_of(proc.pid());
+        if kids.len() >= workers && std::net::TcpStream::connect(&listen).is_ok() {
+            // A moment for a worker that is still starting to show up, then the final list.
+            thread::sleep(Duration::from_millis(100));
+            let kids = children_of(proc.pid());
+            ensure!(
+                kids.len() == workers,
+                "nginx runs {} worker processes, expected {workers}: {kids:?}",
+                kids.len()
+            );
+            return Ok(Nginx {
+                proc,
+                url: format!("http://{listen}"),
+                workers: kids,
+                version,
+                worker_connections,
+            });
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "nginx was not ready in {READY_TIMEOUT:?}; its log:\n{}",
+            log_tail(&proc.log)
+        );
+        thread::sleep(Duration::from_millis(20));
     }
 }
