@@ -2,12 +2,14 @@
 //! upstream, in latency and in CPU time, measured in one run against the same upstream reached
 //! directly (issue 3, point 7; target: under 50 µs added at p99 at 1, 100 and 1000 concurrent
 //! streams) and through nginx, a plain relay that nobody here wrote (issue 11: haltd's CPU per
-//! token at most 1.5 × nginx's, at most 0.2 ms added to the time to first byte at p50).
+//! token at most 1.5 × nginx's, at most 0.2 ms added to the time to first byte at p50, and a
+//! stalled external scorer leaving the other streams' p99 within 10 %).
 //!
 //! ```text
 //! HALTD_BIN=target/release/haltd bench-proxy-overhead [--streams 1,100,1000] [--rounds 3]
 //!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
 //!     [--nginx /usr/sbin/nginx | --no-nginx]
+//!     [--stall-streams 100] [--scorer-deadline-us 2000] [--stall-us US] [--no-scorer-stall]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
@@ -43,6 +45,15 @@
 //! machine, not the proxy. The kernel's accept-queue overflow and SYN retransmit counters are
 //! read around each run: a stream whose connect was dropped starts a second or more late.
 //!
+//! Then (unless `--no-scorer-stall`) the scorer-stall scenario: a second haltd whose
+//! HaltMonitor asks an external scorer for every token's score (`[detectors.halt_monitor]
+//! scorer = { unix = ..., deadline_us = D }`, mode `observe`), the scorer being served by this
+//! process. Each round runs `--stall-streams` measured streams through it beside one more
+//! stream, the victim, twice: once with the scorer answering every token at once, and once
+//! with it sleeping `--stall-us` (default 90 % of D) before each answer for the victim's
+//! tokens only. The measured streams' per-token latency p99 with the stall over without it is
+//! the isolation figure (target ≤ 1.10). See [`stall`] and docs/bench.md.
+//!
 //! Per N, the report takes the median over the rounds of each figure and prints tables with
 //! PASS or MISS against the targets, and writes the same as JSON to
 //! `target/bench/proxy-overhead.json` (`--out` to change; schema in `docs/bench.md`). A
@@ -71,6 +82,9 @@ const TARGET_ADDED_P99_US: f64 = 50.0;
 const TARGET_CPU_RATIO: f64 = 1.5;
 /// Issue 11: time to first byte haltd adds at p50, in microseconds, at most.
 const TARGET_ADDED_TTFB_P50_US: f64 = 200.0;
+/// Issue 11: the other streams' per-token p99 with one stream's scorer stalled over without,
+/// at most.
+const TARGET_STALL_P99_RATIO: f64 = 1.10;
 /// Idle time before the first run over which haltd's idle CPU rate is measured.
 const IDLE_WINDOW: Duration = Duration::from_secs(1);
 /// Pause after each client run before the CPU clocks are read again, so that work haltd does
@@ -115,6 +129,19 @@ struct Args {
     /// Leave out the nginx route.
     #[arg(long)]
     no_nginx: bool,
+    /// Leave out the scorer-stall scenario.
+    #[arg(long)]
+    no_scorer_stall: bool,
+    /// Measured streams of the scorer-stall scenario (the stalled stream comes on top).
+    #[arg(long, default_value_t = 100)]
+    stall_streams: usize,
+    /// The external scorer's per-token deadline in the scorer-stall scenario (`deadline_us`).
+    #[arg(long, default_value_t = 2000)]
+    scorer_deadline_us: u64,
+    /// How long the scorer sleeps before it answers each of the stalled stream's tokens
+    /// (default: 90 % of `--scorer-deadline-us`, so that the answer still comes in time).
+    #[arg(long)]
+    stall_us: Option<u64>,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -474,12 +501,39 @@ fn main() -> Result<()> {
         }),
         (None, why) => json!({"skipped": why}),
     };
+    // The proxies of the overhead runs go before the scorer-stall scenario starts its own
+    // haltd, so that their background does not load the machine.
+    drop(nginx);
+    drop(haltd);
+
+    let stall_report = if args.no_scorer_stall {
+        json!({"skipped": "--no-scorer-stall"})
+    } else {
+        match stall::run(
+            &args,
+            &haltd_bin,
+            &client_bin,
+            &dir.0,
+            &mut upstream,
+            workers,
+        ) {
+            Ok(s) => {
+                s.print();
+                s.to_json()
+            }
+            Err(e) => {
+                eprintln!("bench-proxy-overhead: scorer-stall scenario failed: {e:#}");
+                json!({"error": format!("{e:#}")})
+            }
+        }
+    };
 
     let report = json!({
         "bench": "proxy_overhead",
         "target_added_p99_us": TARGET_ADDED_P99_US,
         "target_cpu_ratio": TARGET_CPU_RATIO,
         "target_added_ttfb_p50_us": TARGET_ADDED_TTFB_P50_US,
+        "target_stall_p99_ratio": TARGET_STALL_P99_RATIO,
         "pace_ms": args.pace_ms,
         "rounds": args.rounds,
         "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
@@ -495,6 +549,7 @@ fn main() -> Result<()> {
         "cpu_clock": cpu_clock.name(),
         "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
         "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
+        "scorer_stall": stall_report,
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
     if let Some(parent) = out.parent() {
@@ -504,7 +559,7 @@ fn main() -> Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     println!("report: {}", out.display());
 
-    let bad: Vec<String> = runs
+    let mut bad: Vec<String> = runs
         .iter()
         .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
         .map(|r| {
@@ -518,9 +573,16 @@ fn main() -> Result<()> {
             )
         })
         .collect();
+    if let Some(e) = stall_report["error"].as_str() {
+        bad.push(format!("scorer stall: {e}"));
+    }
+    for p in stall_report["problems"].as_array().into_iter().flatten() {
+        bad.push(format!("scorer stall: {}", p.as_str().unwrap_or_default()));
+    }
     ensure!(
         bad.is_empty(),
-        "{} runs had stream errors or no tokens (the numbers above are not trustworthy): {}",
+        "{} runs went wrong: stream errors, no tokens, or a scorer-stall run that did not hold \
+         (the numbers above are not trustworthy): {}",
         bad.len(),
         bad.join("; ")
     );
@@ -1762,5 +1824,533 @@ fn start_nginx(
             log_tail(&proc.log)
         );
         thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The scorer-stall scenario (issue 11): does an external scorer that stalls on one stream
+/// slow the others down?
+///
+/// A haltd of its own, whose HaltMonitor asks an external scorer for every token's score
+/// (`[detectors.halt_monitor] mode = "observe"`, `scorer = { unix = ..., deadline_us = D }`),
+/// and the scorer itself, served by this process: a thread per connection (haltd opens one
+/// per turn) that answers `{"score":1.0}` at once, except that while the stall is on it sleeps
+/// `stall_us` before answering each token of one stream, the victim. The victim is the first
+/// turn that sends the scorer a token once the scorer is armed: this process opens it alone,
+/// waits for that token, and only then starts the measured streams. Each round runs the same
+/// load twice, with the stall and without it (in alternating order): N measured streams
+/// (`bench-proxy`) beside the victim, which is closed when they are done. The figure is the
+/// measured streams' per-token latency p99 with the stall over without it.
+///
+/// `observe` keeps the victim's stream going when an answer comes in after the deadline (in
+/// `hard` mode the first late answer would trip it and end the stall after one token); the
+/// other streams' HaltMonitor does the same work in either mode. With the default stall of 90 %
+/// of the deadline the answers come in time, and haltd waits that long per victim token.
+mod stall {
+    use std::{
+        io::{ErrorKind, Read, Write},
+        net::TcpStream,
+        os::unix::net::{UnixListener, UnixStream},
+        sync::{
+            atomic::{AtomicBool, AtomicU64, Ordering},
+            Arc, Mutex, PoisonError,
+        },
+        thread::JoinHandle,
+    };
+
+    use super::{
+        fs, json, median, round1, run_client, show, start_haltd, thread, verdict, Args, BufRead,
+        BufReader, ClientReport, Context, Deserialize, Duration, Instant, Path, Result, Upstream,
+        Value, SETTLE, TARGET_STALL_P99_RATIO,
+    };
+
+    /// How long the victim may take to send its first token to the scorer.
+    const VICTIM_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Most of the victim's response kept, to look for an error event.
+    const VICTIM_KEEP: usize = 1 << 20;
+
+    /// The scorer's state, shared by its connection threads.
+    #[derive(Debug, Default)]
+    struct Scorer {
+        /// The next turn to send a token becomes the victim.
+        armed: AtomicBool,
+        victim: Mutex<Option<String>>,
+        /// Sleep before each answer to the victim, µs; 0 answers it at once too.
+        stall_us: AtomicU64,
+        /// Tokens scored, all turns.
+        scored: AtomicU64,
+        victim_scored: AtomicU64,
+        /// Connections on which the victim's tokens came: more than one means haltd gave up
+        /// on a late answer and reconnected.
+        victim_connections: AtomicU64,
+        /// Request lines that were not the protocol's.
+        bad_lines: AtomicU64,
+    }
+
+    /// A request line; the rest of its keys are not needed.
+    #[derive(Deserialize)]
+    struct ScoreRequest {
+        turn_id: String,
+    }
+
+    impl Scorer {
+        fn reset(&self, stall_us: u64) {
+            *self.victim.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            self.stall_us.store(stall_us, Ordering::SeqCst);
+            for c in [
+                &self.scored,
+                &self.victim_scored,
+                &self.victim_connections,
+                &self.bad_lines,
+            ] {
+                c.store(0, Ordering::SeqCst);
+            }
+            self.armed.store(true, Ordering::SeqCst);
+        }
+
+        fn victim_known(&self) -> bool {
+            self.victim
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        }
+
+        /// Whether `turn` is the victim; the first turn seen once armed becomes it.
+        fn is_victim(&self, turn: &str) -> bool {
+            let mut v = self.victim.lock().unwrap_or_else(PoisonError::into_inner);
+            if v.is_none() && self.armed.swap(false, Ordering::SeqCst) {
+                *v = Some(turn.to_owned());
+            }
+            v.as_deref() == Some(turn)
+        }
+
+        /// One connection (one turn, or one attempt of it) until haltd closes it.
+        fn serve(&self, conn: UnixStream) {
+            let Ok(read_half) = conn.try_clone() else {
+                return;
+            };
+            let mut reader = BufReader::new(read_half);
+            let mut conn = conn;
+            let mut line = String::new();
+            let mut counted = false;
+            loop {
+                line.clear();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let Ok(req) = serde_json::from_str::<ScoreRequest>(&line) else {
+                    self.bad_lines.fetch_add(1, Ordering::Relaxed);
+                    return;
+                };
+                self.scored.fetch_add(1, Ordering::Relaxed);
+                if self.is_victim(&req.turn_id) {
+                    self.victim_scored.fetch_add(1, Ordering::Relaxed);
+                    if !counted {
+                        counted = true;
+                        self.victim_connections.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let us = self.stall_us.load(Ordering::Relaxed);
+                    if us > 0 {
+                        thread::sleep(Duration::from_micros(us));
+                    }
+                }
+                if conn.write_all(b"{\"score\":1.0}\n").is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Binds the scorer's socket and serves it from a thread for the rest of the process.
+    fn start_scorer(path: &Path) -> Result<Arc<Scorer>> {
+        let listener =
+            UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+        let scorer = Arc::new(Scorer::default());
+        let s = Arc::clone(&scorer);
+        thread::Builder::new()
+            .name("scorer".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    match conn {
+                        Ok(conn) => {
+                            let s = Arc::clone(&s);
+                            let spawned = thread::Builder::new()
+                                .name("scorer-conn".into())
+                                .spawn(move || s.serve(conn));
+                            if let Err(e) = spawned {
+                                eprintln!("bench-proxy-overhead: scorer thread: {e}");
+                            }
+                        }
+                        Err(e) => eprintln!("bench-proxy-overhead: scorer accept: {e}"),
+                    }
+                }
+            })
+            .context("starting the scorer thread")?;
+        Ok(scorer)
+    }
+
+    /// The victim stream: a client of our own that reads and keeps what haltd sends until it
+    /// is told to stop.
+    struct Victim {
+        stop: Arc<AtomicBool>,
+        handle: JoinHandle<VictimEnd>,
+    }
+
+    #[derive(Debug, Default)]
+    struct VictimEnd {
+        bytes: usize,
+        /// Why the stream is not to be trusted: it ended before it was stopped, an error
+        /// event, a socket error.
+        problem: Option<String>,
+    }
+
+    fn start_victim(addr: &str, tokens: usize, pace_ms: u64) -> Result<Victim> {
+        let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        s.set_nodelay(true).context("TCP_NODELAY")?;
+        s.set_read_timeout(Some(Duration::from_millis(50)))
+            .context("SO_RCVTIMEO")?;
+        let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
+            "messages": [{"role": "user",
+                          "content": format!("[[script:bench tokens={tokens} pace_ms={pace_ms}]]")}]})
+        .to_string();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: \
+             application/json\r\naccept: text/event-stream\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes())
+            .context("sending the victim's request")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let handle = thread::spawn(move || {
+            let mut end = VictimEnd::default();
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => {
+                        if !stopped.load(Ordering::SeqCst) {
+                            end.problem = Some(format!(
+                                "the victim's stream ended before the run did, after {} bytes",
+                                end.bytes
+                            ));
+                        }
+                        break;
+                    }
+                    Ok(n) => {
+                        end.bytes += n;
+                        let room = VICTIM_KEEP.saturating_sub(kept.len());
+                        kept.extend_from_slice(&buf[..n.min(room)]);
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e) => {
+                        end.problem = Some(format!("reading the victim's stream: {e}"));
+                        break;
+                    }
+                }
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            let text = String::from_utf8_lossy(&kept);
+            if !text.starts_with("HTTP/1.1 200") {
+                end.problem = Some(format!(
+                    "the victim's response: {}",
+                    text.lines().next().unwrap_or("(nothing)")
+                ));
+            } else if let Some(i) = text.find("data: {\"error\"") {
+                let line = text[i..].lines().next().unwrap_or_default();
+                end.problem = Some(format!(
+                    "the victim's stream ended in an error event: {}",
+                    line.chars().take(300).collect::<String>()
+                ));
+            }
+            end
+        });
+        Ok(Victim { stop, handle })
+    }
+
+    impl Victim {
+        fn finish(self) -> VictimEnd {
+            self.stop.store(true, Ordering::SeqCst);
+            self.handle.join().unwrap_or_else(|_| VictimEnd {
+                bytes: 0,
+                problem: Some("the victim's thread panicked".into()),
+            })
+        }
+    }
+
+    /// One measured run.
+    #[derive(Debug)]
+    struct StallRun {
+        round: usize,
+        stalled: bool,
+        client: ClientReport,
+        scored: u64,
+        victim_scored: u64,
+        victim_connections: u64,
+        bad_lines: u64,
+        victim: VictimEnd,
+    }
+
+    /// The scenario's outcome.
+    #[derive(Debug)]
+    pub(super) struct Stall {
+        streams: usize,
+        tokens: usize,
+        pace_ms: u64,
+        deadline_us: u64,
+        stall_us: u64,
+        workers: usize,
+        runs: Vec<StallRun>,
+    }
+
+    impl Stall {
+        fn of(&self, stalled: bool) -> impl Iterator<Item = &StallRun> {
+            self.runs.iter().filter(move |r| r.stalled == stalled)
+        }
+
+        fn med(&self, stalled: bool, f: impl Fn(&StallRun) -> Option<f64>) -> Option<f64> {
+            median(self.of(stalled).filter_map(f).collect())
+        }
+
+        fn ratio(&self) -> Option<f64> {
+            let without = self.med(false, |r| r.client.p99_us)?;
+            let with = self.med(true, |r| r.client.p99_us)?;
+            (without > 0.0).then(|| with / without)
+        }
+
+        fn pass(&self) -> Option<bool> {
+            self.ratio().map(|r| r <= TARGET_STALL_P99_RATIO)
+        }
+
+        /// What makes a run untrustworthy: stream errors, no tokens, a victim that did not
+        /// last or was not stalled, bad scorer requests.
+        fn problems(&self) -> Vec<String> {
+            let mut out = Vec::new();
+            for r in &self.runs {
+                let tag = format!(
+                    "round {} {}",
+                    r.round + 1,
+                    if r.stalled { "with stall" } else { "without" }
+                );
+                if r.client.errors > 0 || r.client.tokens == 0 {
+                    out.push(format!(
+                        "{tag}: {} errors, {} tokens",
+                        r.client.errors, r.client.tokens
+                    ));
+                }
+                if let Some(p) = &r.victim.problem {
+                    out.push(format!("{tag}: {p}"));
+                }
+                if r.victim_scored == 0 {
+                    out.push(format!("{tag}: the scorer saw none of the victim's tokens"));
+                }
+                if r.bad_lines > 0 {
+                    out.push(format!("{tag}: {} bad scorer request lines", r.bad_lines));
+                }
+            }
+            out
+        }
+
+        pub(super) fn print(&self) {
+            println!(
+                "\nscorer stall: {} streams through haltd ({} workers) whose HaltMonitor asks an \
+                 external scorer (deadline {} µs, mode observe), beside one more stream whose \
+                 every token the scorer answers after {} µs in the stalled runs; the {} \
+                 streams' per-token latency, median of {} rounds; target: p99 with / without \
+                 ≤ {TARGET_STALL_P99_RATIO:.2}",
+                self.streams,
+                self.workers,
+                self.deadline_us,
+                self.stall_us,
+                self.streams,
+                self.runs.len() / 2
+            );
+            println!(
+                "{:>12} | {:>9} {:>9} {:>9} | {:>13} {:>11} | {:>6}",
+                "", "p50 µs", "p99 µs", "max µs", "victim tokens", "connections", "errors"
+            );
+            for (stalled, label) in [(false, "without"), (true, "with stall")] {
+                let sum = |f: &dyn Fn(&StallRun) -> u64| self.of(stalled).map(f).sum::<u64>();
+                println!(
+                    "{label:>12} | {:>9} {:>9} {:>9} | {:>13} {:>11} | {:>6}",
+                    show(self.med(stalled, |r| r.client.p50_us)),
+                    show(self.med(stalled, |r| r.client.p99_us)),
+                    show(self.med(stalled, |r| r.client.max_us)),
+                    sum(&|r| r.victim_scored),
+                    sum(&|r| r.victim_connections),
+                    sum(&|r| r.client.errors)
+                );
+            }
+            println!(
+                "{:>12} | p99 ratio {} | {}",
+                "",
+                self.ratio()
+                    .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+                verdict(self.pass())
+            );
+            for p in self.problems() {
+                println!("problem: scorer stall, {p}");
+            }
+        }
+
+        pub(super) fn to_json(&self) -> Value {
+            let r = |v: Option<f64>| v.map(round1);
+            json!({
+                "streams": self.streams,
+                "tokens_per_stream": self.tokens,
+                "pace_ms": self.pace_ms,
+                "deadline_us": self.deadline_us,
+                "stall_us": self.stall_us,
+                "halt_monitor_mode": "observe",
+                "haltd_workers": self.workers,
+                "rounds": self.runs.len() / 2,
+                "without_p50_us": r(self.med(false, |x| x.client.p50_us)),
+                "without_p99_us": r(self.med(false, |x| x.client.p99_us)),
+                "with_p50_us": r(self.med(true, |x| x.client.p50_us)),
+                "with_p99_us": r(self.med(true, |x| x.client.p99_us)),
+                "p99_ratio": self.ratio().map(|v| (v * 100.0).round() / 100.0),
+                "pass": self.pass(),
+                "problems": self.problems(),
+                "runs": self.runs.iter().map(|x| json!({
+                    "round": x.round + 1,
+                    "stalled": x.stalled,
+                    "requests": x.client.requests,
+                    "tokens": x.client.tokens,
+                    "errors": x.client.errors,
+                    "p50_us": x.client.p50_us,
+                    "p90_us": x.client.p90_us,
+                    "p99_us": x.client.p99_us,
+                    "max_us": x.client.max_us,
+                    "wall_s": x.client.wall_s,
+                    "scored_tokens": x.scored,
+                    "victim_tokens_scored": x.victim_scored,
+                    "victim_connections": x.victim_connections,
+                    "victim_bytes": x.victim.bytes,
+                    "victim_problem": x.victim.problem,
+                })).collect::<Vec<_>>(),
+            })
+        }
+    }
+
+    /// Runs the scenario against `upstream` with a haltd of its own (stopped at the end).
+    pub(super) fn run(
+        args: &Args,
+        haltd_bin: &Path,
+        client_bin: &Path,
+        dir: &Path,
+        upstream: &mut Upstream,
+        workers: usize,
+    ) -> Result<Stall> {
+        let n = args.stall_streams;
+        let tokens = args.tokens.unwrap_or_else(|| super::default_tokens(n));
+        let deadline_us = args.scorer_deadline_us;
+        let stall_us = args.stall_us.unwrap_or(deadline_us * 9 / 10);
+        let socket = dir.join("scorer.sock");
+        let scorer = start_scorer(&socket)?;
+        let conf = dir.join("scorer.toml");
+        fs::write(
+            &conf,
+            format!(
+                "# bench-proxy-overhead, scorer-stall scenario\n\
+                 [detectors.halt_monitor]\n\
+                 mode = \"observe\"\n\
+                 scorer = {{ unix = \"{}\", deadline_us = {deadline_us} }}\n",
+                socket.display()
+            ),
+        )
+        .with_context(|| format!("writing {}", conf.display()))?;
+        let mut haltd = start_haltd(
+            haltd_bin,
+            dir,
+            "haltd-scorer",
+            upstream.addr.as_str(),
+            args,
+            &["--config".as_ref(), conf.as_os_str()],
+        )?;
+        let url = format!("http://{}", haltd.listen);
+        eprintln!(
+            "bench-proxy-overhead: scorer stall: haltd {} (pid {}), scorer {}, deadline {} µs, \
+             stall {} µs",
+            haltd.listen,
+            haltd.proc.pid(),
+            socket.display(),
+            deadline_us,
+            stall_us
+        );
+        // The victim outlasts the measured run by far; it is closed when the run ends.
+        let victim_tokens = tokens * 10 + 100;
+        let mut runs = Vec::new();
+        for round in 0..args.rounds {
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for stalled in order {
+                let tag = format!(
+                    "[scorer stall, N={n} round {}/{} {}]",
+                    round + 1,
+                    args.rounds,
+                    if stalled { "with stall" } else { "without" }
+                );
+                eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
+                scorer.reset(if stalled { stall_us } else { 0 });
+                let victim = start_victim(&haltd.listen, victim_tokens, args.pace_ms)?;
+                let t0 = Instant::now();
+                while !scorer.victim_known() {
+                    if t0.elapsed() > VICTIM_TIMEOUT {
+                        let end = victim.finish();
+                        anyhow::bail!(
+                            "{tag}: the victim's first token did not reach the scorer in \
+                             {VICTIM_TIMEOUT:?} ({}); haltd's log ends:\n{}",
+                            end.problem.unwrap_or_else(|| "no error seen".into()),
+                            super::log_tail(&haltd.proc.log)
+                        );
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                }
+                let client = run_client(client_bin, &url, n, tokens, args.pace_ms);
+                let victim = victim.finish();
+                let client = client.with_context(|| format!("{tag} bench-proxy"))?;
+                let run = StallRun {
+                    round,
+                    stalled,
+                    client,
+                    scored: scorer.scored.load(Ordering::SeqCst),
+                    victim_scored: scorer.victim_scored.load(Ordering::SeqCst),
+                    victim_connections: scorer.victim_connections.load(Ordering::SeqCst),
+                    bad_lines: scorer.bad_lines.load(Ordering::SeqCst),
+                    victim,
+                };
+                eprintln!(
+                    "{tag} {} tokens, {} errors; latency µs p50 {} p99 {} max {}; scorer: {} \
+                     tokens, {} of the victim's on {} connections",
+                    run.client.tokens,
+                    run.client.errors,
+                    show(run.client.p50_us),
+                    show(run.client.p99_us),
+                    show(run.client.max_us),
+                    run.scored,
+                    run.victim_scored,
+                    run.victim_connections
+                );
+                runs.push(run);
+                thread::sleep(SETTLE);
+                haltd.proc.check_alive()?;
+                upstream.proc.check_alive()?;
+            }
+        }
+        Ok(Stall {
+            streams: n,
+            tokens,
+            pace_ms: args.pace_ms,
+            deadline_us,
+            stall_us,
+            workers,
+            runs,
+        })
     }
 }
