@@ -1298,13 +1298,18 @@ fn overhead_run(streams: &[usize], extra: &[String], out: &Path) -> Result<Value
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    // The nginx route and the scorer-stall scenario are issue 11's figures, measured by
+    // running bench-proxy-overhead itself; here it stays the direct-versus-haltd overhead.
+    let fixed = ["--rounds", "1", "--no-nginx", "--no-scorer-stall"];
     eprintln!(
-        "[halt-slo] streaming overhead against a plain relay: {} --streams {list} --rounds 1 {}",
+        "[halt-slo] streaming overhead against a plain relay: {} --streams {list} {} {}",
         bin.display(),
+        fixed.join(" "),
         extra.join(" ")
     );
     let status = Command::new(&bin)
-        .args(["--streams", &list, "--rounds", "1"])
+        .args(["--streams", &list])
+        .args(fixed)
         .args(extra)
         .arg("--out")
         .arg(out)
