@@ -4,10 +4,12 @@
 //!
 //! ```text
 //! bench-proxy --url http://HOST:PORT --streams N --tokens T --pace-ms P
-//!             [--endpoint chat|completions] [--duration-s S] [--timeout-s S] [--json]
+//!             [--endpoint chat|completions] [--duration-s S] [--timeout-s S] [--align] [--json]
 //! ```
 //!
-//! Opens N concurrent streaming requests whose prompt is `[[script:bench tokens=T pace_ms=P]]`.
+//! Opens N concurrent streaming requests whose prompt is `[[script:bench tokens=T pace_ms=P]]`
+//! (with `--align`, also `align=1`: the upstream sends every stream's tokens at the same
+//! multiples of P, like one decode batch, whenever each stream began).
 //! The upstream makes each token's text ` t<NS>`, NS being CLOCK_MONOTONIC read just before it
 //! wrote the chunk; this client reads the same clock when the event arrives, so
 //! `now - NS` is the token's latency through everything in between (same machine, or network
@@ -79,6 +81,9 @@ struct Args {
     /// Give up on a single stream after this many seconds (it counts as an error).
     #[arg(long, default_value_t = 60.0)]
     timeout_s: f64,
+    /// Ask the upstream to send the tokens at multiples of the pace (`align=1`).
+    #[arg(long)]
+    align: bool,
     /// Also print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -263,8 +268,10 @@ fn parse_url(url: &str) -> Result<(String, SocketAddr)> {
 
 fn build_request(args: &Args, host: &str) -> Vec<u8> {
     let directive = format!(
-        "[[script:bench tokens={} pace_ms={}]]",
-        args.tokens, args.pace_ms
+        "[[script:bench tokens={} pace_ms={}{}]]",
+        args.tokens,
+        args.pace_ms,
+        if args.align { " align=1" } else { "" }
     );
     let (path, body) = match args.endpoint {
         Endpoint::Chat => (

@@ -39,7 +39,10 @@
 //! (overrides `--framing` for this request); `no_logprobs=1`, never send logprobs, like a
 //! backend without logprob support; `token_ids=1`, logprob entries name their token
 //! `token_id:<index>` (vLLM's `--return-tokens-as-token-ids` form), so their texts do not
-//! spell the content. Other tokens have logprob ln 0.9 and are their own
+//! spell the content; `align=1`, each content chunk waits for the next multiple of `pace_ms`
+//! on CLOCK_MONOTONIC instead of `pace_ms` after the previous one, so that all streams of one
+//! pace send their tokens at the same instants, like the sequences of one decode batch,
+//! whenever each began. Other tokens have logprob ln 0.9 and are their own
 //! top alternative; the other alternatives are made up deterministically.
 //!
 //! | script | after the `tokens` content tokens |
@@ -818,6 +821,8 @@ struct Script {
     no_logprobs: bool,
     /// Logprob entries name their token `token_id:<index>` instead of its text.
     token_ids: bool,
+    /// Content chunks go out at multiples of `pace` on CLOCK_MONOTONIC.
+    align: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -951,6 +956,7 @@ impl Script {
             finish,
             no_logprobs: k.flag("no_logprobs")?,
             token_ids: k.flag("token_ids")?,
+            align: k.flag("align")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1618,6 +1624,18 @@ async fn pause(d: Duration) {
     }
 }
 
+/// Until the next multiple of `pace` on CLOCK_MONOTONIC (`align=1`): every stream that waits
+/// for the same multiple wakes on the same timer tick.
+async fn pause_aligned(pace: Duration) {
+    let pace_ns = u64::try_from(pace.as_nanos()).unwrap_or(u64::MAX);
+    if pace_ns == 0 {
+        return;
+    }
+    let now = monotonic_ns();
+    let next = (now / pace_ns).saturating_add(1).saturating_mul(pace_ns);
+    tokio::time::sleep(Duration::from_nanos(next - now)).await;
+}
+
 /// `args` cut into `n` pieces of about equal length (on char boundaries).
 fn split_args(args: &str, n: usize) -> Vec<&str> {
     let bounds: Vec<usize> = args.char_indices().map(|(i, _)| i).collect();
@@ -1666,7 +1684,11 @@ async fn emit_content(
     let mut i = range.start;
     while i < range.end {
         let end = (i + s.per_chunk).min(range.end);
-        pause(s.pace).await;
+        if s.align {
+            pause_aligned(s.pace).await;
+        } else {
+            pause(s.pace).await;
+        }
         g.load_tokens(i..end);
         let role = g.take_role();
         for idx in 0..g.p.n {
