@@ -408,7 +408,7 @@ fn main() -> Result<()> {
                     children_cpu_us(),
                     Instant::now(),
                 );
-                let client = run_client(&client_bin, url, n, tokens, args.pace_ms)
+                let client = run_client(&client_bin, url, n, tokens, args.pace_ms, false)
                     .with_context(|| format!("bench-proxy, {n} streams, {}", path.name()))?;
                 thread::sleep(SETTLE);
                 let tcp1 = tcp_ext();
@@ -509,14 +509,16 @@ fn main() -> Result<()> {
     let stall_report = if args.no_scorer_stall {
         json!({"skipped": "--no-scorer-stall"})
     } else {
-        match stall::run(
-            &args,
-            &haltd_bin,
-            &client_bin,
-            &dir.0,
-            &mut upstream,
+        let ctx = stall::Context {
+            args: &args,
+            haltd_bin: &haltd_bin,
+            client_bin: &client_bin,
+            dir: &dir.0,
             workers,
-        ) {
+            cpu_clock,
+            nproc: machine.nproc,
+        };
+        match stall::run(&ctx, &mut upstream) {
             Ok(s) => {
                 s.print();
                 s.to_json()
@@ -1166,16 +1168,19 @@ fn print_ttfb_table(args: &Args, summaries: &[Summary]) {
     }
 }
 
-/// Runs `bench-proxy` to completion and parses its JSON line.
+/// Runs `bench-proxy` to completion and parses its JSON line. With `align`, the upstream sends
+/// every stream's tokens at the same multiples of the pace.
 fn run_client(
     bin: &Path,
     url: &str,
     streams: usize,
     tokens: usize,
     pace_ms: u64,
+    align: bool,
 ) -> Result<ClientReport> {
     let out = Command::new(bin)
         .args(["--url", url, "--json"])
+        .args(align.then_some("--align"))
         .args(["--streams", &streams.to_string()])
         .args(["--tokens", &tokens.to_string()])
         .args(["--pace-ms", &pace_ms.to_string()])
@@ -1841,6 +1846,12 @@ fn start_nginx(
 /// (`bench-proxy`) beside the victim, which is closed when they are done. The figure is the
 /// measured streams' per-token latency p99 with the stall over without it.
 ///
+/// All these streams ask the upstream for `align=1`: their tokens leave at the same multiples
+/// of the pace, as one decode step of a batching server yields a token for every sequence, so
+/// the victim's token arrives together with the others' whenever the victim began. Without it
+/// the stall would hit the others or miss them depending on the victim's phase, which is
+/// chance.
+///
 /// `observe` keeps the victim's stream going when an answer comes in after the deadline (in
 /// `hard` mode the first late answer would trip it and end the stall after one token); the
 /// other streams' HaltMonitor does the same work in either mode. With the default stall of 90 %
@@ -1857,11 +1868,26 @@ mod stall {
         thread::JoinHandle,
     };
 
+    use anyhow::Context as _;
+
     use super::{
-        fs, json, median, round1, run_client, show, start_haltd, thread, verdict, Args, BufRead,
-        BufReader, ClientReport, Context, Deserialize, Duration, Instant, Path, Result, Upstream,
-        Value, SETTLE, TARGET_STALL_P99_RATIO,
+        children_cpu_us, fs, json, machine_busy_us, median, round1, run_client, show, start_haltd,
+        thread, verdict, Args, BufRead, BufReader, ClientReport, CpuClock, Deserialize, Duration,
+        Instant, Path, Result, Upstream, Value, OTHERS_WARN_PCT, SETTLE, TARGET_STALL_P99_RATIO,
     };
+
+    /// What the scenario needs from the bench.
+    pub(super) struct Context<'a> {
+        pub(super) args: &'a Args,
+        pub(super) haltd_bin: &'a Path,
+        pub(super) client_bin: &'a Path,
+        /// The scratch directory (the scorer's socket, haltd's config and files).
+        pub(super) dir: &'a Path,
+        /// haltd's data-plane workers, for the report.
+        pub(super) workers: usize,
+        pub(super) cpu_clock: CpuClock,
+        pub(super) nproc: usize,
+    }
 
     /// How long the victim may take to send its first token to the scorer.
     const VICTIM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -2011,7 +2037,7 @@ mod stall {
             .context("SO_RCVTIMEO")?;
         let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
             "messages": [{"role": "user",
-                          "content": format!("[[script:bench tokens={tokens} pace_ms={pace_ms}]]")}]})
+                          "content": format!("[[script:bench tokens={tokens} pace_ms={pace_ms} align=1]]")}]})
         .to_string();
         let req = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: \
@@ -2087,6 +2113,12 @@ mod stall {
         round: usize,
         stalled: bool,
         client: ClientReport,
+        /// haltd's CPU time over the run (the measured streams' and the victim's), µs.
+        haltd_cpu_us: f64,
+        /// The bench's processes (haltd, upstream, client, this one with the scorer and the
+        /// victim) and everyone else, in percent of all CPUs over the run.
+        busy_pct: f64,
+        others_pct: f64,
         scored: u64,
         victim_scored: u64,
         victim_connections: u64,
@@ -2123,6 +2155,14 @@ mod stall {
 
         fn pass(&self) -> Option<bool> {
             self.ratio().map(|r| r <= TARGET_STALL_P99_RATIO)
+        }
+
+        /// The worst share of the CPUs other processes took during a run, percent.
+        fn others_max(&self) -> Option<f64> {
+            self.runs
+                .iter()
+                .map(|r| r.others_pct)
+                .max_by(f64::total_cmp)
         }
 
         /// What makes a run untrustworthy: stream errors, no tokens, a victim that did not
@@ -2191,6 +2231,12 @@ mod stall {
                     .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
                 verdict(self.pass())
             );
+            if let Some(o) = self.others_max().filter(|&o| o > OTHERS_WARN_PCT) {
+                println!(
+                    "note: scorer stall: other processes used up to {o:.0}% of the CPUs during a \
+                     run; the ratio is not to be trusted, rerun on a quiet machine"
+                );
+            }
             for p in self.problems() {
                 println!("problem: scorer stall, {p}");
             }
@@ -2214,6 +2260,7 @@ mod stall {
                 "p99_ratio": self.ratio().map(|v| (v * 100.0).round() / 100.0),
                 "pass": self.pass(),
                 "problems": self.problems(),
+                "others_pct_max": self.others_max().map(round1),
                 "runs": self.runs.iter().map(|x| json!({
                     "round": x.round + 1,
                     "stalled": x.stalled,
@@ -2225,6 +2272,9 @@ mod stall {
                     "p99_us": x.client.p99_us,
                     "max_us": x.client.max_us,
                     "wall_s": x.client.wall_s,
+                    "haltd_cpu_us_per_token": round1(x.haltd_cpu_us / x.client.tokens.max(1) as f64),
+                    "busy_pct": round1(x.busy_pct),
+                    "others_pct": round1(x.others_pct),
                     "scored_tokens": x.scored,
                     "victim_tokens_scored": x.victim_scored,
                     "victim_connections": x.victim_connections,
@@ -2236,14 +2286,16 @@ mod stall {
     }
 
     /// Runs the scenario against `upstream` with a haltd of its own (stopped at the end).
-    pub(super) fn run(
-        args: &Args,
-        haltd_bin: &Path,
-        client_bin: &Path,
-        dir: &Path,
-        upstream: &mut Upstream,
-        workers: usize,
-    ) -> Result<Stall> {
+    pub(super) fn run(ctx: &Context<'_>, upstream: &mut Upstream) -> Result<Stall> {
+        let Context {
+            args,
+            haltd_bin,
+            client_bin,
+            dir,
+            workers,
+            cpu_clock,
+            nproc,
+        } = *ctx;
         let n = args.stall_streams;
         let tokens = args.tokens.unwrap_or_else(|| super::default_tokens(n));
         let deadline_us = args.scorer_deadline_us;
@@ -2299,9 +2351,9 @@ mod stall {
                 eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
                 scorer.reset(if stalled { stall_us } else { 0 });
                 let victim = start_victim(&haltd.listen, victim_tokens, args.pace_ms)?;
-                let t0 = Instant::now();
+                let t_victim = Instant::now();
                 while !scorer.victim_known() {
-                    if t0.elapsed() > VICTIM_TIMEOUT {
+                    if t_victim.elapsed() > VICTIM_TIMEOUT {
                         let end = victim.finish();
                         anyhow::bail!(
                             "{tag}: the victim's first token did not reach the scorer in \
@@ -2312,22 +2364,50 @@ mod stall {
                     }
                     thread::sleep(Duration::from_millis(5));
                 }
-                let client = run_client(client_bin, &url, n, tokens, args.pace_ms);
+                let me = std::process::id();
+                let all0 = machine_busy_us();
+                let (h0, u0, m0, c0, t0) = (
+                    cpu_clock.read_us(haltd.proc.pid())?,
+                    cpu_clock.read_us(upstream.proc.pid())?,
+                    cpu_clock.read_us(me)?,
+                    children_cpu_us(),
+                    Instant::now(),
+                );
+                let client = run_client(client_bin, &url, n, tokens, args.pace_ms, true);
+                let haltd_cpu_us = cpu_clock.read_us(haltd.proc.pid())? - h0;
+                let ours = haltd_cpu_us + cpu_clock.read_us(upstream.proc.pid())? - u0
+                    + cpu_clock.read_us(me)?
+                    - m0
+                    + children_cpu_us()
+                    - c0;
+                let all_us = machine_busy_us() - all0;
+                let capacity_us = t0.elapsed().as_secs_f64() * 1e6 * nproc.max(1) as f64;
                 let victim = victim.finish();
                 let client = client.with_context(|| format!("{tag} bench-proxy"))?;
                 let run = StallRun {
                     round,
                     stalled,
                     client,
+                    haltd_cpu_us,
+                    busy_pct: ours / capacity_us * 100.0,
+                    others_pct: ((all_us - ours) / capacity_us * 100.0).max(0.0),
                     scored: scorer.scored.load(Ordering::SeqCst),
                     victim_scored: scorer.victim_scored.load(Ordering::SeqCst),
                     victim_connections: scorer.victim_connections.load(Ordering::SeqCst),
                     bad_lines: scorer.bad_lines.load(Ordering::SeqCst),
                     victim,
                 };
+                if run.others_pct > OTHERS_WARN_PCT {
+                    eprintln!(
+                        "{tag} other processes used {:.0}% of the CPUs during this run: its \
+                         numbers are disturbed",
+                        run.others_pct
+                    );
+                }
                 eprintln!(
                     "{tag} {} tokens, {} errors; latency µs p50 {} p99 {} max {}; scorer: {} \
-                     tokens, {} of the victim's on {} connections",
+                     tokens, {} of the victim's on {} connections; haltd CPU {:.1} µs/token; \
+                     CPUs {:.0}% busy",
                     run.client.tokens,
                     run.client.errors,
                     show(run.client.p50_us),
@@ -2335,7 +2415,9 @@ mod stall {
                     show(run.client.max_us),
                     run.scored,
                     run.victim_scored,
-                    run.victim_connections
+                    run.victim_connections,
+                    run.haltd_cpu_us / run.client.tokens.max(1) as f64,
+                    run.busy_pct
                 );
                 runs.push(run);
                 thread::sleep(SETTLE);
