@@ -366,9 +366,14 @@ fn main() -> Result<()> {
             upstream: (cpu_clock.read_us(upstream.proc.pid())? - u0) / s,
         }
     };
+    let nginx_idle = if nginx.is_some() {
+        format!(", nginx {:.0} µs/s", idle.nginx)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s, nginx {:.0} µs/s, upstream {:.0} µs/s",
-        idle.haltd, idle.nginx, idle.upstream
+        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s{nginx_idle}, upstream {:.0} µs/s",
+        idle.haltd, idle.upstream
     );
 
     let mut routes = vec![Route::Direct, Route::Via];
