@@ -2230,11 +2230,16 @@ mod stall {
                 );
             }
             println!(
-                "{:>12} | p99 ratio {} | {}",
+                "{:>12} | p99 ratio {} | {}{}",
                 "",
                 self.ratio()
                     .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
-                verdict(self.pass())
+                verdict(self.pass()),
+                if self.others_max().is_some_and(|o| o > OTHERS_WARN_PCT) {
+                    " (disturbed: see the note)"
+                } else {
+                    ""
+                }
             );
             if let Some(o) = self.others_max().filter(|&o| o > OTHERS_WARN_PCT) {
                 println!(
