@@ -15,10 +15,13 @@ use crate::{
 /// Benches run by `cargo xtask bench`: (package, binary). A bench not written yet is skipped.
 /// All binaries of a bench's package are built first: a bench may run its siblings
 /// (`bench-halt-slo` runs `bench-gate-send` and `bench-proxy-overhead`, which runs
-/// `scripted-upstream` and `bench-proxy`). The first one is the halt SLO bench, and the
+/// `scripted-upstream`, `bench-proxy` and, beside haltd, nginx). The first one is the halt SLO bench, and the
 /// arguments after `cargo xtask bench --` go to it.
 const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-halt-slo"),
+    // The cost figures beside nginx, TTFB and the scorer stall (bench-halt-slo runs it without
+    // them).
+    ("haltd-tests", "bench-proxy-overhead"),
     ("haltd-tests", "bench-detectors"),
 ];
 

@@ -35,6 +35,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "systemd",
         "systemd-analyze, which checks deploy/systemd/haltd.service in the ops-pack tests",
     ),
+    (
+        "nginx",
+        "the plain reverse proxy `cargo xtask bench` sets beside haltd (bench-proxy-overhead)",
+    ),
 ];
 
 type Package = (&'static str, &'static str);
