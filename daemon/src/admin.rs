@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
+    clock::monotonic_ns,
     codes::FailureCode,
-    gate::monotonic_ns,
     modes::{KeyId, ScopeSel},
     shared::Shared,
     stream::{StreamId, TripError},

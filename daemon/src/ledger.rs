@@ -29,10 +29,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::clock::rfc3339_now;
 
 /// `prev_hash` of the first record.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -467,40 +468,6 @@ fn strip_hash_field(line: &[u8], seq: u64, prev_hash: &str, hash: &str) -> Optio
     unhashed.extend_from_slice(head.as_bytes());
     unhashed.extend_from_slice(rest);
     Some(unhashed)
-}
-
-/// Current time as RFC 3339 UTC with milliseconds, e.g. `2026-05-01T12:34:56.789Z`.
-pub fn rfc3339_now() -> String {
-    rfc3339(SystemTime::now())
-}
-
-/// `t` as RFC 3339 UTC with milliseconds (times before 1970 clamp to the epoch).
-pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Work for the writer thread.
@@ -1232,20 +1199,6 @@ mod tests {
             msg.contains("/nonexistent-dir/x/fhr.jsonl") && msg.contains("cannot open"),
             "{msg}"
         );
-    }
-
-    #[test]
-    fn rfc3339_formatting() {
-        let at = |s: u64, ms: u64| {
-            rfc3339(UNIX_EPOCH + Duration::from_secs(s) + Duration::from_millis(ms))
-        };
-        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(at(1_709_251_199, 999), "2024-02-29T23:59:59.999Z");
-        assert_eq!(at(1_709_251_200, 0), "2024-03-01T00:00:00.000Z");
-        assert_eq!(at(4_102_444_800, 120), "2100-01-01T00:00:00.120Z");
-        let now = rfc3339_now();
-        assert!(now.ends_with('Z') && now.len() == 24, "{now}");
     }
 
     #[test]

@@ -32,6 +32,7 @@
 
 pub mod admin;
 pub mod calibrate;
+pub mod clock;
 pub mod codes;
 pub mod config;
 pub mod crash;

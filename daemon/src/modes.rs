@@ -23,14 +23,14 @@ use std::{
     collections::HashMap,
     fmt,
     sync::Mutex,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
 use clap::ValueEnum;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::codes::FailureCode;
+use crate::{clock::unix_ms, codes::FailureCode};
 
 /// A conversation's key: the first 8 bytes of SHA-256 over the `Authorization` header value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,11 +136,6 @@ pub struct Modes {
     scope: DegradedScope,
     hold: Option<Duration>,
     inner: Mutex<Inner>,
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn scope_name(key: Option<KeyId>) -> String {

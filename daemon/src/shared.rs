@@ -15,10 +15,11 @@ use std::io::Write as _;
 use haltd_common::SockPolicy;
 
 use crate::{
+    clock::{monotonic_ns, rfc3339, rfc3339_now},
     codes::FailureCode,
     config::Config,
-    gate::{monotonic_ns, KernelGate},
-    ledger::{rfc3339, rfc3339_now, Ledger, Record, RecordKind},
+    gate::KernelGate,
+    ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
     modes::{KeyId, ModeChange, Modes},
     openai::Halt,

@@ -533,10 +533,7 @@ impl StreamTable {
         s.key_id.store(0, SeqCst);
         s.created.store(0, SeqCst);
         s.started_ns.store(now_ns, SeqCst);
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        s.started_unix_ms.store(unix_ms, SeqCst);
+        s.started_unix_ms.store(crate::clock::unix_ms_now(), SeqCst);
         for c in [
             &s.frames_submitted,
             &s.bytes_submitted,

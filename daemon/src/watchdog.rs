@@ -19,8 +19,8 @@ use std::{
 };
 
 use crate::{
+    clock::monotonic_ns,
     codes::FailureCode,
-    gate::monotonic_ns,
     shared::Shared,
     stream::{halter, state},
 };

@@ -8,7 +8,10 @@ use std::{
 
 use serde_json::{json, Map, Value};
 
-use crate::ledger::{rfc3339, Ledger, LedgerError, Record, RecordKind};
+use crate::{
+    clock::rfc3339,
+    ledger::{Ledger, LedgerError, Record, RecordKind},
+};
 
 /// Why the crash file could not be recorded. haltd does not start then: the crash would go
 /// unrecorded (or be recorded again and again).

@@ -19,9 +19,9 @@ use serde_json::Value;
 
 use super::{SendKind, Turn, Worker};
 use crate::{
+    clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, Trip},
-    gate::monotonic_ns,
     openai::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
     safety::{self, SafetyContext, SafetyMode},
     upstream::framing::{self, Split, ToolCallPart},

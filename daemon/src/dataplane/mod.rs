@@ -18,17 +18,17 @@ use std::{
     net::TcpListener,
     os::fd::{AsRawFd, RawFd},
     sync::{atomic::Ordering::SeqCst, Arc},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use io_uring::{opcode, squeue, types, IoUring};
 use slab::Slab;
 
 use crate::{
+    clock::monotonic_ns,
     codes::FailureCode,
     config::SourceKind,
     detect::{pipeline::Gate, pipeline::TurnGovernor, TokenObs},
-    gate::monotonic_ns,
     http::{self, HttpError, RequestHead},
     ledger::RecordKind,
     modes::KeyId,
@@ -293,12 +293,6 @@ fn set_nodelay(fd: RawFd) {
             size_of::<libc::c_int>() as u32,
         );
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl Worker {
@@ -866,7 +860,7 @@ impl Worker {
         let degraded = shared.modes.is_degraded(key_id);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        slot.created.store(unix_now(), SeqCst);
+        slot.created.store(crate::clock::unix_secs(), SeqCst);
         slot.endpoint.store(endpoint as u8, SeqCst);
         slot.key_id.store(key_id.0, SeqCst);
         slot.degraded.store(degraded, SeqCst);

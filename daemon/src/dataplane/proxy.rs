@@ -29,9 +29,9 @@ use super::{
     OP_UP_LINK, OP_UP_RECV, OP_UP_SEND, OP_WATCH,
 };
 use crate::{
+    clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, TokenObs},
-    gate::monotonic_ns,
     http::{HttpError, RequestHead},
     modes::KeyId,
     openai::ChunkEncoder,

@@ -608,23 +608,6 @@ pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, GateError> {
     })
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds, in this process's time namespace. Userspace's own clock:
-/// it times streams and the in-process heartbeat, never what the kernel gate compares (the
-/// gate has its own clock, see [`KernelGate::beat`]).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux, so
-    // the call cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    // Both fields are non-negative for CLOCK_MONOTONIC.
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
 /// The gate object embedded at build time; empty when the daemon was built without
 /// `HALTD_BPF_OBJECT` (see `daemon/build.rs`).
 pub fn embedded_object() -> &'static [u8] {

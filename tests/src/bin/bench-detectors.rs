@@ -124,12 +124,12 @@ use std::{
 use anyhow::{anyhow, ensure, Context, Result};
 use clap::Parser;
 use haltd::{
+    clock::monotonic_ns,
     detect::{
         exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
         pipeline::{Detectors, DetectorsConfig, Gate},
         TokenObs,
     },
-    gate::monotonic_ns,
     source::builtin::BuiltinModel,
 };
 use serde_json::{json, Value};

@@ -1532,7 +1532,7 @@ fn main() -> Result<()> {
     };
     let report = json!({
         "bench": "halt_slo",
-        "date": haltd::ledger::rfc3339_now(),
+        "date": haltd::clock::rfc3339_now(),
         "machine": machine(),
         "haltd": haltd_tests::haltd_bin().map(|p| p.display().to_string()).unwrap_or_default(),
         "args": {
