@@ -20,7 +20,8 @@ use crate::{
     codes::FailureCode,
     modes::{KeyId, ScopeSel},
     shared::Shared,
-    stream::{StreamId, TripError},
+    stream::TripError,
+    wire::StreamId,
 };
 
 #[derive(Deserialize, Default)]

@@ -22,12 +22,11 @@ use crate::{
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
     modes::{KeyId, ModeChange, Modes},
-    openai::Halt,
     source::builtin::MODEL_NAME,
     stream::{
-        halter, nonce_hex, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamId, StreamTable,
-        TripError, TripInfo,
+        halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
     },
+    wire::{nonce_hex, Halt, StreamId},
 };
 
 /// Everything the data-plane workers, the watchdog and the control plane share.

@@ -22,10 +22,10 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, Trip},
-    openai::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
     safety::{self, SafetyContext, SafetyMode},
     upstream::framing::{self, Split, ToolCallPart},
     upstream::UpToken,
+    wire::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
 
 /// Output text kept per turn for SafetyCheck's cited-source check; beyond it the citation

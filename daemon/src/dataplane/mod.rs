@@ -29,13 +29,14 @@ use crate::{
     codes::FailureCode,
     config::SourceKind,
     detect::{pipeline::Gate, pipeline::TurnGovernor, TokenObs},
-    http::{self, HttpError, RequestHead},
     ledger::RecordKind,
     modes::KeyId,
-    openai::{self, ChunkEncoder, Token, TurnRequest},
     shared::Shared,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
-    stream::{halter, state, Endpoint, Mode, StreamId},
+    stream::{halter, state, Mode},
+    wire::{
+        self, http, ChunkEncoder, Endpoint, HttpError, RequestHead, StreamId, Token, TurnRequest,
+    },
 };
 use haltd_common::SockPolicy;
 
@@ -692,7 +693,7 @@ impl Worker {
                 let key_id =
                     KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
                 let body = &self.conns[key].rbuf[head.head_len..];
-                match openai::parse_turn(endpoint, body, MODEL_NAME) {
+                match wire::parse_turn(endpoint, body, MODEL_NAME) {
                     Ok(req) => self.start_turn(key, req, key_id),
                     Err(e) => self.reply_error(key, &e),
                 }

@@ -32,15 +32,14 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, TokenObs},
-    http::{HttpError, RequestHead},
     modes::KeyId,
-    openai::ChunkEncoder,
-    stream::{state, Endpoint, Mode},
+    stream::{state, Mode},
     upstream::{
         self,
         framing::{self, Split},
         ClientAsk, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError, UpstreamEvent,
     },
+    wire::{self, ChunkEncoder, Endpoint, HttpError, RequestHead},
 };
 
 /// Largest upstream response head.
@@ -1020,7 +1019,7 @@ impl Worker {
                 other => other.to_string(),
             })
             .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
-        let quote = upstream::truncate_chars(&message, 500);
+        let quote = wire::truncate_chars(&message, 500);
         let msg = format!("the upstream answered {status}: {quote}");
         up.failure_quote = Some(quote);
         up.status = Some(status);
@@ -1221,7 +1220,7 @@ impl Worker {
                 }
                 Item::Usage(p, c) => up.usage = Some((p, c)),
                 Item::Error(e) => {
-                    let quote = upstream::truncate_chars(&e.message, 500);
+                    let quote = wire::truncate_chars(&e.message, 500);
                     let msg = format!("the upstream sent an error event: {quote}");
                     up.failure_quote = Some(quote);
                     return self.up_fail(key, "error_event", msg, e.status);

@@ -10,7 +10,7 @@
 //!   Each corpus paragraph is one training sequence and ends with an end-of-text event, so the
 //!   model can stop by itself, usually after a sentence end ([`FinishReason::Stop`]).
 //!   Every token is far shorter than the frame cap
-//!   ([`crate::openai::MAX_TOKEN_TEXT_BYTES`]), so each goes out whole in one frame.
+//!   ([`crate::wire::MAX_TOKEN_TEXT_BYTES`]), so each goes out whole in one frame.
 //! - **Distribution.** For the context `(u, v)` of the last two tokens the candidates are the
 //!   tokens seen after `v`. Each gets `λ·c(u,v,w)/c(u,v) + (1-λ)·c(v,w)/c(v)`, with the
 //!   Witten–Bell-style weight `λ = c(u,v) / (c(u,v) + T(u,v)/2)` (`T` = distinct followers of
@@ -767,7 +767,7 @@ mod tests {
         let m = BuiltinModel::get();
         let longest = m.vocab.iter().map(|t| t.len()).max().unwrap_or(0);
         assert!(
-            longest <= crate::openai::MAX_TOKEN_TEXT_BYTES,
+            longest <= crate::wire::MAX_TOKEN_TEXT_BYTES,
             "a built-in token of {longest} bytes"
         );
         assert!(longest > 8, "the vocabulary has real words: {longest}");

@@ -21,8 +21,10 @@
 
 use serde_json::{Map, Value};
 
-use super::{sse::SseEvent, truncate_chars};
-use crate::{openai::MAX_TOP_LOGPROBS, stream::Endpoint};
+use crate::{
+    upstream::sse::SseEvent,
+    wire::{truncate_chars, Endpoint, MAX_TOP_LOGPROBS},
+};
 
 /// Longest upstream error message kept (client-facing and recorded).
 pub const MAX_ERROR_MESSAGE_CHARS: usize = 500;
@@ -157,7 +159,7 @@ impl UpstreamChunk {
     /// `bytes:`/`token_id:` forms, reasoning tokens, no logprobs at all), one frame per
     /// character of the content ([`super::framing`]).
     pub fn tokens_match_content(&self) -> bool {
-        super::framing::tokens_spell(&self.tokens, &self.content)
+        tokens_spell(&self.tokens, &self.content)
     }
 }
 
@@ -515,6 +517,21 @@ fn completion_logprobs(lp: &Map<String, Value>) -> Result<Vec<UpToken>, ChunkErr
         });
     }
     Ok(tokens)
+}
+
+/// Whether `tokens` is non-empty and their texts concatenate exactly to `text`.
+pub fn tokens_spell(tokens: &[UpToken], text: &str) -> bool {
+    if tokens.is_empty() {
+        return false;
+    }
+    let mut rest = text;
+    for t in tokens {
+        match rest.strip_prefix(t.text.as_str()) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    rest.is_empty()
 }
 
 #[cfg(test)]

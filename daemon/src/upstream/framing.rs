@@ -1,6 +1,6 @@
 //! How upstream text becomes frames: one token per frame (DESIGN §2, §3), so that the kernel
 //! gate's count of sends is a count of tokens, and every frame fits the stream's
-//! [`crate::openai::ChunkEncoder::max_event_bytes`].
+//! [`crate::wire::ChunkEncoder::max_event_bytes`].
 //!
 //! The rules (also in `docs/wire-format.md`, "Framing"):
 //!
@@ -24,8 +24,10 @@
 
 use serde_json::Value;
 
-use super::chunk::UpToken;
-use crate::openai::{MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES, MAX_TOOL_NAME_BYTES};
+use crate::{
+    upstream::chunk::{tokens_spell, UpToken},
+    wire::{MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES, MAX_TOOL_NAME_BYTES},
+};
 
 /// Highest number of tool calls in one turn (a call's `index` is below it): more is a
 /// malformed upstream, not a reason to grow memory.
@@ -81,21 +83,6 @@ impl Split {
             Some(piece)
         })
     }
-}
-
-/// Whether `tokens` is non-empty and their texts concatenate exactly to `text`.
-pub fn tokens_spell(tokens: &[UpToken], text: &str) -> bool {
-    if tokens.is_empty() {
-        return false;
-    }
-    let mut rest = text;
-    for t in tokens {
-        match rest.strip_prefix(t.text.as_str()) {
-            Some(r) => rest = r,
-            None => return false,
-        }
-    }
-    rest.is_empty()
 }
 
 /// One call's part of an upstream tool-call delta.

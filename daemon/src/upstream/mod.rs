@@ -35,17 +35,9 @@ pub use chunk::{
     Usage,
 };
 pub use request::{
-    prepare_turn, valid_header_value, write_http_request, ClientAsk, Secret, CHAT_PATH,
-    COMPLETIONS_PATH, MODELS_PATH,
+    prepare_turn, valid_header_value, write_http_request, ClientAsk, CHAT_PATH, COMPLETIONS_PATH,
+    MODELS_PATH,
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
 pub use sse::{SseError, SseEvent, SseParser};
 pub use url::{UpstreamUrl, UrlError};
-
-/// Keeps at most `max` characters of `s` (client-facing messages must stay short).
-pub(crate) fn truncate_chars(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => s[..i].to_owned(),
-        None => s.to_owned(),
-    }
-}

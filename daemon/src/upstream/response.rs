@@ -16,7 +16,7 @@
 //! is an error rather than a guess: an upstream is a separate process, possibly behind a
 //! proxy, and a misread body would feed detectors the wrong tokens.
 
-use super::truncate_chars;
+use crate::wire::truncate_chars;
 
 /// Most headers an upstream response may carry.
 pub const MAX_RESPONSE_HEADERS: usize = 64;

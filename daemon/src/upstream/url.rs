@@ -18,7 +18,7 @@ use std::{
     net::{Ipv6Addr, SocketAddr, ToSocketAddrs as _},
 };
 
-use super::truncate_chars;
+use crate::wire::truncate_chars;
 
 /// Port used when the URL names none.
 pub const DEFAULT_PORT: u16 = 80;

@@ -733,10 +733,7 @@ fn terminal_frame_scattered_or_http_form_is_recognised() -> Result<()> {
 /// reads nothing of it, and a single event of the same stream would still have fitted.
 #[test]
 fn eighty_events_in_one_send_are_dropped() -> Result<()> {
-    use haltd::{
-        openai::{ChunkEncoder, Token},
-        stream::{Endpoint, StreamId},
-    };
+    use haltd::wire::{ChunkEncoder, Endpoint, StreamId, Token};
     let enc = ChunkEncoder {
         endpoint: Endpoint::Chat,
         stream_id: StreamId {

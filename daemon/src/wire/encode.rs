@@ -1,35 +1,21 @@
-//! The OpenAI-compatible wire format (DESIGN §4): request bodies in ([`request`]), SSE chunks
-//! and JSON bodies out, the bound on one token event ([`bound`], the kernel gate's per-stream
-//! byte size), and the typed terminal event of a halted stream.
+//! SSE chunks and JSON bodies out (DESIGN §4): one token event per frame, the final events
+//! of a stream, and the whole body of a batch response. [`bound`] is the bound on one token
+//! event (the kernel gate's per-stream byte size); the terminal event of a halted stream is
+//! [`crate::wire::halt`].
 //!
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
-//! token once the buffer has grown); the rarer shapes (terminal, batch bodies) use
-//! `serde_json::Value`.
+//! token once the buffer has grown); the rarer shapes (batch bodies) use `serde_json::Value`.
 
 use std::{io::Write as _, sync::Arc};
 
-use haltd_common::{HTTP_TERMINAL_PREFIX, SSE_TERMINAL_PREFIX};
 use serde_json::{json, Value};
 
-use crate::{
-    codes::FailureCode,
-    http,
-    stream::{nonce_hex, Endpoint, StreamId},
-};
+use crate::wire::{endpoint::Endpoint, stream_id::StreamId, text::truncate_text};
 
-mod bound;
-mod request;
-pub use bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES};
-pub use request::{parse_turn, TurnRequest};
+pub mod bound;
 
 /// Highest `top_logprobs` / `logprobs` accepted (the OpenAI limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
-/// `max_tokens` when a chat request gives none.
-pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
-/// `max_tokens` when a completion request gives none (the OpenAI default).
-pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
-/// Largest `max_tokens` accepted.
-pub const MAX_MAX_TOKENS: u32 = 1_000_000;
 
 /// Longest text one token frame carries, in bytes.
 ///
@@ -48,11 +34,6 @@ pub const MAX_TOOL_NAME_BYTES: usize = 64;
 /// Longest tool-call id a tool-call frame carries (vLLM's `chatcmpl-tool-<32 hex>` is 46
 /// bytes, OpenAI's `call_<24>` 29); longer fails the turn as malformed.
 pub const MAX_TOOL_CALL_ID_BYTES: usize = 128;
-
-/// `s` cut to at most `max` bytes at a UTF-8 character boundary.
-pub fn truncate_text(s: &str, max: usize) -> &str {
-    &s[..s.floor_char_boundary(max)]
-}
 
 /// One generated token as the encoder needs it.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +60,7 @@ pub struct ToolCallDelta<'a> {
 }
 
 /// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
-fn write_logprob(out: &mut Vec<u8>, lp: f32) {
+pub(super) fn write_logprob(out: &mut Vec<u8>, lp: f32) {
     if lp.is_finite() {
         let _ = write!(out, "{lp}");
     } else {
@@ -341,7 +322,7 @@ impl ChunkEncoder {
     }
 
     /// The SSE event of the final chunk: no content, `finish_reason` set.
-    fn final_chunk(&self, out: &mut Vec<u8>, finish_reason: &str) {
+    pub(super) fn final_chunk(&self, out: &mut Vec<u8>, finish_reason: &str) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
@@ -429,127 +410,8 @@ impl ChunkEncoder {
     }
 }
 
-/// Everything the terminal frame of a halted stream says.
-#[derive(Debug, Clone)]
-pub struct Halt {
-    pub stream_id: StreamId,
-    pub endpoint: Endpoint,
-    pub created: u64,
-    pub model: Arc<str>,
-    pub code: FailureCode,
-    pub trip_token_index: u64,
-    pub post_trip_tokens: u64,
-    pub nonce: u64,
-    /// The turn ran in degraded safe mode (`x-haltd-mode: degraded` on a whole response).
-    pub degraded: bool,
-    /// Extra detail for the error object, e.g. `upstream: {kind, message}` of an
-    /// UPSTREAM_FAILURE.
-    pub detail: Vec<(&'static str, Value)>,
-}
-
-impl Halt {
-    /// The error object of DESIGN §4.
-    pub fn error_object(&self) -> Value {
-        let mut obj = json!({
-            "type": "halted",
-            "code": self.code.as_str(),
-            "message": format!("stream halted by haltd: {}", self.code.as_str()),
-            "stream_id": self.stream_id.to_string(),
-            "trip_token_index": self.trip_token_index,
-            "post_trip_tokens": self.post_trip_tokens,
-        });
-        for (k, v) in &self.detail {
-            obj[*k] = v.clone();
-        }
-        obj
-    }
-
-    fn sse_events(&self, out: &mut Vec<u8>) {
-        let enc = ChunkEncoder {
-            endpoint: self.endpoint,
-            stream_id: self.stream_id,
-            created: self.created,
-            model: Arc::clone(&self.model),
-            logprobs: false,
-            top_logprobs: 0,
-            tool_calls: false,
-        };
-        enc.final_chunk(out, "content_filter");
-        let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
-        out.extend_from_slice(b"data: [DONE]\n\n");
-    }
-
-    /// The terminal frame of a streaming response whose head was already sent: an SSE
-    /// comment carrying the nonce at the offset the gate checks, then the final chunk with
-    /// `finish_reason: "content_filter"`, the error event and `[DONE]`.
-    pub fn sse_terminal(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(SSE_TERMINAL_PREFIX);
-        out.extend_from_slice(&nonce_hex(self.nonce));
-        out.push(b'\n');
-        self.sse_events(out);
-    }
-
-    /// The terminal frame when no response head went out yet: a whole response whose first
-    /// header carries the nonce. `stream` picks an SSE body or the degraded-safe JSON body.
-    pub fn http_terminal(&self, out: &mut Vec<u8>, stream: bool) {
-        out.extend_from_slice(HTTP_TERMINAL_PREFIX);
-        out.extend_from_slice(&nonce_hex(self.nonce));
-        out.extend_from_slice(b"\r\n");
-        let code = self.code.as_str();
-        let extra: &[(&str, &str)] = if self.degraded {
-            &[("x-haltd-halted", code), ("x-haltd-mode", "degraded")]
-        } else {
-            &[("x-haltd-halted", code)]
-        };
-        if stream {
-            http::write_head_fields(out, "text/event-stream", None, Some(self.stream_id), extra);
-            self.sse_events(out);
-        } else {
-            let body = self.degraded_body();
-            http::write_head_fields(
-                out,
-                "application/json",
-                Some(body.len()),
-                Some(self.stream_id),
-                extra,
-            );
-            out.extend_from_slice(&body);
-        }
-    }
-
-    /// The degraded-safe batch response: no content, `finish_reason: "content_filter"` and
-    /// the error object, in the endpoint's response shape.
-    pub fn degraded_body(&self) -> Vec<u8> {
-        let (id, object, choice) = match self.endpoint {
-            Endpoint::Chat => (
-                format!("chatcmpl-{}", self.stream_id),
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "content_filter"}),
-            ),
-            Endpoint::Completion => (
-                format!("cmpl-{}", self.stream_id),
-                "text_completion",
-                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "content_filter"}),
-            ),
-        };
-        json!({
-            "id": id,
-            "object": object,
-            "created": self.created,
-            "model": &*self.model,
-            "choices": [choice],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "error": self.error_object(),
-        })
-        .to_string()
-        .into_bytes()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use haltd_common::{NONCE_LEN, NONCE_OFFSET};
-
     use super::*;
 
     fn id() -> StreamId {
@@ -714,148 +576,5 @@ mod tests {
             v["choices"][0]["delta"]["tool_calls"][0],
             json!({"index": 1, "function": {"arguments": "{\"city\":"}})
         );
-    }
-
-    #[test]
-    fn parse_turn_validates_fields() {
-        let ok = parse_turn(Endpoint::Chat, br#"{"model":"builtin","messages":[{"role":"user","content":"hi"}],"stream":true,"logprobs":true,"top_logprobs":3}"#, "builtin").expect("valid");
-        assert!(ok.stream && ok.logprobs && ok.top_logprobs == 3 && ok.prompt == "hi");
-        let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
-        assert_eq!(err(Endpoint::Chat, b"{").status, 400);
-        assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
-        assert_eq!(
-            err(
-                Endpoint::Chat,
-                br#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#
-            )
-            .status,
-            404
-        );
-        assert_eq!(
-            err(
-                Endpoint::Chat,
-                br#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#
-            )
-            .status,
-            400
-        );
-        assert_eq!(
-            err(
-                Endpoint::Chat,
-                br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#
-            )
-            .status,
-            400
-        );
-        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":30,"logprobs":true}"#).status, 400);
-        assert_eq!(err(Endpoint::Completion, br#"{"prompt":5}"#).status, 400);
-        let c = parse_turn(Endpoint::Completion, br#"{"prompt":"x"}"#, "builtin").expect("valid");
-        assert_eq!(c.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
-    }
-
-    fn halt() -> Halt {
-        Halt {
-            stream_id: id(),
-            endpoint: Endpoint::Chat,
-            created: 1,
-            model: "builtin".into(),
-            code: FailureCode::OperatorTrip,
-            trip_token_index: 12,
-            post_trip_tokens: 2,
-            nonce: 0xfeed_f00d_0000_0001,
-            degraded: false,
-            detail: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn terminal_frames_carry_the_nonce_where_the_gate_looks() {
-        let h = halt();
-        for frame in [
-            {
-                let mut o = Vec::new();
-                h.sse_terminal(&mut o);
-                o
-            },
-            {
-                let mut o = Vec::new();
-                h.http_terminal(&mut o, true);
-                o
-            },
-            {
-                let mut o = Vec::new();
-                h.http_terminal(&mut o, false);
-                o
-            },
-        ] {
-            assert_eq!(
-                &frame[NONCE_OFFSET..NONCE_OFFSET + NONCE_LEN],
-                b"feedf00d00000001"
-            );
-        }
-    }
-
-    #[test]
-    fn sse_terminal_is_content_filter_then_error_then_done() {
-        let mut o = Vec::new();
-        halt().sse_terminal(&mut o);
-        let text = String::from_utf8(o).expect("utf8");
-        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
-        assert_eq!(events.len(), 3, "{text}");
-        let first = events[0]
-            .lines()
-            .find(|l| l.starts_with("data: "))
-            .expect("data line");
-        let chunk: Value = serde_json::from_str(&first[6..]).expect("json");
-        assert_eq!(chunk["choices"][0]["finish_reason"], "content_filter");
-        let err: Value = serde_json::from_str(&events[1][6..]).expect("json");
-        assert_eq!(err["error"]["type"], "halted");
-        assert_eq!(err["error"]["code"], "OPERATOR_TRIP");
-        assert_eq!(err["error"]["trip_token_index"], 12);
-        assert_eq!(err["error"]["post_trip_tokens"], 2);
-        assert_eq!(events[2], "data: [DONE]");
-    }
-
-    #[test]
-    fn degraded_batch_body_has_no_content_and_the_error() {
-        let v: Value = serde_json::from_slice(&halt().degraded_body()).expect("json");
-        assert_eq!(v["choices"][0]["message"]["content"], "");
-        assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
-        assert_eq!(v["error"]["code"], "OPERATOR_TRIP");
-    }
-
-    proptest::proptest! {
-        /// Arbitrary bodies (bytes, or JSON of the right rough shape) never panic and every
-        /// refusal is a client error.
-        #[test]
-        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
-            for endpoint in [Endpoint::Chat, Endpoint::Completion] {
-                if let Err(e) = parse_turn(endpoint, &bytes, "builtin") {
-                    proptest::prop_assert!(e.status == 400 || e.status == 404);
-                }
-            }
-        }
-
-        #[test]
-        fn arbitrary_fields_never_panic(
-            max_tokens in proptest::option::of(proptest::num::i64::ANY),
-            top in proptest::option::of(proptest::num::i64::ANY),
-            n in proptest::option::of(0u32..5),
-            content in "\\PC{0,64}",
-            stream in proptest::bool::ANY,
-        ) {
-            let body = json!({
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "top_logprobs": top, "logprobs": top.is_some(),
-                "n": n, "stream": stream,
-            });
-            match parse_turn(Endpoint::Chat, body.to_string().as_bytes(), "builtin") {
-                Ok(t) => {
-                    proptest::prop_assert!(t.max_tokens >= 1 && t.max_tokens <= MAX_MAX_TOKENS);
-                    proptest::prop_assert!(t.top_logprobs <= MAX_TOP_LOGPROBS);
-                }
-                Err(e) => proptest::prop_assert_eq!(e.status, 400),
-            }
-        }
     }
 }

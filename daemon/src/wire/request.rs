@@ -4,10 +4,14 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_MAX_TOKENS, MAX_TOP_LOGPROBS,
-};
-use crate::{http::HttpError, stream::Endpoint};
+use crate::wire::{encode::MAX_TOP_LOGPROBS, endpoint::Endpoint, http::HttpError};
+
+/// `max_tokens` when a chat request gives none.
+pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
+/// `max_tokens` when a completion request gives none (the OpenAI default).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+/// Largest `max_tokens` accepted.
+pub const MAX_MAX_TOKENS: u32 = 1_000_000;
 
 /// One turn as the data plane needs it, whichever endpoint it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -213,6 +217,85 @@ pub fn parse_turn(
                 include_usage: b.stream_options.is_some_and(|o| o.include_usage),
                 ignore_eos: b.ignore_eos,
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn parse_turn_validates_fields() {
+        let ok = parse_turn(Endpoint::Chat, br#"{"model":"builtin","messages":[{"role":"user","content":"hi"}],"stream":true,"logprobs":true,"top_logprobs":3}"#, "builtin").expect("valid");
+        assert!(ok.stream && ok.logprobs && ok.top_logprobs == 3 && ok.prompt == "hi");
+        let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
+        assert_eq!(err(Endpoint::Chat, b"{").status, 400);
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#
+            )
+            .status,
+            404
+        );
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#
+            )
+            .status,
+            400
+        );
+        assert_eq!(
+            err(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#
+            )
+            .status,
+            400
+        );
+        assert_eq!(err(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":30,"logprobs":true}"#).status, 400);
+        assert_eq!(err(Endpoint::Completion, br#"{"prompt":5}"#).status, 400);
+        let c = parse_turn(Endpoint::Completion, br#"{"prompt":"x"}"#, "builtin").expect("valid");
+        assert_eq!(c.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bodies (bytes, or JSON of the right rough shape) never panic and every
+        /// refusal is a client error.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+                if let Err(e) = parse_turn(endpoint, &bytes, "builtin") {
+                    proptest::prop_assert!(e.status == 400 || e.status == 404);
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_fields_never_panic(
+            max_tokens in proptest::option::of(proptest::num::i64::ANY),
+            top in proptest::option::of(proptest::num::i64::ANY),
+            n in proptest::option::of(0u32..5),
+            content in "\\PC{0,64}",
+            stream in proptest::bool::ANY,
+        ) {
+            let body = json!({
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens, "top_logprobs": top, "logprobs": top.is_some(),
+                "n": n, "stream": stream,
+            });
+            match parse_turn(Endpoint::Chat, body.to_string().as_bytes(), "builtin") {
+                Ok(t) => {
+                    proptest::prop_assert!(t.max_tokens >= 1 && t.max_tokens <= MAX_MAX_TOKENS);
+                    proptest::prop_assert!(t.top_logprobs <= MAX_TOP_LOGPROBS);
+                }
+                Err(e) => proptest::prop_assert_eq!(e.status, 400),
+            }
         }
     }
 }

@@ -51,9 +51,12 @@
 //! its longest) reaches the bound to within one byte per `bytes` array (the last entry has no
 //! comma), over 99 % of it for every configuration (tested).
 
-use super::{
-    ChunkEncoder, Endpoint, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
-    MAX_TOOL_NAME_BYTES,
+use crate::wire::{
+    encode::{
+        ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
+        MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
+    },
+    endpoint::Endpoint,
 };
 
 /// Longest logprob as written: `Display` of an f32 never uses an exponent, and the longest is
@@ -106,7 +109,7 @@ impl ChunkEncoder {
     /// `F`: the token event with every text empty and every number at its longest.
     pub fn token_event_fixed_bytes(&self) -> usize {
         let k = self.top_n();
-        let mut top = [("", LONGEST_LOGPROB); crate::openai::MAX_TOP_LOGPROBS as usize];
+        let mut top = [("", LONGEST_LOGPROB); MAX_TOP_LOGPROBS as usize];
         let mut key_bytes = 0;
         if self.endpoint == Endpoint::Completion && self.logprobs {
             for (i, slot) in top.iter_mut().enumerate().take(k) {

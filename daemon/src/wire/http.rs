@@ -7,7 +7,7 @@
 
 use std::io::Write as _;
 
-use crate::{stream::StreamId, upstream::Secret};
+use crate::wire::{secret::Secret, stream_id::StreamId};
 
 /// Most headers a request may carry.
 pub const MAX_HEADERS: usize = 64;

@@ -10,10 +10,7 @@ use proptest::{
 use serde_json::Value;
 
 use super::*;
-use crate::{
-    openai::{truncate_text, write_logprob, MAX_TOP_LOGPROBS},
-    stream::StreamId,
-};
+use crate::wire::{encode::write_logprob, stream_id::StreamId, text::truncate_text};
 
 fn encoder(
     endpoint: Endpoint,

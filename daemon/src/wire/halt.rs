@@ -1,0 +1,220 @@
+//! The terminal event of a halted stream (DESIGN §4): the final chunk with
+//! `finish_reason: "content_filter"`, the typed error object and `[DONE]`, written so the kernel
+//! gate recognises it by the trip's nonce at byte 31 ([`haltd_common::NONCE_OFFSET`]).
+
+use std::{io::Write as _, sync::Arc};
+
+use haltd_common::{HTTP_TERMINAL_PREFIX, SSE_TERMINAL_PREFIX};
+use serde_json::{json, Value};
+
+use crate::{
+    codes::FailureCode,
+    wire::{
+        encode::ChunkEncoder,
+        endpoint::Endpoint,
+        http::write_head_fields,
+        stream_id::{nonce_hex, StreamId},
+    },
+};
+
+/// Everything the terminal frame of a halted stream says.
+#[derive(Debug, Clone)]
+pub struct Halt {
+    pub stream_id: StreamId,
+    pub endpoint: Endpoint,
+    pub created: u64,
+    pub model: Arc<str>,
+    pub code: FailureCode,
+    pub trip_token_index: u64,
+    pub post_trip_tokens: u64,
+    pub nonce: u64,
+    /// The turn ran in degraded safe mode (`x-haltd-mode: degraded` on a whole response).
+    pub degraded: bool,
+    /// Extra detail for the error object, e.g. `upstream: {kind, message}` of an
+    /// UPSTREAM_FAILURE.
+    pub detail: Vec<(&'static str, Value)>,
+}
+
+impl Halt {
+    /// The error object of DESIGN §4.
+    pub fn error_object(&self) -> Value {
+        let mut obj = json!({
+            "type": "halted",
+            "code": self.code.as_str(),
+            "message": format!("stream halted by haltd: {}", self.code.as_str()),
+            "stream_id": self.stream_id.to_string(),
+            "trip_token_index": self.trip_token_index,
+            "post_trip_tokens": self.post_trip_tokens,
+        });
+        for (k, v) in &self.detail {
+            obj[*k] = v.clone();
+        }
+        obj
+    }
+
+    fn sse_events(&self, out: &mut Vec<u8>) {
+        let enc = ChunkEncoder {
+            endpoint: self.endpoint,
+            stream_id: self.stream_id,
+            created: self.created,
+            model: Arc::clone(&self.model),
+            logprobs: false,
+            top_logprobs: 0,
+            tool_calls: false,
+        };
+        enc.final_chunk(out, "content_filter");
+        let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
+        out.extend_from_slice(b"data: [DONE]\n\n");
+    }
+
+    /// The terminal frame of a streaming response whose head was already sent: an SSE
+    /// comment carrying the nonce at the offset the gate checks, then the final chunk with
+    /// `finish_reason: "content_filter"`, the error event and `[DONE]`.
+    pub fn sse_terminal(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(SSE_TERMINAL_PREFIX);
+        out.extend_from_slice(&nonce_hex(self.nonce));
+        out.push(b'\n');
+        self.sse_events(out);
+    }
+
+    /// The terminal frame when no response head went out yet: a whole response whose first
+    /// header carries the nonce. `stream` picks an SSE body or the degraded-safe JSON body.
+    pub fn http_terminal(&self, out: &mut Vec<u8>, stream: bool) {
+        out.extend_from_slice(HTTP_TERMINAL_PREFIX);
+        out.extend_from_slice(&nonce_hex(self.nonce));
+        out.extend_from_slice(b"\r\n");
+        let code = self.code.as_str();
+        let extra: &[(&str, &str)] = if self.degraded {
+            &[("x-haltd-halted", code), ("x-haltd-mode", "degraded")]
+        } else {
+            &[("x-haltd-halted", code)]
+        };
+        if stream {
+            write_head_fields(out, "text/event-stream", None, Some(self.stream_id), extra);
+            self.sse_events(out);
+        } else {
+            let body = self.degraded_body();
+            write_head_fields(
+                out,
+                "application/json",
+                Some(body.len()),
+                Some(self.stream_id),
+                extra,
+            );
+            out.extend_from_slice(&body);
+        }
+    }
+
+    /// The degraded-safe batch response: no content, `finish_reason: "content_filter"` and
+    /// the error object, in the endpoint's response shape.
+    pub fn degraded_body(&self) -> Vec<u8> {
+        let (id, object, choice) = match self.endpoint {
+            Endpoint::Chat => (
+                format!("chatcmpl-{}", self.stream_id),
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "content_filter"}),
+            ),
+            Endpoint::Completion => (
+                format!("cmpl-{}", self.stream_id),
+                "text_completion",
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "content_filter"}),
+            ),
+        };
+        json!({
+            "id": id,
+            "object": object,
+            "created": self.created,
+            "model": &*self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "error": self.error_object(),
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use haltd_common::{NONCE_LEN, NONCE_OFFSET};
+
+    use super::*;
+
+    fn id() -> StreamId {
+        StreamId {
+            slot: 3,
+            generation: 9,
+        }
+    }
+
+    fn halt() -> Halt {
+        Halt {
+            stream_id: id(),
+            endpoint: Endpoint::Chat,
+            created: 1,
+            model: "builtin".into(),
+            code: FailureCode::OperatorTrip,
+            trip_token_index: 12,
+            post_trip_tokens: 2,
+            nonce: 0xfeed_f00d_0000_0001,
+            degraded: false,
+            detail: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn terminal_frames_carry_the_nonce_where_the_gate_looks() {
+        let h = halt();
+        for frame in [
+            {
+                let mut o = Vec::new();
+                h.sse_terminal(&mut o);
+                o
+            },
+            {
+                let mut o = Vec::new();
+                h.http_terminal(&mut o, true);
+                o
+            },
+            {
+                let mut o = Vec::new();
+                h.http_terminal(&mut o, false);
+                o
+            },
+        ] {
+            assert_eq!(
+                &frame[NONCE_OFFSET..NONCE_OFFSET + NONCE_LEN],
+                b"feedf00d00000001"
+            );
+        }
+    }
+
+    #[test]
+    fn sse_terminal_is_content_filter_then_error_then_done() {
+        let mut o = Vec::new();
+        halt().sse_terminal(&mut o);
+        let text = String::from_utf8(o).expect("utf8");
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 3, "{text}");
+        let first = events[0]
+            .lines()
+            .find(|l| l.starts_with("data: "))
+            .expect("data line");
+        let chunk: Value = serde_json::from_str(&first[6..]).expect("json");
+        assert_eq!(chunk["choices"][0]["finish_reason"], "content_filter");
+        let err: Value = serde_json::from_str(&events[1][6..]).expect("json");
+        assert_eq!(err["error"]["type"], "halted");
+        assert_eq!(err["error"]["code"], "OPERATOR_TRIP");
+        assert_eq!(err["error"]["trip_token_index"], 12);
+        assert_eq!(err["error"]["post_trip_tokens"], 2);
+        assert_eq!(events[2], "data: [DONE]");
+    }
+
+    #[test]
+    fn degraded_batch_body_has_no_content_and_the_error() {
+        let v: Value = serde_json::from_slice(&halt().degraded_body()).expect("json");
+        assert_eq!(v["choices"][0]["message"]["content"], "");
+        assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
+        assert_eq!(v["error"]["code"], "OPERATOR_TRIP");
+    }
+}

@@ -1,0 +1,40 @@
+//! The wire layer: what haltd reads from and writes to a client, with no I/O and no daemon
+//! state (DESIGN §4, [wire-format.md](../../../docs/wire-format.md)).
+//!
+//! ```text
+//! client bytes ──http::parse_head──► RequestHead (method, path, sizes, Authorization)
+//!              ──request::ClientRequest──► the body, parsed once; each token source takes its
+//!                                           view of it
+//! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
+//!                                  (encode::bound: the largest token event, E)
+//! a trip ──halt::Halt──► the terminal frame, nonce at byte 31
+//!        ──http::write_head / write_error_response──► response heads and error bodies
+//! ```
+//!
+//! Modules above it use it (the data plane, the halt core, the upstream protocol in
+//! [`crate::upstream`]); it uses none of them, only [`crate::codes`] for the failure codes the
+//! terminal event names. Inside the layer each module names its siblings by their own path
+//! (`crate::wire::http::HttpError`), never through the re-exports below, so the layer's module
+//! graph has no cycle either.
+
+pub mod encode;
+pub mod endpoint;
+pub mod halt;
+pub mod http;
+pub mod request;
+pub mod secret;
+pub mod stream_id;
+pub mod text;
+
+pub use encode::{
+    bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES},
+    ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
+    MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
+};
+pub use endpoint::Endpoint;
+pub use halt::Halt;
+pub use http::{HttpError, RequestHead};
+pub use request::{parse_turn, TurnRequest};
+pub use secret::Secret;
+pub use stream_id::{nonce_hex, BadStreamId, StreamId};
+pub use text::{truncate_chars, truncate_text};
