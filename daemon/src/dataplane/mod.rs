@@ -35,7 +35,8 @@ use crate::{
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Mode},
     wire::{
-        self, http, ChunkEncoder, Endpoint, HttpError, RequestHead, StreamId, Token, TurnRequest,
+        http, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead, StreamId,
+        Token,
     },
 };
 use haltd_common::SockPolicy;
@@ -693,7 +694,8 @@ impl Worker {
                 let key_id =
                     KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
                 let body = &self.conns[key].rbuf[head.head_len..];
-                match wire::parse_turn(endpoint, body, MODEL_NAME) {
+                match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
+                {
                     Ok(req) => self.start_turn(key, req, key_id),
                     Err(e) => self.reply_error(key, &e),
                 }
@@ -932,9 +934,14 @@ impl Worker {
         self.halt(key)
     }
 
-    fn start_turn(&mut self, key: usize, req: TurnRequest, key_id: KeyId) -> io::Result<()> {
-        let Some((degraded, mode)) =
-            self.open_turn(key, req.endpoint, req.stream, key_id, MODEL_NAME.into())?
+    fn start_turn(&mut self, key: usize, req: BuiltinTurn, key_id: KeyId) -> io::Result<()> {
+        let Some((degraded, mode)) = self.open_turn(
+            key,
+            req.ask.endpoint,
+            req.ask.stream,
+            key_id,
+            MODEL_NAME.into(),
+        )?
         else {
             return Ok(());
         };
@@ -952,21 +959,21 @@ impl Worker {
                     .stream(&req.prompt, req.seed, req.max_tokens)
                     .with_ignore_eos(req.ignore_eos),
             ),
-            stream: req.stream,
-            logprobs: req.logprobs,
-            top_logprobs: req.top_logprobs,
-            include_usage: req.include_usage,
+            stream: req.ask.stream,
+            logprobs: req.ask.logprobs,
+            top_logprobs: req.ask.top_logprobs,
+            include_usage: req.ask.include_usage,
             key_id,
             degraded,
             tokens_generated: 0,
             prompt_tokens: model.count_tokens(&req.prompt) as u64,
             enc: ChunkEncoder {
-                endpoint: req.endpoint,
+                endpoint: req.ask.endpoint,
                 stream_id: conn.id,
                 created,
                 model: MODEL_NAME.into(),
-                logprobs: req.logprobs,
-                top_logprobs: req.top_logprobs,
+                logprobs: req.ask.logprobs,
+                top_logprobs: req.ask.top_logprobs,
                 tool_calls: false,
             },
             gov,

@@ -2,7 +2,7 @@
 //! server, Ollama), on the same io_uring as the client connection.
 //!
 //! Per turn: connect (linked timeout) → send the request (always `stream: true`, logprobs on;
-//! [`crate::upstream::prepare_turn`]) → receive the response (linked timeout: time to the
+//! [`crate::upstream::prepare_turn`] of the [`crate::wire::ClientRequest`]) → receive the response (linked timeout: time to the
 //! first event, then the inter-token deadline) → parse it into [`Item`]s → govern and emit
 //! them one frame at a time, exactly like built-in tokens (detectors, frame accounting, the
 //! kernel gate). The upstream socket is not governed: only client-facing sends carry tokens.
@@ -37,9 +37,9 @@ use crate::{
     upstream::{
         self,
         framing::{self, Split},
-        ClientAsk, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError, UpstreamEvent,
+        FinishReason, ResponseReader, SseParser, UpToken, UpstreamError, UpstreamEvent,
     },
-    wire::{self, ChunkEncoder, Endpoint, HttpError, RequestHead},
+    wire::{self, Ask, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
 };
 
 /// Largest upstream response head.
@@ -561,34 +561,35 @@ impl Worker {
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);
         let body = &self.conns[key].rbuf[head.head_len..];
-        let prepared = upstream::prepare_turn(endpoint, body, degraded);
-        // SafetyCheck's inputs from the request (parsed once more; per turn, not per token).
-        let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let request_urls = crate::safety::request_sources(&request);
-        let system_prompt = crate::safety::system_prompt(&request);
-        let (ask, up_body): (ClientAsk, Vec<u8>) = match prepared {
+        // SafetyCheck's inputs come from the same parsed request (per turn, not per token).
+        let prepared = ClientRequest::parse(endpoint, body).and_then(|req| {
+            let urls = crate::safety::request_sources(req.json());
+            let system_prompt = crate::safety::system_prompt(req.json());
+            Ok((upstream::prepare_turn(req, degraded)?, urls, system_prompt))
+        });
+        let (up, request_urls, system_prompt) = match prepared {
             Ok(v) => v,
             Err(e) => return self.reply_error(key, &e),
         };
-        let model: Arc<str> = ask.model.as_str().into();
+        let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, _mode)) =
-            self.open_turn(key, endpoint, ask.stream, key_id, Arc::clone(&model))?
+            self.open_turn(key, endpoint, up.ask.stream, key_id, Arc::clone(&model))?
         else {
             return Ok(());
         };
         let (gov, mut detector_refs, failed) = self.turn_governor(key);
         detector_refs.push("upstream:integrity".to_owned());
-        let identity_before = crate::safety::identity_digest(&ask.model, &system_prompt);
+        let identity_before = crate::safety::identity_digest(&up.model, &system_prompt);
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
-        let ClientAsk {
+        let Ask {
             stream,
             logprobs,
             top_logprobs,
             include_usage,
             ..
-        } = ask;
+        } = up.ask;
         conn.turn = Some(Box::new(Turn {
             source: TurnSource::Proxy,
             stream,
@@ -643,7 +644,7 @@ impl Worker {
             path,
             "POST",
             auth.as_deref(),
-            Some(&up_body),
+            Some(&up.body),
             system_prompt,
         )
     }

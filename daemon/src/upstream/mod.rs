@@ -5,7 +5,8 @@
 //! into decisions and back, so each piece can be tested exhaustively without a network:
 //!
 //! ```text
-//! client body ──request::prepare_turn──► upstream body (always stream: true, logprobs on)
+//! ClientRequest (crate::wire, the client body parsed once)
+//!             ──request::prepare_turn──► upstream body (always stream: true, logprobs on)
 //!             ──request::write_http_request──► request bytes ──► upstream socket
 //! upstream socket bytes ──response::ResponseReader──► status + de-chunked body
 //!                       ──sse::SseParser──► SSE events
@@ -35,8 +36,8 @@ pub use chunk::{
     Usage,
 };
 pub use request::{
-    prepare_turn, valid_header_value, write_http_request, ClientAsk, CHAT_PATH, COMPLETIONS_PATH,
-    MODELS_PATH,
+    prepare_turn, valid_header_value, write_http_request, UpstreamTurn, CHAT_PATH,
+    COMPLETIONS_PATH, MODELS_PATH,
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
 pub use sse::{SseError, SseEvent, SseParser};

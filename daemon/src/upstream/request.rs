@@ -1,4 +1,5 @@
-//! Turning a client's request into the request haltd sends upstream.
+//! Turning a client's request ([`ClientRequest`], parsed once) into the request haltd sends
+//! upstream.
 //!
 //! The client's JSON object is forwarded with every field it set (sampling parameters, stop
 //! strings, vendor extensions such as vLLM's `ignore_eos`), except the few haltd must own:
@@ -7,7 +8,7 @@
 //!   upstream even for a client's batch request, so detectors see each token as it is made and
 //!   a trip can cancel the generation; usage comes in the last chunk for the records.
 //! * logprobs always on (chat: `logprobs: true`; completions: `logprobs >= 1`): the monitors
-//!   score every token. What the client itself asked for is kept in [`ClientAsk`], so the proxy
+//!   score every token. What the client itself asked for is kept in [`Ask`], so the proxy
 //!   returns logprobs only to a client that asked.
 //! * `n` other than 1, `best_of` above 1 and a batch of prompts are refused: haltd governs one
 //!   choice per stream, and its halt budget is per connection.
@@ -22,7 +23,7 @@ use serde_json::{Map, Value};
 
 use crate::{
     upstream::url::UpstreamUrl,
-    wire::{Endpoint, HttpError, MAX_TOP_LOGPROBS},
+    wire::{request::Ask, ClientRequest, Endpoint, HttpError, MAX_TOP_LOGPROBS},
 };
 
 /// API path of chat completions.
@@ -47,23 +48,18 @@ pub const TOOL_FIELDS: [&str; 5] = [
     "parallel_tool_calls",
 ];
 
-/// What the client asked for, so the proxy can answer in kind (logprobs only when asked,
-/// usage only when asked, a batch body for `stream: false`).
+/// The proxy's view of a client's request: what to answer in kind, and the body to send
+/// upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientAsk {
-    pub endpoint: Endpoint,
-    pub stream: bool,
-    /// Chat: `logprobs: true`. Completions: `logprobs` given (any value, 0 included).
-    pub logprobs: bool,
-    /// Alternatives per token the client wants back: chat `top_logprobs`, completions
-    /// `logprobs`.
-    pub top_logprobs: u32,
-    /// `stream_options.include_usage` (only meaningful for `stream: true`).
-    pub include_usage: bool,
+pub struct UpstreamTurn {
+    pub ask: Ask,
+    /// The model the client asked the upstream for (the chunks carry it).
     pub model: String,
     /// Whether the request carried tool definitions or a tool choice (any of
     /// [`TOOL_FIELDS`] with a value other than `null` or `[]`), in either mode.
     pub tools_requested: bool,
+    /// The upstream request body (always `stream: true`, logprobs on).
+    pub body: Vec<u8>,
 }
 
 fn type_error(field: &str, expected: &str) -> HttpError {
@@ -160,88 +156,29 @@ fn check_prompt(obj: &Map<String, Value>) -> Result<(), HttpError> {
     }
 }
 
-/// Validates a client's request body and builds the upstream body.
+/// Validates a client's request for forwarding and builds the upstream body from it.
 ///
 /// Errors are 400s naming the field; a request for more than one choice is refused with code
 /// [`CODE_N_NOT_SUPPORTED`]. `degraded` removes every field in [`TOOL_FIELDS`].
-pub fn prepare_turn(
-    endpoint: Endpoint,
-    body: &[u8],
-    degraded: bool,
-) -> Result<(ClientAsk, Vec<u8>), HttpError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| HttpError::bad_request(format!("invalid JSON body: {e}")))?;
-    let Value::Object(mut obj) = value else {
+pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, HttpError> {
+    let endpoint = req.endpoint;
+    let Value::Object(mut obj) = req.into_json() else {
         return Err(HttpError::bad_request("request body must be a JSON object"));
     };
-
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => {
-            return Err(HttpError::bad_request(
-                "model is required: the upstream serves requests by model name",
-            ))
-        }
-        Some(Value::String(m)) if m.is_empty() => {
-            return Err(HttpError::bad_request("model must not be empty"))
-        }
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => return Err(type_error("model", "a string")),
-    };
+    let model = required_model(&obj)?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     check_choices(&obj)?;
-
-    let include_usage = match field(&obj, "stream_options") {
-        None => false,
-        Some(Value::Object(o)) => match field(o, "include_usage") {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(type_error("stream_options.include_usage", "true or false")),
-        },
-        Some(_) => return Err(type_error("stream_options", "an object")),
-    };
-
+    let include_usage = include_usage(&obj)?;
     let (logprobs, top_logprobs) = match endpoint {
         Endpoint::Chat => {
             check_messages(&obj)?;
-            let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
-            let top = match opt_uint(&obj, "top_logprobs") {
-                Ok(t) => t.unwrap_or(0),
-                Err(_) => {
-                    return Err(type_error(
-                        "top_logprobs",
-                        &format!("an integer from 0 to {MAX_TOP_LOGPROBS}"),
-                    ))
-                }
-            };
-            if top > u64::from(MAX_TOP_LOGPROBS) {
-                return Err(HttpError::bad_request(format!(
-                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
-                )));
-            }
-            if top > 0 && !logprobs {
-                return Err(HttpError::bad_request(
-                    "top_logprobs requires logprobs: true",
-                ));
-            }
-            // Bounded by MAX_TOP_LOGPROBS just above.
-            (logprobs, u32::try_from(top).unwrap_or(MAX_TOP_LOGPROBS))
+            chat_logprobs(&obj)?
         }
         Endpoint::Completion => {
             check_prompt(&obj)?;
-            let range = || {
-                type_error(
-                    "logprobs",
-                    &format!("an integer from 0 to {MAX_COMPLETION_LOGPROBS} for completions"),
-                )
-            };
-            match opt_uint(&obj, "logprobs").map_err(|_| range())? {
-                None => (false, 0),
-                Some(lp) if lp > MAX_COMPLETION_LOGPROBS => return Err(range()),
-                Some(lp) => (true, u32::try_from(lp).unwrap_or(0)),
-            }
+            completion_logprobs(&obj)?
         }
     };
-
     let tools_requested = TOOL_FIELDS.iter().any(|f| match obj.get(*f) {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) => !a.is_empty(),
@@ -252,7 +189,98 @@ pub fn prepare_turn(
             obj.remove(f);
         }
     }
+    own_streaming_fields(&mut obj, endpoint, top_logprobs);
+    let body = serde_json::to_vec(&Value::Object(obj)).map_err(|e| {
+        HttpError::new(
+            500,
+            "server_error",
+            format!("cannot serialise the upstream request: {e}"),
+        )
+    })?;
+    Ok(UpstreamTurn {
+        ask: Ask {
+            endpoint,
+            stream,
+            logprobs,
+            top_logprobs,
+            include_usage,
+        },
+        model,
+        tools_requested,
+        body,
+    })
+}
 
+/// `model`: required by the upstream, which serves requests by name.
+fn required_model(obj: &Map<String, Value>) -> Result<String, HttpError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Err(HttpError::bad_request(
+            "model is required: the upstream serves requests by model name",
+        )),
+        Some(Value::String(m)) if m.is_empty() => {
+            Err(HttpError::bad_request("model must not be empty"))
+        }
+        Some(Value::String(m)) => Ok(m.clone()),
+        Some(_) => Err(type_error("model", "a string")),
+    }
+}
+
+/// `stream_options.include_usage`.
+fn include_usage(obj: &Map<String, Value>) -> Result<bool, HttpError> {
+    match field(obj, "stream_options") {
+        None => Ok(false),
+        Some(Value::Object(o)) => match field(o, "include_usage") {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(type_error("stream_options.include_usage", "true or false")),
+        },
+        Some(_) => Err(type_error("stream_options", "an object")),
+    }
+}
+
+/// Chat `logprobs` and `top_logprobs`, as the client asked.
+fn chat_logprobs(obj: &Map<String, Value>) -> Result<(bool, u32), HttpError> {
+    let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false);
+    let top = match opt_uint(obj, "top_logprobs") {
+        Ok(t) => t.unwrap_or(0),
+        Err(_) => {
+            return Err(type_error(
+                "top_logprobs",
+                &format!("an integer from 0 to {MAX_TOP_LOGPROBS}"),
+            ))
+        }
+    };
+    if top > u64::from(MAX_TOP_LOGPROBS) {
+        return Err(HttpError::bad_request(format!(
+            "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+        )));
+    }
+    if top > 0 && !logprobs {
+        return Err(HttpError::bad_request(
+            "top_logprobs requires logprobs: true",
+        ));
+    }
+    // Bounded by MAX_TOP_LOGPROBS just above.
+    Ok((logprobs, u32::try_from(top).unwrap_or(MAX_TOP_LOGPROBS)))
+}
+
+/// Completions `logprobs` (given at all, and how many alternatives), as the client asked.
+fn completion_logprobs(obj: &Map<String, Value>) -> Result<(bool, u32), HttpError> {
+    let range = || {
+        type_error(
+            "logprobs",
+            &format!("an integer from 0 to {MAX_COMPLETION_LOGPROBS} for completions"),
+        )
+    };
+    match opt_uint(obj, "logprobs").map_err(|_| range())? {
+        None => Ok((false, 0)),
+        Some(lp) if lp > MAX_COMPLETION_LOGPROBS => Err(range()),
+        Some(lp) => Ok((true, u32::try_from(lp).unwrap_or(0))),
+    }
+}
+
+/// The fields haltd owns in every upstream request: streaming with usage, logprobs on.
+fn own_streaming_fields(obj: &mut Map<String, Value>, endpoint: Endpoint, top_logprobs: u32) {
     obj.insert("stream".into(), Value::Bool(true));
     let mut so = Map::new();
     so.insert("include_usage".into(), Value::Bool(true));
@@ -266,26 +294,6 @@ pub fn prepare_turn(
             obj.insert("logprobs".into(), Value::from(top_logprobs.max(1)));
         }
     }
-
-    let upstream = serde_json::to_vec(&Value::Object(obj)).map_err(|e| {
-        HttpError::new(
-            500,
-            "server_error",
-            format!("cannot serialise the upstream request: {e}"),
-        )
-    })?;
-    Ok((
-        ClientAsk {
-            endpoint,
-            stream,
-            logprobs,
-            top_logprobs,
-            include_usage,
-            model,
-            tools_requested,
-        },
-        upstream,
-    ))
 }
 
 /// Whether `v` may be written as an HTTP header value: visible ASCII, space and tab only
@@ -355,19 +363,62 @@ mod tests {
 
     use super::*;
 
+    /// The client's request parsed, then prepared for the upstream.
+    fn prepare(endpoint: Endpoint, body: &[u8], degraded: bool) -> Result<UpstreamTurn, HttpError> {
+        prepare_turn(ClientRequest::parse(endpoint, body)?, degraded)
+    }
+
+    /// What the client asked for (with the model and tools) and the upstream body.
     fn prep(endpoint: Endpoint, body: Value, degraded: bool) -> (ClientAsk, Value) {
-        let (ask, up) = prepare_turn(endpoint, body.to_string().as_bytes(), degraded)
+        let up = prepare(endpoint, body.to_string().as_bytes(), degraded)
             .unwrap_or_else(|e| panic!("{body}: {e}"));
+        let ask = ClientAsk {
+            endpoint: up.ask.endpoint,
+            stream: up.ask.stream,
+            logprobs: up.ask.logprobs,
+            top_logprobs: up.ask.top_logprobs,
+            include_usage: up.ask.include_usage,
+            model: up.model,
+            tools_requested: up.tools_requested,
+        };
         (
             ask,
-            serde_json::from_slice(&up).expect("upstream body is JSON"),
+            serde_json::from_slice(&up.body).expect("upstream body is JSON"),
         )
     }
 
+    /// The fields of [`UpstreamTurn`] other than the body, flat, for comparisons.
+    #[derive(Debug, PartialEq, Eq)]
+    struct ClientAsk {
+        endpoint: Endpoint,
+        stream: bool,
+        logprobs: bool,
+        top_logprobs: u32,
+        include_usage: bool,
+        model: String,
+        tools_requested: bool,
+    }
+
     fn refuse(endpoint: Endpoint, body: &str) -> HttpError {
-        match prepare_turn(endpoint, body.as_bytes(), false) {
-            Ok((ask, _)) => panic!("{body} accepted as {ask:?}"),
+        match prepare(endpoint, body.as_bytes(), false) {
+            Ok(up) => panic!("{body} accepted as {up:?}"),
             Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn one_parse_serves_both_sources_and_they_read_the_same_ask() {
+        let chat = json!({"model": "builtin", "messages": [{"role": "user", "content": "hi"}],
+                          "stream": true, "logprobs": true, "top_logprobs": 2,
+                          "stream_options": {"include_usage": true}});
+        let cmpl = json!({"model": "builtin", "prompt": "x", "logprobs": 3});
+        for (endpoint, body) in [(Endpoint::Chat, chat), (Endpoint::Completion, cmpl)] {
+            let req = ClientRequest::parse(endpoint, body.to_string().as_bytes()).expect("parses");
+            let builtin = req
+                .builtin_turn("builtin")
+                .expect("the built-in source takes it");
+            let up = prepare_turn(req, false).expect("the proxy takes it");
+            assert_eq!(builtin.ask, up.ask, "{body}");
         }
     }
 
@@ -505,7 +556,7 @@ mod tests {
     fn n_and_best_of() {
         for ok in [r#""n":1"#, r#""best_of":1"#, r#""n":null"#] {
             let body = format!(r#"{{"model":"m","prompt":"x",{ok}}}"#);
-            prepare_turn(Endpoint::Completion, body.as_bytes(), false).expect(ok);
+            prepare(Endpoint::Completion, body.as_bytes(), false).expect(ok);
         }
         let e = refuse(
             Endpoint::Chat,
@@ -777,8 +828,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn prepare_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
-            let _ = prepare_turn(Endpoint::Chat, &body, false);
-            let _ = prepare_turn(Endpoint::Completion, &body, true);
+            let _ = prepare(Endpoint::Chat, &body, false);
+            let _ = prepare(Endpoint::Completion, &body, true);
         }
 
         #[test]

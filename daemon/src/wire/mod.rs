@@ -34,7 +34,7 @@ pub use encode::{
 pub use endpoint::Endpoint;
 pub use halt::Halt;
 pub use http::{HttpError, RequestHead};
-pub use request::{parse_turn, TurnRequest};
+pub use request::{Ask, BuiltinTurn, ClientRequest};
 pub use secret::Secret;
 pub use stream_id::{nonce_hex, BadStreamId, StreamId};
 pub use text::{truncate_chars, truncate_text};

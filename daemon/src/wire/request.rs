@@ -1,5 +1,12 @@
-//! Request bodies in: a chat or completion request parsed and validated into a
-//! [`TurnRequest`] (the built-in source; the proxy forwards bodies, `crate::upstream::request`).
+//! Request bodies in: a chat or completion request's body parsed once into a
+//! [`ClientRequest`], which every token source takes its view of. The built-in source takes a
+//! [`BuiltinTurn`] ([`ClientRequest::builtin_turn`]); the proxy validates what it forwards and
+//! writes the upstream body from the same parsed JSON (`crate::upstream::request::prepare_turn`).
+//! Both answer the client in kind, from the [`Ask`] their view fills in.
+//!
+//! Each source keeps its own rules, as documented in `docs/wire-format.md`: the built-in
+//! source serves one model and checks the fields it uses by type (serde); the proxy forwards
+//! every field the client set and checks only what haltd relies on.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -13,20 +20,72 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// Largest `max_tokens` accepted.
 pub const MAX_MAX_TOKENS: u32 = 1_000_000;
 
-/// One turn as the data plane needs it, whichever endpoint it came from.
+/// A client's chat or completion request: the endpoint it came in on and its body, parsed
+/// once. Every token source takes its view of it; nothing parses the body again.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TurnRequest {
+pub struct ClientRequest {
     pub endpoint: Endpoint,
-    pub prompt: String,
+    json: Value,
+}
+
+/// What the client asked for, so that whichever source serves the turn answers in kind:
+/// logprobs only when asked, usage only when asked, a batch body for `stream: false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub endpoint: Endpoint,
     pub stream: bool,
-    pub max_tokens: u32,
-    /// Whether to return logprobs, and how many alternatives per token.
+    /// Chat: `logprobs: true`. Completions: `logprobs` given (any value, 0 included).
     pub logprobs: bool,
+    /// Alternatives per token the client wants back: chat `top_logprobs`, completions
+    /// `logprobs`.
     pub top_logprobs: u32,
-    pub seed: Option<u64>,
+    /// `stream_options.include_usage` (only meaningful for `stream: true`).
     pub include_usage: bool,
+}
+
+/// The built-in source's view of a request: the turn its model generates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltinTurn {
+    pub ask: Ask,
+    /// The text the model continues: the messages' texts, or the prompt.
+    pub prompt: String,
+    pub max_tokens: u32,
+    pub seed: Option<u64>,
     /// vLLM's `ignore_eos`: generate exactly `max_tokens` tokens.
     pub ignore_eos: bool,
+}
+
+impl ClientRequest {
+    /// Parses a request body. Only JSON syntax is checked here (`invalid JSON body: ...`);
+    /// each source's view checks the fields it needs.
+    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, HttpError> {
+        let json = serde_json::from_slice(body).map_err(json_error)?;
+        Ok(ClientRequest { endpoint, json })
+    }
+
+    /// The body as the client sent it.
+    pub fn json(&self) -> &Value {
+        &self.json
+    }
+
+    /// The body, for a source that forwards it (and edits what haltd owns).
+    pub fn into_json(self) -> Value {
+        self.json
+    }
+
+    /// The built-in source's view: validated for the one model it serves (`served_model`).
+    pub fn builtin_turn(&self, served_model: &str) -> Result<BuiltinTurn, HttpError> {
+        match self.endpoint {
+            Endpoint::Chat => {
+                let b = ChatBody::deserialize(&self.json).map_err(json_error)?;
+                builtin_chat(b, served_model)
+            }
+            Endpoint::Completion => {
+                let b = CompletionBody::deserialize(&self.json).map_err(json_error)?;
+                builtin_completion(b, served_model)
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -129,96 +188,90 @@ fn text_of(content: &Value) -> String {
     }
 }
 
-/// Parses and validates a request body for `endpoint`.
-pub fn parse_turn(
-    endpoint: Endpoint,
-    body: &[u8],
-    served_model: &str,
-) -> Result<TurnRequest, HttpError> {
-    match endpoint {
-        Endpoint::Chat => {
-            let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
-            check_model(b.model.as_deref(), served_model)?;
-            check_n(b.n)?;
-            if b.messages.is_empty() {
-                return Err(HttpError::bad_request("messages must not be empty"));
-            }
-            if let Some(m) = b.messages.iter().find(|m| {
-                !matches!(
-                    m.role.as_str(),
-                    "system" | "developer" | "user" | "assistant" | "tool"
-                )
-            }) {
-                return Err(HttpError::bad_request(format!(
-                    "unknown message role {:?}",
-                    m.role.chars().take(32).collect::<String>()
-                )));
-            }
-            let top = b.top_logprobs.unwrap_or(0);
-            if top > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!(
-                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
-                )));
-            }
-            if top > 0 && !b.logprobs {
-                return Err(HttpError::bad_request(
-                    "top_logprobs requires logprobs: true",
-                ));
-            }
-            let prompt = b
-                .messages
-                .iter()
-                .map(|m| text_of(&m.content))
-                .collect::<Vec<_>>()
-                .join("\n");
-            Ok(TurnRequest {
-                endpoint,
-                prompt,
-                stream: b.stream,
-                max_tokens: check_max_tokens(
-                    b.max_completion_tokens.or(b.max_tokens),
-                    DEFAULT_CHAT_MAX_TOKENS,
-                )?,
-                logprobs: b.logprobs,
-                top_logprobs: top,
-                seed: b.seed,
-                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
-                ignore_eos: b.ignore_eos,
-            })
-        }
-        Endpoint::Completion => {
-            let b: CompletionBody = serde_json::from_slice(body).map_err(json_error)?;
-            check_model(b.model.as_deref(), served_model)?;
-            check_n(b.n)?;
-            let prompt = match &b.prompt {
-                Value::String(s) => s.clone(),
-                Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_owned(),
-                Value::Array(_) => {
-                    return Err(HttpError::bad_request(
-                        "a batch of prompts is not supported by the built-in source; send one prompt string",
-                    ))
-                }
-                _ => return Err(HttpError::bad_request("prompt must be a string")),
-            };
-            let lp = b.logprobs.unwrap_or(0);
-            if lp > MAX_TOP_LOGPROBS {
-                return Err(HttpError::bad_request(format!(
-                    "logprobs must be at most {MAX_TOP_LOGPROBS}"
-                )));
-            }
-            Ok(TurnRequest {
-                endpoint,
-                prompt,
-                stream: b.stream,
-                max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
-                logprobs: b.logprobs.is_some(),
-                top_logprobs: lp,
-                seed: b.seed,
-                include_usage: b.stream_options.is_some_and(|o| o.include_usage),
-                ignore_eos: b.ignore_eos,
-            })
-        }
+fn builtin_chat(b: ChatBody, served_model: &str) -> Result<BuiltinTurn, HttpError> {
+    check_model(b.model.as_deref(), served_model)?;
+    check_n(b.n)?;
+    if b.messages.is_empty() {
+        return Err(HttpError::bad_request("messages must not be empty"));
     }
+    if let Some(m) = b.messages.iter().find(|m| {
+        !matches!(
+            m.role.as_str(),
+            "system" | "developer" | "user" | "assistant" | "tool"
+        )
+    }) {
+        return Err(HttpError::bad_request(format!(
+            "unknown message role {:?}",
+            m.role.chars().take(32).collect::<String>()
+        )));
+    }
+    let top = b.top_logprobs.unwrap_or(0);
+    if top > MAX_TOP_LOGPROBS {
+        return Err(HttpError::bad_request(format!(
+            "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+        )));
+    }
+    if top > 0 && !b.logprobs {
+        return Err(HttpError::bad_request(
+            "top_logprobs requires logprobs: true",
+        ));
+    }
+    let prompt = b
+        .messages
+        .iter()
+        .map(|m| text_of(&m.content))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok(BuiltinTurn {
+        ask: Ask {
+            endpoint: Endpoint::Chat,
+            stream: b.stream,
+            logprobs: b.logprobs,
+            top_logprobs: top,
+            include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+        },
+        prompt,
+        max_tokens: check_max_tokens(
+            b.max_completion_tokens.or(b.max_tokens),
+            DEFAULT_CHAT_MAX_TOKENS,
+        )?,
+        seed: b.seed,
+        ignore_eos: b.ignore_eos,
+    })
+}
+
+fn builtin_completion(b: CompletionBody, served_model: &str) -> Result<BuiltinTurn, HttpError> {
+    check_model(b.model.as_deref(), served_model)?;
+    check_n(b.n)?;
+    let prompt = match &b.prompt {
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_owned()
+        }
+        Value::Array(_) => return Err(HttpError::bad_request(
+            "a batch of prompts is not supported by the built-in source; send one prompt string",
+        )),
+        _ => return Err(HttpError::bad_request("prompt must be a string")),
+    };
+    let lp = b.logprobs.unwrap_or(0);
+    if lp > MAX_TOP_LOGPROBS {
+        return Err(HttpError::bad_request(format!(
+            "logprobs must be at most {MAX_TOP_LOGPROBS}"
+        )));
+    }
+    Ok(BuiltinTurn {
+        ask: Ask {
+            endpoint: Endpoint::Completion,
+            stream: b.stream,
+            logprobs: b.logprobs.is_some(),
+            top_logprobs: lp,
+            include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+        },
+        prompt,
+        max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
+        seed: b.seed,
+        ignore_eos: b.ignore_eos,
+    })
 }
 
 #[cfg(test)]
@@ -227,10 +280,18 @@ mod tests {
 
     use super::*;
 
+    fn parse_turn(
+        endpoint: Endpoint,
+        body: &[u8],
+        served_model: &str,
+    ) -> Result<BuiltinTurn, HttpError> {
+        ClientRequest::parse(endpoint, body)?.builtin_turn(served_model)
+    }
+
     #[test]
     fn parse_turn_validates_fields() {
         let ok = parse_turn(Endpoint::Chat, br#"{"model":"builtin","messages":[{"role":"user","content":"hi"}],"stream":true,"logprobs":true,"top_logprobs":3}"#, "builtin").expect("valid");
-        assert!(ok.stream && ok.logprobs && ok.top_logprobs == 3 && ok.prompt == "hi");
+        assert!(ok.ask.stream && ok.ask.logprobs && ok.ask.top_logprobs == 3 && ok.prompt == "hi");
         let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
         assert_eq!(err(Endpoint::Chat, b"{").status, 400);
         assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
@@ -292,7 +353,7 @@ mod tests {
             match parse_turn(Endpoint::Chat, body.to_string().as_bytes(), "builtin") {
                 Ok(t) => {
                     proptest::prop_assert!(t.max_tokens >= 1 && t.max_tokens <= MAX_MAX_TOKENS);
-                    proptest::prop_assert!(t.top_logprobs <= MAX_TOP_LOGPROBS);
+                    proptest::prop_assert!(t.ask.top_logprobs <= MAX_TOP_LOGPROBS);
                 }
                 Err(e) => proptest::prop_assert_eq!(e.status, 400),
             }
