@@ -389,7 +389,7 @@ impl SafetyCheck {
 /// rebound to `id` with a `rebound_from` evidence entry.
 fn run_predicate(id: &str, predicate: &SafetyPredicate, ctx: &SafetyContext) -> SafetyCheckResult {
     // Contained: the daemon's panic hook leaves this panic to us (crate::crash).
-    match crate::crash::contain(AssertUnwindSafe(|| predicate(ctx))) {
+    match crate::crash::containment::contain(AssertUnwindSafe(|| predicate(ctx))) {
         Ok(mut result) => {
             if result.boundary_id != id {
                 let given = std::mem::replace(&mut result.boundary_id, id.to_owned());

@@ -65,7 +65,7 @@ fn run(shared: &Shared) {
         if shared.ledger.is_failed() {
             shared.recorder_failed();
         }
-        crate::crash::watchdog_pass(shared);
+        crate::crash::watchdog_pass(shared.cfg.faults.panic, &shared.table);
         enforce(shared, now, &mut buf);
         if let Some(gate) = &shared.gate {
             let mut events = 0u64;

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use crate::{config::Faults, shared::Shared};
+use crate::stream::StreamTable;
 
 /// Which thread the fault panics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,10 +58,11 @@ impl PanicFault {
     }
 }
 
-/// Worker fault point: panics once the stream being stepped has handed out N tokens.
+/// Worker fault point: panics once the stream being stepped has handed out N tokens
+/// (`fault`: the configured `--fault panic-after-tokens`, if any).
 #[track_caller]
-pub fn worker_step(faults: &Faults, tokens_submitted: u64) {
-    if let Some(f) = faults.panic {
+pub fn worker_step(fault: Option<PanicFault>, tokens_submitted: u64) {
+    if let Some(f) = fault {
         if f.thread == PanicThread::Worker && tokens_submitted >= f.after_tokens {
             panic!(
                 "fault injection: data-plane worker panics after {tokens_submitted} tokens of a stream (panic-after-tokens={})",
@@ -71,17 +72,16 @@ pub fn worker_step(faults: &Faults, tokens_submitted: u64) {
     }
 }
 
-/// Watchdog fault point: panics once any open stream has handed out N tokens.
+/// Watchdog fault point: panics once any open stream of `table` has handed out N tokens.
 #[track_caller]
-pub fn watchdog_pass(shared: &Shared) {
-    let Some(f) = shared.cfg.faults.panic else {
+pub fn watchdog_pass(fault: Option<PanicFault>, table: &StreamTable) {
+    let Some(f) = fault else {
         return;
     };
     if f.thread != PanicThread::Watchdog {
         return;
     }
-    let most = shared
-        .table
+    let most = table
         .live()
         .map(|(_, s)| s.tokens_submitted.load(SeqCst))
         .max()
@@ -130,24 +130,18 @@ mod tests {
 
     #[test]
     fn the_worker_point_panics_at_n_and_not_before() {
-        let faults = Faults {
-            panic: Some(PanicFault {
-                after_tokens: 3,
-                thread: PanicThread::Worker,
-            }),
-            ..Faults::default()
-        };
-        worker_step(&faults, 2);
-        worker_step(&Faults::default(), 1000);
-        let watchdog_only = Faults {
-            panic: Some(PanicFault {
-                after_tokens: 3,
-                thread: PanicThread::Watchdog,
-            }),
-            ..Faults::default()
-        };
-        worker_step(&watchdog_only, 1000);
-        let r = super::super::contain(|| worker_step(&faults, 3));
+        let fault = Some(PanicFault {
+            after_tokens: 3,
+            thread: PanicThread::Worker,
+        });
+        worker_step(fault, 2);
+        worker_step(None, 1000);
+        let watchdog_only = Some(PanicFault {
+            after_tokens: 3,
+            thread: PanicThread::Watchdog,
+        });
+        worker_step(watchdog_only, 1000);
+        let r = crate::crash::containment::contain(|| worker_step(fault, 3));
         let msg = r.expect_err("panics at N");
         let msg = msg.downcast_ref::<String>().expect("a formatted message");
         assert!(msg.contains("after 3 tokens"), "{msg}");

@@ -5,12 +5,26 @@ use std::{
     fmt::{self, Write as _},
     os::unix::ffi::OsStrExt,
     panic::PanicHookInfo,
-    path::Path,
+    path::{Path, PathBuf},
     sync::OnceLock,
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use super::{contained, EXIT_CODE};
+use super::containment::contained;
+
+/// Exit status of a process ended by an uncontained panic: 101, what Rust itself uses for a
+/// panic that ends `main`, so it means "panic" whichever path took the process down.
+/// (70 is a data-plane worker whose io_uring ring failed; 1 a start-up error; 2 invalid flags.)
+pub const EXIT_CODE: i32 = 101;
+
+/// The crash file of the ledger at `ledger`: the same path with `.crash` appended
+/// (`haltd-ledger.jsonl` → `haltd-ledger.jsonl.crash`), so it lives where the ledger lives and
+/// the next haltd on that ledger finds it.
+pub fn file_for(ledger: &Path) -> PathBuf {
+    let mut s = ledger.as_os_str().to_owned();
+    s.push(".crash");
+    PathBuf::from(s)
+}
 
 /// The crash file, set once by [`install`] before any worker or watchdog thread exists.
 static CRASH_FILE: OnceLock<CString> = OnceLock::new();
@@ -33,7 +47,7 @@ pub enum InstallError {
 }
 
 /// Installs the process-wide panic hook with `crash_file` as the crash file (see
-/// [`super::file_for`]). Call once, from `main`, before starting any thread.
+/// [`file_for`]). Call once, from `main`, before starting any thread.
 pub fn install(crash_file: &Path) -> Result<(), InstallError> {
     let path = CString::new(crash_file.as_os_str().as_bytes())
         .map_err(|_| InstallError::Nul(crash_file.to_owned()))?;
@@ -252,6 +266,18 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+
+    #[test]
+    fn crash_file_sits_next_to_the_ledger() {
+        assert_eq!(
+            file_for(Path::new("/var/lib/haltd/ledger.jsonl")),
+            PathBuf::from("/var/lib/haltd/ledger.jsonl.crash")
+        );
+        assert_eq!(
+            file_for(Path::new("haltd-ledger.jsonl")),
+            PathBuf::from("haltd-ledger.jsonl.crash")
+        );
+    }
     use crate::safety::{SafetyCheck, SafetyCheckResult, SafetyContext, SafetyPack};
 
     /// Set (to a directory) only in the child process of

@@ -35,93 +35,12 @@
 //! At the next start, [`recover`] turns every line of the crash file into a `crash` ledger
 //! record, logs it at ERROR, counts it in `haltd_crashes_recovered_total` and removes the file.
 
+pub mod containment;
 mod fault;
 mod hook;
 mod recover;
 
-use std::{
-    cell::Cell,
-    panic::{catch_unwind, UnwindSafe},
-    path::{Path, PathBuf},
-};
-
+pub use containment::contain;
 pub use fault::{watchdog_pass, worker_step, PanicFault, PanicThread};
-pub use hook::{install, InstallError};
+pub use hook::{file_for, install, InstallError, EXIT_CODE};
 pub use recover::{recover, RecoverError};
-
-/// Exit status of a process ended by an uncontained panic: 101, what Rust itself uses for a
-/// panic that ends `main`, so it means "panic" whichever path took the process down.
-/// (70 is a data-plane worker whose io_uring ring failed; 1 a start-up error; 2 invalid flags.)
-pub const EXIT_CODE: i32 = 101;
-
-/// The crash file of the ledger at `ledger`: the same path with `.crash` appended
-/// (`haltd-ledger.jsonl` → `haltd-ledger.jsonl.crash`), so it lives where the ledger lives and
-/// the next haltd on that ledger finds it.
-pub fn file_for(ledger: &Path) -> PathBuf {
-    let mut s = ledger.as_os_str().to_owned();
-    s.push(".crash");
-    PathBuf::from(s)
-}
-
-thread_local! {
-    /// How many [`contain`] calls this thread is inside. Const-initialised: reading it in the
-    /// hook allocates nothing.
-    static CONTAINED: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Restores the depth when [`contain`] returns (also if `catch_unwind` itself were left by
-/// a foreign exception).
-struct DepthGuard;
-
-impl Drop for DepthGuard {
-    fn drop(&mut self) {
-        CONTAINED.with(|d| d.set(d.get().saturating_sub(1)));
-    }
-}
-
-/// `catch_unwind` for a panic the caller deliberately contains: the hook leaves a panic inside
-/// it to the default hook (message on stderr) and the caller gets `Err(payload)` as from
-/// `std::panic::catch_unwind`. Every `catch_unwind` in haltd goes through here; one that did
-/// not would be ended by the hook as a crash.
-pub fn contain<F: FnOnce() -> R + UnwindSafe, R>(f: F) -> std::thread::Result<R> {
-    CONTAINED.with(|d| d.set(d.get().saturating_add(1)));
-    let _guard = DepthGuard;
-    catch_unwind(f)
-}
-
-/// Whether the current thread is inside [`contain`]. False while its thread-locals are being
-/// destroyed (nothing can be contained there).
-fn contained() -> bool {
-    CONTAINED.try_with(|d| d.get() > 0).unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn crash_file_sits_next_to_the_ledger() {
-        assert_eq!(
-            file_for(Path::new("/var/lib/haltd/ledger.jsonl")),
-            PathBuf::from("/var/lib/haltd/ledger.jsonl.crash")
-        );
-        assert_eq!(
-            file_for(Path::new("haltd-ledger.jsonl")),
-            PathBuf::from("haltd-ledger.jsonl.crash")
-        );
-    }
-
-    #[test]
-    fn contain_nests_and_restores_the_depth() {
-        assert!(!contained());
-        let inner = contain(|| {
-            assert!(contained());
-            let r = contain(|| -> u32 { panic!("inner") });
-            assert!(r.is_err());
-            assert!(contained(), "the outer containment still holds");
-            7
-        });
-        assert_eq!(inner.ok(), Some(7));
-        assert!(!contained());
-    }
-}

@@ -166,7 +166,7 @@ mod tests {
     fn every_line_becomes_one_record_and_the_file_goes() {
         let dir = TempDir::new("lines");
         let ledger_path = dir.0.join("ledger.jsonl");
-        let crash = super::super::file_for(&ledger_path);
+        let crash = super::super::hook::file_for(&ledger_path);
         // Two crashes (a crash loop) and a torn line.
         std::fs::write(&crash, format!("{LINE}\n{LINE}\n{{\"haltd_cra")).expect("write");
         let ledger = Ledger::open(&ledger_path, false).expect("ledger");
@@ -203,7 +203,7 @@ mod tests {
         let dir = TempDir::new("none");
         let ledger_path = dir.0.join("ledger.jsonl");
         let ledger = Ledger::open(&ledger_path, false).expect("ledger");
-        let crash = super::super::file_for(&ledger_path);
+        let crash = super::super::hook::file_for(&ledger_path);
         assert_eq!(recover(&crash, &ledger, "disabled").expect("recover"), 0);
         assert_eq!(ledger.records_written(), 0);
     }

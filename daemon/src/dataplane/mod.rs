@@ -1066,7 +1066,7 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
-        crate::crash::worker_step(&shared.cfg.faults, slot.tokens_submitted.load(SeqCst));
+        crate::crash::worker_step(shared.cfg.faults.panic, slot.tokens_submitted.load(SeqCst));
         if matches!(turn.source, TurnSource::Proxy) {
             return self.proxy_step(key);
         }

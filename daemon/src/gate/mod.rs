@@ -117,7 +117,26 @@ pub enum GateError {
     #[error("the socket cannot be governed: {0}")]
     Ungovernable(&'static str),
     #[error("the gate's start-up self-test failed: {0}")]
-    SelfTest(#[source] Box<selftest::SelfTestError>),
+    SelfTest(#[source] Box<SelfTestError>),
+}
+
+/// Why the start-up self-test ([`selftest::run`]) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SelfTestError {
+    #[error("{step}: {source}")]
+    Io {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{step}: {source}")]
+    Gate {
+        step: &'static str,
+        #[source]
+        source: GateError,
+    },
+    #[error("{0}")]
+    NotEnforced(String),
 }
 
 impl GateError {

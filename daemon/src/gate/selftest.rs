@@ -20,26 +20,7 @@ use std::{
 
 use haltd_common::{verdict, SockPolicy};
 
-use super::{GateError, Governed, KernelGate};
-
-/// Why the self-test failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SelfTestError {
-    #[error("{step}: {source}")]
-    Io {
-        step: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{step}: {source}")]
-    Gate {
-        step: &'static str,
-        #[source]
-        source: GateError,
-    },
-    #[error("{0}")]
-    NotEnforced(String),
-}
+use super::{GateError, Governed, KernelGate, SelfTestError};
 
 /// What the self-test saw.
 #[derive(Debug, Clone, Copy)]
