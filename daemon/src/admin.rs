@@ -1,6 +1,6 @@
 //! The control plane on tokio: the admin API (`--admin`) and the Prometheus endpoint
 //! (`--metrics`). Nothing here is on the token path; a trip request calls
-//! [`Shared::trip`], which writes the kernel trip map before it answers.
+//! [`HaltCore::trip`], which writes the kernel trip map before it answers.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -18,8 +18,8 @@ use serde_json::json;
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
+    halt::HaltCore,
     modes::{KeyId, ScopeSel},
-    shared::Shared,
     stream::TripError,
     wire::StreamId,
 };
@@ -38,7 +38,11 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
         .into_response()
 }
 
-async fn trip(State(shared): State<Arc<Shared>>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn trip(
+    State(shared): State<Arc<HaltCore>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     let id: StreamId = match id.parse() {
         Ok(id) => id,
         Err(e) => {
@@ -90,7 +94,7 @@ async fn trip(State(shared): State<Arc<Shared>>, Path(id): Path<String>, body: B
     }
 }
 
-async fn streams(State(shared): State<Arc<Shared>>) -> Response {
+async fn streams(State(shared): State<Arc<HaltCore>>) -> Response {
     let list: Vec<_> = shared
         .table
         .live()
@@ -112,7 +116,7 @@ async fn streams(State(shared): State<Arc<Shared>>) -> Response {
     Json(json!({"streams": list})).into_response()
 }
 
-async fn status(State(shared): State<Arc<Shared>>) -> Response {
+async fn status(State(shared): State<Arc<HaltCore>>) -> Response {
     let now = monotonic_ns();
     let hb = shared.heartbeat_view(now);
     Json(json!({
@@ -142,14 +146,14 @@ struct ModeBody {
 }
 
 /// `GET /admin/mode`: the degraded scopes.
-async fn mode_get(State(shared): State<Arc<Shared>>) -> Response {
+async fn mode_get(State(shared): State<Arc<HaltCore>>) -> Response {
     shared.expire_degraded();
     Json(shared.modes.degraded_view()).into_response()
 }
 
 /// `POST /admin/mode {"mode": "full", "scope": "all" | "node" | "key:<fingerprint>"}`: the
 /// operator ends degraded safe mode. Entering it by hand is a trip, not a mode change.
-async fn mode_set(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn mode_set(State(shared): State<Arc<HaltCore>>, body: Bytes) -> Response {
     let body: ModeBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -195,11 +199,11 @@ async fn mode_set(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 }
 
 /// `GET /admin/conversations`: committed per-conversation state (TURN-ACID).
-async fn conversations(State(shared): State<Arc<Shared>>) -> Response {
+async fn conversations(State(shared): State<Arc<HaltCore>>) -> Response {
     Json(json!({"conversations": shared.modes.conversations_view()})).into_response()
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+async fn metrics(State(shared): State<Arc<HaltCore>>) -> Response {
     let now = monotonic_ns();
     let age = shared.heartbeat_view(now).age_s;
     shared
@@ -228,7 +232,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 
 /// Serves the admin API and the metrics endpoint until the process exits.
 pub async fn serve(
-    shared: Arc<Shared>,
+    shared: Arc<HaltCore>,
     admin: tokio::net::TcpListener,
     metrics_listener: tokio::net::TcpListener,
 ) -> std::io::Result<()> {

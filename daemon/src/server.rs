@@ -12,9 +12,9 @@ use crate::{
     config::Config,
     dataplane,
     gate::{GateConfig, GateObject, KernelGate},
+    halt::HaltCore,
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
-    shared::Shared,
     stream::StreamTable,
     watchdog,
 };
@@ -146,7 +146,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             std::io::Error::last_os_error(),
         ));
     }
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
         metrics,

@@ -21,7 +21,7 @@ use std::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    shared::Shared,
+    halt::HaltCore,
     stream::{halter, state},
 };
 
@@ -30,13 +30,13 @@ use crate::{
 const SEND_STUCK_FACTOR: u32 = 4;
 
 /// Starts the watchdog thread. It runs for the life of the daemon.
-pub fn spawn(shared: Arc<Shared>) -> std::io::Result<thread::JoinHandle<()>> {
+pub fn spawn(shared: Arc<HaltCore>) -> std::io::Result<thread::JoinHandle<()>> {
     thread::Builder::new()
         .name("haltd-watchdog".into())
         .spawn(move || run(&shared))
 }
 
-fn run(shared: &Shared) {
+fn run(shared: &HaltCore) {
     raise_priority();
     let started = Instant::now();
     let interval = shared.cfg.heartbeat_interval;
@@ -89,7 +89,7 @@ fn run(shared: &Shared) {
     }
 }
 
-fn halt_after_gap(shared: &Shared, gap_ns: u64) {
+fn halt_after_gap(shared: &HaltCore, gap_ns: u64) {
     let open = shared.table.live().filter(|(_, s)| !s.is_tripped()).count();
     tracing::error!(
         gap_ms = gap_ns / 1_000_000,
@@ -99,7 +99,7 @@ fn halt_after_gap(shared: &Shared, gap_ns: u64) {
     shared.trip_all(FailureCode::HeartbeatLost);
 }
 
-fn beat(shared: &Shared, now: u64) {
+fn beat(shared: &HaltCore, now: u64) {
     if let Some(gate) = &shared.gate {
         if let Err(e) = gate.beat() {
             // Leave the in-process heartbeat stale too: every emitter then halts its stream.
@@ -111,7 +111,7 @@ fn beat(shared: &Shared, now: u64) {
     shared.heartbeat_ns.store(now, SeqCst);
 }
 
-fn enforce(shared: &Shared, now: u64, buf: &mut Vec<u8>) {
+fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
     let grace = shared.cfg.halt_grace.as_nanos() as u64;
     for (idx, slot) in shared.table.live() {
         if slot.raw_state() != state::TRIPPED {

@@ -294,7 +294,7 @@ impl Turn {
     /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
     pub(super) fn safety_verdict(
         &self,
-        shared: &crate::shared::Shared,
+        shared: &crate::halt::HaltCore,
         typed_end: bool,
     ) -> safety::SafetyVerdict {
         let ctx = SafetyContext {

@@ -29,9 +29,9 @@ use crate::{
     codes::FailureCode,
     config::SourceKind,
     detect::{pipeline::Gate, pipeline::TurnGovernor, TokenObs},
+    halt::HaltCore,
     ledger::RecordKind,
     modes::KeyId,
-    shared::Shared,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{halter, state, Mode},
     wire::{
@@ -220,7 +220,7 @@ impl Conn {
 
 /// Starts the data-plane workers on `listener`.
 pub fn spawn_workers(
-    shared: &Arc<Shared>,
+    shared: &Arc<HaltCore>,
     listener: &TcpListener,
 ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut handles = Vec::new();
@@ -259,7 +259,7 @@ struct Worker {
     ring: IoUring,
     conns: Slab<Conn>,
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<HaltCore>,
     wake_buf: Box<u64>,
     cqes: Vec<(u64, i32)>,
     /// The ring's lost-completion and invalid-submission counters as last read (the kernel
@@ -482,12 +482,12 @@ impl Worker {
         };
         // The slot's per-turn facts start empty: a terminal prepared for the stream that had
         // the slot before must never be sent for this one.
-        *shared.meta(id.slot) = crate::shared::TurnMeta::default();
+        *shared.meta(id.slot) = crate::halt::TurnMeta::default();
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let policy = SockPolicy {
-                stream_tag: crate::shared::stream_tag(id),
+                stream_tag: crate::halt::stream_tag(id),
                 ..SockPolicy::default()
             };
             let slot = shared.table.slot(id.slot);
@@ -1028,7 +1028,7 @@ impl Worker {
         let policy = SockPolicy {
             budget: slot.budget.load(SeqCst),
             max_event_bytes: max_event,
-            stream_tag: crate::shared::stream_tag(conn.id),
+            stream_tag: crate::halt::stream_tag(conn.id),
             ..SockPolicy::default()
         };
         // SAFETY: the connection's socket, open until the connection is dropped.
@@ -1727,7 +1727,7 @@ impl Worker {
 /// sometimes runs the gate program again (a kernel frame userspace did not count), and from
 /// then on a trip's kernel limit would be one frame stricter than B. Only on this rare path
 /// (the client reads slower than haltd writes), never per token.
-fn resync_frames(shared: &Shared, fd: RawFd, slot: &crate::stream::Slot) {
+fn resync_frames(shared: &HaltCore, fd: RawFd, slot: &crate::stream::Slot) {
     let Some(gate) = &shared.gate else {
         return;
     };
@@ -1743,7 +1743,7 @@ fn resync_frames(shared: &Shared, fd: RawFd, slot: &crate::stream::Slot) {
 }
 
 /// Why the gate dropped a send of a stream userspace had not tripped, from its socket state.
-fn kernel_drop_cause(shared: &Shared, fd: RawFd) -> FailureCode {
+fn kernel_drop_cause(shared: &HaltCore, fd: RawFd) -> FailureCode {
     let Some(gate) = &shared.gate else {
         return FailureCode::WatchdogTrip;
     };

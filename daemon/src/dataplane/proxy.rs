@@ -1276,7 +1276,7 @@ impl Worker {
 
     /// The HaltMonitor cannot score what the upstream sends: say why in the terminal event,
     /// the record and the failure metric.
-    fn note_missing_logprobs(shared: &crate::shared::Shared, up: &mut Upstream, slot: u32) {
+    fn note_missing_logprobs(shared: &crate::halt::HaltCore, up: &mut Upstream, slot: u32) {
         let msg = "the upstream sent tokens without logprobs while the HaltMonitor (--hard-limit) is on; they cannot be scored".to_owned();
         shared
             .metrics

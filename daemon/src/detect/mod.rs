@@ -1,7 +1,7 @@
 //! Detectors: everything that can trip a stream from what its tokens say (issue 4; spec 000
 //! §3 and §5, specs 001, 003, 004).
 //!
-//! Every detector feeds the same trip path ([`crate::shared::Shared::trip`]), so the
+//! Every detector feeds the same trip path ([`crate::halt::HaltCore::trip`]), so the
 //! kernel-enforced budget of B post-trip frames holds for all of them.
 //!
 //! Per token, the data plane hands each enabled detector a [`TokenObs`] *before* the token is

@@ -1,7 +1,7 @@
 //! SSE chunks and JSON bodies out (DESIGN §4): one token event per frame, the final events
 //! of a stream, and the whole body of a batch response. [`bound`] is the bound on one token
 //! event (the kernel gate's per-stream byte size); the terminal event of a halted stream is
-//! [`crate::wire::halt`].
+//! [`crate::wire::terminal`].
 //!
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
 //! token once the buffer has grown); the rarer shapes (batch bodies) use `serde_json::Value`.

@@ -7,7 +7,7 @@
 //!                                           view of it
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
-//! a trip ──halt::Halt──► the terminal frame, nonce at byte 31
+//! a trip ──terminal::Halt──► the terminal frame, nonce at byte 31
 //!        ──http::write_head / write_error_response──► response heads and error bodies
 //! ```
 //!
@@ -19,11 +19,11 @@
 
 pub mod encode;
 pub mod endpoint;
-pub mod halt;
 pub mod http;
 pub mod request;
 pub mod secret;
 pub mod stream_id;
+pub mod terminal;
 pub mod text;
 
 pub use encode::{
@@ -32,9 +32,9 @@ pub use encode::{
     MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
 };
 pub use endpoint::Endpoint;
-pub use halt::Halt;
 pub use http::{HttpError, RequestHead};
 pub use request::{Ask, BuiltinTurn, ClientRequest};
 pub use secret::Secret;
 pub use stream_id::{nonce_hex, BadStreamId, StreamId};
+pub use terminal::Halt;
 pub use text::{truncate_chars, truncate_text};

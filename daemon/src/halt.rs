@@ -1,5 +1,8 @@
-//! State shared by every thread of the daemon, and the two operations all of them use: trip a
-//! stream, and complete a halt (terminal frame, metrics, flight-recorder record).
+//! The halt core: what every thread of the daemon holds to govern streams (the configuration,
+//! the stream table, the kernel gate, metrics, the flight recorder, the heartbeat, degraded
+//! modes and per-turn facts), and the operations all of them use: trip a stream
+//! ([`HaltCore::trip`]), build its terminal frame ([`HaltCore::terminal_frame`]), complete the
+//! halt ([`HaltCore::complete_halt`]) and record it ([`HaltCore::record`]).
 
 use std::{
     os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
@@ -29,9 +32,10 @@ use crate::{
     wire::{nonce_hex, Halt, StreamId},
 };
 
-/// Everything the data-plane workers, the watchdog and the control plane share.
+/// The halt core: everything the data-plane workers, the watchdog and the control plane share
+/// to trip, halt and record streams. One per daemon, behind an `Arc`.
 #[derive(Debug)]
-pub struct Shared {
+pub struct HaltCore {
     pub cfg: Config,
     pub table: StreamTable,
     pub gate: Option<KernelGate>,
@@ -75,7 +79,7 @@ pub struct TurnMeta {
 
 struct GateTrip<'a> {
     gate: &'a KernelGate,
-    shared: &'a Shared,
+    shared: &'a HaltCore,
 }
 
 impl KernelTrip for GateTrip<'_> {
@@ -151,7 +155,7 @@ impl PreparedTerminal {
     }
 }
 
-impl Shared {
+impl HaltCore {
     pub fn kernel_gate_label(&self) -> &'static str {
         if self.gate.is_some() {
             "enforcing"
