@@ -27,7 +27,7 @@ use crate::{
     modes::{KeyId, ModeChange, Modes},
     source::builtin::MODEL_NAME,
     stream::{
-        halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
+        Halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
     },
     wire::{nonce_hex, Halt, StreamId},
 };
@@ -403,7 +403,7 @@ impl HaltCore {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
         let latency_ms = snap.halt_latency_ms();
         let latency_s = latency_ms / 1e3;
-        let by = halter::name(snap.halted_by);
+        let by = snap.halted_by.as_str();
         self.metrics
             .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
         let mut rec = self.base_record(RecordKind::Incident, snap);
@@ -504,8 +504,8 @@ impl HaltCore {
             if snap.halt_ns != 0 {
                 rec.halt_latency_ms = Some(snap.halt_latency_ms());
             }
-            if snap.halted_by != halter::NONE {
-                rec.halted_by = Some(halter::name(snap.halted_by).to_owned());
+            if snap.halted_by != Halter::None {
+                rec.halted_by = Some(snap.halted_by.as_str().to_owned());
             }
         }
         rec

@@ -22,7 +22,7 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     halt::HaltCore,
-    stream::{halter, state},
+    stream::{Halter, SlotState},
 };
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send before
@@ -114,7 +114,7 @@ fn beat(shared: &HaltCore, now: u64) {
 fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
     let grace = shared.cfg.halt_grace.as_nanos() as u64;
     for (idx, slot) in shared.table.live() {
-        if slot.raw_state() != state::TRIPPED {
+        if slot.state() != SlotState::Tripped {
             continue;
         }
         let since_trip = now.saturating_sub(slot.trip_ns.load(SeqCst));
@@ -151,7 +151,7 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
         }
         // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        slot.note_halt(halter::WATCHDOG, monotonic_ns());
+        slot.note_halt(Halter::Watchdog, monotonic_ns());
         // Record while the slot is still HALTING: the worker cannot close `fd` yet, so the
         // gate state read for the record is this socket's.
         shared.complete_halt(

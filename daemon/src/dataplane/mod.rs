@@ -33,7 +33,7 @@ use crate::{
     ledger::RecordKind,
     modes::KeyId,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
-    stream::{halter, state, Mode},
+    stream::{Halter, Mode, SlotState},
     wire::{
         http, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead, StreamId,
         Token,
@@ -864,7 +864,7 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         slot.created.store(crate::clock::unix_secs(), SeqCst);
-        slot.endpoint.store(endpoint as u8, SeqCst);
+        slot.endpoint.store(endpoint);
         slot.key_id.store(key_id.0, SeqCst);
         slot.degraded.store(degraded, SeqCst);
         slot.client_sse.store(client_stream, SeqCst);
@@ -879,7 +879,7 @@ impl Worker {
             // token may follow a trip.
             slot.budget.store(0, SeqCst);
         }
-        slot.mode.store(mode as u8, SeqCst);
+        slot.mode.store(mode);
         {
             let mut meta = shared.meta(conn.id.slot);
             meta.model = Some(model);
@@ -1060,7 +1060,7 @@ impl Worker {
             // Fail closed: without a watchdog nobody could enforce a later halt.
             let _ = shared.trip(id, FailureCode::HeartbeatLost);
         }
-        if slot.is_tripped() && !(ignore_halt && slot.raw_state() == state::TRIPPED) {
+        if slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped) {
             return self.halt(key);
         }
         let Some(turn) = conn.turn.as_mut() else {
@@ -1362,7 +1362,7 @@ impl Worker {
             // The client went away. Make the stream untrippable, then close.
             let _ = slot
                 .state
-                .compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
+                .compare_exchange(SlotState::Streaming, SlotState::Done);
             if slot.is_tripped() {
                 return self.halt(key);
             }
@@ -1386,8 +1386,8 @@ impl Worker {
             // τ is published before TRIPPED; a token completing while the trip is still
             // TRIPPING was handed out before the trip, so it is not post-trip.
             let published = matches!(
-                slot.raw_state(),
-                state::TRIPPED | state::HALTING | state::HALTED
+                slot.state(),
+                SlotState::Tripped | SlotState::Halting | SlotState::Halted
             );
             if published && index > slot.trip_token_index.load(SeqCst) {
                 slot.post_trip_delivered.fetch_add(1, SeqCst);
@@ -1405,7 +1405,7 @@ impl Worker {
             SendKind::Head => self.step(key),
             SendKind::Token => self.schedule_next(key),
             SendKind::Final | SendKind::Reply => {
-                slot.state.store(state::DONE, SeqCst);
+                slot.state.store(SlotState::Done);
                 if kind == SendKind::Final {
                     conn.outcome = Outcome::Completed;
                 }
@@ -1427,16 +1427,16 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        match slot.raw_state() {
-            state::HALTED => {
+        match slot.state() {
+            SlotState::Halted => {
                 conn.outcome = Outcome::Halted;
                 self.begin_close(key);
                 return Ok(());
             }
-            state::TRIPPED => {}
+            SlotState::Tripped => {}
             // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
             // us once it is HALTED.
-            state::TRIPPING | state::HALTING => return Ok(()),
+            SlotState::Tripping | SlotState::Halting => return Ok(()),
             // Not tripped at all (a trip that came too late to take, e.g. after the final
             // frame was committed): nothing to halt, so end the connection as it stands
             // rather than wait for a wake-up that never comes.
@@ -1462,7 +1462,7 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        slot.finish_halt(halter::EMITTER, monotonic_ns());
+        slot.finish_halt(Halter::Emitter, monotonic_ns());
         let refs = conn
             .turn
             .as_ref()
@@ -1480,10 +1480,11 @@ impl Worker {
         let mut halt = Vec::new();
         let mut carry_on = Vec::new();
         for (key, c) in &self.conns {
-            let st = self.shared.table.slot(c.id.slot).raw_state();
-            if st == state::HALTED || (st == state::TRIPPED && (c.closing || !ignore_halt)) {
+            let st = self.shared.table.slot(c.id.slot).state();
+            if st == SlotState::Halted || (st == SlotState::Tripped && (c.closing || !ignore_halt))
+            {
                 halt.push((key, c.closing));
-            } else if st == state::TRIPPED && !c.closing && !c.inflight() && c.turn.is_some() {
+            } else if st == SlotState::Tripped && !c.closing && !c.inflight() && c.turn.is_some() {
                 // `emitter-ignores-halt`: an emitter that paused on the trip (it saw
                 // TRIPPING) carries on sending tokens, so only the kernel stops it.
                 carry_on.push(key);
@@ -1557,13 +1558,13 @@ impl Worker {
         }
         let shared = Arc::clone(&self.shared);
         let slot = shared.table.slot(conn.id.slot);
-        match slot.raw_state() {
+        match slot.state() {
             // The watchdog is writing to this socket: it wakes us when done.
-            state::HALTING | state::TRIPPING => return,
+            SlotState::Halting | SlotState::Tripping => return,
             // Tripped while closing (e.g. the client went away at the same moment): the halt
             // still gets its record, without a terminal frame.
-            state::TRIPPED if slot.claim_halt() => {
-                slot.finish_halt(halter::EMITTER, monotonic_ns());
+            SlotState::Tripped if slot.claim_halt() => {
+                slot.finish_halt(Halter::Emitter, monotonic_ns());
                 shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, false, Vec::new());
             }
             _ => {}

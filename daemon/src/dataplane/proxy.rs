@@ -33,7 +33,7 @@ use crate::{
     codes::FailureCode,
     detect::{pipeline::Gate, TokenObs},
     modes::KeyId,
-    stream::{state, Mode},
+    stream::{Mode, SlotState},
     upstream::{
         self,
         framing::{self, Split},
@@ -517,7 +517,7 @@ impl Worker {
         let slot = shared.table.slot(conn.id.slot);
         let _ = slot
             .state
-            .compare_exchange(state::STREAMING, state::DONE, SeqCst, SeqCst);
+            .compare_exchange(SlotState::Streaming, SlotState::Done);
         if slot.is_tripped() {
             return self.halt(key);
         }

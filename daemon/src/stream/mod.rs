@@ -28,7 +28,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::SeqCst},
         Mutex,
     },
 };
@@ -40,98 +40,20 @@ use crate::{
     wire::{Endpoint, StreamId},
 };
 
-/// Raw slot states (see the module docs for the transitions).
-pub mod state {
-    pub const FREE: u8 = 0;
-    pub const STREAMING: u8 = 1;
-    pub const EMITTING: u8 = 2;
-    pub const TRIPPING: u8 = 3;
-    pub const TRIPPED: u8 = 4;
-    pub const HALTING: u8 = 5;
-    pub const HALTED: u8 = 6;
-    pub const FINISHING: u8 = 7;
-    pub const DONE: u8 = 8;
-}
+pub mod state;
 
-/// The watchdog states of spec 000 §4.1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum WatchdogState {
-    #[serde(rename = "W_IDLE")]
-    Idle,
-    #[serde(rename = "W_STREAMING")]
-    Streaming,
-    #[serde(rename = "W_TRIPPED")]
-    Tripped,
-    #[serde(rename = "W_HALTED")]
-    Halted,
-}
-
-impl WatchdogState {
-    pub fn from_raw(raw: u8) -> Self {
-        match raw {
-            state::STREAMING | state::EMITTING | state::FINISHING => WatchdogState::Streaming,
-            state::TRIPPING | state::TRIPPED | state::HALTING => WatchdogState::Tripped,
-            state::HALTED => WatchdogState::Halted,
-            _ => WatchdogState::Idle,
-        }
-    }
-}
-
-/// Who completed a halt.
-pub mod halter {
-    pub const NONE: u8 = 0;
-    pub const EMITTER: u8 = 1;
-    pub const WATCHDOG: u8 = 2;
-
-    pub fn name(v: u8) -> &'static str {
-        match v {
-            EMITTER => "emitter",
-            WATCHDOG => "watchdog",
-            _ => "none",
-        }
-    }
-}
-
-/// Response shape of a stream, kept in the slot so the watchdog can write the terminal frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[repr(u8)]
-pub enum Mode {
-    /// Not yet known (request still being read).
-    Pending = 0,
-    /// `stream: true`: SSE, one token per event.
-    Stream = 1,
-    /// `stream: false`: one JSON body, held until the turn completes.
-    Batch = 2,
-}
-
-impl Mode {
-    fn from_raw(v: u8) -> Self {
-        match v {
-            1 => Mode::Stream,
-            2 => Mode::Batch,
-            _ => Mode::Pending,
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Pending => "pending",
-            Mode::Stream => "stream",
-            Mode::Batch => "batch",
-        }
-    }
-}
+pub use state::{AtomicEnum, Halter, Mode, SlotState, WatchdogState};
 
 /// One stream's shared state. Every field is an atomic; see the module docs for the protocol.
 #[derive(Debug, Default)]
 pub struct Slot {
     pub generation: AtomicU32,
-    pub state: AtomicU8,
+    pub state: AtomicEnum<SlotState>,
     /// Data-plane worker that owns the connection (whose eventfd to ring).
     pub worker: AtomicU32,
     pub fd: AtomicI32,
-    pub mode: AtomicU8,
-    pub endpoint: AtomicU8,
+    pub mode: AtomicEnum<Mode>,
+    pub endpoint: AtomicEnum<Endpoint>,
     /// 1 once the HTTP response head has been handed to the kernel.
     pub headers_sent: AtomicBool,
     /// Unix seconds the response was created (the OpenAI `created` field).
@@ -160,7 +82,7 @@ pub struct Slot {
     pub nonce: AtomicU64,
     /// Whether the kernel trip map write succeeded; false makes the watchdog halt at once.
     pub kernel_tripped: AtomicBool,
-    pub halted_by: AtomicU8,
+    pub halted_by: AtomicEnum<Halter>,
     pub halt_ns: AtomicU64,
     /// Budget B in force for this stream (0 for batch).
     pub budget: AtomicU32,
@@ -179,27 +101,20 @@ pub struct Slot {
 }
 
 impl Slot {
-    pub fn raw_state(&self) -> u8 {
-        self.state.load(SeqCst)
+    pub fn state(&self) -> SlotState {
+        self.state.load()
     }
     pub fn mode(&self) -> Mode {
-        Mode::from_raw(self.mode.load(SeqCst))
+        self.mode.load()
     }
     pub fn endpoint(&self) -> Endpoint {
-        if self.endpoint.load(SeqCst) == Endpoint::Completion as u8 {
-            Endpoint::Completion
-        } else {
-            Endpoint::Chat
-        }
+        self.endpoint.load()
     }
     pub fn trip_cause(&self) -> Option<FailureCode> {
         FailureCode::from_u32(self.trip_cause.load(SeqCst))
     }
     pub fn is_tripped(&self) -> bool {
-        matches!(
-            self.raw_state(),
-            state::TRIPPING | state::TRIPPED | state::HALTING | state::HALTED
-        )
+        self.state().is_tripped()
     }
 
     /// Accounts one frame before it is handed to the kernel. Returns false (and counts
@@ -210,19 +125,17 @@ impl Slot {
     /// `len` is the frame's length in bytes, all of it, however many sends it takes.
     pub fn begin_frame(&self, is_token: bool, ignore_halt: bool, len: usize) -> bool {
         loop {
-            match self.state.compare_exchange_weak(
-                state::STREAMING,
-                state::EMITTING,
-                SeqCst,
-                SeqCst,
-            ) {
+            match self
+                .state
+                .compare_exchange_weak(SlotState::Streaming, SlotState::Emitting)
+            {
                 Ok(_) => {
                     self.count_frame(is_token, len);
-                    self.state.store(state::STREAMING, SeqCst);
+                    self.state.store(SlotState::Streaming);
                     return true;
                 }
-                Err(state::STREAMING) => continue, // spurious failure of the weak CAS
-                Err(state::TRIPPED | state::HALTING) if ignore_halt && is_token => {
+                Err(SlotState::Streaming) => continue, // spurious failure of the weak CAS
+                Err(SlotState::Tripped | SlotState::Halting) if ignore_halt && is_token => {
                     self.count_frame(true, len);
                     return true;
                 }
@@ -235,17 +148,15 @@ impl Slot {
     /// batch body). After it the stream can no longer be tripped.
     pub fn begin_final(&self, len: usize) -> bool {
         loop {
-            match self.state.compare_exchange_weak(
-                state::STREAMING,
-                state::FINISHING,
-                SeqCst,
-                SeqCst,
-            ) {
+            match self
+                .state
+                .compare_exchange_weak(SlotState::Streaming, SlotState::Finishing)
+            {
                 Ok(_) => {
                     self.count_frame(false, len);
                     return true;
                 }
-                Err(state::STREAMING) => continue,
+                Err(SlotState::Streaming) => continue,
                 Err(_) => return false,
             }
         }
@@ -268,18 +179,16 @@ impl Slot {
     /// running `f`, once the stream is tripping or tripped (or over).
     pub fn while_untripped(&self, f: impl FnOnce()) -> bool {
         loop {
-            match self.state.compare_exchange_weak(
-                state::STREAMING,
-                state::EMITTING,
-                SeqCst,
-                SeqCst,
-            ) {
+            match self
+                .state
+                .compare_exchange_weak(SlotState::Streaming, SlotState::Emitting)
+            {
                 Ok(_) => {
                     f();
-                    self.state.store(state::STREAMING, SeqCst);
+                    self.state.store(SlotState::Streaming);
                     return true;
                 }
-                Err(state::STREAMING) => continue,
+                Err(SlotState::Streaming) => continue,
                 Err(_) => return false,
             }
         }
@@ -292,11 +201,11 @@ impl Slot {
         loop {
             match self
                 .state
-                .compare_exchange_weak(state::STREAMING, state::DONE, SeqCst, SeqCst)
+                .compare_exchange_weak(SlotState::Streaming, SlotState::Done)
             {
                 Ok(_) => return true,
-                Err(state::STREAMING | state::EMITTING) => std::hint::spin_loop(),
-                Err(state::TRIPPING | state::TRIPPED | state::HALTING) => return false,
+                Err(SlotState::Streaming | SlotState::Emitting) => std::hint::spin_loop(),
+                Err(SlotState::Tripping | SlotState::Tripped | SlotState::Halting) => return false,
                 Err(_) => return true,
             }
         }
@@ -305,38 +214,38 @@ impl Slot {
     /// Moves TRIPPED → HALTING for the caller; only one of emitter and watchdog wins.
     pub fn claim_halt(&self) -> bool {
         self.state
-            .compare_exchange(state::TRIPPED, state::HALTING, SeqCst, SeqCst)
+            .compare_exchange(SlotState::Tripped, SlotState::Halting)
             .is_ok()
     }
 
     /// Records who completed the halt and when, still in HALTING (the socket stays the
     /// halter's until [`Slot::publish_halted`]).
-    pub fn note_halt(&self, by: u8, now_ns: u64) {
-        self.halted_by.store(by, SeqCst);
+    pub fn note_halt(&self, by: Halter, now_ns: u64) {
+        self.halted_by.store(by);
         self.halt_ns.store(now_ns, SeqCst);
     }
 
     /// HALTING → HALTED: from here the owning worker may close the socket.
     pub fn publish_halted(&self) {
-        self.state.store(state::HALTED, SeqCst);
+        self.state.store(SlotState::Halted);
     }
 
     /// Records a completed halt (HALTING → HALTED).
-    pub fn finish_halt(&self, by: u8, now_ns: u64) {
+    pub fn finish_halt(&self, by: Halter, now_ns: u64) {
         self.note_halt(by, now_ns);
         self.publish_halted();
     }
 
     /// A consistent-enough copy for records, admin listings and the terminal frame.
     pub fn snapshot(&self, slot: u32) -> SlotSnapshot {
-        let raw = self.raw_state();
+        let state = self.state();
         SlotSnapshot {
             id: StreamId {
                 slot,
                 generation: self.generation.load(SeqCst),
             },
-            raw_state: raw,
-            state: WatchdogState::from_raw(raw),
+            slot_state: state,
+            state: WatchdogState::from(state),
             mode: self.mode(),
             endpoint: self.endpoint(),
             headers_sent: self.headers_sent.load(SeqCst),
@@ -348,7 +257,7 @@ impl Slot {
             trip_token_index: self.trip_token_index.load(SeqCst),
             trip_ns: self.trip_ns.load(SeqCst),
             nonce: self.nonce.load(SeqCst),
-            halted_by: self.halted_by.load(SeqCst),
+            halted_by: self.halted_by.load(),
             halt_ns: self.halt_ns.load(SeqCst),
             started_ns: self.started_ns.load(SeqCst),
             started_unix_ms: self.started_unix_ms.load(SeqCst),
@@ -364,7 +273,7 @@ impl Slot {
 #[derive(Clone, Copy, Debug)]
 pub struct SlotSnapshot {
     pub id: StreamId,
-    pub raw_state: u8,
+    pub slot_state: SlotState,
     pub state: WatchdogState,
     pub mode: Mode,
     pub endpoint: Endpoint,
@@ -377,7 +286,7 @@ pub struct SlotSnapshot {
     pub trip_token_index: u64,
     pub trip_ns: u64,
     pub nonce: u64,
-    pub halted_by: u8,
+    pub halted_by: Halter,
     pub halt_ns: u64,
     pub started_ns: u64,
     pub started_unix_ms: u64,
@@ -484,8 +393,8 @@ impl StreamTable {
         s.generation.store(generation, SeqCst);
         s.worker.store(worker, SeqCst);
         s.fd.store(fd, SeqCst);
-        s.mode.store(Mode::Pending as u8, SeqCst);
-        s.endpoint.store(Endpoint::Chat as u8, SeqCst);
+        s.mode.store(Mode::Pending);
+        s.endpoint.store(Endpoint::Chat);
         s.headers_sent.store(false, SeqCst);
         s.degraded.store(false, SeqCst);
         s.client_sse.store(false, SeqCst);
@@ -509,10 +418,10 @@ impl StreamTable {
         s.trip_cause.store(0, SeqCst);
         s.kernel_tripped.store(false, SeqCst);
         s.send_inflight.store(false, SeqCst);
-        s.halted_by.store(halter::NONE, SeqCst);
+        s.halted_by.store(Halter::None);
         s.budget.store(budget, SeqCst);
         s.max_event_bytes.store(0, SeqCst);
-        s.state.store(state::STREAMING, SeqCst);
+        s.state.store(SlotState::Streaming);
         Some(StreamId {
             slot: idx,
             generation,
@@ -523,7 +432,7 @@ impl StreamTable {
     pub fn release(&self, id: StreamId) {
         let s = &self.slots[id.slot as usize];
         s.fd.store(-1, SeqCst);
-        s.state.store(state::FREE, SeqCst);
+        s.state.store(SlotState::Free);
         self.free
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -537,7 +446,7 @@ impl StreamTable {
     /// The slot of a live stream with this id.
     pub fn get(&self, id: StreamId) -> Option<&Slot> {
         let s = self.slots.get(id.slot as usize)?;
-        (s.generation.load(SeqCst) == id.generation && s.raw_state() != state::FREE).then_some(s)
+        (s.generation.load(SeqCst) == id.generation && s.state() != SlotState::Free).then_some(s)
     }
 
     /// Why `id` names no live stream: it ended (its slot moved on to a later generation, or
@@ -560,7 +469,7 @@ impl StreamTable {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.raw_state() != state::FREE)
+            .filter(|(_, s)| s.state() != SlotState::Free)
             .map(|(i, s)| (i as u32, s))
     }
 
@@ -588,10 +497,10 @@ impl StreamTable {
         loop {
             match s
                 .state
-                .compare_exchange_weak(state::STREAMING, state::TRIPPING, SeqCst, SeqCst)
+                .compare_exchange_weak(SlotState::Streaming, SlotState::Tripping)
             {
                 Ok(_) => break,
-                Err(state::STREAMING | state::EMITTING) => {
+                Err(SlotState::Streaming | SlotState::Emitting) => {
                     spins += 1;
                     if spins > 64 {
                         std::thread::yield_now();
@@ -599,10 +508,12 @@ impl StreamTable {
                         std::hint::spin_loop();
                     }
                 }
-                Err(state::FINISHING | state::DONE | state::FREE) => return Err(ended(id, s)),
+                Err(SlotState::Finishing | SlotState::Done | SlotState::Free) => {
+                    return Err(ended(id, s))
+                }
                 Err(_) => {
                     // Spin until a concurrent trip has published its result.
-                    while s.raw_state() == state::TRIPPING {
+                    while s.state() == SlotState::Tripping {
                         std::hint::spin_loop();
                     }
                     return Err(TripError::AlreadyTripped {
@@ -637,7 +548,7 @@ impl StreamTable {
         };
         let kernel_enforced = kernel.is_some_and(|k| k.trip(id, &point));
         s.kernel_tripped.store(kernel_enforced, SeqCst);
-        s.state.store(state::TRIPPED, SeqCst);
+        s.state.store(SlotState::Tripped);
         Ok(TripInfo {
             stream_id: id,
             cause,
@@ -701,7 +612,7 @@ mod tests {
         ));
         assert!(s.claim_halt());
         assert!(!s.claim_halt(), "only one halter");
-        s.finish_halt(halter::EMITTER, 3);
+        s.finish_halt(Halter::Emitter, 3);
         t.release(id);
         assert!(
             matches!(
