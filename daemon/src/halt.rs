@@ -21,6 +21,7 @@ use crate::{
     clock::{monotonic_ns, rfc3339, rfc3339_now},
     codes::FailureCode,
     config::Config,
+    detect::DetectorId,
     gate::KernelGate,
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
@@ -72,7 +73,7 @@ pub struct TurnMeta {
     /// Why the upstream failed (kind, message), for the error object of the terminal event.
     pub upstream_failure: Option<(&'static str, String)>,
     /// The detector that tripped the stream and what it measured.
-    pub detector_trip: Option<(&'static str, String)>,
+    pub detector_trip: Option<(DetectorId, String)>,
     /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
     pub terminal: Option<PreparedTerminal>,
 }
@@ -321,7 +322,7 @@ impl HaltCore {
             if let Some((name, what)) = &meta.detector_trip {
                 detail.push((
                     "detector",
-                    serde_json::json!({"name": name, "detail": what}),
+                    serde_json::json!({"name": name.as_str(), "detail": what}),
                 ));
             }
             (model, detail)

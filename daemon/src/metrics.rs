@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::codes::FailureCode;
+use crate::{codes::FailureCode, detect::DetectorId};
 
 /// Post-trip token buckets: every value up to 10 (B is usually ≤ 5), then coarse.
 pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [
@@ -154,7 +154,7 @@ pub struct DecisionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DetectorLabels {
-    pub detector: &'static str,
+    pub detector: DetectorId,
     pub code: FailureCode,
 }
 

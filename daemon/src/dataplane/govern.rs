@@ -21,7 +21,7 @@ use super::{SendKind, Turn, Worker};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    detect::{pipeline::Gate, Trip},
+    detect::{pipeline::Gate, DetectorId, Trip, TripKind},
     safety::{self, SafetyContext, SafetyMode},
     upstream::framing::{self, Split, ToolCallPart},
     upstream::UpToken,
@@ -318,7 +318,7 @@ impl Worker {
     pub(super) fn detector_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let id = self.conns[key].id;
-        tracing::info!(stream_id = %id, detector = trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
+        tracing::info!(stream_id = %id, detector = %trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
         shared
             .metrics
             .detector_trips
@@ -439,8 +439,9 @@ impl Worker {
                 .detector_trip(
                     key,
                     Trip {
-                        detector: "safety",
+                        detector: DetectorId::Safety,
                         code: FailureCode::SafetyBoundaryViolated,
+                        kind: TripKind::Breach,
                         detail: format!("violated: {}", violated.join(", ")),
                     },
                 )

@@ -31,7 +31,7 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    detect::{pipeline::Gate, TokenObs},
+    detect::{pipeline::Gate, DetectorId, TokenObs, TripKind},
     modes::KeyId,
     stream::{Mode, SlotState},
     upstream::{
@@ -1093,7 +1093,7 @@ impl Worker {
                         }
                     });
                     if let Some(t) = trip {
-                        if t.detector == "halt_monitor" && t.detail.starts_with("unscorable") {
+                        if t.detector == DetectorId::HaltMonitor && t.kind == TripKind::Unscorable {
                             Self::note_missing_logprobs(&shared, up, id.slot);
                         }
                         return self.detector_trip(key, t);
@@ -1148,7 +1148,7 @@ impl Worker {
                         }
                     }
                     if let Some(t) = trip {
-                        if t.detector == "halt_monitor" && t.detail.starts_with("unscorable") {
+                        if t.detector == DetectorId::HaltMonitor && t.kind == TripKind::Unscorable {
                             Self::note_missing_logprobs(&shared, up, id.slot);
                         }
                         return self.detector_trip(key, t);

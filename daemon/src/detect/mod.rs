@@ -17,9 +17,96 @@
 
 use std::fmt;
 
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::{Deserialize, Serialize};
 
 use crate::codes::FailureCode;
+
+/// Which detector (or end-of-turn check) judged a stream: its config key
+/// (`[detectors.<name>]`), `detector` metric label, `detector_refs` entry and the terminal
+/// event's `detector.name`, all spelled by [`DetectorId::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DetectorId {
+    /// The HaltMonitor of spec 001, fed by its scorer.
+    HaltMonitor,
+    Surprise,
+    ComputeBudget,
+    LatencyAnomaly,
+    /// The exfiltration scanner.
+    Exfil,
+    /// SafetyCheck at the end of a turn (spec 004).
+    Safety,
+}
+
+impl DetectorId {
+    /// Every detector, in the order they run on a token (SafetyCheck runs at the turn's end).
+    pub const ALL: [DetectorId; 6] = [
+        DetectorId::HaltMonitor,
+        DetectorId::Surprise,
+        DetectorId::ComputeBudget,
+        DetectorId::LatencyAnomaly,
+        DetectorId::Exfil,
+        DetectorId::Safety,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DetectorId::HaltMonitor => "halt_monitor",
+            DetectorId::Surprise => "surprise",
+            DetectorId::ComputeBudget => "compute_budget",
+            DetectorId::LatencyAnomaly => "latency_anomaly",
+            DetectorId::Exfil => "exfil",
+            DetectorId::Safety => "safety",
+        }
+    }
+}
+
+impl fmt::Display for DetectorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for DetectorId {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+/// Why a detector could not judge a token ([`Finding::Failed`], a `DETECTOR_FAILURE` trip in
+/// hard mode), or, for [`FailureKind::Unscorable`], why the HaltMonitor halts on a token it
+/// cannot score ([`Finding::Unscorable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The token has no logprob, or one that is not a log-probability (NaN, positive), and
+    /// the detector needs one.
+    Unscorable,
+    /// `observe` took longer than the detector's `deadline_us`.
+    DeadlineMissed,
+    /// The external scorer's socket could not be connected, or the scorer closed it.
+    ScorerUnreachable,
+    /// The external scorer did not reply within its per-token deadline.
+    ScorerTimeout,
+    /// The external scorer's reply was not one line of `{"score": <finite number>}`.
+    ScorerBadReply,
+    /// Any other I/O error on the scorer's socket.
+    ScorerIo,
+    /// The detector could not be set up for the turn (its scorer or its monitor).
+    Setup,
+}
+
+/// What a [`Trip`] (or an observe-mode finding) says about the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TripKind {
+    /// The detector's condition held on what it measured.
+    Breach,
+    /// A token that cannot be scored, counted as a breach (the HaltMonitor: spec 001 halts on
+    /// it as on a failing score, with the detector's own code).
+    Unscorable,
+    /// The detector could not judge: `DETECTOR_FAILURE` (fail closed).
+    Failed(FailureKind),
+}
 
 /// What a detector's breach does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,17 +141,23 @@ pub enum Finding {
     Breach {
         detail: String,
     },
+    /// The token cannot be scored and the detector treats that as a breach of its own (the
+    /// HaltMonitor); debounced and counted like a breach.
+    Unscorable {
+        detail: String,
+    },
     /// The detector could not judge this token (an error, or input it needs is missing):
     /// fail closed in hard mode.
     Failed {
+        kind: FailureKind,
         detail: String,
     },
 }
 
 /// A per-token detector.
 pub trait Detector: Send + fmt::Debug {
-    /// Stable name: config key, metric label, `detector_refs` entry.
-    fn name(&self) -> &'static str;
+    /// Which detector this is: config key, metric label, `detector_refs` entry.
+    fn id(&self) -> DetectorId;
     /// The failure code a hard breach trips with.
     fn code(&self) -> FailureCode;
     /// Looks at the next token. Must be cheap: it runs on the data plane, per token.
@@ -110,8 +203,9 @@ impl Default for Policy {
 /// Why a detector trips a stream.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Trip {
-    pub detector: &'static str,
+    pub detector: DetectorId,
     pub code: FailureCode,
+    pub kind: TripKind,
     pub detail: String,
 }
 
@@ -173,8 +267,11 @@ impl TurnDetectors {
             if a.policy.deadline_ns > 0 {
                 let took = clock().saturating_sub(t0);
                 a.worst_ns = a.worst_ns.max(took);
-                if took > a.policy.deadline_ns && !matches!(finding, Finding::Breach { .. }) {
+                if took > a.policy.deadline_ns
+                    && !matches!(finding, Finding::Breach { .. } | Finding::Unscorable { .. })
+                {
                     finding = Finding::Failed {
+                        kind: FailureKind::DeadlineMissed,
                         detail: format!(
                             "took {} µs, over its deadline of {} µs",
                             took / 1000,
@@ -219,25 +316,32 @@ impl TurnDetectors {
                 a.streak = 0;
                 None
             }
-            Finding::Breach { detail } => {
-                a.breaches += 1;
-                a.streak += 1;
-                (a.streak >= a.policy.debounce).then(|| Trip {
-                    detector: a.detector.name(),
-                    code: a.detector.code(),
-                    detail,
-                })
-            }
+            Finding::Breach { detail } => Self::breach(a, TripKind::Breach, detail),
+            Finding::Unscorable { detail } => Self::breach(a, TripKind::Unscorable, detail),
             // Fail closed: a detector that cannot judge trips at once, with its own code.
-            Finding::Failed { detail } => {
+            Finding::Failed { kind, detail } => {
                 a.failures += 1;
                 Some(Trip {
-                    detector: a.detector.name(),
+                    detector: a.detector.id(),
                     code: FailureCode::DetectorFailure,
+                    kind: TripKind::Failed(kind),
                     detail,
                 })
             }
         }
+    }
+
+    /// A breach of `a`'s condition: counted, and a trip once it held `debounce` tokens in a
+    /// row.
+    fn breach(a: &mut Armed, kind: TripKind, detail: String) -> Option<Trip> {
+        a.breaches += 1;
+        a.streak += 1;
+        (a.streak >= a.policy.debounce).then(|| Trip {
+            detector: a.detector.id(),
+            code: a.detector.code(),
+            kind,
+            detail,
+        })
     }
 
     /// `detector_refs[]` entries: `name:mode`.
@@ -248,7 +352,7 @@ impl TurnDetectors {
                 DetectorMode::Observe => "observe",
                 DetectorMode::Off => "off",
             };
-            format!("{}:{mode}", a.detector.name())
+            format!("{}:{mode}", a.detector.id())
         })
     }
 
@@ -257,7 +361,7 @@ impl TurnDetectors {
         let mut m = serde_json::Map::new();
         for a in &self.armed {
             m.insert(
-                a.detector.name().to_owned(),
+                a.detector.id().as_str().to_owned(),
                 serde_json::json!({
                     "mode": a.policy.mode,
                     "breaches": a.breaches,
@@ -273,7 +377,7 @@ impl TurnDetectors {
                 serde_json::Value::Array(
                     self.observed
                         .iter()
-                        .map(|t| serde_json::json!({"detector": t.detector, "code": t.code.as_str(), "detail": t.detail}))
+                        .map(|t| serde_json::json!({"detector": t.detector.as_str(), "code": t.code.as_str(), "detail": t.detail}))
                         .collect(),
                 ),
             );
@@ -296,8 +400,8 @@ mod tests {
     struct Words;
 
     impl Detector for Words {
-        fn name(&self) -> &'static str {
-            "words"
+        fn id(&self) -> DetectorId {
+            DetectorId::Surprise
         }
         fn code(&self) -> FailureCode {
             FailureCode::ExfilAlert
@@ -308,6 +412,7 @@ mod tests {
                     detail: "bad word".into(),
                 },
                 "err" => Finding::Failed {
+                    kind: FailureKind::ScorerIo,
                     detail: "broken".into(),
                 },
                 _ => Finding::Clear,
@@ -352,6 +457,7 @@ mod tests {
         let mut d = set(DetectorMode::Hard, 5);
         let t = d.observe(&tok("err"), || 0).expect("fail closed");
         assert_eq!(t.code, FailureCode::DetectorFailure);
+        assert_eq!(t.kind, TripKind::Failed(FailureKind::ScorerIo));
     }
 
     #[test]
@@ -361,7 +467,19 @@ mod tests {
             assert_eq!(d.observe(&tok(w), || 0), None);
         }
         assert_eq!(d.observed().len(), 3);
-        assert_eq!(d.summary()["words"]["breaches"], 2);
+        assert_eq!(d.summary()["surprise"]["breaches"], 2);
+    }
+
+    #[test]
+    fn detector_ids_are_spelled_alike_in_json_and_config() {
+        for id in DetectorId::ALL {
+            assert_eq!(
+                serde_json::to_value(id).expect("json"),
+                serde_json::Value::from(id.as_str())
+            );
+            assert_eq!(id.to_string(), id.as_str());
+        }
+        assert_eq!(DetectorId::HaltMonitor.as_str(), "halt_monitor");
     }
 
     #[test]
@@ -388,6 +506,7 @@ mod tests {
         };
         let t = d.observe(&tok("ok"), clock).expect("too slow");
         assert_eq!(t.code, FailureCode::DetectorFailure);
+        assert_eq!(t.kind, TripKind::Failed(FailureKind::DeadlineMissed));
         assert!(t.detail.contains("deadline"), "{}", t.detail);
     }
 }

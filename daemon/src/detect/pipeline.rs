@@ -14,12 +14,13 @@ use serde::{Deserialize, Serialize};
 use super::{
     config::{check_names, entry, err, ConfigFileError, Entry},
     exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
-    scorer::{Scorer, ScorerConfig, ScorerError},
+    scorer::{Scorer, ScorerConfig},
     surprise::{SurpriseConfig, SurpriseDetector},
     timing::{
         ComputeBudget, ComputeBudgetConfig, LatencyAnomaly, LatencyAnomalyConfig, LatencyBaseline,
     },
-    Detector, DetectorMode, Finding, TokenObs, Trip, TurnDetectors,
+    Detector, DetectorId, DetectorMode, FailureKind, Finding, TokenObs, Trip, TripKind,
+    TurnDetectors,
 };
 use crate::{
     codes::FailureCode,
@@ -27,13 +28,13 @@ use crate::{
     safety::{SafetyCheck, SafetyConfig, SafetyPack},
 };
 
-/// The detector names the config file knows, in the order they run.
-pub const DETECTORS: [&str; 5] = [
-    "halt_monitor",
-    "surprise",
-    "compute_budget",
-    "latency_anomaly",
-    "exfil",
+/// The detectors the config file knows (`[detectors.<name>]`), in the order they run.
+pub const DETECTORS: [DetectorId; 5] = [
+    DetectorId::HaltMonitor,
+    DetectorId::Surprise,
+    DetectorId::ComputeBudget,
+    DetectorId::LatencyAnomaly,
+    DetectorId::Exfil,
 ];
 
 /// `[detectors.halt_monitor]`'s own keys.
@@ -78,9 +79,9 @@ impl DetectorsConfig {
             None => FileTop::default(),
         };
         let d = top.detectors.as_ref();
-        check_names(d, &DETECTORS)?;
+        check_names(d, &DETECTORS.map(DetectorId::as_str))?;
         let mut halt_monitor: Entry<HaltMonitorConfig> =
-            entry(d, "halt_monitor", DetectorMode::Hard)?;
+            entry(d, DetectorId::HaltMonitor.as_str(), DetectorMode::Hard)?;
         if halt_monitor.policy.debounce > 1 {
             // Spec 001: the failing token itself is never emitted; the monitor latches, so a
             // debounce would let the failing token and the next K-1 out first.
@@ -113,27 +114,31 @@ impl DetectorsConfig {
             .clone()
             .validate()
             .map_err(|e| err("detectors.halt_monitor", e.to_string()))?;
-        let mut surprise: Entry<SurpriseConfig> = entry(d, "surprise", DetectorMode::Observe)?;
+        let mut surprise: Entry<SurpriseConfig> =
+            entry(d, DetectorId::Surprise.as_str(), DetectorMode::Observe)?;
         surprise.cfg = surprise
             .cfg
             .clone()
             .validate()
             .map_err(|e| err("detectors.surprise", e.to_string()))?;
         let mut compute_budget: Entry<ComputeBudgetConfig> =
-            entry(d, "compute_budget", DetectorMode::Hard)?;
+            entry(d, DetectorId::ComputeBudget.as_str(), DetectorMode::Hard)?;
         compute_budget.cfg = compute_budget
             .cfg
             .clone()
             .validate()
             .map_err(|e| err("detectors.compute_budget", e.to_string()))?;
-        let mut latency_anomaly: Entry<LatencyAnomalyConfig> =
-            entry(d, "latency_anomaly", DetectorMode::Observe)?;
+        let mut latency_anomaly: Entry<LatencyAnomalyConfig> = entry(
+            d,
+            DetectorId::LatencyAnomaly.as_str(),
+            DetectorMode::Observe,
+        )?;
         latency_anomaly.cfg = latency_anomaly
             .cfg
             .clone()
             .validate()
             .map_err(|e| err("detectors.latency_anomaly", e.to_string()))?;
-        let exfil: Entry<ExfilConfig> = entry(d, "exfil", DetectorMode::Hard)?;
+        let exfil: Entry<ExfilConfig> = entry(d, DetectorId::Exfil.as_str(), DetectorMode::Hard)?;
         if exfil.policy.debounce > 1 || exfil.policy.deadline_ns > 0 {
             return Err(err(
                 "detectors.exfil",
@@ -173,8 +178,8 @@ struct HaltMonitorDetector {
 }
 
 impl Detector for HaltMonitorDetector {
-    fn name(&self) -> &'static str {
-        "halt_monitor"
+    fn id(&self) -> DetectorId {
+        DetectorId::HaltMonitor
     }
     fn code(&self) -> FailureCode {
         FailureCode::CoherenceBelowThreshold
@@ -192,13 +197,14 @@ impl Detector for HaltMonitorDetector {
             },
             // No logprob to score: the monitor halts on an unscorable token (a NaN score),
             // as spec 001's model does for a failing one.
-            Err(e @ (ScorerError::NoLogprob { .. } | ScorerError::BadLogprob { .. })) => {
+            Err(e) if e.kind() == FailureKind::Unscorable => {
                 let _ = self.monitor.check(f64::NAN);
-                Finding::Breach {
+                Finding::Unscorable {
                     detail: format!("unscorable: {e}"),
                 }
             }
             Err(e) => Finding::Failed {
+                kind: e.kind(),
                 detail: e.to_string(),
             },
         }
@@ -268,28 +274,19 @@ impl Detectors {
         let c = &self.cfg;
         let mut set = TurnDetectors::new();
         if self.halt_monitor_on() {
-            let mut scorer = c.halt_monitor.cfg.scorer.build().map_err(|e| Trip {
-                detector: "halt_monitor",
-                code: FailureCode::DetectorFailure,
-                detail: e.to_string(),
-            })?;
+            let mut scorer = c
+                .halt_monitor
+                .cfg
+                .scorer
+                .build()
+                .map_err(|e| halt_monitor_failed(FailureKind::Setup, e.to_string()))?;
             if let Err(e) = scorer.begin_turn(turn_id) {
                 if c.halt_monitor.policy.mode == DetectorMode::Hard {
-                    return Err(Trip {
-                        detector: "halt_monitor",
-                        code: FailureCode::DetectorFailure,
-                        detail: e.to_string(),
-                    });
+                    return Err(halt_monitor_failed(e.kind(), e.to_string()));
                 }
             }
-            let monitor =
-                HaltMonitor::new(c.halt_monitor.cfg.hard_limit.unwrap_or(0.0)).map_err(|e| {
-                    Trip {
-                        detector: "halt_monitor",
-                        code: FailureCode::DetectorFailure,
-                        detail: e.to_string(),
-                    }
-                })?;
+            let monitor = HaltMonitor::new(c.halt_monitor.cfg.hard_limit.unwrap_or(0.0))
+                .map_err(|e| halt_monitor_failed(FailureKind::Setup, e.to_string()))?;
             set.add(
                 Box::new(HaltMonitorDetector { monitor, scorer }),
                 c.halt_monitor.policy,
@@ -326,6 +323,16 @@ impl Detectors {
             exfil_hits: 0,
             held_max: 0,
         })
+    }
+}
+
+/// The HaltMonitor cannot start the turn: a `DETECTOR_FAILURE` trip before its first token.
+fn halt_monitor_failed(kind: FailureKind, detail: String) -> Trip {
+    Trip {
+        detector: DetectorId::HaltMonitor,
+        code: FailureCode::DetectorFailure,
+        kind: TripKind::Failed(kind),
+        detail,
     }
 }
 
@@ -384,8 +391,9 @@ impl TurnGovernor {
                 );
                 if *mode == DetectorMode::Hard {
                     Gate::Trip(Trip {
-                        detector: "exfil",
+                        detector: DetectorId::Exfil,
                         code: FailureCode::ExfilAlert,
+                        kind: TripKind::Breach,
                         detail,
                     })
                 } else {
@@ -411,8 +419,9 @@ impl TurnGovernor {
                 self.exfil_hits += 1;
                 if *mode == DetectorMode::Hard {
                     Gate::Trip(Trip {
-                        detector: "exfil",
+                        detector: DetectorId::Exfil,
                         code: FailureCode::ExfilAlert,
+                        kind: TripKind::Breach,
                         detail: format!(
                             "rule {} matched {} bytes at offset {} (fingerprint {:08x})",
                             hit.rule, hit.len, hit.start, hit.fingerprint
@@ -446,7 +455,7 @@ impl TurnGovernor {
         let mut s = self.set.summary();
         if let (Some((scanner, mode)), Some(m)) = (self.exfil.as_ref(), s.as_object_mut()) {
             m.insert(
-                "exfil".to_owned(),
+                DetectorId::Exfil.as_str().to_owned(),
                 serde_json::json!({
                     "mode": mode,
                     "hits": self.exfil_hits,
@@ -517,6 +526,26 @@ mod tests {
         ] {
             let e = load(text, 0.0).expect_err(text);
             assert!(e.at.starts_with(at), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_unscorable_token_is_a_typed_halt_monitor_breach() {
+        let d = Detectors::new(DetectorsConfig::load(None, 0.5).expect("limit")).expect("ok");
+        let mut gov = d.turn("t", 0).expect("turn");
+        let obs = TokenObs {
+            index: 0,
+            text: "x",
+            logprob: None,
+            now_ns: 0,
+        };
+        match gov.on_token(&obs, || 0) {
+            Gate::Trip(t) => {
+                assert_eq!(t.detector, DetectorId::HaltMonitor);
+                assert_eq!(t.kind, TripKind::Unscorable);
+                assert_eq!(t.code, FailureCode::CoherenceBelowThreshold);
+            }
+            other => panic!("expected a trip, got {other:?}"),
         }
     }
 

@@ -124,7 +124,7 @@ use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
 };
 
-use super::TokenObs;
+use super::{FailureKind, TokenObs};
 pub use crate::upstream::chunk::NEG_INF_SENTINEL;
 
 /// Default per-token deadline of the external scorer, in microseconds.
@@ -342,6 +342,25 @@ pub enum ScorerError {
         #[source]
         source: io::Error,
     },
+}
+
+impl ScorerError {
+    /// The kind of failure, for code that acts on it (never on the message).
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            ScorerError::NoLogprob { .. } | ScorerError::BadLogprob { .. } => {
+                FailureKind::Unscorable
+            }
+            ScorerError::Connect { .. } | ScorerError::Closed { .. } => {
+                FailureKind::ScorerUnreachable
+            }
+            ScorerError::Deadline { .. } => FailureKind::ScorerTimeout,
+            ScorerError::Malformed { .. } | ScorerError::NonFiniteScore { .. } => {
+                FailureKind::ScorerBadReply
+            }
+            ScorerError::Io { .. } => FailureKind::ScorerIo,
+        }
+    }
 }
 
 /// Produces the HaltMonitor's score for each token. Runs on the data plane, per token.

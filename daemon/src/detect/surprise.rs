@@ -31,7 +31,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::codes::FailureCode;
-use crate::detect::{Detector, Finding, TokenObs};
+use crate::detect::{Detector, DetectorId, FailureKind, Finding, TokenObs};
 
 /// Largest window the detector accepts (its buffers are fixed-size arrays of this length).
 pub const MAX_WINDOW: usize = 256;
@@ -473,8 +473,8 @@ fn fmax(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 impl Detector for SurpriseDetector {
-    fn name(&self) -> &'static str {
-        "surprise"
+    fn id(&self) -> DetectorId {
+        DetectorId::Surprise
     }
 
     fn code(&self) -> FailureCode {
@@ -485,6 +485,7 @@ impl Detector for SurpriseDetector {
         let Some(lp) = tok.logprob else {
             self.unscored += 1;
             return Finding::Failed {
+                kind: FailureKind::Unscorable,
                 detail: format!(
                     "token {} has no logprob: the stream has no logprobs, so surprise cannot be \
                      scored",
@@ -497,6 +498,7 @@ impl Detector for SurpriseDetector {
             Err(e) => {
                 self.unscored += 1;
                 return Finding::Failed {
+                    kind: FailureKind::Unscorable,
                     detail: format!("token {}: {e}: surprise cannot be scored", tok.index),
                 };
             }
@@ -704,7 +706,7 @@ mod tests {
             other => panic!("expected a breach, got {other:?}"),
         }
         assert_eq!(d.code(), FailureCode::SurpriseThreshold);
-        assert_eq!(d.name(), "surprise");
+        assert_eq!(d.id().as_str(), "surprise");
         let s = d.summary();
         assert_eq!(s["tokens_scored"], 8);
         assert_eq!(s["breaches"], 1);
@@ -751,7 +753,8 @@ mod tests {
             assert_eq!(d.observe(&obs(i, Some(lp(10.0)))), Finding::Clear);
         }
         match d.observe(&obs(4, None)) {
-            Finding::Failed { detail } => {
+            Finding::Failed { kind, detail } => {
+                assert_eq!(kind, FailureKind::Unscorable);
                 assert!(detail.contains("no logprobs"), "{detail}");
                 assert!(detail.contains("token 4"), "{detail}");
             }
@@ -760,7 +763,7 @@ mod tests {
         // The window is untouched: a zero was not pushed.
         assert_eq!(d.window().values(), vec![10.0; 4]);
         match d.observe(&obs(5, Some(f32::NAN))) {
-            Finding::Failed { detail } => assert!(detail.contains("NaN"), "{detail}"),
+            Finding::Failed { detail, .. } => assert!(detail.contains("NaN"), "{detail}"),
             other => panic!("expected Failed, got {other:?}"),
         }
         let s = d.summary();

@@ -132,7 +132,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::{Detector, Finding, TokenObs};
+use super::{Detector, DetectorId, Finding, TokenObs};
 use crate::codes::FailureCode;
 
 /// Every value [`latency_bucket`] gives.
@@ -323,8 +323,8 @@ impl ComputeBudget {
 }
 
 impl Detector for ComputeBudget {
-    fn name(&self) -> &'static str {
-        "compute_budget"
+    fn id(&self) -> DetectorId {
+        DetectorId::ComputeBudget
     }
 
     fn code(&self) -> FailureCode {
@@ -932,8 +932,8 @@ impl LatencyAnomaly {
 }
 
 impl Detector for LatencyAnomaly {
-    fn name(&self) -> &'static str {
-        "latency_anomaly"
+    fn id(&self) -> DetectorId {
+        DetectorId::LatencyAnomaly
     }
 
     fn code(&self) -> FailureCode {

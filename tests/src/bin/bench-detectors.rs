@@ -454,7 +454,7 @@ fn run_turns(
                 clock.now_ns = now;
                 match gate {
                     Gate::Trip(t) => {
-                        *s.trips.entry(t.detector.to_owned()).or_default() += 1;
+                        *s.trips.entry(t.detector.to_string()).or_default() += 1;
                         tripped_at = Some(i);
                         break;
                     }
