@@ -30,6 +30,7 @@ use crate::{
     stream::{
         Halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
     },
+    upstream::UpstreamFailure,
     wire::{nonce_hex, Halt, StreamId},
 };
 
@@ -70,8 +71,8 @@ pub struct HaltCore {
 pub struct TurnMeta {
     /// The model name the turn's chunks carry.
     pub model: Option<Arc<str>>,
-    /// Why the upstream failed (kind, message), for the error object of the terminal event.
-    pub upstream_failure: Option<(&'static str, String)>,
+    /// Why the upstream failed, for the error object of the terminal event.
+    pub upstream_failure: Option<UpstreamFailure>,
     /// The detector that tripped the stream and what it measured.
     pub detector_trip: Option<(DetectorId, String)>,
     /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
@@ -313,10 +314,10 @@ impl HaltCore {
             let meta = self.meta(snap.id.slot);
             let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
             let mut detail = Vec::new();
-            if let Some((kind, message)) = &meta.upstream_failure {
+            if let Some(f) = &meta.upstream_failure {
                 detail.push((
                     "upstream",
-                    serde_json::json!({"kind": kind, "message": message}),
+                    serde_json::json!({"kind": f.kind.as_str(), "message": f.message}),
                 ));
             }
             if let Some((name, what)) = &meta.detector_trip {

@@ -16,7 +16,11 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{codes::FailureCode, detect::DetectorId};
+use crate::{
+    codes::FailureCode,
+    detect::DetectorId,
+    upstream::{CancelReason, UpstreamFailureKind},
+};
 
 /// Post-trip token buckets: every value up to 10 (B is usually ≤ 5), then coarse.
 pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [
@@ -143,8 +147,13 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
+pub struct CancelLabels {
+    pub reason: CancelReason,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamFailureLabels {
+    pub kind: UpstreamFailureKind,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -165,20 +174,6 @@ pub const RING_EVENT_KINDS: [&str; 5] = [
     "sq_dropped",
     "sq_full",
     "submit_error",
-];
-
-/// Kinds of upstream failure (FHR `upstream.failure`), every one a series from the start.
-pub const UPSTREAM_FAILURE_KINDS: [&str; 10] = [
-    "connect_refused",
-    "connect_timeout",
-    "first_token_timeout",
-    "stalled",
-    "malformed",
-    "error_event",
-    "early_eof",
-    "http_status",
-    "io_error",
-    "missing_logprobs",
 ];
 
 /// All metric handles of the daemon.
@@ -205,8 +200,8 @@ pub struct Metrics {
     pub ledger_records: Gauge,
     pub mode_changes: Family<ModeChangeLabels, Counter>,
     pub degraded_scopes: Gauge,
-    pub upstream_failures: Family<KindLabels, Counter>,
-    pub upstream_cancels: Family<ReasonLabels, Counter>,
+    pub upstream_failures: Family<UpstreamFailureLabels, Counter>,
+    pub upstream_cancels: Family<CancelLabels, Counter>,
     pub tool_calls: Family<KindLabels, Counter>,
     pub detector_trips: Family<DetectorLabels, Counter>,
     pub detector_observed: Family<DetectorLabels, Counter>,
@@ -355,13 +350,13 @@ impl Metrics {
             "Scopes (API keys, or the node) currently in degraded safe mode",
             degraded_scopes.clone(),
         );
-        let upstream_failures = Family::<KindLabels, Counter>::default();
+        let upstream_failures = Family::<UpstreamFailureLabels, Counter>::default();
         registry.register(
             "upstream_failures",
             "Proxied turns that failed because of the upstream, by kind",
             upstream_failures.clone(),
         );
-        let upstream_cancels = Family::<ReasonLabels, Counter>::default();
+        let upstream_cancels = Family::<CancelLabels, Counter>::default();
         registry.register(
             "upstream_cancels",
             "Upstream generations cancelled (connection closed) before they ended, by reason",
@@ -380,11 +375,11 @@ impl Metrics {
         ] {
             drop(mode_changes.get_or_create(&ModeChangeLabels { to, by }));
         }
-        for kind in UPSTREAM_FAILURE_KINDS {
-            drop(upstream_failures.get_or_create(&KindLabels { kind }));
+        for kind in UpstreamFailureKind::ALL {
+            drop(upstream_failures.get_or_create(&UpstreamFailureLabels { kind }));
         }
-        for reason in ["trip", "client_gone"] {
-            drop(upstream_cancels.get_or_create(&ReasonLabels { reason }));
+        for reason in CancelReason::ALL {
+            drop(upstream_cancels.get_or_create(&CancelLabels { reason }));
         }
         for kind in ["committed", "dispatched", "suppressed"] {
             drop(tool_calls.get_or_create(&KindLabels { kind }));

@@ -34,6 +34,7 @@ use crate::{
     modes::KeyId,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
     stream::{Halter, Mode, SlotState},
+    upstream::CancelReason,
     wire::{
         http, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead, StreamId,
         Token,
@@ -1422,7 +1423,7 @@ impl Worker {
         if self.shared.table.slot(self.conns[key].id.slot).is_tripped() {
             // A tripped turn's generation is cancelled at once (spec: no work for nothing,
             // and vLLM frees the sequence).
-            self.up_cancel(key, "trip");
+            self.up_cancel(key, CancelReason::Trip);
         }
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
@@ -1524,9 +1525,9 @@ impl Worker {
             cancels.push(ud(key, OP_WATCH));
         }
         let up_reason = if conn.outcome == Outcome::ClientGone {
-            "client_gone"
+            CancelReason::ClientGone
         } else {
-            "trip"
+            CancelReason::Trip
         };
         let has_up = conn.up.is_some();
         conn.cancel_inflight += cancels.len() as u32;

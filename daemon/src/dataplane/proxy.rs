@@ -37,7 +37,8 @@ use crate::{
     upstream::{
         self,
         framing::{self, Split},
-        FinishReason, ResponseReader, SseParser, UpToken, UpstreamError, UpstreamEvent,
+        CancelReason, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError,
+        UpstreamEvent, UpstreamFailure, UpstreamFailureKind,
     },
     wire::{self, Ask, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
 };
@@ -115,12 +116,12 @@ pub(super) struct Upstream {
     usage: Option<(u64, u64)>,
     status: Option<u16>,
     retry_after: Option<String>,
-    failure: Option<(&'static str, String)>,
+    failure: Option<UpstreamFailure>,
     /// The end of `failure`'s message that quotes the upstream (its error message), which
     /// records leave out unless `--record-token-text`: some backends build it from the
     /// request (a validation error that echoes the input).
     failure_quote: Option<String>,
-    cancelled: Option<&'static str>,
+    cancelled: Option<CancelReason>,
     events: u64,
     started_ns: u64,
     first_event_ns: u64,
@@ -157,7 +158,8 @@ impl Upstream {
     /// The FHR `upstream` field; without `record_text`, what the upstream's error message
     /// said is replaced by its length and SHA-256.
     pub(super) fn record_value(&self, record_text: bool) -> Value {
-        let failure = self.failure.as_ref().map(|(kind, message)| {
+        let failure = self.failure.as_ref().map(|f| {
+            let message = &f.message;
             // The quote ends the message (`<what haltd saw>: <quote>`).
             let message = match self.failure_quote.as_deref() {
                 Some(q) if !record_text && !q.is_empty() => match message.strip_suffix(q) {
@@ -166,7 +168,7 @@ impl Upstream {
                 },
                 _ => message.clone(),
             };
-            json!({"kind": kind, "message": message})
+            json!({"kind": f.kind.as_str(), "message": message})
         });
         json!({
             "path": self.api_path,
@@ -177,7 +179,7 @@ impl Upstream {
             "finish_reason": self.finish.as_ref().map(FinishReason::as_str),
             "failure": failure,
             "cancelled": self.cancelled.is_some(),
-            "cancel_reason": self.cancelled,
+            "cancel_reason": self.cancelled.map(CancelReason::as_str),
         })
     }
 }
@@ -215,18 +217,6 @@ fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::s
         }
     };
     (ss, len as libc::socklen_t)
-}
-
-/// The HTTP status a failure before the client's response began is answered with.
-fn failure_status(kind: &str, upstream_status: Option<u16>) -> u16 {
-    match (kind, upstream_status) {
-        // The upstream judged the request: its client error stays a client error.
-        ("http_status" | "error_event", Some(s @ 400..=499)) => s,
-        // "Unavailable, retry later" stays that, with the upstream's Retry-After.
-        ("http_status", Some(503)) => 503,
-        ("connect_timeout" | "first_token_timeout", _) => 504,
-        _ => 502,
-    }
 }
 
 /// How often a half-closed client is checked for a reset while its turn waits on the upstream.
@@ -523,7 +513,7 @@ impl Worker {
         }
         tracing::debug!(stream_id = %conn.id, "client went away; cancelling the upstream request");
         conn.outcome = Outcome::ClientGone;
-        self.up_cancel(key, "client_gone");
+        self.up_cancel(key, CancelReason::ClientGone);
         self.begin_close(key);
         Ok(())
     }
@@ -674,10 +664,16 @@ impl Worker {
         }
         if res < 0 {
             let (kind, what) = match -res {
-                libc::ECANCELED => ("connect_timeout", "connecting timed out".to_owned()),
-                libc::ECONNREFUSED => ("connect_refused", "connection refused".to_owned()),
+                libc::ECANCELED => (
+                    UpstreamFailureKind::ConnectTimeout,
+                    "connecting timed out".to_owned(),
+                ),
+                libc::ECONNREFUSED => (
+                    UpstreamFailureKind::ConnectRefused,
+                    "connection refused".to_owned(),
+                ),
                 e => (
-                    "io_error",
+                    UpstreamFailureKind::IoError,
                     format!("connect: {}", io::Error::from_raw_os_error(e)),
                 ),
             };
@@ -727,7 +723,7 @@ impl Worker {
         if res == -libc::ECANCELED {
             return self.up_fail(
                 key,
-                "connect_timeout",
+                UpstreamFailureKind::ConnectTimeout,
                 "the upstream did not take the request in time".to_owned(),
                 None,
             );
@@ -736,7 +732,7 @@ impl Worker {
             let e = io::Error::from_raw_os_error(-res);
             return self.up_fail(
                 key,
-                "io_error",
+                UpstreamFailureKind::IoError,
                 format!("sending the request to the upstream: {e}"),
                 None,
             );
@@ -824,7 +820,7 @@ impl Worker {
                 let ms = shared.cfg.upstream_first_token_timeout.as_millis();
                 self.up_fail(
                     key,
-                    "first_token_timeout",
+                    UpstreamFailureKind::FirstTokenTimeout,
                     format!("the upstream sent no event within {ms} ms"),
                     None,
                 )
@@ -832,7 +828,7 @@ impl Worker {
                 let ms = shared.cfg.upstream_stall_timeout.as_millis();
                 self.up_fail(
                     key,
-                    "stalled",
+                    UpstreamFailureKind::Stalled,
                     format!(
                         "the upstream stream stalled: no event for {ms} ms after {events} events"
                     ),
@@ -844,7 +840,7 @@ impl Worker {
             let e = io::Error::from_raw_os_error(-res);
             return self.up_fail(
                 key,
-                "io_error",
+                UpstreamFailureKind::IoError,
                 format!("reading from the upstream: {e}"),
                 None,
             );
@@ -858,7 +854,7 @@ impl Worker {
                 } else {
                     format!("the upstream closed the connection mid-stream: {e}")
                 };
-                return self.up_fail(key, "early_eof", what, prev_status);
+                return self.up_fail(key, UpstreamFailureKind::EarlyEof, what, prev_status);
             }
         } else {
             // SAFETY: the kernel wrote `res` bytes into the buffer we handed it.
@@ -866,7 +862,7 @@ impl Worker {
             if let Err(e) = up.reader.feed(&up.rbuf, &mut up.body) {
                 return self.up_fail(
                     key,
-                    "malformed",
+                    UpstreamFailureKind::Malformed,
                     format!("malformed upstream response: {e}"),
                     prev_status,
                 );
@@ -890,7 +886,7 @@ impl Worker {
             if up.body.len() + up.wbuf.len() > MAX_UPSTREAM_BODY {
                 return self.up_fail(
                     key,
-                    "malformed",
+                    UpstreamFailureKind::Malformed,
                     "upstream response body too large".to_owned(),
                     Some(status),
                 );
@@ -911,13 +907,13 @@ impl Worker {
             let msg = format!(
                 "the upstream sent a {enc}-encoded stream although haltd asked for identity; compressed streams are not governed"
             );
-            return self.up_fail(key, "malformed", msg, Some(status));
+            return self.up_fail(key, UpstreamFailureKind::Malformed, msg, Some(status));
         }
         if !sse {
             let ct = head.content_type.clone().unwrap_or_default();
             return self.up_fail(
                 key,
-                "malformed",
+                UpstreamFailureKind::Malformed,
                 format!(
                     "the upstream answered 200 with content-type {ct:?}, not text/event-stream"
                 ),
@@ -973,7 +969,7 @@ impl Worker {
                 let n = up.events;
                 return self.up_fail(
                     key,
-                    "early_eof",
+                    UpstreamFailureKind::EarlyEof,
                     format!("the upstream closed the stream after {n} events without a finish_reason or [DONE]"),
                     Some(status),
                 );
@@ -1024,7 +1020,7 @@ impl Worker {
         let msg = format!("the upstream answered {status}: {quote}");
         up.failure_quote = Some(quote);
         up.status = Some(status);
-        self.up_fail(key, "http_status", msg, Some(status))
+        self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))
     }
 
     /// Governs and emits the next queued upstream item (called by `step` for proxied turns,
@@ -1173,7 +1169,12 @@ impl Worker {
                         Ok(p) => p,
                         Err(e) => {
                             let msg = format!("malformed upstream tool call: {e}");
-                            return self.up_fail(key, "malformed", msg, Some(200));
+                            return self.up_fail(
+                                key,
+                                UpstreamFailureKind::Malformed,
+                                msg,
+                                Some(200),
+                            );
                         }
                     };
                     // A tool call's name and arguments are output like any text: scanned for
@@ -1210,7 +1211,7 @@ impl Worker {
                         let what = r.as_str().to_owned();
                         return self.up_fail(
                             key,
-                            "error_event",
+                            UpstreamFailureKind::ErrorEvent,
                             format!(
                                 "the upstream ended the generation with finish_reason {what:?}"
                             ),
@@ -1224,9 +1225,11 @@ impl Worker {
                     let quote = wire::truncate_chars(&e.message, 500);
                     let msg = format!("the upstream sent an error event: {quote}");
                     up.failure_quote = Some(quote);
-                    return self.up_fail(key, "error_event", msg, e.status);
+                    return self.up_fail(key, UpstreamFailureKind::ErrorEvent, msg, e.status);
                 }
-                Item::Broken(msg) => return self.up_fail(key, "malformed", msg, Some(200)),
+                Item::Broken(msg) => {
+                    return self.up_fail(key, UpstreamFailureKind::Malformed, msg, Some(200))
+                }
                 Item::Done => {
                     up.finished = true;
                     // SAFETY: closing our half of our own socket; the descriptor stays
@@ -1278,15 +1281,14 @@ impl Worker {
     /// the record and the failure metric.
     fn note_missing_logprobs(shared: &crate::halt::HaltCore, up: &mut Upstream, slot: u32) {
         let msg = "the upstream sent tokens without logprobs while the HaltMonitor (--hard-limit) is on; they cannot be scored".to_owned();
+        let failure = UpstreamFailure::new(UpstreamFailureKind::MissingLogprobs, msg, None);
         shared
             .metrics
             .upstream_failures
-            .get_or_create(&crate::metrics::KindLabels {
-                kind: "missing_logprobs",
-            })
+            .get_or_create(&crate::metrics::UpstreamFailureLabels { kind: failure.kind })
             .inc();
-        shared.meta(slot).upstream_failure = Some(("missing_logprobs", msg.clone()));
-        up.failure = Some(("missing_logprobs", msg));
+        shared.meta(slot).upstream_failure = Some(failure.clone());
+        up.failure = Some(failure);
     }
 
     /// The frame in flight was accepted by the kernel: tool calls it started are dispatched.
@@ -1299,7 +1301,7 @@ impl Worker {
 
     /// Ends the upstream exchange because of a trip or a client that went away: the
     /// connection is shut down at once, which makes vLLM abort the generation.
-    pub(super) fn up_cancel(&mut self, key: usize, reason: &'static str) {
+    pub(super) fn up_cancel(&mut self, key: usize, reason: CancelReason) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -1315,9 +1317,9 @@ impl Worker {
         self.shared
             .metrics
             .upstream_cancels
-            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .get_or_create(&crate::metrics::CancelLabels { reason })
             .inc();
-        tracing::info!(stream_id = %conn.id, reason, "cancelling the upstream request");
+        tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
         Self::up_shutdown(up);
         if up.connect_inflight {
             up.cancel_inflight += 1;
@@ -1343,7 +1345,7 @@ impl Worker {
     fn up_fail(
         &mut self,
         key: usize,
-        kind: &'static str,
+        kind: UpstreamFailureKind,
         message: String,
         upstream_status: Option<u16>,
     ) -> io::Result<()> {
@@ -1353,34 +1355,35 @@ impl Worker {
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
+        let failure = UpstreamFailure::new(kind, message, upstream_status);
         up.finished = true;
         up.items.clear();
-        up.failure = Some((kind, message.clone()));
+        up.failure = Some(failure.clone());
         Self::up_shutdown(up);
         let purpose = up.purpose;
         let retry_after = up.retry_after.clone();
         shared
             .metrics
             .upstream_failures
-            .get_or_create(&crate::metrics::KindLabels { kind })
+            .get_or_create(&crate::metrics::UpstreamFailureLabels { kind })
             .inc();
-        tracing::warn!(stream_id = %id, kind, message = %message, "upstream failure");
+        tracing::warn!(stream_id = %id, kind = %kind, source = ?failure.source(), retry = failure.retry(), message = %failure.message, "upstream failure");
         let slot = shared.table.slot(id.slot);
         if slot.is_tripped() {
             return self.halt(key);
         }
         if purpose == Purpose::Turn {
-            shared.meta(id.slot).upstream_failure = Some((kind, message.clone()));
+            shared.meta(id.slot).upstream_failure = Some(failure.clone());
         }
         if !slot.headers_sent.load(SeqCst) && conn.sending.is_none() {
             // Nothing of the response went out: answer with a status that says whose fault
             // it was, and the error object.
-            let status = failure_status(kind, upstream_status);
+            let status = failure.http_status();
             let body = json!({"error": {
-                "message": message,
-                "type": if status < 500 { "invalid_request_error" } else { "upstream_error" },
+                "message": failure.message,
+                "type": failure.error_type(),
                 "code": FailureCode::UpstreamFailure.as_str(),
-                "upstream": {"kind": kind, "status": upstream_status},
+                "upstream": {"kind": kind.as_str(), "status": upstream_status},
                 "stream_id": id.to_string(),
             }})
             .to_string();
@@ -1409,22 +1412,6 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn failure_statuses_keep_client_errors_client_errors() {
-        assert_eq!(failure_status("http_status", Some(400)), 400);
-        assert_eq!(failure_status("http_status", Some(404)), 404);
-        assert_eq!(failure_status("http_status", Some(429)), 429);
-        assert_eq!(failure_status("http_status", Some(500)), 502);
-        assert_eq!(failure_status("http_status", Some(503)), 503);
-        assert_eq!(failure_status("error_event", Some(400)), 400);
-        assert_eq!(failure_status("error_event", None), 502);
-        assert_eq!(failure_status("connect_refused", None), 502);
-        assert_eq!(failure_status("connect_timeout", None), 504);
-        assert_eq!(failure_status("first_token_timeout", None), 504);
-        assert_eq!(failure_status("malformed", Some(200)), 502);
-        assert_eq!(failure_status("early_eof", None), 502);
-    }
 
     #[test]
     fn tool_call_deltas_merge_by_index() {

@@ -25,6 +25,7 @@
 //! replaced, and its failure must end in a clean terminal event for the client (G3, G7).
 
 pub mod chunk;
+pub mod failure;
 pub mod framing;
 pub mod request;
 pub mod response;
@@ -35,6 +36,7 @@ pub use chunk::{
     parse_event, ChunkError, FinishReason, UpToken, UpstreamChunk, UpstreamError, UpstreamEvent,
     Usage,
 };
+pub use failure::{CancelReason, FailureSource, UpstreamFailure, UpstreamFailureKind};
 pub use request::{
     prepare_turn, valid_header_value, write_http_request, UpstreamTurn, CHAT_PATH,
     COMPLETIONS_PATH, MODELS_PATH,
