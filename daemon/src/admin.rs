@@ -208,15 +208,17 @@ async fn metrics(State(shared): State<Arc<HaltCore>>) -> Response {
     let age = shared.heartbeat_view(now).age_s;
     shared
         .metrics
+        .halts
         .heartbeat_age_seconds
         .set(if age.is_finite() { age } else { -1.0 });
     shared
         .metrics
-        .ledger_records
+        .ledger
+        .records
         .set(shared.ledger.records_written() as i64);
     if let Some(gate) = &shared.gate {
         match gate.verdict_totals() {
-            Ok(totals) => shared.metrics.observe_kernel_totals(&totals),
+            Ok(totals) => shared.metrics.gate.observe_kernel_totals(&totals),
             Err(e) => tracing::warn!(error = %e, "reading kernel verdict counters failed"),
         }
     }

@@ -25,7 +25,7 @@ use crate::{
     gate::KernelGate,
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
-    modes::{KeyId, ModeChange, Modes},
+    modes::{KeyId, ModeChange, Modes, RuntimeMode},
     source::builtin::MODEL_NAME,
     stream::{
         Halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
@@ -118,7 +118,7 @@ impl KernelTrip for GateTrip<'_> {
             Ok(()) => true,
             Err(e) => {
                 // The watchdog sees `kernel_tripped == false` and closes the stream at once.
-                self.shared.metrics.gate_errors.inc();
+                self.shared.metrics.gate.errors.inc();
                 tracing::error!(stream_id = %id, error = %e, "writing the kernel trip failed; the watchdog closes the stream");
                 false
             }
@@ -186,7 +186,7 @@ impl HaltCore {
     /// A connection the gate could not govern: refused (reset, never served), counted, and
     /// logged at most once a second with the count since the last line.
     pub fn note_ungovernable(&self, stream_id: &str, reason: &str) {
-        self.metrics.ungovernable_connections.inc();
+        self.metrics.gate.ungovernable_connections.inc();
         let now = monotonic_ns();
         let last = self.ungovernable_logged_ns.load(SeqCst);
         if now.saturating_sub(last) >= 1_000_000_000
@@ -195,7 +195,7 @@ impl HaltCore {
                 .compare_exchange(last, now, SeqCst, SeqCst)
                 .is_ok()
         {
-            let total = self.metrics.ungovernable_connections.get();
+            let total = self.metrics.gate.ungovernable_connections.get();
             tracing::warn!(stream_id, reason, refused_total = total, "a connection the kernel gate could not govern was refused (reset); at most one such line per second");
         }
     }
@@ -358,20 +358,15 @@ impl HaltCore {
 
     /// Records a change of `runtime_mode` and counts it.
     pub fn record_mode_change(&self, ch: &ModeChange) {
+        self.metrics.modes.changed(ch.to, ch.by);
         self.metrics
-            .mode_changes
-            .get_or_create(&crate::metrics::ModeChangeLabels {
-                to: ch.to,
-                by: ch.by,
-            })
-            .inc();
-        self.metrics
+            .modes
             .degraded_scopes
             .set(self.modes.degraded_count() as i64);
-        tracing::warn!(scope = %ch.scope, from = ch.from, to = ch.to, by = ch.by, cause = ?ch.cause, "runtime_mode changed");
+        tracing::warn!(scope = %ch.scope, from = %ch.from, to = %ch.to, by = %ch.by, cause = ?ch.cause, "runtime_mode changed");
         let rec = Record {
             kind: RecordKind::Lifecycle,
-            runtime_mode: ch.to.to_owned(),
+            runtime_mode: ch.to.as_str().to_owned(),
             kernel_gate: self.kernel_gate_label().to_owned(),
             stream_id: ch.stream_id.clone(),
             mode_change: serde_json::to_value(ch).ok(),
@@ -405,9 +400,10 @@ impl HaltCore {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
         let latency_ms = snap.halt_latency_ms();
         let latency_s = latency_ms / 1e3;
-        let by = snap.halted_by.as_str();
+        let by = snap.halted_by;
         self.metrics
-            .observe_halt(cause, snap.post_trip_delivered, latency_s, by);
+            .halts
+            .observe(cause, snap.post_trip_delivered, latency_s, by);
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.detector_refs = detector_refs;
         rec.kernel = self.kernel_socket_state(fd);
@@ -423,7 +419,7 @@ impl HaltCore {
             format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate){detector}")
         });
         self.record(rec);
-        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by, "WATCHDOG_TRIP: stream halted");
+        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by.as_str(), "WATCHDOG_TRIP: stream halted");
         // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope. Not
         // for the halts of a shutdown: the daemon is going away, nothing was breached.
         if self.shutting_down.load(SeqCst) {
@@ -484,7 +480,7 @@ impl HaltCore {
             stream_id: Some(snap.id.to_string()),
             mode: (snap.mode != Mode::Pending).then(|| snap.mode.as_str().to_owned()),
             rts_mode: "normal".to_owned(),
-            runtime_mode: if snap.degraded { "degraded" } else { "full" }.to_owned(),
+            runtime_mode: RuntimeMode::of(snap.degraded).as_str().to_owned(),
             kernel_gate: self.kernel_gate_label().to_owned(),
             budget: Some(snap.budget),
             conversation: (snap.mode != Mode::Pending).then(|| KeyId(snap.key_id).fingerprint()),
@@ -517,7 +513,7 @@ impl HaltCore {
     /// closed on a broken file: later appends error too).
     pub fn record(&self, rec: Record) {
         if let Err(e) = self.ledger.append(rec) {
-            self.metrics.ledger_errors.inc();
+            self.metrics.ledger.errors.inc();
             tracing::error!(error = %e, "flight recorder append failed");
             self.recorder_failed();
         }

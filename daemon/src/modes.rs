@@ -27,6 +27,7 @@ use std::{
 };
 
 use clap::ValueEnum;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -99,15 +100,87 @@ pub struct Degraded {
     pub stream_id: String,
 }
 
+/// A scope's `runtime_mode` (records, the `to` label of `haltd_runtime_mode_changes_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeMode {
+    Full,
+    /// Degraded safe mode.
+    Degraded,
+}
+
+impl RuntimeMode {
+    /// The mode of a turn that runs degraded or not.
+    pub fn of(degraded: bool) -> Self {
+        if degraded {
+            RuntimeMode::Degraded
+        } else {
+            RuntimeMode::Full
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RuntimeMode::Full => "full",
+            RuntimeMode::Degraded => "degraded",
+        }
+    }
+}
+
+/// Who changed a scope's `runtime_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangedBy {
+    /// A halt degraded it.
+    Halt,
+    /// The operator ended it (`POST /admin/mode`).
+    Operator,
+    /// Its `--degraded-for-s` timer ended it.
+    Timer,
+}
+
+impl ChangedBy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ChangedBy::Halt => "halt",
+            ChangedBy::Operator => "operator",
+            ChangedBy::Timer => "timer",
+        }
+    }
+}
+
+impl fmt::Display for RuntimeMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for RuntimeMode {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+impl fmt::Display for ChangedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for ChangedBy {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
 /// One change of `runtime_mode`, to be recorded.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct ModeChange {
     /// `"node"` or `"key:<fingerprint>"`.
     pub scope: String,
-    pub from: &'static str,
-    pub to: &'static str,
-    /// `halt`, `operator` or `timer`.
-    pub by: &'static str,
+    pub from: RuntimeMode,
+    pub to: RuntimeMode,
+    pub by: ChangedBy,
     pub cause: Option<String>,
     pub stream_id: Option<String>,
 }
@@ -172,9 +245,9 @@ impl Modes {
             inner.node = None;
             out.push(ModeChange {
                 scope: scope_name(None),
-                from: "degraded",
-                to: "full",
-                by: "timer",
+                from: RuntimeMode::Degraded,
+                to: RuntimeMode::Full,
+                by: ChangedBy::Timer,
                 cause: None,
                 stream_id: None,
             });
@@ -190,9 +263,9 @@ impl Modes {
             inner.keys.remove(&k);
             out.push(ModeChange {
                 scope: scope_name(Some(k)),
-                from: "degraded",
-                to: "full",
-                by: "timer",
+                from: RuntimeMode::Degraded,
+                to: RuntimeMode::Full,
+                by: ChangedBy::Timer,
                 cause: None,
                 stream_id: None,
             });
@@ -242,9 +315,9 @@ impl Modes {
         };
         Some(ModeChange {
             scope: scope_name(key),
-            from: "full",
-            to: "degraded",
-            by: "halt",
+            from: RuntimeMode::Full,
+            to: RuntimeMode::Degraded,
+            by: ChangedBy::Halt,
             cause: Some(cause.as_str().to_owned()),
             stream_id: Some(stream_id.to_owned()),
         })
@@ -274,9 +347,9 @@ impl Modes {
             .into_iter()
             .map(|k| ModeChange {
                 scope: scope_name(k),
-                from: "degraded",
-                to: "full",
-                by: "operator",
+                from: RuntimeMode::Degraded,
+                to: RuntimeMode::Full,
+                by: ChangedBy::Operator,
                 cause: None,
                 stream_id: None,
             })
@@ -374,7 +447,14 @@ mod tests {
         let ch = m
             .enter(a, FailureCode::OperatorTrip, "1.1")
             .expect("change");
-        assert_eq!((ch.from, ch.to, ch.by), ("full", "degraded", "halt"));
+        assert_eq!(
+            (ch.from, ch.to, ch.by),
+            (RuntimeMode::Full, RuntimeMode::Degraded, ChangedBy::Halt)
+        );
+        assert_eq!(
+            serde_json::to_value(&ch).expect("json")["by"],
+            serde_json::json!("halt")
+        );
         assert!(m.is_degraded(a));
         assert!(!m.is_degraded(b));
         // A second halt on a degraded scope is no change.
@@ -385,7 +465,7 @@ mod tests {
             .is_empty());
         let ended = m.set_full(ScopeSel::Key(a));
         assert_eq!(ended.len(), 1);
-        assert_eq!(ended[0].by, "operator");
+        assert_eq!(ended[0].by, ChangedBy::Operator);
         assert!(!m.is_degraded(a));
         assert!(m.set_full(ScopeSel::Key(a)).is_empty());
     }
@@ -406,7 +486,10 @@ mod tests {
         assert!(m.expire(SystemTime::now()).is_empty());
         let ended = m.expire(SystemTime::now() + Duration::from_secs(11));
         assert_eq!(ended.len(), 1);
-        assert_eq!((ended[0].scope.as_str(), ended[0].by), ("node", "timer"));
+        assert_eq!(
+            (ended[0].scope.as_str(), ended[0].by),
+            ("node", ChangedBy::Timer)
+        );
         assert!(!m.is_degraded(key("a")));
         assert_eq!(m.degraded_count(), 0);
     }

@@ -14,6 +14,7 @@
 //! is on (then turn records carry the first [`MAX_RECORDED_TEXT`] bytes of it). Text quoted
 //! from the upstream's error messages is replaced by its length and SHA-256 ([`withheld`]).
 
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use rand::Rng;
 use serde::Deserialize;
 use serde_json::Value;
@@ -87,15 +88,43 @@ pub enum Decision {
     Skipped,
 }
 
-impl Decision {
-    /// Label values, every one a series from the start.
-    pub const LABELS: [&'static str; 3] = ["always", "sampled", "skipped"];
+/// A [`Decision`] without its reason: the `decision` label of `haltd_turn_records_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecisionKind {
+    Always,
+    Sampled,
+    Skipped,
+}
 
-    pub fn label(self) -> &'static str {
+impl DecisionKind {
+    /// Every kind, each a series from the start.
+    pub const ALL: [DecisionKind; 3] = [
+        DecisionKind::Always,
+        DecisionKind::Sampled,
+        DecisionKind::Skipped,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
         match self {
-            Decision::Always(_) => "always",
-            Decision::Sampled => "sampled",
-            Decision::Skipped => "skipped",
+            DecisionKind::Always => "always",
+            DecisionKind::Sampled => "sampled",
+            DecisionKind::Skipped => "skipped",
+        }
+    }
+}
+
+impl EncodeLabelValue for DecisionKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+impl Decision {
+    pub fn kind(self) -> DecisionKind {
+        match self {
+            Decision::Always(_) => DecisionKind::Always,
+            Decision::Sampled => DecisionKind::Sampled,
+            Decision::Skipped => DecisionKind::Skipped,
         }
     }
 
@@ -351,13 +380,10 @@ mod tests {
         assert_eq!(Decision::Sampled.field(0.05), Some(json!({"rate": 0.05})));
         assert_eq!(Decision::Skipped.field(0.05), None);
         assert_eq!(
-            Decision::LABELS,
-            [
-                Decision::Always("x").label(),
-                Decision::Sampled.label(),
-                Decision::Skipped.label()
-            ]
+            DecisionKind::ALL.map(DecisionKind::as_str),
+            ["always", "sampled", "skipped"]
         );
+        assert_eq!(Decision::Always("x").kind(), DecisionKind::Always);
     }
 
     #[test]

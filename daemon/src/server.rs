@@ -97,7 +97,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     let ledger =
         Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
     let metrics = Metrics::new();
-    metrics.kernel_gate_enabled.set(i64::from(gate.is_some()));
+    metrics.gate.enabled.set(i64::from(gate.is_some()));
     // An earlier haltd on this ledger that panicked left a crash file: record it before this
     // start's own record, so the ledger reads in order.
     let gate_label = if gate.is_some() {
@@ -111,7 +111,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         gate_label,
     )
     .map_err(StartError::Crash)?;
-    metrics.crashes_recovered.inc_by(crashes);
+    metrics.ledger.crashes_recovered.inc_by(crashes);
     let mut wakers = Vec::new();
     for _ in 0..cfg.workers {
         // SAFETY: eventfd returns a new descriptor we own, or -1.

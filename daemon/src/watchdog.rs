@@ -83,7 +83,7 @@ fn run(shared: &HaltCore) {
             }) {
                 tracing::warn!(error = %e, "reading kernel halt events failed");
             }
-            shared.metrics.kernel_halt_events.inc_by(events);
+            shared.metrics.gate.halt_events.inc_by(events);
         }
         thread::sleep(interval);
     }
@@ -103,7 +103,7 @@ fn beat(shared: &HaltCore, now: u64) {
     if let Some(gate) = &shared.gate {
         if let Err(e) = gate.beat() {
             // Leave the in-process heartbeat stale too: every emitter then halts its stream.
-            shared.metrics.gate_errors.inc();
+            shared.metrics.gate.errors.inc();
             tracing::error!(error = %e, "writing the kernel heartbeat failed; streams will halt with HEARTBEAT_LOST");
             return;
         }

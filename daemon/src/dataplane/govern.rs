@@ -319,14 +319,7 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let id = self.conns[key].id;
         tracing::info!(stream_id = %id, detector = %trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
-        shared
-            .metrics
-            .detector_trips
-            .get_or_create(&crate::metrics::DetectorLabels {
-                detector: trip.detector,
-                code: trip.code,
-            })
-            .inc();
+        shared.metrics.detectors.tripped(trip.detector, trip.code);
         // Bounded: the terminal frame must fit the gate's terminal allowance.
         let detail: String = trip.detail.chars().take(240).collect();
         shared.meta(id.slot).detector_trip = Some((trip.detector, detail));

@@ -31,9 +31,10 @@ use crate::{
     detect::{pipeline::Gate, pipeline::TurnGovernor, TokenObs},
     halt::HaltCore,
     ledger::RecordKind,
+    metrics::{dataplane::RingEvent, upstream::ToolCallKind},
     modes::KeyId,
     source::builtin::{BuiltinModel, BuiltinStream, MODEL_NAME},
-    stream::{Halter, Mode, SlotState},
+    stream::{Halter, Mode, Outcome, SlotState},
     upstream::CancelReason,
     wire::{
         http, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead, StreamId,
@@ -82,31 +83,6 @@ enum SendKind {
     /// An interim `100 Continue` to a client that half-closed while its proxied turn waits on
     /// the upstream (see `proxy::on_watch`).
     Probe,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    Open,
-    Completed,
-    Halted,
-    ClientGone,
-    Rejected(u16),
-    /// The upstream failed before the client's response began (answered 502/504 or the
-    /// upstream's own error status).
-    UpstreamFailed,
-}
-
-impl Outcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Open => "open",
-            Outcome::Completed => "completed",
-            Outcome::Halted => "halted",
-            Outcome::ClientGone => "client_gone",
-            Outcome::Rejected(_) => "rejected",
-            Outcome::UpstreamFailed => "upstream_failed",
-        }
-    }
 }
 
 /// A generated token kept for a batch response.
@@ -300,12 +276,8 @@ fn set_nodelay(fd: RawFd) {
 
 impl Worker {
     /// Counts `n` ring events of `kind` (`haltd_ring_events_total`; rare, never per token).
-    fn ring_event(&self, kind: &'static str, n: u64) {
-        self.shared
-            .metrics
-            .ring_events
-            .get_or_create(&crate::metrics::KindLabels { kind })
-            .inc_by(n);
+    fn ring_event(&self, kind: RingEvent, n: u64) {
+        self.shared.metrics.dataplane.ring_event(kind, n);
     }
 
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
@@ -318,12 +290,12 @@ impl Worker {
             }
             if !full {
                 full = true;
-                self.ring_event("sq_full", 1);
+                self.ring_event(RingEvent::SqFull, 1);
             }
             if let Err(e) = self.ring.submit() {
                 // In the middle of a completion there is no reaping to make room: as before,
                 // the worker fails (and the daemon stops, fail closed).
-                self.ring_event("submit_error", 1);
+                self.ring_event(RingEvent::SubmitError, 1);
                 return Err(e);
             }
         }
@@ -334,11 +306,11 @@ impl Worker {
     /// (three atomic loads of the shared ring header per loop pass).
     fn check_ring(&mut self) {
         if self.ring.submission().cq_overflow() {
-            self.ring_event("cq_overflow", 1);
+            self.ring_event(RingEvent::CqOverflow, 1);
         }
         let cq_dropped = self.ring.completion().overflow();
         if let Some(n) = counter_delta(cq_dropped, &mut self.cq_dropped_seen) {
-            self.ring_event("cq_dropped", u64::from(n));
+            self.ring_event(RingEvent::CqDropped, u64::from(n));
             tracing::error!(
                 worker = self.id,
                 lost = n,
@@ -347,7 +319,7 @@ impl Worker {
         }
         let sq_dropped = self.ring.submission().dropped();
         if let Some(n) = counter_delta(sq_dropped, &mut self.sq_dropped_seen) {
-            self.ring_event("sq_dropped", u64::from(n));
+            self.ring_event(RingEvent::SqDropped, u64::from(n));
             tracing::error!(
                 worker = self.id,
                 dropped = n,
@@ -369,12 +341,12 @@ impl Worker {
                     // completion ring is full; EAGAIN: the kernel is short of memory for
                     // requests. Both pass: reap what is there (which makes room), then submit
                     // again. Submissions not taken stay queued in the ring.
-                    self.ring_event("submit_error", 1);
+                    self.ring_event(RingEvent::SubmitError, 1);
                     tracing::warn!(worker = self.id, error = %e, "io_uring_enter: retrying after reaping completions");
                     retry = true;
                 }
                 Err(e) => {
-                    self.ring_event("submit_error", 1);
+                    self.ring_event(RingEvent::SubmitError, 1);
                     return Err(e);
                 }
             }
@@ -509,7 +481,7 @@ impl Worker {
                 return;
             }
         }
-        shared.metrics.streams_active.inc();
+        shared.metrics.dataplane.streams_active.inc();
         let conn = Conn {
             fd,
             id,
@@ -549,11 +521,7 @@ impl Worker {
     /// a lost heartbeat still stops it).
     fn refuse_at_capacity(&self, fd: RawFd) {
         let shared = &self.shared;
-        shared
-            .metrics
-            .requests_rejected
-            .get_or_create(&crate::metrics::StatusLabels { status: 503 })
-            .inc();
+        shared.metrics.dataplane.rejected(503);
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -784,12 +752,8 @@ impl Worker {
         );
         conn.wbuf.extend_from_slice(body);
         if status >= 400 {
-            self.shared
-                .metrics
-                .requests_rejected
-                .get_or_create(&crate::metrics::StatusLabels { status })
-                .inc();
-            conn.outcome = Outcome::Rejected(status);
+            self.shared.metrics.dataplane.rejected(status);
+            conn.outcome = Outcome::Rejected;
         }
         if self
             .shared
@@ -808,12 +772,8 @@ impl Worker {
         tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
         conn.wbuf.clear();
         http::write_error_response(&mut conn.wbuf, err, Some(conn.id));
-        self.shared
-            .metrics
-            .requests_rejected
-            .get_or_create(&crate::metrics::StatusLabels { status: err.status })
-            .inc();
-        conn.outcome = Outcome::Rejected(err.status);
+        self.shared.metrics.dataplane.rejected(err.status);
+        conn.outcome = Outcome::Rejected;
         if self
             .shared
             .table
@@ -1039,7 +999,7 @@ impl Worker {
             return false;
         }
         if let Err(e) = res {
-            shared.metrics.gate_errors.inc();
+            shared.metrics.gate.errors.inc();
             tracing::error!(stream_id = %conn.id, error = %e, "writing the turn's kernel policy failed; halting the stream");
             let _ = shared.trip(conn.id, FailureCode::WatchdogTrip);
             return false;
@@ -1374,12 +1334,13 @@ impl Worker {
         if kind == SendKind::Token {
             // Account the delivered token before anything else, halt included.
             slot.tokens_delivered.fetch_add(1, SeqCst);
-            shared.metrics.tokens_emitted.inc();
+            shared.metrics.dataplane.tokens_emitted.inc();
             // Arrival to send completion, one lock-free observation per token frame.
             let arrived = std::mem::take(&mut conn.frame_arrived_ns);
             if arrived != 0 {
                 shared
                     .metrics
+                    .dataplane
                     .token_overhead
                     .observe_ns(monotonic_ns().saturating_sub(arrived));
             }
@@ -1588,7 +1549,7 @@ impl Worker {
             // SAFETY: nothing is in flight on the upstream socket (`inflight` covers it).
             unsafe { libc::close(up.fd()) };
         }
-        shared.metrics.streams_active.dec();
+        shared.metrics.dataplane.streams_active.dec();
         self.record_turn(&conn);
         shared.table.release(conn.id);
     }
@@ -1605,27 +1566,14 @@ impl Worker {
         } else {
             conn.outcome
         };
-        shared
-            .metrics
-            .streams_total
-            .get_or_create(&crate::metrics::OutcomeLabels {
-                outcome: outcome.as_str(),
-            })
-            .inc();
+        shared.metrics.dataplane.finished(outcome);
         let mut rec = shared.base_record(RecordKind::Turn, &snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
         let gaps = turn.tokens_generated.saturating_sub(1).max(1);
         rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
         for t in turn.gov.set.observed() {
-            shared
-                .metrics
-                .detector_observed
-                .get_or_create(&crate::metrics::DetectorLabels {
-                    detector: t.detector,
-                    code: t.code,
-                })
-                .inc();
+            shared.metrics.detectors.observed(t.detector, t.code);
         }
         let detectors = turn.gov.summary();
         // The timing fields of spec 000 §6.1 come from the timing detectors.
@@ -1651,13 +1599,17 @@ impl Worker {
         // effects that need reconciliation.
         let committed = outcome == Outcome::Completed;
         rec.turn_status = Some(if committed { "committed" } else { "failed" }.to_owned());
-        let tool_status = if committed { "committed" } else { "dispatched" };
+        let tool_status = if committed {
+            ToolCallKind::Committed
+        } else {
+            ToolCallKind::Dispatched
+        };
         rec.tool_calls = turn
             .tool_calls
             .iter()
             .map(|c| {
                 let mut c = c.clone();
-                c["status"] = tool_status.into();
+                c["status"] = tool_status.as_str().into();
                 if !committed {
                     c["reconciliation"] = "required".into();
                 }
@@ -1667,9 +1619,8 @@ impl Worker {
         if !turn.tool_calls.is_empty() {
             shared
                 .metrics
-                .tool_calls
-                .get_or_create(&crate::metrics::KindLabels { kind: tool_status })
-                .inc_by(turn.tool_calls.len() as u64);
+                .upstream
+                .tool_calls(tool_status, turn.tool_calls.len() as u64);
         }
         if committed {
             let tokens = if snap.mode == Mode::Batch {
@@ -1702,13 +1653,7 @@ impl Worker {
         // probability --turn-sample-rate. Everything above (metrics, the TURN-ACID commit)
         // happened for every turn; only the ledger line is sampled.
         let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
-        shared
-            .metrics
-            .turn_records
-            .get_or_create(&crate::metrics::DecisionLabels {
-                decision: decision.label(),
-            })
-            .inc();
+        shared.metrics.ledger.turn_record(decision.kind());
         let Some(sampling) = decision.field(policy.turn_sample_rate) else {
             return;
         };

@@ -25,15 +25,16 @@ use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
 
 use super::{
-    govern, timespec, ud, HeldToken, Outcome, SendKind, Turn, TurnSource, Worker, OP_UP_CONNECT,
-    OP_UP_LINK, OP_UP_RECV, OP_UP_SEND, OP_WATCH,
+    govern, timespec, ud, HeldToken, SendKind, Turn, TurnSource, Worker, OP_UP_CONNECT, OP_UP_LINK,
+    OP_UP_RECV, OP_UP_SEND, OP_WATCH,
 };
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, DetectorId, TokenObs, TripKind},
+    metrics::upstream::ToolCallKind,
     modes::KeyId,
-    stream::{Mode, SlotState},
+    stream::{Mode, Outcome, SlotState},
     upstream::{
         self,
         framing::{self, Split},
@@ -1160,9 +1161,8 @@ impl Worker {
                         }) as u64;
                         shared
                             .metrics
-                            .tool_calls
-                            .get_or_create(&crate::metrics::KindLabels { kind: "suppressed" })
-                            .inc_by(n);
+                            .upstream
+                            .tool_calls(ToolCallKind::Suppressed, n);
                         continue;
                     }
                     let parts = match framing::tool_call_parts(&delta) {
@@ -1282,11 +1282,7 @@ impl Worker {
     fn note_missing_logprobs(shared: &crate::halt::HaltCore, up: &mut Upstream, slot: u32) {
         let msg = "the upstream sent tokens without logprobs while the HaltMonitor (--hard-limit) is on; they cannot be scored".to_owned();
         let failure = UpstreamFailure::new(UpstreamFailureKind::MissingLogprobs, msg, None);
-        shared
-            .metrics
-            .upstream_failures
-            .get_or_create(&crate::metrics::UpstreamFailureLabels { kind: failure.kind })
-            .inc();
+        shared.metrics.upstream.failed(failure.kind);
         shared.meta(slot).upstream_failure = Some(failure.clone());
         up.failure = Some(failure);
     }
@@ -1314,11 +1310,7 @@ impl Worker {
         up.finished = true;
         up.cancelled = Some(reason);
         up.items.clear();
-        self.shared
-            .metrics
-            .upstream_cancels
-            .get_or_create(&crate::metrics::CancelLabels { reason })
-            .inc();
+        self.shared.metrics.upstream.cancelled(reason);
         tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
         Self::up_shutdown(up);
         if up.connect_inflight {
@@ -1362,11 +1354,7 @@ impl Worker {
         Self::up_shutdown(up);
         let purpose = up.purpose;
         let retry_after = up.retry_after.clone();
-        shared
-            .metrics
-            .upstream_failures
-            .get_or_create(&crate::metrics::UpstreamFailureLabels { kind })
-            .inc();
+        shared.metrics.upstream.failed(kind);
         tracing::warn!(stream_id = %id, kind = %kind, source = ?failure.source(), retry = failure.retry(), message = %failure.message, "upstream failure");
         let slot = shared.table.slot(id.slot);
         if slot.is_tripped() {

@@ -42,7 +42,7 @@ use crate::{
 
 pub mod state;
 
-pub use state::{AtomicEnum, Halter, Mode, SlotState, WatchdogState};
+pub use state::{AtomicEnum, Halter, Mode, Outcome, SlotState, WatchdogState};
 
 /// One stream's shared state. Every field is an atomic; see the module docs for the protocol.
 #[derive(Debug, Default)]

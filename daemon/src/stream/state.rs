@@ -10,6 +10,7 @@ use std::{
     sync::atomic::{AtomicU8, Ordering::SeqCst},
 };
 
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::Serialize;
 
 use crate::wire::Endpoint;
@@ -180,6 +181,12 @@ impl Halter {
     }
 }
 
+impl EncodeLabelValue for Halter {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
 impl AtomicRepr for Halter {
     fn to_raw(self) -> u8 {
         self as u8
@@ -190,6 +197,43 @@ impl AtomicRepr for Halter {
             2 => Halter::Watchdog,
             _ => Halter::None,
         }
+    }
+}
+
+/// How a stream (a connection) ended: the turn record's `outcome` and the `outcome` label of
+/// `haltd_streams_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Not ended (yet).
+    Open,
+    /// Its final frame was accepted: the turn ended cleanly.
+    Completed,
+    Halted,
+    /// The client went away.
+    ClientGone,
+    /// Answered with an error status (the request, or haltd's state, refused it).
+    Rejected,
+    /// The upstream failed before the client's response began (answered 502/504 or the
+    /// upstream's own error status).
+    UpstreamFailed,
+}
+
+impl Outcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Open => "open",
+            Outcome::Completed => "completed",
+            Outcome::Halted => "halted",
+            Outcome::ClientGone => "client_gone",
+            Outcome::Rejected => "rejected",
+            Outcome::UpstreamFailed => "upstream_failed",
+        }
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
     }
 }
 

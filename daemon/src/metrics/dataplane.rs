@@ -1,0 +1,166 @@
+//! The data plane: open and finished streams, refused requests, token frames and their
+//! overhead, io_uring trouble.
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::{Registry, Unit},
+};
+
+use crate::{metrics::histogram::NsHistogram, stream::Outcome};
+
+/// `haltd_token_overhead_seconds` bucket bounds in ns: 5 µs doubling to 164 ms.
+pub const TOKEN_OVERHEAD_BUCKETS_NS: [u64; 16] = {
+    let mut b = [0; 16];
+    let mut i = 0;
+    while i < b.len() {
+        b[i] = 5_000 << i;
+        i += 1;
+    }
+    b
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: u16,
+}
+
+/// Kinds of `haltd_ring_events_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum RingEvent {
+    /// A loop pass found the completion ring full (completions wait in the kernel's backlog).
+    CqOverflow,
+    /// Completions the kernel lost.
+    CqDropped,
+    /// Submissions the kernel rejected as invalid.
+    SqDropped,
+    /// A push found the submission ring full and submitted early.
+    SqFull,
+    /// `io_uring_enter` failed.
+    SubmitError,
+}
+
+impl RingEvent {
+    /// Every kind, each a series from the start.
+    pub const ALL: [RingEvent; 5] = [
+        RingEvent::CqOverflow,
+        RingEvent::CqDropped,
+        RingEvent::SqDropped,
+        RingEvent::SqFull,
+        RingEvent::SubmitError,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RingEvent::CqOverflow => "cq_overflow",
+            RingEvent::CqDropped => "cq_dropped",
+            RingEvent::SqDropped => "sq_dropped",
+            RingEvent::SqFull => "sq_full",
+            RingEvent::SubmitError => "submit_error",
+        }
+    }
+}
+
+impl EncodeLabelValue for RingEvent {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RingEventLabels {
+    pub kind: RingEvent,
+}
+
+/// `haltd_streams_*`, `haltd_requests_rejected_total`, `haltd_tokens_emitted_total`,
+/// `haltd_token_overhead_seconds`, `haltd_ring_events_total`. The per-token path touches
+/// only `tokens_emitted` and `token_overhead` (relaxed atomic adds, no lock, no lookup).
+#[derive(Debug)]
+pub struct DataPlaneMetrics {
+    pub streams_active: Gauge,
+    pub streams_total: Family<OutcomeLabels, Counter>,
+    pub requests_rejected: Family<StatusLabels, Counter>,
+    pub tokens_emitted: Counter,
+    pub token_overhead: NsHistogram,
+    pub ring_events: Family<RingEventLabels, Counter>,
+}
+
+impl DataPlaneMetrics {
+    /// Registers on `reg` (prefix `haltd`).
+    pub fn register(reg: &mut Registry) -> Self {
+        let streams_active = Gauge::default();
+        reg.register(
+            "streams_active",
+            "Open client connections (governed streams)",
+            streams_active.clone(),
+        );
+        let streams_total = Family::<OutcomeLabels, Counter>::default();
+        reg.register(
+            "streams",
+            "Finished streams by outcome",
+            streams_total.clone(),
+        );
+        let requests_rejected = Family::<StatusLabels, Counter>::default();
+        reg.register(
+            "requests_rejected",
+            "Requests answered with an error status",
+            requests_rejected.clone(),
+        );
+        let tokens_emitted = Counter::default();
+        reg.register(
+            "tokens_emitted",
+            "Token frames the kernel accepted for clients",
+            tokens_emitted.clone(),
+        );
+        let token_overhead = NsHistogram::new(&TOKEN_OVERHEAD_BUCKETS_NS);
+        reg.register_with_unit(
+            "token_overhead",
+            "Streaming overhead per token frame: from the token's arrival at haltd (the upstream receive that carried it, or the built-in source producing it) to the completion of the send that carried its frame to the client",
+            Unit::Seconds,
+            token_overhead.clone(),
+        );
+        let ring_events = Family::<RingEventLabels, Counter>::default();
+        reg.register(
+            "ring_events",
+            "Data-plane io_uring trouble, by kind: cq_overflow (loop passes that found the completion ring full, completions waiting in the kernel's backlog), cq_dropped (completions the kernel lost), sq_dropped (submissions the kernel rejected as invalid), sq_full (pushes that found the submission ring full and submitted early), submit_error (io_uring_enter failed; EBUSY and EAGAIN are retried, anything else stops the daemon)",
+            ring_events.clone(),
+        );
+        for kind in RingEvent::ALL {
+            drop(ring_events.get_or_create(&RingEventLabels { kind }));
+        }
+        DataPlaneMetrics {
+            streams_active,
+            streams_total,
+            requests_rejected,
+            tokens_emitted,
+            token_overhead,
+            ring_events,
+        }
+    }
+
+    /// A request answered with an error `status`.
+    pub fn rejected(&self, status: u16) {
+        self.requests_rejected
+            .get_or_create(&StatusLabels { status })
+            .inc();
+    }
+
+    /// A stream that finished with `outcome`.
+    pub fn finished(&self, outcome: Outcome) {
+        self.streams_total
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// `n` ring events of `kind` (rare, never per token).
+    pub fn ring_event(&self, kind: RingEvent, n: u64) {
+        self.ring_events
+            .get_or_create(&RingEventLabels { kind })
+            .inc_by(n);
+    }
+}

@@ -1,0 +1,187 @@
+//! Prometheus metrics (prometheus-client), served on `--metrics ADDR` at `/metrics`.
+//!
+//! Each subsystem registers its own families on a sub-registry of the daemon's (prefix
+//! `haltd`), and on a further prefixed one where its names share a prefix (`haltd_kernel_`,
+//! `haltd_ledger_`, `haltd_upstream_`, `haltd_detector_`, `haltd_halt_`, `haltd_watchdog_`):
+//!
+//! | subsystem | module | families |
+//! |---|---|---|
+//! | watchdog and halts | [`halts`] | `halt_tokens_post_trip`, `halt_latency_seconds`, `watchdog_trips`, `halts`, `heartbeat_age_seconds` |
+//! | kernel gate | [`gate`] | `kernel_frames`, `kernel_segments`, `kernel_adoptions`, `kernel_halt_events`, `kernel_gate_enabled`, `gate_errors`, `ungovernable_connections` |
+//! | data plane | [`dataplane`] | `streams_active`, `streams`, `requests_rejected`, `tokens_emitted`, `token_overhead_seconds`, `ring_events` |
+//! | flight recorder | [`ledger`] | `ledger_errors`, `ledger_records`, `turn_records`, `crashes_recovered` |
+//! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
+//! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
+//! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
+//!
+//! Handles are created once, at start. Label values are enums (each writes the spelling the
+//! exposition always had), and every series of a fixed label set exists from the start. The
+//! per-token path touches only `tokens_emitted` and `token_overhead` (relaxed atomic adds,
+//! no lock, no lookup: [`NsHistogram`]); everything else counts per turn, per halt or per
+//! scrape.
+
+use prometheus_client::{encoding::text::encode, registry::Registry};
+
+pub mod dataplane;
+pub mod detectors;
+pub mod gate;
+pub mod halts;
+pub mod histogram;
+pub mod ledger;
+pub mod modes;
+pub mod upstream;
+
+pub use histogram::NsHistogram;
+
+/// The prefix of every metric name.
+const PREFIX: &str = "haltd";
+
+/// Every metric of the daemon, by subsystem.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub halts: halts::HaltMetrics,
+    pub gate: gate::GateMetrics,
+    pub dataplane: dataplane::DataPlaneMetrics,
+    pub ledger: ledger::LedgerMetrics,
+    pub modes: modes::ModeMetrics,
+    pub upstream: upstream::UpstreamMetrics,
+    pub detectors: detectors::DetectorMetrics,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let halts = halts::HaltMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let gate = gate::GateMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let dataplane =
+            dataplane::DataPlaneMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let ledger = ledger::LedgerMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let modes = modes::ModeMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let upstream =
+            upstream::UpstreamMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let detectors =
+            detectors::DetectorMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        Metrics {
+            registry,
+            halts,
+            gate,
+            dataplane,
+            ledger,
+            modes,
+            upstream,
+            detectors,
+        }
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{codes::FailureCode, stream::Halter};
+
+    #[test]
+    fn exposition_has_the_contract_names() {
+        let m = Metrics::new();
+        m.halts
+            .observe(FailureCode::OperatorTrip, 2, 0.001, Halter::Emitter);
+        m.gate.observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0]);
+        m.gate.observe_kernel_totals(&[7, 1, 1, 2, 0, 0, 0]);
+        let text = m.encode();
+        for name in [
+            "haltd_halt_tokens_post_trip_bucket",
+            "haltd_halt_latency_seconds_bucket",
+            "haltd_watchdog_trips_total{cause=\"OPERATOR_TRIP\"} 1",
+            "haltd_kernel_frames_total{verdict=\"pass\"} 7",
+            "haltd_kernel_frames_total{verdict=\"drop_budget\"} 2",
+            "haltd_streams_active",
+            "haltd_tokens_emitted_total",
+            "haltd_heartbeat_age_seconds",
+            "haltd_turn_records_total{decision=\"skipped\"} 0",
+            "haltd_token_overhead_seconds_count 0",
+            "haltd_ring_events_total{kind=\"cq_overflow\"} 0",
+            "haltd_ring_events_total{kind=\"submit_error\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_lock_free_histogram_buckets_like_prometheus() {
+        let m = Metrics::new();
+        let h = &m.dataplane.token_overhead;
+        assert_eq!(dataplane::TOKEN_OVERHEAD_BUCKETS_NS[0], 5_000);
+        assert_eq!(dataplane::TOKEN_OVERHEAD_BUCKETS_NS[15], 163_840_000);
+        // On a bound counts in that bucket (le), above the last in +Inf.
+        for ns in [
+            0,
+            5_000,
+            5_001,
+            10_000,
+            163_840_000,
+            163_840_001,
+            u64::MAX / 4,
+        ] {
+            h.observe_ns(ns);
+        }
+        assert_eq!(h.count(), 7);
+        let text = m.encode();
+        let line = |le: &str| {
+            let prefix = format!("haltd_token_overhead_seconds_bucket{{le=\"{le}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("no bucket {le} in\n{text}"))
+                .parse::<u64>()
+                .expect("count")
+        };
+        assert_eq!(line("0.000005"), 2);
+        assert_eq!(line("0.00001"), 4);
+        assert_eq!(line("0.08192"), 4);
+        assert_eq!(line("0.16384"), 5);
+        assert_eq!(line("+Inf"), 7);
+        assert!(
+            text.contains("haltd_token_overhead_seconds_count 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE haltd_token_overhead_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# UNIT haltd_token_overhead_seconds seconds"),
+            "{text}"
+        );
+    }
+
+    /// The exposition of the metrics as they were registered before each subsystem had its
+    /// own sub-registry (sorted lines: prometheus-client writes a family's series in hash
+    /// order, and the families now come subsystem by subsystem): every name, label, HELP
+    /// text, unit and type is unchanged.
+    #[test]
+    fn the_exposition_is_unchanged_line_for_line() {
+        let m = Metrics::new();
+        m.halts
+            .observe(FailureCode::OperatorTrip, 2, 0.001, Halter::Emitter);
+        m.gate
+            .observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0, 3, 1, 1, 2, 1, 0]);
+        m.dataplane.token_overhead.observe_ns(12_000);
+        let mut lines: Vec<String> = m.encode().lines().map(str::to_owned).collect();
+        lines.sort();
+        let golden: Vec<&str> = include_str!("exposition.golden").lines().collect();
+        assert_eq!(lines, golden);
+    }
+}
