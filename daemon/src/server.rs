@@ -84,16 +84,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     } else {
         Some(load_gate(&cfg).map_err(StartError::Gate)?)
     };
-    let sampling = cfg.sampling;
-    if sampling.above_spec() {
-        tracing::warn!(
-            turn_sample_rate = sampling.turn_sample_rate,
-            "the flight recorder keeps more than the 1-5 % of normal turns of spec 000 §6.2 (for audits and tests); production runs at 0.01 to 0.05"
-        );
-    }
-    if sampling.record_token_text {
-        tracing::warn!("--record-token-text: turn records carry the text of the turns (up to 64 KiB each); the ledger now holds generated content");
-    }
+    warn_about_sampling(&cfg);
     let ledger =
         Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
     let metrics = Metrics::new();
@@ -112,40 +103,9 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     )
     .map_err(StartError::Crash)?;
     metrics.ledger.crashes_recovered.inc_by(crashes);
-    let mut wakers = Vec::new();
-    for _ in 0..cfg.workers {
-        // SAFETY: eventfd returns a new descriptor we own, or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io("creating a worker eventfd")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
+    let wakers = worker_wakers(cfg.workers)?;
     // The gate is loaded first: the listener must be created inside the gate's cgroup.
-    let listener = TcpListener::bind(cfg.args.listen)
-        .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
-    if let Some(gate) = &gate {
-        let port = listener
-            .local_addr()
-            .map_err(io("reading the --listen address"))?
-            .port();
-        // Connections to the client port are governed the moment they are established,
-        // before a client that half-closes could make a later insertion fail.
-        gate.govern_port(port).map_err(StartError::Gate)?;
-    }
-    // std listens with a backlog of 128: a burst of clients (a thousand streams starting
-    // together) would overflow it and wait a SYN retry (1 s). Listening again on a listening
-    // socket only resizes the queue; the kernel caps it at net.core.somaxconn.
-    let backlog = i32::try_from(cfg.args.max_streams).unwrap_or(i32::MAX);
-    // SAFETY: listen(2) on the socket just bound, which this function owns.
-    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), backlog) } != 0 {
-        return Err(io("resizing the --listen accept queue")(
-            std::io::Error::last_os_error(),
-        ));
-    }
+    let listener = bind_listener(&cfg, gate.as_ref())?;
     let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -164,6 +124,80 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             .collect(),
         cfg,
     });
+    let source = match &shared.cfg.upstream {
+        Some(u) => format!("openai upstream={u}"),
+        None => "builtin".to_owned(),
+    };
+    shared
+        .ledger
+        .append_sync(start_record(&shared, &source))
+        .map_err(StartError::Ledger)?;
+    watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
+    wait_for_first_heartbeat(&shared)?;
+    dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
+    serve_control_plane(shared, source)
+}
+
+/// Warns when the flight recorder keeps more than spec 000 asks for.
+fn warn_about_sampling(cfg: &Config) {
+    let sampling = cfg.sampling;
+    if sampling.above_spec() {
+        tracing::warn!(
+            turn_sample_rate = sampling.turn_sample_rate,
+            "the flight recorder keeps more than the 1-5 % of normal turns of spec 000 §6.2 (for audits and tests); production runs at 0.01 to 0.05"
+        );
+    }
+    if sampling.record_token_text {
+        tracing::warn!("--record-token-text: turn records carry the text of the turns (up to 64 KiB each); the ledger now holds generated content");
+    }
+}
+
+/// One eventfd per data-plane worker: writing it makes the worker look at its streams.
+fn worker_wakers(workers: usize) -> Result<Vec<OwnedFd>, StartError> {
+    let mut wakers = Vec::new();
+    for _ in 0..workers {
+        // SAFETY: eventfd returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io("creating a worker eventfd")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    Ok(wakers)
+}
+
+/// Binds `--listen` (inside the gate's cgroup, which the caller entered by loading the gate)
+/// and has the gate govern its connections from their establishment.
+fn bind_listener(cfg: &Config, gate: Option<&KernelGate>) -> Result<TcpListener, StartError> {
+    let listener = TcpListener::bind(cfg.args.listen)
+        .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
+    if let Some(gate) = gate {
+        let port = listener
+            .local_addr()
+            .map_err(io("reading the --listen address"))?
+            .port();
+        // Connections to the client port are governed the moment they are established,
+        // before a client that half-closes could make a later insertion fail.
+        gate.govern_port(port).map_err(StartError::Gate)?;
+    }
+    // std listens with a backlog of 128: a burst of clients (a thousand streams starting
+    // together) would overflow it and wait a SYN retry (1 s). Listening again on a listening
+    // socket only resizes the queue; the kernel caps it at net.core.somaxconn.
+    let backlog = i32::try_from(cfg.args.max_streams).unwrap_or(i32::MAX);
+    // SAFETY: listen(2) on the socket just bound, which this function owns.
+    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), backlog) } != 0 {
+        return Err(io("resizing the --listen accept queue")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(listener)
+}
+
+/// The `lifecycle` record of this start.
+fn start_record(shared: &HaltCore, source: &str) -> Record {
     let mut start = Record {
         kind: RecordKind::Lifecycle,
         rts_mode: "normal".to_owned(),
@@ -171,10 +205,6 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         kernel_gate: shared.kernel_gate_label().to_owned(),
         budget: Some(shared.cfg.args.budget),
         ..Record::default()
-    };
-    let source = match &shared.cfg.upstream {
-        Some(u) => format!("openai upstream={u}"),
-        None => "builtin".to_owned(),
     };
     start.message = Some(format!(
         "haltd {} started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={} turn_sample_rate={} record_token_text={}{}",
@@ -190,13 +220,12 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         shared.cfg.sampling.record_token_text,
         if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
     ));
-    shared
-        .ledger
-        .append_sync(start)
-        .map_err(StartError::Ledger)?;
-    watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
-    // Serve nothing before the first heartbeat: until then every stream would halt with
-    // HEARTBEAT_LOST (fail closed, but a needless one at start-up).
+    start
+}
+
+/// Serve nothing before the first heartbeat: until then every stream would halt with
+/// HEARTBEAT_LOST (fail closed, but a needless one at start-up).
+fn wait_for_first_heartbeat(shared: &HaltCore) -> Result<(), StartError> {
     let deadline = std::time::Instant::now()
         + shared
             .cfg
@@ -216,8 +245,12 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
+    Ok(())
+}
 
+/// The control plane (admin API, `/metrics`) on a current-thread runtime, until a signal:
+/// then every open stream halts, and the process exits once they are recorded.
+fn serve_control_plane(shared: Arc<HaltCore>, source: String) -> Result<(), StartError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -237,28 +270,37 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let control = admin::serve(Arc::clone(&shared), admin_l, metrics_l);
         tokio::select! {
             r = control => r.map_err(io("control plane")),
-            _ = shutdown_signal() => {
-                let open = shared.halt_all_for_shutdown();
-                tracing::info!(open_streams = open, "signal received; halting open streams and stopping");
-                // Give emitters (and, failing them, the watchdog) time to send the terminal
-                // events and record the halts.
-                let deadline = tokio::time::Instant::now() + 4 * shared.cfg.halt_grace + std::time::Duration::from_millis(200);
-                while shared.table.active_count() > 0 && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-                let left = shared.table.active_count();
-                let rec = Record {
-                    kind: RecordKind::Lifecycle,
-                    kernel_gate: shared.kernel_gate_label().into(),
-                    message: Some(format!("haltd stopping on signal: {open} open streams halted, {left} still open at exit")),
-                    ..Record::default()
-                };
-                let _ = shared.ledger.append_sync(rec);
-                let _ = shared.ledger.flush();
-                std::process::exit(0);
-            }
+            _ = shutdown_signal() => stop_on_signal(&shared).await,
         }
     })
+}
+
+/// After SIGTERM/SIGINT: halt the open streams, give their emitters (and, failing them, the
+/// watchdog) time to send the terminal events and record the halts, record the stop, exit.
+async fn stop_on_signal(shared: &HaltCore) -> Result<(), StartError> {
+    let open = shared.halt_all_for_shutdown();
+    tracing::info!(
+        open_streams = open,
+        "signal received; halting open streams and stopping"
+    );
+    let deadline = tokio::time::Instant::now()
+        + 4 * shared.cfg.halt_grace
+        + std::time::Duration::from_millis(200);
+    while shared.table.active_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let left = shared.table.active_count();
+    let rec = Record {
+        kind: RecordKind::Lifecycle,
+        kernel_gate: shared.kernel_gate_label().into(),
+        message: Some(format!(
+            "haltd stopping on signal: {open} open streams halted, {left} still open at exit"
+        )),
+        ..Record::default()
+    };
+    let _ = shared.ledger.append_sync(rec);
+    let _ = shared.ledger.flush();
+    std::process::exit(0);
 }
 
 async fn shutdown_signal() {

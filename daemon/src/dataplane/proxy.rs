@@ -19,7 +19,13 @@
 //! Per event the upstream's JSON is parsed into owned values (`serde_json`): this allocates
 //! per token, unlike the built-in source; it is bounded by the event size limit.
 
-use std::{collections::VecDeque, io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+use std::{
+    collections::{BTreeSet, VecDeque},
+    io,
+    os::fd::RawFd,
+    sync::atomic::Ordering::SeqCst,
+    sync::Arc,
+};
 
 use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
@@ -41,7 +47,7 @@ use crate::{
         CancelReason, FinishReason, ResponseReader, SseParser, UpToken, UpstreamError,
         UpstreamEvent, UpstreamFailure, UpstreamFailureKind,
     },
-    wire::{self, Ask, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
+    wire::{self, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
 };
 
 /// Largest upstream response head.
@@ -218,6 +224,19 @@ fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::s
         }
     };
     (ss, len as libc::socklen_t)
+}
+
+/// The client's request, parsed once, prepared for the upstream, with SafetyCheck's inputs
+/// taken from the same parsed request (the URLs it cites, its system prompt).
+fn prepare_proxied(
+    endpoint: Endpoint,
+    body: &[u8],
+    degraded: bool,
+) -> Result<(upstream::UpstreamTurn, BTreeSet<String>, String), HttpError> {
+    let req = ClientRequest::parse(endpoint, body)?;
+    let urls = crate::safety::request_sources(req.json());
+    let system_prompt = crate::safety::system_prompt(req.json());
+    Ok((upstream::prepare_turn(req, degraded)?, urls, system_prompt))
 }
 
 /// How often a half-closed client is checked for a reset while its turn waits on the upstream.
@@ -552,13 +571,7 @@ impl Worker {
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);
         let body = &self.conns[key].rbuf[head.head_len..];
-        // SafetyCheck's inputs come from the same parsed request (per turn, not per token).
-        let prepared = ClientRequest::parse(endpoint, body).and_then(|req| {
-            let urls = crate::safety::request_sources(req.json());
-            let system_prompt = crate::safety::system_prompt(req.json());
-            Ok((upstream::prepare_turn(req, degraded)?, urls, system_prompt))
-        });
-        let (up, request_urls, system_prompt) = match prepared {
+        let (up, request_urls, system_prompt) = match prepare_proxied(endpoint, body, degraded) {
             Ok(v) => v,
             Err(e) => return self.reply_error(key, &e),
         };
@@ -574,19 +587,13 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let created = shared.table.slot(conn.id.slot).created.load(SeqCst);
-        let Ask {
-            stream,
-            logprobs,
-            top_logprobs,
-            include_usage,
-            ..
-        } = up.ask;
+        let ask = up.ask;
         conn.turn = Some(Box::new(Turn {
             source: TurnSource::Proxy,
-            stream,
-            logprobs,
-            top_logprobs,
-            include_usage,
+            stream: ask.stream,
+            logprobs: ask.logprobs,
+            top_logprobs: ask.top_logprobs,
+            include_usage: ask.include_usage,
             key_id,
             degraded,
             tokens_generated: 0,
@@ -604,8 +611,8 @@ impl Worker {
                 stream_id: conn.id,
                 created,
                 model,
-                logprobs,
-                top_logprobs,
+                logprobs: ask.logprobs,
+                top_logprobs: ask.top_logprobs,
                 // Degraded mode emits no tool calls (a degraded stream is batch anyway).
                 tool_calls: endpoint == Endpoint::Chat && !degraded,
             },

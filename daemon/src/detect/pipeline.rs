@@ -80,40 +80,7 @@ impl DetectorsConfig {
         };
         let d = top.detectors.as_ref();
         check_names(d, &DETECTORS.map(DetectorId::as_str))?;
-        let mut halt_monitor: Entry<HaltMonitorConfig> =
-            entry(d, DetectorId::HaltMonitor.as_str(), DetectorMode::Hard)?;
-        if halt_monitor.policy.debounce > 1 {
-            // Spec 001: the failing token itself is never emitted; the monitor latches, so a
-            // debounce would let the failing token and the next K-1 out first.
-            return Err(err(
-                "detectors.halt_monitor.debounce",
-                "must be 1: the HaltMonitor halts on the first failing token (spec 001)",
-            ));
-        }
-        let limit = match (halt_monitor.cfg.hard_limit, cli_hard_limit) {
-            (Some(file), cli) if cli != 0.0 && cli != file => {
-                return Err(err(
-                    "detectors.halt_monitor.hard_limit",
-                    format!("{file} in the file contradicts --hard-limit {cli}; set one"),
-                ))
-            }
-            (Some(file), _) => file,
-            (None, cli) => cli,
-        };
-        let probability = halt_monitor.cfg.scorer == ScorerConfig::Probability;
-        if !limit.is_finite() || (probability && !(0.0..=1.0).contains(&limit)) {
-            return Err(err(
-                "detectors.halt_monitor.hard_limit",
-                format!("{limit} is not a probability in [0, 1]"),
-            ));
-        }
-        halt_monitor.cfg.hard_limit = Some(limit);
-        halt_monitor.cfg.scorer = halt_monitor
-            .cfg
-            .scorer
-            .clone()
-            .validate()
-            .map_err(|e| err("detectors.halt_monitor", e.to_string()))?;
+        let halt_monitor = halt_monitor_entry(d, cli_hard_limit)?;
         let mut surprise: Entry<SurpriseConfig> =
             entry(d, DetectorId::Surprise.as_str(), DetectorMode::Observe)?;
         surprise.cfg = surprise
@@ -167,6 +134,49 @@ impl DetectorsConfig {
             safety,
         })
     }
+}
+
+/// `[detectors.halt_monitor]`, with its limit from the file or `--hard-limit` (not both,
+/// unless they agree) and its scorer validated.
+fn halt_monitor_entry(
+    d: Option<&toml::Table>,
+    cli_hard_limit: f64,
+) -> Result<Entry<HaltMonitorConfig>, ConfigFileError> {
+    let mut halt_monitor: Entry<HaltMonitorConfig> =
+        entry(d, DetectorId::HaltMonitor.as_str(), DetectorMode::Hard)?;
+    if halt_monitor.policy.debounce > 1 {
+        // Spec 001: the failing token itself is never emitted; the monitor latches, so a
+        // debounce would let the failing token and the next K-1 out first.
+        return Err(err(
+            "detectors.halt_monitor.debounce",
+            "must be 1: the HaltMonitor halts on the first failing token (spec 001)",
+        ));
+    }
+    let limit = match (halt_monitor.cfg.hard_limit, cli_hard_limit) {
+        (Some(file), cli) if cli != 0.0 && cli != file => {
+            return Err(err(
+                "detectors.halt_monitor.hard_limit",
+                format!("{file} in the file contradicts --hard-limit {cli}; set one"),
+            ))
+        }
+        (Some(file), _) => file,
+        (None, cli) => cli,
+    };
+    let probability = halt_monitor.cfg.scorer == ScorerConfig::Probability;
+    if !limit.is_finite() || (probability && !(0.0..=1.0).contains(&limit)) {
+        return Err(err(
+            "detectors.halt_monitor.hard_limit",
+            format!("{limit} is not a probability in [0, 1]"),
+        ));
+    }
+    halt_monitor.cfg.hard_limit = Some(limit);
+    halt_monitor.cfg.scorer = halt_monitor
+        .cfg
+        .scorer
+        .clone()
+        .validate()
+        .map_err(|e| err("detectors.halt_monitor", e.to_string()))?;
+    Ok(halt_monitor)
 }
 
 /// The HaltMonitor of spec 001 as a detector: one implementation for the pure model and the

@@ -120,56 +120,9 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
             "only HTTP/1.1 is served",
         ));
     }
-    let mut content_length: Option<usize> = None;
-    let mut expect_continue = false;
-    let mut authorization: Option<Secret> = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("authorization") {
-            if authorization.is_some() {
-                return Err(HttpError::bad_request("more than one authorization header"));
-            }
-            // Visible ASCII and spaces only: the value is copied into the upstream request.
-            let v = std::str::from_utf8(h.value)
-                .ok()
-                .filter(|v| v.bytes().all(|b| b == b' ' || b.is_ascii_graphic()))
-                .ok_or_else(|| {
-                    HttpError::bad_request(
-                        "the authorization header holds bytes other than visible ASCII",
-                    )
-                })?;
-            authorization = Some(Secret::new(v.trim().to_owned()));
-            continue;
-        }
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(h.value)
-                .ok()
-                .map(str::trim)
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<usize>().ok())
-                .ok_or_else(|| HttpError::bad_request("content-length is not a decimal number"))?;
-            if content_length.is_some_and(|prev| prev != v) {
-                return Err(HttpError::bad_request("conflicting content-length headers"));
-            }
-            content_length = Some(v);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(HttpError::new(
-                411,
-                "invalid_request_error",
-                "transfer-encoding request bodies are not accepted; send content-length",
-            ));
-        } else if h.name.eq_ignore_ascii_case("expect") {
-            if h.value.eq_ignore_ascii_case(b"100-continue") {
-                expect_continue = true;
-            } else {
-                return Err(HttpError::new(
-                    417,
-                    "invalid_request_error",
-                    "unsupported expectation",
-                ));
-            }
-        }
-    }
-    let content_length = content_length.unwrap_or(0);
+    let fields = HeadFields::read(req.headers)?;
+    let (expect_continue, authorization) = (fields.expect_continue, fields.authorization);
+    let content_length = fields.content_length.unwrap_or(0);
     if content_length > max_body {
         return Err(HttpError::new(
             413,
@@ -185,6 +138,70 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
         expect_continue,
         authorization,
     }))
+}
+
+/// The header fields haltd acts on.
+#[derive(Default)]
+struct HeadFields {
+    content_length: Option<usize>,
+    expect_continue: bool,
+    authorization: Option<Secret>,
+}
+
+impl HeadFields {
+    /// Reads them from a parsed head, refusing what haltd does not serve.
+    fn read(headers: &[httparse::Header<'_>]) -> Result<Self, HttpError> {
+        let mut f = HeadFields::default();
+        for h in headers {
+            if h.name.eq_ignore_ascii_case("authorization") {
+                if f.authorization.is_some() {
+                    return Err(HttpError::bad_request("more than one authorization header"));
+                }
+                // Visible ASCII and spaces only: the value is copied into the upstream request.
+                let v = std::str::from_utf8(h.value)
+                    .ok()
+                    .filter(|v| v.bytes().all(|b| b == b' ' || b.is_ascii_graphic()))
+                    .ok_or_else(|| {
+                        HttpError::bad_request(
+                            "the authorization header holds bytes other than visible ASCII",
+                        )
+                    })?;
+                f.authorization = Some(Secret::new(v.trim().to_owned()));
+                continue;
+            }
+            if h.name.eq_ignore_ascii_case("content-length") {
+                let v = std::str::from_utf8(h.value)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| {
+                        HttpError::bad_request("content-length is not a decimal number")
+                    })?;
+                if f.content_length.is_some_and(|prev| prev != v) {
+                    return Err(HttpError::bad_request("conflicting content-length headers"));
+                }
+                f.content_length = Some(v);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(HttpError::new(
+                    411,
+                    "invalid_request_error",
+                    "transfer-encoding request bodies are not accepted; send content-length",
+                ));
+            } else if h.name.eq_ignore_ascii_case("expect") {
+                if h.value.eq_ignore_ascii_case(b"100-continue") {
+                    f.expect_continue = true;
+                } else {
+                    return Err(HttpError::new(
+                        417,
+                        "invalid_request_error",
+                        "unsupported expectation",
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
 }
 
 /// Reason phrase of the statuses haltd sends.
