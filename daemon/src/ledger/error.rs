@@ -1,0 +1,88 @@
+//! What can go wrong with the flight recorder.
+
+use std::{io, path::PathBuf};
+
+/// Ledger failures. Each names the file and what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {}: cannot open: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger {}: locked by another process (is another haltd running?)", path.display())]
+    Locked { path: PathBuf },
+    #[error("ledger {}: cannot lock: {source}", path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger {}: read failed at line {line}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        line: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "ledger {}: chain broken at line {line}{}: {reason}; refusing to append (verify the file and move it aside)",
+        path.display(),
+        fmt_seq(*seq)
+    )]
+    ChainBroken {
+        path: PathBuf,
+        line: u64,
+        seq: Option<u64>,
+        reason: String,
+    },
+    #[error("ledger {}: writing record seq {seq} failed: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        seq: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger {}: fsync of record seq {seq} failed: {source}", path.display())]
+    Sync {
+        path: PathBuf,
+        seq: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger {}: flush (fsync) failed: {source}", path.display())]
+    Flush {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger: cannot serialise record: {source}")]
+    Serialize {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("ledger record: {field} = {value:?} is not one of {allowed:?}")]
+    InvalidRecord {
+        field: &'static str,
+        value: String,
+        allowed: &'static [&'static str],
+    },
+    #[error("ledger {}: an earlier write failed ({reason}); no further records are accepted", path.display())]
+    WriterFailed { path: PathBuf, reason: String },
+    #[error("ledger {}: queue full ({capacity} records waiting for the writer)", path.display())]
+    QueueFull { path: PathBuf, capacity: usize },
+    #[error("ledger {}: writer thread is gone", path.display())]
+    WriterGone { path: PathBuf },
+    #[error("ledger {}: cannot start the writer thread: {source}", path.display())]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// ` (seq N)` when the record's `seq` is known, for messages.
+pub(super) fn fmt_seq(seq: Option<u64>) -> String {
+    seq.map(|s| format!(" (seq {s})")).unwrap_or_default()
+}

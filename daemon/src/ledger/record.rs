@@ -1,0 +1,196 @@
+//! One flight-recorder record: its kinds, its fields (`docs/fhr-schema.md`) and its hash.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ledger::error::LedgerError;
+
+/// `prev_hash` of the first record.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// What a record describes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordKind {
+    /// One completed (or halted) turn.
+    #[default]
+    Turn,
+    /// A trip or other incident (G5: one per trip).
+    Incident,
+    /// Daemon start, stop, config and mode changes.
+    Lifecycle,
+    /// An earlier haltd ended on an uncontained panic, recorded at the next start from its
+    /// crash file ([`crate::crash`]).
+    Crash,
+}
+
+/// One flight-recorder record. `seq`, `prev_hash` and `hash` are filled by the ledger; `ts`
+/// too when left empty.
+///
+/// `Default` gives `rts_mode = "normal"`, `runtime_mode = "full"` and an *empty*
+/// `kernel_gate`, which [`crate::ledger::Ledger::append`] rejects: every record must state whether the kernel
+/// gate was enforcing.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Record {
+    pub seq: u64,
+    pub prev_hash: String,
+    /// Omitted from the serialisation the hash is computed over (it is empty there).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hash: String,
+    pub kind: RecordKind,
+    /// RFC 3339 UTC with milliseconds, when the record was written.
+    pub ts: String,
+    pub turn_id: Option<String>,
+    pub stream_id: Option<String>,
+    /// `"stream"` or `"batch"`.
+    pub mode: Option<String>,
+    pub rts_mode: String,
+    /// `"full"` or `"degraded"`.
+    pub runtime_mode: String,
+    pub latency_bucket: Option<String>,
+    pub tig_breach: bool,
+    pub watchdog_trip: bool,
+    pub timing_incidents: Vec<String>,
+    pub failure_codes: Vec<String>,
+    pub trip_cause: Option<String>,
+    pub trip_token_index: Option<u64>,
+    pub halt_tokens_post_trip: Option<u64>,
+    pub halt_latency_ms: Option<f64>,
+    pub tokens_emitted: u64,
+    pub detector_refs: Vec<String>,
+    pub safety_verdict: Option<serde_json::Value>,
+    /// `"enforcing"` or `"disabled"`.
+    pub kernel_gate: String,
+    pub budget: Option<u32>,
+    pub outcome: Option<String>,
+    pub halted_by: Option<String>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    /// Gate counters for the socket, free-form.
+    pub kernel: Option<serde_json::Value>,
+    pub message: Option<String>,
+    // Fields added after the first release are left out when empty, so that records written
+    // before them still hash (and verify) the same.
+    /// The conversation's key fingerprint (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// TURN-ACID: `"committed"` (ended cleanly; its state was committed) or `"failed"`
+    /// (left no state behind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_status: Option<String>,
+    /// The upstream exchange of a proxied turn: status, failure, cancellation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<serde_json::Value>,
+    /// Tool calls emitted to the client: `dispatched` ones of a failed turn need
+    /// reconciliation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A change of `runtime_mode` (degraded safe mode): scope, from, to, by, cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_change: Option<serde_json::Value>,
+    /// Per-detector summary of the turn: mode, breaches, failures, what each measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detectors: Option<serde_json::Value>,
+    /// Turn records: why the record exists under the sampling policy (spec 000 §6.2):
+    /// `{"rate": r}` for a normal turn drawn at rate r, `{"rate": 1.0, "reason": ...}` for
+    /// one that is always recorded ([`crate::sampling`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<serde_json::Value>,
+    /// Turn records with `--record-token-text`: the turn's output text (bounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// With `text`: whether the turn produced more than it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_truncated: Option<bool>,
+    /// Crash records: what the panic hook wrote (pid, thread, location, message, time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<serde_json::Value>,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            prev_hash: String::new(),
+            hash: String::new(),
+            kind: RecordKind::default(),
+            ts: String::new(),
+            turn_id: None,
+            stream_id: None,
+            mode: None,
+            rts_mode: "normal".to_owned(),
+            runtime_mode: "full".to_owned(),
+            latency_bucket: None,
+            tig_breach: false,
+            watchdog_trip: false,
+            timing_incidents: Vec::new(),
+            failure_codes: Vec::new(),
+            trip_cause: None,
+            trip_token_index: None,
+            halt_tokens_post_trip: None,
+            halt_latency_ms: None,
+            tokens_emitted: 0,
+            detector_refs: Vec::new(),
+            safety_verdict: None,
+            kernel_gate: String::new(),
+            budget: None,
+            outcome: None,
+            halted_by: None,
+            started_at: None,
+            ended_at: None,
+            kernel: None,
+            message: None,
+            conversation: None,
+            turn_status: None,
+            upstream: None,
+            tool_calls: Vec::new(),
+            mode_change: None,
+            detectors: None,
+            sampling: None,
+            text: None,
+            text_truncated: None,
+            crash: None,
+        }
+    }
+}
+
+impl Record {
+    /// The record's hash as defined for the chain: hex SHA-256 of the serialisation without
+    /// `hash` (whatever `self.hash` currently holds is ignored).
+    pub fn compute_hash(&self) -> Result<String, LedgerError> {
+        let canonical = if self.hash.is_empty() {
+            serde_json::to_vec(self)
+        } else {
+            let mut unhashed = self.clone();
+            unhashed.hash.clear();
+            serde_json::to_vec(&unhashed)
+        }
+        .map_err(|source| LedgerError::Serialize { source })?;
+        Ok(hex::encode(Sha256::digest(&canonical)))
+    }
+
+    /// Rejects records whose enumerated string fields hold something else.
+    pub(super) fn validate(&self) -> Result<(), LedgerError> {
+        fn one_of(
+            field: &'static str,
+            value: &str,
+            allowed: &'static [&'static str],
+        ) -> Result<(), LedgerError> {
+            if allowed.contains(&value) {
+                Ok(())
+            } else {
+                Err(LedgerError::InvalidRecord {
+                    field,
+                    value: value.to_owned(),
+                    allowed,
+                })
+            }
+        }
+        one_of("kernel_gate", &self.kernel_gate, &["enforcing", "disabled"])?;
+        one_of("runtime_mode", &self.runtime_mode, &["full", "degraded"])?;
+        if let Some(mode) = &self.mode {
+            one_of("mode", mode, &["stream", "batch"])?;
+        }
+        Ok(())
+    }
+}
