@@ -16,8 +16,12 @@
 //! ```
 //!
 //! * [`dataplane`] accepts, puts every socket under the kernel [`gate`] before its first
-//!   send, parses requests ([`http`], [`openai`]) and runs each turn as a chain of io_uring
-//!   completions.
+//!   send, parses requests with the [`wire`] layer (HTTP heads, the client request parsed
+//!   once, SSE and JSON encoders, the terminal event) and runs each turn as a chain of
+//!   io_uring completions; with `--source openai` the [`upstream`] protocol (which uses the
+//!   wire layer, never the reverse) proxies the turn to a backend.
+//! * [`halt`] is the halt core every thread holds ([`halt::HaltCore`]): trip, terminal frame,
+//!   completed halt, record.
 //! * [`stream`] holds the per-stream state machine; a trip fixes the trip point τ and writes
 //!   the kernel trip map with an absolute frame limit before it is published, so the kernel
 //!   bound of B post-trip frames is exact even for an emitter that ignores the halt.
@@ -28,7 +32,7 @@
 //! * [`crash`] fails closed on a panic: the process ends at once and the next start records
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
-//!   spec 001.
+//!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
 
 pub mod admin;
 pub mod calibrate;

@@ -1,5 +1,5 @@
 //! Panics haltd contains on purpose ([`contain`]); every other panic ends the process
-//! ([`super::install`]'s hook asks [`contained`] which one it is).
+//! ([`super::install`]'s hook asks `contained` which one it is).
 
 use std::{
     cell::Cell,
