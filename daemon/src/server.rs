@@ -25,7 +25,7 @@ pub enum StartError {
     #[error(
         "cannot load the kernel halt gate: {0}\n\
          haltd refuses to serve unpoliced streams. Fix the cause (root or CAP_BPF + CAP_NET_ADMIN, \
-         a kernel with BTF and sk_msg, a binary built by `cargo xtask build`), or pass \
+         a kernel with BTF and sk_msg, a binary built from this tree), or pass \
          --no-kernel-gate to run with the userspace watchdog alone (stated in every record)"
     )]
     Gate(#[source] crate::gate::GateError),

@@ -75,8 +75,8 @@ pub struct GateConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
     #[error(
-        "this haltd binary has no embedded BPF object (it was built without HALTD_BPF_OBJECT); \
-         build it with `cargo xtask build`, or pass --bpf-object PATH"
+        "this haltd binary's embedded BPF object is empty; rebuild it (`cargo build -p haltd` \
+         builds and embeds the gate), or pass --bpf-object PATH"
     )]
     NoEmbeddedObject,
     #[error("loading BPF object {object}")]
