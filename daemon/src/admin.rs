@@ -264,8 +264,10 @@ pub async fn serve(
 }
 
 /// Binds a control-plane listener, with the flag name in the error.
-pub async fn bind(addr: SocketAddr, flag: &str) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding --{flag} {addr}: {e}")))
+pub fn bind(addr: SocketAddr, flag: &str) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding --{flag} {addr}: {e}")))?;
+    // tokio takes it over in the control plane's runtime, which needs it non-blocking.
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }

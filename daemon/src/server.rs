@@ -134,8 +134,14 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .map_err(StartError::Ledger)?;
     watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
     wait_for_first_heartbeat(&shared)?;
+    // Every listener is bound before the first stream is served: a busy admin or metrics port
+    // fails the start, and a client that sees /healthz answer can also scrape /metrics.
+    let control = ControlListeners {
+        admin: admin::bind(shared.cfg.args.admin, "admin").map_err(io("admin listener"))?,
+        metrics: admin::bind(shared.cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
+    };
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
-    serve_control_plane(shared, source)
+    serve_control_plane(shared, control, source)
 }
 
 /// Warns when the flight recorder keeps more than spec 000 asks for.
@@ -248,16 +254,26 @@ fn wait_for_first_heartbeat(shared: &HaltCore) -> Result<(), StartError> {
     Ok(())
 }
 
+/// The control plane's listeners, bound before the data plane starts.
+struct ControlListeners {
+    admin: std::net::TcpListener,
+    metrics: std::net::TcpListener,
+}
+
 /// The control plane (admin API, `/metrics`) on a current-thread runtime, until a signal:
 /// then every open stream halts, and the process exits once they are recorded.
-fn serve_control_plane(shared: Arc<HaltCore>, source: String) -> Result<(), StartError> {
+fn serve_control_plane(
+    shared: Arc<HaltCore>,
+    listeners: ControlListeners,
+    source: String,
+) -> Result<(), StartError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(io("starting the control-plane runtime"))?;
     rt.block_on(async move {
-        let admin_l = admin::bind(shared.cfg.args.admin, "admin").await.map_err(io("admin listener"))?;
-        let metrics_l = admin::bind(shared.cfg.args.metrics, "metrics").await.map_err(io("metrics listener"))?;
+        let admin_l = tokio::net::TcpListener::from_std(listeners.admin).map_err(io("admin listener"))?;
+        let metrics_l = tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
         println!(
             "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source}",
             shared.cfg.args.listen,
