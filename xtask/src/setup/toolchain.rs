@@ -1,5 +1,5 @@
 //! The nightly toolchain with `rust-src`, and bpf-linker built against the nightly's LLVM
-//! (notes/ebpf-toolchain.md): what the BPF gate build needs.
+//! (docs/building.md): what the BPF gate build needs.
 
 use std::{
     ffi::OsStr,
@@ -16,7 +16,7 @@ use crate::{
     util::{capture, is_elf, run},
 };
 
-/// bpf-linker release verified with the nightly's LLVM 22 (notes/ebpf-toolchain.md).
+/// bpf-linker release verified with the nightly's LLVM 22 (docs/building.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// LLVM major version of the nightly toolchain and of bpf-linker's `llvm-22` feature.
 const LLVM_MAJOR: &str = "22";
@@ -69,7 +69,7 @@ pub(super) fn ensure_bpf_linker(ctx: &Ctx, sysroot: &Path, report: &mut Report) 
         report.present("bpf-linker");
         return Ok(());
     }
-    // Build bpf-linker against the nightly's own libLLVM (notes/ebpf-toolchain.md, way 2).
+    // Build bpf-linker against the nightly's own libLLVM (docs/building.md).
     let lib = find_libllvm(&sysroot.join("lib"))?;
     let prefix = llvm_prefix(ctx, &lib)?;
     println!(
