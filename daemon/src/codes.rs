@@ -1,4 +1,4 @@
-//! Failure codes (DESIGN §5): the spec's names plus the ones haltd adds.
+//! Failure codes (docs/spec.md "Failure codes"): the spec's names plus the ones haltd adds.
 //!
 //! They appear verbatim in terminal events, flight-recorder records and metric labels.
 

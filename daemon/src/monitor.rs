@@ -1,4 +1,4 @@
-//! HaltMonitor: the per-token threshold check of spec 001 (DESIGN §1 G6).
+//! HaltMonitor: the per-token threshold check of spec 001 (G6; both in docs/spec.md).
 //!
 //! The spec models the monitor as a function `run : hard_limit → List (Token × Score) → Output`
 //! and proves three properties about it: halt is irrevocable, every emitted token passed the

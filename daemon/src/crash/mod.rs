@@ -1,4 +1,4 @@
-//! Fail closed on panic (DESIGN G3): a panic that nothing deliberately contains ends the
+//! Fail closed on panic (G3, docs/spec.md): a panic that nothing deliberately contains ends the
 //! process at once, and the next start records it in the flight recorder.
 //!
 //! A panicking thread unwinds and dies alone. A dead data-plane worker leaves its clients

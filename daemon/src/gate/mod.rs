@@ -6,7 +6,7 @@
 //! [`KernelGate::govern`] itself (it must still be established then). Either way
 //! [`KernelGate::govern`] then writes the socket's first [`SockPolicy`], and from then on
 //! every send runs `halt_gate` and every segment `halt_egress`: once the stream is tripped
-//! (through [`KernelGate::trip`], or by the programs themselves when [`KernelGate::beat`]
+//! (through [`KernelGate::set_policy`], or by the programs themselves when [`KernelGate::beat`]
 //! stops), at most the stream's budget of token frames leaves, then one terminal frame
 //! carrying the trip's nonce, and no byte beyond the stream's post-trip ceiling — whatever
 //! userspace does with the socket afterwards. What exactly is bounded, and under which
@@ -53,7 +53,7 @@ const ATTACH_SOCK_OPS: u32 = 3;
 /// Where the gate's BPF object comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GateObject {
-    /// The object embedded at build time (`HALTD_BPF_OBJECT`, set by `cargo xtask build`).
+    /// The object embedded at build time by `daemon/build.rs` (or `HALTD_BPF_OBJECT`).
     Embedded,
     /// An object file on disk (`--bpf-object`).
     Path(PathBuf),

@@ -1,4 +1,4 @@
-//! The flight recorder (FHR, DESIGN §6): an append-only, hash-linked JSON Lines ledger.
+//! The flight recorder (FHR, docs/fhr-schema.md): an append-only, hash-linked JSON Lines ledger.
 //!
 //! One record per line: one per incident, one per turn (every turn that is not normal, a
 //! sample of the normal ones: [`crate::sampling`]), plus lifecycle records. Each record

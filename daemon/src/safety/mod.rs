@@ -8,7 +8,7 @@
 //! a violation does: `observe` (the default) records it, `enforce` trips the stream with
 //! `SAFETY_BOUNDARY_VIOLATED` ([`SafetyConfig::trip_code`]).
 //!
-//! # Honesty rules (spec 004; notes "Verdict surfaces")
+//! # Honesty rules (spec 004, docs/spec.md; as in OPA decision logs and Cedar)
 //!
 //! * Every [`SafetyContext`] field is optional. A predicate whose input is absent reports
 //!   `upheld: true, runtime_checkable: false` and a reason naming the missing input: absence
@@ -22,7 +22,7 @@
 //! * [`SafetyCheck::require_runtime_checkable`] is the deployment policy of spec 004: with it,
 //!   every boundary that was not checked at runtime (unknown, or its predicate lacked
 //!   evidence) counts as violated, with a reason saying why.
-//! * A predicate that panics is a violation (deny on error, DESIGN G3), not a crash of the
+//! * A predicate that panics is a violation (deny on error, G3 in docs/spec.md), not a crash of the
 //!   data plane and not a pass.
 //! * A predicate that returns a result for another boundary id is rebound to the id it was
 //!   registered under (spec 004 "Defensive: predicate-result rebinding"); unlike the spec's

@@ -1,5 +1,5 @@
-//! How upstream text becomes frames: one token per frame (DESIGN §2, §3), so that the kernel
-//! gate's count of sends is a count of tokens, and every frame fits the stream's
+//! How upstream text becomes frames: one token per frame (docs/architecture.md §6), so that
+//! the kernel gate's count of sends is a count of tokens, and every frame fits the stream's
 //! [`crate::wire::ChunkEncoder::max_event_bytes`].
 //!
 //! The rules (also in `docs/wire-format.md`, "Framing"):

@@ -1,5 +1,5 @@
-//! SSE chunks and JSON bodies out (DESIGN §4): one token event per frame, the final events
-//! of a stream, and the whole body of a batch response. [`bound`] is the bound on one token
+//! SSE chunks and JSON bodies out (docs/wire-format.md): one token event per frame, the final
+//! events of a stream, and the whole body of a batch response. [`bound`] is the bound on one token
 //! event (the kernel gate's per-stream byte size); the terminal event of a halted stream is
 //! [`crate::wire::terminal`].
 //!

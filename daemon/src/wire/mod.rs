@@ -1,5 +1,5 @@
 //! The wire layer: what haltd reads from and writes to a client, with no I/O and no daemon
-//! state (DESIGN §4, [wire-format.md](../../../docs/wire-format.md)).
+//! state ([wire-format.md](../../../docs/wire-format.md)).
 //!
 //! ```text
 //! client bytes ──http::parse_head──► RequestHead (method, path, sizes, Authorization)

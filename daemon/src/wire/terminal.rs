@@ -1,4 +1,4 @@
-//! The terminal event of a halted stream (DESIGN §4): the final chunk with
+//! The terminal event of a halted stream (docs/wire-format.md): the final chunk with
 //! `finish_reason: "content_filter"`, the typed error object and `[DONE]`, written so the kernel
 //! gate recognises it by the trip's nonce at byte 31 ([`haltd_common::NONCE_OFFSET`]).
 
@@ -36,7 +36,7 @@ pub struct Halt {
 }
 
 impl Halt {
-    /// The error object of DESIGN §4.
+    /// The error object of the halted end of a stream (docs/wire-format.md).
     pub fn error_object(&self) -> Value {
         let mut obj = json!({
             "type": "halted",

@@ -1,4 +1,4 @@
-//! Root-only: haltd fails closed on a panic (DESIGN G3). With `--fault
+//! Root-only: haltd fails closed on a panic (G3, docs/spec.md). With `--fault
 //! panic-after-tokens=N,thread=worker|watchdog` a data-plane worker or the watchdog panics for
 //! real while several streams are open; the panic hook (`daemon/src/crash`) ends the process at
 //! once. Measured at the client: every connection closes (EOF or reset) well within

@@ -12,7 +12,7 @@
 //!   each token within `deadline_us` microseconds.
 //!
 //! Any [`ScorerError`] means the token could not be judged; the caller turns it into a
-//! `DETECTOR_FAILURE` trip in hard mode (fail closed, DESIGN G3). No scorer panics on any
+//! `DETECTOR_FAILURE` trip in hard mode (fail closed, G3 in docs/spec.md). No scorer panics on any
 //! input or on anything a scorer process sends.
 //!
 //! # Configuration

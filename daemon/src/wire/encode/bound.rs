@@ -1,6 +1,6 @@
 //! The largest token event a [`ChunkEncoder`] can write: the per-stream byte bound the kernel
-//! gate holds every post-trip frame to (DESIGN §3, "post-trip bytes are capped per stream at
-//! the stream's own largest possible token event").
+//! gate holds every post-trip frame to (docs/architecture.md §6: post-trip bytes are capped per
+//! stream at the stream's own largest possible token event).
 //!
 //! A token event is one frame: [`ChunkEncoder::token_event`] (a token of at most
 //! [`MAX_TOKEN_TEXT_BYTES`], `first` or not), [`ChunkEncoder::text_event`] (text of at most

@@ -17,7 +17,7 @@ use haltd_tests::{
 use super::{chat, chat_url, get_json, stop_and_verify, stream_in};
 
 // ---------------------------------------------------------------------------------------------
-// 10. The whole daemon stopped mid-stream (DESIGN §7)
+// 10. The whole daemon stopped mid-stream (docs/spec.md, the test plan)
 
 /// SIGSTOP the whole daemon mid-stream for longer than the heartbeat deadline, then SIGCONT.
 /// Nothing watched the stream during the gap, so it must halt with HEARTBEAT_LOST as soon as
