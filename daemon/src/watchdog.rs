@@ -6,7 +6,9 @@
 //! 2. looks at every tripped stream and halts, itself, any whose emitter has not: the kernel
 //!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed. It writes the
 //!    terminal frame with a plain non-blocking `send`, shuts the socket down and records the
-//!    halt, so a blocked or stuck emitter cannot keep a tripped stream open;
+//!    halt, so a blocked or stuck emitter cannot keep a tripped stream open. It walks the open
+//!    streams only ([`crate::stream::StreamTable::live`], an active-slot bitmap), so a round
+//!    with nothing open costs the same whatever `--max-streams` is;
 //! 3. folds kernel halt events into metrics.
 //!
 //! It never closes a descriptor (the owning worker does, after the halt), so it can never

@@ -40,8 +40,10 @@ use crate::{
     wire::{Endpoint, StreamId},
 };
 
+pub mod active;
 pub mod state;
 
+use active::ActiveSlots;
 pub use state::{AtomicEnum, Halter, Mode, Outcome, SlotState, WatchdogState};
 
 /// One stream's shared state. Every field is an atomic; see the module docs for the protocol.
@@ -364,6 +366,8 @@ pub struct StreamTable {
     /// finished stream's trip fields (and so its answer to a late trip) for as long as
     /// possible: a slot comes back only after every other free slot was used.
     free: Mutex<VecDeque<u32>>,
+    /// The slots taken and not yet given back: what [`StreamTable::live`] walks.
+    active: ActiveSlots,
 }
 
 impl StreamTable {
@@ -373,6 +377,7 @@ impl StreamTable {
         StreamTable {
             slots,
             free: Mutex::new(free),
+            active: ActiveSlots::new(capacity),
         }
     }
 
@@ -421,6 +426,8 @@ impl StreamTable {
         s.halted_by.store(Halter::None);
         s.budget.store(budget, SeqCst);
         s.max_event_bytes.store(0, SeqCst);
+        // In the active set before it is live, so a walk never misses a live slot.
+        self.active.insert(idx);
         s.state.store(SlotState::Streaming);
         Some(StreamId {
             slot: idx,
@@ -433,6 +440,9 @@ impl StreamTable {
         let s = &self.slots[id.slot as usize];
         s.fd.store(-1, SeqCst);
         s.state.store(SlotState::Free);
+        // Out of the active set before it is free to take: a later `alloc` of this slot
+        // inserts it again after this.
+        self.active.remove(id.slot);
         self.free
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -464,13 +474,13 @@ impl StreamTable {
         }
     }
 
-    /// Iterates over slots that are not free.
+    /// Iterates over slots that are not free; costs the open streams plus one word per 64
+    /// slots, whatever the table's capacity.
     pub fn live(&self) -> impl Iterator<Item = (u32, &Slot)> {
-        self.slots
+        self.active
             .iter()
-            .enumerate()
+            .map(|i| (i, &self.slots[i as usize]))
             .filter(|(_, s)| s.state() != SlotState::Free)
-            .map(|(i, s)| (i as u32, s))
     }
 
     pub fn active_count(&self) -> usize {
@@ -654,6 +664,28 @@ mod tests {
         assert_eq!(id2.slot, id.slot);
         assert_ne!(id2, id);
         assert!(t.alloc(0, -1, 5, 1).is_none(), "full table refuses");
+    }
+
+    #[test]
+    fn live_lists_the_claimed_slots_until_they_are_released() {
+        let t = StreamTable::new(200);
+        assert_eq!(t.live().count(), 0);
+        let ids: Vec<StreamId> = (0..130)
+            .map(|_| t.alloc(0, -1, 5, 1).expect("slot"))
+            .collect();
+        for id in ids.iter().step_by(2) {
+            t.release(*id);
+        }
+        let live: Vec<u32> = t.live().map(|(i, _)| i).collect();
+        let kept: Vec<u32> = ids.iter().skip(1).step_by(2).map(|id| id.slot).collect();
+        assert_eq!(live, kept);
+        assert_eq!(t.active_count(), 65);
+        // Released slots come back (FIFO) and are listed again.
+        let again: Vec<StreamId> = (0..135)
+            .map(|_| t.alloc(0, -1, 5, 1).expect("slot"))
+            .collect();
+        assert_eq!(t.active_count(), 200);
+        assert!(again.iter().all(|id| t.live().any(|(i, _)| i == id.slot)));
     }
 
     /// Many emitters and trippers at once: the kernel limit always equals frames counted
