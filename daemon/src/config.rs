@@ -171,6 +171,44 @@ pub const MAX_BUDGET: u32 = 1000;
 
 impl ServeArgs {
     pub fn validate(self) -> Result<Config, ConfigError> {
+        self.check_limits()?;
+        let upstream = self.upstream_url()?;
+        self.check_upstream_timeouts()?;
+        let mut file = self.read_config_file()?;
+        // `[flight_recorder]` is read here; the rest of the file belongs to the detectors.
+        let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
+        let sampling = self.sampling_policy(recorder)?;
+        let detectors =
+            crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
+                .map_err(|e| err("config", e.to_string()))?;
+        let faults = parse_faults(&self.faults)?;
+        let workers = self.worker_count()?;
+        Ok(Config {
+            token_interval: Duration::from_micros(self.builtin_token_interval_us),
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
+            halt_grace: Duration::from_millis(self.halt_grace_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            workers,
+            faults,
+            upstream,
+            upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
+            upstream_first_token_timeout: Duration::from_millis(
+                self.upstream_first_token_timeout_ms,
+            ),
+            upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
+            detectors,
+            sampling,
+            degraded_for: (self.degraded_for_s > 0)
+                .then(|| Duration::from_secs(self.degraded_for_s)),
+            args: self,
+        })
+    }
+}
+
+impl ServeArgs {
+    /// The limits of the plain flags, in the order they are reported.
+    fn check_limits(&self) -> Result<(), ConfigError> {
         if self.budget > MAX_BUDGET {
             return Err(err(
                 "budget",
@@ -216,6 +254,12 @@ impl ServeArgs {
                 "makes no sense together with --no-kernel-gate",
             ));
         }
+        Ok(())
+    }
+
+    /// `--upstream`, parsed and resolved, for `--source openai`; `None` for the built-in
+    /// source.
+    fn upstream_url(&self) -> Result<Option<crate::upstream::url::UpstreamUrl>, ConfigError> {
         let upstream = match (self.source, self.upstream.as_deref()) {
             (SourceKind::Openai, None) => {
                 return Err(err(
@@ -238,6 +282,11 @@ impl ServeArgs {
             }
             (SourceKind::Builtin, None) => None,
         };
+        Ok(upstream)
+    }
+
+    /// The upstream timeouts and `--degraded-for-s`.
+    fn check_upstream_timeouts(&self) -> Result<(), ConfigError> {
         for (flag, v) in [
             (
                 "upstream-connect-timeout-ms",
@@ -256,7 +305,12 @@ impl ServeArgs {
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));
         }
-        let mut file = match &self.config {
+        Ok(())
+    }
+
+    /// The `--config` file as a TOML table, `None` without one.
+    fn read_config_file(&self) -> Result<Option<toml::Table>, ConfigError> {
+        let file = match &self.config {
             None => None,
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -266,13 +320,11 @@ impl ServeArgs {
                 })?)
             }
         };
-        // `[flight_recorder]` is read here; the rest of the file belongs to the detectors.
-        let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
-        let sampling = self.sampling_policy(recorder)?;
-        let detectors =
-            crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
-                .map_err(|e| err("config", e.to_string()))?;
-        let faults = parse_faults(&self.faults)?;
+        Ok(file)
+    }
+
+    /// `--workers`, or the CPUs (at most 8).
+    fn worker_count(&self) -> Result<usize, ConfigError> {
         let workers = match self.workers {
             Some(0) => return Err(err("workers", "must be at least 1")),
             Some(n) if n > 256 => return Err(err("workers", "must be at most 256")),
@@ -281,30 +333,9 @@ impl ServeArgs {
                 .map_or(1, |n| n.get())
                 .min(8),
         };
-        Ok(Config {
-            token_interval: Duration::from_micros(self.builtin_token_interval_us),
-            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
-            heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
-            halt_grace: Duration::from_millis(self.halt_grace_ms),
-            request_timeout: Duration::from_millis(self.request_timeout_ms),
-            workers,
-            faults,
-            upstream,
-            upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
-            upstream_first_token_timeout: Duration::from_millis(
-                self.upstream_first_token_timeout_ms,
-            ),
-            upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
-            detectors,
-            sampling,
-            degraded_for: (self.degraded_for_s > 0)
-                .then(|| Duration::from_secs(self.degraded_for_s)),
-            args: self,
-        })
+        Ok(workers)
     }
-}
 
-impl ServeArgs {
     /// The flight recorder's sampling policy: the flags, else `[flight_recorder]` of the
     /// config file, else the defaults (5 %, no text).
     fn sampling_policy(

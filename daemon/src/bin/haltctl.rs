@@ -149,19 +149,9 @@ fn calibrate(args: CalibrateArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(format!("{e}")),
     };
-    let (streams, skipped) = match (&args.labels, args.builtin_set) {
-        (Some(path), _) => {
-            let file = match std::fs::File::open(path) {
-                Ok(f) => f,
-                Err(e) => return fail(format!("opening {}: {e}", path.display())),
-            };
-            match cal::read_labels(std::io::BufReader::new(file)) {
-                Ok(x) => x,
-                Err(e) => return fail(format!("{}: {e}", path.display())),
-            }
-        }
-        (None, Some(n)) => (cal::builtin_labelled_set(n, args.seed), Vec::new()),
-        (None, None) => return fail("give --labels FILE or --builtin-set N".to_owned()),
+    let (streams, skipped) = match load_streams(&args) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
     };
     if let Some(out) = &args.write_labels {
         let written = std::fs::File::create(out)
@@ -198,11 +188,47 @@ fn calibrate(args: CalibrateArgs) -> ExitCode {
         }
     };
     report.add_skipped(skipped);
-    if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(j) => println!("{j}"),
-            Err(e) => return fail(format!("encoding the report: {e}")),
+    match finish_calibration(&args, &report) {
+        Ok(code) => code,
+        Err(e) => fail(e),
+    }
+}
+
+/// The labelled streams `haltctl calibrate` was given: a labels file or the built-in set.
+fn load_streams(
+    args: &CalibrateArgs,
+) -> Result<
+    (
+        Vec<haltd::calibrate::LabelledStream>,
+        Vec<haltd::calibrate::Skipped>,
+    ),
+    String,
+> {
+    match (&args.labels, args.builtin_set) {
+        (Some(path), _) => {
+            let file = std::fs::File::open(path)
+                .map_err(|e| format!("opening {}: {e}", path.display()))?;
+            haltd::calibrate::read_labels(std::io::BufReader::new(file))
+                .map_err(|e| format!("{}: {e}", path.display()))
         }
+        (None, Some(n)) => Ok((
+            haltd::calibrate::builtin_labelled_set(n, args.seed),
+            Vec::new(),
+        )),
+        (None, None) => Err("give --labels FILE or --builtin-set N".to_owned()),
+    }
+}
+
+/// Prints the report and writes the threshold into `--config`: exit status 0, or 1 when there
+/// is no operating point (nothing written).
+fn finish_calibration(
+    args: &CalibrateArgs,
+    report: &haltd::calibrate::CalibrationReport,
+) -> Result<ExitCode, String> {
+    if args.json {
+        let j = serde_json::to_string_pretty(report)
+            .map_err(|e| format!("encoding the report: {e}"))?;
+        println!("{j}");
     } else {
         print!("{report}");
     }
@@ -210,19 +236,17 @@ fn calibrate(args: CalibrateArgs) -> ExitCode {
         if args.config.is_some() {
             eprintln!("haltctl calibrate: no operating point: the config file was not changed");
         }
-        return ExitCode::from(1);
+        return Ok(ExitCode::from(1));
     }
     if let Some(path) = &args.config {
-        if let Err(e) = cal::write_threshold(path, &report) {
-            return fail(e.to_string());
-        }
+        haltd::calibrate::write_threshold(path, report).map_err(|e| e.to_string())?;
         eprintln!(
             "haltctl calibrate: wrote [detectors.surprise] threshold_bits, window, statistic, \
              min_tokens to {}",
             path.display()
         );
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {

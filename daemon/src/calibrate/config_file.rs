@@ -6,7 +6,9 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{CalibrationReport, COMMENT_MARK};
+use toml_edit::{Decor, DocumentMut, Item, Table, TableLike, Value};
+
+use super::{CalibrationReport, OperatingPoint, COMMENT_MARK};
 
 /// Writing the threshold into the config file failed.
 #[derive(Debug, thiserror::Error)]
@@ -99,13 +101,39 @@ pub fn update_config_text(
     report: &CalibrationReport,
     date: &str,
 ) -> Result<String, UpdateError> {
-    use toml_edit::{DocumentMut, Item, Table, Value};
-
     let op = report
         .operating_point
         .as_ref()
         .ok_or(UpdateError::NoOperatingPoint)?;
     let mut doc: DocumentMut = existing.parse().map_err(UpdateError::Parse)?;
+    let surprise_item = surprise_table(&mut doc)?;
+    let inline = surprise_item.is_inline_table();
+    let surprise = surprise_item
+        .as_table_like_mut()
+        .ok_or(UpdateError::NotATable("detectors.surprise"))?;
+    set(surprise, "window", Value::from(report.window as i64));
+    set(
+        surprise,
+        "statistic",
+        Value::from(report.statistic.as_str()),
+    );
+    set(
+        surprise,
+        "min_tokens",
+        Value::from(report.min_tokens as i64),
+    );
+    set(surprise, "threshold_bits", Value::from(op.threshold_bits));
+    if !inline {
+        if let Some(mut key) = surprise.key_mut("threshold_bits") {
+            put_comment(key.leaf_decor_mut(), &calibration_comment(report, op, date));
+        }
+    }
+    Ok(doc.to_string())
+}
+
+/// The `[detectors.surprise]` item of `doc`, created (with an implicit `[detectors]`) when
+/// missing.
+fn surprise_table(doc: &mut DocumentMut) -> Result<&mut Item, UpdateError> {
     let root = doc.as_table_mut();
     if !root.contains_key("detectors") {
         let mut t = Table::new();
@@ -119,90 +147,74 @@ pub fn update_config_text(
     if !detectors.contains_key("surprise") {
         detectors.insert("surprise", Item::Table(Table::new()));
     }
-    let surprise_item = detectors
+    detectors
         .get_mut("surprise")
-        .ok_or(UpdateError::NotATable("detectors.surprise"))?;
-    let inline = surprise_item.is_inline_table();
-    let surprise = surprise_item
-        .as_table_like_mut()
-        .ok_or(UpdateError::NotATable("detectors.surprise"))?;
+        .ok_or(UpdateError::NotATable("detectors.surprise"))
+}
 
-    /// Replaces a value keeping its key's comments and its own decor (a trailing comment).
-    fn set(t: &mut dyn toml_edit::TableLike, key: &str, mut v: Value) {
-        if let Some((_, item)) = t.get_key_value_mut(key) {
-            if let Some(old) = item.as_value() {
-                *v.decor_mut() = old.decor().clone();
-            }
-            *item = Item::Value(v);
-        } else {
-            t.insert(key, Item::Value(v));
+/// Replaces a value keeping its key's comments and its own decor (a trailing comment).
+fn set(t: &mut dyn TableLike, key: &str, mut v: Value) {
+    if let Some((_, item)) = t.get_key_value_mut(key) {
+        if let Some(old) = item.as_value() {
+            *v.decor_mut() = old.decor().clone();
         }
+        *item = Item::Value(v);
+    } else {
+        t.insert(key, Item::Value(v));
     }
-    set(surprise, "window", Value::from(report.window as i64));
-    set(
-        surprise,
-        "statistic",
-        Value::from(report.statistic.as_str()),
-    );
-    set(
-        surprise,
-        "min_tokens",
-        Value::from(report.min_tokens as i64),
-    );
-    set(surprise, "threshold_bits", Value::from(op.threshold_bits));
+}
 
-    if !inline {
-        let ci = report
-            .auroc_ci
-            .as_ref()
-            .map(|ci| {
-                format!(
-                    " ({:.0}% CI {:.3}-{:.3})",
-                    ci.level * 100.0,
-                    ci.low,
-                    ci.high
-                )
-            })
-            .unwrap_or_default();
-        let comment = format!(
-            "{COMMENT_MARK} {date}: AUROC {:.3}{ci}; at this threshold precision {:.3}, recall \
-             {:.3}, FPR {:.3}; {} streams ({} positive), {} of {} tokens, min_tokens {}\n",
-            report.auroc,
-            op.precision,
-            op.recall,
-            op.fpr,
-            report.scored(),
-            report.positives,
-            report.statistic,
-            report.window,
-            report.min_tokens,
-        );
-        if let Some(mut key) = surprise.key_mut("threshold_bits") {
-            let decor = key.leaf_decor_mut();
-            let old = decor
-                .prefix()
-                .and_then(|p| p.as_str())
-                .unwrap_or("")
-                .to_owned();
-            // Keep every other line of the prefix (comments, blank lines); drop an earlier
-            // calibration comment.
-            let mut prefix: String = old
-                .split_inclusive('\n')
-                .filter(|l| !l.trim_start().starts_with(COMMENT_MARK))
-                .collect();
-            if !prefix.is_empty() && !prefix.ends_with('\n') {
-                // Indentation after the last newline belongs to the key line itself.
-                let cut = prefix.rfind('\n').map_or(0, |i| i + 1);
-                let indent = prefix.split_off(cut);
-                prefix.push_str(&comment);
-                prefix.push_str(&indent);
-            } else {
-                prefix.push_str(&comment);
-            }
-            decor.set_prefix(prefix);
-        }
+/// The comment line above `threshold_bits`: when and how well it was calibrated.
+fn calibration_comment(report: &CalibrationReport, op: &OperatingPoint, date: &str) -> String {
+    let ci = report
+        .auroc_ci
+        .as_ref()
+        .map(|ci| {
+            format!(
+                " ({:.0}% CI {:.3}-{:.3})",
+                ci.level * 100.0,
+                ci.low,
+                ci.high
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{COMMENT_MARK} {date}: AUROC {:.3}{ci}; at this threshold precision {:.3}, recall \
+         {:.3}, FPR {:.3}; {} streams ({} positive), {} of {} tokens, min_tokens {}\n",
+        report.auroc,
+        op.precision,
+        op.recall,
+        op.fpr,
+        report.scored(),
+        report.positives,
+        report.statistic,
+        report.window,
+        report.min_tokens,
+    )
+}
+
+/// Puts `comment` last in a key's prefix, keeping every other line of it (comments, blank
+/// lines) and dropping an earlier calibration comment.
+fn put_comment(decor: &mut Decor, comment: &str) {
+    let old = decor
+        .prefix()
+        .and_then(|p| p.as_str())
+        .unwrap_or("")
+        .to_owned();
+    let mut prefix: String = old
+        .split_inclusive('\n')
+        .filter(|l| !l.trim_start().starts_with(COMMENT_MARK))
+        .collect();
+    if !prefix.is_empty() && !prefix.ends_with('\n') {
+        // Indentation after the last newline belongs to the key line itself.
+        let cut = prefix.rfind('\n').map_or(0, |i| i + 1);
+        let indent = prefix.split_off(cut);
+        prefix.push_str(comment);
+        prefix.push_str(&indent);
+    } else {
+        prefix.push_str(comment);
     }
-    Ok(doc.to_string())
+    decor.set_prefix(prefix);
 }
 
 /// Today's date (UTC) as `YYYY-MM-DD`.

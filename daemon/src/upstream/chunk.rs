@@ -386,6 +386,16 @@ fn parse_chunk(endpoint: Endpoint, obj: &Map<String, Value>) -> Result<UpstreamC
         extra_choices: choices.len() > 1,
         ..UpstreamChunk::default()
     };
+    read_choice(endpoint, choice, &mut chunk)?;
+    Ok(chunk)
+}
+
+/// The text and logprobs of `choices[0]` (`delta` for chat, `text` for completions).
+fn read_choice(
+    endpoint: Endpoint,
+    choice: &Map<String, Value>,
+    chunk: &mut UpstreamChunk,
+) -> Result<(), ChunkError> {
     match endpoint {
         Endpoint::Chat => match choice.get("delta") {
             None | Some(Value::Null) => {}
@@ -414,7 +424,7 @@ fn parse_chunk(endpoint: Endpoint, obj: &Map<String, Value>) -> Result<UpstreamC
         Some(Value::Object(lp)) => completion_logprobs(lp)?,
         Some(_) => return Err(malformed("choices[0].logprobs is not an object")),
     };
-    Ok(chunk)
+    Ok(())
 }
 
 /// `logprobs.content[] = {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`.

@@ -159,6 +159,90 @@ fn printable(line: &[u8]) -> String {
     truncate_chars(&String::from_utf8_lossy(line), 40)
 }
 
+/// The headers of a response head that haltd acts on.
+#[derive(Default)]
+struct HeadFields {
+    content_type: Option<String>,
+    retry_after: Option<String>,
+    content_encoding: Option<String>,
+    content_length: Option<u64>,
+    /// Transfer codings other than `identity`, lower-cased, in order.
+    codings: Vec<String>,
+    has_te: bool,
+}
+
+impl HeadFields {
+    fn read(headers: &[httparse::Header<'_>]) -> Result<Self, ResponseError> {
+        let mut f = HeadFields::default();
+        for h in headers {
+            let name = h.name;
+            if name.eq_ignore_ascii_case("content-type") {
+                f.content_type.get_or_insert_with(|| header_text(h.value));
+            } else if name.eq_ignore_ascii_case("retry-after") {
+                f.retry_after.get_or_insert_with(|| header_text(h.value));
+            } else if name.eq_ignore_ascii_case("content-encoding") {
+                let v = header_text(h.value);
+                if !v.is_empty() && !v.eq_ignore_ascii_case("identity") {
+                    f.content_encoding.get_or_insert(v);
+                }
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                f.has_te = true;
+                let v = String::from_utf8_lossy(h.value);
+                f.codings.extend(
+                    v.split(',')
+                        .map(|c| c.trim().to_ascii_lowercase())
+                        .filter(|c| !c.is_empty() && c != "identity"),
+                );
+            } else if name.eq_ignore_ascii_case("content-length") {
+                f.add_content_length(h.value)?;
+            }
+        }
+        Ok(f)
+    }
+
+    /// One `content-length` header. A list of identical values ("10, 10") is allowed (RFC 9110
+    /// §8.6); different values, here or across headers, are an error.
+    fn add_content_length(&mut self, value: &[u8]) -> Result<(), ResponseError> {
+        for part in value.split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            let n = std::str::from_utf8(part)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| ResponseError::BadContentLength {
+                    value: printable(value),
+                })?;
+            if self.content_length.is_some_and(|prev| prev != n) {
+                return Err(ResponseError::ConflictingContentLength);
+            }
+            self.content_length = Some(n);
+        }
+        Ok(())
+    }
+
+    /// How the body of a response with `status` and these headers is delimited.
+    fn framing(&self, status: u16) -> Result<Framing, ResponseError> {
+        if matches!(status, 204 | 304) {
+            return Ok(Framing::NoBody);
+        }
+        if self.has_te {
+            if self.content_length.is_some() {
+                return Err(ResponseError::ConflictingFraming);
+            }
+            return match self.codings.as_slice() {
+                [] => Ok(Framing::Close),
+                [c] if c == "chunked" => Ok(Framing::Chunked),
+                _ => Err(ResponseError::UnsupportedTransferEncoding {
+                    value: truncate_chars(&self.codings.join(", "), 64),
+                }),
+            };
+        }
+        Ok(self
+            .content_length
+            .map_or(Framing::Close, Framing::ContentLength))
+    }
+}
+
 /// Parses a head; `Ok(None)` = incomplete. Returns the head and its length in bytes.
 fn parse_head(buf: &[u8], max_head: usize) -> Result<Option<(ResponseHead, usize)>, ResponseError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
@@ -186,69 +270,14 @@ fn parse_head(buf: &[u8], max_head: usize) -> Result<Option<(ResponseHead, usize
         return Err(ResponseError::HeadTooLarge { limit: max_head });
     }
     let status = resp.code.unwrap_or_default();
-    let mut content_type = None;
-    let mut retry_after = None;
-    let mut content_encoding = None;
-    let mut content_length: Option<u64> = None;
-    let mut codings: Vec<String> = Vec::new();
-    let mut has_te = false;
-    for h in resp.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-type") {
-            content_type.get_or_insert_with(|| header_text(h.value));
-        } else if name.eq_ignore_ascii_case("retry-after") {
-            retry_after.get_or_insert_with(|| header_text(h.value));
-        } else if name.eq_ignore_ascii_case("content-encoding") {
-            let v = header_text(h.value);
-            if !v.is_empty() && !v.eq_ignore_ascii_case("identity") {
-                content_encoding.get_or_insert(v);
-            }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            has_te = true;
-            let v = String::from_utf8_lossy(h.value);
-            codings.extend(
-                v.split(',')
-                    .map(|c| c.trim().to_ascii_lowercase())
-                    .filter(|c| !c.is_empty() && c != "identity"),
-            );
-        } else if name.eq_ignore_ascii_case("content-length") {
-            // A list of identical values ("10, 10") is allowed (RFC 9110 §8.6).
-            for part in h.value.split(|&b| b == b',') {
-                let part = part.trim_ascii();
-                let n = std::str::from_utf8(part)
-                    .ok()
-                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| ResponseError::BadContentLength {
-                        value: printable(h.value),
-                    })?;
-                if content_length.is_some_and(|prev| prev != n) {
-                    return Err(ResponseError::ConflictingContentLength);
-                }
-                content_length = Some(n);
-            }
-        }
-    }
-    let framing = if matches!(status, 204 | 304) {
-        Framing::NoBody
-    } else if has_te {
-        if content_length.is_some() {
-            return Err(ResponseError::ConflictingFraming);
-        }
-        match codings.as_slice() {
-            [] => Framing::Close,
-            [c] if c == "chunked" => Framing::Chunked,
-            _ => {
-                return Err(ResponseError::UnsupportedTransferEncoding {
-                    value: truncate_chars(&codings.join(", "), 64),
-                })
-            }
-        }
-    } else if let Some(n) = content_length {
-        Framing::ContentLength(n)
-    } else {
-        Framing::Close
-    };
+    let fields = HeadFields::read(resp.headers)?;
+    let framing = fields.framing(status)?;
+    let HeadFields {
+        content_type,
+        retry_after,
+        content_encoding,
+        ..
+    } = fields;
     Ok(Some((
         ResponseHead {
             status,

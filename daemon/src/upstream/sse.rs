@@ -169,34 +169,40 @@ impl SseParser {
                 }
                 continue;
             }
-            let Ok(line) = std::str::from_utf8(&self.buf[start..end]) else {
-                let offset = self.base + start as u64;
-                return Err(self.fail(SseError::InvalidUtf8 { offset }));
-            };
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = match line.split_once(':') {
-                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-                None => (line, ""),
-            };
-            match field {
-                "data" => {
-                    self.data.push_str(value);
-                    self.data.push('\n');
-                }
-                "event" => self.event = Some(value.to_owned()),
-                "error" => match &mut self.error {
-                    Some(e) => {
-                        e.push('\n');
-                        e.push_str(value);
-                    }
-                    None => self.error = Some(value.to_owned()),
-                },
-                // `id`, `retry` and unknown fields.
-                _ => {}
-            }
+            self.field_line(start, end)?;
         }
+    }
+
+    /// One non-blank line `buf[start..end]` of an event: a comment, or a field to buffer.
+    fn field_line(&mut self, start: usize, end: usize) -> Result<(), SseError> {
+        let Ok(line) = std::str::from_utf8(&self.buf[start..end]) else {
+            let offset = self.base + start as u64;
+            return Err(self.fail(SseError::InvalidUtf8 { offset }));
+        };
+        if line.starts_with(':') {
+            return Ok(());
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match field {
+            "data" => {
+                self.data.push_str(value);
+                self.data.push('\n');
+            }
+            "event" => self.event = Some(value.to_owned()),
+            "error" => match &mut self.error {
+                Some(e) => {
+                    e.push('\n');
+                    e.push_str(value);
+                }
+                None => self.error = Some(value.to_owned()),
+            },
+            // `id`, `retry` and unknown fields.
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The blank-line step: the event if it has data (or an error field); buffers reset.

@@ -126,6 +126,67 @@ fn parse_port(s: &str) -> Result<u16, UrlError> {
     }
 }
 
+/// The host (lower-cased, or an IPv6 address without brackets) and port of an authority
+/// that has no userinfo and is not empty.
+fn parse_authority(authority: &str) -> Result<(String, u16), UrlError> {
+    if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err(UrlError::InvalidHost {
+                host: excerpt(authority),
+            });
+        };
+        let ip: Ipv6Addr = addr.parse().map_err(|_| UrlError::InvalidHost {
+            host: excerpt(authority),
+        })?;
+        let port = match after {
+            "" => DEFAULT_PORT,
+            _ => match after.strip_prefix(':') {
+                Some(p) => parse_port(p)?,
+                None => {
+                    return Err(UrlError::InvalidHost {
+                        host: excerpt(authority),
+                    })
+                }
+            },
+        };
+        Ok((ip.to_string(), port))
+    } else {
+        let (host, port) = match authority.split_once(':') {
+            Some((h, p)) => (h, parse_port(p)?),
+            None => (authority, DEFAULT_PORT),
+        };
+        if host.is_empty() {
+            return Err(UrlError::MissingHost);
+        }
+        if !valid_reg_name(host) {
+            return Err(UrlError::InvalidHost {
+                host: excerpt(host),
+            });
+        }
+        Ok((host.to_ascii_lowercase(), port))
+    }
+}
+
+/// The base path requests go under: `path` without trailing slashes and without a final
+/// `/v1`; an endpoint path is refused.
+fn base_path(path: &str) -> Result<String, UrlError> {
+    if !path.bytes().all(valid_path_byte) {
+        return Err(UrlError::InvalidPath {
+            path: excerpt(path),
+        });
+    }
+    let mut base = path.trim_end_matches('/');
+    if let Some(b) = base.strip_suffix("/v1") {
+        base = b.trim_end_matches('/');
+    }
+    if base.ends_with("/completions") || base.ends_with("/models") {
+        return Err(UrlError::EndpointPath {
+            path: excerpt(path),
+        });
+    }
+    Ok(base.to_owned())
+}
+
 impl UpstreamUrl {
     /// Parses `http://host[:port][/prefix]`; see the module doc for what is refused.
     pub fn parse(input: &str) -> Result<Self, UrlError> {
@@ -161,60 +222,12 @@ impl UpstreamUrl {
         if authority.is_empty() {
             return Err(UrlError::MissingHost);
         }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let Some((addr, after)) = v6.split_once(']') else {
-                return Err(UrlError::InvalidHost {
-                    host: excerpt(authority),
-                });
-            };
-            let ip: Ipv6Addr = addr.parse().map_err(|_| UrlError::InvalidHost {
-                host: excerpt(authority),
-            })?;
-            let port = match after {
-                "" => DEFAULT_PORT,
-                _ => match after.strip_prefix(':') {
-                    Some(p) => parse_port(p)?,
-                    None => {
-                        return Err(UrlError::InvalidHost {
-                            host: excerpt(authority),
-                        })
-                    }
-                },
-            };
-            (ip.to_string(), port)
-        } else {
-            let (host, port) = match authority.split_once(':') {
-                Some((h, p)) => (h, parse_port(p)?),
-                None => (authority, DEFAULT_PORT),
-            };
-            if host.is_empty() {
-                return Err(UrlError::MissingHost);
-            }
-            if !valid_reg_name(host) {
-                return Err(UrlError::InvalidHost {
-                    host: excerpt(host),
-                });
-            }
-            (host.to_ascii_lowercase(), port)
-        };
-        if !path.bytes().all(valid_path_byte) {
-            return Err(UrlError::InvalidPath {
-                path: excerpt(path),
-            });
-        }
-        let mut base = path.trim_end_matches('/');
-        if let Some(b) = base.strip_suffix("/v1") {
-            base = b.trim_end_matches('/');
-        }
-        if base.ends_with("/completions") || base.ends_with("/models") {
-            return Err(UrlError::EndpointPath {
-                path: excerpt(path),
-            });
-        }
+        let (host, port) = parse_authority(authority)?;
+        let base_path = base_path(path)?;
         Ok(UpstreamUrl {
             host,
             port,
-            base_path: base.to_owned(),
+            base_path,
             addrs: Vec::new(),
         })
     }

@@ -130,83 +130,17 @@ impl ExfilRules {
     /// Compiles the built-in rules (less `disabled_rules`) and the user patterns. A bad user
     /// pattern gives [`ExfilError::Pattern`] naming it and saying why.
     pub fn new(cfg: &ExfilConfig) -> Result<Self, ExfilError> {
-        let bits = cfg.entropy_min_bits_per_char;
-        if !(0.0..=8.0).contains(&bits) {
-            return Err(ExfilError::Config(format!(
-                "entropy_min_bits_per_char must be in 0..=8, got {bits}"
-            )));
-        }
-        if !(1..=VALUE_MAX).contains(&cfg.entropy_min_len) {
-            return Err(ExfilError::Config(format!(
-                "entropy_min_len must be in 1..={VALUE_MAX}, got {}",
-                cfg.entropy_min_len
-            )));
-        }
-        let builtins = builtin_rules(cfg);
-        for name in &cfg.disabled_rules {
-            if !builtins.iter().any(|(n, _, _)| n == name) {
-                return Err(ExfilError::Config(format!(
-                    "disabled_rules: unknown rule {name:?}"
-                )));
-            }
-        }
+        check_config(cfg)?;
+        let mut set = RuleSet::default();
+        set.add_builtins(cfg)?;
+        set.add_user_patterns(cfg)?;
+        let RuleSet {
+            patterns,
+            rules,
+            max_match_len,
+        } = set;
         let bound = cfg.max_holdback_bytes;
-        let mut patterns: Vec<String> = Vec::new();
-        let mut rules: Vec<Rule> = Vec::new();
-        let mut max_match_len = 0;
-        for (name, pattern, checked) in builtins {
-            if cfg.disabled_rules.iter().any(|d| d == name) {
-                continue;
-            }
-            let (_, max) = match_len_bounds(&pattern)
-                .map_err(|e| ExfilError::Config(format!("built-in rule {name}: {e}")))?;
-            if max > bound {
-                return Err(ExfilError::Config(format!(
-                    "max_holdback_bytes {bound} is below the longest match of built-in rule \
-                     {name} ({max} bytes); raise it or disable the rule"
-                )));
-            }
-            max_match_len = max_match_len.max(max);
-            let check = if checked {
-                let re = meta::Regex::new(&format!("(?:{pattern})$"))
-                    .map_err(|e| ExfilError::Config(format!("built-in rule {name}: {e}")))?;
-                Check::Value(Box::new(re))
-            } else {
-                Check::Plain
-            };
-            rules.push(Rule {
-                name: name.to_owned(),
-                check,
-            });
-            patterns.push(pattern);
-        }
-        for (index, pattern) in cfg.extra_patterns.iter().enumerate() {
-            let bad = |reason: String| ExfilError::Pattern {
-                index,
-                pattern: pattern.clone(),
-                reason,
-            };
-            let (_, max) = match_len_bounds(pattern).map_err(bad)?;
-            if max > bound {
-                return Err(bad(format!(
-                    "can match up to {max} bytes, more than max_holdback_bytes ({bound})"
-                )));
-            }
-            // Alone first, so that a DFA-specific problem (Unicode \b, size) names the pattern.
-            dfa_builder().build(pattern).map_err(|e| {
-                let mut reason = e.to_string();
-                if reason.contains("Unicode word boundar") {
-                    reason.push_str(" (write (?-u:\\b) for an ASCII word boundary)");
-                }
-                bad(reason)
-            })?;
-            max_match_len = max_match_len.max(max);
-            rules.push(Rule {
-                name: format!("custom[{index}]"),
-                check: Check::Plain,
-            });
-            patterns.push(pattern.clone());
-        }
+        let bits = cfg.entropy_min_bits_per_char;
         if patterns.is_empty() {
             return Err(ExfilError::Config(
                 "no rules left (every built-in disabled and no extra_patterns)".to_owned(),
@@ -327,6 +261,107 @@ impl ExfilRules {
             return true;
         };
         value_is_secret(&hay[span.range()], self.entropy_min_bits)
+    }
+}
+
+/// The numeric settings of an [`ExfilConfig`], checked before any rule is compiled.
+fn check_config(cfg: &ExfilConfig) -> Result<(), ExfilError> {
+    let bits = cfg.entropy_min_bits_per_char;
+    if !(0.0..=8.0).contains(&bits) {
+        return Err(ExfilError::Config(format!(
+            "entropy_min_bits_per_char must be in 0..=8, got {bits}"
+        )));
+    }
+    if !(1..=VALUE_MAX).contains(&cfg.entropy_min_len) {
+        return Err(ExfilError::Config(format!(
+            "entropy_min_len must be in 1..={VALUE_MAX}, got {}",
+            cfg.entropy_min_len
+        )));
+    }
+    Ok(())
+}
+
+/// The rules being gathered by [`ExfilRules::new`]: patterns and rules in pattern order, and
+/// the longest match of any.
+#[derive(Default)]
+struct RuleSet {
+    patterns: Vec<String>,
+    rules: Vec<Rule>,
+    max_match_len: usize,
+}
+
+impl RuleSet {
+    /// The built-in rules, less `disabled_rules` (each of which must name one).
+    fn add_builtins(&mut self, cfg: &ExfilConfig) -> Result<(), ExfilError> {
+        let builtins = builtin_rules(cfg);
+        for name in &cfg.disabled_rules {
+            if !builtins.iter().any(|(n, _, _)| n == name) {
+                return Err(ExfilError::Config(format!(
+                    "disabled_rules: unknown rule {name:?}"
+                )));
+            }
+        }
+        let bound = cfg.max_holdback_bytes;
+        for (name, pattern, checked) in builtins {
+            if cfg.disabled_rules.iter().any(|d| d == name) {
+                continue;
+            }
+            let (_, max) = match_len_bounds(&pattern)
+                .map_err(|e| ExfilError::Config(format!("built-in rule {name}: {e}")))?;
+            if max > bound {
+                return Err(ExfilError::Config(format!(
+                    "max_holdback_bytes {bound} is below the longest match of built-in rule \
+                     {name} ({max} bytes); raise it or disable the rule"
+                )));
+            }
+            self.max_match_len = self.max_match_len.max(max);
+            let check = if checked {
+                let re = meta::Regex::new(&format!("(?:{pattern})$"))
+                    .map_err(|e| ExfilError::Config(format!("built-in rule {name}: {e}")))?;
+                Check::Value(Box::new(re))
+            } else {
+                Check::Plain
+            };
+            self.rules.push(Rule {
+                name: name.to_owned(),
+                check,
+            });
+            self.patterns.push(pattern);
+        }
+        Ok(())
+    }
+
+    /// `extra_patterns`, each named `custom[i]`; a bad one is [`ExfilError::Pattern`].
+    fn add_user_patterns(&mut self, cfg: &ExfilConfig) -> Result<(), ExfilError> {
+        let bound = cfg.max_holdback_bytes;
+        for (index, pattern) in cfg.extra_patterns.iter().enumerate() {
+            let bad = |reason: String| ExfilError::Pattern {
+                index,
+                pattern: pattern.clone(),
+                reason,
+            };
+            let (_, max) = match_len_bounds(pattern).map_err(bad)?;
+            if max > bound {
+                return Err(bad(format!(
+                    "can match up to {max} bytes, more than max_holdback_bytes ({bound})"
+                )));
+            }
+            // Alone first, so that a DFA-specific problem (Unicode \b, size) names the pattern.
+            dfa_builder().build(pattern).map_err(|e| {
+                let mut reason = e.to_string();
+                if reason.contains("Unicode word boundar") {
+                    reason.push_str(" (write (?-u:\\b) for an ASCII word boundary)");
+                }
+                bad(reason)
+            })?;
+            self.max_match_len = self.max_match_len.max(max);
+            self.rules.push(Rule {
+                name: format!("custom[{index}]"),
+                check: Check::Plain,
+            });
+            self.patterns.push(pattern.clone());
+        }
+        Ok(())
     }
 }
 
