@@ -593,11 +593,18 @@ mod tests {
         assert_eq!(e.message, "n must be a non-negative integer");
     }
 
+    /// Each case is refused with 400, `invalid_request_error` and exactly this message.
+    fn assert_refusals(cases: Vec<(Endpoint, String, &str)>) {
+        for (ep, body, msg) in cases {
+            let e = refuse(ep, &body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.kind, "invalid_request_error");
+            assert_eq!(e.message, msg, "{body}");
+        }
+    }
+
     #[test]
     fn type_errors_name_the_field() {
-        let chat = |extra: &str| {
-            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#)
-        };
         let cases: Vec<(Endpoint, String, &str)> = vec![
             (
                 Endpoint::Chat,
@@ -644,6 +651,16 @@ mod tests {
                 r#"{"model":"m","messages":[{},"x"]}"#.into(),
                 "messages[1] must be an object",
             ),
+        ];
+        assert_refusals(cases);
+    }
+
+    #[test]
+    fn option_type_errors_name_the_field() {
+        let chat = |extra: &str| {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#)
+        };
+        let cases: Vec<(Endpoint, String, &str)> = vec![
             (
                 Endpoint::Chat,
                 chat(r#","stream":"yes""#),
@@ -695,12 +712,7 @@ mod tests {
                 "logprobs must be an integer from 0 to 5 for completions",
             ),
         ];
-        for (ep, body, msg) in cases {
-            let e = refuse(ep, &body);
-            assert_eq!(e.status, 400, "{body}");
-            assert_eq!(e.kind, "invalid_request_error");
-            assert_eq!(e.message, msg, "{body}");
-        }
+        assert_refusals(cases);
     }
 
     #[test]

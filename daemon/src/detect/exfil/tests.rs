@@ -746,10 +746,8 @@ fn holdback_distribution_on_corpus() {
     );
 }
 
-#[test]
-#[ignore = "measurement: prints the push cost per token (run in release mode)"]
-fn push_cost_per_token() {
-    use std::time::Instant;
+/// The texts `push_cost_per_token` measures, each cut into tokens.
+fn cost_cases() -> Vec<(&'static str, Vec<String>)> {
     let secrets = "password=Xk9#mP2vR7qL4wZ8tN3s and AKIAIOSFODNN7EXAMPLE and eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc ";
     let fixed = |text: &str, n: usize| -> Vec<String> {
         text.as_bytes()
@@ -757,7 +755,7 @@ fn push_cost_per_token() {
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect()
     };
-    let cases: Vec<(&str, Vec<String>)> = vec![
+    vec![
         (
             "corpus.txt, words",
             words(CORPUS).into_iter().map(str::to_owned).collect(),
@@ -792,41 +790,54 @@ fn push_cost_per_token() {
                 .map(str::to_owned)
                 .collect(),
         ),
-    ];
-    for (name, toks) in &cases {
-        let mut sc = ExfilScanner::new(Arc::clone(&RULES));
-        let rounds = 300;
-        // Mean per token without per-token timers: the median over rounds of the round's
-        // time / tokens (the median, so that a preempted round does not count).
-        let mut per_round = Vec::with_capacity(rounds);
-        for _ in 0..rounds {
-            let t0 = Instant::now();
-            sc.reset();
-            for t in toks {
-                std::hint::black_box(sc.push(t));
-            }
-            std::hint::black_box(sc.finish());
-            per_round.push(t0.elapsed().as_nanos() as usize / toks.len());
+    ]
+}
+
+/// Times pushing `toks` through a scanner: the mean per token, and the distribution of
+/// single pushes.
+fn print_push_cost(name: &str, toks: &[String]) {
+    use std::time::Instant;
+    let mut sc = ExfilScanner::new(Arc::clone(&RULES));
+    let rounds = 300;
+    // Mean per token without per-token timers: the median over rounds of the round's
+    // time / tokens (the median, so that a preempted round does not count).
+    let mut per_round = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        sc.reset();
+        for t in toks {
+            std::hint::black_box(sc.push(t));
         }
-        let (mean, _, _) = percentiles(per_round);
-        // Distribution, timing each push (includes ~20-40 ns of timer overhead).
-        let mut samples = Vec::with_capacity(rounds * toks.len());
-        for _ in 0..rounds {
-            sc.reset();
-            for t in toks {
-                let s = Instant::now();
-                std::hint::black_box(sc.push(t));
-                samples.push(s.elapsed().as_nanos() as usize);
-            }
-            std::hint::black_box(sc.finish());
+        std::hint::black_box(sc.finish());
+        per_round.push(t0.elapsed().as_nanos() as usize / toks.len());
+    }
+    let (mean, _, _) = percentiles(per_round);
+    // Distribution, timing each push (includes ~20-40 ns of timer overhead).
+    let mut samples = Vec::with_capacity(rounds * toks.len());
+    for _ in 0..rounds {
+        sc.reset();
+        for t in toks {
+            let s = Instant::now();
+            std::hint::black_box(sc.push(t));
+            samples.push(s.elapsed().as_nanos() as usize);
         }
-        let (p50, p99, _) = percentiles(samples.clone());
-        samples.sort_unstable();
-        let p999 = samples[(samples.len() - 1) * 999 / 1000];
-        println!(
-                "exfil push cost, {name} ({} tokens x {rounds}): mean {mean} ns/token; timed per push p50={p50} ns p99={p99} ns p99.9={p999} ns",
-                toks.len()
-            );
+        std::hint::black_box(sc.finish());
+    }
+    let (p50, p99, _) = percentiles(samples.clone());
+    samples.sort_unstable();
+    let p999 = samples[(samples.len() - 1) * 999 / 1000];
+    println!(
+            "exfil push cost, {name} ({} tokens x {rounds}): mean {mean} ns/token; timed per push p50={p50} ns p99={p99} ns p99.9={p999} ns",
+            toks.len()
+        );
+}
+
+#[test]
+#[ignore = "measurement: prints the push cost per token (run in release mode)"]
+fn push_cost_per_token() {
+    use std::time::Instant;
+    for (name, toks) in &cost_cases() {
+        print_push_cost(name, toks);
     }
     let t0 = Instant::now();
     for _ in 0..10_000 {

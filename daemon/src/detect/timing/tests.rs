@@ -146,7 +146,11 @@ fn latency_config_defaults_serde_and_validation() {
     let back: LatencyAnomalyConfig =
         serde_json::from_value(serde_json::to_value(&d).expect("valid")).expect("valid");
     assert_eq!(back, d);
+}
 
+#[test]
+fn latency_config_validation_names_the_key() {
+    let d = LatencyAnomalyConfig::default();
     let bad = |c: LatencyAnomalyConfig| c.validate().expect_err("invalid").key;
     assert_eq!(
         bad(LatencyAnomalyConfig { k: -1.0, ..d }),
@@ -645,9 +649,9 @@ fn latency_bucket_edges() {
     }
 }
 
-#[test]
-fn fhr_timing_fields() {
-    let summary = |rts_mode, tig_breach| TimingSummary {
+/// A latency summary of a three-token turn, for `fhr_timing_fields`.
+fn timing_summary(rts_mode: RtsMode, tig_breach: bool) -> TimingSummary {
+    TimingSummary {
         rts_mode,
         latency_bucket: Some("le_10ms"),
         tig_breach,
@@ -668,8 +672,12 @@ fn fhr_timing_fields() {
         breaches: 0,
         first_breach_index: None,
         baseline: BaselineSnapshot::default(),
-    };
-    let budget = |breached| BudgetSummary {
+    }
+}
+
+/// A budget summary of a two-token turn, breached or not, for `fhr_timing_fields`.
+fn budget_summary(breached: bool) -> BudgetSummary {
+    BudgetSummary {
         max_tokens: 1,
         max_wall_ms: 0,
         tokens: 2,
@@ -677,11 +685,15 @@ fn fhr_timing_fields() {
         breached,
         breach_limit: breached.then_some(BudgetLimit::Tokens),
         breach_token_index: breached.then_some(1),
-    };
-    let normal = summary(RtsMode::Normal, false);
-    let warming = summary(RtsMode::WarmingUp, false);
-    let breach = summary(RtsMode::Breach, true);
-    let f = fhr_timing(Some(&normal), Some(&budget(false)));
+    }
+}
+
+#[test]
+fn fhr_timing_fields() {
+    let normal = timing_summary(RtsMode::Normal, false);
+    let warming = timing_summary(RtsMode::WarmingUp, false);
+    let breach = timing_summary(RtsMode::Breach, true);
+    let f = fhr_timing(Some(&normal), Some(&budget_summary(false)));
     assert_eq!(
         f,
         FhrTiming {
@@ -696,18 +708,18 @@ fn fhr_timing_fields() {
     );
     let f = fhr_timing(Some(&breach), None);
     assert_eq!((f.rts_mode, f.tig_breach), (RtsMode::Breach, true));
-    let f = fhr_timing(Some(&normal), Some(&budget(true)));
+    let f = fhr_timing(Some(&normal), Some(&budget_summary(true)));
     assert_eq!((f.rts_mode, f.tig_breach), (RtsMode::Breach, true));
     let f = fhr_timing(None, None);
     assert_eq!(
         (f.rts_mode, f.tig_breach, f.latency_bucket),
         (RtsMode::Off, false, None)
     );
-    let f = fhr_timing(None, Some(&budget(true)));
+    let f = fhr_timing(None, Some(&budget_summary(true)));
     assert_eq!((f.rts_mode, f.tig_breach), (RtsMode::Breach, true));
     // The same from the serialised summaries.
     let json = |s: &TimingSummary| serde_json::to_value(s).expect("valid");
-    let bjson = |b: bool| serde_json::to_value(budget(b)).expect("valid");
+    let bjson = |b: bool| serde_json::to_value(budget_summary(b)).expect("valid");
     for (l, b) in [
         (Some(&normal), Some(false)),
         (Some(&warming), None),
@@ -719,7 +731,7 @@ fn fhr_timing_fields() {
         let from_json = fhr_timing_from_json(l.map(json).as_ref(), b.map(bjson).as_ref());
         assert_eq!(
             from_json,
-            fhr_timing(l, b.map(budget).as_ref()),
+            fhr_timing(l, b.map(budget_summary).as_ref()),
             "{l:?} {b:?}"
         );
     }
