@@ -23,6 +23,8 @@ const BENCHES: &[(&str, &str)] = &[
     // them).
     ("haltd-tests", "bench-proxy-overhead"),
     ("haltd-tests", "bench-detectors"),
+    // Issue 11: haltd's CPU with nothing open and 8,192 slots.
+    ("haltd-tests", "bench-idle-cpu"),
 ];
 
 #[derive(Debug, Args)]
