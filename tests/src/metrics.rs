@@ -66,119 +66,158 @@ fn parse_value(s: &str) -> Result<f64> {
     }
 }
 
+/// The state of [`Metrics::parse`] between lines.
+struct Parser {
+    m: Metrics,
+    seen_series: BTreeSet<String>,
+    eof: bool,
+    /// Families whose lines have ended: none of theirs may follow.
+    finished: BTreeSet<String>,
+    /// The family whose lines are being read.
+    current: Option<String>,
+}
+
+impl Parser {
+    /// Lines of `family` start or go on here; the family before it is finished.
+    fn enter(&mut self, family: &str) {
+        if self.current.as_deref() != Some(family) {
+            if let Some(prev) = self.current.replace(family.to_owned()) {
+                self.finished.insert(prev);
+            }
+        }
+    }
+
+    /// A `#` line (`rest` is what follows the `#`): `# EOF`, `TYPE`, `HELP`, `UNIT` or (not in
+    /// OpenMetrics) any other comment.
+    fn comment(&mut self, ln: usize, line: &str, rest: &str) -> Result<()> {
+        if rest == " EOF" {
+            self.eof = true;
+            return Ok(());
+        }
+        let mut parts = rest.trim_start().splitn(3, ' ');
+        let keyword = parts.next().unwrap_or_default();
+        if !matches!(keyword, "TYPE" | "HELP" | "UNIT") {
+            ensure!(
+                !self.m.openmetrics,
+                "line {ln}: unknown comment in OpenMetrics: {line:?}"
+            );
+            return Ok(());
+        }
+        let name = parts
+            .next()
+            .with_context(|| format!("line {ln}: {keyword} without a name"))?;
+        ensure!(
+            valid_metric_name(name),
+            "line {ln}: bad metric name {name:?}"
+        );
+        let arg = parts.next().unwrap_or_default();
+        ensure!(
+            !self.finished.contains(name),
+            "line {ln}: metadata for {name} after its samples ended"
+        );
+        self.enter(name);
+        let fam = self.m.families.entry(name.to_owned()).or_default();
+        metadata(fam, ln, keyword, name, arg)
+    }
+
+    /// A sample line.
+    fn sample(&mut self, ln: usize, line: &str) -> Result<()> {
+        let sample = parse_sample(line).with_context(|| format!("line {ln}: {line:?}"))?;
+        let family = self.m.family_of(&sample.name).with_context(|| {
+            format!("line {ln}: sample {} has no # TYPE before it", sample.name)
+        })?;
+        ensure!(
+            !self.finished.contains(&family),
+            "line {ln}: samples of {family} are not contiguous"
+        );
+        self.enter(&family);
+        let key = format!("{}{:?}", sample.name, sample.labels);
+        ensure!(
+            self.seen_series.insert(key),
+            "line {ln}: duplicate series {} {:?}",
+            sample.name,
+            sample.labels
+        );
+        self.m
+            .families
+            .get_mut(&family)
+            .context("family exists")?
+            .samples
+            .push(sample);
+        Ok(())
+    }
+}
+
+/// One `TYPE`, `HELP` or `UNIT` line of family `name`.
+fn metadata(fam: &mut Family, ln: usize, keyword: &str, name: &str, arg: &str) -> Result<()> {
+    match keyword {
+        "TYPE" => {
+            ensure!(fam.kind.is_empty(), "line {ln}: second TYPE for {name}");
+            ensure!(
+                fam.samples.is_empty(),
+                "line {ln}: TYPE for {name} after its samples"
+            );
+            let known = [
+                "counter",
+                "gauge",
+                "histogram",
+                "summary",
+                "untyped",
+                "unknown",
+                "gaugehistogram",
+                "info",
+                "stateset",
+            ];
+            ensure!(known.contains(&arg), "line {ln}: unknown type {arg:?}");
+            fam.kind = arg.to_owned();
+        }
+        "HELP" => {
+            ensure!(fam.help.is_none(), "line {ln}: second HELP for {name}");
+            fam.help = Some(arg.to_owned());
+        }
+        _ => {
+            ensure!(
+                name.ends_with(&format!("_{arg}")),
+                "line {ln}: UNIT {arg} is not a suffix of {name}"
+            );
+            fam.unit = Some(arg.to_owned());
+        }
+    }
+    Ok(())
+}
+
 impl Metrics {
     /// Parses an exposition; `content_type` decides whether OpenMetrics rules apply.
     pub fn parse(text: &str, content_type: &str) -> Result<Self> {
         let openmetrics = content_type.contains("application/openmetrics-text");
-        let mut m = Metrics {
-            openmetrics,
-            ..Metrics::default()
+        let mut p = Parser {
+            m: Metrics {
+                openmetrics,
+                ..Metrics::default()
+            },
+            seen_series: BTreeSet::new(),
+            eof: false,
+            finished: BTreeSet::new(),
+            current: None,
         };
-        let mut seen_series = BTreeSet::new();
-        let mut eof = false;
-        let mut finished: BTreeSet<String> = BTreeSet::new();
-        let mut current: Option<String> = None;
         for (i, line) in text.lines().enumerate() {
             let ln = i + 1;
-            ensure!(!eof, "line {ln}: content after # EOF");
+            ensure!(!p.eof, "line {ln}: content after # EOF");
             if line.is_empty() {
                 ensure!(!openmetrics, "line {ln}: empty line in OpenMetrics");
                 continue;
             }
             if let Some(rest) = line.strip_prefix('#') {
-                if rest == " EOF" {
-                    eof = true;
-                    continue;
-                }
-                let mut parts = rest.trim_start().splitn(3, ' ');
-                let keyword = parts.next().unwrap_or_default();
-                if !matches!(keyword, "TYPE" | "HELP" | "UNIT") {
-                    ensure!(
-                        !openmetrics,
-                        "line {ln}: unknown comment in OpenMetrics: {line:?}"
-                    );
-                    continue;
-                }
-                let name = parts
-                    .next()
-                    .with_context(|| format!("line {ln}: {keyword} without a name"))?;
-                ensure!(
-                    valid_metric_name(name),
-                    "line {ln}: bad metric name {name:?}"
-                );
-                let arg = parts.next().unwrap_or_default();
-                ensure!(
-                    !finished.contains(name),
-                    "line {ln}: metadata for {name} after its samples ended"
-                );
-                if current.as_deref() != Some(name) {
-                    if let Some(prev) = current.replace(name.to_owned()) {
-                        finished.insert(prev);
-                    }
-                }
-                let fam = m.families.entry(name.to_owned()).or_default();
-                match keyword {
-                    "TYPE" => {
-                        ensure!(fam.kind.is_empty(), "line {ln}: second TYPE for {name}");
-                        ensure!(
-                            fam.samples.is_empty(),
-                            "line {ln}: TYPE for {name} after its samples"
-                        );
-                        let known = [
-                            "counter",
-                            "gauge",
-                            "histogram",
-                            "summary",
-                            "untyped",
-                            "unknown",
-                            "gaugehistogram",
-                            "info",
-                            "stateset",
-                        ];
-                        ensure!(known.contains(&arg), "line {ln}: unknown type {arg:?}");
-                        fam.kind = arg.to_owned();
-                    }
-                    "HELP" => {
-                        ensure!(fam.help.is_none(), "line {ln}: second HELP for {name}");
-                        fam.help = Some(arg.to_owned());
-                    }
-                    _ => {
-                        ensure!(
-                            name.ends_with(&format!("_{arg}")),
-                            "line {ln}: UNIT {arg} is not a suffix of {name}"
-                        );
-                        fam.unit = Some(arg.to_owned());
-                    }
-                }
-                continue;
+                p.comment(ln, line, rest)?;
+            } else {
+                p.sample(ln, line)?;
             }
-            let sample = parse_sample(line).with_context(|| format!("line {ln}: {line:?}"))?;
-            let family = m.family_of(&sample.name).with_context(|| {
-                format!("line {ln}: sample {} has no # TYPE before it", sample.name)
-            })?;
-            ensure!(
-                !finished.contains(&family),
-                "line {ln}: samples of {family} are not contiguous"
-            );
-            if current.as_deref() != Some(family.as_str()) {
-                if let Some(prev) = current.replace(family.clone()) {
-                    finished.insert(prev);
-                }
-            }
-            let key = format!("{}{:?}", sample.name, sample.labels);
-            ensure!(
-                seen_series.insert(key),
-                "line {ln}: duplicate series {} {:?}",
-                sample.name,
-                sample.labels
-            );
-            m.families
-                .get_mut(&family)
-                .context("family exists")?
-                .samples
-                .push(sample);
         }
-        ensure!(!openmetrics || eof, "OpenMetrics exposition without # EOF");
+        let m = p.m;
+        ensure!(
+            !openmetrics || p.eof,
+            "OpenMetrics exposition without # EOF"
+        );
         for (name, fam) in &m.families {
             ensure!(
                 !fam.kind.is_empty() || !openmetrics,

@@ -241,6 +241,62 @@ impl StreamOutcome {
     }
 }
 
+impl StreamOutcome {
+    /// An outcome with the response head read and nothing of the body yet.
+    fn new(
+        status: u16,
+        stream_id: String,
+        content_type: Option<String>,
+        mode_header: Option<String>,
+        started: Instant,
+    ) -> Self {
+        StreamOutcome {
+            mode_header,
+            status,
+            stream_id,
+            content_type,
+            events: Vec::new(),
+            tokens: 0,
+            text: String::new(),
+            finish_reason: None,
+            final_content: None,
+            error: None,
+            done_at: None,
+            events_after_done: 0,
+            malformed: 0,
+            comments: Vec::new(),
+            read_error: None,
+            body: None,
+            started,
+            ended: started,
+        }
+    }
+
+    /// Counts one event into the totals (before it is stored).
+    fn count(&mut self, ev: &SseEvent) {
+        if self.done_at.is_some() {
+            self.events_after_done += 1;
+        }
+        match &ev.kind {
+            EventKind::Token(t) => {
+                self.tokens += 1;
+                self.text.push_str(t);
+            }
+            EventKind::Final {
+                finish_reason,
+                content,
+            } => {
+                self.finish_reason = Some(finish_reason.clone());
+                self.final_content.clone_from(content);
+            }
+            EventKind::Error(e) => self.error = Some(e.clone()),
+            EventKind::Done => self.done_at = self.done_at.or(Some(ev.at)),
+            EventKind::Other(_) => {}
+            EventKind::Malformed => self.malformed += 1,
+        }
+    }
+}
+
 /// POSTs `body` to `url` from the current thread's namespace and reads an SSE response
 /// incrementally, calling `on_event` for every event as it arrives.
 pub fn stream(
@@ -281,26 +337,13 @@ pub fn stream_with(
     let stream_id = header(&resp, "x-haltd-stream-id").unwrap_or_default();
     let content_type = header(&resp, "content-type");
     let mode_header = header(&resp, "x-haltd-mode");
-    let mut out = StreamOutcome {
-        mode_header,
+    let mut out = StreamOutcome::new(
         status,
         stream_id,
-        content_type: content_type.clone(),
-        events: Vec::new(),
-        tokens: 0,
-        text: String::new(),
-        finish_reason: None,
-        final_content: None,
-        error: None,
-        done_at: None,
-        events_after_done: 0,
-        malformed: 0,
-        comments: Vec::new(),
-        read_error: None,
-        body: None,
+        content_type.clone(),
+        mode_header,
         started,
-        ended: started,
-    };
+    );
     let mut reader = resp.into_body().into_reader();
     if !content_type.is_some_and(|ct| ct.starts_with("text/event-stream")) {
         let mut text = String::new();
@@ -330,26 +373,7 @@ pub fn stream_with(
                 kind,
                 at: Instant::now(),
             };
-            if out.done_at.is_some() {
-                out.events_after_done += 1;
-            }
-            match &ev.kind {
-                EventKind::Token(t) => {
-                    out.tokens += 1;
-                    out.text.push_str(t);
-                }
-                EventKind::Final {
-                    finish_reason,
-                    content,
-                } => {
-                    out.finish_reason = Some(finish_reason.clone());
-                    out.final_content.clone_from(content);
-                }
-                EventKind::Error(e) => out.error = Some(e.clone()),
-                EventKind::Done => out.done_at = out.done_at.or(Some(ev.at)),
-                EventKind::Other(_) => {}
-                EventKind::Malformed => out.malformed += 1,
-            }
+            out.count(&ev);
             on_event(
                 &Progress {
                     stream_id: &out.stream_id,

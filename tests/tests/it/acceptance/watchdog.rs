@@ -49,21 +49,7 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
     const BUDGET: u64 = 5;
     const CONCURRENT_TOKENS: u32 = 400;
     let pair = NetPair::new()?;
-    // Small socket buffers on both ends: a client that does not read blocks the emitter fast.
-    for (ns, key) in [
-        (&pair.cli, "net.ipv4.tcp_rmem"),
-        (&pair.srv, "net.ipv4.tcp_wmem"),
-    ] {
-        checked(Command::new("ip").args([
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-q",
-            "-w",
-            &format!("{key}=4096 4096 4096"),
-        ]))?;
-    }
+    small_socket_buffers(&pair)?;
     let haltd = Haltd::start(
         &pair,
         &[
@@ -95,9 +81,65 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
         )
     })?;
     let cli_port = silent.local_addr()?.port();
-    // Wait until its emitter is stuck: the submitted count stops moving.
+    let id = wait_blocked_emitter(&haltd)?;
+    println!("blocked emitter {}: stuck after {} tokens", id.0, id.1);
+
+    let (u, b) = (url.clone(), normal_body.clone());
+    let concurrent = spawn_in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(30), |_, _| {})
+    });
+    thread::sleep(Duration::from_millis(20));
+    let tripped_at = Instant::now();
+    let (status, trip) = haltd.trip(&id.0, None)?;
+    ensure!(status == 200, "trip answered {status}: {trip}");
+    let closed_after = time_to_close(&pair, cli_port, tripped_at)?;
+    let bound = Duration::from_millis(4 * GRACE_MS + 250);
+    println!(
+        "blocked emitter: haltd closed the connection {:.0} ms after the trip (bound {bound:?})",
+        closed_after.as_secs_f64() * 1e3
+    );
+    ensure!(
+        closed_after <= bound,
+        "closed {closed_after:?} after the trip, bound {bound:?}\n{}",
+        haltd.log_tail(30)
+    );
+
+    // Now the client reads: whatever was queued, then the end of the connection.
+    check_drained(&pair, silent, &trip, BUDGET)?;
+
+    let c = concurrent
+        .join()
+        .map_err(|_| anyhow!("concurrent client panicked"))??;
+    check_intact(&c, &reference)?;
+    check_recorded_as_watchdog(&haltd, &id.0)?;
+    stop_and_verify(haltd)?;
+    Ok(())
+}
+
+/// Small socket buffers on both ends: a client that does not read blocks the emitter fast.
+fn small_socket_buffers(pair: &NetPair) -> Result<()> {
+    for (ns, key) in [
+        (&pair.cli, "net.ipv4.tcp_rmem"),
+        (&pair.srv, "net.ipv4.tcp_wmem"),
+    ] {
+        checked(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-q",
+            "-w",
+            &format!("{key}=4096 4096 4096"),
+        ]))?;
+    }
+    Ok(())
+}
+
+/// Waits until the one open stream's emitter is stuck (its token count stops moving for
+/// 150 ms); returns its id and that count.
+fn wait_blocked_emitter(haltd: &Haltd) -> Result<(String, u64)> {
     let mut last = (u64::MAX, Instant::now());
-    let id = wait_for(
+    wait_for(
         Duration::from_secs(10),
         "the silent stream's emitter blocks",
         || {
@@ -117,19 +159,13 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
                 )
             }))
         },
-    )?;
-    println!("blocked emitter {}: stuck after {} tokens", id.0, id.1);
+    )
+}
 
-    let (u, b) = (url.clone(), normal_body.clone());
-    let concurrent = spawn_in_netns(&pair.cli, move || {
-        sse::stream(&u, &b, Duration::from_secs(30), |_, _| {})
-    });
-    thread::sleep(Duration::from_millis(20));
-    let tripped_at = Instant::now();
-    let (status, trip) = haltd.trip(&id.0, None)?;
-    ensure!(status == 200, "trip answered {status}: {trip}");
-    // Measured on the server's socket: how long until haltd's end is no longer ESTABLISHED.
-    let closed_after = in_netns(&pair.srv, move || -> Result<Duration> {
+/// How long after `tripped_at` haltd's end of the connection to the client port `cli_port`
+/// stopped being ESTABLISHED, measured on the server's socket.
+fn time_to_close(pair: &NetPair, cli_port: u16, tripped_at: Instant) -> Result<Duration> {
+    in_netns(&pair.srv, move || -> Result<Duration> {
         loop {
             let states = tcp_states_here(PORT_API, cli_port)?;
             if !states.contains(&TCP_ESTABLISHED) {
@@ -141,23 +177,13 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
             );
             thread::sleep(Duration::from_millis(2));
         }
-    })?;
-    let bound = Duration::from_millis(4 * GRACE_MS + 250);
-    println!(
-        "blocked emitter: haltd closed the connection {:.0} ms after the trip (bound {bound:?})",
-        closed_after.as_secs_f64() * 1e3
-    );
-    ensure!(
-        closed_after <= bound,
-        "closed {closed_after:?} after the trip, bound {bound:?}\n{}",
-        haltd.log_tail(30)
-    );
+    })
+}
 
-    // Now the client reads: whatever was queued, then the end of the connection.
-    let idx = trip["trip_token_index"]
-        .as_u64()
-        .context("trip_token_index")?;
-    let received = in_netns(&pair.cli, move || -> Result<(Vec<u8>, Duration)> {
+/// Reads what the silent client was sent: the head, then the body up to EOF, and how long
+/// that took.
+fn drain(pair: &NetPair, silent: std::net::TcpStream) -> Result<(Vec<u8>, Duration)> {
+    in_netns(&pair.cli, move || -> Result<(Vec<u8>, Duration)> {
         let t = Instant::now();
         let s = silent;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -166,7 +192,56 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
         let mut body = Vec::new();
         r.read_to_end(&mut body).context("reading to EOF")?;
         Ok((body, t.elapsed()))
+    })
+}
+
+/// The concurrent stream was served whole, as the reference run.
+fn check_intact(
+    c: &haltd_tests::StreamOutcome,
+    reference: &haltd_tests::StreamOutcome,
+) -> Result<()> {
+    ensure!(
+        c.text == reference.text
+            && c.tokens == reference.tokens
+            && c.done_at.is_some()
+            && c.error.is_none(),
+        "the concurrent stream was not intact: {} tokens, finish {:?}, error {:?}",
+        c.tokens,
+        c.finish_reason,
+        c.error
+    );
+    Ok(())
+}
+
+/// The watchdog halted the stream: its incident record says so and the metric counts it.
+fn check_recorded_as_watchdog(haltd: &Haltd, id: &str) -> Result<()> {
+    let incident = haltd.wait_record("incident of the blocked stream", |r| {
+        r["kind"] == "incident" && r["stream_id"] == id
     })?;
+    ensure!(incident["halted_by"] == "watchdog", "incident: {incident}");
+    wait_idle(haltd)?;
+    let halts = haltd
+        .metrics()?
+        .value("haltd_halts_total", &[("halted_by", "watchdog")])?;
+    ensure!(
+        halts >= 1.0,
+        "haltd_halts_total{{halted_by=\"watchdog\"}} = {halts}"
+    );
+    Ok(())
+}
+
+/// The silent client, reading at last, gets at most `budget` tokens past the trip index, then
+/// the end of the connection.
+fn check_drained(
+    pair: &NetPair,
+    silent: std::net::TcpStream,
+    trip: &serde_json::Value,
+    budget: u64,
+) -> Result<()> {
+    let idx = trip["trip_token_index"]
+        .as_u64()
+        .context("trip_token_index")?;
+    let received = drain(pair, silent)?;
     let events = sse_events(&received.0);
     let tokens = events
         .iter()
@@ -178,35 +253,8 @@ fn watchdog_halts_a_blocked_emitter() -> Result<()> {
         events.iter().rev().take(2).collect::<Vec<_>>()
     );
     ensure!(
-        tokens <= idx + BUDGET,
-        "{tokens} tokens reached the client, trip index {idx}, budget {BUDGET}"
+        tokens <= idx + budget,
+        "{tokens} tokens reached the client, trip index {idx}, budget {budget}"
     );
-
-    let c = concurrent
-        .join()
-        .map_err(|_| anyhow!("concurrent client panicked"))??;
-    ensure!(
-        c.text == reference.text
-            && c.tokens == reference.tokens
-            && c.done_at.is_some()
-            && c.error.is_none(),
-        "the concurrent stream was not intact: {} tokens, finish {:?}, error {:?}",
-        c.tokens,
-        c.finish_reason,
-        c.error
-    );
-    let incident = haltd.wait_record("incident of the blocked stream", |r| {
-        r["kind"] == "incident" && r["stream_id"] == id.0.as_str()
-    })?;
-    ensure!(incident["halted_by"] == "watchdog", "incident: {incident}");
-    wait_idle(&haltd)?;
-    let halts = haltd
-        .metrics()?
-        .value("haltd_halts_total", &[("halted_by", "watchdog")])?;
-    ensure!(
-        halts >= 1.0,
-        "haltd_halts_total{{halted_by=\"watchdog\"}} = {halts}"
-    );
-    stop_and_verify(haltd)?;
     Ok(())
 }
