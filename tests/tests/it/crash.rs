@@ -60,10 +60,35 @@ fn ms(d: Duration) -> f64 {
 
 fn panic_fails_closed(thread: &str) -> Result<()> {
     let pair = NetPair::new()?;
+    let mut first = start_with_panic_fault(&pair, thread)?;
+    let pid = first.pid().context("haltd pid")?;
+    // One clock for both ends: the crash line's wall-clock time against the clients' Instants.
+    let anchor = (Instant::now(), SystemTime::now());
+    let outcomes = run_clients(&first)?;
+    let status = first.wait_exit(Duration::from_secs(5))?;
+    // (c) the documented exit status, not a signal.
+    check_exit(&first, status)?;
+    // (d) the crash file, one line for this panic.
+    let (crash, crash_file) = read_crash_line(&first, pid, thread)?;
+    let crashed_thread = crash["thread"].as_str().unwrap_or_default();
+    let panic_ns = crash["unix_ns"].as_u64().context("unix_ns")?;
+    let panic_wall = UNIX_EPOCH + Duration::from_nanos(panic_ns);
+
+    // (a) every connection closed soon after the panic; (b) at most N + B tokens each.
+    let closes = closes(&outcomes, anchor, panic_wall);
+    report_closes(crashed_thread, status, &closes);
+    check_closes(&outcomes, &closes)?;
+
+    // (e) the next haltd on this ledger records the crash once and keeps the chain.
+    check_recovery(&pair, &first, &crash_file, &crash)
+}
+
+/// haltd with `--fault panic-after-tokens=N,thread=THREAD`.
+fn start_with_panic_fault(pair: &NetPair, thread: &str) -> Result<Haltd> {
     let fault = format!("panic-after-tokens={N},thread={thread}");
     let interval = TOKEN_INTERVAL_US.to_string();
-    let mut first = Haltd::start(
-        &pair,
+    Haltd::start(
+        pair,
         &[
             "--budget",
             &BUDGET.to_string(),
@@ -74,10 +99,11 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
             "--fault",
             &fault,
         ],
-    )?;
-    let pid = first.pid().context("haltd pid")?;
-    // One clock for both ends: the crash line's wall-clock time against the clients' Instants.
-    let anchor = (Instant::now(), SystemTime::now());
+    )
+}
+
+/// STREAMS long streams started together, each read until haltd's end closes it.
+fn run_clients(first: &Haltd) -> Result<Vec<StreamOutcome>> {
     let start = Arc::new(Barrier::new(STREAMS));
     let clients: Vec<_> = (0..STREAMS)
         .map(|i| {
@@ -89,14 +115,15 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
             })
         })
         .collect();
-    let outcomes: Vec<StreamOutcome> = clients
+    clients
         .into_iter()
         .map(|h| h.join().map_err(|_| anyhow!("client thread panicked"))?)
         .collect::<Result<_>>()
-        .with_context(|| first.log_tail(30))?;
-    let status = first.wait_exit(Duration::from_secs(5))?;
+        .with_context(|| first.log_tail(30))
+}
 
-    // (c) the documented exit status, not a signal.
+/// haltd ended with the documented exit status, not a signal, and said why on stderr.
+fn check_exit(first: &Haltd, status: std::process::ExitStatus) -> Result<()> {
     ensure!(
         status.code() == Some(haltd::crash::EXIT_CODE),
         "haltd ended with {status:?} (signal {:?}), expected exit {}\n{}",
@@ -109,7 +136,12 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
         "no crash line on stderr\n{}",
         first.log_tail(30)
     );
-    // (d) the crash file, one line for this panic.
+    Ok(())
+}
+
+/// The crash file holds one line for this panic, from `pid` and the faulted thread; returns
+/// the line and the file's path.
+fn read_crash_line(first: &Haltd, pid: u32, thread: &str) -> Result<(Value, std::path::PathBuf)> {
     let crash_file = haltd::crash::file_for(&first.ledger);
     let text = fs::read_to_string(&crash_file)
         .with_context(|| format!("reading the crash file {}", crash_file.display()))?;
@@ -134,11 +166,16 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
             .is_some_and(|m| m.starts_with("fault injection")),
         "{crash}"
     );
-    let panic_ns = crash["unix_ns"].as_u64().context("unix_ns")?;
-    let panic_wall = UNIX_EPOCH + Duration::from_nanos(panic_ns);
+    Ok((crash, crash_file))
+}
 
-    // (a) every connection closed soon after the panic; (b) at most N + B tokens each.
-    let closes: Vec<Close> = outcomes
+/// What each client saw around the crash.
+fn closes(
+    outcomes: &[StreamOutcome],
+    anchor: (Instant, SystemTime),
+    panic_wall: SystemTime,
+) -> Vec<Close> {
+    outcomes
         .iter()
         .map(|o| {
             let last = o.events.last().map_or(o.started, |e| e.at);
@@ -154,7 +191,10 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
                 read_error: o.read_error.clone(),
             }
         })
-        .collect();
+        .collect()
+}
+
+fn report_closes(crashed_thread: &str, status: std::process::ExitStatus, closes: &[Close]) {
     let worst_panic = closes
         .iter()
         .map(|c| c.after_panic_ms)
@@ -176,7 +216,11 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
             ))
             .collect::<Vec<_>>()
     );
-    for (o, c) in outcomes.iter().zip(&closes) {
+}
+
+/// (a) and (b) for every stream, and the fault fired where it should.
+fn check_closes(outcomes: &[StreamOutcome], closes: &[Close]) -> Result<()> {
+    for (o, c) in outcomes.iter().zip(closes) {
         ensure!(
             o.status == 200,
             "stream {}: status {}",
@@ -209,9 +253,22 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
         "no stream reached N = {N} tokens: the fault fired early? {closes:?}"
     );
 
-    // (e) the next haltd on this ledger records the crash once and keeps the chain.
+    Ok(())
+}
+
+/// The next haltd on the same ledger records the crash once, right before its own start,
+/// counts it, logs it, removes the crash file and keeps a chain that verifies.
+fn check_recovery(
+    pair: &NetPair,
+    first: &Haltd,
+    crash_file: &std::path::Path,
+    crash: &Value,
+) -> Result<()> {
+    let pid = crash["pid"].clone();
+    let crashed_thread = crash["thread"].as_str().unwrap_or_default();
+    let panic_ns = crash["unix_ns"].as_u64().context("unix_ns")?;
     let before = first.ledger_records()?.len();
-    let mut second = Haltd::start_with_ledger(&pair, Some(&first.ledger), &[])?;
+    let mut second = Haltd::start_with_ledger(pair, Some(&first.ledger), &[])?;
     ensure!(
         !crash_file.exists(),
         "the crash file is still there after the restart"

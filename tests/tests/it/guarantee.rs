@@ -277,24 +277,55 @@ fn feed(
     }
 }
 
+/// Half-closed requests served in full by `half_closed_clients_are_served_and_halted`.
+const HALF_CLOSED_SERVED: usize = 200;
+/// Half-closed requests it trips mid-stream.
+const HALF_CLOSED_TRIPPED: usize = 20;
+/// Tokens each served request asks for.
+const HALF_CLOSED_TOKENS: usize = 20;
+
 /// 200 requests that half-close right after sending are answered in full; 20 more are tripped
 /// mid-stream and halt within B. None is refused for its TCP state.
 #[test]
 fn half_closed_clients_are_served_and_halted() -> Result<()> {
-    const SERVED: usize = 200;
-    const TRIPPED: usize = 20;
-    const TOKENS: usize = 20;
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "0"])?;
+    serve_half_closed(&pair)?;
+    // Tripped: paced streams, tripped by the operator after 3 tokens.
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "20000",
+            "--budget",
+            &BUDGET.to_string(),
+        ],
+    )?;
+    let post_trip = trip_half_closed(&haltd)?;
+    let m = haltd.metrics()?;
+    let refused = m.value_or_zero("haltd_ungovernable_connections_total", &[])?;
+    println!(
+        "half-closed clients: {HALF_CLOSED_SERVED} served in full, {HALF_CLOSED_TRIPPED} tripped with post-trip tokens {post_trip:?} (B = {BUDGET}); refused as ungovernable: {refused}"
+    );
+    ensure!(
+        refused == 0.0,
+        "{refused} connections refused as ungovernable"
+    );
+    Ok(())
+}
+
+/// HALF_CLOSED_SERVED requests that half-close right after sending, on 8 client threads,
+/// each answered in full.
+fn serve_half_closed(pair: &NetPair) -> Result<()> {
+    let haltd = Haltd::start(pair, &["--builtin-token-interval-us", "0"])?;
     let addr = haltd.api;
-    let body = long_chat(TOKENS as u32);
+    let body = long_chat(HALF_CLOSED_TOKENS as u32);
     let served: Vec<Result<HalfClosed>> = thread::scope(|s| {
         let workers: Vec<_> = (0..8)
             .map(|w| {
                 let (body, ns) = (&body, &haltd.client_ns);
                 s.spawn(move || {
                     in_netns(ns, || {
-                        (w..SERVED)
+                        (w..HALF_CLOSED_SERVED)
                             .step_by(8)
                             .map(|_| {
                                 half_closed_request(addr, "/v1/chat/completions", body, |_, _| {})
@@ -310,8 +341,8 @@ fn half_closed_clients_are_served_and_halted() -> Result<()> {
             .collect()
     });
     ensure!(
-        served.len() == SERVED,
-        "{} of {SERVED} clients finished",
+        served.len() == HALF_CLOSED_SERVED,
+        "{} of {HALF_CLOSED_SERVED} clients finished",
         served.len()
     );
     for (i, r) in served.iter().enumerate() {
@@ -320,27 +351,22 @@ fn half_closed_clients_are_served_and_halted() -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{e:#}"))
             .with_context(|| format!("request {i}"))?;
         ensure!(
-            r.status == 200 && r.tokens == TOKENS && r.done && r.error.is_none(),
+            r.status == 200 && r.tokens == HALF_CLOSED_TOKENS && r.done && r.error.is_none(),
             "half-closed request {i} not served in full: {r:?}"
         );
     }
 
-    // Tripped: paced streams, tripped by the operator after 3 tokens.
-    drop(haltd);
-    let haltd = Haltd::start(
-        &pair,
-        &[
-            "--builtin-token-interval-us",
-            "20000",
-            "--budget",
-            &BUDGET.to_string(),
-        ],
-    )?;
+    Ok(())
+}
+
+/// HALF_CLOSED_TRIPPED half-closed requests, each tripped by the operator after 3 tokens:
+/// each ends in its halt event with at most B tokens past the trip. Returns those counts.
+fn trip_half_closed(haltd: &Haltd) -> Result<Vec<usize>> {
     let admin = haltd.admin_url();
     let addr = haltd.api;
     let body = long_chat(1000);
     let ns = haltd.client_ns.clone();
-    let tripped: Vec<Result<HalfClosed>> = (0..TRIPPED)
+    let tripped: Vec<Result<HalfClosed>> = (0..HALF_CLOSED_TRIPPED)
         .map(|_| {
             let (admin, body) = (admin.clone(), body.clone());
             spawn_in_netns(&ns, move || {
@@ -382,16 +408,7 @@ fn half_closed_clients_are_served_and_halted() -> Result<()> {
         );
         post_trip.push(after);
     }
-    let m = haltd.metrics()?;
-    let refused = m.value_or_zero("haltd_ungovernable_connections_total", &[])?;
-    println!(
-        "half-closed clients: {SERVED} served in full, {TRIPPED} tripped with post-trip tokens {post_trip:?} (B = {BUDGET}); refused as ungovernable: {refused}"
-    );
-    ensure!(
-        refused == 0.0,
-        "{refused} connections refused as ungovernable"
-    );
-    Ok(())
+    Ok(post_trip)
 }
 
 /// A proxied turn whose client half-closed while haltd waits on the upstream: haltd probes with

@@ -769,22 +769,11 @@ fn watchdog_stall_halts_stream() -> Result<()> {
     Ok(())
 }
 
-/// (d): a batch request (`stream: false`) tripped mid-way gets the degraded-safe response.
-#[test]
-fn batch_trip_degraded_safe() -> Result<()> {
-    let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "20000"])?;
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let client = spawn_in_netns(&pair.cli, move || {
-        sse::post(
-            &url,
-            &chat_body("Tell me about rivers", 100, false),
-            Duration::from_secs(30),
-        )
-    });
-    // The client gets headers only with the whole response: find the stream on the admin API.
+/// The id of the batch stream once it has 5 tokens, from the admin API (its client sees no
+/// header before the whole response).
+fn find_batch_stream(haltd: &Haltd) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let id = loop {
+    loop {
         let list = haltd.list_streams()?;
         let found = list["streams"]
             .as_array()
@@ -792,30 +781,22 @@ fn batch_trip_degraded_safe() -> Result<()> {
             .flatten()
             .find(|s| s["mode"] == "batch" && s["tokens"].as_u64().is_some_and(|t| t >= 5));
         if let Some(s) = found {
-            break s["stream_id"]
+            return Ok(s["stream_id"]
                 .as_str()
                 .context("stream_id is a string")?
-                .to_owned();
+                .to_owned());
         }
         ensure!(
             Instant::now() < deadline,
             "no batch stream with 5 tokens listed: {list}"
         );
         thread::sleep(Duration::from_millis(20));
-    };
-    let (status, trip) = haltd.trip(&id, None)?;
-    ensure!(status == 200, "trip answered {status}: {trip}");
-    let (status, header_id, body) = client
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-    println!("batch trip: status {status}, trip {trip}, body {body}");
-    ensure!(status == 200, "batch response status {status}: {body}");
-    ensure!(
-        header_id == id,
-        "x-haltd-stream-id {header_id} != tripped {id}"
-    );
-    let v: Value =
-        serde_json::from_str(&body).with_context(|| format!("batch body is not JSON: {body}"))?;
+    }
+}
+
+/// A tripped batch response is degraded-safe: `content_filter`, no content, the halt error
+/// of stream `id` with nothing after the trip.
+fn check_degraded_safe(v: &Value, id: &str) -> Result<()> {
     let choice = &v["choices"][0];
     ensure!(
         choice["finish_reason"] == "content_filter",
@@ -836,7 +817,7 @@ fn batch_trip_degraded_safe() -> Result<()> {
         v["error"]
     );
     ensure!(
-        v["error"]["stream_id"] == id.as_str(),
+        v["error"]["stream_id"] == id,
         "error stream_id {}",
         v["error"]["stream_id"]
     );
@@ -845,6 +826,38 @@ fn batch_trip_degraded_safe() -> Result<()> {
         "batch post_trip_tokens {} (nothing may reach the client)",
         v["error"]["post_trip_tokens"]
     );
+    Ok(())
+}
+
+/// (d): a batch request (`stream: false`) tripped mid-way gets the degraded-safe response.
+#[test]
+fn batch_trip_degraded_safe() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "20000"])?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let client = spawn_in_netns(&pair.cli, move || {
+        sse::post(
+            &url,
+            &chat_body("Tell me about rivers", 100, false),
+            Duration::from_secs(30),
+        )
+    });
+    // The client gets headers only with the whole response: find the stream on the admin API.
+    let id = find_batch_stream(&haltd)?;
+    let (status, trip) = haltd.trip(&id, None)?;
+    ensure!(status == 200, "trip answered {status}: {trip}");
+    let (status, header_id, body) = client
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+    println!("batch trip: status {status}, trip {trip}, body {body}");
+    ensure!(status == 200, "batch response status {status}: {body}");
+    ensure!(
+        header_id == id,
+        "x-haltd-stream-id {header_id} != tripped {id}"
+    );
+    let v: Value =
+        serde_json::from_str(&body).with_context(|| format!("batch body is not JSON: {body}"))?;
+    check_degraded_safe(&v, &id)?;
     wait_idle(&haltd, Duration::from_secs(5))?;
     let m = haltd.metrics()?;
     ensure!(
@@ -861,55 +874,12 @@ fn batch_trip_degraded_safe() -> Result<()> {
     Ok(())
 }
 
-/// (e): bad and hostile input gets clear errors while a concurrent stream completes intact.
-#[test]
-fn bad_input_is_rejected_cleanly() -> Result<()> {
-    const MAX_BODY: usize = 65_536;
-    let cands = candidates(250)?;
-    let pair = NetPair::new()?;
-    // Small client socket buffers: a client that does not read blocks the emitter quickly.
-    checked(Command::new("ip").args([
-        "netns",
-        "exec",
-        &pair.cli,
-        "sysctl",
-        "-q",
-        "-w",
-        "net.ipv4.tcp_rmem=4096 4096 4096",
-    ]))?;
-    let haltd = Haltd::start(
-        &pair,
-        &[
-            "--builtin-token-interval-us",
-            "5000",
-            "--max-body-bytes",
-            &MAX_BODY.to_string(),
-        ],
-    )?;
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let body = cands[0].body(true);
-    // Reference: the same request on a quiet instance (the built-in source is deterministic).
-    let (u, b) = (url.clone(), body.clone());
-    let reference = in_netns(&pair.cli, move || {
-        sse::stream(&u, &b, Duration::from_secs(60), |_, _| {})
-    })?;
-    ensure!(
-        reference.done_at.is_some() && reference.error.is_none(),
-        "reference stream failed: {reference:?}"
-    );
-    let (u, b) = (url.clone(), body.clone());
-    let (id_tx, id_rx) = std::sync::mpsc::channel();
-    let concurrent = spawn_in_netns(&pair.cli, move || {
-        sse::stream(&u, &b, Duration::from_secs(60), |p, _| {
-            let _ = id_tx.send(p.stream_id.to_owned());
-        })
-    });
-    let concurrent_id = id_rx
-        .recv_timeout(Duration::from_secs(10))
-        .context("the concurrent stream sent no event")?;
+/// `--max-body-bytes` of `bad_input_is_rejected_cleanly`.
+const MAX_BODY: usize = 65_536;
 
-    let api = haltd.api;
-    let host = format!("host: {api}\r\n");
+/// Malformed, unknown, wrong-method, invalid and oversized requests each get their status
+/// and an OpenAI-style error body; returns what went wrong.
+fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<String> {
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
         ("malformed request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
         ("unknown path", format!("GET /nope HTTP/1.1\r\n{host}\r\n").into_bytes(), 404),
@@ -955,7 +925,20 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
         }
     }
 
-    // A client that never reads: open the longest request, never read, trip it.
+    failures
+}
+
+/// Opens the longest candidate request from a client that never reads, trips it once its
+/// socket buffers are full and checks that it goes away; returns the silent client's socket.
+fn trip_never_reading(
+    pair: &NetPair,
+    haltd: &Haltd,
+    cands: &[Candidate],
+    host: &str,
+    concurrent_id: &str,
+    failures: &mut Vec<String>,
+) -> Result<std::net::TcpStream> {
+    let api = haltd.api;
     let longest = cands
         .iter()
         .max_by_key(|c| c.len)
@@ -974,7 +957,7 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|s| s["stream_id"] != concurrent_id.as_str())
+        .filter(|s| s["stream_id"] != concurrent_id)
         .collect();
     match others.as_slice() {
         [s] => {
@@ -1008,11 +991,11 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
             "expected one live stream besides {concurrent_id} (the never-reading one): {list}"
         )),
     }
-    drop(silent);
+    Ok(silent)
+}
 
-    let concurrent = concurrent
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+/// The stream served beside the bad input equals the reference run.
+fn check_intact(concurrent: &StreamOutcome, reference: &StreamOutcome, failures: &mut Vec<String>) {
     if concurrent.text != reference.text
         || concurrent.tokens != reference.tokens
         || concurrent.finish_reason != reference.finish_reason
@@ -1033,6 +1016,66 @@ fn bad_input_is_rejected_cleanly() -> Result<()> {
             .as_secs_f64()
             * 1e3
     );
+}
+
+/// (e): bad and hostile input gets clear errors while a concurrent stream completes intact.
+#[test]
+fn bad_input_is_rejected_cleanly() -> Result<()> {
+    let cands = candidates(250)?;
+    let pair = NetPair::new()?;
+    // Small client socket buffers: a client that does not read blocks the emitter quickly.
+    checked(Command::new("ip").args([
+        "netns",
+        "exec",
+        &pair.cli,
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.tcp_rmem=4096 4096 4096",
+    ]))?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "5000",
+            "--max-body-bytes",
+            &MAX_BODY.to_string(),
+        ],
+    )?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let body = cands[0].body(true);
+    // Reference: the same request on a quiet instance (the built-in source is deterministic).
+    let (u, b) = (url.clone(), body.clone());
+    let reference = in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(60), |_, _| {})
+    })?;
+    ensure!(
+        reference.done_at.is_some() && reference.error.is_none(),
+        "reference stream failed: {reference:?}"
+    );
+    let (u, b) = (url.clone(), body.clone());
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let concurrent = spawn_in_netns(&pair.cli, move || {
+        sse::stream(&u, &b, Duration::from_secs(60), |p, _| {
+            let _ = id_tx.send(p.stream_id.to_owned());
+        })
+    });
+    let concurrent_id = id_rx
+        .recv_timeout(Duration::from_secs(10))
+        .context("the concurrent stream sent no event")?;
+
+    let api = haltd.api;
+    let host = format!("host: {api}\r\n");
+    let mut failures = bad_requests(&pair, api, &host);
+
+    // A client that never reads: open the longest request, never read, trip it.
+    let silent = trip_never_reading(&pair, &haltd, &cands, &host, &concurrent_id, &mut failures)?;
+    drop(silent);
+
+    let concurrent = concurrent
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+    check_intact(&concurrent, &reference, &mut failures);
     let healthy = {
         let u = format!("{}/healthz", haltd.api_url());
         in_netns(&pair.cli, move || {

@@ -267,6 +267,90 @@ fn promtool_checks_config() -> Result<()> {
     Ok(())
 }
 
+/// A finished turn, a detector trip, an operator trip and an error answer, so that the
+/// histograms, the detector families and `haltd_requests_rejected_total` have samples.
+fn run_sample_turns(haltd: &Haltd) -> Result<()> {
+    let short = turn(haltd, 3, 0)?;
+    ensure!(
+        short.status == 200 && short.tokens == 3,
+        "short turn: {short:?}"
+    );
+    let budget = turn(haltd, 20, 0)?;
+    ensure!(
+        budget.error.is_some() || budget.finish_reason.is_none(),
+        "a 20-token turn under max_tokens = 4 was not halted: {budget:?}"
+    );
+    let tripped = turn(haltd, 200, 2)?;
+    ensure!(
+        tripped.tokens < 200,
+        "the operator trip did not halt the turn: {tripped:?}"
+    );
+    // An error answer, so `haltd_requests_rejected_total` has a series.
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let status = in_netns(&haltd.client_ns, move || -> Result<u16> {
+        let mut body = sse::chat_body("ops pack", 3, false);
+        body["model"] = Value::from("no-such-model");
+        Ok(sse::post(&url, &body, Duration::from_secs(10))?.0)
+    })?;
+    ensure!(status == 404, "unknown model answered {status}");
+    Ok(())
+}
+
+/// `promtool check metrics` on the exposition: unconverted, its only complaints are counters'
+/// `_total` samples without HELP of their own; converted to text 0.0.4, none.
+fn check_promtool(text: &str) -> Result<()> {
+    let counters: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .map(|n| format!("{n}_total"))
+        .collect();
+    let (code, raw) = promtool_check_metrics(text)?;
+    ensure!(
+        code == 0 || code == 3,
+        "promtool check metrics ({code}):\n{raw}"
+    );
+    for line in raw.lines().filter(|l| !l.trim().is_empty()) {
+        let ok = line
+            .strip_suffix(" no help text")
+            .is_some_and(|n| counters.contains(n));
+        ensure!(
+            ok,
+            "unexpected promtool complaint on raw /metrics: {line:?}\n{raw}"
+        );
+    }
+    // Converted to text 0.0.4: clean.
+    let (code, out) = promtool_check_metrics(&openmetrics_to_text(text))?;
+    ensure!(
+        code == 0 && out.trim().is_empty(),
+        "promtool check metrics ({code}):\n{out}"
+    );
+
+    Ok(())
+}
+
+/// Every (file, `haltd_*` name) the alert rules, their tests and the dashboard use.
+fn metrics_used_by_the_pack() -> Result<BTreeSet<(&'static str, String)>> {
+    let mut used = BTreeSet::new();
+    for file in [
+        "prometheus/alerts.yml",
+        "prometheus/alerts_test.yml",
+        "grafana/haltd-timing-and-halt.json",
+    ] {
+        let body = fs::read_to_string(deploy(file))?;
+        let mut rest = body.as_str();
+        while let Some(at) = rest.find("haltd_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            used.insert((file, tail[..end].to_owned()));
+            rest = &tail[end..];
+        }
+    }
+    Ok(used)
+}
+
 /// A live haltd's `/metrics`, after a finished turn, an operator trip, a detector trip and an
 /// observe-mode finding (so the histograms and the detector families have samples), passes
 /// `promtool check metrics` once converted from OpenMetrics to text 0.0.4
@@ -294,29 +378,7 @@ fn live_metrics_pass_promtool_and_cover_the_pack() -> Result<()> {
             "50000",
         ],
     )?;
-    let short = turn(&haltd, 3, 0)?;
-    ensure!(
-        short.status == 200 && short.tokens == 3,
-        "short turn: {short:?}"
-    );
-    let budget = turn(&haltd, 20, 0)?;
-    ensure!(
-        budget.error.is_some() || budget.finish_reason.is_none(),
-        "a 20-token turn under max_tokens = 4 was not halted: {budget:?}"
-    );
-    let tripped = turn(&haltd, 200, 2)?;
-    ensure!(
-        tripped.tokens < 200,
-        "the operator trip did not halt the turn: {tripped:?}"
-    );
-    // An error answer, so `haltd_requests_rejected_total` has a series.
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let status = in_netns(&haltd.client_ns, move || -> Result<u16> {
-        let mut body = sse::chat_body("ops pack", 3, false);
-        body["model"] = Value::from("no-such-model");
-        Ok(sse::post(&url, &body, Duration::from_secs(10))?.0)
-    })?;
-    ensure!(status == 404, "unknown model answered {status}");
+    run_sample_turns(&haltd)?;
     // Halts are counted when they complete; give the last one a moment.
     std::thread::sleep(Duration::from_millis(300));
 
@@ -334,52 +396,10 @@ fn live_metrics_pass_promtool_and_cover_the_pack() -> Result<()> {
         ensure!(names.contains(want), "{want} not in /metrics:\n{text}");
     }
 
-    // Unconverted: every complaint is a counter's `_total` sample without HELP of its own.
-    let counters: BTreeSet<String> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .map(|n| format!("{n}_total"))
-        .collect();
-    let (code, raw) = promtool_check_metrics(&text)?;
-    ensure!(
-        code == 0 || code == 3,
-        "promtool check metrics ({code}):\n{raw}"
-    );
-    for line in raw.lines().filter(|l| !l.trim().is_empty()) {
-        let ok = line
-            .strip_suffix(" no help text")
-            .is_some_and(|n| counters.contains(n));
-        ensure!(
-            ok,
-            "unexpected promtool complaint on raw /metrics: {line:?}\n{raw}"
-        );
-    }
-    // Converted to text 0.0.4: clean.
-    let (code, out) = promtool_check_metrics(&openmetrics_to_text(&text))?;
-    ensure!(
-        code == 0 && out.trim().is_empty(),
-        "promtool check metrics ({code}):\n{out}"
-    );
+    check_promtool(&text)?;
 
     // Every haltd metric the pack uses exists.
-    let mut used = BTreeSet::new();
-    for file in [
-        "prometheus/alerts.yml",
-        "prometheus/alerts_test.yml",
-        "grafana/haltd-timing-and-halt.json",
-    ] {
-        let body = fs::read_to_string(deploy(file))?;
-        let mut rest = body.as_str();
-        while let Some(at) = rest.find("haltd_") {
-            let tail = &rest[at..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            used.insert((file, tail[..end].to_owned()));
-            rest = &tail[end..];
-        }
-    }
+    let used = metrics_used_by_the_pack()?;
     let unknown: Vec<_> = used
         .iter()
         .filter(|(_, n)| !names.contains(n.as_str()))
@@ -620,35 +640,23 @@ fn strings(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Spec 000 §6.2 on a live haltd at the production rate of 5 %: every tripped turn has its
-/// incident and turn record; normal turns are recorded at about the rate (binomial, 4 sd),
-/// each record saying so; `haltd_turn_records_total` agrees with the ledger; no record holds
-/// any turn's text or the prompt. Then `--record-token-text --turn-sample-rate 1`: every turn
-/// record carries the text the client received.
-#[test]
-fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> {
-    require_root()?;
-    const NORMAL: usize = 400;
-    const TRIPPED: usize = 20;
-    const RATE: f64 = 0.05;
-    let pair = NetPair::new()?;
-    let haltd = Haltd::start(
-        &pair,
-        &[
-            "--turn-sample-rate",
-            "0.05",
-            "--builtin-token-interval-us",
-            "2000",
-        ],
-    )?;
-    let outcomes = sampling_turns(&haltd, NORMAL, TRIPPED)?;
-    let [always, sampled, skipped] = turn_record_counts(&haltd, NORMAL + TRIPPED)?;
+/// Normal turns of `sampling_keeps_every_incident_and_a_fraction_of_normal_turns`.
+const NORMAL: usize = 400;
+/// Its tripped turns.
+const TRIPPED: usize = 20;
+/// Its sampling rate of normal turns (`--turn-sample-rate`).
+const RATE: f64 = 0.05;
+
+/// At rate RATE: every tripped turn has its incident and turn record, normal turns are
+/// recorded at about the rate, each saying so, and the metric agrees. Returns the ledger.
+fn check_rate_sampling(haltd: &Haltd, outcomes: &[(StreamOutcome, bool)]) -> Result<Vec<Value>> {
+    let [always, sampled, skipped] = turn_record_counts(haltd, NORMAL + TRIPPED)?;
     ensure!(
         always + sampled + skipped == (NORMAL + TRIPPED) as f64,
         "haltd_turn_records_total: always {always} + sampled {sampled} + skipped {skipped} != {} turns",
         NORMAL + TRIPPED
     );
-    let records = ledger_with_turns(&haltd, (always + sampled) as usize)?;
+    let records = ledger_with_turns(haltd, (always + sampled) as usize)?;
     let turns: Vec<&Value> = records.iter().filter(|r| r["kind"] == "turn").collect();
     let reasons: Vec<(&Value, &Value)> = turns
         .iter()
@@ -707,7 +715,11 @@ fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> 
         "{sampled} of {NORMAL} normal turns recorded at rate {RATE} (expected {mean} ± {:.1})",
         4.0 * sd
     );
-    // Privacy: no string of any record holds a turn's text or the prompt.
+    Ok(records)
+}
+
+/// No string of any record holds the prompt or the text of a turn.
+fn check_no_text_recorded(records: &[Value], outcomes: &[(StreamOutcome, bool)]) -> Result<()> {
     let mut all = Vec::new();
     records.iter().for_each(|r| strings(r, &mut all));
     ensure!(
@@ -715,7 +727,7 @@ fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> 
         "a record holds the prompt"
     );
     let mut checked = 0;
-    for (o, _) in &outcomes {
+    for (o, _) in outcomes {
         if o.text.trim().len() < 8 {
             continue;
         }
@@ -732,12 +744,14 @@ fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> 
         checked > NORMAL / 2,
         "only {checked} turns had text to look for"
     );
-    verify_ledger(&haltd.ledger)?;
-    drop(haltd);
+    Ok(())
+}
 
-    // Every turn, with its text.
+/// `--record-token-text --turn-sample-rate 1`: every turn record carries the text the client
+/// received.
+fn check_every_turn_with_text(pair: &NetPair) -> Result<()> {
     let haltd = Haltd::start(
-        &pair,
+        pair,
         &[
             "--turn-sample-rate",
             "1",
@@ -774,6 +788,76 @@ fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> 
             );
             ensure!(rec["sampling"] == serde_json::json!({"rate": 1.0}), "{rec}");
         }
+    }
+    Ok(())
+}
+
+/// Spec 000 §6.2 on a live haltd at the production rate of 5 %: every tripped turn has its
+/// incident and turn record; normal turns are recorded at about the rate (binomial, 4 sd),
+/// each record saying so; `haltd_turn_records_total` agrees with the ledger; no record holds
+/// any turn's text or the prompt. Then `--record-token-text --turn-sample-rate 1`: every turn
+/// record carries the text the client received.
+#[test]
+fn sampling_keeps_every_incident_and_a_fraction_of_normal_turns() -> Result<()> {
+    require_root()?;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--turn-sample-rate",
+            "0.05",
+            "--builtin-token-interval-us",
+            "2000",
+        ],
+    )?;
+    let outcomes = sampling_turns(&haltd, NORMAL, TRIPPED)?;
+    let records = check_rate_sampling(&haltd, &outcomes)?;
+    // Privacy: no string of any record holds a turn's text or the prompt.
+    check_no_text_recorded(&records, &outcomes)?;
+    verify_ledger(&haltd.ledger)?;
+    drop(haltd);
+
+    // Every turn, with its text.
+    check_every_turn_with_text(&pair)
+}
+
+/// One (scenario, B, N) run of the smoke bench: no breach of B, every stream halted and
+/// recorded, the kernel holding the adversarial emitter, a latency for every halt.
+fn check_smoke_run(r: &Value) -> Result<()> {
+    let name = format!("{} B={} N={}", r["scenario"], r["budget"], r["concurrency"]);
+    let b = r["budget"].as_u64().context("budget")?;
+    ensure!(r["breaches"] == 0, "{name}: breaches {}", r["breaches"]);
+    ensure!(
+        r["halted"] == r["streams"] && r["failed"] == 0,
+        "{name}: {} of {} halted, {} failed",
+        r["halted"],
+        r["streams"],
+        r["failed"]
+    );
+    let max = r["post_trip_tokens"]["max"]
+        .as_f64()
+        .context("post-trip max")?;
+    ensure!(max <= b as f64, "{name}: post-trip max {max} > B");
+    ensure!(
+        r["ledger_incidents"].as_u64() >= r["halted"].as_u64(),
+        "{name}: {} incident records for {} halts",
+        r["ledger_incidents"],
+        r["halted"]
+    );
+    if r["scenario"] == "adversarial" && b == 5 {
+        // The emitter ignores the halt: the kernel lets exactly B more frames through.
+        ensure!(
+            max >= 1.0,
+            "{name}: the emitter stopped by itself (post-trip max {max})"
+        );
+    }
+    if r["scenario"] != "watchdog-stall" {
+        ensure!(
+            r["halt_latency_ms"]["n"] == r["halted"],
+            "{name}: halt latencies {} for {} halts",
+            r["halt_latency_ms"]["n"],
+            r["halted"]
+        );
     }
     Ok(())
 }
@@ -832,41 +916,7 @@ fn halt_slo_bench_runs_at_smoke_scale() -> Result<()> {
         report["problems"]
     );
     for r in runs {
-        let name = format!("{} B={} N={}", r["scenario"], r["budget"], r["concurrency"]);
-        let b = r["budget"].as_u64().context("budget")?;
-        ensure!(r["breaches"] == 0, "{name}: breaches {}", r["breaches"]);
-        ensure!(
-            r["halted"] == r["streams"] && r["failed"] == 0,
-            "{name}: {} of {} halted, {} failed",
-            r["halted"],
-            r["streams"],
-            r["failed"]
-        );
-        let max = r["post_trip_tokens"]["max"]
-            .as_f64()
-            .context("post-trip max")?;
-        ensure!(max <= b as f64, "{name}: post-trip max {max} > B");
-        ensure!(
-            r["ledger_incidents"].as_u64() >= r["halted"].as_u64(),
-            "{name}: {} incident records for {} halts",
-            r["ledger_incidents"],
-            r["halted"]
-        );
-        if r["scenario"] == "adversarial" && b == 5 {
-            // The emitter ignores the halt: the kernel lets exactly B more frames through.
-            ensure!(
-                max >= 1.0,
-                "{name}: the emitter stopped by itself (post-trip max {max})"
-            );
-        }
-        if r["scenario"] != "watchdog-stall" {
-            ensure!(
-                r["halt_latency_ms"]["n"] == r["halted"],
-                "{name}: halt latencies {} for {} halts",
-                r["halt_latency_ms"]["n"],
-                r["halted"]
-            );
-        }
+        check_smoke_run(r)?;
     }
     let md = fs::read_to_string(out.join("halt-slo.md"))?;
     ensure!(

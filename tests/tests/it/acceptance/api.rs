@@ -119,34 +119,47 @@ fn race_trips(admin: SocketAddr, cli: &str, id: &str) -> Vec<(u16, Value)> {
         .collect()
 }
 
-#[test]
-fn admin_trip_races() -> Result<()> {
-    const STREAMS: usize = 10;
-    let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "3000"])?;
-    let url = chat_url(&haltd);
+/// A stream halted by a won race: its id and trip index.
+type Halted = (String, Value);
+
+/// The result of one racing stream: what it received and the answers to the two trips.
+type Raced = Result<(StreamOutcome, Vec<(u16, Value)>)>;
+
+/// `streams` streams, each of which races two operator trips at its token 3 + i % 4.
+fn spawn_racers(
+    pair: &NetPair,
+    haltd: &Haltd,
+    url: &str,
+    streams: usize,
+) -> Vec<std::thread::JoinHandle<Raced>> {
     let admin = haltd.admin;
-    let handles: Vec<_> = (0..STREAMS)
+    (0..streams)
         .map(|i| {
-            let (url, cli) = (url.clone(), pair.cli.clone());
-            spawn_in_netns(
-                &pair.cli,
-                move || -> Result<(StreamOutcome, Vec<(u16, Value)>)> {
-                    let mut answers = Vec::new();
-                    let body = chat("Races", i as u64, 300, true);
-                    let o = sse::stream(&url, &body, Duration::from_secs(30), |p, ev| {
-                        if answers.is_empty()
-                            && matches!(ev.kind, EventKind::Token(_))
-                            && p.tokens == 3 + i % 4
-                        {
-                            answers = race_trips(admin, &cli, p.stream_id);
-                        }
-                    })?;
-                    Ok((o, answers))
-                },
-            )
+            let (url, cli) = (url.to_owned(), pair.cli.clone());
+            spawn_in_netns(&pair.cli, move || -> Raced {
+                let mut answers = Vec::new();
+                let body = chat("Races", i as u64, 300, true);
+                let o = sse::stream(&url, &body, Duration::from_secs(30), |p, ev| {
+                    if answers.is_empty()
+                        && matches!(ev.kind, EventKind::Token(_))
+                        && p.tokens == 3 + i % 4
+                    {
+                        answers = race_trips(admin, &cli, p.stream_id);
+                    }
+                })?;
+                Ok((o, answers))
+            })
         })
-        .collect();
+        .collect()
+}
+
+/// Each race has one winner (200) and one loser (409 `already_tripped` with the winner's
+/// trip index), and the stream halted as tripped. Returns the halted streams with their trip
+/// index, and what went wrong.
+fn judge_races(
+    handles: Vec<std::thread::JoinHandle<Raced>>,
+    haltd: &Haltd,
+) -> Result<(Vec<Halted>, Vec<String>)> {
     let mut failures = Vec::new();
     let mut halted = Vec::new();
     for h in handles {
@@ -171,11 +184,16 @@ fn admin_trip_races() -> Result<()> {
             ));
         }
     }
-    // The same question asked later, deterministically: a stream that ended because it was
-    // tripped is still the tripped stream (409, its cause and trip_token_index).
-    for (id, index) in &halted {
+    Ok((halted, failures))
+}
+
+/// A re-trip of each halted stream answers 409 `already_tripped` with its trip index;
+/// returns what went wrong.
+fn retrip_halted(pair: &NetPair, haltd: &Haltd, halted: &[Halted]) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    for (id, index) in halted {
         let again = in_netns(&pair.cli, {
-            let u = trip_url(&haltd, id);
+            let u = trip_url(haltd, id);
             move || trip_here(&u, None)
         })?;
         if again.0 != 409
@@ -187,6 +205,20 @@ fn admin_trip_races() -> Result<()> {
             ));
         }
     }
+    Ok(failures)
+}
+
+#[test]
+fn admin_trip_races() -> Result<()> {
+    const STREAMS: usize = 10;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "3000"])?;
+    let url = chat_url(&haltd);
+    let handles = spawn_racers(&pair, &haltd, &url, STREAMS);
+    let (halted, mut failures) = judge_races(handles, &haltd)?;
+    // The same question asked later, deterministically: a stream that ended because it was
+    // tripped is still the tripped stream (409, its cause and trip_token_index).
+    failures.extend(retrip_halted(&pair, &haltd, &halted)?);
     // A trip after the stream completed normally.
     let done = stream_in(&haltd, &url, &chat("Short", 1, 4, true), |_, _| {})?;
     ensure!(

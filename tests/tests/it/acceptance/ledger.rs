@@ -1,12 +1,13 @@
 //! The ledger: a tampered chain is detected and refused, and a crash (SIGKILL) keeps every
 //! record written before it.
 
-use std::{fs, process::Command, thread, time::Duration};
+use std::{fs, path::Path, process::Command, thread, time::Duration};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use haltd_tests::{
     haltctl_bin, spawn_in_netns, sse, temp_dir, verify_ledger, wait_for, Haltd, NetPair, PORT_API,
 };
+use serde_json::Value;
 
 use super::{
     chat, chat_url, check_operator_trip, connect_refused, serve_refused, stop_and_verify,
@@ -95,21 +96,12 @@ fn ledger_tamper_is_detected_and_refused() -> Result<()> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------------
-// 11. A crash keeps the record (G7)
-
-/// SIGKILL haltd while streams are open: every record written before the crash survives, the
-/// chain verifies, and a new haltd resumes the same ledger (its chain goes on).
-#[test]
-fn crash_keeps_the_ledger() -> Result<()> {
-    let pair = NetPair::new()?;
-    let mut first = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
-    let kept = temp_dir("crash")?.join("ledger.jsonl");
-    // Three complete turns and one tripped one, all recorded before the crash.
+/// Three complete turns and one tripped one, all recorded; returns the records.
+fn record_turns(first: &Haltd) -> Result<Vec<Value>> {
     for i in 0..3 {
         let o = stream_in(
-            &first,
-            &chat_url(&first),
+            first,
+            &chat_url(first),
             &chat("before the crash", i, 10, true),
             |_, _| {},
         )?;
@@ -120,13 +112,13 @@ fn crash_keeps_the_ledger() -> Result<()> {
         );
     }
     let (o, trip) = stream_tripped_at(
-        &first,
-        &chat_url(&first),
+        first,
+        &chat_url(first),
         &chat("tripped before the crash", 9, 500, true),
         3,
     )?;
     check_operator_trip(&o, trip.as_ref(), 5, &|| first.log_tail(20))?;
-    let before = wait_for(
+    wait_for(
         Duration::from_secs(5),
         "4 turn records and 1 incident",
         || {
@@ -135,7 +127,47 @@ fn crash_keeps_the_ledger() -> Result<()> {
             let incidents = r.iter().filter(|r| r["kind"] == "incident").count();
             Ok((turns == 4 && incidents == 1).then_some(r))
         },
+    )
+}
+
+/// A new haltd on the ledger the crash left continues its chain.
+fn resume_the_chain(pair: &NetPair, kept: &Path, after_crash: &[Value]) -> Result<()> {
+    let second =
+        Haltd::start_with_ledger(pair, Some(kept), &["--builtin-token-interval-us", "2000"])?;
+    let o = stream_in(
+        &second,
+        &chat_url(&second),
+        &chat("after the restart", 1, 5, true),
+        |_, _| {},
     )?;
+    ensure!(
+        o.finish_reason.as_deref() == Some("length"),
+        "{:?}",
+        o.finish_reason
+    );
+    let records = stop_and_verify(second)?;
+    ensure!(
+        records.len() > after_crash.len() + 1,
+        "the restarted haltd appended nothing"
+    );
+    ensure!(
+        records[after_crash.len()]["prev_hash"] == after_crash[after_crash.len() - 1]["hash"],
+        "the restarted haltd did not continue the chain"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. A crash keeps the record (G7)
+
+/// SIGKILL haltd while streams are open: every record written before the crash survives, the
+/// chain verifies, and a new haltd resumes the same ledger (its chain goes on).
+#[test]
+fn crash_keeps_the_ledger() -> Result<()> {
+    let pair = NetPair::new()?;
+    let mut first = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
+    let kept = temp_dir("crash")?.join("ledger.jsonl");
+    let before = record_turns(&first)?;
     // A stream still open when the process dies.
     let api = chat_url(&first);
     let client = spawn_in_netns(&first.client_ns, move || {
@@ -172,28 +204,5 @@ fn crash_keeps_the_ledger() -> Result<()> {
         after_crash.len()
     );
     drop(first);
-    // A new instance resumes the chain.
-    let second =
-        Haltd::start_with_ledger(&pair, Some(&kept), &["--builtin-token-interval-us", "2000"])?;
-    let o = stream_in(
-        &second,
-        &chat_url(&second),
-        &chat("after the restart", 1, 5, true),
-        |_, _| {},
-    )?;
-    ensure!(
-        o.finish_reason.as_deref() == Some("length"),
-        "{:?}",
-        o.finish_reason
-    );
-    let records = stop_and_verify(second)?;
-    ensure!(
-        records.len() > after_crash.len() + 1,
-        "the restarted haltd appended nothing"
-    );
-    ensure!(
-        records[after_crash.len()]["prev_hash"] == after_crash[after_crash.len() - 1]["hash"],
-        "the restarted haltd did not continue the chain"
-    );
-    Ok(())
+    resume_the_chain(&pair, &kept, &after_crash)
 }

@@ -42,34 +42,7 @@ fn whole_daemon_stopped_mid_stream() -> Result<()> {
     let pid = haltd.pid().context("haltd pid")? as libc::pid_t;
     let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (tx, rx) = std::sync::mpsc::channel::<(Instant, Instant)>();
-    let stopper = {
-        let received = Arc::clone(&received);
-        thread::spawn(move || -> Result<()> {
-            let t0 = Instant::now();
-            while received.load(std::sync::atomic::Ordering::SeqCst) < STOP_AFTER {
-                ensure!(
-                    t0.elapsed() < Duration::from_secs(10),
-                    "stream never reached {STOP_AFTER} tokens"
-                );
-                thread::sleep(Duration::from_millis(1));
-            }
-            // SAFETY: plain signals to the haltd child this test started.
-            ensure!(
-                unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
-                "SIGSTOP failed"
-            );
-            let stopped = Instant::now();
-            thread::sleep(Duration::from_millis(400));
-            let resumed = Instant::now();
-            // SAFETY: as above.
-            ensure!(
-                unsafe { libc::kill(pid, libc::SIGCONT) } == 0,
-                "SIGCONT failed"
-            );
-            let _ = tx.send((stopped, resumed));
-            Ok(())
-        })
-    };
+    let stopper = spawn_stopper(pid, Arc::clone(&received), tx, STOP_AFTER);
     let mut arrivals = Vec::new();
     let body = chat("whole daemon stop", 7, 2000, true);
     let o = stream_in(&haltd, &chat_url(&haltd), &body, |p, ev| {
@@ -112,6 +85,41 @@ fn whole_daemon_stopped_mid_stream() -> Result<()> {
     Ok(())
 }
 
+/// A thread that waits until `received` reaches `stop_after` tokens, then stops haltd
+/// (`pid`) with SIGSTOP for 400 ms and sends when it stopped and resumed it.
+fn spawn_stopper(
+    pid: libc::pid_t,
+    received: Arc<std::sync::atomic::AtomicUsize>,
+    tx: std::sync::mpsc::Sender<(Instant, Instant)>,
+    stop_after: usize,
+) -> thread::JoinHandle<Result<()>> {
+    thread::spawn(move || -> Result<()> {
+        let t0 = Instant::now();
+        while received.load(std::sync::atomic::Ordering::SeqCst) < stop_after {
+            ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "stream never reached {stop_after} tokens"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: plain signals to the haltd child this test started.
+        ensure!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
+            "SIGSTOP failed"
+        );
+        let stopped = Instant::now();
+        thread::sleep(Duration::from_millis(400));
+        let resumed = Instant::now();
+        // SAFETY: as above.
+        ensure!(
+            unsafe { libc::kill(pid, libc::SIGCONT) } == 0,
+            "SIGCONT failed"
+        );
+        let _ = tx.send((stopped, resumed));
+        Ok(())
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // 12. Slow clients and a full stream table (bad input, G3)
 
@@ -144,59 +152,8 @@ fn slow_clients_and_a_full_table() -> Result<()> {
             |_, _| {},
         )
     });
-    let body = serde_json::to_vec(&chat("slow", 1, 5, true))?;
-    let partial_body = [
-        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(),
-        &body[..body.len() / 2],
-    ]
-    .concat();
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        (
-            "half a request head",
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n".to_vec(),
-        ),
-        ("half a body", partial_body),
-    ];
-    for (what, bytes) in cases {
-        let (status, took) = in_netns(&haltd.client_ns, || -> Result<(u16, Duration)> {
-            let t = Instant::now();
-            let s = TcpStream::connect(api)?;
-            let r = raw_exchange_on(s, &bytes, Duration::from_secs(5))?;
-            Ok((r.status, t.elapsed()))
-        })?;
-        println!(
-            "slow client ({what}): {status} after {} ms",
-            took.as_millis()
-        );
-        ensure!(status == 408, "{what}: status {status}");
-        ensure!(
-            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
-            "{what}: 408 after {took:?} (timeout 300 ms)"
-        );
-    }
-    // Fill the table: the normal stream holds one slot, three idle connections the rest.
-    let holders = in_netns(&haltd.client_ns, || -> Result<Vec<TcpStream>> {
-        (0..3).map(|_| Ok(TcpStream::connect(api)?)).collect()
-    })?;
-    wait_for(Duration::from_secs(5), "4 streams open", || {
-        let (_, status) = get_json(&haltd, &format!("{}/admin/status", haltd.admin_url()))?;
-        Ok((status["streams_active"] == 4).then_some(()))
-    })?;
-    let full = in_netns(&haltd.client_ns, || {
-        raw_exchange_on(
-            TcpStream::connect(api)?,
-            b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
-            Duration::from_secs(5),
-        )
-    })?;
-    ensure!(full.status == 503, "full table answered {}", full.status);
-    let err = full.json()?;
-    ensure!(
-        err["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("max-streams")),
-        "503 body {err}"
-    );
+    check_slow_clients(&haltd)?;
+    let holders = fill_the_table(&haltd)?;
     drop(holders);
     let o = normal
         .join()
@@ -228,6 +185,73 @@ fn slow_clients_and_a_full_table() -> Result<()> {
     );
     stop_and_verify(haltd)?;
     Ok(())
+}
+
+/// A client that sends half a request head, and one that sends half a body, each get 408
+/// once `--request-timeout-ms` (300 ms) passes.
+fn check_slow_clients(haltd: &Haltd) -> Result<()> {
+    let api = haltd.api;
+    let body = serde_json::to_vec(&chat("slow", 1, 5, true))?;
+    let partial_body = [
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(),
+        &body[..body.len() / 2],
+    ]
+    .concat();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "half a request head",
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n".to_vec(),
+        ),
+        ("half a body", partial_body),
+    ];
+    for (what, bytes) in cases {
+        let (status, took) = in_netns(&haltd.client_ns, || -> Result<(u16, Duration)> {
+            let t = Instant::now();
+            let s = TcpStream::connect(api)?;
+            let r = raw_exchange_on(s, &bytes, Duration::from_secs(5))?;
+            Ok((r.status, t.elapsed()))
+        })?;
+        println!(
+            "slow client ({what}): {status} after {} ms",
+            took.as_millis()
+        );
+        ensure!(status == 408, "{what}: status {status}");
+        ensure!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+            "{what}: 408 after {took:?} (timeout 300 ms)"
+        );
+    }
+    Ok(())
+}
+
+/// Fills the 4-slot table (the normal stream and three idle connections, returned) and
+/// checks that one more connection is answered 503 with a JSON error naming the limit.
+fn fill_the_table(haltd: &Haltd) -> Result<Vec<TcpStream>> {
+    let api = haltd.api;
+    // Fill the table: the normal stream holds one slot, three idle connections the rest.
+    let holders = in_netns(&haltd.client_ns, || -> Result<Vec<TcpStream>> {
+        (0..3).map(|_| Ok(TcpStream::connect(api)?)).collect()
+    })?;
+    wait_for(Duration::from_secs(5), "4 streams open", || {
+        let (_, status) = get_json(haltd, &format!("{}/admin/status", haltd.admin_url()))?;
+        Ok((status["streams_active"] == 4).then_some(()))
+    })?;
+    let full = in_netns(&haltd.client_ns, || {
+        raw_exchange_on(
+            TcpStream::connect(api)?,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+            Duration::from_secs(5),
+        )
+    })?;
+    ensure!(full.status == 503, "full table answered {}", full.status);
+    let err = full.json()?;
+    ensure!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max-streams")),
+        "503 body {err}"
+    );
+    Ok(holders)
 }
 
 // ---------------------------------------------------------------------------------------------

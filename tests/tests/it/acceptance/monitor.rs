@@ -67,43 +67,43 @@ fn monitor_runs(haltd: &Haltd) -> Result<Vec<StreamOutcome>> {
     Ok(out)
 }
 
-#[test]
-fn halt_monitor_on_real_streams() -> Result<()> {
-    let ln_limit = MONITOR_LIMIT.ln();
-    // Reference: P = 0 (the default) never trips; every request yields max_tokens tokens.
-    let reference = {
-        let pair = NetPair::new()?;
-        let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "0"])?;
-        let runs = monitor_runs(&haltd)?;
-        for (i, o) in runs.iter().enumerate() {
-            ensure!(
-                o.tokens == MONITOR_MAX_TOKENS as usize
-                    && o.finish_reason.as_deref() == Some("length")
-                    && o.error.is_none()
-                    && o.done_at.is_some(),
-                "P = 0, request {i}: {} tokens, finish {:?}, error {:?}",
-                o.tokens,
-                o.finish_reason,
-                o.error
-            );
-        }
-        let records = stop_and_verify(haltd)?;
-        ensure!(
-            !records.iter().any(|r| r["kind"] == "incident"),
-            "P = 0 wrote incidents"
-        );
-        runs
-    };
+/// The runs with P = 0 (the default), which never trips: every request yields max_tokens
+/// tokens and no incident is written.
+fn reference_runs() -> Result<Vec<StreamOutcome>> {
     let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "0"])?;
+    let runs = monitor_runs(&haltd)?;
+    for (i, o) in runs.iter().enumerate() {
+        ensure!(
+            o.tokens == MONITOR_MAX_TOKENS as usize
+                && o.finish_reason.as_deref() == Some("length")
+                && o.error.is_none()
+                && o.done_at.is_some(),
+            "P = 0, request {i}: {} tokens, finish {:?}, error {:?}",
+            o.tokens,
+            o.finish_reason,
+            o.error
+        );
+    }
+    let records = stop_and_verify(haltd)?;
+    ensure!(
+        !records.iter().any(|r| r["kind"] == "incident"),
+        "P = 0 wrote incidents"
+    );
+    Ok(runs)
+}
+
+/// haltd with the monitor at MONITOR_LIMIT and, so that the monitor's cut is exact, without
+/// the exfiltration scanner (it may hold a token back when the monitor trips, and held text
+/// is never emitted).
+fn start_monitored(pair: &NetPair) -> Result<Haltd> {
     let limit = MONITOR_LIMIT.to_string();
-    // The exfiltration scanner may hold a token back when the monitor trips, and held text is
-    // never emitted; this test checks the monitor's exact cut, so it runs without the scanner.
     let dir = temp_dir("monitor-config")?;
     let config = dir.join("haltd.toml");
     fs::write(&config, "[detectors.exfil]\nmode = \"off\"\n")?;
     let config = config.display().to_string();
-    let haltd = Haltd::start(
-        &pair,
+    Haltd::start(
+        pair,
         &[
             "--builtin-token-interval-us",
             "0",
@@ -112,65 +112,90 @@ fn halt_monitor_on_real_streams() -> Result<()> {
             "--config",
             &config,
         ],
-    )?;
+    )
+}
+
+/// One monitored run against its reference: the index of the first token under the limit in
+/// the reference (where the run must have halted), and what is wrong with the run.
+fn judge_run(
+    o: &StreamOutcome,
+    r: &StreamOutcome,
+    ln_limit: f64,
+) -> Result<(Option<usize>, Vec<String>)> {
+    let mut failures = Vec::new();
+    let mut fail = |what: String| failures.push(what);
+    let ref_lps = chat_logprobs(r)?;
+    let lps = chat_logprobs(o)?;
+    // Same (prompt, seed): the monitored stream is the reference up to the first failing
+    // token, which haltd scores exactly as exp(f64(logprob)) < P.
+    let tau = ref_lps
+        .iter()
+        .position(|&lp| f64::from(lp).exp() < MONITOR_LIMIT);
+    if let Some(bad) = lps.iter().position(|&lp| f64::from(lp) < ln_limit) {
+        fail(format!(
+            "token {bad} has logprob {} < ln(P) = {ln_limit}",
+            lps[bad]
+        ));
+    }
+    let ref_prefix: String = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Token(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .take(o.tokens)
+        .collect();
+    if o.text != ref_prefix {
+        fail("received text differs from the reference prefix".into());
+    }
+    match tau {
+        None => {
+            if o.tokens != MONITOR_MAX_TOKENS as usize || o.error.is_some() {
+                fail(format!(
+                    "no failing token, yet {} tokens, error {:?}",
+                    o.tokens, o.error
+                ));
+            }
+        }
+        Some(tau) => {
+            if let Err(e) = o.halted_cleanly("COHERENCE_BELOW_THRESHOLD") {
+                fail(format!("{e:#}"));
+                return Ok((Some(tau), failures));
+            }
+            let err = o.error.clone().unwrap_or_default();
+            if o.tokens != tau
+                || err["trip_token_index"].as_u64() != Some(o.tokens as u64)
+                || err["post_trip_tokens"].as_u64() != Some(0)
+            {
+                fail(format!(
+                    "received {} tokens, first failing token {tau}; error {err}",
+                    o.tokens
+                ));
+            }
+        }
+    }
+    Ok((tau, failures))
+}
+
+#[test]
+fn halt_monitor_on_real_streams() -> Result<()> {
+    let ln_limit = MONITOR_LIMIT.ln();
+    // Reference: P = 0 (the default) never trips; every request yields max_tokens tokens.
+    let reference = reference_runs()?;
+    let pair = NetPair::new()?;
+    let haltd = start_monitored(&pair)?;
     let runs = monitor_runs(&haltd)?;
     let mut taus = Vec::new();
     let mut failures = Vec::new();
     for (i, (o, r)) in runs.iter().zip(&reference).enumerate() {
-        let mut fail =
-            |what: String| failures.push(format!("request {i} ({}): {what}", o.stream_id));
-        let ref_lps = chat_logprobs(r)?;
-        let lps = chat_logprobs(o)?;
-        // Same (prompt, seed): the monitored stream is the reference up to the first failing
-        // token, which haltd scores exactly as exp(f64(logprob)) < P.
-        let tau = ref_lps
-            .iter()
-            .position(|&lp| f64::from(lp).exp() < MONITOR_LIMIT);
-        if let Some(bad) = lps.iter().position(|&lp| f64::from(lp) < ln_limit) {
-            fail(format!(
-                "token {bad} has logprob {} < ln(P) = {ln_limit}",
-                lps[bad]
-            ));
-        }
-        let ref_prefix: String = r
-            .events
-            .iter()
-            .filter_map(|e| match &e.kind {
-                EventKind::Token(t) => Some(t.as_str()),
-                _ => None,
-            })
-            .take(o.tokens)
-            .collect();
-        if o.text != ref_prefix {
-            fail("received text differs from the reference prefix".into());
-        }
-        match tau {
-            None => {
-                if o.tokens != MONITOR_MAX_TOKENS as usize || o.error.is_some() {
-                    fail(format!(
-                        "no failing token, yet {} tokens, error {:?}",
-                        o.tokens, o.error
-                    ));
-                }
-            }
-            Some(tau) => {
-                taus.push(tau);
-                if let Err(e) = o.halted_cleanly("COHERENCE_BELOW_THRESHOLD") {
-                    fail(format!("{e:#}"));
-                    continue;
-                }
-                let err = o.error.clone().unwrap_or_default();
-                if o.tokens != tau
-                    || err["trip_token_index"].as_u64() != Some(o.tokens as u64)
-                    || err["post_trip_tokens"].as_u64() != Some(0)
-                {
-                    fail(format!(
-                        "received {} tokens, first failing token {tau}; error {err}",
-                        o.tokens
-                    ));
-                }
-            }
-        }
+        let (tau, fails) = judge_run(o, r, ln_limit)?;
+        taus.extend(tau);
+        failures.extend(
+            fails
+                .into_iter()
+                .map(|what| format!("request {i} ({}): {what}", o.stream_id)),
+        );
     }
     ensure!(
         failures.is_empty(),

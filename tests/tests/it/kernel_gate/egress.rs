@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
+use haltd::gate::KernelGate;
 use haltd_common::{trip_reason, verdict, HaltEvent, SockPolicy};
 use haltd_tests::gate::{reset_on_close, set_int};
 
@@ -18,6 +19,91 @@ use super::{events, live_gate, terminal_len, trip_policy, untripped, CAUSE, TAG}
 /// The stream's byte at offset `k` is `k % 251`: what arrives can be checked as a prefix.
 fn pattern(from: usize, len: usize) -> Vec<u8> {
     (from..from + len).map(|k| (k % 251) as u8).collect()
+}
+
+/// What the server's writes after the trip came to.
+struct PostTrip {
+    /// Bytes the kernel accepted.
+    post: usize,
+    eagain: usize,
+    accepted_calls: usize,
+    /// A write failed with EACCES (the send check refused it outright).
+    eacces: bool,
+}
+
+/// Writes whole 64 KiB frames until a short write or EAGAIN; returns the bytes accepted, the
+/// frames written and how the fill ended.
+fn fill_socket(server: &TcpStream) -> Result<(usize, u64, String)> {
+    const FILL_FRAME: usize = 64 * 1024;
+    let mut accepted = 0usize;
+    let mut frames = 0u64;
+    let fill_end = loop {
+        match (&*server).write(&pattern(accepted, FILL_FRAME)) {
+            Ok(n) => {
+                frames += 1;
+                accepted += n;
+                if n < FILL_FRAME {
+                    break format!("short write of {n}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break "EAGAIN".to_owned(),
+            Err(e) => return Err(e).context("filling the socket before the trip"),
+        }
+        ensure!(frames < 100_000, "the socket never filled");
+    };
+    Ok((accepted, frames, fill_end))
+}
+
+/// Up to `attempts` writes of new 4 KiB frames after the trip.
+fn send_after_trip(server: &TcpStream, accepted: usize, attempts: usize) -> Result<PostTrip> {
+    const FRAME: usize = 4096;
+    let mut post = 0usize;
+    let (mut eagain, mut accepted_calls, mut eacces) = (0, 0, false);
+    for _ in 0..attempts {
+        match (&*server).write(&pattern(accepted + post, FRAME)) {
+            Ok(n) => {
+                post += n;
+                accepted_calls += 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                eagain += 1;
+                thread::sleep(Duration::from_micros(500));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                eacces = true;
+                break;
+            }
+            Err(e) => return Err(e).context("sending after the trip"),
+        }
+    }
+
+    Ok(PostTrip {
+        post,
+        eagain,
+        accepted_calls,
+        eacces,
+    })
+}
+
+/// Everything that reaches the client in one second.
+fn read_for_a_second(client: &mut TcpStream) -> Result<Vec<u8>> {
+    client.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e).context("reading at the client"),
+        }
+    }
+    Ok(got)
 }
 
 /// The backpressure bypass, deterministically: the server's socket (tiny send buffer,
@@ -31,8 +117,6 @@ fn pattern(from: usize, len: usize) -> Vec<u8> {
 fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
     const SMALL_E: u32 = 256;
     const B: u32 = 1;
-    const FRAME: usize = 4096;
-    const FILL_FRAME: usize = 64 * 1024;
     const POST_TRIP_ATTEMPTS: usize = 400;
     let t = terminal_len();
     let gate = live_gate()?;
@@ -50,64 +134,21 @@ fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
     )?;
 
     // Fill: whole frames until a short write or EAGAIN.
-    let mut accepted = 0usize;
-    let mut frames = 0u64;
-    let fill_end = loop {
-        match (&server).write(&pattern(accepted, FILL_FRAME)) {
-            Ok(n) => {
-                frames += 1;
-                accepted += n;
-                if n < FILL_FRAME {
-                    break format!("short write of {n}");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break "EAGAIN".to_owned(),
-            Err(e) => return Err(e).context("filling the socket before the trip"),
-        }
-        ensure!(frames < 100_000, "the socket never filled");
-    };
+    let (accepted, frames, fill_end) = fill_socket(&server)?;
     let trip = trip_policy(frames, accepted as u64, B, SMALL_E, t);
     let ceiling = trip.egress_ceiling;
     gate.set_policy(server.as_fd(), &trip)?;
 
     // New 4 KiB frames after the trip.
-    let mut post = 0usize;
-    let (mut eagain, mut accepted_calls, mut eacces) = (0, 0, false);
-    for _ in 0..POST_TRIP_ATTEMPTS {
-        match (&server).write(&pattern(accepted + post, FRAME)) {
-            Ok(n) => {
-                post += n;
-                accepted_calls += 1;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                eagain += 1;
-                thread::sleep(Duration::from_micros(500));
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
-                eacces = true;
-                break;
-            }
-            Err(e) => return Err(e).context("sending after the trip"),
-        }
-    }
+    let PostTrip {
+        post,
+        eagain,
+        accepted_calls,
+        eacces,
+    } = send_after_trip(&server, accepted, POST_TRIP_ATTEMPTS)?;
 
     // The client reads everything that arrives for a second.
-    client.set_read_timeout(Some(Duration::from_millis(50)))?;
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        match client.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => return Err(e).context("reading at the client"),
-        }
-    }
+    let got = read_for_a_second(&mut client)?;
     let view = gate.socket(server.as_fd())?;
     reset_on_close(&server)?;
     drop(server);
@@ -150,9 +191,19 @@ fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
             "egress state {eg:?} against the ceiling {ceiling}"
         );
     }
-    // One event per check that dropped: the send check's (frames, post-trip frames), the
-    // egress check's (where the dropped segment ended, the ceiling in force).
-    let ev = events(&gate)?;
+    check_halt_events(&gate, eacces, eg.dropped_segments, ceiling)
+}
+
+/// One halt event per check that dropped: the send check's (frames, post-trip frames), when a
+/// write failed with EACCES; the egress check's (where the dropped segment ended, the ceiling
+/// in force), when it dropped a segment.
+fn check_halt_events(
+    gate: &KernelGate,
+    eacces: bool,
+    dropped_segments: u64,
+    ceiling: u64,
+) -> Result<()> {
+    let ev = events(gate)?;
     ensure!(
         ev.iter().all(|e| e.stream_tag == TAG && e.cause == CAUSE),
         "halt events of another stream: {ev:?}"
@@ -176,9 +227,9 @@ fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
         );
     }
     ensure!(
-        egress_events.len() == usize::from(eg.dropped_segments > 0),
+        egress_events.len() == usize::from(dropped_segments > 0),
         "egress halt events {egress_events:?} for {} dropped segments",
-        eg.dropped_segments
+        dropped_segments
     );
     if let Some(e) = egress_events.first() {
         ensure!(
