@@ -127,7 +127,7 @@ use haltd::{
     clock::monotonic_ns,
     detect::{
         exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
-        pipeline::{Detectors, DetectorsConfig, Gate},
+        pipeline::{Detectors, DetectorsConfig, Gate, TurnGovernor},
         TokenObs,
     },
     source::builtin::BuiltinModel,
@@ -424,82 +424,105 @@ fn run_turns(
                     break;
                 }
             };
-            let mut pushed = 0u64;
-            let mut released = 0u64;
-            let mut ends: VecDeque<u64> = VecDeque::new();
-            let mut tripped_at = None;
-            let base = toks[0].at_ns;
-            for (i, tok) in toks.iter().enumerate() {
-                let now = start + (tok.at_ns - base) + TTFT_NS;
-                if let Some(buf) = evict.as_deref_mut() {
-                    evict_caches(buf, i as u8);
-                }
-                let t0 = Instant::now();
-                let obs = TokenObs {
-                    index: i as u64,
-                    text: tok.text,
-                    logprob: Some(tok.logprob),
-                    now_ns: now,
-                };
-                let gate = gov.on_token(&obs, monotonic_ns);
-                let ns = elapsed_ns(t0);
-                s.token_ns.push(ns);
-                if i == 0 {
-                    s.first_ns.push(ns);
-                } else if matches!(gate, Gate::Trip(_)) {
-                    s.trip_ns.push(ns);
-                } else {
-                    s.steady_ns.push(ns);
-                }
-                clock.now_ns = now;
-                match gate {
-                    Gate::Trip(t) => {
-                        *s.trips.entry(t.detector.to_string()).or_default() += 1;
-                        tripped_at = Some(i);
-                        break;
-                    }
-                    Gate::Release(n) => {
-                        pushed += tok.text.len() as u64;
-                        ends.push_back(pushed);
-                        released = (released + n as u64).min(pushed);
-                        while ends.front().is_some_and(|&e| e <= released) {
-                            ends.pop_front();
-                        }
-                        s.held_bytes.push(pushed - released);
-                        s.held_tokens.push(ends.len() as u64);
-                    }
-                }
-            }
+            let tripped_at = run_tokens(&mut gov, toks, start, clock, s, evict.as_deref_mut());
             clock.now_ns += TURN_PAUSE_NS;
             match tripped_at {
                 Some(i) => {
-                    // The data plane drops a tripped turn's governor without `on_end`.
-                    if let Some(m) = rts_mode(&gov.summary()) {
-                        *s.rts_modes.entry(m).or_default() += 1;
-                    }
-                    drop(gov);
+                    end_tripped_part(gov, s);
                     from += i + 1;
                     part += 1;
                 }
                 None => {
-                    let t0 = Instant::now();
-                    let end = gov.on_end(clock.now_ns);
-                    s.end_ns.push(elapsed_ns(t0));
-                    if let Gate::Trip(t) = black_box(end) {
-                        *s.trips.entry(format!("{}(end)", t.detector)).or_default() += 1;
-                    }
-                    // The turn record's detector summaries, then the governor's drop.
-                    let t0 = Instant::now();
-                    let summary = gov.summary();
-                    drop(gov);
-                    s.summary_ns.push(elapsed_ns(t0));
-                    if let Some(m) = rts_mode(&summary) {
-                        *s.rts_modes.entry(m).or_default() += 1;
-                    }
+                    end_turn(gov, clock, s);
                     break;
                 }
             }
         }
+    }
+}
+
+/// One part of a turn through its governor, token by token, from `start` on the synthetic
+/// clock; returns the index of the token that tripped it, if one did.
+fn run_tokens(
+    gov: &mut TurnGovernor,
+    toks: &[Tok],
+    start: u64,
+    clock: &mut Clock,
+    s: &mut Samples,
+    mut evict: Option<&mut [u8]>,
+) -> Option<usize> {
+    let mut pushed = 0u64;
+    let mut released = 0u64;
+    let mut ends: VecDeque<u64> = VecDeque::new();
+    let mut tripped_at = None;
+    let base = toks[0].at_ns;
+    for (i, tok) in toks.iter().enumerate() {
+        let now = start + (tok.at_ns - base) + TTFT_NS;
+        if let Some(buf) = evict.as_deref_mut() {
+            evict_caches(buf, i as u8);
+        }
+        let t0 = Instant::now();
+        let obs = TokenObs {
+            index: i as u64,
+            text: tok.text,
+            logprob: Some(tok.logprob),
+            now_ns: now,
+        };
+        let gate = gov.on_token(&obs, monotonic_ns);
+        let ns = elapsed_ns(t0);
+        s.token_ns.push(ns);
+        if i == 0 {
+            s.first_ns.push(ns);
+        } else if matches!(gate, Gate::Trip(_)) {
+            s.trip_ns.push(ns);
+        } else {
+            s.steady_ns.push(ns);
+        }
+        clock.now_ns = now;
+        match gate {
+            Gate::Trip(t) => {
+                *s.trips.entry(t.detector.to_string()).or_default() += 1;
+                tripped_at = Some(i);
+                break;
+            }
+            Gate::Release(n) => {
+                pushed += tok.text.len() as u64;
+                ends.push_back(pushed);
+                released = (released + n as u64).min(pushed);
+                while ends.front().is_some_and(|&e| e <= released) {
+                    ends.pop_front();
+                }
+                s.held_bytes.push(pushed - released);
+                s.held_tokens.push(ends.len() as u64);
+            }
+        }
+    }
+    tripped_at
+}
+
+/// A tripped part: the data plane drops a tripped turn's governor without `on_end`.
+fn end_tripped_part(gov: TurnGovernor, s: &mut Samples) {
+    if let Some(m) = rts_mode(&gov.summary()) {
+        *s.rts_modes.entry(m).or_default() += 1;
+    }
+    drop(gov);
+}
+
+/// A turn that ran to its end: `on_end`, then the turn record's detector summaries and the
+/// governor's drop, each timed.
+fn end_turn(mut gov: TurnGovernor, clock: &Clock, s: &mut Samples) {
+    let t0 = Instant::now();
+    let end = gov.on_end(clock.now_ns);
+    s.end_ns.push(elapsed_ns(t0));
+    if let Gate::Trip(t) = black_box(end) {
+        *s.trips.entry(format!("{}(end)", t.detector)).or_default() += 1;
+    }
+    let t0 = Instant::now();
+    let summary = gov.summary();
+    drop(gov);
+    s.summary_ns.push(elapsed_ns(t0));
+    if let Some(m) = rts_mode(&summary) {
+        *s.rts_modes.entry(m).or_default() += 1;
     }
 }
 
@@ -664,8 +687,7 @@ struct Row {
     held_tokens: Vec<u64>,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn check_args(args: &Args) -> Result<()> {
     ensure!(
         args.turns > 0 && args.tokens > 0 && args.rounds > 0,
         "--turns, --tokens and --rounds must be positive"
@@ -678,6 +700,52 @@ fn main() -> Result<()> {
         matches!(args.latency_mode.as_str(), "hard" | "observe"),
         "--latency-mode must be hard or observe"
     );
+    Ok(())
+}
+
+/// One configuration's detectors (none for the bare loop) run untimed over the warm-up turns
+/// (which teaches the latency baseline), with their clock and an empty row.
+fn warm_up(c: Cfg, latency_mode: &str, warm: &[Turn]) -> Result<(Option<Detectors>, Clock, Row)> {
+    let toml = c.on.map(|on| config_toml(on, latency_mode));
+    let det = toml.as_deref().map(build_detectors).transpose()?;
+    let mut clock = Clock {
+        now_ns: monotonic_ns(),
+    };
+    // Warm-up: untimed (the samples are dropped), teaches the latency baseline.
+    let mut s = Samples::default();
+    run_turns(det.as_ref(), warm, &mut clock, &mut s, None);
+    eprintln!(
+        "[bench-detectors] {}: {} warm-up turns{}",
+        c.name,
+        warm.len(),
+        if s.trips.is_empty() {
+            String::new()
+        } else {
+            format!(", trips {:?}", s.trips)
+        }
+    );
+    let row = Row {
+        cfg: c,
+        toml,
+        token: Vec::new(),
+        first: Vec::new(),
+        trip: Vec::new(),
+        steady: Vec::new(),
+        setup: Vec::new(),
+        end: Vec::new(),
+        summary: Vec::new(),
+        trips: BTreeMap::new(),
+        turns: 0,
+        rts_modes: BTreeMap::new(),
+        held_bytes: Vec::new(),
+        held_tokens: Vec::new(),
+    };
+    Ok((det, clock, row))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    check_args(&args)?;
     if args.show_config {
         for c in CONFIGS {
             if let Some(on) = c.on {
@@ -731,42 +799,10 @@ fn main() -> Result<()> {
     let mut dets: Vec<Option<Detectors>> = Vec::new();
     let mut clocks: Vec<Clock> = Vec::new();
     for c in CONFIGS {
-        let toml = c.on.map(|on| config_toml(on, &args.latency_mode));
-        let det = toml.as_deref().map(build_detectors).transpose()?;
-        let mut clock = Clock {
-            now_ns: monotonic_ns(),
-        };
-        // Warm-up: untimed (the samples are dropped), teaches the latency baseline.
-        let mut s = Samples::default();
-        run_turns(det.as_ref(), &warm, &mut clock, &mut s, None);
-        eprintln!(
-            "[bench-detectors] {}: {} warm-up turns{}",
-            c.name,
-            warm.len(),
-            if s.trips.is_empty() {
-                String::new()
-            } else {
-                format!(", trips {:?}", s.trips)
-            }
-        );
+        let (det, clock, row) = warm_up(c, &args.latency_mode, &warm)?;
         dets.push(det);
         clocks.push(clock);
-        rows.push(Row {
-            cfg: c,
-            toml,
-            token: Vec::new(),
-            first: Vec::new(),
-            trip: Vec::new(),
-            steady: Vec::new(),
-            setup: Vec::new(),
-            end: Vec::new(),
-            summary: Vec::new(),
-            trips: BTreeMap::new(),
-            turns: 0,
-            rts_modes: BTreeMap::new(),
-            held_bytes: Vec::new(),
-            held_tokens: Vec::new(),
-        });
+        rows.push(row);
     }
 
     let machine = machine();
