@@ -724,6 +724,106 @@ fn round2(v: Option<f64>) -> Value {
     v.map_or(Value::Null, |v| json!((v * 100.0).round() / 100.0))
 }
 
+/// Up to three streams that did not halt as the scenario says, with their ledger records.
+fn not_halted_examples(r: &RunResult) -> Vec<Value> {
+    let spec = &r.spec;
+    r.streams
+        .iter()
+        .filter(|s| !s.halted_by(spec.scenario.cause()))
+        .take(3)
+        .map(|s| {
+            json!({
+                "stream_id": s.stream_id, "status": s.status, "tokens": s.tokens,
+                "done": s.done, "error_code": s.error_code, "trip_error": s.trip_error,
+                "failure": s.failure,
+                "records": r.ledger.iter()
+                    .filter(|v| v["stream_id"] == s.stream_id.as_str())
+                    .map(|v| json!({
+                        "kind": v["kind"], "outcome": v["outcome"], "trip_cause": v["trip_cause"],
+                        "halted_by": v["halted_by"], "kernel": v["kernel"],
+                        "trip_token_index": v["trip_token_index"],
+                        "tokens_emitted": v["tokens_emitted"], "message": v["message"],
+                    }))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+/// What went wrong in a run: a breach of B (seen by the clients or recorded by haltd), failed
+/// streams, no halt at all.
+fn problems_of(
+    spec: &RunSpec,
+    breaches: &[&StreamResult],
+    srv_post: &[u32],
+    failures: &[&StreamResult],
+    none_halted: bool,
+) -> Vec<String> {
+    let b = u64::from(spec.budget);
+    let mut problems = Vec::new();
+    if !breaches.is_empty() {
+        let s = breaches[0];
+        problems.push(format!(
+            "{}: {} streams got more than B = {b} tokens after the trip (e.g. {}: {} tokens, τ {:?})",
+            spec.label(),
+            breaches.len(),
+            s.stream_id,
+            s.tokens,
+            s.tau()
+        ));
+    }
+    if srv_post.iter().any(|&p| u64::from(p) > b) {
+        problems.push(format!(
+            "{}: haltd recorded more than B = {b} post-trip tokens",
+            spec.label()
+        ));
+    }
+    if let Some(s) = failures.first() {
+        problems.push(format!(
+            "{}: {} streams failed, e.g. {}: {}",
+            spec.label(),
+            failures.len(),
+            s.stream_id,
+            s.failure.as_deref().unwrap_or_default()
+        ));
+    }
+    if none_halted {
+        problems.push(format!("{}: no stream halted", spec.label()));
+    }
+    problems
+}
+
+/// haltd's own view of a run's halts: its incident records for the scenario's cause, with the
+/// post-trip tokens and halt latencies they state.
+fn ledger_figures(r: &RunResult) -> (Vec<&Value>, Vec<u32>, Vec<f64>) {
+    let incidents: Vec<&Value> = r
+        .ledger
+        .iter()
+        .filter(|v| v["kind"] == "incident" && v["trip_cause"] == r.spec.scenario.cause())
+        .collect();
+    let srv_post: Vec<u32> = incidents
+        .iter()
+        .filter_map(|v| v["halt_tokens_post_trip"].as_u64())
+        .map(|p| u32::try_from(p).unwrap_or(u32::MAX))
+        .collect();
+    let srv_lat: Vec<f64> = incidents
+        .iter()
+        .filter_map(|v| v["halt_latency_ms"].as_f64())
+        .collect();
+    (incidents, srv_post, srv_lat)
+}
+
+/// How many streams got each number of post-trip tokens.
+fn histogram(post: &[u32]) -> serde_json::Map<String, Value> {
+    let mut hist = BTreeMap::new();
+    for p in post {
+        *hist.entry(*p).or_insert(0_usize) += 1;
+    }
+    hist.iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect()
+}
+
 /// Summarises a run; also returns the problems found (a breach of B, streams that did not
 /// halt as they should).
 fn summarise(r: &RunResult) -> (Value, Vec<String>) {
@@ -751,80 +851,20 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
         .collect();
     let not_halted = r.streams.len() - halted.len();
     // What the streams that did not halt as the scenario says looked like (a few).
-    let not_halted_examples: Vec<Value> = r
-        .streams
-        .iter()
-        .filter(|s| !s.halted_by(spec.scenario.cause()))
-        .take(3)
-        .map(|s| {
-            json!({
-                "stream_id": s.stream_id, "status": s.status, "tokens": s.tokens,
-                "done": s.done, "error_code": s.error_code, "trip_error": s.trip_error,
-                "failure": s.failure,
-                "records": r.ledger.iter()
-                    .filter(|v| v["stream_id"] == s.stream_id.as_str())
-                    .map(|v| json!({
-                        "kind": v["kind"], "outcome": v["outcome"], "trip_cause": v["trip_cause"],
-                        "halted_by": v["halted_by"], "kernel": v["kernel"],
-                        "trip_token_index": v["trip_token_index"],
-                        "tokens_emitted": v["tokens_emitted"], "message": v["message"],
-                    }))
-                    .collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let not_halted_examples = not_halted_examples(r);
     let breaches: Vec<&StreamResult> = halted
         .iter()
         .copied()
         .filter(|s| s.post_trip().is_some_and(|p| p > b))
         .collect();
-    let incidents: Vec<&Value> = r
-        .ledger
-        .iter()
-        .filter(|v| v["kind"] == "incident" && v["trip_cause"] == spec.scenario.cause())
-        .collect();
-    let srv_post: Vec<u32> = incidents
-        .iter()
-        .filter_map(|v| v["halt_tokens_post_trip"].as_u64())
-        .map(|p| u32::try_from(p).unwrap_or(u32::MAX))
-        .collect();
-    let srv_lat: Vec<f64> = incidents
-        .iter()
-        .filter_map(|v| v["halt_latency_ms"].as_f64())
-        .collect();
-    let mut hist = BTreeMap::new();
-    for p in &post {
-        *hist.entry(*p).or_insert(0_usize) += 1;
-    }
-    if !breaches.is_empty() {
-        let s = breaches[0];
-        problems.push(format!(
-            "{}: {} streams got more than B = {b} tokens after the trip (e.g. {}: {} tokens, τ {:?})",
-            spec.label(),
-            breaches.len(),
-            s.stream_id,
-            s.tokens,
-            s.tau()
-        ));
-    }
-    if srv_post.iter().any(|&p| u64::from(p) > b) {
-        problems.push(format!(
-            "{}: haltd recorded more than B = {b} post-trip tokens",
-            spec.label()
-        ));
-    }
-    if let Some(s) = failures.first() {
-        problems.push(format!(
-            "{}: {} streams failed, e.g. {}: {}",
-            spec.label(),
-            failures.len(),
-            s.stream_id,
-            s.failure.as_deref().unwrap_or_default()
-        ));
-    }
-    if halted.is_empty() {
-        problems.push(format!("{}: no stream halted", spec.label()));
-    }
+    let (incidents, srv_post, srv_lat) = ledger_figures(r);
+    problems.extend(problems_of(
+        spec,
+        &breaches,
+        &srv_post,
+        &failures,
+        halted.is_empty(),
+    ));
     let open_streams = spec.concurrency.min(spec.total);
     let per_stream_kib = (r.rss_open_kib > 0)
         .then(|| (r.rss_open_kib.saturating_sub(r.rss_idle_kib)) as f64 / open_streams as f64);
@@ -854,7 +894,7 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
         "trip_errors": trip_errors.len(),
         "breaches": breaches.len(),
         "post_trip_tokens": pct(&post),
-        "post_trip_histogram": hist.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "post_trip_histogram": histogram(&post),
         "halt_latency_ms": pct(&lat),
         "ledger_incidents": incidents.len(),
         "ledger_post_trip_tokens": pct(&srv_post),
