@@ -934,6 +934,14 @@ fn quad(v: &Value) -> String {
 
 fn markdown(report: &Value) -> String {
     let mut md = String::new();
+    md_runs(&mut md, report);
+    md_memory(&mut md, report);
+    md_sub_benches(&mut md, report);
+    md
+}
+
+/// The summary line and the table of runs, and the halts whose terminal event was lost.
+fn md_runs(md: &mut String, report: &Value) {
     let m = &report["machine"];
     let _ = writeln!(
         md,
@@ -1004,6 +1012,10 @@ fn markdown(report: &Value) -> String {
             silent.join("; ")
         );
     }
+}
+
+/// Memory per open stream, from the late-trip runs at B = 5.
+fn md_memory(md: &mut String, report: &Value) {
     let mem: Vec<&Value> = report["runs"]
         .as_array()
         .into_iter()
@@ -1027,6 +1039,10 @@ fn markdown(report: &Value) -> String {
             );
         }
     }
+}
+
+/// The folded-in sub-benches (gate cost per send, streaming overhead), notes and problems.
+fn md_sub_benches(md: &mut String, report: &Value) {
     let g = &report["gate_send"];
     if g.is_object() {
         let _ = writeln!(
@@ -1069,7 +1085,6 @@ fn markdown(report: &Value) -> String {
             let _ = writeln!(md, "- {}", x.as_str().unwrap_or_default());
         }
     }
-    md
 }
 
 mod plot {
@@ -1194,25 +1209,8 @@ mod plot {
                     r["scenario"] == scenario.as_str() && r["budget"].as_u64() == Some(*budget)
                 })
                 .collect();
-            let series = |q: &str| -> Vec<(f64, f64)> {
-                mine.iter()
-                    .filter_map(|r| {
-                        Some((
-                            r["concurrency"].as_f64()?,
-                            r["halt_latency_ms"][q]
-                                .as_f64()
-                                .or_else(|| r["ledger_halt_latency_ms"][q].as_f64())?
-                                .max(0.01),
-                        ))
-                    })
-                    .collect()
-            };
-            let all: Vec<f64> = ["p50", "p95", "p99", "max"]
-                .iter()
-                .flat_map(|q| series(q).into_iter().map(|p| p.1))
-                .collect();
-            let y_max = all.iter().copied().fold(1.0_f64, f64::max) * 2.0;
-            let y_min = all.iter().copied().fold(f64::INFINITY, f64::min).min(1.0) / 2.0;
+            let series = |q: &str| latency_series(&mine, q);
+            let (y_min, y_max) = latency_range(&mine);
             let source = if *scenario == "watchdog-stall" {
                 " (haltd's record)"
             } else {
@@ -1269,6 +1267,34 @@ mod plot {
         }
         root.present().map_err(err)?;
         Ok(())
+    }
+
+    /// Halt latency quantile `q` against the stream count, the client's figure or, without
+    /// one, haltd's.
+    fn latency_series(runs: &[&Value], q: &str) -> Vec<(f64, f64)> {
+        runs.iter()
+            .filter_map(|r| {
+                Some((
+                    r["concurrency"].as_f64()?,
+                    r["halt_latency_ms"][q]
+                        .as_f64()
+                        .or_else(|| r["ledger_halt_latency_ms"][q].as_f64())?
+                        .max(0.01),
+                ))
+            })
+            .collect()
+    }
+
+    /// The latency axis: from half the smallest figure (at most 0.5 ms) to twice the largest
+    /// (at least 2 ms).
+    fn latency_range(runs: &[&Value]) -> (f64, f64) {
+        let all: Vec<f64> = ["p50", "p95", "p99", "max"]
+            .iter()
+            .flat_map(|q| latency_series(runs, q).into_iter().map(|p| p.1))
+            .collect();
+        let y_max = all.iter().copied().fold(1.0_f64, f64::max) * 2.0;
+        let y_min = all.iter().copied().fold(f64::INFINITY, f64::min).min(1.0) / 2.0;
+        (y_min, y_max)
     }
 
     fn row_keys(runs: &[Value]) -> Vec<(String, u64)> {
