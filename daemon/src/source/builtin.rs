@@ -27,9 +27,13 @@
 //!   into the trained vocabulary, candidate lists are precomputed CSR slices, and the
 //!   alternatives are a fixed-capacity array.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::LazyLock;
+
+use super::{Ending, Polled, Produced, TokenSource, Tokens};
+use crate::{clock::monotonic_ns, upstream::framing::Split};
 
 /// The model name reported in responses (`"model": "builtin"`).
 pub const MODEL_NAME: &str = "builtin";
@@ -529,6 +533,47 @@ impl BuiltinStream {
     /// Tokens returned so far.
     pub fn tokens_generated(&self) -> u32 {
         self.generated
+    }
+}
+
+/// A built-in stream as the data plane's [`TokenSource`]: one token per poll, with the
+/// `top_n` alternatives the client asked for; no allocation.
+#[derive(Debug)]
+pub struct BuiltinSource {
+    pub stream: BuiltinStream,
+    pub top_n: usize,
+}
+
+impl TokenSource for BuiltinSource {
+    fn poll(&mut self) -> Polled {
+        match self.stream.next_token(self.top_n) {
+            Some(tok) => Polled::Text(Produced {
+                text: Cow::Borrowed(tok.text),
+                tokens: Tokens::Builtin {
+                    logprob: tok.logprob,
+                    top: tok.top,
+                },
+                split: Split::Token,
+                arrived_ns: monotonic_ns(),
+            }),
+            None => Polled::End,
+        }
+    }
+
+    fn paced(&self) -> bool {
+        true
+    }
+
+    fn ending(&self) -> Ending {
+        Ending {
+            reason: Cow::Borrowed(
+                self.stream
+                    .finish_reason()
+                    .map_or("stop", FinishReason::as_str),
+            ),
+            usage: None,
+            tools: Vec::new(),
+        }
     }
 }
 

@@ -1,7 +1,6 @@
-//! The detectors on the data plane: per token, [`crate::detect::pipeline::TurnGovernor`]
-//! judges the token before it is accounted or sent; the exfiltration scanner may hold text
-//! back, so tokens wait in the turn's hold queue until the scanner releases them, and go out
-//! one frame each, in order. A trip drops everything held: held text is never emitted.
+//! The exfiltration hold-back queue of a turn: the scanner may hold text back, so frames wait
+//! here until it releases them, and go out one frame each, in order. A trip drops everything
+//! held: held text is never emitted.
 //!
 //! The queue also frames what the proxy receives (one token per frame,
 //! [`crate::upstream::framing`]): an entry is one token, a run of characters or one call's part
@@ -9,32 +8,23 @@
 //! frame of an entry that makes several (a long token's pieces, one per character) is split
 //! off as it goes out, one small allocation per frame.
 //!
-//! The common case (nothing held) emits the built-in source's token straight from the source,
-//! without copying it; a token joins the hold queue (an owned copy: one allocation) only while
-//! the scanner holds text. A proxied chunk's text is owned already and moves into the queue.
+//! The common case (nothing held, one frame) skips the queue: the pipeline encodes the token
+//! straight from the source, without copying it (`pipeline.rs`). A token joins the queue (an
+//! owned copy of a built-in token: one allocation) only while the scanner holds text; a
+//! proxied chunk's text is owned already and moves in.
 
-use std::{collections::VecDeque, io, sync::atomic::Ordering::SeqCst, sync::Arc};
+use std::collections::VecDeque;
 
 use serde_json::Value;
 
-use super::{SendKind, Turn, Worker};
-use crate::{
-    clock::monotonic_ns,
-    codes::FailureCode,
-    detect::{pipeline::Gate, DetectorId, Trip, TripKind},
-    safety::{self, SafetyContext, SafetyMode},
-    upstream::framing::{self, Split, ToolCallPart},
-    upstream::UpToken,
-    wire::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+use crate::upstream::{
+    framing::{self, Split, ToolCallPart},
+    UpToken,
 };
-
-/// Output text kept per turn for SafetyCheck's cited-source check; beyond it the citation
-/// check reports the text as not fully known.
-const MAX_SAFETY_TEXT: usize = 256 * 1024;
 
 /// What a held frame carries.
 #[derive(Debug)]
-pub(super) enum PendingKind {
+pub enum PendingKind {
     /// One token, in pieces of at most the cap when longer: the first frame carries
     /// `logprob` and `top`, later pieces logprob 0.0 (a certain continuation) and no
     /// alternatives.
@@ -56,7 +46,7 @@ pub(super) enum PendingKind {
 /// What a tool call's header frame carries, and the calls it starts (`{index, id, name}`),
 /// dispatched once the kernel accepts the frame.
 #[derive(Debug)]
-pub(super) struct ToolHeader {
+pub struct ToolHeader {
     pub id: Option<String>,
     pub name: Option<String>,
     pub started: Vec<Value>,
@@ -65,7 +55,7 @@ pub(super) struct ToolHeader {
 /// Text waiting to go out as frames: held back by the exfiltration scanner, or the frames of
 /// a proxied chunk not sent yet.
 #[derive(Debug)]
-pub(super) struct Pending {
+pub struct Pending {
     pub text: String,
     pub kind: PendingKind,
     /// Bytes of `text` earlier frames carried.
@@ -79,7 +69,7 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    fn split(&self) -> Split {
+    pub(super) fn split(&self) -> Split {
         match self.kind {
             PendingKind::Content { .. } => Split::Token,
             PendingKind::Chars => Split::Chars,
@@ -87,7 +77,7 @@ impl Pending {
         }
     }
 
-    fn has_header(&self) -> bool {
+    pub(super) fn has_header(&self) -> bool {
         matches!(
             self.kind,
             PendingKind::ToolCall {
@@ -98,7 +88,7 @@ impl Pending {
     }
 
     /// Bytes of text the next frame carries (a tool-call header carries none).
-    fn next_len(&self) -> usize {
+    pub(super) fn next_len(&self) -> usize {
         if self.has_header() {
             0
         } else {
@@ -107,7 +97,7 @@ impl Pending {
     }
 
     /// Whether the next frame, of `n` bytes, is the entry's last.
-    fn is_last(&self, n: usize) -> bool {
+    pub(super) fn is_last(&self, n: usize) -> bool {
         if self.has_header() {
             self.pos == self.text.len()
         } else {
@@ -116,7 +106,7 @@ impl Pending {
     }
 
     /// Splits off the next frame, of `n` bytes ending at `end` (an owned copy of its text).
-    fn take_frame(&mut self, n: usize, end: usize) -> Pending {
+    pub(super) fn take_frame(&mut self, n: usize, end: usize) -> Pending {
         let kind = match &mut self.kind {
             PendingKind::Content { logprob, top } => {
                 let first = PendingKind::Content {
@@ -152,7 +142,7 @@ impl Pending {
 
 /// The hold queue and scan positions of a turn.
 #[derive(Debug, Default)]
-pub(super) struct Hold {
+pub struct Hold {
     pub queue: VecDeque<Pending>,
     /// Bytes pushed to the scanner so far.
     pub scanned: usize,
@@ -199,13 +189,27 @@ impl Hold {
         if split == Split::Chars && text.is_empty() {
             return;
         }
+        let first = token.map_or((f32::NEG_INFINITY, Vec::new()), |t| {
+            (t.logprob.unwrap_or(f32::NEG_INFINITY), t.top)
+        });
+        self.push_content(text, split, first, offset, arrived_ns);
+    }
+
+    /// Queues text (already scanned up to `self.scanned`) as frames cut by `split`: one token
+    /// with its `(logprob, alternatives)` (`Split::Token`), or text per character.
+    pub fn push_content(
+        &mut self,
+        text: String,
+        split: Split,
+        (logprob, top): (f32, Vec<(String, f32)>),
+        offset: usize,
+        arrived_ns: u64,
+    ) {
+        if split == Split::Chars && text.is_empty() {
+            return;
+        }
         let kind = match split {
-            Split::Token => {
-                let (logprob, top) = token.map_or((f32::NEG_INFINITY, Vec::new()), |t| {
-                    (t.logprob.unwrap_or(f32::NEG_INFINITY), t.top)
-                });
-                PendingKind::Content { logprob, top }
-            }
+            Split::Token => PendingKind::Content { logprob, top },
             Split::Chars => PendingKind::Chars,
         };
         self.queue.push_back(Pending {
@@ -278,169 +282,6 @@ impl Hold {
                 self.queue.push_back(entry(a, None, end));
             }
         }
-    }
-}
-
-impl Turn {
-    /// Keeps emitted text for SafetyCheck (bounded).
-    pub(super) fn note_output(&mut self, text: &str) {
-        if self.out_text.len() + text.len() <= MAX_SAFETY_TEXT {
-            self.out_text.push_str(text);
-        } else {
-            self.out_text_truncated = true;
-        }
-    }
-
-    /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
-    pub(super) fn safety_verdict(
-        &self,
-        shared: &crate::halt::HaltCore,
-        typed_end: bool,
-    ) -> safety::SafetyVerdict {
-        let ctx = SafetyContext {
-            request_source_urls: Some(self.request_urls.clone()),
-            cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
-            last_refusal_was_typed: Some(typed_end),
-            identity_before: self.identity_before.clone(),
-            identity_after: self.identity_after.clone(),
-            versor_condition: None,
-        };
-        shared
-            .detectors
-            .safety
-            .check(&ctx, &shared.detectors.safety_pack)
-    }
-}
-
-impl Worker {
-    /// A detector tripped the stream: note who and why for the terminal event and record,
-    /// count it, trip, halt.
-    pub(super) fn detector_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let id = self.conns[key].id;
-        tracing::info!(stream_id = %id, detector = %trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
-        shared.metrics.detectors.tripped(trip.detector, trip.code);
-        // Bounded: the terminal frame must fit the gate's terminal allowance.
-        let detail: String = trip.detail.chars().take(240).collect();
-        shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
-        let _ = shared.trip(id, trip.code);
-        self.halt(key)
-    }
-
-    /// Sends one released frame.
-    pub(super) fn emit_pending(&mut self, key: usize, mut p: Pending) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
-        let conn = &mut self.conns[key];
-        let slot = shared.table.slot(conn.id.slot);
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(());
-        };
-        let index = slot.tokens_submitted.load(SeqCst);
-        conn.wbuf.clear();
-        let first = !turn.first_frame_sent;
-        // The frame's text: the whole entry, or what is left of it after earlier frames.
-        let started = match &mut p.kind {
-            PendingKind::ToolCall {
-                header: Some(h), ..
-            } => std::mem::take(&mut h.started),
-            _ => Vec::new(),
-        };
-        let text = &p.text[p.pos..];
-        let offset = p.offset + p.pos;
-        match p.kind {
-            PendingKind::Content { logprob, ref top } => {
-                let mut tops: [(&str, f32); MAX_TOP_LOGPROBS as usize] =
-                    [("", 0.0); MAX_TOP_LOGPROBS as usize];
-                let n = top.len().min(turn.top_logprobs as usize).min(tops.len());
-                for (slot_, (s, l)) in tops.iter_mut().zip(top).take(n) {
-                    *slot_ = (s.as_str(), *l);
-                }
-                let tok = Token {
-                    text,
-                    logprob,
-                    top: &tops[..n],
-                };
-                turn.enc.token_event(&mut conn.wbuf, tok, offset, first);
-            }
-            PendingKind::Chars => turn.enc.text_event(&mut conn.wbuf, text, first),
-            PendingKind::ToolCall {
-                index, ref header, ..
-            } => {
-                let call = ToolCallDelta {
-                    index,
-                    id: header.as_ref().and_then(|h| h.id.as_deref()),
-                    name: header.as_ref().and_then(|h| h.name.as_deref()),
-                    arguments: if header.is_some() { "" } else { text },
-                };
-                turn.enc.tool_call_event(&mut conn.wbuf, call, first);
-            }
-        }
-        turn.first_frame_sent = true;
-        if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
-            return self.halt(key);
-        }
-        if !started.is_empty() {
-            if let Some(up) = conn.up.as_mut() {
-                up.set_inflight_tools(started);
-            }
-        }
-        turn.note_output(text);
-        turn.inflight_token = index + 1;
-        conn.frame_arrived_ns = p.arrived_ns;
-        self.send(key, SendKind::Token)
-    }
-
-    /// The end of a turn's text: the detectors' and the scanner's last word. Returns `false`
-    /// when the turn was tripped (the halt is under way).
-    pub(super) fn govern_end(&mut self, key: usize) -> io::Result<bool> {
-        let conn = &mut self.conns[key];
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(false);
-        };
-        if turn.hold.ending {
-            return Ok(true);
-        }
-        turn.hold.ending = true;
-        match turn.gov.on_end(monotonic_ns()) {
-            Gate::Trip(t) => {
-                self.detector_trip(key, t)?;
-                Ok(false)
-            }
-            Gate::Release(n) => {
-                turn.hold.release(n);
-                Ok(true)
-            }
-        }
-    }
-
-    /// SafetyCheck at the clean end of a turn, before its final frame: the verdict goes into
-    /// the record; in enforce mode a violation trips the stream instead of ending it.
-    /// Returns `false` when it tripped.
-    pub(super) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(true);
-        };
-        let verdict = turn.safety_verdict(&shared, true);
-        let upheld = verdict.upheld;
-        let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
-        turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
-        if !upheld && shared.cfg.detectors.safety.mode == SafetyMode::Enforce {
-            return self
-                .detector_trip(
-                    key,
-                    Trip {
-                        detector: DetectorId::Safety,
-                        code: FailureCode::SafetyBoundaryViolated,
-                        kind: TripKind::Breach,
-                        detail: format!("violated: {}", violated.join(", ")),
-                    },
-                )
-                .map(|()| false);
-        }
-        Ok(true)
     }
 }
 

@@ -1,0 +1,183 @@
+//! The end of a turn's text, the last stage of the pipeline: the detectors' and the
+//! scanner's last word ([`Worker::govern_end`]), then, once every held frame went out,
+//! SafetyCheck's verdict and the final frame (the final events of a stream, or the whole
+//! batch response).
+
+use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::{json, Value};
+
+use super::{conn::SendKind, turn::Turn, Worker};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    detect::{pipeline::Gate, DetectorId, Trip, TripKind},
+    safety::SafetyMode,
+    stream::Mode,
+    wire::{http, StreamId, Token},
+};
+
+/// Writes the whole batch response (asked for, or a degraded stream) into `out`: one frame.
+fn encode_batch(
+    turn: &Turn,
+    out: &mut Vec<u8>,
+    id: StreamId,
+    reason: &str,
+    usage: (u64, u64),
+    tool_calls: Option<&Value>,
+) {
+    let degraded_hdr: &[(&str, &str)] = if turn.degraded {
+        &[("x-haltd-mode", "degraded")]
+    } else {
+        &[]
+    };
+    let tops: Vec<Vec<(&str, f32)>> = turn
+        .held_tokens
+        .iter()
+        .map(|t| t.top.iter().map(|(s, l)| (s.as_str(), *l)).collect())
+        .collect();
+    let toks: Vec<Token<'_>> = turn
+        .held_tokens
+        .iter()
+        .zip(&tops)
+        .map(|(t, top)| Token {
+            text: &t.text,
+            logprob: t.logprob,
+            top,
+        })
+        .collect();
+    let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
+    if turn.stream {
+        // Degraded mode serves a stream request as batch, still as SSE so that streaming
+        // clients read it: one content event, the final events, [DONE].
+        http::write_head(out, 200, "text/event-stream", None, Some(id), degraded_hdr);
+        if !turn.held_text.is_empty() || toks.is_empty() {
+            turn.enc
+                .content_event(out, &turn.held_text, &toks, &offsets, true);
+        }
+        turn.enc
+            .finish_events(out, reason, turn.include_usage.then_some(usage));
+    } else {
+        let body = turn
+            .enc
+            .batch_body(&turn.held_text, &toks, &offsets, reason, usage, tool_calls);
+        http::write_head(
+            out,
+            200,
+            "application/json",
+            Some(body.len()),
+            Some(id),
+            degraded_hdr,
+        );
+        out.extend_from_slice(&body);
+    }
+}
+
+impl Worker {
+    /// The source ended and every held frame went out: the final frame, with the source's
+    /// finish reason and usage (haltd's own count when it gave none).
+    pub(super) fn finish(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let batch = self.shared.table.slot(conn.id.slot).mode() == Mode::Batch;
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let ending = turn.source.get().ending();
+        let usage = ending
+            .usage
+            .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
+        let tools =
+            (!ending.tools.is_empty() && !turn.degraded).then_some(Value::Array(ending.tools));
+        if batch {
+            if let Some(Value::Array(all)) = &tools {
+                turn.tool_calls = all
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| json!({"index": i, "id": t["id"], "name": t["function"]["name"]}))
+                    .collect();
+            }
+        }
+        self.finish_with(key, &ending.reason, usage, tools.as_ref())
+    }
+
+    /// Writes the last frame of a turn that ends normally with `reason` (the final events of
+    /// a stream, or the whole batch response) and sends it.
+    pub(super) fn finish_with(
+        &mut self,
+        key: usize,
+        reason: &str,
+        usage: (u64, u64),
+        tool_calls: Option<&Value>,
+    ) -> io::Result<()> {
+        if !self.safety_at_end(key)? {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        conn.wbuf.clear();
+        if slot.mode() == Mode::Stream {
+            turn.enc
+                .finish_events(&mut conn.wbuf, reason, turn.include_usage.then_some(usage));
+        } else {
+            encode_batch(turn, &mut conn.wbuf, conn.id, reason, usage, tool_calls);
+        }
+        if slot.begin_final(conn.wbuf.len()) {
+            if slot.mode() == Mode::Batch {
+                slot.headers_sent.store(true, SeqCst);
+            }
+            self.send(key, SendKind::Final)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    pub(super) fn govern_end(&mut self, key: usize) -> io::Result<bool> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(false);
+        };
+        if turn.hold.ending {
+            return Ok(true);
+        }
+        turn.hold.ending = true;
+        match turn.gov.on_end(monotonic_ns()) {
+            Gate::Trip(t) => {
+                self.detector_trip(key, t)?;
+                Ok(false)
+            }
+            Gate::Release(n) => {
+                turn.hold.release(n);
+                Ok(true)
+            }
+        }
+    }
+    pub(super) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(true);
+        };
+        let verdict = turn.safety_verdict(&shared, true);
+        let upheld = verdict.upheld;
+        let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
+        turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
+        if !upheld && shared.cfg.detectors.safety.mode == SafetyMode::Enforce {
+            return self
+                .detector_trip(
+                    key,
+                    Trip {
+                        detector: DetectorId::Safety,
+                        code: FailureCode::SafetyBoundaryViolated,
+                        kind: TripKind::Breach,
+                        detail: format!("violated: {}", violated.join(", ")),
+                    },
+                )
+                .map(|()| false);
+        }
+        Ok(true)
+    }
+}

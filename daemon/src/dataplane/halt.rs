@@ -1,0 +1,119 @@
+//! The emitter's side of a halt: once a stream is tripped (by a detector here, or by the
+//! admin API, the watchdog or the kernel elsewhere), cancel its upstream generation, claim
+//! the halt and send the terminal frame (after any send in flight), then record it. A trip
+//! raised on another thread rings the worker's eventfd ([`Worker::scan_tripped`]).
+
+use std::{io, sync::Arc};
+
+use super::{conn::SendKind, Worker};
+use crate::{
+    clock::monotonic_ns,
+    detect::Trip,
+    stream::{Halter, Outcome, SlotState},
+    upstream::CancelReason,
+};
+
+impl Worker {
+    /// A detector tripped the stream: note who and why for the terminal event and record,
+    /// count it, trip, halt.
+    pub(super) fn detector_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let id = self.conns[key].id;
+        tracing::info!(stream_id = %id, detector = %trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
+        shared.metrics.detectors.tripped(trip.detector, trip.code);
+        // Bounded: the terminal frame must fit the gate's terminal allowance.
+        let detail: String = trip.detail.chars().take(240).collect();
+        shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
+        let _ = shared.trip(id, trip.code);
+        self.halt(key)
+    }
+
+    /// Halts a tripped stream from the emitter's side: claim the halt, then send the terminal
+    /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
+    pub(super) fn halt(&mut self, key: usize) -> io::Result<()> {
+        if self.shared.table.slot(self.conns[key].id.slot).is_tripped() {
+            // A tripped turn's generation is cancelled at once (spec: no work for nothing,
+            // and vLLM frees the sequence).
+            self.up_cancel(key, CancelReason::Trip);
+        }
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        match slot.state() {
+            SlotState::Halted => {
+                conn.outcome = Outcome::Halted;
+                self.begin_close(key);
+                return Ok(());
+            }
+            SlotState::Tripped => {}
+            // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
+            // us once it is HALTED.
+            SlotState::Tripping | SlotState::Halting => return Ok(()),
+            // Not tripped at all (a trip that came too late to take, e.g. after the final
+            // frame was committed): nothing to halt, so end the connection as it stands
+            // rather than wait for a wake-up that never comes.
+            _ => {
+                self.begin_close(key);
+                return Ok(());
+            }
+        }
+        if conn.sending.is_some() {
+            conn.pending_terminal = true;
+            return Ok(());
+        }
+        if !slot.claim_halt() {
+            return Ok(());
+        }
+        conn.outcome = Outcome::Halted;
+        let snap = slot.snapshot(conn.id.slot);
+        shared.terminal_frame(&snap, &mut conn.wbuf);
+        self.send(key, SendKind::Terminal)
+    }
+
+    pub(super) fn halt_done(&mut self, key: usize, delivered: bool) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        slot.finish_halt(Halter::Emitter, monotonic_ns());
+        let refs = conn
+            .turn
+            .as_ref()
+            .map(|t| t.detector_refs.clone())
+            .unwrap_or_default();
+        shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, delivered, refs);
+        self.begin_close(key);
+        Ok(())
+    }
+
+    /// After a wake-up: halt every tripped stream of this worker, and close the ones the
+    /// watchdog halted.
+    pub(super) fn scan_tripped(&mut self) {
+        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
+        let mut halt = Vec::new();
+        let mut carry_on = Vec::new();
+        for (key, c) in &self.conns {
+            let st = self.shared.table.slot(c.id.slot).state();
+            if st == SlotState::Halted || (st == SlotState::Tripped && (c.closing || !ignore_halt))
+            {
+                halt.push((key, c.closing));
+            } else if st == SlotState::Tripped && !c.closing && !c.inflight() && c.turn.is_some() {
+                // `emitter-ignores-halt`: an emitter that paused on the trip (it saw
+                // TRIPPING) carries on sending tokens, so only the kernel stops it.
+                carry_on.push(key);
+            }
+        }
+        for (key, closing) in halt {
+            if !closing {
+                if let Err(e) = self.halt(key) {
+                    tracing::error!(error = %e, "halting a stream failed");
+                }
+            }
+            self.maybe_finish_close(key);
+        }
+        for key in carry_on {
+            if let Err(e) = self.step(key) {
+                tracing::error!(error = %e, "fault injection: resuming a stream failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The turn pipeline: the one per-token path, for every [`crate::source::TokenSource`].
+//!
+//! [`Worker::step`] runs whenever a turn can make progress (its pacing timer fired, its last
+//! frame was sent, its upstream delivered): the heartbeat and trip checks, then
+//! [`Worker::pump`], which takes what the source produced through the named phases:
+//!
+//! 1. **observe**: the detectors judge every token before any of its text is accounted or
+//!    sent ([`observe`]); a failing token is never emitted (spec 001).
+//! 2. **release**: the exfiltration scanner sees the text and says how much of the turn's
+//!    text may go out; what it holds waits in the hold queue (`hold.rs`), and a frame it
+//!    released earlier goes out before anything new.
+//! 3. **encode**: one frame (one SSE event) per token ([`encode_token`]), straight from the
+//!    source when nothing is held; a batch turn keeps the tokens for its one final frame.
+//! 4. **account**: the slot counts the frame before it is sent (`Slot::begin_frame`, in the
+//!    trip's frame window: a trip that came first stops it); the kernel gate counts the same.
+//! 5. **send**: one send per frame (`send.rs`).
+//!
+//! At the end of the text the detectors and the scanner have their last word, the held frames
+//! drain, SafetyCheck judges the turn, and the final frame goes out ([`Worker::finish_with`]).
+
+use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::Value;
+
+use super::{
+    conn::SendKind,
+    hold::{Pending, PendingKind},
+    ring::{ud, OP_TIMER},
+    turn::{HeldToken, Turn},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    detect::{pipeline::Gate, DetectorId, TokenObs, Trip, TripKind},
+    source::{upstream::count_suppressed, Polled, Produced, SourceFailure, Tokens},
+    stream::{Mode, SlotState},
+    upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
+    wire::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+};
+
+/// Alternatives of one token frame, on the stack.
+type Tops<'a> = [(&'a str, f32); MAX_TOP_LOGPROBS as usize];
+
+/// What the pipeline does after taking one thing from the source.
+enum Next {
+    /// Nothing went out: take the next (a paced source waits for its timer first).
+    Poll,
+    /// An operation is under way (a send, a halt, a failure's reply): stop here.
+    Stop,
+}
+
+/// Observe: the detectors judge each token of `t` (text without tokens, from an upstream that
+/// sent no logprobs, is one observation without a logprob). The first trip, if any.
+fn observe(turn: &mut Turn, t: &Produced, now: u64) -> Option<Trip> {
+    let base = turn.tokens_generated;
+    let gov = &mut turn.gov;
+    if t.tokens.is_empty() {
+        let obs = TokenObs {
+            index: base,
+            text: &t.text,
+            logprob: None,
+            now_ns: now,
+        };
+        return gov.set.observe(&obs, monotonic_ns);
+    }
+    let mut trip = None;
+    let mut i = 0;
+    t.tokens.for_each(&t.text, |text, logprob| {
+        let obs = TokenObs {
+            index: base + i,
+            text,
+            logprob,
+            now_ns: now,
+        };
+        trip = gov.set.observe(&obs, monotonic_ns);
+        i += 1;
+        trip.is_none()
+    });
+    trip
+}
+
+/// Release: the exfiltration scanner takes `text`; how much of the turn's text it lets go.
+fn scan(turn: &mut Turn, text: &str) -> Result<(), Trip> {
+    match turn.gov.scan(text) {
+        Gate::Trip(t) => Err(t),
+        Gate::Release(n) => {
+            turn.hold.scanned += text.len();
+            turn.hold.release(n);
+            Ok(())
+        }
+    }
+}
+
+/// Copies up to `limit` alternatives into `tops`; how many.
+fn fill_top<'a>(
+    tops: &mut Tops<'a>,
+    top: impl Iterator<Item = (&'a str, f32)>,
+    limit: u32,
+) -> usize {
+    let mut n = 0;
+    for (slot, alt) in tops.iter_mut().zip(top).take(limit as usize) {
+        *slot = alt;
+        n += 1;
+    }
+    n
+}
+
+/// Encode: the token frame of a text that is one token (of at most the frame cap), straight
+/// from the source.
+fn encode_token(turn: &Turn, out: &mut Vec<u8>, t: &Produced, offset: usize) {
+    let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
+    let limit = turn.top_logprobs;
+    let (logprob, n) = match &t.tokens {
+        Tokens::Builtin { logprob, top } => {
+            let n = fill_top(&mut tops, top.as_slice().iter().copied(), limit);
+            (*logprob, n)
+        }
+        Tokens::Upstream(toks) => toks.first().map_or((f32::NEG_INFINITY, 0), |tok| {
+            let alts = tok.top.iter().map(|(s, l)| (s.as_str(), *l));
+            let n = fill_top(&mut tops, alts, limit);
+            (tok.logprob.unwrap_or(f32::NEG_INFINITY), n)
+        }),
+    };
+    let tok = Token {
+        text: &t.text,
+        logprob,
+        top: &tops[..n],
+    };
+    turn.enc
+        .token_event(out, tok, offset, !turn.first_frame_sent);
+}
+
+/// A batch turn keeps its tokens for the final frame. (Allocates per token: the batch path
+/// keeps every token for the final body.)
+fn hold_for_batch(turn: &mut Turn, t: Produced, offset: usize) {
+    turn.held_text.push_str(&t.text);
+    turn.note_output(&t.text);
+    match t.tokens {
+        Tokens::Builtin { logprob, top } => turn.held_tokens.push(HeldToken {
+            text: t.text.into_owned(),
+            logprob,
+            top: owned_top(top.as_slice()),
+            offset,
+        }),
+        Tokens::Upstream(toks) => {
+            let mut off = offset;
+            for t in toks {
+                let len = t.text.len();
+                turn.held_tokens.push(HeldToken {
+                    text: t.text,
+                    logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
+                    top: t.top,
+                    offset: off,
+                });
+                off += len;
+            }
+        }
+    }
+}
+
+/// A built-in token's alternatives as owned strings (for a token that is kept: batch or held).
+fn owned_top(top: &[(&'static str, f32)]) -> Vec<(String, f32)> {
+    top.iter().map(|(t, l)| ((*t).to_owned(), *l)).collect()
+}
+
+impl Worker {
+    /// Produces the next frame of a turn: heartbeat and trip checks, then [`Self::pump`].
+    pub(super) fn step(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let slot = shared.table.slot(id.slot);
+        if !shared.heartbeat_fresh(monotonic_ns()) && !slot.is_tripped() {
+            // Fail closed: without a watchdog nobody could enforce a later halt.
+            let _ = shared.trip(id, FailureCode::HeartbeatLost);
+        }
+        if slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped) {
+            return self.halt(key);
+        }
+        if conn.turn.is_none() {
+            return Ok(());
+        }
+        crate::crash::worker_step(shared.cfg.faults.panic, slot.tokens_submitted.load(SeqCst));
+        self.pump(key)
+    }
+
+    /// Takes what the source produced through the phases until one frame is on its way, the
+    /// source has nothing (its I/O calls again), or a paced source waits for its timer.
+    pub(super) fn pump(&mut self, key: usize) -> io::Result<()> {
+        loop {
+            let conn = &mut self.conns[key];
+            if conn.sending.is_some() || conn.closing {
+                return Ok(());
+            }
+            let Some(turn) = conn.turn.as_mut() else {
+                return Ok(());
+            };
+            // Release: a frame the scanner let go of goes out first, in order.
+            if let Some(p) = turn.hold.pop_released() {
+                return self.emit_pending(key, p);
+            }
+            if turn.hold.ending {
+                // The text is complete and nothing is held any more.
+                return self.finish(key);
+            }
+            let paced = turn.source.get().paced();
+            let next = match turn.source.poll() {
+                Polled::Text(t) => self.take_text(key, t)?,
+                Polled::ToolCalls {
+                    delta,
+                    tokens,
+                    arrived_ns,
+                } => self.take_tool_calls(key, &delta, tokens, arrived_ns)?,
+                Polled::Pending => return self.up_arm_recv(key),
+                Polled::End => {
+                    self.source_ended(key);
+                    if !self.govern_end(key)? {
+                        return Ok(());
+                    }
+                    // Drain what the scanner released, then finish (at once, paced or not).
+                    continue;
+                }
+                Polled::Failed(f) => return self.source_failed(key, f),
+            };
+            match next {
+                Next::Stop => return Ok(()),
+                Next::Poll if paced => return self.paced_next(key),
+                Next::Poll => {}
+            }
+        }
+    }
+
+    /// A paced source took a token without sending it (held back, or kept for a batch): a
+    /// frame the scanner released goes out now, else the next token waits for the timer.
+    pub(super) fn paced_next(&mut self, key: usize) -> io::Result<()> {
+        let released = self.conns[key]
+            .turn
+            .as_mut()
+            .and_then(|t| t.hold.pop_released());
+        match released {
+            Some(p) => self.emit_pending(key, p),
+            None => self.schedule_next(key),
+        }
+    }
+
+    /// The phases for text a source produced.
+    fn take_text(&mut self, key: usize, t: Produced) -> io::Result<Next> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(Next::Stop);
+        };
+        let now = monotonic_ns();
+        if let Some(trip) = observe(turn, &t, now) {
+            return self.observed_trip(key, trip).map(|()| Next::Stop);
+        }
+        if let Err(trip) = scan(turn, &t.text) {
+            return self.detector_trip(key, trip).map(|()| Next::Stop);
+        }
+        if turn.last_token_ns != 0 {
+            turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
+        }
+        turn.last_token_ns = now;
+        // One token per frame by the rule; a chunk with more upstream tokens than frames
+        // (byte tokens of one character) counts those, so that detector indices stay
+        // distinct.
+        let frames = t.split.frames(&t.text).max(t.tokens.len() as u64);
+        turn.tokens_generated += frames;
+        let offset = turn.text_len;
+        turn.text_len += t.text.len();
+        if slot.mode() == Mode::Batch {
+            // Held, not sent: batch responses are committed whole.
+            hold_for_batch(turn, t, offset);
+            slot.tokens_submitted.fetch_add(frames, SeqCst);
+            return Ok(Next::Poll);
+        }
+        if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
+            // The common case: nothing held, one frame, encoded from the source's text.
+            conn.wbuf.clear();
+            encode_token(turn, &mut conn.wbuf, &t, offset);
+            turn.first_frame_sent = true;
+            turn.note_output(&t.text);
+            return self
+                .account_and_send(key, t.arrived_ns)
+                .map(|()| Next::Stop);
+        }
+        // The scanner holds text, or the text makes several frames: they go out through
+        // the hold queue, one per step, in order (an upstream's text moves in, no copy).
+        let (text, split, arrived) = (t.text.into_owned(), t.split, t.arrived_ns);
+        match t.tokens {
+            Tokens::Builtin { logprob, top } => {
+                let first = (logprob, owned_top(top.as_slice()));
+                turn.hold.push_content(text, split, first, offset, arrived);
+            }
+            Tokens::Upstream(toks) => {
+                let token = toks.into_iter().next();
+                turn.hold.push_text(text, split, token, offset, arrived);
+            }
+        }
+        Ok(Next::Poll)
+    }
+
+    /// The phases for a tool-call delta (chat, upstream): observed like content, suppressed
+    /// in degraded mode, its name and arguments scanned like any text, then framed through
+    /// the hold queue.
+    fn take_tool_calls(
+        &mut self,
+        key: usize,
+        delta: &Value,
+        tokens: Vec<UpToken>,
+        arrived_ns: u64,
+    ) -> io::Result<Next> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(Next::Stop);
+        };
+        let (now, base) = (monotonic_ns(), turn.tokens_generated);
+        let mut trip = None;
+        for (i, t) in tokens.iter().enumerate() {
+            let obs = TokenObs {
+                index: base + i as u64,
+                text: &t.text,
+                logprob: t.logprob,
+                now_ns: now,
+            };
+            trip = turn.gov.set.observe(&obs, monotonic_ns);
+            if trip.is_some() {
+                break;
+            }
+        }
+        if let Some(trip) = trip {
+            return self.observed_trip(key, trip).map(|()| Next::Stop);
+        }
+        if turn.degraded {
+            // Degraded safe mode blocks new tool dispatch: not emitted, only counted.
+            turn.tokens_generated += tokens.len() as u64;
+            count_suppressed(&shared.metrics, delta);
+            return Ok(Next::Poll);
+        }
+        let parts = match framing::tool_call_parts(delta) {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = format!("malformed upstream tool call: {e}");
+                self.up_fail(key, UpstreamFailureKind::Malformed, msg, Some(200))?;
+                return Ok(Next::Stop);
+            }
+        };
+        // A tool call's name and arguments are output like any text: scanned for secrets,
+        // held back the same way.
+        let args: String = parts
+            .iter()
+            .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
+            .collect();
+        if let Err(trip) = scan(turn, &args) {
+            return self.detector_trip(key, trip).map(|()| Next::Stop);
+        }
+        let frames = framing::tool_call_frames(&parts, &tokens);
+        turn.tokens_generated += frames.max(tokens.len() as u64);
+        let started = turn
+            .source
+            .upstream_mut()
+            .map(|s| s.merge_tool_calls(delta))
+            .unwrap_or_default();
+        if slot.mode() == Mode::Batch {
+            slot.tokens_submitted.fetch_add(frames, SeqCst);
+            return Ok(Next::Poll);
+        }
+        // Emitted through the queue (in order behind any held frame).
+        turn.hold
+            .push_tool_calls(parts, tokens, &started, arrived_ns);
+        Ok(Next::Poll)
+    }
+
+    /// A detector tripped on an observed token. A HaltMonitor that cannot score what the
+    /// upstream sends says why in the terminal event, the record and the failure metric.
+    pub(super) fn observed_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
+        if trip.detector == DetectorId::HaltMonitor && trip.kind == TripKind::Unscorable {
+            let conn = &mut self.conns[key];
+            if let Some(up) = conn.up.as_mut() {
+                up.note_missing_logprobs(&self.shared, conn.id.slot);
+            }
+        }
+        self.detector_trip(key, trip)
+    }
+
+    /// Encodes and sends one released frame.
+    pub(super) fn emit_pending(&mut self, key: usize, mut p: Pending) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        conn.wbuf.clear();
+        let first = !turn.first_frame_sent;
+        // The frame's text: the whole entry, or what is left of it after earlier frames.
+        let started = match &mut p.kind {
+            PendingKind::ToolCall {
+                header: Some(h), ..
+            } => std::mem::take(&mut h.started),
+            _ => Vec::new(),
+        };
+        let text = &p.text[p.pos..];
+        let offset = p.offset + p.pos;
+        match p.kind {
+            PendingKind::Content { logprob, ref top } => {
+                let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
+                let alts = top.iter().map(|(s, l)| (s.as_str(), *l));
+                let n = fill_top(&mut tops, alts, turn.top_logprobs);
+                let tok = Token {
+                    text,
+                    logprob,
+                    top: &tops[..n],
+                };
+                turn.enc.token_event(&mut conn.wbuf, tok, offset, first);
+            }
+            PendingKind::Chars => turn.enc.text_event(&mut conn.wbuf, text, first),
+            PendingKind::ToolCall {
+                index, ref header, ..
+            } => {
+                let call = ToolCallDelta {
+                    index,
+                    id: header.as_ref().and_then(|h| h.id.as_deref()),
+                    name: header.as_ref().and_then(|h| h.name.as_deref()),
+                    arguments: if header.is_some() { "" } else { text },
+                };
+                turn.enc.tool_call_event(&mut conn.wbuf, call, first);
+            }
+        }
+        turn.first_frame_sent = true;
+        turn.note_output(text);
+        if !started.is_empty() {
+            turn.tools_in_flight = started;
+        }
+        self.account_and_send(key, p.arrived_ns)
+    }
+
+    /// Account, then send: the frame in `wbuf` is counted in the slot's frame window (a trip
+    /// that came first halts instead) and goes out.
+    pub(super) fn account_and_send(&mut self, key: usize, arrived_ns: u64) -> io::Result<()> {
+        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        let index = slot.tokens_submitted.load(SeqCst);
+        if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
+            return self.halt(key);
+        }
+        if let Some(turn) = conn.turn.as_mut() {
+            turn.inflight_token = index + 1;
+        }
+        conn.frame_arrived_ns = arrived_ns;
+        self.send(key, SendKind::Token)
+    }
+
+    /// The next step of a turn whose frame went out: after the pacing interval for a paced
+    /// source, at once for one paced by its upstream.
+    pub(super) fn schedule_next(&mut self, key: usize) -> io::Result<()> {
+        let paced = self.conns[key]
+            .turn
+            .as_mut()
+            .is_some_and(|t| t.source.get().paced());
+        if !paced || self.shared.cfg.token_interval.is_zero() {
+            return self.step(key);
+        }
+        let conn = &mut self.conns[key];
+        let ts: *const io_uring::types::Timespec = &*conn.timer_ts;
+        conn.timer_inflight = true;
+        let e = io_uring::opcode::Timeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_TIMER));
+        self.push(&e)
+    }
+
+    /// The source's text is complete: an upstream exchange is over (its socket shut down at
+    /// once), and the model it answered with is SafetyCheck's identity after the turn.
+    pub(super) fn source_ended(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
+            return;
+        };
+        up.finish_exchange();
+        if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
+            turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
+        }
+    }
+
+    pub(super) fn source_failed(&mut self, key: usize, f: SourceFailure) -> io::Result<()> {
+        if let Some(up) = self.conns[key].up.as_mut() {
+            if f.quote.is_some() {
+                up.failure_quote = f.quote;
+            }
+        }
+        self.up_fail(key, f.kind, f.message, f.status)
+    }
+}

@@ -1,0 +1,254 @@
+//! A connection's request: reading it (with the request deadline, and `100 Continue` when
+//! asked), routing it, and the replies that are not turns (errors, `/healthz`, the built-in
+//! `/v1/models`).
+
+use std::{io, sync::atomic::Ordering::SeqCst};
+
+use io_uring::{opcode, squeue, types};
+
+use super::{
+    conn::{SendKind, RECV_CHUNK},
+    ring::{ud, OP_LINK_TIMEOUT, OP_RECV},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    config::SourceKind,
+    modes::KeyId,
+    source::builtin::MODEL_NAME,
+    stream::Outcome,
+    wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
+};
+
+impl Worker {
+    pub(super) fn arm_recv(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
+        if conn.rbuf.len() >= max {
+            return Ok(());
+        }
+        conn.rbuf.reserve(RECV_CHUNK.min(max - conn.rbuf.len()));
+        let spare = conn.rbuf.capacity() - conn.rbuf.len();
+        let want = spare.min(max - conn.rbuf.len());
+        // SAFETY: the pointer is into the spare capacity of `rbuf`, which is not touched or
+        // reallocated until this recv completes.
+        let ptr = unsafe { conn.rbuf.as_mut_ptr().add(conn.rbuf.len()) };
+        let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_RECV));
+        let ts: *const types::Timespec = &*conn.read_ts;
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_LINK_TIMEOUT));
+        conn.recv_inflight = true;
+        conn.link_inflight = true;
+        self.push(&recv)?;
+        self.push(&link)
+    }
+
+    pub(super) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        if conn.closing || !conn.reading {
+            return Ok(());
+        }
+        if res == -libc::ECANCELED {
+            conn.reading = false;
+            return self.reply_error(
+                key,
+                &HttpError::new(
+                    408,
+                    "invalid_request_error",
+                    "the request did not arrive in time",
+                ),
+            );
+        }
+        if res <= 0 {
+            // The client went away before sending a whole request.
+            conn.outcome = Outcome::ClientGone;
+            self.begin_close(key);
+            return Ok(());
+        }
+        // SAFETY: the kernel wrote `res` bytes into the spare capacity we handed it.
+        unsafe { conn.rbuf.set_len(conn.rbuf.len() + res as usize) };
+        let max_body = self.shared.cfg.args.max_body_bytes;
+        let head = match http::parse_head(&conn.rbuf, max_body) {
+            Ok(Some(h)) => h,
+            Ok(None) => return self.arm_recv(key),
+            Err(e) => {
+                conn.reading = false;
+                return self.reply_error(key, &e);
+            }
+        };
+        let have = conn.rbuf.len() - head.head_len;
+        if have < head.content_length {
+            if head.expect_continue && !conn.continue_sent {
+                conn.continue_sent = true;
+                conn.wbuf.clear();
+                conn.wbuf
+                    .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                if self
+                    .shared
+                    .table
+                    .slot(conn.id.slot)
+                    .begin_frame(false, false, conn.wbuf.len())
+                {
+                    // The rest of the body is read after this send completes: one
+                    // operation on `wbuf` at a time.
+                    return self.send(key, SendKind::Continue100);
+                } else {
+                    return self.halt(key);
+                }
+            }
+            return self.arm_recv(key);
+        }
+        if have > head.content_length {
+            conn.reading = false;
+            return self.reply_error(
+                key,
+                &HttpError::bad_request(
+                    "bytes after the request body (pipelining is not supported)",
+                ),
+            );
+        }
+        conn.reading = false;
+        self.route(key, head)
+    }
+
+    pub(super) fn route(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+        let path = head.path.split('?').next().unwrap_or_default();
+        let endpoint = match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completion),
+            _ => None,
+        };
+        let proxied = self.shared.cfg.args.source == SourceKind::Openai;
+        match (head.method.as_str(), path, endpoint) {
+            ("POST", _, Some(endpoint)) if proxied => self.start_proxy_turn(key, endpoint, head),
+            ("POST", _, Some(endpoint)) => {
+                let key_id =
+                    KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
+                let body = &self.conns[key].rbuf[head.head_len..];
+                match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
+                {
+                    Ok(req) => self.start_builtin_turn(key, req, key_id),
+                    Err(e) => self.reply_error(key, &e),
+                }
+            }
+            (_, _, Some(_)) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+            }
+            ("GET", "/healthz", _) => self.reply_health(key),
+            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
+            ("GET", "/v1/models", _) => {
+                let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
+                self.reply(key, 200, "application/json", body.as_bytes())
+            }
+            (_, "/healthz" | "/v1/models", _) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
+            }
+            _ => self.reply_error(
+                key,
+                &HttpError::new(
+                    404,
+                    "invalid_request_error",
+                    format!(
+                        "no route for {} {}",
+                        head.method,
+                        path.chars().take(200).collect::<String>()
+                    ),
+                )
+                .with_code("not_found"),
+            ),
+        }
+    }
+
+    pub(super) fn reply_health(&mut self, key: usize) -> io::Result<()> {
+        let now = monotonic_ns();
+        // A syscall or two per health check (the gate's clock), never per token.
+        let hb = self.shared.heartbeat_view(now);
+        let fresh = hb.fresh;
+        let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
+        let status = match (fresh, recorder_ok) {
+            (true, true) => "ok",
+            (false, _) => "heartbeat_lost",
+            (true, false) => "recorder_failed",
+        };
+        let body = serde_json::json!({
+            "status": status,
+            "kernel_gate": self.shared.kernel_gate_label(),
+            "heartbeat_age_ms": hb.age_ms_json(),
+            "heartbeat_clock": hb.clock,
+            "recorder_ok": recorder_ok,
+            // Not counting this health check's own connection.
+            "streams_active": self.shared.table.active_count().saturating_sub(1),
+        })
+        .to_string();
+        let code = if fresh && recorder_ok { 200 } else { 503 };
+        self.reply(key, code, "application/json", body.as_bytes())
+    }
+
+    pub(super) fn reply(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+    ) -> io::Result<()> {
+        self.reply_with(key, status, content_type, body, &[])
+    }
+
+    pub(super) fn reply_with(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        conn.wbuf.clear();
+        http::write_head(
+            &mut conn.wbuf,
+            status,
+            content_type,
+            Some(body.len()),
+            Some(conn.id),
+            extra,
+        );
+        conn.wbuf.extend_from_slice(body);
+        if status >= 400 {
+            self.shared.metrics.dataplane.rejected(status);
+            conn.outcome = Outcome::Rejected;
+        }
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wbuf.len())
+        {
+            self.send(key, SendKind::Reply)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    pub(super) fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
+        conn.wbuf.clear();
+        http::write_error_response(&mut conn.wbuf, err, Some(conn.id));
+        self.shared.metrics.dataplane.rejected(err.status);
+        conn.outcome = Outcome::Rejected;
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wbuf.len())
+        {
+            self.send(key, SendKind::Reply)
+        } else {
+            self.halt(key)
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Client sends: one frame per send on a governed socket, and what each completion means
+//! (a short write sends the rest before anything else; a failed send is a halt, a kernel
+//! drop or a client gone; a delivered token frame is counted, then the turn goes on).
+
+use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use io_uring::{opcode, types};
+
+use super::{
+    conn::SendKind,
+    ring::{ud, OP_SEND},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    halt::HaltCore,
+    stream::{Outcome, SlotState},
+};
+
+impl Worker {
+    pub(super) fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        // `wbuf` is the kernel's until the send in flight completes; every caller checks.
+        debug_assert!(conn.sending.is_none(), "second send while one is in flight");
+        conn.woff = 0;
+        conn.sending = Some(kind);
+        self.shared
+            .table
+            .slot(conn.id.slot)
+            .send_inflight
+            .store(true, SeqCst);
+        self.submit_send(key)
+    }
+
+    pub(super) fn submit_send(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
+        let rest = &conn.wbuf[conn.woff..];
+        let e = opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud(key, OP_SEND));
+        self.push(&e)
+    }
+
+    pub(super) fn on_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let Some(kind) = conn.sending else {
+            return Ok(());
+        };
+        let slot = shared.table.slot(conn.id.slot);
+        if res > 0 && conn.woff + (res as usize) < conn.wbuf.len() {
+            // Short write: send the rest, and send nothing else until it is out. The rest is
+            // deliberately not counted as a frame: the kernel runs the gate on it only
+            // sometimes (after a failed push, tcp_bpf keeps the previous verdict and passes
+            // the next send without running the program), and an uncounted kernel run only
+            // makes the gate stricter, while a counted send the gate never saw would let one
+            // token too many through.
+            conn.woff += res as usize;
+            conn.short_write = true;
+            return self.submit_send(key);
+        }
+        if conn.short_write {
+            conn.short_write = false;
+            resync_frames(&shared, conn.fd, slot);
+        }
+        conn.sending = None;
+        slot.send_inflight.store(false, SeqCst);
+        let ok = res > 0;
+        if kind == SendKind::Terminal {
+            return self.halt_done(key, ok);
+        }
+        if !ok {
+            return self.send_failed(key, res);
+        }
+        if kind == SendKind::Token {
+            self.token_delivered(key);
+        }
+        let conn = &mut self.conns[key];
+        if conn.pending_terminal {
+            conn.pending_terminal = false;
+            return self.halt(key);
+        }
+        match kind {
+            SendKind::Continue100 => self.arm_recv(key),
+            SendKind::Probe => self.probe_sent(key),
+            SendKind::Head => self.step(key),
+            SendKind::Token => self.schedule_next(key),
+            SendKind::Final | SendKind::Reply => {
+                slot.state.store(SlotState::Done);
+                if kind == SendKind::Final {
+                    conn.outcome = Outcome::Completed;
+                }
+                self.begin_close(key);
+                Ok(())
+            }
+            SendKind::Terminal => Ok(()),
+        }
+    }
+
+    /// A send failed: the halt path when the stream is tripped (the gate dropped it, or the
+    /// watchdog shut the socket), a halt recorded from the gate's state when the gate dropped
+    /// a send userspace had not tripped, else the client went away.
+    pub(super) fn send_failed(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        tracing::debug!(stream_id = %conn.id, error = %io::Error::from_raw_os_error(-res), "send failed");
+        if slot.is_tripped() {
+            // The kernel gate dropped it, or the watchdog shut the socket: halt path.
+            return self.halt(key);
+        }
+        if res == -libc::EACCES && shared.gate.is_some() {
+            // The kernel gate dropped a send of a stream userspace had not tripped: it
+            // saw the heartbeat lost (e.g. the whole daemon was stopped past the
+            // deadline) or a stale slot. Record it as the halt it is; the drop is
+            // permanent, so no terminal frame can follow.
+            let cause = kernel_drop_cause(&shared, conn.fd);
+            tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
+            let _ = shared.trip(conn.id, cause);
+            return self.halt(key);
+        }
+        // The client went away. Make the stream untrippable, then close.
+        let _ = slot
+            .state
+            .compare_exchange(SlotState::Streaming, SlotState::Done);
+        if slot.is_tripped() {
+            return self.halt(key);
+        }
+        conn.outcome = Outcome::ClientGone;
+        self.begin_close(key);
+        Ok(())
+    }
+
+    /// A token frame was delivered to the kernel: count it (post-trip too), observe its
+    /// overhead, dispatch the tool calls it started.
+    pub(super) fn token_delivered(&mut self, key: usize) {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        // Account the delivered token before anything else, halt included.
+        slot.tokens_delivered.fetch_add(1, SeqCst);
+        shared.metrics.dataplane.tokens_emitted.inc();
+        // Arrival to send completion, one lock-free observation per token frame.
+        let arrived = std::mem::take(&mut conn.frame_arrived_ns);
+        if arrived != 0 {
+            shared
+                .metrics
+                .dataplane
+                .token_overhead
+                .observe_ns(monotonic_ns().saturating_sub(arrived));
+        }
+        let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
+        // τ is published before TRIPPED; a token completing while the trip is still
+        // TRIPPING was handed out before the trip, so it is not post-trip.
+        let published = matches!(
+            slot.state(),
+            SlotState::Tripped | SlotState::Halting | SlotState::Halted
+        );
+        if published && index > slot.trip_token_index.load(SeqCst) {
+            slot.post_trip_delivered.fetch_add(1, SeqCst);
+        }
+        // The tool calls the frame started are dispatched now.
+        if let Some(turn) = conn.turn.as_mut() {
+            turn.tool_calls.append(&mut turn.tools_in_flight);
+        }
+    }
+}
+
+/// After a short write, brings the frame count up to the gate's own: the rest of a short write
+/// sometimes runs the gate program again (a kernel frame userspace did not count), and from
+/// then on a trip's kernel limit would be one frame stricter than B. Only on this rare path
+/// (the client reads slower than haltd writes), never per token.
+fn resync_frames(shared: &HaltCore, fd: RawFd, slot: &crate::stream::Slot) {
+    let Some(gate) = &shared.gate else {
+        return;
+    };
+    // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    if let Ok(crate::gate::SocketView {
+        state: Some(st), ..
+    }) = gate.socket(sock)
+    {
+        // Never lower it: a trip may have read the count already, and lower is looser.
+        slot.frames_submitted.fetch_max(st.frames, SeqCst);
+    }
+}
+
+/// Why the gate dropped a send of a stream userspace had not tripped, from its socket state.
+fn kernel_drop_cause(shared: &HaltCore, fd: RawFd) -> FailureCode {
+    let Some(gate) = &shared.gate else {
+        return FailureCode::WatchdogTrip;
+    };
+    // SAFETY: `fd` is this connection's open socket; it is closed only after this returns.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    match gate.socket(sock) {
+        Ok(crate::gate::SocketView {
+            state: Some(st), ..
+        }) if st.trip_reason == haltd_common::trip_reason::HEARTBEAT => FailureCode::HeartbeatLost,
+        _ => FailureCode::WatchdogTrip,
+    }
+}

@@ -1,0 +1,479 @@
+//! A turn: the state a connection keeps while it serves one completion, and opening it.
+//!
+//! Opening is the same for both sources ([`Worker::open_turn`]): refuse while shutting down
+//! or without a flight recorder, fix the stream's mode (stream or batch) and budget, start
+//! the turn's detectors, give the kernel gate the turn's policy. Then the built-in turn sends
+//! its head (streaming) and runs the pipeline; the proxied turn opens its upstream exchange
+//! (`upstream_io.rs`) and the pipeline runs as the upstream's items arrive.
+
+use std::{collections::BTreeSet, io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::Value;
+
+use super::{conn::SendKind, hold::Hold, upstream_io::Purpose, Worker};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    detect::{pipeline::TurnGovernor, Trip},
+    modes::KeyId,
+    safety::{self, SafetyContext},
+    source::{
+        builtin::{BuiltinModel, BuiltinSource, MODEL_NAME},
+        upstream::UpstreamSource,
+        Polled, TokenSource,
+    },
+    stream::Mode,
+    upstream,
+    wire::{http, Ask, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
+};
+use haltd_common::SockPolicy;
+
+/// Output text kept per turn for SafetyCheck's cited-source check; beyond it the citation
+/// check reports the text as not fully known.
+const MAX_SAFETY_TEXT: usize = 256 * 1024;
+
+/// A token kept for a batch response.
+#[derive(Debug)]
+pub(super) struct HeldToken {
+    pub(super) text: String,
+    pub(super) logprob: f32,
+    pub(super) top: Vec<(String, f32)>,
+    pub(super) offset: usize,
+}
+
+/// Where a turn's tokens come from.
+#[derive(Debug)]
+pub(super) enum TurnSource {
+    Builtin(BuiltinSource),
+    /// Proxied: what the upstream streamed; its socket is the connection's
+    /// [`super::upstream_io::Upstream`].
+    Upstream(UpstreamSource),
+}
+
+impl TurnSource {
+    pub(super) fn get(&mut self) -> &mut dyn TokenSource {
+        match self {
+            TurnSource::Builtin(b) => b,
+            TurnSource::Upstream(u) => u,
+        }
+    }
+
+    pub(super) fn poll(&mut self) -> Polled {
+        self.get().poll()
+    }
+
+    pub(super) fn upstream(&self) -> Option<&UpstreamSource> {
+        match self {
+            TurnSource::Upstream(u) => Some(u),
+            TurnSource::Builtin(_) => None,
+        }
+    }
+
+    pub(super) fn upstream_mut(&mut self) -> Option<&mut UpstreamSource> {
+        match self {
+            TurnSource::Upstream(u) => Some(u),
+            TurnSource::Builtin(_) => None,
+        }
+    }
+}
+
+/// The turn a connection is running.
+#[derive(Debug)]
+pub(super) struct Turn {
+    pub(super) source: TurnSource,
+    /// What the client asked for.
+    pub(super) stream: bool,
+    pub(super) top_logprobs: u32,
+    pub(super) include_usage: bool,
+    /// The conversation (API key) and whether its scope was degraded at turn start.
+    pub(super) key_id: KeyId,
+    pub(super) degraded: bool,
+    /// Tokens the source produced (emitted or held).
+    pub(super) tokens_generated: u64,
+    /// The turn's detectors and exfiltration scanner.
+    pub(super) gov: TurnGovernor,
+    /// Frames the exfiltration scanner holds back.
+    pub(super) hold: Hold,
+    /// A content or tool-call frame went out (the chat role goes in the first).
+    pub(super) first_frame_sent: bool,
+    /// Emitted text, for SafetyCheck (bounded, [`MAX_SAFETY_TEXT`]).
+    pub(super) out_text: String,
+    pub(super) out_text_truncated: bool,
+    /// SafetyCheck inputs fixed at turn start.
+    pub(super) request_urls: BTreeSet<String>,
+    pub(super) identity_before: Option<String>,
+    pub(super) identity_after: Option<String>,
+    /// SafetyCheck's verdict, once judged.
+    pub(super) safety: Option<Value>,
+    pub(super) enc: ChunkEncoder,
+    /// Bytes of completion text so far (for `text_offset`).
+    pub(super) text_len: usize,
+    /// Batch mode: the response held until the turn completes.
+    pub(super) held_text: String,
+    pub(super) held_tokens: Vec<HeldToken>,
+    pub(super) prompt_tokens: u64,
+    /// Token index of the token frame in flight (1-based).
+    pub(super) inflight_token: u64,
+    pub(super) detector_refs: Vec<String>,
+    pub(super) last_token_ns: u64,
+    pub(super) token_gap_ns_sum: u64,
+    /// Tool calls emitted to the client (streaming) or held (batch): `{index, id, name}`.
+    pub(super) tool_calls: Vec<Value>,
+    /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
+    pub(super) tools_in_flight: Vec<Value>,
+}
+
+impl Turn {
+    /// A turn with nothing produced yet; the caller sets its SafetyCheck inputs.
+    pub(super) fn new(
+        source: TurnSource,
+        ask: &Ask,
+        key_id: KeyId,
+        degraded: bool,
+        enc: ChunkEncoder,
+        (gov, detector_refs): (TurnGovernor, Vec<String>),
+    ) -> Self {
+        Turn {
+            source,
+            stream: ask.stream,
+            top_logprobs: ask.top_logprobs,
+            include_usage: ask.include_usage,
+            key_id,
+            degraded,
+            tokens_generated: 0,
+            gov,
+            hold: Hold::default(),
+            first_frame_sent: false,
+            out_text: String::new(),
+            out_text_truncated: false,
+            request_urls: BTreeSet::new(),
+            identity_before: None,
+            identity_after: None,
+            safety: None,
+            enc,
+            text_len: 0,
+            held_text: String::new(),
+            held_tokens: Vec::new(),
+            prompt_tokens: 0,
+            inflight_token: 0,
+            detector_refs,
+            last_token_ns: 0,
+            token_gap_ns_sum: 0,
+            tool_calls: Vec::new(),
+            tools_in_flight: Vec::new(),
+        }
+    }
+
+    /// Keeps emitted text for SafetyCheck (bounded).
+    pub(super) fn note_output(&mut self, text: &str) {
+        if self.out_text.len() + text.len() <= MAX_SAFETY_TEXT {
+            self.out_text.push_str(text);
+        } else {
+            self.out_text_truncated = true;
+        }
+    }
+
+    /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
+    pub(super) fn safety_verdict(
+        &self,
+        shared: &crate::halt::HaltCore,
+        typed_end: bool,
+    ) -> safety::SafetyVerdict {
+        let ctx = SafetyContext {
+            request_source_urls: Some(self.request_urls.clone()),
+            cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
+            last_refusal_was_typed: Some(typed_end),
+            identity_before: self.identity_before.clone(),
+            identity_after: self.identity_after.clone(),
+            versor_condition: None,
+        };
+        shared
+            .detectors
+            .safety
+            .check(&ctx, &shared.detectors.safety_pack)
+    }
+}
+
+/// The client's request, parsed once, prepared for the upstream, with SafetyCheck's inputs
+/// taken from the same parsed request (the URLs it cites, its system prompt).
+fn prepare_proxied(
+    endpoint: Endpoint,
+    body: &[u8],
+    degraded: bool,
+) -> Result<(upstream::UpstreamTurn, BTreeSet<String>, String), HttpError> {
+    let req = ClientRequest::parse(endpoint, body)?;
+    let urls = crate::safety::request_sources(req.json());
+    let system_prompt = crate::safety::system_prompt(req.json());
+    Ok((upstream::prepare_turn(req, degraded)?, urls, system_prompt))
+}
+
+impl Worker {
+    /// The checks and slot set-up every turn starts with: refuse while shutting down or
+    /// without a flight recorder, look up degraded mode for the conversation, and fix the
+    /// stream's mode and budget. `None`: the turn was refused (the reply is on its way).
+    pub(super) fn open_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        client_stream: bool,
+        key_id: KeyId,
+        model: Arc<str>,
+    ) -> io::Result<Option<(bool, Mode)>> {
+        let shared = Arc::clone(&self.shared);
+        if shared.shutting_down.load(SeqCst) {
+            self.reply_error(
+                key,
+                &HttpError::new(503, "server_error", "haltd is shutting down")
+                    .with_code("shutting_down"),
+            )?;
+            return Ok(None);
+        }
+        if shared.recorder_failed.load(SeqCst) {
+            // Fail closed: a turn that cannot be recorded is not served.
+            self.reply_error(
+                key,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    "the flight recorder is unavailable; haltd serves no turns until it is restarted with a writable ledger",
+                )
+                .with_code("recorder_failed"),
+            )?;
+            return Ok(None);
+        }
+        // A lock per turn start (degraded-mode registry), never per token.
+        shared.expire_degraded();
+        let degraded = shared.modes.is_degraded(key_id);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        slot.created.store(crate::clock::unix_secs(), SeqCst);
+        slot.endpoint.store(endpoint);
+        slot.key_id.store(key_id.0, SeqCst);
+        slot.degraded.store(degraded, SeqCst);
+        slot.client_sse.store(client_stream, SeqCst);
+        // Degraded safe mode serves streaming requests as batch: held until complete.
+        let mode = if client_stream && !degraded {
+            Mode::Stream
+        } else {
+            Mode::Batch
+        };
+        if mode == Mode::Batch || degraded {
+            // A batch response is all or nothing, and degraded mode runs with B = 0: no
+            // token may follow a trip.
+            slot.budget.store(0, SeqCst);
+        }
+        slot.mode.store(mode);
+        {
+            let mut meta = shared.meta(conn.id.slot);
+            meta.model = Some(model);
+            meta.upstream_failure = None;
+            meta.detector_trip = None;
+        }
+        Ok(Some((degraded, mode)))
+    }
+
+    /// The detectors of a new turn and their references for records. A detector that cannot
+    /// start (an external scorer that cannot be reached) trips the stream at once.
+    pub(super) fn turn_governor(
+        &mut self,
+        key: usize,
+    ) -> ((TurnGovernor, Vec<String>), Option<Trip>) {
+        let id = self.conns[key].id;
+        match self.shared.detectors.turn(&id.to_string(), monotonic_ns()) {
+            Ok(gov) => {
+                let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
+                refs.extend(gov.refs());
+                refs.push(match self.shared.cfg.detectors.safety.mode {
+                    crate::safety::SafetyMode::Enforce => "safety:enforce".to_owned(),
+                    crate::safety::SafetyMode::Observe => "safety:observe".to_owned(),
+                });
+                ((gov, refs), None)
+            }
+            Err(trip) => (
+                (
+                    TurnGovernor::empty(),
+                    vec![format!("{}:hard", trip.detector)],
+                ),
+                Some(trip),
+            ),
+        }
+    }
+
+    /// The turn's encoder: what every frame of it is written with.
+    pub(super) fn encoder(
+        &self,
+        key: usize,
+        ask: &Ask,
+        model: Arc<str>,
+        tool_calls: bool,
+    ) -> ChunkEncoder {
+        let id = self.conns[key].id;
+        ChunkEncoder {
+            endpoint: ask.endpoint,
+            stream_id: id,
+            created: self.shared.table.slot(id.slot).created.load(SeqCst),
+            model,
+            logprobs: ask.logprobs,
+            top_logprobs: ask.top_logprobs,
+            tool_calls,
+        }
+    }
+
+    /// The response head of a streaming turn, sent before its first token.
+    pub(super) fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        conn.wbuf.clear();
+        http::write_head(
+            &mut conn.wbuf,
+            200,
+            "text/event-stream",
+            None,
+            Some(conn.id),
+            &[],
+        );
+        if slot.begin_frame(false, false, conn.wbuf.len()) {
+            slot.headers_sent.store(true, SeqCst);
+            return self.send(key, SendKind::Head);
+        }
+        self.halt(key)
+    }
+
+    /// A turn of the built-in model.
+    pub(super) fn start_builtin_turn(
+        &mut self,
+        key: usize,
+        req: BuiltinTurn,
+        key_id: KeyId,
+    ) -> io::Result<()> {
+        let ask = &req.ask;
+        let Some((degraded, mode)) =
+            self.open_turn(key, ask.endpoint, ask.stream, key_id, MODEL_NAME.into())?
+        else {
+            return Ok(());
+        };
+        let (gov, failed) = self.turn_governor(key);
+        let model = BuiltinModel::get();
+        let source = TurnSource::Builtin(BuiltinSource {
+            stream: model
+                .stream(&req.prompt, req.seed, req.max_tokens)
+                .with_ignore_eos(req.ignore_eos),
+            top_n: if ask.logprobs {
+                ask.top_logprobs as usize
+            } else {
+                0
+            },
+        });
+        let enc = self.encoder(key, ask, MODEL_NAME.into(), false);
+        let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov);
+        turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
+        turn.request_urls = crate::safety::extract_urls(&req.prompt);
+        // The built-in model's identity cannot change within a turn: before and after are
+        // the model the request named (checked equal to it) with no system prompt.
+        let identity = crate::safety::identity_digest(MODEL_NAME, "");
+        turn.identity_before = Some(identity.clone());
+        turn.identity_after = Some(identity);
+        self.conns[key].turn = Some(Box::new(turn));
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
+        if mode == Mode::Stream {
+            return self.send_stream_head(key);
+        }
+        self.step(key)
+    }
+
+    /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.
+    pub(super) fn start_proxy_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        head: RequestHead,
+    ) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        let key_id = KeyId::of_authorization(auth.as_deref());
+        // Degraded mode decides what is forwarded, so look it up before preparing the body.
+        self.shared.expire_degraded();
+        let degraded = self.shared.modes.is_degraded(key_id);
+        let body = &self.conns[key].rbuf[head.head_len..];
+        let (up, request_urls, system_prompt) = match prepare_proxied(endpoint, body, degraded) {
+            Ok(v) => v,
+            Err(e) => return self.reply_error(key, &e),
+        };
+        let model: Arc<str> = up.model.as_str().into();
+        let Some((degraded, _mode)) =
+            self.open_turn(key, endpoint, up.ask.stream, key_id, Arc::clone(&model))?
+        else {
+            return Ok(());
+        };
+        let ((gov, mut detector_refs), failed) = self.turn_governor(key);
+        detector_refs.push("upstream:integrity".to_owned());
+        // Degraded mode emits no tool calls (a degraded stream is batch anyway).
+        let enc = self.encoder(key, &up.ask, model, endpoint == Endpoint::Chat && !degraded);
+        let source = TurnSource::Upstream(UpstreamSource::new(degraded));
+        let mut turn = Turn::new(source, &up.ask, key_id, degraded, enc, (gov, detector_refs));
+        turn.request_urls = request_urls;
+        turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
+        self.conns[key].turn = Some(Box::new(turn));
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
+        let path = match endpoint {
+            Endpoint::Chat => upstream::CHAT_PATH,
+            Endpoint::Completion => upstream::COMPLETIONS_PATH,
+        };
+        let request = super::upstream_io::UpstreamRequest {
+            purpose: Purpose::Turn,
+            api_path: path,
+            method: "POST",
+            authorization: auth.as_deref(),
+            body: Some(&up.body),
+        };
+        self.open_upstream(key, &request, system_prompt)
+    }
+
+    /// Gives the kernel gate the turn's own policy, before the turn's first frame: its
+    /// budget (0 for batch and degraded turns, as in userspace) and E, the largest token
+    /// event its encoder can write, which bounds every post-trip frame and the post-trip
+    /// bytes. Written in the frame window so it can never overwrite a trip. Returns false if
+    /// the turn cannot go on: the gate refused the write (the stream is tripped then, fail
+    /// closed) or a trip came first.
+    pub(super) fn arm_turn_policy(&mut self, key: usize) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let conn = &self.conns[key];
+        let Some(turn) = conn.turn.as_ref() else {
+            return false;
+        };
+        let slot = shared.table.slot(conn.id.slot);
+        let max_event = turn.enc.max_event_bytes();
+        slot.max_event_bytes.store(max_event, SeqCst);
+        let Some(gate) = &shared.gate else {
+            return !slot.is_tripped();
+        };
+        let policy = SockPolicy {
+            budget: slot.budget.load(SeqCst),
+            max_event_bytes: max_event,
+            stream_tag: crate::halt::stream_tag(conn.id),
+            ..SockPolicy::default()
+        };
+        // SAFETY: the connection's socket, open until the connection is dropped.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.fd) };
+        let mut res = Ok(());
+        if !slot.while_untripped(|| res = gate.set_policy(sock, &policy)) {
+            return false;
+        }
+        if let Err(e) = res {
+            shared.metrics.gate.errors.inc();
+            tracing::error!(stream_id = %conn.id, error = %e, "writing the turn's kernel policy failed; halting the stream");
+            let _ = shared.trip(conn.id, FailureCode::WatchdogTrip);
+            return false;
+        }
+        true
+    }
+}

@@ -1,0 +1,612 @@
+//! The upstream socket of a proxied turn (`--source openai`, and `GET /v1/models`), on the
+//! same io_uring as the client connection: connect (linked timeout) → send the request
+//! (always `stream: true`, logprobs on; [`crate::upstream::prepare_turn`]) → receive the
+//! response (linked timeout: time to the first event, then the inter-token deadline; see
+//! `upstream_recv.rs`). What arrives feeds the turn's [`crate::source::upstream`] source,
+//! which the pipeline governs exactly like built-in tokens. The upstream socket is not
+//! governed: only client-facing sends carry tokens.
+//!
+//! Cancellation: a trip, a client that goes away, or a failure shuts the upstream socket down
+//! (`shutdown(SHUT_RDWR)` sends the FIN at once, whatever is in flight on it; vLLM aborts a
+//! generation whose connection closes) and the turn's record says why.
+//!
+//! Failures map to a typed end: before the client's response began, an HTTP error whose
+//! status says whose fault it was (the upstream's 4xx passes through as that 4xx, its 5xx and
+//! every transport failure become 502, timeouts 504); after it began, a trip with
+//! `UPSTREAM_FAILURE` whose terminal event carries `upstream: {kind, message}`.
+
+use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use io_uring::{opcode, squeue, types};
+use serde_json::{json, Value};
+
+use super::{
+    ring::{ud, OP_CANCEL_UP, OP_UP_CONNECT, OP_UP_LINK, OP_UP_RECV, OP_UP_SEND},
+    timespec, Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    stream::Outcome,
+    upstream::{
+        self, CancelReason, FinishReason, ResponseReader, SseParser, UpstreamFailure,
+        UpstreamFailureKind,
+    },
+    wire::{self, HttpError, RequestHead},
+};
+
+/// Largest upstream response head.
+const MAX_UPSTREAM_HEAD: usize = 64 * 1024;
+/// Largest single SSE event from the upstream.
+const MAX_UPSTREAM_EVENT: usize = 1 << 20;
+/// Largest non-streaming upstream body (error bodies, `/v1/models`).
+pub(super) const MAX_UPSTREAM_BODY: usize = 4 << 20;
+/// Receive buffer per upstream connection.
+const UP_RECV_CHUNK: usize = 16 * 1024;
+
+/// What to ask the upstream.
+#[derive(Debug)]
+pub(super) struct UpstreamRequest<'a> {
+    pub(super) purpose: Purpose,
+    pub(super) api_path: &'static str,
+    pub(super) method: &'a str,
+    pub(super) authorization: Option<&'a str>,
+    pub(super) body: Option<&'a [u8]>,
+}
+
+/// What an upstream exchange is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Purpose {
+    Turn,
+    /// `GET /v1/models`, relayed whole.
+    Models,
+}
+
+/// The upstream side of a connection: socket, buffers, parser state, and what happened.
+#[derive(Debug)]
+pub(super) struct Upstream {
+    pub(super) purpose: Purpose,
+    pub(super) fd: RawFd,
+    pub(super) addr: Box<libc::sockaddr_storage>,
+    pub(super) addr_len: libc::socklen_t,
+    pub(super) wbuf: Vec<u8>,
+    pub(super) woff: usize,
+    pub(super) rbuf: Vec<u8>,
+    pub(super) ts: Box<types::Timespec>,
+    pub(super) connect_inflight: bool,
+    pub(super) send_inflight: bool,
+    pub(super) recv_inflight: bool,
+    /// Linked timeouts not yet completed (connect, send and receive each carry one).
+    pub(super) link_inflight: u32,
+    pub(super) cancel_inflight: u32,
+    pub(super) reader: ResponseReader,
+    pub(super) sse: SseParser,
+    pub(super) body: Vec<u8>,
+    /// Set once the exchange is over (done, failed or cancelled): nothing more is read.
+    pub(super) finished: bool,
+    pub(super) status: Option<u16>,
+    pub(super) retry_after: Option<String>,
+    pub(super) failure: Option<UpstreamFailure>,
+    /// The end of `failure`'s message that quotes the upstream (its error message), which
+    /// records leave out unless `--record-token-text`: some backends build it from the
+    /// request (a validation error that echoes the input).
+    pub(super) failure_quote: Option<String>,
+    pub(super) cancelled: Option<CancelReason>,
+    pub(super) events: u64,
+    pub(super) started_ns: u64,
+    pub(super) first_event_ns: u64,
+    pub(super) last_event_ns: u64,
+    /// The system prompt of the request sent (SafetyCheck's identity).
+    pub(super) system_prompt: String,
+    pub(super) api_path: &'static str,
+}
+
+impl Upstream {
+    pub(super) fn new(
+        fd: RawFd,
+        addr: std::net::SocketAddr,
+        req: &UpstreamRequest<'_>,
+        wbuf: Vec<u8>,
+        system_prompt: String,
+        cfg: &crate::config::Config,
+    ) -> Self {
+        let (addr, addr_len) = sockaddr(addr);
+        Upstream {
+            purpose: req.purpose,
+            fd,
+            addr,
+            addr_len,
+            wbuf,
+            woff: 0,
+            rbuf: Vec::with_capacity(UP_RECV_CHUNK),
+            ts: Box::new(timespec(cfg.upstream_connect_timeout)),
+            connect_inflight: false,
+            send_inflight: false,
+            recv_inflight: false,
+            link_inflight: 0,
+            cancel_inflight: 0,
+            reader: ResponseReader::new(MAX_UPSTREAM_HEAD),
+            sse: SseParser::new(MAX_UPSTREAM_EVENT),
+            body: Vec::new(),
+            finished: false,
+            status: None,
+            retry_after: None,
+            failure: None,
+            failure_quote: None,
+            cancelled: None,
+            events: 0,
+            started_ns: monotonic_ns(),
+            first_event_ns: 0,
+            last_event_ns: 0,
+            system_prompt,
+            api_path: req.api_path,
+        }
+    }
+
+    pub(super) fn inflight(&self) -> bool {
+        self.connect_inflight
+            || self.send_inflight
+            || self.recv_inflight
+            || self.link_inflight > 0
+            || self.cancel_inflight > 0
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The exchange is over (the stream ended): nothing more is read, and the socket is shut
+    /// down at once.
+    pub(super) fn finish_exchange(&mut self) {
+        self.finished = true;
+        self.shutdown();
+    }
+
+    pub(super) fn shutdown(&self) {
+        // SAFETY: our own socket; shutdown ends the TCP connection (FIN) now, whatever is in
+        // flight on it, and the descriptor stays open until the connection is dropped.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+    }
+
+    /// The HaltMonitor cannot score what the upstream sends: say why in the terminal event,
+    /// the record and the failure metric.
+    pub(super) fn note_missing_logprobs(&mut self, shared: &crate::halt::HaltCore, slot: u32) {
+        let msg = "the upstream sent tokens without logprobs while the HaltMonitor (--hard-limit) is on; they cannot be scored".to_owned();
+        let failure = UpstreamFailure::new(UpstreamFailureKind::MissingLogprobs, msg, None);
+        shared.metrics.upstream.failed(failure.kind);
+        shared.meta(slot).upstream_failure = Some(failure.clone());
+        self.failure = Some(failure);
+    }
+
+    /// The FHR `upstream` field; without `record_text`, what the upstream's error message
+    /// said is replaced by its length and SHA-256.
+    pub(super) fn record_value(&self, record_text: bool, finish: Option<&FinishReason>) -> Value {
+        let failure = self.failure.as_ref().map(|f| {
+            let message = &f.message;
+            // The quote ends the message (`<what haltd saw>: <quote>`).
+            let message = match self.failure_quote.as_deref() {
+                Some(q) if !record_text && !q.is_empty() => match message.strip_suffix(q) {
+                    Some(head) => format!("{head}{}", crate::sampling::withheld(q)),
+                    None => crate::sampling::withheld(message),
+                },
+                _ => message.clone(),
+            };
+            json!({"kind": f.kind.as_str(), "message": message})
+        });
+        json!({
+            "path": self.api_path,
+            "status": self.status,
+            "events": self.events,
+            "first_event_ms": (self.first_event_ns != 0)
+                .then(|| (self.first_event_ns - self.started_ns) as f64 / 1e6),
+            "finish_reason": finish.map(FinishReason::as_str),
+            "failure": failure,
+            "cancelled": self.cancelled.is_some(),
+            "cancel_reason": self.cancelled.map(CancelReason::as_str),
+        })
+    }
+}
+
+fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in>(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in6>(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+impl Worker {
+    /// Opens an upstream exchange for connection `key`: socket, request bytes, connect.
+    pub(super) fn open_upstream(
+        &mut self,
+        key: usize,
+        req: &UpstreamRequest<'_>,
+        system_prompt: String,
+    ) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let Some(url) = shared.cfg.upstream.as_ref() else {
+            return self.reply_error(
+                key,
+                &HttpError::new(500, "server_error", "no upstream configured"),
+            );
+        };
+        let addr = url.addrs[0];
+        let family = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket creation; the descriptor is owned by this connection.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return self.reply_error(
+                key,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    format!("cannot open a socket to the upstream: {e}"),
+                ),
+            );
+        }
+        super::set_nodelay(fd);
+        let mut wbuf = Vec::new();
+        upstream::write_http_request(
+            &mut wbuf,
+            url,
+            req.method,
+            req.api_path,
+            req.authorization,
+            req.body,
+        );
+        let up = Upstream::new(fd, addr, req, wbuf, system_prompt, &shared.cfg);
+        let conn = &mut self.conns[key];
+        let up = conn.up.insert(Box::new(up));
+        let addr_ptr: *const libc::sockaddr = (&raw const *up.addr).cast();
+        let connect = opcode::Connect::new(types::Fd(fd), addr_ptr, up.addr_len)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_UP_CONNECT));
+        up.connect_inflight = true;
+        self.push_with_deadline(key, &connect)?;
+        self.arm_watch(key)
+    }
+
+    /// `GET /v1/models` with `--source openai`: relayed from the upstream.
+    pub(super) fn start_proxy_models(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        let req = UpstreamRequest {
+            purpose: Purpose::Models,
+            api_path: upstream::MODELS_PATH,
+            method: "GET",
+            authorization: auth.as_deref(),
+            body: None,
+        };
+        self.open_upstream(key, &req, String::new())
+    }
+
+    pub(super) fn on_up_connect(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.connect_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        if res < 0 {
+            let (kind, what) = match -res {
+                libc::ECANCELED => (
+                    UpstreamFailureKind::ConnectTimeout,
+                    "connecting timed out".to_owned(),
+                ),
+                libc::ECONNREFUSED => (
+                    UpstreamFailureKind::ConnectRefused,
+                    "connection refused".to_owned(),
+                ),
+                e => (
+                    UpstreamFailureKind::IoError,
+                    format!("connect: {}", io::Error::from_raw_os_error(e)),
+                ),
+            };
+            return self.up_fail(key, kind, format!("upstream {what}"), None);
+        }
+        self.up_send(key)
+    }
+
+    pub(super) fn up_send(&mut self, key: usize) -> io::Result<()> {
+        let timeout = self.shared.cfg.upstream_connect_timeout;
+        let up = self.conns[key].up.as_mut().expect("upstream open");
+        // An upstream that accepts but never reads must not hold the turn: the connect
+        // timeout bounds each send of the request too.
+        *up.ts = timespec(timeout);
+        let rest = &up.wbuf[up.woff..];
+        let e = opcode::Send::new(types::Fd(up.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_UP_SEND));
+        up.send_inflight = true;
+        self.push_with_deadline(key, &e)
+    }
+
+    /// Pushes an upstream operation (built with `IO_LINK`) and, linked to it, a timeout of
+    /// `up.ts` (the kernel copies the timespec when it takes the entries).
+    pub(super) fn push_with_deadline(
+        &mut self,
+        key: usize,
+        entry: &squeue::Entry,
+    ) -> io::Result<()> {
+        let up = self.conns[key].up.as_mut().expect("upstream open");
+        let ts: *const types::Timespec = &*up.ts;
+        let link = opcode::LinkTimeout::new(ts)
+            .build()
+            .user_data(ud(key, OP_UP_LINK));
+        up.link_inflight += 1;
+        self.push(entry)?;
+        self.push(&link)
+    }
+
+    pub(super) fn on_up_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.send_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        if res == -libc::ECANCELED {
+            return self.up_fail(
+                key,
+                UpstreamFailureKind::ConnectTimeout,
+                "the upstream did not take the request in time".to_owned(),
+                None,
+            );
+        }
+        if res <= 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            return self.up_fail(
+                key,
+                UpstreamFailureKind::IoError,
+                format!("sending the request to the upstream: {e}"),
+                None,
+            );
+        }
+        up.woff += res as usize;
+        if up.woff < up.wbuf.len() {
+            return self.up_send(key);
+        }
+        up.wbuf = Vec::new();
+        self.up_arm_recv(key)
+    }
+
+    /// Arms a receive on the upstream socket with the deadline that applies now (time to
+    /// the first event, or the inter-token stall deadline), unless one is armed, the queue
+    /// is full (backpressure) or the exchange is over.
+    pub(super) fn up_arm_recv(&mut self, key: usize) -> io::Result<()> {
+        let cfg_first = self.shared.cfg.upstream_first_token_timeout;
+        let cfg_stall = self.shared.cfg.upstream_stall_timeout;
+        let conn = &mut self.conns[key];
+        if conn.closing {
+            return Ok(());
+        }
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        let source_full = conn
+            .turn
+            .as_ref()
+            .and_then(|t| t.source.upstream())
+            .is_some_and(|s| !s.wants_more());
+        if up.finished
+            || source_full
+            || up.recv_inflight
+            || up.link_inflight > 0
+            || up.send_inflight
+            || up.connect_inflight
+        {
+            return Ok(());
+        }
+        // Deadlines are absolute: time to the first event counts from the request, the stall
+        // deadline from the last event. Bytes that are no event (keep-alive comments, a
+        // response head) do not extend them.
+        let deadline = if up.events == 0 {
+            up.started_ns + cfg_first.as_nanos() as u64
+        } else {
+            up.last_event_ns + cfg_stall.as_nanos() as u64
+        };
+        let left = deadline.saturating_sub(monotonic_ns()).max(1_000);
+        *up.ts = timespec(std::time::Duration::from_nanos(left));
+        up.rbuf.clear();
+        let ptr = up.rbuf.as_mut_ptr();
+        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, UP_RECV_CHUNK as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(key, OP_UP_RECV));
+        up.recv_inflight = true;
+        self.push_with_deadline(key, &recv)
+    }
+
+    pub(super) fn on_up_link(&mut self, key: usize) -> io::Result<()> {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return Ok(());
+        };
+        if let Some(up) = conn.up.as_mut() {
+            up.link_inflight = up.link_inflight.saturating_sub(1);
+            // The linked timeout of the previous receive completes after it; a receive that
+            // was due meanwhile (the queue drained) is armed now.
+            let queued = conn
+                .turn
+                .as_ref()
+                .and_then(|t| t.source.upstream())
+                .is_some_and(|s| s.has_items());
+            if !queued && up.link_inflight == 0 {
+                return self.up_arm_recv(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole non-streaming upstream body: `/v1/models` to relay, or an error status.
+    pub(super) fn up_whole_body(
+        &mut self,
+        key: usize,
+        status: u16,
+        body: Vec<u8>,
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.body = Vec::new();
+        up.finish_exchange();
+        if up.purpose == Purpose::Models && status == 200 {
+            return self.reply(key, 200, "application/json", &body);
+        }
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let message = parsed
+            .as_ref()
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .or_else(|| v.get("message"))
+                    .or_else(|| v.get("detail"))
+            })
+            .map(|m| match m {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+        let quote = wire::truncate_chars(&message, 500);
+        let msg = format!("the upstream answered {status}: {quote}");
+        up.failure_quote = Some(quote);
+        up.status = Some(status);
+        self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))
+    }
+
+    /// Ends the upstream exchange because of a trip or a client that went away: the
+    /// connection is shut down at once, which makes vLLM abort the generation.
+    pub(super) fn up_cancel(&mut self, key: usize, reason: CancelReason) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Some(up) = conn.up.as_mut() else {
+            return;
+        };
+        if up.finished {
+            return;
+        }
+        up.finished = true;
+        up.cancelled = Some(reason);
+        if let Some(s) = conn.turn.as_mut().and_then(|t| t.source.upstream_mut()) {
+            s.clear();
+        }
+        self.shared.metrics.upstream.cancelled(reason);
+        tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
+        up.shutdown();
+        if up.connect_inflight {
+            up.cancel_inflight += 1;
+            let e = opcode::AsyncCancel::new(ud(key, OP_UP_CONNECT))
+                .build()
+                .user_data(ud(key, OP_CANCEL_UP));
+            if self.push(&e).is_err() {
+                if let Some(up) = self.conns.get_mut(key).and_then(|c| c.up.as_mut()) {
+                    up.cancel_inflight -= 1;
+                }
+            }
+        }
+    }
+
+    /// The upstream failed: count and note it, close the exchange, and end the turn with the
+    /// typed error (an HTTP error before the response began, else an UPSTREAM_FAILURE trip).
+    pub(super) fn up_fail(
+        &mut self,
+        key: usize,
+        kind: UpstreamFailureKind,
+        message: String,
+        upstream_status: Option<u16>,
+    ) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        let failure = UpstreamFailure::new(kind, message, upstream_status);
+        up.finished = true;
+        if let Some(s) = conn.turn.as_mut().and_then(|t| t.source.upstream_mut()) {
+            s.clear();
+        }
+        up.failure = Some(failure.clone());
+        up.shutdown();
+        let purpose = up.purpose;
+        let retry_after = up.retry_after.clone();
+        shared.metrics.upstream.failed(kind);
+        tracing::warn!(stream_id = %id, kind = %kind, source = ?failure.source(), retry = failure.retry(), message = %failure.message, "upstream failure");
+        let slot = shared.table.slot(id.slot);
+        if slot.is_tripped() {
+            return self.halt(key);
+        }
+        if purpose == Purpose::Turn {
+            shared.meta(id.slot).upstream_failure = Some(failure.clone());
+        }
+        if !slot.headers_sent.load(SeqCst) && conn.sending.is_none() {
+            // Nothing of the response went out: answer with a status that says whose fault
+            // it was, and the error object.
+            let status = failure.http_status();
+            let body = json!({"error": {
+                "message": failure.message,
+                "type": failure.error_type(),
+                "code": FailureCode::UpstreamFailure.as_str(),
+                "upstream": {"kind": kind.as_str(), "status": upstream_status},
+                "stream_id": id.to_string(),
+            }})
+            .to_string();
+            let mut extra: Vec<(&str, &str)> = Vec::new();
+            if let Some(ra) = retry_after.as_deref() {
+                if status == 429 || status == 503 {
+                    extra.push(("retry-after", ra));
+                }
+            }
+            if conn.turn.as_ref().is_some_and(|t| t.degraded) {
+                extra.push(("x-haltd-mode", "degraded"));
+            }
+            self.reply_with(key, status, "application/json", body.as_bytes(), &extra)?;
+            if let Some(c) = self.conns.get_mut(key) {
+                c.outcome = Outcome::UpstreamFailed;
+            }
+            return Ok(());
+        }
+        // The client's stream is open: a trip, so the terminal event carries the failure
+        // and the halt is recorded like any other.
+        let _ = shared.trip(id, FailureCode::UpstreamFailure);
+        self.halt(key)
+    }
+}

@@ -1,0 +1,238 @@
+//! What a receive on the upstream socket brings: the response head (a streaming `200`, or a
+//! whole body to relay or explain), then SSE events, each fed to the turn's upstream source
+//! ([`crate::source::upstream::UpstreamSource::push_event`]); then the pipeline runs if it can
+//! take them, and the next receive is armed (unless the source's queue is full: back-pressure
+//! on the upstream). Every failure here ends the turn typed (`up_fail`).
+
+use std::{io, sync::Arc};
+
+use super::{
+    upstream_io::{Purpose, Upstream, MAX_UPSTREAM_BODY},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    source::upstream::UpstreamSource,
+    stream::Mode,
+    upstream::{ResponseHead, UpstreamFailureKind},
+    wire::Endpoint,
+};
+
+/// What the bytes of one receive amount to.
+enum Received {
+    /// No response head yet: read on.
+    NoHead,
+    /// A whole body (`/v1/models`, or an error status) to relay or explain, complete.
+    Body(u16, Vec<u8>),
+    /// More of a whole body is due: read on.
+    MoreBody,
+    /// The stream's events were fed to the source.
+    Stream { had_head: bool },
+    /// The exchange failed.
+    Failed(UpstreamFailureKind, String, Option<u16>),
+}
+
+impl Worker {
+    pub(super) fn on_up_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        // When the bytes arrived: the start of every token's haltd_token_overhead_seconds.
+        let arrived_ns = monotonic_ns();
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.recv_inflight = false;
+        if up.finished || conn.closing {
+            return Ok(());
+        }
+        if res < 0 {
+            return self.up_recv_failed(key, res);
+        }
+        let endpoint = shared.table.slot(id.slot).endpoint();
+        let source = conn.turn.as_mut().and_then(|t| t.source.upstream_mut());
+        match up_received(up, source, res, endpoint, arrived_ns) {
+            Received::NoHead | Received::MoreBody => self.up_arm_recv(key),
+            Received::Body(status, body) => self.up_whole_body(key, status, body),
+            Received::Failed(kind, msg, status) => self.up_fail(key, kind, msg, status),
+            Received::Stream { had_head } => {
+                let conn = &mut self.conns[key];
+                let queued = conn
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.source.upstream())
+                    .is_some_and(UpstreamSource::has_items);
+                let idle = conn.sending.is_none();
+                tracing::trace!(stream_id = %id, res, queued, idle, "upstream bytes");
+                if !had_head && shared.table.slot(id.slot).mode() == Mode::Stream {
+                    // The upstream accepted the turn: the client's response begins now.
+                    if idle {
+                        self.send_stream_head(key)?;
+                    }
+                } else if queued && idle {
+                    self.step(key)?;
+                }
+                self.up_arm_recv(key)
+            }
+        }
+    }
+
+    /// A receive failed: its deadline passed (time to the first event, or the stall
+    /// deadline), or the socket did.
+    pub(super) fn up_recv_failed(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let cfg = &self.shared.cfg;
+        let events = self.conns[key].up.as_ref().map_or(0, |u| u.events);
+        let (kind, msg) = if res == -libc::ECANCELED && events == 0 {
+            let ms = cfg.upstream_first_token_timeout.as_millis();
+            (
+                UpstreamFailureKind::FirstTokenTimeout,
+                format!("the upstream sent no event within {ms} ms"),
+            )
+        } else if res == -libc::ECANCELED {
+            let ms = cfg.upstream_stall_timeout.as_millis();
+            (
+                UpstreamFailureKind::Stalled,
+                format!("the upstream stream stalled: no event for {ms} ms after {events} events"),
+            )
+        } else {
+            let e = io::Error::from_raw_os_error(-res);
+            (
+                UpstreamFailureKind::IoError,
+                format!("reading from the upstream: {e}"),
+            )
+        };
+        self.up_fail(key, kind, msg, None)
+    }
+}
+
+/// Takes the `res` bytes a receive brought (0: the upstream closed) into the response reader,
+/// and what they complete into the source.
+fn up_received(
+    up: &mut Upstream,
+    source: Option<&mut UpstreamSource>,
+    res: i32,
+    endpoint: Endpoint,
+    arrived_ns: u64,
+) -> Received {
+    let prev_status = up.status;
+    let had_head = up.reader.head().is_some();
+    up.body.clear();
+    if res == 0 {
+        if let Err(e) = up.reader.eof() {
+            let what = if up.reader.head().is_none() {
+                "the upstream closed the connection before a response".to_owned()
+            } else {
+                format!("the upstream closed the connection mid-stream: {e}")
+            };
+            return Received::Failed(UpstreamFailureKind::EarlyEof, what, prev_status);
+        }
+    } else {
+        // SAFETY: the kernel wrote `res` bytes into the buffer we handed it.
+        unsafe { up.rbuf.set_len(res as usize) };
+        if let Err(e) = up.reader.feed(&up.rbuf, &mut up.body) {
+            return Received::Failed(
+                UpstreamFailureKind::Malformed,
+                format!("malformed upstream response: {e}"),
+                prev_status,
+            );
+        }
+    }
+    let Some(head) = up.reader.head() else {
+        return Received::NoHead;
+    };
+    let status = head.status;
+    up.status = Some(status);
+    if up.retry_after.is_none() {
+        up.retry_after = head.retry_after.clone();
+    }
+    let complete = res == 0 || up.reader.is_done();
+    if up.purpose == Purpose::Models || status != 200 {
+        // A whole body to relay (models) or to explain (an error status).
+        if up.body.len() + up.wbuf.len() > MAX_UPSTREAM_BODY {
+            return Received::Failed(
+                UpstreamFailureKind::Malformed,
+                "upstream response body too large".to_owned(),
+                Some(status),
+            );
+        }
+        let chunk = std::mem::take(&mut up.body);
+        up.wbuf.extend_from_slice(&chunk);
+        if !complete {
+            return Received::MoreBody;
+        }
+        return Received::Body(status, std::mem::take(&mut up.wbuf));
+    }
+    if let Some(msg) = not_a_governable_stream(head) {
+        return Received::Failed(UpstreamFailureKind::Malformed, msg, Some(status));
+    }
+    let Some(source) = source else {
+        return Received::NoHead;
+    };
+    up.sse.push(&up.body);
+    feed_events(up, source, endpoint, arrived_ns);
+    if res == 0 && !source.saw_done() {
+        if !source.has_finish() {
+            let n = up.events;
+            return Received::Failed(
+                UpstreamFailureKind::EarlyEof,
+                format!("the upstream closed the stream after {n} events without a finish_reason or [DONE]"),
+                Some(status),
+            );
+        }
+        // Some servers end with the final chunk and close, without `[DONE]`.
+        source.push_done();
+    }
+    Received::Stream { had_head }
+}
+
+/// Why a `200` response cannot be governed: compressed, or not an event stream.
+fn not_a_governable_stream(head: &ResponseHead) -> Option<String> {
+    if let Some(enc) = head
+        .content_encoding
+        .as_deref()
+        .filter(|e| !e.eq_ignore_ascii_case("identity"))
+    {
+        return Some(format!(
+            "the upstream sent a {enc}-encoded stream although haltd asked for identity; compressed streams are not governed"
+        ));
+    }
+    let sse = head
+        .content_type
+        .as_deref()
+        .is_some_and(|c| c.to_ascii_lowercase().starts_with("text/event-stream"));
+    if !sse {
+        let ct = head.content_type.clone().unwrap_or_default();
+        return Some(format!(
+            "the upstream answered 200 with content-type {ct:?}, not text/event-stream"
+        ));
+    }
+    None
+}
+
+/// Feeds every complete SSE event to the source, until the stream breaks.
+fn feed_events(
+    up: &mut Upstream,
+    source: &mut UpstreamSource,
+    endpoint: Endpoint,
+    arrived_ns: u64,
+) {
+    loop {
+        match up.sse.next_event() {
+            Ok(None) => break,
+            Ok(Some(ev)) => {
+                up.events += 1;
+                up.last_event_ns = monotonic_ns();
+                if up.first_event_ns == 0 {
+                    up.first_event_ns = up.last_event_ns;
+                }
+                if !source.push_event(endpoint, &ev, arrived_ns) {
+                    break;
+                }
+            }
+            Err(e) => {
+                source.push_broken(format!("malformed upstream event stream: {e}"));
+                break;
+            }
+        }
+    }
+}
