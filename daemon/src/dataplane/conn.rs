@@ -7,11 +7,11 @@ use std::{os::fd::RawFd, sync::Arc};
 use io_uring::{opcode, types};
 
 use super::{
-    ring::{ud, OP_CANCEL, OP_RECV, OP_TIMER, OP_WATCH},
+    op::{OpBuf, OpKind, Owner},
     timespec,
     turn::Turn,
     upstream_io::Upstream,
-    watch, Worker,
+    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -44,16 +44,29 @@ pub(super) enum SendKind {
 pub(super) struct Conn {
     pub(super) fd: RawFd,
     pub(super) id: StreamId,
-    pub(super) rbuf: Vec<u8>,
-    pub(super) wbuf: Vec<u8>,
-    pub(super) woff: usize,
+    /// Tells this connection from a later one with the same slab key (an operation's owner).
+    pub(super) serial: u64,
+    /// Operations in flight that this connection submitted (`op.rs`): it is dropped only
+    /// when there are none, so that its descriptor outlives them.
+    pub(super) ops: u32,
+    /// The request as read so far; `None` while a receive owns it.
+    pub(super) rbuf: Option<Vec<u8>>,
+    /// The frame being written, reused from frame to frame; `None` while a send owns it.
+    pub(super) wbuf: Option<Vec<u8>>,
+    /// What the send in flight carries.
     pub(super) sending: Option<SendKind>,
-    pub(super) recv_inflight: bool,
-    pub(super) link_inflight: bool,
-    pub(super) timer_inflight: bool,
-    pub(super) cancel_inflight: u32,
-    pub(super) timer_ts: Box<types::Timespec>,
-    pub(super) read_ts: Box<types::Timespec>,
+    /// The receive of the request in flight (what a cancellation names).
+    pub(super) recv_op: Option<u64>,
+    /// The pacing timer in flight.
+    pub(super) timer_op: Option<u64>,
+    /// The watch of the client in flight (`watch.rs`).
+    pub(super) watch_op: Option<u64>,
+    /// Durations handed to timeouts, back with their completion (reused, not reallocated).
+    pub(super) timer_ts: Option<Box<types::Timespec>>,
+    pub(super) read_ts: Option<Box<types::Timespec>>,
+    pub(super) watch_ts: Option<Box<types::Timespec>>,
+    /// The watch's receive buffer (its bytes are never read).
+    pub(super) watch_buf: Option<Vec<u8>>,
     pub(super) continue_sent: bool,
     /// The frame in flight went out in more than one send.
     pub(super) short_write: bool,
@@ -64,33 +77,49 @@ pub(super) struct Conn {
     pub(super) turn: Option<Box<Turn>>,
     /// The upstream exchange of a proxied turn (or `/v1/models`).
     pub(super) up: Option<Box<Upstream>>,
-    pub(super) watch_inflight: bool,
-    pub(super) watch_buf: Box<[u8; 16]>,
     /// The client half-closed (or closed) its side: EOF was read after the request.
     pub(super) peer_eof: bool,
-    /// Period of the half-closed client's watch timer (`watch::WATCH_PERIOD`).
-    pub(super) watch_ts: Box<types::Timespec>,
     /// When the token(s) of the token frame in flight reached haltd (the built-in source
     /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
     /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
     pub(super) frame_arrived_ns: u64,
 }
 
+/// Capacity of a connection's frame buffer, allocated at accept.
+const FRAME_CAPACITY: usize = 4096;
+
+/// The frame buffer, emptied for the next frame (a new one if a send still had it, which
+/// the callers' `sending` checks rule out).
+pub(super) fn frame(wbuf: &mut Option<Vec<u8>>) -> &mut Vec<u8> {
+    let b = wbuf.get_or_insert_with(|| Vec::with_capacity(FRAME_CAPACITY));
+    b.clear();
+    b
+}
+
+/// Bytes of the frame in the buffer.
+pub(super) fn frame_len(wbuf: &Option<Vec<u8>>) -> usize {
+    wbuf.as_ref().map_or(0, Vec::len)
+}
+
 impl Conn {
     pub(super) fn inflight(&self) -> bool {
-        self.sending.is_some()
-            || self.recv_inflight
-            || self.link_inflight
-            || self.timer_inflight
-            || self.cancel_inflight > 0
-            || self.watch_inflight
-            || self.up.as_ref().is_some_and(|u| u.inflight())
+        self.ops > 0
+    }
+
+    /// Who this connection's operations report to.
+    pub(super) fn owner(&self, key: usize) -> Owner {
+        Owner::Conn {
+            key,
+            serial: self.serial,
+        }
     }
 }
 
 impl Worker {
     pub(super) fn accepted(&mut self, fd: RawFd) {
         super::set_nodelay(fd);
+        self.next_serial += 1;
+        let serial = self.next_serial;
         let shared = &self.shared;
         let Some(id) = shared
             .table
@@ -131,16 +160,18 @@ impl Worker {
         let conn = Conn {
             fd,
             id,
-            rbuf: Vec::with_capacity(RECV_CHUNK),
-            wbuf: Vec::with_capacity(4096),
-            woff: 0,
+            serial,
+            ops: 0,
+            rbuf: Some(Vec::with_capacity(RECV_CHUNK)),
+            wbuf: Some(Vec::with_capacity(FRAME_CAPACITY)),
             sending: None,
-            recv_inflight: false,
-            link_inflight: false,
-            timer_inflight: false,
-            cancel_inflight: 0,
-            timer_ts: Box::new(timespec(shared.cfg.token_interval)),
-            read_ts: Box::new(timespec(shared.cfg.request_timeout)),
+            recv_op: None,
+            timer_op: None,
+            watch_op: None,
+            timer_ts: Some(Box::new(timespec(shared.cfg.token_interval))),
+            read_ts: Some(Box::new(timespec(shared.cfg.request_timeout))),
+            watch_ts: None,
+            watch_buf: None,
             continue_sent: false,
             short_write: false,
             reading: true,
@@ -149,10 +180,7 @@ impl Worker {
             outcome: Outcome::Open,
             turn: None,
             up: None,
-            watch_inflight: false,
-            watch_buf: Box::new([0; 16]),
             peer_eof: false,
-            watch_ts: Box::new(timespec(watch::WATCH_PERIOD)),
             frame_arrived_ns: 0,
         };
         let key = self.conns.insert(conn);
@@ -209,32 +237,18 @@ impl Worker {
             return;
         }
         conn.closing = true;
-        let mut cancels = Vec::new();
-        if conn.timer_inflight {
-            cancels.push(ud(key, OP_TIMER));
-        }
-        if conn.recv_inflight {
-            cancels.push(ud(key, OP_RECV));
-        }
-        if conn.watch_inflight {
-            cancels.push(ud(key, OP_WATCH));
-        }
+        let targets = [conn.timer_op, conn.recv_op, conn.watch_op];
+        let owner = conn.owner(key);
         let up_reason = if conn.outcome == Outcome::ClientGone {
             CancelReason::ClientGone
         } else {
             CancelReason::Trip
         };
         let has_up = conn.up.is_some();
-        conn.cancel_inflight += cancels.len() as u32;
-        for target in cancels {
-            let e = opcode::AsyncCancel::new(target)
-                .build()
-                .user_data(ud(key, OP_CANCEL));
-            if self.push(&e).is_err() {
-                if let Some(c) = self.conns.get_mut(key) {
-                    c.cancel_inflight -= 1;
-                }
-            }
+        for target in targets.into_iter().flatten() {
+            // A failed submission leaves the operation to complete by itself.
+            let e = opcode::AsyncCancel::new(target).build();
+            let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
         }
         if has_up {
             // Closing with the upstream still generating: a trip or a client gone (a turn
@@ -280,7 +294,8 @@ impl Worker {
         // with it (the slot is not HALTING), so nothing else uses it.
         unsafe { libc::close(conn.fd) };
         if let Some(up) = conn.up.as_ref() {
-            // SAFETY: nothing is in flight on the upstream socket (`inflight` covers it).
+            // SAFETY: nothing is in flight on the upstream socket (its operations are the
+            // connection's, and `inflight` covers them).
             unsafe { libc::close(up.fd()) };
         }
         shared.metrics.dataplane.streams_active.dec();

@@ -7,7 +7,11 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::{json, Value};
 
-use super::{conn::SendKind, turn::Turn, Worker};
+use super::{
+    conn::{frame, SendKind},
+    turn::Turn,
+    Worker,
+};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
@@ -118,14 +122,14 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
-        conn.wbuf.clear();
+        let out = frame(&mut conn.wbuf);
         if slot.mode() == Mode::Stream {
             turn.enc
-                .finish_events(&mut conn.wbuf, reason, turn.include_usage.then_some(usage));
+                .finish_events(out, reason, turn.include_usage.then_some(usage));
         } else {
-            encode_batch(turn, &mut conn.wbuf, conn.id, reason, usage, tool_calls);
+            encode_batch(turn, out, conn.id, reason, usage, tool_calls);
         }
-        if slot.begin_final(conn.wbuf.len()) {
+        if slot.begin_final(out.len()) {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);
             }

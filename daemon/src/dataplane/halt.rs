@@ -5,7 +5,10 @@
 
 use std::{io, sync::Arc};
 
-use super::{conn::SendKind, Worker};
+use super::{
+    conn::{frame, SendKind},
+    Worker,
+};
 use crate::{
     clock::monotonic_ns,
     detect::Trip,
@@ -66,7 +69,7 @@ impl Worker {
         }
         conn.outcome = Outcome::Halted;
         let snap = slot.snapshot(conn.id.slot);
-        shared.terminal_frame(&snap, &mut conn.wbuf);
+        shared.terminal_frame(&snap, frame(&mut conn.wbuf));
         self.send(key, SendKind::Terminal)
     }
 

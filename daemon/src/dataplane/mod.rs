@@ -13,6 +13,7 @@
 //! | file | what |
 //! |---|---|
 //! | `ring.rs` | the io_uring driver: the loop, submission, completion dispatch |
+//! | `op.rs` | operations that own their buffers while the kernel has them |
 //! | `conn.rs` | a client connection: accept and govern, its state, closing |
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
@@ -38,6 +39,7 @@ mod conn;
 mod end;
 mod halt;
 mod hold;
+mod op;
 mod pipeline;
 mod record;
 mod request;
@@ -72,7 +74,8 @@ pub fn spawn_workers(
                         conns: Slab::new(),
                         listener,
                         shared,
-                        wake_buf: Box::new(0),
+                        ops: op::OpTable::default(),
+                        next_serial: 0,
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
                         sq_dropped_seen: 0,
@@ -95,7 +98,11 @@ struct Worker {
     conns: Slab<Conn>,
     listener: TcpListener,
     shared: Arc<HaltCore>,
-    wake_buf: Box<u64>,
+    /// The operations in flight, which own their buffers (`op.rs`).
+    ops: op::OpTable,
+    /// The serial of the next connection (tells a reused slab key from the connection an
+    /// old operation belongs to).
+    next_serial: u64,
     cqes: Vec<(u64, i32)>,
     /// The ring's lost-completion and invalid-submission counters as last read (the kernel
     /// keeps them per ring; `haltd_ring_events_total` gets the increments).

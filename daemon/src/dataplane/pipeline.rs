@@ -23,9 +23,10 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 use serde_json::Value;
 
 use super::{
-    conn::SendKind,
+    conn::{frame, frame_len, SendKind},
     hold::{Pending, PendingKind},
-    ring::{ud, OP_TIMER},
+    op::{OpBuf, OpKind},
+    timespec,
     turn::{HeldToken, Turn},
     Worker,
 };
@@ -279,8 +280,7 @@ impl Worker {
         }
         if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
             // The common case: nothing held, one frame, encoded from the source's text.
-            conn.wbuf.clear();
-            encode_token(turn, &mut conn.wbuf, &t, offset);
+            encode_token(turn, frame(&mut conn.wbuf), &t, offset);
             turn.first_frame_sent = true;
             turn.note_output(&t.text);
             return self
@@ -394,7 +394,7 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
-        conn.wbuf.clear();
+        let out = frame(&mut conn.wbuf);
         let first = !turn.first_frame_sent;
         // The frame's text: the whole entry, or what is left of it after earlier frames.
         let started = match &mut p.kind {
@@ -415,9 +415,9 @@ impl Worker {
                     logprob,
                     top: &tops[..n],
                 };
-                turn.enc.token_event(&mut conn.wbuf, tok, offset, first);
+                turn.enc.token_event(out, tok, offset, first);
             }
-            PendingKind::Chars => turn.enc.text_event(&mut conn.wbuf, text, first),
+            PendingKind::Chars => turn.enc.text_event(out, text, first),
             PendingKind::ToolCall {
                 index, ref header, ..
             } => {
@@ -427,7 +427,7 @@ impl Worker {
                     name: header.as_ref().and_then(|h| h.name.as_deref()),
                     arguments: if header.is_some() { "" } else { text },
                 };
-                turn.enc.tool_call_event(&mut conn.wbuf, call, first);
+                turn.enc.tool_call_event(out, call, first);
             }
         }
         turn.first_frame_sent = true;
@@ -445,7 +445,7 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
         let index = slot.tokens_submitted.load(SeqCst);
-        if !slot.begin_frame(true, ignore_halt, conn.wbuf.len()) {
+        if !slot.begin_frame(true, ignore_halt, frame_len(&conn.wbuf)) {
             return self.halt(key);
         }
         if let Some(turn) = conn.turn.as_mut() {
@@ -465,13 +465,17 @@ impl Worker {
         if !paced || self.shared.cfg.token_interval.is_zero() {
             return self.step(key);
         }
+        let interval = self.shared.cfg.token_interval;
         let conn = &mut self.conns[key];
-        let ts: *const io_uring::types::Timespec = &*conn.timer_ts;
-        conn.timer_inflight = true;
-        let e = io_uring::opcode::Timeout::new(ts)
-            .build()
-            .user_data(ud(key, OP_TIMER));
-        self.push(&e)
+        let ts = conn
+            .timer_ts
+            .take()
+            .unwrap_or_else(|| Box::new(timespec(interval)));
+        let e = io_uring::opcode::Timeout::new(&raw const *ts).build();
+        let owner = conn.owner(key);
+        let timer = self.submit(owner, OpKind::Timer, OpBuf::Time(ts), e)?;
+        self.conns[key].timer_op = Some(timer);
+        Ok(())
     }
 
     /// The source's text is complete: an upstream exchange is over (its socket shut down at

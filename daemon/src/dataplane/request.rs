@@ -7,9 +7,9 @@ use std::{io, sync::atomic::Ordering::SeqCst};
 use io_uring::{opcode, squeue, types};
 
 use super::{
-    conn::{SendKind, RECV_CHUNK},
-    ring::{ud, OP_LINK_TIMEOUT, OP_RECV},
-    Worker,
+    conn::{frame, frame_len, SendKind, RECV_CHUNK},
+    op::{OpBuf, OpKind},
+    timespec, Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -21,30 +21,34 @@ use crate::{
 };
 
 impl Worker {
+    /// Receives more of the request, linked to the request deadline. The request buffer
+    /// moves into the receive and comes back with its completion.
     pub(super) fn arm_recv(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
         let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
-        if conn.rbuf.len() >= max {
+        let timeout = self.shared.cfg.request_timeout;
+        let conn = &mut self.conns[key];
+        let mut buf = conn.rbuf.take().unwrap_or_default();
+        if buf.len() >= max {
+            conn.rbuf = Some(buf);
             return Ok(());
         }
-        conn.rbuf.reserve(RECV_CHUNK.min(max - conn.rbuf.len()));
-        let spare = conn.rbuf.capacity() - conn.rbuf.len();
-        let want = spare.min(max - conn.rbuf.len());
-        // SAFETY: the pointer is into the spare capacity of `rbuf`, which is not touched or
-        // reallocated until this recv completes.
-        let ptr = unsafe { conn.rbuf.as_mut_ptr().add(conn.rbuf.len()) };
+        buf.reserve(RECV_CHUNK.min(max - buf.len()));
+        let want = (buf.capacity() - buf.len()).min(max - buf.len());
+        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
         let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32)
             .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(ud(key, OP_RECV));
-        let ts: *const types::Timespec = &*conn.read_ts;
-        let link = opcode::LinkTimeout::new(ts)
-            .build()
-            .user_data(ud(key, OP_LINK_TIMEOUT));
-        conn.recv_inflight = true;
-        conn.link_inflight = true;
-        self.push(&recv)?;
-        self.push(&link)
+            .flags(squeue::Flags::IO_LINK);
+        // The previous deadline's timespec may still be with its completion: a new one then.
+        let ts = conn
+            .read_ts
+            .take()
+            .unwrap_or_else(|| Box::new(timespec(timeout)));
+        let link = opcode::LinkTimeout::new(&raw const *ts).build();
+        let owner = conn.owner(key);
+        let recv = self.submit(owner, OpKind::Recv, OpBuf::Recv(buf), recv)?;
+        self.conns[key].recv_op = Some(recv);
+        self.submit(owner, OpKind::RecvDeadline, OpBuf::Time(ts), link)
+            .map(drop)
     }
 
     pub(super) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
@@ -69,10 +73,9 @@ impl Worker {
             self.begin_close(key);
             return Ok(());
         }
-        // SAFETY: the kernel wrote `res` bytes into the spare capacity we handed it.
-        unsafe { conn.rbuf.set_len(conn.rbuf.len() + res as usize) };
         let max_body = self.shared.cfg.args.max_body_bytes;
-        let head = match http::parse_head(&conn.rbuf, max_body) {
+        let rbuf = conn.rbuf.as_deref().unwrap_or_default();
+        let head = match http::parse_head(rbuf, max_body) {
             Ok(Some(h)) => h,
             Ok(None) => return self.arm_recv(key),
             Err(e) => {
@@ -80,19 +83,16 @@ impl Worker {
                 return self.reply_error(key, &e);
             }
         };
-        let have = conn.rbuf.len() - head.head_len;
+        let have = rbuf.len() - head.head_len;
         if have < head.content_length {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
-                conn.wbuf.clear();
-                conn.wbuf
-                    .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if self
-                    .shared
-                    .table
-                    .slot(conn.id.slot)
-                    .begin_frame(false, false, conn.wbuf.len())
-                {
+                frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                if self.shared.table.slot(conn.id.slot).begin_frame(
+                    false,
+                    false,
+                    frame_len(&conn.wbuf),
+                ) {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
                     return self.send(key, SendKind::Continue100);
@@ -112,10 +112,16 @@ impl Worker {
             );
         }
         conn.reading = false;
-        self.route(key, head)
+        let request = conn.rbuf.take().unwrap_or_default();
+        let body = request.get(head.head_len..).unwrap_or_default();
+        let routed = self.route(key, head, body);
+        if let Some(c) = self.conns.get_mut(key) {
+            c.rbuf = Some(request);
+        }
+        routed
     }
 
-    pub(super) fn route(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+    pub(super) fn route(&mut self, key: usize, head: RequestHead, body: &[u8]) -> io::Result<()> {
         let path = head.path.split('?').next().unwrap_or_default();
         let endpoint = match path {
             "/v1/chat/completions" => Some(Endpoint::Chat),
@@ -124,11 +130,12 @@ impl Worker {
         };
         let proxied = self.shared.cfg.args.source == SourceKind::Openai;
         match (head.method.as_str(), path, endpoint) {
-            ("POST", _, Some(endpoint)) if proxied => self.start_proxy_turn(key, endpoint, head),
+            ("POST", _, Some(endpoint)) if proxied => {
+                self.start_proxy_turn(key, endpoint, &head, body)
+            }
             ("POST", _, Some(endpoint)) => {
                 let key_id =
                     KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
-                let body = &self.conns[key].rbuf[head.head_len..];
                 match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
                 {
                     Ok(req) => self.start_builtin_turn(key, req, key_id),
@@ -207,16 +214,16 @@ impl Worker {
         extra: &[(&str, &str)],
     ) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        conn.wbuf.clear();
+        let out = frame(&mut conn.wbuf);
         http::write_head(
-            &mut conn.wbuf,
+            out,
             status,
             content_type,
             Some(body.len()),
             Some(conn.id),
             extra,
         );
-        conn.wbuf.extend_from_slice(body);
+        out.extend_from_slice(body);
         if status >= 400 {
             self.shared.metrics.dataplane.rejected(status);
             conn.outcome = Outcome::Rejected;
@@ -225,7 +232,7 @@ impl Worker {
             .shared
             .table
             .slot(conn.id.slot)
-            .begin_final(conn.wbuf.len())
+            .begin_final(frame_len(&conn.wbuf))
         {
             self.send(key, SendKind::Reply)
         } else {
@@ -236,15 +243,14 @@ impl Worker {
     pub(super) fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
         let conn = &mut self.conns[key];
         tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
-        conn.wbuf.clear();
-        http::write_error_response(&mut conn.wbuf, err, Some(conn.id));
+        http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id));
         self.shared.metrics.dataplane.rejected(err.status);
         conn.outcome = Outcome::Rejected;
         if self
             .shared
             .table
             .slot(conn.id.slot)
-            .begin_final(conn.wbuf.len())
+            .begin_final(frame_len(&conn.wbuf))
         {
             self.send(key, SendKind::Reply)
         } else {

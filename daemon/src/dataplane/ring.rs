@@ -1,33 +1,16 @@
 //! The io_uring driver of a worker: the event loop, submission (with back-pressure when the
-//! submission ring is full), and the dispatch of each completion to its connection by
-//! `user_data` (the connection's slab key and the operation kind, [`ud`]).
+//! submission ring is full) of operations that own their buffers (`op.rs`), and the dispatch
+//! of each completion, with its buffer handed back, to the connection that submitted it.
 
 use std::{io, os::fd::AsRawFd, time::Duration};
 
 use io_uring::{opcode, squeue, types};
 
-use super::Worker;
+use super::{
+    op::{Op, OpBuf, OpKind, Owner},
+    Worker,
+};
 use crate::metrics::dataplane::RingEvent;
-
-pub(super) const OP_ACCEPT: u64 = 1;
-pub(super) const OP_WAKE: u64 = 2;
-pub(super) const OP_RECV: u64 = 3;
-pub(super) const OP_SEND: u64 = 4;
-pub(super) const OP_TIMER: u64 = 5;
-pub(super) const OP_LINK_TIMEOUT: u64 = 6;
-pub(super) const OP_CANCEL: u64 = 7;
-pub(super) const OP_UP_CONNECT: u64 = 8;
-pub(super) const OP_UP_SEND: u64 = 9;
-pub(super) const OP_UP_RECV: u64 = 10;
-pub(super) const OP_UP_LINK: u64 = 11;
-/// Receive on the client socket while a proxied turn runs (notices a client that left).
-pub(super) const OP_WATCH: u64 = 12;
-pub(super) const OP_CANCEL_UP: u64 = 13;
-/// Key used for the listener and the eventfd, which are not connections.
-pub(super) const WORKER_KEY: u64 = u32::MAX as u64;
-pub(super) fn ud(key: usize, op: u64) -> u64 {
-    ((key as u64) << 8) | op
-}
 
 impl Worker {
     /// Counts `n` ring events of `kind` (`haltd_ring_events_total`; rare, never per token).
@@ -35,11 +18,35 @@ impl Worker {
         self.shared.metrics.dataplane.ring_event(kind, n);
     }
 
-    pub(super) fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+    /// Submits `entry`, an operation that owns `buf` until its completion: the entry points
+    /// only into `buf`'s heap memory (a `Vec`'s or a `Box`'s), which moving `buf` into the op
+    /// table does not move. Returns the operation's `user_data` (what a cancellation names).
+    pub(super) fn submit(
+        &mut self,
+        owner: Owner,
+        kind: OpKind,
+        buf: OpBuf,
+        entry: squeue::Entry,
+    ) -> io::Result<u64> {
+        let user_data = self.ops.insert(owner, kind, buf);
+        if let Err(e) = self.push(&entry.user_data(user_data)) {
+            // Not submitted: the kernel never saw the buffer.
+            self.ops.take(user_data);
+            return Err(e);
+        }
+        if let Owner::Conn { key, .. } = owner {
+            if let Some(c) = self.conns.get_mut(key) {
+                c.ops += 1;
+            }
+        }
+        Ok(user_data)
+    }
+
+    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         let mut full = false;
         loop {
-            // SAFETY: every entry points into buffers owned by `self.conns` (or the worker)
-            // that stay alive and unmoved until the matching completion is reaped.
+            // SAFETY: every entry points into memory owned by its operation in `self.ops`
+            // (`submit`), which stays there, alive and unmoved, until the completion is reaped.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
@@ -85,7 +92,7 @@ impl Worker {
 
     pub(super) fn run(&mut self) -> io::Result<()> {
         self.arm_accept()?;
-        self.arm_wake()?;
+        self.arm_wake(Box::new(0))?;
         loop {
             let mut retry = false;
             match self.ring.submit_and_wait(1) {
@@ -122,80 +129,102 @@ impl Worker {
     }
 
     pub(super) fn arm_accept(&mut self) -> io::Result<()> {
-        let e = opcode::Accept::new(
-            types::Fd(self.listener.as_raw_fd()),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .flags(libc::SOCK_CLOEXEC)
-        .build()
-        .user_data(ud(WORKER_KEY as usize, OP_ACCEPT));
-        self.push(&e)
+        let fd = types::Fd(self.listener.as_raw_fd());
+        let e = opcode::Accept::new(fd, std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build();
+        self.submit(Owner::Worker, OpKind::Accept, OpBuf::None, e)
+            .map(drop)
     }
 
-    pub(super) fn arm_wake(&mut self) -> io::Result<()> {
-        let fd = self.shared.wakers[self.id as usize].as_raw_fd();
-        let ptr: *mut u64 = &mut *self.wake_buf;
-        let e = opcode::Read::new(types::Fd(fd), ptr.cast(), 8)
-            .build()
-            .user_data(ud(WORKER_KEY as usize, OP_WAKE));
-        self.push(&e)
+    fn arm_wake(&mut self, mut word: Box<u64>) -> io::Result<()> {
+        let fd = types::Fd(self.shared.wakers[self.id as usize].as_raw_fd());
+        let ptr: *mut u64 = &mut *word;
+        let e = opcode::Read::new(fd, ptr.cast(), 8).build();
+        self.submit(Owner::Worker, OpKind::Wake, OpBuf::Word(word), e)
+            .map(drop)
     }
 
-    pub(super) fn complete(&mut self, data: u64, res: i32) -> io::Result<()> {
-        let key = (data >> 8) as usize;
-        let op = data & 0xff;
-        if key == WORKER_KEY as usize {
-            return match op {
-                OP_ACCEPT => {
-                    if res >= 0 {
-                        self.accepted(res);
-                    } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
-                        tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
-                        if res == -libc::EMFILE || res == -libc::ENFILE {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                    }
-                    self.arm_accept()
-                }
-                OP_WAKE => {
-                    self.scan_tripped();
-                    self.arm_wake()
-                }
-                _ => Ok(()),
-            };
-        }
-        let Some(conn) = self.conns.get_mut(key) else {
+    /// A completion: its operation leaves the table, and its buffer goes back to the owner
+    /// with the result. The operation of a connection that is gone is dropped here, buffer
+    /// and all.
+    pub(super) fn complete(&mut self, user_data: u64, res: i32) -> io::Result<()> {
+        let Some(op) = self.ops.take(user_data) else {
             return Ok(());
         };
-        match op {
-            OP_RECV => {
-                conn.recv_inflight = false;
-                self.on_recv(key, res)?;
+        let kind = op.kind;
+        match op.owner {
+            Owner::Worker => self.worker_op(kind, op, res),
+            Owner::Conn { key, serial } => {
+                let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == serial) else {
+                    return Ok(());
+                };
+                conn.ops -= 1;
+                self.conn_op(key, kind, op.into_buf(res), res)?;
+                self.maybe_finish_close(key);
+                Ok(())
             }
-            OP_LINK_TIMEOUT => conn.link_inflight = false,
-            OP_SEND => self.on_send(key, res)?,
-            OP_TIMER => {
-                conn.timer_inflight = false;
-                if !conn.closing {
-                    self.step(key)?;
-                }
-            }
-            OP_CANCEL => conn.cancel_inflight = conn.cancel_inflight.saturating_sub(1),
-            OP_UP_CONNECT => self.on_up_connect(key, res)?,
-            OP_UP_SEND => self.on_up_send(key, res)?,
-            OP_UP_RECV => self.on_up_recv(key, res)?,
-            OP_UP_LINK => self.on_up_link(key)?,
-            OP_WATCH => self.on_watch(key, res)?,
-            OP_CANCEL_UP => {
-                if let Some(up) = conn.up.as_mut() {
-                    up.cancel_inflight = up.cancel_inflight.saturating_sub(1);
-                }
-            }
-            _ => {}
         }
-        self.maybe_finish_close(key);
-        Ok(())
+    }
+
+    fn worker_op(&mut self, kind: OpKind, op: Op, res: i32) -> io::Result<()> {
+        match (kind, op.into_buf(res)) {
+            (OpKind::Accept, _) => {
+                if res >= 0 {
+                    self.accepted(res);
+                } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
+                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
+                    if res == -libc::EMFILE || res == -libc::ENFILE {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                self.arm_accept()
+            }
+            (OpKind::Wake, OpBuf::Word(w)) => {
+                self.scan_tripped();
+                self.arm_wake(w)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A connection's operation completed: its handler, with the buffer back.
+    fn conn_op(&mut self, key: usize, kind: OpKind, buf: OpBuf, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        match (kind, buf) {
+            (OpKind::Recv, OpBuf::Recv(b)) => {
+                conn.recv_op = None;
+                conn.rbuf = Some(b);
+                self.on_recv(key, res)
+            }
+            (OpKind::RecvDeadline, OpBuf::Time(ts)) => {
+                conn.read_ts = Some(ts);
+                Ok(())
+            }
+            (OpKind::Send, OpBuf::Send { buf, off }) => self.on_send(key, res, buf, off),
+            (OpKind::Timer, OpBuf::Time(ts)) => {
+                conn.timer_ts = Some(ts);
+                conn.timer_op = None;
+                if conn.closing {
+                    return Ok(());
+                }
+                self.step(key)
+            }
+            (OpKind::Watch, buf) => {
+                conn.watch_op = None;
+                match buf {
+                    OpBuf::Time(ts) => conn.watch_ts = Some(ts),
+                    OpBuf::Recv(b) => conn.watch_buf = Some(b),
+                    _ => {}
+                }
+                self.on_watch(key, res)
+            }
+            (OpKind::UpConnect, _) => self.on_up_connect(key, res),
+            (OpKind::UpSend, OpBuf::Send { buf, off }) => self.on_up_send(key, res, buf, off),
+            (OpKind::UpRecv, OpBuf::Recv(b)) => self.on_up_recv(key, res, b),
+            (OpKind::UpDeadline, OpBuf::Time(ts)) => self.on_up_link(key, ts),
+            _ => Ok(()),
+        }
     }
 }
 

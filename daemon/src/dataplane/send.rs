@@ -8,7 +8,7 @@ use io_uring::{opcode, types};
 
 use super::{
     conn::SendKind,
-    ring::{ud, OP_SEND},
+    op::{OpBuf, OpKind},
     Worker,
 };
 use crate::{
@@ -19,48 +19,61 @@ use crate::{
 };
 
 impl Worker {
+    /// Sends the frame in the connection's frame buffer, which the send owns until it
+    /// completes.
     pub(super) fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        // `wbuf` is the kernel's until the send in flight completes; every caller checks.
+        // Every caller checks that no send is in flight: one frame at a time.
         debug_assert!(conn.sending.is_none(), "second send while one is in flight");
-        conn.woff = 0;
+        let buf = conn.wbuf.take().unwrap_or_default();
         conn.sending = Some(kind);
         self.shared
             .table
             .slot(conn.id.slot)
             .send_inflight
             .store(true, SeqCst);
-        self.submit_send(key)
+        self.submit_send(key, buf, 0)
     }
 
-    pub(super) fn submit_send(&mut self, key: usize) -> io::Result<()> {
+    /// Submits the send of `buf[off..]`.
+    fn submit_send(&mut self, key: usize, buf: Vec<u8>, off: usize) -> io::Result<()> {
         let conn = &self.conns[key];
-        let rest = &conn.wbuf[conn.woff..];
+        let rest = &buf[off..];
         let e = opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
             .flags(libc::MSG_NOSIGNAL)
-            .build()
-            .user_data(ud(key, OP_SEND));
-        self.push(&e)
+            .build();
+        let owner = conn.owner(key);
+        self.submit(owner, OpKind::Send, OpBuf::Send { buf, off }, e)
+            .map(drop)
     }
 
-    pub(super) fn on_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+    /// A send completed; `buf` is its frame, back from the kernel.
+    pub(super) fn on_send(
+        &mut self,
+        key: usize,
+        res: i32,
+        buf: Vec<u8>,
+        off: usize,
+    ) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let Some(kind) = conn.sending else {
+            conn.wbuf = Some(buf);
             return Ok(());
         };
         let slot = shared.table.slot(conn.id.slot);
-        if res > 0 && conn.woff + (res as usize) < conn.wbuf.len() {
+        if res > 0 && off + (res as usize) < buf.len() {
             // Short write: send the rest, and send nothing else until it is out. The rest is
             // deliberately not counted as a frame: the kernel runs the gate on it only
             // sometimes (after a failed push, tcp_bpf keeps the previous verdict and passes
             // the next send without running the program), and an uncounted kernel run only
             // makes the gate stricter, while a counted send the gate never saw would let one
             // token too many through.
-            conn.woff += res as usize;
             conn.short_write = true;
-            return self.submit_send(key);
+            return self.submit_send(key, buf, off + res as usize);
         }
+        // The frame buffer is the connection's again, for the next frame.
+        conn.wbuf = Some(buf);
         if conn.short_write {
             conn.short_write = false;
             resync_frames(&shared, conn.fd, slot);

@@ -10,7 +10,12 @@ use std::{collections::BTreeSet, io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::Value;
 
-use super::{conn::SendKind, hold::Hold, upstream_io::Purpose, Worker};
+use super::{
+    conn::{frame, SendKind},
+    hold::Hold,
+    upstream_io::Purpose,
+    Worker,
+};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
@@ -323,16 +328,9 @@ impl Worker {
     pub(super) fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
-        conn.wbuf.clear();
-        http::write_head(
-            &mut conn.wbuf,
-            200,
-            "text/event-stream",
-            None,
-            Some(conn.id),
-            &[],
-        );
-        if slot.begin_frame(false, false, conn.wbuf.len()) {
+        let out = frame(&mut conn.wbuf);
+        http::write_head(out, 200, "text/event-stream", None, Some(conn.id), &[]);
+        if slot.begin_frame(false, false, out.len()) {
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);
         }
@@ -391,14 +389,14 @@ impl Worker {
         &mut self,
         key: usize,
         endpoint: Endpoint,
-        head: RequestHead,
+        head: &RequestHead,
+        body: &[u8],
     ) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
         let key_id = KeyId::of_authorization(auth.as_deref());
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);
-        let body = &self.conns[key].rbuf[head.head_len..];
         let (up, request_urls, system_prompt) = match prepare_proxied(endpoint, body, degraded) {
             Ok(v) => v,
             Err(e) => return self.reply_error(key, &e),

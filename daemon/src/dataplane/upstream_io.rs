@@ -21,7 +21,7 @@ use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
 
 use super::{
-    ring::{ud, OP_CANCEL_UP, OP_UP_CONNECT, OP_UP_LINK, OP_UP_RECV, OP_UP_SEND},
+    op::{OpBuf, OpKind, SockAddr},
     timespec, Worker,
 };
 use crate::{
@@ -67,18 +67,19 @@ pub(super) enum Purpose {
 pub(super) struct Upstream {
     pub(super) purpose: Purpose,
     pub(super) fd: RawFd,
-    pub(super) addr: Box<libc::sockaddr_storage>,
-    pub(super) addr_len: libc::socklen_t,
+    /// The request bytes until the send takes them; then a whole body (`/v1/models`, an
+    /// error) as it arrives.
     pub(super) wbuf: Vec<u8>,
-    pub(super) woff: usize,
-    pub(super) rbuf: Vec<u8>,
-    pub(super) ts: Box<types::Timespec>,
-    pub(super) connect_inflight: bool,
-    pub(super) send_inflight: bool,
-    pub(super) recv_inflight: bool,
+    /// The receive buffer, reused; `None` while a receive owns it.
+    pub(super) rbuf: Option<Vec<u8>>,
+    /// The deadline handed to linked timeouts, back with their completion.
+    pub(super) ts: Option<Box<types::Timespec>>,
+    /// The operations in flight on the socket (a cancellation names the connect).
+    pub(super) connect_op: Option<u64>,
+    pub(super) send_op: Option<u64>,
+    pub(super) recv_op: Option<u64>,
     /// Linked timeouts not yet completed (connect, send and receive each carry one).
-    pub(super) link_inflight: u32,
-    pub(super) cancel_inflight: u32,
+    pub(super) links: u32,
     pub(super) reader: ResponseReader,
     pub(super) sse: SseParser,
     pub(super) body: Vec<u8>,
@@ -102,29 +103,17 @@ pub(super) struct Upstream {
 }
 
 impl Upstream {
-    pub(super) fn new(
-        fd: RawFd,
-        addr: std::net::SocketAddr,
-        req: &UpstreamRequest<'_>,
-        wbuf: Vec<u8>,
-        system_prompt: String,
-        cfg: &crate::config::Config,
-    ) -> Self {
-        let (addr, addr_len) = sockaddr(addr);
+    fn new(fd: RawFd, req: &UpstreamRequest<'_>, wbuf: Vec<u8>, system_prompt: String) -> Self {
         Upstream {
             purpose: req.purpose,
             fd,
-            addr,
-            addr_len,
             wbuf,
-            woff: 0,
-            rbuf: Vec::with_capacity(UP_RECV_CHUNK),
-            ts: Box::new(timespec(cfg.upstream_connect_timeout)),
-            connect_inflight: false,
-            send_inflight: false,
-            recv_inflight: false,
-            link_inflight: 0,
-            cancel_inflight: 0,
+            rbuf: None,
+            ts: None,
+            connect_op: None,
+            send_op: None,
+            recv_op: None,
+            links: 0,
             reader: ResponseReader::new(MAX_UPSTREAM_HEAD),
             sse: SseParser::new(MAX_UPSTREAM_EVENT),
             body: Vec::new(),
@@ -141,14 +130,6 @@ impl Upstream {
             system_prompt,
             api_path: req.api_path,
         }
-    }
-
-    pub(super) fn inflight(&self) -> bool {
-        self.connect_inflight
-            || self.send_inflight
-            || self.recv_inflight
-            || self.link_inflight > 0
-            || self.cancel_inflight > 0
     }
 
     pub(super) fn fd(&self) -> RawFd {
@@ -207,7 +188,7 @@ impl Upstream {
     }
 }
 
-fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::socklen_t) {
+fn sockaddr(addr: std::net::SocketAddr) -> Box<SockAddr> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
     let len = match addr {
@@ -239,7 +220,10 @@ fn sockaddr(addr: std::net::SocketAddr) -> (Box<libc::sockaddr_storage>, libc::s
             size_of::<libc::sockaddr_in6>()
         }
     };
-    (ss, len as libc::socklen_t)
+    Box::new(SockAddr {
+        storage: *ss,
+        len: len as libc::socklen_t,
+    })
 }
 
 impl Worker {
@@ -286,16 +270,19 @@ impl Worker {
             req.authorization,
             req.body,
         );
-        let up = Upstream::new(fd, addr, req, wbuf, system_prompt, &shared.cfg);
-        let conn = &mut self.conns[key];
-        let up = conn.up.insert(Box::new(up));
-        let addr_ptr: *const libc::sockaddr = (&raw const *up.addr).cast();
-        let connect = opcode::Connect::new(types::Fd(fd), addr_ptr, up.addr_len)
+        let up = Upstream::new(fd, req, wbuf, system_prompt);
+        self.conns[key].up = Some(Box::new(up));
+        let addr = sockaddr(addr);
+        let addr_ptr: *const libc::sockaddr = (&raw const addr.storage).cast();
+        let connect = opcode::Connect::new(types::Fd(fd), addr_ptr, addr.len)
             .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(ud(key, OP_UP_CONNECT));
-        up.connect_inflight = true;
-        self.push_with_deadline(key, &connect)?;
+            .flags(squeue::Flags::IO_LINK);
+        let timeout = shared.cfg.upstream_connect_timeout;
+        let buf = OpBuf::Addr(addr);
+        let op = self.submit_with_deadline(key, OpKind::UpConnect, buf, connect, timeout)?;
+        if let Some(up) = self.conns[key].up.as_mut() {
+            up.connect_op = Some(op);
+        }
         self.arm_watch(key)
     }
 
@@ -317,7 +304,7 @@ impl Worker {
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
-        up.connect_inflight = false;
+        up.connect_op = None;
         if up.finished || conn.closing {
             return Ok(());
         }
@@ -338,48 +325,70 @@ impl Worker {
             };
             return self.up_fail(key, kind, format!("upstream {what}"), None);
         }
-        self.up_send(key)
+        let request = std::mem::take(&mut up.wbuf);
+        self.up_send(key, request, 0)
     }
 
-    pub(super) fn up_send(&mut self, key: usize) -> io::Result<()> {
+    /// Sends `buf[off..]` of the request. An upstream that accepts but never reads must not
+    /// hold the turn: the connect timeout bounds each send of the request too.
+    pub(super) fn up_send(&mut self, key: usize, buf: Vec<u8>, off: usize) -> io::Result<()> {
         let timeout = self.shared.cfg.upstream_connect_timeout;
-        let up = self.conns[key].up.as_mut().expect("upstream open");
-        // An upstream that accepts but never reads must not hold the turn: the connect
-        // timeout bounds each send of the request too.
-        *up.ts = timespec(timeout);
-        let rest = &up.wbuf[up.woff..];
+        let Some(up) = self.conns[key].up.as_mut() else {
+            return Ok(());
+        };
+        let rest = &buf[off..];
         let e = opcode::Send::new(types::Fd(up.fd), rest.as_ptr(), rest.len() as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(ud(key, OP_UP_SEND));
-        up.send_inflight = true;
-        self.push_with_deadline(key, &e)
+            .flags(squeue::Flags::IO_LINK);
+        let buf = OpBuf::Send { buf, off };
+        let op = self.submit_with_deadline(key, OpKind::UpSend, buf, e, timeout)?;
+        if let Some(up) = self.conns[key].up.as_mut() {
+            up.send_op = Some(op);
+        }
+        Ok(())
     }
 
-    /// Pushes an upstream operation (built with `IO_LINK`) and, linked to it, a timeout of
-    /// `up.ts` (the kernel copies the timespec when it takes the entries).
-    pub(super) fn push_with_deadline(
+    /// Submits an upstream operation (built with `IO_LINK`) and, linked to it, a timeout of
+    /// `deadline`; returns the operation's `user_data`.
+    pub(super) fn submit_with_deadline(
         &mut self,
         key: usize,
-        entry: &squeue::Entry,
-    ) -> io::Result<()> {
-        let up = self.conns[key].up.as_mut().expect("upstream open");
-        let ts: *const types::Timespec = &*up.ts;
-        let link = opcode::LinkTimeout::new(ts)
-            .build()
-            .user_data(ud(key, OP_UP_LINK));
-        up.link_inflight += 1;
-        self.push(entry)?;
-        self.push(&link)
+        kind: OpKind,
+        buf: OpBuf,
+        entry: squeue::Entry,
+        deadline: std::time::Duration,
+    ) -> io::Result<u64> {
+        let conn = &mut self.conns[key];
+        let owner = conn.owner(key);
+        let mut ts = conn
+            .up
+            .as_mut()
+            .and_then(|u| u.ts.take())
+            .unwrap_or_else(|| Box::new(timespec(deadline)));
+        *ts = timespec(deadline);
+        let link = opcode::LinkTimeout::new(&raw const *ts).build();
+        let op = self.submit(owner, kind, buf, entry)?;
+        self.submit(owner, OpKind::UpDeadline, OpBuf::Time(ts), link)?;
+        if let Some(up) = self.conns[key].up.as_mut() {
+            up.links += 1;
+        }
+        Ok(op)
     }
 
-    pub(super) fn on_up_send(&mut self, key: usize, res: i32) -> io::Result<()> {
+    /// The request's send completed; `buf` is the request, back from the kernel.
+    pub(super) fn on_up_send(
+        &mut self,
+        key: usize,
+        res: i32,
+        buf: Vec<u8>,
+        off: usize,
+    ) -> io::Result<()> {
         let conn = &mut self.conns[key];
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
-        up.send_inflight = false;
+        up.send_op = None;
         if up.finished || conn.closing {
             return Ok(());
         }
@@ -400,11 +409,10 @@ impl Worker {
                 None,
             );
         }
-        up.woff += res as usize;
-        if up.woff < up.wbuf.len() {
-            return self.up_send(key);
+        let off = off + res as usize;
+        if off < buf.len() {
+            return self.up_send(key, buf, off);
         }
-        up.wbuf = Vec::new();
         self.up_arm_recv(key)
     }
 
@@ -428,10 +436,10 @@ impl Worker {
             .is_some_and(|s| !s.wants_more());
         if up.finished
             || source_full
-            || up.recv_inflight
-            || up.link_inflight > 0
-            || up.send_inflight
-            || up.connect_inflight
+            || up.recv_op.is_some()
+            || up.links > 0
+            || up.send_op.is_some()
+            || up.connect_op.is_some()
         {
             return Ok(());
         }
@@ -444,23 +452,32 @@ impl Worker {
             up.last_event_ns + cfg_stall.as_nanos() as u64
         };
         let left = deadline.saturating_sub(monotonic_ns()).max(1_000);
-        *up.ts = timespec(std::time::Duration::from_nanos(left));
-        up.rbuf.clear();
-        let ptr = up.rbuf.as_mut_ptr();
-        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, UP_RECV_CHUNK as u32)
+        let mut buf = up
+            .rbuf
+            .take()
+            .unwrap_or_else(|| Vec::with_capacity(UP_RECV_CHUNK));
+        buf.clear();
+        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32)
             .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(ud(key, OP_UP_RECV));
-        up.recv_inflight = true;
-        self.push_with_deadline(key, &recv)
+            .flags(squeue::Flags::IO_LINK);
+        let left = std::time::Duration::from_nanos(left);
+        let buf = OpBuf::Recv(buf);
+        let op = self.submit_with_deadline(key, OpKind::UpRecv, buf, recv, left)?;
+        if let Some(up) = self.conns[key].up.as_mut() {
+            up.recv_op = Some(op);
+        }
+        Ok(())
     }
 
-    pub(super) fn on_up_link(&mut self, key: usize) -> io::Result<()> {
+    /// A linked deadline completed; `ts` is its timespec, back for the next one.
+    pub(super) fn on_up_link(&mut self, key: usize, ts: Box<types::Timespec>) -> io::Result<()> {
         let Some(conn) = self.conns.get_mut(key) else {
             return Ok(());
         };
         if let Some(up) = conn.up.as_mut() {
-            up.link_inflight = up.link_inflight.saturating_sub(1);
+            up.ts = Some(ts);
+            up.links = up.links.saturating_sub(1);
             // The linked timeout of the previous receive completes after it; a receive that
             // was due meanwhile (the queue drained) is armed now.
             let queued = conn
@@ -468,7 +485,7 @@ impl Worker {
                 .as_ref()
                 .and_then(|t| t.source.upstream())
                 .is_some_and(|s| s.has_items());
-            if !queued && up.link_inflight == 0 {
+            if !queued && up.links == 0 {
                 return self.up_arm_recv(key);
             }
         }
@@ -531,16 +548,11 @@ impl Worker {
         self.shared.metrics.upstream.cancelled(reason);
         tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
         up.shutdown();
-        if up.connect_inflight {
-            up.cancel_inflight += 1;
-            let e = opcode::AsyncCancel::new(ud(key, OP_UP_CONNECT))
-                .build()
-                .user_data(ud(key, OP_CANCEL_UP));
-            if self.push(&e).is_err() {
-                if let Some(up) = self.conns.get_mut(key).and_then(|c| c.up.as_mut()) {
-                    up.cancel_inflight -= 1;
-                }
-            }
+        if let Some(target) = up.connect_op {
+            let owner = conn.owner(key);
+            let e = opcode::AsyncCancel::new(target).build();
+            // A failed submission leaves the connect to its deadline.
+            let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
         }
     }
 

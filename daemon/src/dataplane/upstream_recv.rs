@@ -33,7 +33,8 @@ enum Received {
 }
 
 impl Worker {
-    pub(super) fn on_up_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+    /// A receive completed; `buf` holds what it read, back from the kernel.
+    pub(super) fn on_up_recv(&mut self, key: usize, res: i32, buf: Vec<u8>) -> io::Result<()> {
         // When the bytes arrived: the start of every token's haltd_token_overhead_seconds.
         let arrived_ns = monotonic_ns();
         let shared = Arc::clone(&self.shared);
@@ -42,7 +43,8 @@ impl Worker {
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
-        up.recv_inflight = false;
+        up.recv_op = None;
+        up.rbuf = Some(buf);
         if up.finished || conn.closing {
             return Ok(());
         }
@@ -127,9 +129,8 @@ fn up_received(
             return Received::Failed(UpstreamFailureKind::EarlyEof, what, prev_status);
         }
     } else {
-        // SAFETY: the kernel wrote `res` bytes into the buffer we handed it.
-        unsafe { up.rbuf.set_len(res as usize) };
-        if let Err(e) = up.reader.feed(&up.rbuf, &mut up.body) {
+        let read = up.rbuf.as_deref().unwrap_or_default();
+        if let Err(e) = up.reader.feed(read, &mut up.body) {
             return Received::Failed(
                 UpstreamFailureKind::Malformed,
                 format!("malformed upstream response: {e}"),

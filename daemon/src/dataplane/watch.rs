@@ -8,9 +8,9 @@ use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
 use io_uring::{opcode, types};
 
 use super::{
-    conn::SendKind,
-    ring::{ud, OP_WATCH},
-    Worker,
+    conn::{frame, SendKind},
+    op::{OpBuf, OpKind},
+    timespec, Worker,
 };
 use crate::{
     stream::{Mode, Outcome, SlotState},
@@ -19,6 +19,9 @@ use crate::{
 
 /// How often a half-closed client is checked for a reset while its turn waits on the upstream.
 pub(super) const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+/// Bytes the watch's receive may take (they are never read: bytes after the request end the
+/// watch).
+const WATCH_BYTES: usize = 16;
 
 /// Whether the connection was reset or closed by the peer (TCP state `CLOSE`): a client that
 /// closed for good answers the interim response haltd sends after its FIN with a reset.
@@ -48,10 +51,10 @@ impl Worker {
     /// whatever the mask.
     pub(super) fn arm_watch(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        if conn.watch_inflight || conn.closing {
+        if conn.watch_op.is_some() || conn.closing {
             return Ok(());
         }
-        let e = if conn.peer_eof {
+        let (buf, e) = if conn.peer_eof {
             if self
                 .shared
                 .table
@@ -62,24 +65,32 @@ impl Worker {
                 // The response is under way: a client that left shows at the next send.
                 return Ok(());
             }
-            let ts: *const types::Timespec = &*conn.watch_ts;
-            opcode::Timeout::new(ts)
-                .build()
-                .user_data(ud(key, OP_WATCH))
+            let ts = conn
+                .watch_ts
+                .take()
+                .unwrap_or_else(|| Box::new(timespec(WATCH_PERIOD)));
+            let e = opcode::Timeout::new(&raw const *ts).build();
+            (OpBuf::Time(ts), e)
         } else {
-            let ptr = conn.watch_buf.as_mut_ptr();
-            opcode::Recv::new(types::Fd(conn.fd), ptr, conn.watch_buf.len() as u32)
-                .build()
-                .user_data(ud(key, OP_WATCH))
+            let mut buf = conn
+                .watch_buf
+                .take()
+                .unwrap_or_else(|| Vec::with_capacity(WATCH_BYTES));
+            buf.clear();
+            let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+            let len = buf.capacity() as u32;
+            let e = opcode::Recv::new(types::Fd(conn.fd), ptr, len).build();
+            (OpBuf::Recv(buf), e)
         };
-        conn.watch_inflight = true;
-        self.push(&e)
+        let owner = conn.owner(key);
+        let op = self.submit(owner, OpKind::Watch, buf, e)?;
+        self.conns[key].watch_op = Some(op);
+        Ok(())
     }
 
     pub(super) fn on_watch(&mut self, key: usize, res: i32) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
-        conn.watch_inflight = false;
         if conn.closing || res == -libc::ECANCELED {
             return Ok(());
         }
@@ -103,10 +114,9 @@ impl Worker {
             if slot.headers_sent.load(SeqCst) || conn.sending.is_some() {
                 return self.arm_watch(key);
             }
-            conn.wbuf.clear();
-            conn.wbuf
-                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !slot.begin_frame(false, false, conn.wbuf.len()) {
+            let out = frame(&mut conn.wbuf);
+            out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !slot.begin_frame(false, false, out.len()) {
                 return self.halt(key);
             }
             return self.send(key, SendKind::Probe);
