@@ -49,7 +49,8 @@ pub(super) struct Conn {
     /// Operations in flight that this connection submitted (`op.rs`): it is dropped only
     /// when there are none, so that its descriptor outlives them.
     pub(super) ops: u32,
-    /// The request as read so far; `None` while a receive owns it.
+    /// The request as read so far: allocated while the request is read (a receive reserves
+    /// its room), freed once it is routed; `None` while a receive owns it.
     pub(super) rbuf: Option<Vec<u8>>,
     /// The frame being written, reused from frame to frame; `None` while a send owns it.
     pub(super) wbuf: Option<Vec<u8>>,
@@ -85,8 +86,9 @@ pub(super) struct Conn {
     pub(super) frame_arrived_ns: u64,
 }
 
-/// Capacity of a connection's frame buffer, allocated at accept.
-const FRAME_CAPACITY: usize = 4096;
+/// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
+/// event fits; a larger frame (a batch body, an error) grows it, and it is reused.
+const FRAME_CAPACITY: usize = 512;
 
 /// The frame buffer, emptied for the next frame (a new one if a send still had it, which
 /// the callers' `sending` checks rule out).
@@ -162,8 +164,8 @@ impl Worker {
             id,
             serial,
             ops: 0,
-            rbuf: Some(Vec::with_capacity(RECV_CHUNK)),
-            wbuf: Some(Vec::with_capacity(FRAME_CAPACITY)),
+            rbuf: Some(Vec::new()),
+            wbuf: None,
             sending: None,
             recv_op: None,
             timer_op: None,

@@ -112,13 +112,10 @@ impl Worker {
             );
         }
         conn.reading = false;
+        // The request buffer is freed once the request is routed: nothing reads it after.
         let request = conn.rbuf.take().unwrap_or_default();
         let body = request.get(head.head_len..).unwrap_or_default();
-        let routed = self.route(key, head, body);
-        if let Some(c) = self.conns.get_mut(key) {
-            c.rbuf = Some(request);
-        }
-        routed
+        self.route(key, head, body)
     }
 
     pub(super) fn route(&mut self, key: usize, head: RequestHead, body: &[u8]) -> io::Result<()> {
