@@ -5,7 +5,7 @@
 //! ```text
 //! client ──HTTP/1.1 + SSE──► dataplane (io_uring, one loop per worker thread)
 //!                               │ one token per SSE event, one event per send
-//!                               │ source::builtin → monitor (HaltMonitor) → stream (frame accounting)
+//!                               │ source (built-in | upstream) → detectors → hold-back → stream (frame accounting)
 //!                               ▼
 //!                            stream::StreamTable (atomics, shared by every thread)
 //!                               ▲ trip (admin, detectors, watchdog)     │ heartbeats, halts
