@@ -25,6 +25,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-detectors"),
     // Issue 11: haltd's CPU with nothing open and 8,192 slots.
     ("haltd-tests", "bench-idle-cpu"),
+    ("haltd-tests", "bench-upstream-path"),
 ];
 
 #[derive(Debug, Args)]
