@@ -42,5 +42,5 @@ pub use request::{
     COMPLETIONS_PATH, MODELS_PATH,
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
-pub use sse::{SseError, SseEvent, SseParser};
+pub use sse::{SseError, SseEvent, SseEventRef, SseParser};
 pub use url::{UpstreamUrl, UrlError};

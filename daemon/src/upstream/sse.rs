@@ -17,11 +17,9 @@
 //! incomplete, and the stream must be UTF-8 (the standard would substitute U+FFFD; haltd's
 //! detectors must see the bytes the model produced, so it refuses instead). Errors are sticky.
 
-use std::mem;
-
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
-/// One dispatched event.
+/// One dispatched event, owned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SseEvent {
     /// The `event` field; `None` when absent or empty (the standard's `message`).
@@ -30,6 +28,40 @@ pub struct SseEvent {
     pub data: String,
     /// The non-standard `error` field's lines joined with `\n`.
     pub error_field: Option<String>,
+}
+
+impl SseEvent {
+    /// The event as a borrowed view.
+    pub fn view(&self) -> SseEventRef<'_> {
+        SseEventRef {
+            event: self.event.as_deref(),
+            data: &self.data,
+            error_field: self.error_field.as_deref(),
+        }
+    }
+}
+
+/// One dispatched event, borrowed from the parser ([`SseParser::next_event_ref`]) or from an
+/// [`SseEvent`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SseEventRef<'a> {
+    /// The `event` field; `None` when absent or empty (the standard's `message`).
+    pub event: Option<&'a str>,
+    /// The `data` lines joined with `\n`.
+    pub data: &'a str,
+    /// The non-standard `error` field's lines joined with `\n`.
+    pub error_field: Option<&'a str>,
+}
+
+impl SseEventRef<'_> {
+    /// An owned copy.
+    pub fn to_event(self) -> SseEvent {
+        SseEvent {
+            event: self.event.map(str::to_owned),
+            data: self.data.to_owned(),
+            error_field: self.error_field.map(str::to_owned),
+        }
+    }
 }
 
 /// Why the upstream's event stream cannot be parsed. Sticky: the stream is unusable after it.
@@ -41,8 +73,11 @@ pub enum SseError {
     InvalidUtf8 { offset: u64 },
 }
 
-/// Incremental SSE parser: [`SseParser::push`] bytes, then drain [`SseParser::next_event`]
-/// until it returns `Ok(None)`.
+/// Incremental SSE parser: [`SseParser::push`] bytes, then drain [`SseParser::next_event_ref`]
+/// (or [`SseParser::next_event`]) until it returns `Ok(None)`.
+///
+/// The event being built lives in buffers the parser keeps and reuses: once they have grown
+/// to the stream's event size, reading an event allocates nothing.
 #[derive(Debug)]
 pub struct SseParser {
     max_event_bytes: usize,
@@ -59,8 +94,13 @@ pub struct SseParser {
     /// Bytes of the complete lines of the event being built.
     event_bytes: usize,
     data: String,
-    event: Option<String>,
-    error: Option<String>,
+    /// The `event` field; empty is none (an empty value is the standard's `message`).
+    event: String,
+    /// The `error` field's lines, when `has_error`.
+    error: String,
+    has_error: bool,
+    /// The buffers hold the event last handed out: they are cleared on the next call.
+    handed_out: bool,
     failed: Option<SseError>,
 }
 
@@ -77,8 +117,10 @@ impl SseParser {
             skip_lf: false,
             event_bytes: 0,
             data: String::new(),
-            event: None,
-            error: None,
+            event: String::new(),
+            error: String::new(),
+            has_error: false,
+            handed_out: false,
             failed: None,
         }
     }
@@ -97,7 +139,7 @@ impl SseParser {
     /// line, or buffered `data` / `error` lines. At EOF the standard discards it; a caller
     /// that expects `[DONE]` treats it as a truncated stream.
     pub fn has_partial(&self) -> bool {
-        self.pos < self.buf.len() || !self.data.is_empty() || self.error.is_some()
+        self.pos < self.buf.len() || (!self.handed_out && (!self.data.is_empty() || self.has_error))
     }
 
     fn fail(&mut self, e: SseError) -> SseError {
@@ -105,10 +147,23 @@ impl SseParser {
         e
     }
 
-    /// The next complete event, `Ok(None)` when more bytes are needed.
+    /// The next complete event, owned; `Ok(None)` when more bytes are needed. Allocates the
+    /// event's strings: [`SseParser::next_event_ref`] does not.
     pub fn next_event(&mut self) -> Result<Option<SseEvent>, SseError> {
+        Ok(self.next_event_ref()?.map(SseEventRef::to_event))
+    }
+
+    /// The next complete event, borrowed from the parser until the next call; `Ok(None)`
+    /// when more bytes are needed.
+    pub fn next_event_ref(&mut self) -> Result<Option<SseEventRef<'_>>, SseError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
+        }
+        if std::mem::take(&mut self.handed_out) {
+            self.data.clear();
+            self.event.clear();
+            self.error.clear();
+            self.has_error = false;
         }
         loop {
             let avail = &self.buf[self.pos..];
@@ -131,95 +186,121 @@ impl SseParser {
                 self.skip_lf = false;
                 continue;
             }
-            let from = self.pos + self.scanned;
-            let Some(rel) = self.buf[from..]
-                .iter()
-                .position(|&b| b == b'\n' || b == b'\r')
-            else {
-                self.scanned = self.buf.len() - self.pos;
-                if self.event_bytes + self.scanned > self.max_event_bytes {
-                    return Err(self.fail(SseError::EventTooLarge {
-                        limit: self.max_event_bytes,
-                    }));
-                }
+            let Some((start, end)) = self.next_line()? else {
                 return Ok(None);
             };
-            let end = from + rel;
-            let mut next = end + 1;
-            if self.buf[end] == b'\r' {
-                match self.buf.get(next) {
-                    Some(b'\n') => next += 1,
-                    Some(_) => {}
-                    None => self.skip_lf = true,
+            if end == start {
+                self.event_bytes = 0;
+                if self.dispatch() {
+                    return Ok(Some(self.current()));
                 }
+                continue;
             }
-            let start = self.pos;
-            self.event_bytes += next - start;
-            self.pos = next;
-            self.scanned = 0;
-            if self.event_bytes > self.max_event_bytes {
+            let Ok(line) = std::str::from_utf8(&self.buf[start..end]) else {
+                let offset = self.base + start as u64;
+                return Err(self.fail(SseError::InvalidUtf8 { offset }));
+            };
+            if !line.starts_with(':') {
+                let Self {
+                    data,
+                    event,
+                    error,
+                    has_error,
+                    ..
+                } = self;
+                apply_field(line, data, event, error, has_error);
+            }
+        }
+    }
+
+    /// The next complete line, consumed with its line ending: `(start, end)` in `buf`, `end`
+    /// at the ending; `Ok(None)` when no complete line is buffered yet.
+    fn next_line(&mut self) -> Result<Option<(usize, usize)>, SseError> {
+        let from = self.pos + self.scanned;
+        let Some(rel) = self.buf[from..]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+        else {
+            self.scanned = self.buf.len() - self.pos;
+            if self.event_bytes + self.scanned > self.max_event_bytes {
                 return Err(self.fail(SseError::EventTooLarge {
                     limit: self.max_event_bytes,
                 }));
             }
-            if end == start {
-                self.event_bytes = 0;
-                if let Some(ev) = self.dispatch() {
-                    return Ok(Some(ev));
-                }
-                continue;
+            return Ok(None);
+        };
+        let end = from + rel;
+        let mut next = end + 1;
+        if self.buf[end] == b'\r' {
+            match self.buf.get(next) {
+                Some(b'\n') => next += 1,
+                Some(_) => {}
+                None => self.skip_lf = true,
             }
-            self.field_line(start, end)?;
         }
+        let start = self.pos;
+        self.event_bytes += next - start;
+        self.pos = next;
+        self.scanned = 0;
+        if self.event_bytes > self.max_event_bytes {
+            return Err(self.fail(SseError::EventTooLarge {
+                limit: self.max_event_bytes,
+            }));
+        }
+        Ok(Some((start, end)))
     }
 
-    /// One non-blank line `buf[start..end]` of an event: a comment, or a field to buffer.
-    fn field_line(&mut self, start: usize, end: usize) -> Result<(), SseError> {
-        let Ok(line) = std::str::from_utf8(&self.buf[start..end]) else {
-            let offset = self.base + start as u64;
-            return Err(self.fail(SseError::InvalidUtf8 { offset }));
-        };
-        if line.starts_with(':') {
-            return Ok(());
+    /// The blank-line step: whether the buffers hold an event to hand out (it has data or an
+    /// error field); else they are reset.
+    fn dispatch(&mut self) -> bool {
+        if self.data.is_empty() && !self.has_error {
+            self.event.clear();
+            return false;
         }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line, ""),
-        };
-        match field {
-            "data" => {
-                self.data.push_str(value);
-                self.data.push('\n');
-            }
-            "event" => self.event = Some(value.to_owned()),
-            "error" => match &mut self.error {
-                Some(e) => {
-                    e.push('\n');
-                    e.push_str(value);
-                }
-                None => self.error = Some(value.to_owned()),
-            },
-            // `id`, `retry` and unknown fields.
-            _ => {}
-        }
-        Ok(())
+        self.handed_out = true;
+        true
     }
 
-    /// The blank-line step: the event if it has data (or an error field); buffers reset.
-    fn dispatch(&mut self) -> Option<SseEvent> {
-        let event = self.event.take().filter(|e| !e.is_empty());
-        if self.data.is_empty() && self.error.is_none() {
-            return None;
+    /// The event the buffers hold, after [`SseParser::dispatch`].
+    fn current(&self) -> SseEventRef<'_> {
+        SseEventRef {
+            event: Some(self.event.as_str()).filter(|e| !e.is_empty()),
+            data: self.data.strip_suffix('\n').unwrap_or(&self.data),
+            error_field: self.has_error.then_some(self.error.as_str()),
         }
-        let mut data = mem::take(&mut self.data);
-        if data.ends_with('\n') {
-            data.pop();
+    }
+}
+
+/// One `field: value` line (not a comment) into the event being built.
+fn apply_field(
+    line: &str,
+    data: &mut String,
+    event: &mut String,
+    error: &mut String,
+    has_error: &mut bool,
+) {
+    let (field, value) = match line.split_once(':') {
+        Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+        None => (line, ""),
+    };
+    match field {
+        "data" => {
+            data.push_str(value);
+            data.push('\n');
         }
-        Some(SseEvent {
-            event,
-            data,
-            error_field: self.error.take(),
-        })
+        "event" => {
+            event.clear();
+            event.push_str(value);
+        }
+        "error" => {
+            if *has_error {
+                error.push('\n');
+            }
+            error.push_str(value);
+            *has_error = true;
+        }
+        // `id`, `retry` and unknown fields.
+        _ => {}
     }
 }
 
@@ -302,6 +383,35 @@ mod tests {
         assert_eq!(parse_all(input).expect("parse"), vec![data("x")]);
         let input = b"event: x\nevent:\ndata: y\n\n";
         assert_eq!(parse_all(input).expect("parse"), vec![data("y")]);
+    }
+
+    #[test]
+    fn borrowed_events_reuse_the_buffers() {
+        let input = b"event: a\nerror: e1\nerror: e2\ndata: x\n\ndata: y\n\n: c\n\nevent: b\n\ndata: z\ndata:\n\n";
+        let owned = parse_all(input).expect("parse");
+        let mut p = SseParser::new(1024);
+        p.push(input);
+        let (mut borrowed, mut partial) = (Vec::new(), true);
+        while let Some(ev) = p.next_event_ref().expect("valid") {
+            borrowed.push(ev.to_event());
+            partial = p.has_partial();
+        }
+        // The last event, handed out, is not input still pending.
+        assert!(!partial);
+        assert_eq!(borrowed, owned);
+        assert_eq!(
+            owned,
+            vec![
+                SseEvent {
+                    event: Some("a".into()),
+                    data: "x".into(),
+                    error_field: Some("e1\ne2".into()),
+                },
+                data("y"),
+                data("z\n"),
+            ]
+        );
+        assert_eq!(owned[0].view().to_event(), owned[0]);
     }
 
     #[test]
