@@ -9,9 +9,11 @@
 //!             ──request::prepare_turn──► upstream body (always stream: true, logprobs on)
 //!             ──request::write_http_request──► request bytes ──► upstream socket
 //! upstream socket bytes ──response::ResponseReader──► status + de-chunked body
-//!                       ──sse::SseParser──► SSE events
-//!                       ──chunk::parse_event──► tokens with logprobs, finish reason, usage,
-//!                                               or the upstream's error
+//!                       ──sse::SseParser──► SSE events, lent from its reused buffers
+//!                       ──chunk::ChunkReader──► tokens with logprobs, finish reason, usage,
+//!                                               or the upstream's error, read with no JSON
+//!                                               DOM into a chunk whose buffers are reused
+//!                                               (chunk::parse_event: into a new one)
 //!                       ──framing──► how the text is cut into frames, one token each
 //! ```
 //!
@@ -33,8 +35,8 @@ pub mod sse;
 pub mod url;
 
 pub use chunk::{
-    parse_event, ChunkError, FinishReason, UpToken, UpstreamChunk, UpstreamError, UpstreamEvent,
-    Usage,
+    parse_event, ChunkError, ChunkReader, FinishReason, Parsed, UpToken, UpstreamChunk,
+    UpstreamError, UpstreamEvent, Usage,
 };
 pub use failure::{CancelReason, FailureSource, UpstreamFailure, UpstreamFailureKind};
 pub use request::{
