@@ -34,6 +34,9 @@ pub mod response;
 pub mod sse;
 pub mod url;
 
+#[cfg(test)]
+mod alloc_tests;
+
 pub use chunk::{
     parse_event, ChunkError, ChunkReader, FinishReason, Parsed, UpToken, UpstreamChunk,
     UpstreamError, UpstreamEvent, Usage,

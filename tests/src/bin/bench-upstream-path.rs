@@ -14,6 +14,13 @@
 //!           ──framing (Split, tool_call_parts)──► frames ──ChunkEncoder──► client bytes
 //! ```
 //!
+//! Two paths, each over every stream:
+//!
+//! - `owned`: `SseParser::next_event` and `parse_event`, an owned event and a new chunk per
+//!   event (what a caller that keeps the chunk gets);
+//! - `reuse`: `SseParser::next_event_ref` and one `ChunkReader` per stream, which read each
+//!   event into buffers reused from the previous one.
+//!
 //! The bytes go to the parser one event per push, as a paced upstream's reads deliver them.
 //! Each frame is encoded into one reused buffer (the connection's send buffer), cleared per
 //! frame. The figure is wall time per frame (one frame is one token by the framing rule,
@@ -48,7 +55,7 @@ use clap::Parser;
 use haltd::{
     upstream::{
         framing::{self, Split},
-        parse_event, SseParser, UpToken, UpstreamChunk, UpstreamEvent,
+        parse_event, ChunkReader, Parsed, SseParser, UpToken, UpstreamChunk, UpstreamEvent,
     },
     wire::{ChunkEncoder, Endpoint, StreamId, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
@@ -395,19 +402,53 @@ fn encode_chunk(
     Ok(frames)
 }
 
+/// How events are read.
+#[derive(Clone, Copy, Debug)]
+enum ReadPath {
+    Owned,
+    Reuse,
+}
+
+impl ReadPath {
+    fn name(self) -> &'static str {
+        match self {
+            ReadPath::Owned => "owned",
+            ReadPath::Reuse => "reuse",
+        }
+    }
+}
+
 /// One pass over a stream: every piece pushed, every event parsed, framed and encoded.
-fn run_stream(s: &Stream, enc: &ChunkEncoder, out: &mut Vec<u8>) -> Result<u64> {
+fn run_stream(s: &Stream, path: ReadPath, enc: &ChunkEncoder, out: &mut Vec<u8>) -> Result<u64> {
     let mut parser = SseParser::new(256 * 1024);
+    let mut reader = ChunkReader::default();
     let mut state = (0usize, true);
     let mut frames = 0;
     let mut done = false;
     for piece in &s.pieces {
         parser.push(piece);
-        while let Some(ev) = parser.next_event()? {
-            match parse_event(s.endpoint, &ev)? {
-                UpstreamEvent::Chunk(c) => frames += encode_chunk(enc, out, &c, &mut state)?,
-                UpstreamEvent::Done => done = true,
-                UpstreamEvent::Error(e) => bail!("{}: upstream error {e:?}", s.name),
+        match path {
+            ReadPath::Owned => {
+                while let Some(ev) = parser.next_event()? {
+                    match parse_event(s.endpoint, &ev)? {
+                        UpstreamEvent::Chunk(c) => {
+                            frames += encode_chunk(enc, out, &c, &mut state)?
+                        }
+                        UpstreamEvent::Done => done = true,
+                        UpstreamEvent::Error(e) => bail!("{}: upstream error {e:?}", s.name),
+                    }
+                }
+            }
+            ReadPath::Reuse => {
+                while let Some(ev) = parser.next_event_ref()? {
+                    match reader.read(s.endpoint, ev)? {
+                        Parsed::Chunk => {
+                            frames += encode_chunk(enc, out, reader.chunk(), &mut state)?
+                        }
+                        Parsed::Done => done = true,
+                        Parsed::Error(e) => bail!("{}: upstream error {e:?}", s.name),
+                    }
+                }
             }
         }
     }
@@ -417,6 +458,7 @@ fn run_stream(s: &Stream, enc: &ChunkEncoder, out: &mut Vec<u8>) -> Result<u64> 
 
 struct Row {
     name: &'static str,
+    path: ReadPath,
     frames: u64,
     event_bytes: f64,
     ns_per_frame: f64,
@@ -430,11 +472,11 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn measure(s: &Stream, rounds: usize) -> Result<Row> {
+fn measure(s: &Stream, path: ReadPath, rounds: usize) -> Result<Row> {
     let enc = encoder(s);
     let mut out = Vec::with_capacity(16 * 1024);
     // Warm-up: caches, and the output buffer grown to its size.
-    let got = run_stream(s, &enc, &mut out)?;
+    let got = run_stream(s, path, &enc, &mut out)?;
     ensure!(
         got == s.frames,
         "{}: {got} frames, expected {}",
@@ -446,7 +488,7 @@ fn measure(s: &Stream, rounds: usize) -> Result<Row> {
     for _ in 0..rounds {
         let a0 = ALLOCS.load(Ordering::Relaxed);
         let t0 = Instant::now();
-        let got = run_stream(s, &enc, &mut out)?;
+        let got = run_stream(s, path, &enc, &mut out)?;
         let ns = t0.elapsed().as_nanos() as f64;
         let a = ALLOCS.load(Ordering::Relaxed) - a0;
         ensure!(
@@ -461,6 +503,7 @@ fn measure(s: &Stream, rounds: usize) -> Result<Row> {
     let bytes: usize = s.pieces.iter().map(Vec::len).sum();
     Ok(Row {
         name: s.name,
+        path,
         frames: s.frames,
         event_bytes: bytes as f64 / s.pieces.len() as f64,
         ns_per_frame: median(&rounds_ns),
@@ -485,7 +528,9 @@ fn main() -> Result<()> {
     ];
     let mut rows = Vec::new();
     for s in &streams {
-        rows.push(measure(s, args.rounds)?);
+        for path in [ReadPath::Owned, ReadPath::Reuse] {
+            rows.push(measure(s, path, args.rounds)?);
+        }
     }
     let mut table = String::new();
     let _ = writeln!(
@@ -497,8 +542,13 @@ fn main() -> Result<()> {
     for r in &rows {
         let _ = writeln!(
             table,
-            "| {} | {} | {:.0} | {:.0} | {:.2} |",
-            r.name, r.frames, r.event_bytes, r.ns_per_frame, r.allocs_per_frame
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} |",
+            r.name,
+            r.path.name(),
+            r.frames,
+            r.event_bytes,
+            r.ns_per_frame,
+            r.allocs_per_frame
         );
     }
     print!("{table}");
@@ -507,6 +557,7 @@ fn main() -> Result<()> {
         "params": {"tokens": n, "rounds": args.rounds},
         "results": rows.iter().map(|r| json!({
             "stream": r.name,
+            "path": r.path.name(),
             "frames": r.frames,
             "bytes_per_event": r.event_bytes,
             "ns_per_frame": r.ns_per_frame,
