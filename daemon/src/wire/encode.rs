@@ -73,21 +73,44 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
+/// A decimal number, without `fmt` (once per frame and per byte of a `bytes` field).
+fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// `{:08x}`, without `fmt`.
+fn write_hex8(out: &mut Vec<u8>, v: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..8).rev() {
+        out.push(HEX[(v >> (shift * 4)) as usize & 0xf]);
+    }
+}
+
 /// A JSON array of numbers.
-fn write_numbers<T: std::fmt::Display>(out: &mut Vec<u8>, items: impl IntoIterator<Item = T>) {
+fn write_numbers(out: &mut Vec<u8>, items: impl IntoIterator<Item = u64>) {
     out.push(b'[');
     for (i, n) in items.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let _ = write!(out, "{n}");
+        write_u64(out, n);
     }
     out.push(b']');
 }
 
 /// A token's UTF-8 bytes, as OpenAI's `bytes` field.
 fn write_bytes(out: &mut Vec<u8>, s: &str) {
-    write_numbers(out, s.bytes());
+    write_numbers(out, s.bytes().map(u64::from));
 }
 
 /// Encodes the chunks of one turn. Holds the id and `created` stamp shared by its chunks.
@@ -125,13 +148,18 @@ impl ChunkEncoder {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         };
-        let _ = write!(
-            out,
-            "{{\"id\":\"{}{}\",\"object\":\"{object}\",\"created\":{},\"model\":",
-            self.id_prefix(),
-            self.stream_id,
-            self.created,
-        );
+        // As `{"id":"<prefix><stream id>","object":...,"created":...,"model":` written with
+        // `fmt`, which was a tenth of a frame's encoding.
+        out.extend_from_slice(b"{\"id\":\"");
+        out.extend_from_slice(self.id_prefix().as_bytes());
+        out.extend_from_slice(b"hs_");
+        write_hex8(out, self.stream_id.generation);
+        write_hex8(out, self.stream_id.slot);
+        out.extend_from_slice(b"\",\"object\":\"");
+        out.extend_from_slice(object.as_bytes());
+        out.extend_from_slice(b"\",\"created\":");
+        write_u64(out, self.created);
+        out.extend_from_slice(b",\"model\":");
         write_str(out, &self.model);
         out.extend_from_slice(b",\"choices\":[");
     }
@@ -317,7 +345,7 @@ impl ChunkEncoder {
             out.push(b'}');
         }
         out.extend_from_slice(b"],\"text_offset\":");
-        write_numbers(out, offsets);
+        write_numbers(out, offsets.iter().map(|&o| o as u64));
         out.push(b'}');
     }
 
@@ -440,6 +468,41 @@ mod tests {
             .and_then(|t| t.strip_suffix("\n\n"))
             .expect("one SSE event");
         serde_json::from_str(data).expect("valid JSON")
+    }
+
+    #[test]
+    fn numbers_and_the_chunk_head_are_written_as_fmt_writes_them() {
+        for n in [0, 7, 9, 10, 99, 100, 255, 1_700_000_000, u64::MAX] {
+            let mut out = Vec::new();
+            write_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
+        let mut out = Vec::new();
+        write_bytes(&mut out, "a\u{e9}\0");
+        assert_eq!(out, b"[97,195,169,0]");
+        for (slot, generation, created) in [
+            (0, 0, 0),
+            (7, 0xdead_beef, 1_700_000_000),
+            (u32::MAX, 1, u64::MAX),
+        ] {
+            for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+                let mut e = enc(endpoint, false);
+                e.stream_id = StreamId { slot, generation };
+                e.created = created;
+                let mut out = Vec::new();
+                e.chunk_head(&mut out);
+                let object = match endpoint {
+                    Endpoint::Chat => "chat.completion.chunk",
+                    Endpoint::Completion => "text_completion",
+                };
+                let want = format!(
+                    "{{\"id\":\"{}{}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"builtin\",\"choices\":[",
+                    e.id_prefix(),
+                    e.stream_id,
+                );
+                assert_eq!(String::from_utf8(out).expect("utf8"), want);
+            }
+        }
     }
 
     #[test]
