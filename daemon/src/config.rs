@@ -29,9 +29,15 @@ pub struct ServeArgs {
     /// Client-facing address (HTTP/1.1, OpenAI-compatible, served on io_uring).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Admin API address (`POST /admin/streams/{id}/trip`, `GET /admin/streams`).
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub admin: SocketAddr,
+    /// Admin API (`POST /admin/streams/{id}/trip`, `GET /admin/streams`, ...): `unix:PATH`, a Unix socket of mode 0660 whose callers are recorded by uid and pid, or `IP:PORT`, which needs --admin-token-file.
+    #[arg(long, default_value = "unix:/run/haltd/admin.sock", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<crate::admin::AdminAddr>()))]
+    pub admin: crate::admin::AdminAddr,
+    /// Group of the admin socket (a name or a gid): its members may use the admin API. Default: the group haltd runs as (root).
+    #[arg(long, value_name = "GROUP")]
+    pub admin_group: Option<String>,
+    /// File holding the bearer token a TCP admin listener requires (one line, at least 16 characters, not readable by other users).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Prometheus metrics address (`GET /metrics`).
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub metrics: SocketAddr,
@@ -154,6 +160,8 @@ pub struct Config {
     pub faults: Faults,
     /// The resolved upstream of `--source openai`.
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
+    /// The token of `--admin-token-file`: a TCP admin listener has one.
+    pub admin_token: Option<crate::admin::AdminToken>,
     pub upstream_connect_timeout: Duration,
     pub upstream_first_token_timeout: Duration,
     pub upstream_stall_timeout: Duration,
@@ -170,6 +178,45 @@ pub struct Config {
 pub const MAX_BUDGET: u32 = 1000;
 
 impl ServeArgs {
+    /// The admin token: required for a TCP admin listener, read from a file no other user can
+    /// read. A token-less TCP admin would let any local user (and any web page a browser on the
+    /// node opens) trip streams and end degraded mode.
+    fn admin_token(&self) -> Result<Option<crate::admin::AdminToken>, ConfigError> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(path) = &self.admin_token_file else {
+            return match self.admin {
+                crate::admin::AdminAddr::Tcp(a) => Err(err(
+                    "admin",
+                    format!("{a}: a TCP admin listener needs --admin-token-file (or use the default unix:{})", crate::admin::DEFAULT_ADMIN_SOCKET),
+                )),
+                crate::admin::AdminAddr::Unix(_) => Ok(None),
+            };
+        };
+        if let crate::admin::AdminAddr::Unix(_) = self.admin {
+            return Err(err(
+                "admin-token-file",
+                "is only used with a TCP --admin (the Unix socket is guarded by its mode and group)",
+            ));
+        }
+        let shown = path.display();
+        let meta = std::fs::metadata(path)
+            .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(err(
+                "admin-token-file",
+                format!(
+                    "{shown}: readable or writable by group or others (mode {:o}); chmod 600 it",
+                    meta.permissions().mode() & 0o777
+                ),
+            ));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))?;
+        crate::admin::AdminToken::from_file_contents(&text)
+            .map(Some)
+            .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))
+    }
+
     pub fn validate(self) -> Result<Config, ConfigError> {
         self.check_limits()?;
         let upstream = self.upstream_url()?;
@@ -183,7 +230,9 @@ impl ServeArgs {
                 .map_err(|e| err("config", e.to_string()))?;
         let faults = parse_faults(&self.faults)?;
         let workers = self.worker_count()?;
+        let admin_token = self.admin_token()?;
         Ok(Config {
+            admin_token,
             token_interval: Duration::from_micros(self.builtin_token_interval_us),
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
             heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),

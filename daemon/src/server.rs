@@ -134,14 +134,30 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .map_err(StartError::Ledger)?;
     watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
     wait_for_first_heartbeat(&shared)?;
+    warn_about_exposed_listeners(&shared.cfg);
     // Every listener is bound before the first stream is served: a busy admin or metrics port
     // fails the start, and a client that sees /healthz answer can also scrape /metrics.
     let control = ControlListeners {
-        admin: admin::bind(shared.cfg.args.admin, "admin").map_err(io("admin listener"))?,
+        admin: admin::bind_admin(
+            &shared.cfg.args.admin,
+            shared.cfg.args.admin_group.as_deref(),
+        )
+        .map_err(io("admin listener"))?,
         metrics: admin::bind(shared.cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
     };
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
     serve_control_plane(shared, control, source)
+}
+
+/// Metrics are read-only but tell who is streaming what: a bind beyond loopback is allowed,
+/// and said.
+fn warn_about_exposed_listeners(cfg: &Config) {
+    if !cfg.args.metrics.ip().is_loopback() {
+        tracing::warn!(metrics = %cfg.args.metrics, "--metrics listens beyond loopback: anyone who can reach it reads haltd's metrics (read-only); restrict it with a firewall or bind 127.0.0.1");
+    }
+    if let admin::AdminAddr::Tcp(a) = &cfg.args.admin {
+        tracing::warn!(admin = %a, "the admin API listens on TCP (bearer token of --admin-token-file required); the default unix:{} is attributable to a uid", admin::DEFAULT_ADMIN_SOCKET);
+    }
 }
 
 /// Warns when the flight recorder keeps more than spec 000 asks for.
@@ -256,7 +272,7 @@ fn wait_for_first_heartbeat(shared: &HaltCore) -> Result<(), StartError> {
 
 /// The control plane's listeners, bound before the data plane starts.
 struct ControlListeners {
-    admin: std::net::TcpListener,
+    admin: admin::AdminListener,
     metrics: std::net::TcpListener,
 }
 
@@ -272,7 +288,6 @@ fn serve_control_plane(
         .build()
         .map_err(io("starting the control-plane runtime"))?;
     rt.block_on(async move {
-        let admin_l = tokio::net::TcpListener::from_std(listeners.admin).map_err(io("admin listener"))?;
         let metrics_l = tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
         println!(
             "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source}",
@@ -283,7 +298,7 @@ fn serve_control_plane(
             shared.cfg.args.budget,
             shared.cfg.args.ledger.display()
         );
-        let control = admin::serve(Arc::clone(&shared), admin_l, metrics_l);
+        let control = admin::serve(Arc::clone(&shared), listeners.admin, metrics_l);
         tokio::select! {
             r = control => r.map_err(io("control plane")),
             _ = shutdown_signal() => stop_on_signal(&shared).await,

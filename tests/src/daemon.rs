@@ -14,7 +14,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
 use crate::{
-    http::{agent, get_json_here, header, trip_here},
+    http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN},
     ledger::read_ledger,
     metrics::Metrics,
     netns::{in_netns, NetPair},
@@ -98,6 +98,7 @@ impl Haltd {
         let admin = pair.srv_addr(PORT_ADMIN);
         let metrics = pair.srv_addr(PORT_METRICS);
         let ledger = ledger.map_or_else(|| dir.join("ledger.jsonl"), Path::to_path_buf);
+        let token_file = write_admin_token(&dir)?;
         let stdout = fs::File::create(dir.join("stdout.log")).context("creating stdout.log")?;
         let stderr = fs::File::create(dir.join("stderr.log")).context("creating stderr.log")?;
         // `ip netns exec` joins the namespace and execs haltd, so the child is haltd itself.
@@ -106,14 +107,9 @@ impl Haltd {
             .args(wrapper)
             .arg(&bin)
             .arg("serve")
-            .args([
-                "--listen",
-                &api.to_string(),
-                "--admin",
-                &admin.to_string(),
-                "--metrics",
-                &metrics.to_string(),
-            ])
+            .args(["--listen", &api.to_string()])
+            .args(admin_args(extra, &admin, &token_file))
+            .args(["--metrics", &metrics.to_string()])
             .arg("--ledger")
             .arg(&ledger)
             .args(test_sampling(extra))
@@ -212,6 +208,11 @@ impl Haltd {
     /// Base URL of the client API, e.g. `http://198.18.1.1:8080`.
     pub fn api_url(&self) -> String {
         format!("http://{}", self.api)
+    }
+
+    /// The admin token file of this haltd (for `haltctl --admin-token-file`).
+    pub fn admin_token_file(&self) -> PathBuf {
+        self.dir.join(ADMIN_TOKEN_FILE)
     }
 
     /// Base URL of the admin API.
@@ -363,4 +364,37 @@ fn terminate(child: &mut Child) -> Result<ExitStatus> {
     eprintln!("Haltd: pid {pid} ignored SIGTERM for 10 s; SIGKILL");
     child.kill()?;
     Ok(child.wait()?)
+}
+
+/// The admin flags: TCP with the test token, unless `extra` sets its own `--admin`.
+fn admin_args(extra: &[&str], admin: &SocketAddr, token_file: &Path) -> Vec<String> {
+    if extra
+        .iter()
+        .any(|a| *a == "--admin" || a.starts_with("--admin="))
+    {
+        return Vec::new();
+    }
+    vec![
+        "--admin".into(),
+        admin.to_string(),
+        "--admin-token-file".into(),
+        token_file.to_string_lossy().into_owned(),
+    ]
+}
+
+/// The admin token file's name in a test haltd's directory.
+const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// Writes [`TEST_ADMIN_TOKEN`] to a file only root can read, as `--admin-token-file` requires.
+fn write_admin_token(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(ADMIN_TOKEN_FILE);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, TEST_ADMIN_TOKEN.as_bytes())?;
+    Ok(path)
 }

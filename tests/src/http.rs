@@ -9,12 +9,40 @@ use serde_json::Value;
 /// A ureq agent for talking to haltd: statuses are not errors, no proxy, a global timeout.
 pub fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
+        .middleware(authenticate_admin)
         .http_status_as_error(false)
         .proxy(None)
         .max_redirects(0)
         .timeout_global(Some(timeout))
         .build()
         .into()
+}
+
+/// The admin token every test haltd is started with (`--admin-token-file`).
+pub const TEST_ADMIN_TOKEN: &str = "haltd-test-admin-token-0123456789";
+
+/// Requests to the admin API (`/admin/...`) carry the test admin token, and say JSON when they
+/// send a body, unless the test set those headers itself (to test their absence, say).
+fn authenticate_admin(
+    mut req: ureq::http::Request<ureq::SendBody>,
+    next: ureq::middleware::MiddlewareNext,
+) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    if req.uri().path().starts_with("/admin/") {
+        let headers = req.headers_mut();
+        if !headers.contains_key("authorization") {
+            let value = format!("Bearer {TEST_ADMIN_TOKEN}");
+            if let Ok(v) = ureq::http::HeaderValue::from_str(&value) {
+                headers.insert("authorization", v);
+            }
+        }
+        if !headers.contains_key("content-type") {
+            headers.insert(
+                "content-type",
+                ureq::http::HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    next.handle(req)
 }
 
 /// A response header as a string.

@@ -52,7 +52,7 @@ pub use clients::{curl, openai_sdk};
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
 };
-pub use http::{agent, get_json_here, header, trip_here};
+pub use http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN};
 pub use ledger::{read_ledger, verify_ledger};
 pub use metrics::Metrics;
 pub use netns::{in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};

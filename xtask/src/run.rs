@@ -44,7 +44,8 @@ fn serve_args(ctx: &Ctx, args: Vec<OsString>) -> Vec<OsString> {
     let mut serve: Vec<OsString> = vec!["serve".into()];
     for (flag, value) in [
         ("--listen", OsString::from("127.0.0.1:8080")),
-        ("--admin", "127.0.0.1:8081".into()),
+        // Its own socket, so the demo runs beside a haltd installed on the node.
+        ("--admin", "unix:/run/haltd/demo-admin.sock".into()),
         ("--metrics", "127.0.0.1:9464".into()),
         ("--ledger", ledger.into()),
     ] {
@@ -96,7 +97,10 @@ fn print_instructions(serve: &[OsString], haltctl: &Path) {
     );
     println!("\"content_filter\", an error event of type \"halted\" and [DONE].");
     println!();
-    println!("Metrics: http://{metrics}/metrics   Admin API: http://{admin}/admin/streams");
+    println!(
+        "Metrics: http://{metrics}/metrics   Admin API: {} --admin {admin} streams",
+        haltctl.display()
+    );
     println!(
         "Ledger:  {ledger}   (check it: {} ledger verify {ledger})",
         haltctl.display()

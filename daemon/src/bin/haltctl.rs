@@ -5,18 +5,28 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
+use haltd::admin::client::AdminClient;
+use hyper::Method;
 
 #[derive(Parser)]
 #[command(name = "haltctl", version, about = "Operate a running haltd")]
 struct Cli {
-    /// haltd's admin address (`haltd serve --admin`).
+    /// haltd's admin API (`haltd serve --admin`): `unix:PATH`, or `IP:PORT` with --admin-token-file.
     #[arg(
         long,
         global = true,
         env = "HALTD_ADMIN",
-        default_value = "127.0.0.1:8081"
+        default_value = "unix:/run/haltd/admin.sock"
     )]
     admin: String,
+    /// The bearer token of a TCP admin listener (the file haltd's --admin-token-file names).
+    #[arg(
+        long,
+        global = true,
+        env = "HALTD_ADMIN_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    admin_token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,7 +72,7 @@ enum Command {
     Calibrate(CalibrateArgs),
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct CalibrateArgs {
     /// Labels file (JSON Lines; see above).
     #[arg(
@@ -109,19 +119,18 @@ enum LedgerCommand {
     Verify { path: PathBuf },
 }
 
-fn base(admin: &str) -> String {
-    if admin.starts_with("http://") || admin.starts_with("https://") {
-        admin.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{admin}")
-    }
-}
-
-fn print_response(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> ExitCode {
-    match resp {
-        Ok(mut r) => {
-            let status = r.status();
-            let body = r.body_mut().read_to_string().unwrap_or_default();
+/// Sends one admin request and prints the answer. Exit status: 0 success, 1 haltd refused,
+/// 2 no answer.
+fn admin_call(cli: &Cli, method: Method, path: &str, body: Option<serde_json::Value>) -> ExitCode {
+    let client = match AdminClient::new(&cli.admin, cli.admin_token_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("haltctl: --admin {}: {e}", cli.admin);
+            return ExitCode::from(2);
+        }
+    };
+    match client.request(method, path, body.as_ref()) {
+        Ok((status, body)) => {
             println!("{}", body.trim_end());
             if status.is_success() {
                 ExitCode::SUCCESS
@@ -131,7 +140,7 @@ fn print_response(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -
             }
         }
         Err(e) => {
-            eprintln!("haltctl: request to haltd failed: {e}");
+            eprintln!("haltctl: {e}");
             ExitCode::from(2)
         }
     }
@@ -251,40 +260,30 @@ fn finish_calibration(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let base = base(&cli.admin);
-    match cli.command {
-        Command::Trip { stream_id, cause } => {
-            let body = serde_json::json!({ "cause": cause });
-            print_response(
-                agent
-                    .post(&format!("{base}/admin/streams/{stream_id}/trip"))
-                    .send_json(&body),
-            )
-        }
-        Command::Streams => print_response(agent.get(&format!("{base}/admin/streams")).call()),
-        Command::Status => print_response(agent.get(&format!("{base}/admin/status")).call()),
-        Command::Mode { set: None, .. } => {
-            print_response(agent.get(&format!("{base}/admin/mode")).call())
-        }
+    match &cli.command {
+        Command::Trip { stream_id, cause } => admin_call(
+            &cli,
+            Method::POST,
+            &format!("/admin/streams/{stream_id}/trip"),
+            Some(serde_json::json!({ "cause": cause })),
+        ),
+        Command::Streams => admin_call(&cli, Method::GET, "/admin/streams", None),
+        Command::Status => admin_call(&cli, Method::GET, "/admin/status", None),
+        Command::Mode { set: None, .. } => admin_call(&cli, Method::GET, "/admin/mode", None),
         Command::Mode {
             set: Some(mode),
             scope,
-        } => print_response(
-            agent
-                .post(&format!("{base}/admin/mode"))
-                .send_json(serde_json::json!({ "mode": mode, "scope": scope })),
+        } => admin_call(
+            &cli,
+            Method::POST,
+            "/admin/mode",
+            Some(serde_json::json!({ "mode": mode, "scope": scope })),
         ),
-        Command::Conversations => {
-            print_response(agent.get(&format!("{base}/admin/conversations")).call())
-        }
-        Command::Calibrate(args) => calibrate(args),
+        Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
+        Command::Calibrate(args) => calibrate(args.clone()),
         Command::Ledger {
             command: LedgerCommand::Verify { path },
-        } => match haltd::ledger::verify(&path) {
+        } => match haltd::ledger::verify(path) {
             Ok(report) => {
                 println!("{report}");
                 if report.broken.is_none() {

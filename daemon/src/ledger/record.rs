@@ -22,6 +22,9 @@ pub enum RecordKind {
     /// An earlier haltd ended on an uncontained panic, recorded at the next start from its
     /// crash file ([`crate::crash`]).
     Crash,
+    /// An action through the admin API (a trip, the end of degraded mode): what, by whom
+    /// (`admin.actor`: the socket peer's uid and pid, or the TCP peer), and its outcome.
+    Admin,
 }
 
 /// One flight-recorder record. `seq`, `prev_hash` and `hash` are filled by the ledger; `ts`
@@ -85,6 +88,9 @@ pub struct Record {
     /// reconciliation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<serde_json::Value>,
+    /// Admin records: `action`, `actor`, `status` and what the action named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<serde_json::Value>,
     /// A change of `runtime_mode` (degraded safe mode): scope, from, to, by, cause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_change: Option<serde_json::Value>,
@@ -144,6 +150,7 @@ impl Default for Record {
             turn_status: None,
             upstream: None,
             tool_calls: Vec::new(),
+            admin: None,
             mode_change: None,
             detectors: None,
             sampling: None,

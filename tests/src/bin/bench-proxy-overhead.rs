@@ -1550,7 +1550,8 @@ fn start_haltd(
     extra: &[&std::ffi::OsStr],
 ) -> Result<Haltd> {
     let listen = format!("127.0.0.1:{}", free_port()?);
-    let admin = format!("127.0.0.1:{}", free_port()?);
+    // The bench never uses the admin API: a socket of its own, in its scratch directory.
+    let admin = format!("unix:{}", dir.join(format!("{name}.admin.sock")).display());
     let metrics = format!("127.0.0.1:{}", free_port()?);
     let stdout_path = dir.join(format!("{name}.stdout"));
     let log = dir.join(format!("{name}.log"));

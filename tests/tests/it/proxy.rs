@@ -628,6 +628,8 @@ fn haltctl(rig: &Rig, args: &[&str]) -> Result<Value> {
         .arg(haltctl_bin()?)
         .arg("--admin")
         .arg(rig.haltd.admin.to_string())
+        .arg("--admin-token-file")
+        .arg(rig.haltd.admin_token_file())
         .args(args)
         .output()?;
     ensure!(

@@ -1,12 +1,23 @@
 //! The control plane on tokio: the admin API (`--admin`) and the Prometheus endpoint
 //! (`--metrics`). Nothing here is on the token path; a trip request calls
 //! [`HaltCore::trip`], which writes the kernel trip map before it answers.
+//!
+//! Who may call the admin API, and how each call is attributed: [`auth`]. Where it listens:
+//! [`listen`]. Every action that changes state writes an `admin` ledger record naming its
+//! caller.
+
+mod auth;
+pub mod client;
+mod listen;
 
 use std::{net::SocketAddr, sync::Arc};
 
+pub use auth::{AdminActor, AdminToken};
+pub use listen::{bind_admin, AdminAddr, AdminListener, DEFAULT_ADMIN_SOCKET};
+
 use axum::{
     body::Bytes,
-    extract::{Path, State},
+    extract::{Extension, Path, State},
     http::{header, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -19,6 +30,7 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     halt::HaltCore,
+    ledger::{Record, RecordKind},
     modes::{KeyId, ScopeSel},
     stream::TripError,
     wire::StreamId,
@@ -38,11 +50,62 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
         .into_response()
 }
 
+/// Causes only haltd itself raises: an operator claiming one would forge a record of a
+/// failure of haltd's own machinery.
+const RESERVED_CAUSES: [FailureCode; 5] = [
+    FailureCode::HeartbeatLost,
+    FailureCode::RecorderFailure,
+    FailureCode::WatchdogTrip,
+    FailureCode::UpstreamFailure,
+    FailureCode::DetectorFailure,
+];
+
+/// Writes the `admin` record of one action: what, by whom, with what outcome.
+fn record_action(
+    shared: &HaltCore,
+    actor: &AdminActor,
+    action: serde_json::Value,
+    status: StatusCode,
+) {
+    let mut admin = action;
+    admin["actor"] = json!(actor);
+    admin["status"] = json!(status.as_u16());
+    tracing::info!(admin = %admin, "admin action");
+    shared.record(Record {
+        kind: RecordKind::Admin,
+        kernel_gate: shared.kernel_gate_label().to_owned(),
+        stream_id: admin["stream_id"].as_str().map(str::to_owned),
+        admin: Some(admin),
+        ..Record::default()
+    });
+}
+
 async fn trip(
     State(shared): State<Arc<HaltCore>>,
+    Extension(actor): Extension<AdminActor>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
+    let (status, resp, cause) = trip_response(&shared, &id, &body);
+    let action = json!({"action": "trip", "stream_id": id, "cause": cause});
+    record_action(&shared, &actor, action, status);
+    resp
+}
+
+/// Handles one trip request: the status, the response and the cause asked for.
+fn trip_response(
+    shared: &HaltCore,
+    id: &str,
+    body: &[u8],
+) -> (StatusCode, Response, Option<String>) {
+    let resp = trip_inner(shared, id, body);
+    let cause = serde_json::from_slice::<TripBody>(body)
+        .ok()
+        .and_then(|b| b.cause);
+    (resp.status(), resp, cause)
+}
+
+fn trip_inner(shared: &HaltCore, id: &str, body: &[u8]) -> Response {
     let id: StreamId = match id.parse() {
         Ok(id) => id,
         Err(e) => {
@@ -56,7 +119,7 @@ async fn trip(
     let body: TripBody = if body.iter().all(u8::is_ascii_whitespace) {
         TripBody::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match serde_json::from_slice(body) {
             Ok(b) => b,
             Err(e) => {
                 return error(
@@ -69,6 +132,13 @@ async fn trip(
     };
     let cause = match body.cause.as_deref().map(str::parse::<FailureCode>) {
         None => FailureCode::OperatorTrip,
+        Some(Ok(c)) if RESERVED_CAUSES.contains(&c) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("cause {c} is raised only by haltd itself; an operator trip uses OPERATOR_TRIP or a detector's cause"),
+            )
+        }
         Some(Ok(c)) => c,
         Some(Err(e)) => {
             return error(
@@ -153,8 +223,20 @@ async fn mode_get(State(shared): State<Arc<HaltCore>>) -> Response {
 
 /// `POST /admin/mode {"mode": "full", "scope": "all" | "node" | "key:<fingerprint>"}`: the
 /// operator ends degraded safe mode. Entering it by hand is a trip, not a mode change.
-async fn mode_set(State(shared): State<Arc<HaltCore>>, body: Bytes) -> Response {
-    let body: ModeBody = match serde_json::from_slice(&body) {
+async fn mode_set(
+    State(shared): State<Arc<HaltCore>>,
+    Extension(actor): Extension<AdminActor>,
+    body: Bytes,
+) -> Response {
+    let resp = mode_set_inner(&shared, &body);
+    let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
+    let action = json!({"action": "mode", "request": request});
+    record_action(&shared, &actor, action, resp.status());
+    resp
+}
+
+fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {
+    let body: ModeBody = match serde_json::from_slice(body) {
         Ok(b) => b,
         Err(e) => {
             return error(
@@ -235,15 +317,19 @@ async fn metrics(State(shared): State<Arc<HaltCore>>) -> Response {
 /// Serves the admin API and the metrics endpoint until the process exits.
 pub async fn serve(
     shared: Arc<HaltCore>,
-    admin: tokio::net::TcpListener,
+    admin: AdminListener,
     metrics_listener: tokio::net::TcpListener,
 ) -> std::io::Result<()> {
+    let guard = auth::Guard {
+        token: shared.cfg.admin_token.clone().map(Arc::new),
+    };
     let admin_app = Router::new()
         .route("/admin/streams/{id}/trip", post(trip))
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))
         .route("/admin/conversations", get(conversations))
+        .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.
     let sweeper = Arc::clone(&shared);
@@ -257,9 +343,18 @@ pub async fn serve(
     let metrics_app = Router::new()
         .route("/metrics", get(metrics))
         .with_state(shared);
-    let a = axum::serve(admin, admin_app);
     let m = axum::serve(metrics_listener, metrics_app);
-    tokio::try_join!(async { a.await }, async { m.await })?;
+    let admin_service = admin_app.into_make_service_with_connect_info::<AdminActor>();
+    match admin {
+        AdminListener::Unix(l) => {
+            let a = axum::serve(tokio::net::UnixListener::from_std(l)?, admin_service);
+            tokio::try_join!(async { a.await }, async { m.await })?;
+        }
+        AdminListener::Tcp(l) => {
+            let a = axum::serve(tokio::net::TcpListener::from_std(l)?, admin_service);
+            tokio::try_join!(async { a.await }, async { m.await })?;
+        }
+    }
     Ok(())
 }
 

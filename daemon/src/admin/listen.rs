@@ -1,0 +1,204 @@
+//! Where the admin API listens, and binding it.
+//!
+//! By default a Unix socket (`/run/haltd/admin.sock`, mode 0660): the file system decides who
+//! may connect, and every request carries the caller's uid and pid (SO_PEERCRED) into its
+//! ledger record. A TCP listener, loopback included, is allowed only with a bearer token
+//! (`--admin-token-file`, checked in [`crate::config`]): on a TCP port any local user, and any
+//! web page a browser on the node opens, can otherwise reach it.
+
+use std::{
+    ffi::CString,
+    fmt, io,
+    net::SocketAddr,
+    os::unix::{
+        fs::{FileTypeExt, PermissionsExt},
+        net::{UnixListener, UnixStream},
+    },
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+/// The default admin socket.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/haltd/admin.sock";
+
+/// Mode of the admin socket: owner (root) and the admin group may connect.
+const SOCKET_MODE: u32 = 0o660;
+
+/// `--admin`: `unix:PATH` or `HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for AdminAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(format!("{s:?}: a unix socket path must be absolute"));
+            }
+            return Ok(AdminAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse().map(AdminAddr::Tcp).map_err(|_| {
+            format!("{s:?}: expected unix:/ABSOLUTE/PATH or an IP address with a port")
+        })
+    }
+}
+
+impl fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            AdminAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A bound admin listener, not yet handed to tokio.
+#[derive(Debug)]
+pub enum AdminListener {
+    Unix(UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+/// Binds the admin listener. A Unix socket gets mode 0660 and, with `group`, that group.
+pub fn bind_admin(addr: &AdminAddr, group: Option<&str>) -> io::Result<AdminListener> {
+    match addr {
+        AdminAddr::Tcp(a) => crate::admin::bind(*a, "admin").map(AdminListener::Tcp),
+        AdminAddr::Unix(path) => bind_unix(path, group)
+            .map(AdminListener::Unix)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("binding --admin unix:{}: {e}", path.display()),
+                )
+            }),
+    }
+}
+
+fn bind_unix(path: &Path, group: Option<&str>) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    remove_stale_socket(path)?;
+    let listener = UnixListener::bind(path)?;
+    let gid = group.map(group_id).transpose()?;
+    set_owner_and_mode(path, gid)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// A socket file left by a haltd that is gone is removed; one that answers belongs to a
+/// running haltd, and anything else is not ours to delete.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket; not replacing it",
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another process answers on this socket (is another haltd running?)",
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+fn set_owner_and_mode(path: &Path, gid: Option<libc::gid_t>) -> io::Result<()> {
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+}
+
+/// A group name (or a numeric gid) to its gid.
+fn group_id(name: &str) -> io::Result<libc::gid_t> {
+    if let Ok(gid) = name.parse::<libc::gid_t>() {
+        return Ok(gid);
+    }
+    let cname = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "group name has a NUL byte"))?;
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buf` outlives it and `out` points into
+    // `grp` or is null.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if out.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("--admin-group {name:?}: no such group"),
+        ));
+    }
+    Ok(grp.gr_gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_addresses_parse() {
+        assert_eq!(
+            "unix:/run/haltd/admin.sock".parse::<AdminAddr>(),
+            Ok(AdminAddr::Unix(PathBuf::from("/run/haltd/admin.sock")))
+        );
+        assert_eq!(
+            "127.0.0.1:8081".parse::<AdminAddr>(),
+            Ok(AdminAddr::Tcp(
+                "127.0.0.1:8081".parse().expect("test setup")
+            ))
+        );
+        assert!("unix:relative.sock".parse::<AdminAddr>().is_err());
+        assert!("localhost:8081".parse::<AdminAddr>().is_err());
+        assert_eq!(
+            AdminAddr::Unix(PathBuf::from("/x/a.sock")).to_string(),
+            "unix:/x/a.sock"
+        );
+    }
+
+    #[test]
+    fn a_socket_gets_mode_0660_and_a_stale_one_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("haltd-admin-{}", std::process::id()));
+        let path = dir.join("sub/admin.sock");
+        let first = bind_unix(&path, Some("0")).expect("test setup");
+        let mode = std::fs::metadata(&path)
+            .expect("test setup")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o660);
+        // A live socket is not taken over.
+        let err = bind_unix(&path, None).expect_err("must fail");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        drop(first);
+        // Its owner gone, the file is stale and replaced.
+        let _second = bind_unix(&path, None).expect("test setup");
+        // A regular file is never deleted.
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, b"x").expect("test setup");
+        assert!(bind_unix(&file, None).is_err());
+        assert!(file.exists());
+        std::fs::remove_dir_all(&dir).expect("test setup");
+    }
+}
