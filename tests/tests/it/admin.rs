@@ -146,6 +146,61 @@ fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Result<(u16, String)
     Ok((resp.status().as_u16(), resp.body_mut().read_to_string()?))
 }
 
+/// Requests the admin API must refuse, each answered with its status, on a live stream.
+fn refused_requests(pair: &NetPair, trip: &str, bearer: &str) -> Result<()> {
+    let (trip, bearer) = (trip.to_owned(), bearer.to_owned());
+    let answers = in_netns(
+        &pair.cli,
+        move || -> Result<Vec<(String, u16, String, u16)>> {
+            let json = ("content-type", "application/json");
+            let cases: [Case<'_>; 5] = [
+                ("no token", vec![json, ("authorization", "")], "{}", 401),
+                (
+                    "wrong token",
+                    vec![
+                        json,
+                        ("authorization", "Bearer haltd-test-admin-token-012345678X"),
+                    ],
+                    "{}",
+                    401,
+                ),
+                (
+                    "a form post",
+                    vec![
+                        ("authorization", &bearer),
+                        ("content-type", "application/x-www-form-urlencoded"),
+                    ],
+                    "cause=EXFIL_ALERT",
+                    415,
+                ),
+                (
+                    "text/plain",
+                    vec![("authorization", &bearer), ("content-type", "text/plain")],
+                    r#"{"cause":"EXFIL_ALERT"}"#,
+                    415,
+                ),
+                (
+                    "a reserved cause",
+                    vec![("authorization", &bearer), json],
+                    r#"{"cause":"HEARTBEAT_LOST"}"#,
+                    400,
+                ),
+            ];
+            cases
+                .iter()
+                .map(|(what, headers, body, want)| {
+                    post(&trip, headers, body).map(|(s, b)| ((*what).to_owned(), s, b, *want))
+                })
+                .collect()
+        },
+    )?;
+    for (what, status, body, want) in &answers {
+        println!("{what}: {status} {body}");
+        ensure!(status == want, "{what}: {status} {body}, expected {want}");
+    }
+    Ok(())
+}
+
 #[test]
 fn tcp_admin_needs_the_token_and_json() -> Result<()> {
     let pair = NetPair::new()?;
@@ -165,55 +220,7 @@ fn tcp_admin_needs_the_token_and_json() -> Result<()> {
     let trip = format!("{}/admin/streams/{id}/trip", haltd.admin_url());
     let bearer = format!("Bearer {TEST_ADMIN_TOKEN}");
     let json = ("content-type", "application/json");
-    let cases: [Case<'_>; 5] = [
-        ("no token", vec![json, ("authorization", "")], "{}", 401),
-        (
-            "wrong token",
-            vec![
-                json,
-                ("authorization", "Bearer haltd-test-admin-token-012345678X"),
-            ],
-            "{}",
-            401,
-        ),
-        (
-            "a form post",
-            vec![
-                ("authorization", &bearer),
-                ("content-type", "application/x-www-form-urlencoded"),
-            ],
-            "cause=EXFIL_ALERT",
-            415,
-        ),
-        (
-            "text/plain",
-            vec![("authorization", &bearer), ("content-type", "text/plain")],
-            r#"{"cause":"EXFIL_ALERT"}"#,
-            415,
-        ),
-        (
-            "a reserved cause",
-            vec![("authorization", &bearer), json],
-            r#"{"cause":"HEARTBEAT_LOST"}"#,
-            400,
-        ),
-    ];
-    let trip_url = trip.clone();
-    let answers = in_netns(
-        &pair.cli,
-        move || -> Result<Vec<(String, u16, String, u16)>> {
-            cases
-                .iter()
-                .map(|(what, headers, body, want)| {
-                    post(&trip_url, headers, body).map(|(s, b)| ((*what).to_owned(), s, b, *want))
-                })
-                .collect()
-        },
-    )?;
-    for (what, status, body, want) in &answers {
-        println!("{what}: {status} {body}");
-        ensure!(status == want, "{what}: {status} {body}, expected {want}");
-    }
+    refused_requests(&pair, &trip, &bearer)?;
     // The stream is still untripped: the proper request trips it now.
     let ok = in_netns(&pair.cli, move || {
         post(&trip, &[("authorization", &bearer), json], "{}")
