@@ -9,7 +9,7 @@ Usage (see --help):
 
     openai_client.py --base-url http://127.0.0.1:8080/v1 --model builtin --prompt "rivers" \
         --stream --max-tokens 50 [--logprobs] [--tools] \
-        [--trip-after K --admin-url http://127.0.0.1:8081]
+        [--trip-after K --admin-url http://127.0.0.1:8081 --admin-token-file FILE]
 
 Output, exactly one line of JSON on stdout:
 
@@ -122,6 +122,8 @@ def parse_args(argv):
     p.add_argument("--trip-after", type=int, default=None, metavar="K",
                    help="trip the turn through the admin API after K token chunks")
     p.add_argument("--admin-url", default=None, help="e.g. http://198.18.1.1:8081")
+    p.add_argument("--admin-token-file", default=None,
+                   help="the bearer token of haltd's TCP admin listener (--admin-token-file)")
     p.add_argument("--trip-cause", default=None,
                    help='body {"cause": ...} for the trip (default: empty body, OPERATOR_TRIP)')
     p.add_argument("--timeout", type=float, default=30.0, help="seconds, per request [30]")
@@ -183,6 +185,13 @@ class Turn:
             self.trip = {"status": None, "body": None, "after_chunks": None,
                          "stream_id": None, "error": "not tripped: the turn ended before it"}
 
+    def admin_headers(self):
+        """The bearer token of a TCP admin listener, if a token file was given."""
+        if not self.args.admin_token_file:
+            return {}
+        with open(self.args.admin_token_file) as f:
+            return {"authorization": "Bearer " + f.read().strip()}
+
     # -- headers and errors ------------------------------------------------------------
 
     def take_headers(self, headers):
@@ -215,10 +224,11 @@ class Turn:
             return
         url = "%s/admin/streams/%s/trip" % (self.args.admin_url.rstrip("/"), stream_id)
         data = b""
-        headers = {}
+        # haltd refuses admin POSTs that are not JSON, whatever their body.
+        headers = self.admin_headers()
+        headers["content-type"] = "application/json"
         if self.args.trip_cause is not None:
             data = json.dumps({"cause": self.args.trip_cause}).encode()
-            headers["content-type"] = "application/json"
         req = urllib.request.Request(url, data=data, headers=headers, method="POST")
         try:
             with _URLLIB.open(req, timeout=self.args.timeout) as r:
@@ -241,7 +251,8 @@ class Turn:
             last = "no open batch turn seen"
             while not done.is_set() and time.monotonic() < deadline:
                 try:
-                    with _URLLIB.open(url, timeout=self.args.timeout) as r:
+                    req = urllib.request.Request(url, headers=self.admin_headers())
+                    with _URLLIB.open(req, timeout=self.args.timeout) as r:
                         streams = json.loads(r.read()).get("streams", [])
                 except (urllib.error.URLError, OSError, ValueError) as e:
                     last = "GET %s: %s" % (url, e)

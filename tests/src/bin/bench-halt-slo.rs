@@ -488,7 +488,8 @@ async fn trip(admin: SocketAddr, id: &str) -> Result<(u16, Value)> {
         .context("connecting to admin")?;
     s.set_nodelay(true)?;
     let req = format!(
-        "POST /admin/streams/{id}/trip HTTP/1.1\r\nhost: haltd\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST /admin/streams/{id}/trip HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        haltd_tests::TEST_ADMIN_TOKEN,
         body.len()
     );
     s.write_all(req.as_bytes()).await?;

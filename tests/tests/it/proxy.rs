@@ -950,6 +950,7 @@ fn the_official_openai_sdk_and_curl_see_normal_streams_and_halts() -> Result<()>
 
     // A halt: content_filter plus the error object.
     let admin = rig.haltd.admin_url();
+    let token = rig.haltd.admin_token_file();
     let r = sdk(&[
         "--api-key",
         "k2",
@@ -959,6 +960,8 @@ fn the_official_openai_sdk_and_curl_see_normal_streams_and_halts() -> Result<()>
         "3",
         "--admin-url",
         admin.as_str(),
+        "--admin-token-file",
+        &token.to_string_lossy(),
     ])?;
     ensure!(r["finish_reason"] == "content_filter", "{r}");
     ensure!(r["error"]["body"]["code"] == "OPERATOR_TRIP", "{r}");

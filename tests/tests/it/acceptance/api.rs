@@ -13,7 +13,7 @@ use anyhow::{anyhow, ensure, Context, Result};
 use haltd_tests::{
     in_netns, raw_exchange_on, spawn_in_netns,
     sse::{self, classify, SseParser},
-    trip_here, wait_for, EventKind, Haltd, NetPair, StreamOutcome,
+    trip_here, wait_for, EventKind, Haltd, NetPair, StreamOutcome, TEST_ADMIN_TOKEN,
 };
 use serde_json::{json, Value};
 
@@ -94,7 +94,9 @@ fn client_disconnect_mid_stream() -> Result<()> {
 /// wins (200), the other gets 409 with the winner's trip_token_index.
 fn race_trips(admin: SocketAddr, cli: &str, id: &str) -> Vec<(u16, Value)> {
     let request = format!(
-        "POST /admin/streams/{id}/trip HTTP/1.1\r\nhost: {admin}\r\ncontent-length: 0\r\n\r\n"
+        "POST /admin/streams/{id}/trip HTTP/1.1\r\nhost: {admin}\r\n\
+         authorization: Bearer {TEST_ADMIN_TOKEN}\r\ncontent-type: application/json\r\n\
+         content-length: 0\r\n\r\n"
     );
     let barrier = Arc::new(Barrier::new(2));
     let racers: Vec<_> = (0..2)
