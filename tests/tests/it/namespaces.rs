@@ -496,8 +496,9 @@ fn check_metrics(haltd: &Haltd, runs: &[Run], exact_tokens: bool) -> Result<Metr
 
 /// Stops haltd and checks its ledger chain with `haltctl ledger verify`.
 fn stop_and_verify(mut haltd: Haltd) -> Result<Vec<Value>> {
-    let records = haltd.ledger_records()?;
+    // Read after the stop: records land asynchronously, and the stop flushes the ledger.
     let status = haltd.stop()?;
+    let records = haltd.ledger_records()?;
     println!("  haltd stopped: {status}");
     let out = verify_ledger(&haltd.ledger).map_err(|e| anyhow!("{e:#}\n{}", haltd.log_tail(30)))?;
     println!("  haltctl ledger verify: {}", out.trim());

@@ -26,8 +26,8 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use haltd_tests::{
     agent, haltd_bin, in_netns,
     sse::{self, classify, SseParser},
-    trip_here, verify_ledger, wait_for, EventKind, Haltd, NetPair, StreamOutcome, PORT_ADMIN,
-    PORT_API, PORT_METRICS,
+    trip_here, verify_ledger, wait_for, EventKind, Haltd, NetPair, StreamOutcome, PORT_API,
+    PORT_METRICS,
 };
 use serde_json::{json, Value};
 
@@ -203,6 +203,12 @@ fn stop_and_verify_text(mut haltd: Haltd) -> Result<(Vec<Value>, String)> {
     Ok((records, text))
 }
 
+/// `unix:<the ledger's directory>/admin.sock`: an admin socket of the test's own.
+fn admin_socket_beside(ledger: &Path) -> String {
+    let dir = ledger.parent().unwrap_or_else(|| Path::new("/tmp"));
+    format!("unix:{}", dir.join("admin.sock").display())
+}
+
 /// A `haltd serve` that must refuse to start: (exit code, stdout + stderr, time to exit).
 fn serve_refused(pair: &NetPair, ledger: &Path, extra: &[&str]) -> Result<(i32, String, Duration)> {
     let t = Instant::now();
@@ -211,7 +217,8 @@ fn serve_refused(pair: &NetPair, ledger: &Path, extra: &[&str]) -> Result<(i32, 
         .arg(haltd_bin()?)
         .arg("serve")
         .args(["--listen", &pair.srv_addr(PORT_API).to_string()])
-        .args(["--admin", &pair.srv_addr(PORT_ADMIN).to_string()])
+        .arg("--admin")
+        .arg(admin_socket_beside(ledger))
         .args(["--metrics", &pair.srv_addr(PORT_METRICS).to_string()])
         .arg("--ledger")
         .arg(ledger)
