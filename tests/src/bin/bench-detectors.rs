@@ -763,7 +763,60 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|| Path::new(".")),
         ),
     };
+    let (turns, warm, n_tokens) = prepare_turns(&args)?;
+    let text_stats = text_stats(&turns);
+    let timed = run_rounds(&args, &turns, &warm)?;
+    let rows = &timed.rows;
 
+    // The scanner on its own over the same text: the hold-back without any trip in the way,
+    // and a check of the governor-derived figures.
+    let direct = scan_direct(&turns)?;
+    if let Some(ex) = rows.iter().find(|r| r.cfg.name == "exfil") {
+        if ex.trips.is_empty() {
+            ensure!(
+                ex.held_bytes == direct.held_bytes,
+                "held bytes from the governor's releases differ from ExfilScanner::held_bytes"
+            );
+        }
+    }
+
+    let bare = Pct::median(&rows[0].token);
+    let results = print_token_table(&args, rows, &bare, n_tokens);
+    print_kind_table(rows);
+    let all = rows
+        .iter()
+        .find(|r| r.cfg.name == "all")
+        .map(|r| Pct::median(&r.token))
+        .unwrap_or_default();
+    let all_p99_us = all.p99 / 1e3;
+    let verdict = if all_p99_us < TARGET_P99_US {
+        "PASS"
+    } else {
+        "MISS"
+    };
+    println!(
+        "target: all built-in detectors p99 {all_p99_us:.2} µs per token (net of the bare loop \
+         {:.2} µs) < {TARGET_P99_US} µs: {verdict}",
+        (all.p99 - bare.p99) / 1e3
+    );
+    print_holdback(&direct);
+
+    let target = json!({
+        "config": "all",
+        "p99_us": (all_p99_us * 1000.0).round() / 1000.0,
+        "net_p99_us": ((all.p99 - bare.p99) / 1e3 * 1000.0).round() / 1000.0,
+        "verdict": verdict,
+    });
+    let mut report = report_json(&args, &timed, &direct, n_tokens, target);
+    report["text"] = text_stats;
+    report["wall_s"] = json!((wall.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+    report["results"] = Value::Array(results);
+    write_report(&out, &report, wall)
+}
+
+/// Trains the built-in model (timed, so its cost is not in the rounds) and generates the
+/// timed and warm-up turns; returns them with the timed token count.
+fn prepare_turns(args: &Args) -> Result<(Vec<Turn>, Vec<Turn>, usize)> {
     let t0 = Instant::now();
     let _ = BuiltinModel::get();
     eprintln!(
@@ -793,13 +846,26 @@ fn main() -> Result<()> {
         warm.len(),
         t0.elapsed().as_secs_f64()
     );
-    let text_stats = text_stats(&turns);
+    Ok((turns, warm, n_tokens))
+}
 
+/// What the timed rounds measured, with the state of the machine around them.
+struct Timed {
+    rows: Vec<Row>,
+    machine: (usize, String, String),
+    loadavg: String,
+    others_pct: Option<f64>,
+    rounds_s: f64,
+}
+
+/// Warms every configuration up, then runs the timed rounds (the configurations in a
+/// rotating order) and warns when other processes kept the machine busy meanwhile.
+fn run_rounds(args: &Args, turns: &[Turn], warm: &[Turn]) -> Result<Timed> {
     let mut rows: Vec<Row> = Vec::new();
     let mut dets: Vec<Option<Detectors>> = Vec::new();
     let mut clocks: Vec<Clock> = Vec::new();
     for c in CONFIGS {
-        let (det, clock, row) = warm_up(c, &args.latency_mode, &warm)?;
+        let (det, clock, row) = warm_up(c, &args.latency_mode, warm)?;
         dets.push(det);
         clocks.push(clock);
         rows.push(row);
@@ -817,38 +883,8 @@ fn main() -> Result<()> {
             let mut s = Samples::default();
             let t0 = Instant::now();
             let evict = CONFIGS[i].evict.then_some(evict_buf.as_mut_slice());
-            run_turns(dets[i].as_ref(), &turns, &mut clocks[i], &mut s, evict);
-            let p = Pct::of(&s.token_ns);
-            eprintln!(
-                "[bench-detectors] round {round} {:<16} {:>7} tokens p50 {:>6.0} ns p99 {:>6.0} \
-                 ns max {:>8.0} ns ({:.2} s){}",
-                CONFIGS[i].name,
-                p.n,
-                p.p50,
-                p.p99,
-                p.max,
-                t0.elapsed().as_secs_f64(),
-                if s.trips.is_empty() {
-                    String::new()
-                } else {
-                    format!(" trips {:?}", s.trips)
-                }
-            );
-            let row = &mut rows[i];
-            row.token.push(p);
-            row.first.push(Pct::of(&s.first_ns));
-            row.trip.push(Pct::of(&s.trip_ns));
-            row.steady.push(Pct::of(&s.steady_ns));
-            row.setup.push(Pct::of(&s.setup_ns));
-            row.end.push(Pct::of(&s.end_ns));
-            row.summary.push(Pct::of(&s.summary_ns));
-            if round == 0 {
-                row.trips = s.trips;
-                row.turns = s.turns;
-                row.rts_modes = s.rts_modes;
-                row.held_bytes = s.held_bytes;
-                row.held_tokens = s.held_tokens;
-            }
+            run_turns(dets[i].as_ref(), turns, &mut clocks[i], &mut s, evict);
+            record_round(round, &mut rows[i], s, t0);
         }
     }
 
@@ -866,20 +902,52 @@ fn main() -> Result<()> {
              (p99.9, max) show it most"
         );
     }
+    Ok(Timed {
+        rows,
+        machine,
+        loadavg,
+        others_pct,
+        rounds_s,
+    })
+}
 
-    // The scanner on its own over the same text: the hold-back without any trip in the way,
-    // and a check of the governor-derived figures.
-    let direct = scan_direct(&turns)?;
-    if let Some(ex) = rows.iter().find(|r| r.cfg.name == "exfil") {
-        if ex.trips.is_empty() {
-            ensure!(
-                ex.held_bytes == direct.held_bytes,
-                "held bytes from the governor's releases differ from ExfilScanner::held_bytes"
-            );
+/// Logs one configuration's round and adds its samples to its row (the counts from the first
+/// round only: every round runs the same turns).
+fn record_round(round: usize, row: &mut Row, s: Samples, t0: Instant) {
+    let p = Pct::of(&s.token_ns);
+    eprintln!(
+        "[bench-detectors] round {round} {:<16} {:>7} tokens p50 {:>6.0} ns p99 {:>6.0} \
+         ns max {:>8.0} ns ({:.2} s){}",
+        row.cfg.name,
+        p.n,
+        p.p50,
+        p.p99,
+        p.max,
+        t0.elapsed().as_secs_f64(),
+        if s.trips.is_empty() {
+            String::new()
+        } else {
+            format!(" trips {:?}", s.trips)
         }
+    );
+    row.token.push(p);
+    row.first.push(Pct::of(&s.first_ns));
+    row.trip.push(Pct::of(&s.trip_ns));
+    row.steady.push(Pct::of(&s.steady_ns));
+    row.setup.push(Pct::of(&s.setup_ns));
+    row.end.push(Pct::of(&s.end_ns));
+    row.summary.push(Pct::of(&s.summary_ns));
+    if round == 0 {
+        row.trips = s.trips;
+        row.turns = s.turns;
+        row.rts_modes = s.rts_modes;
+        row.held_bytes = s.held_bytes;
+        row.held_tokens = s.held_tokens;
     }
+}
 
-    let bare = Pct::median(&rows[0].token);
+/// Prints the cost per token of every configuration; returns each one's JSON result.
+fn print_token_table(args: &Args, rows: &[Row], bare: &Pct, n_tokens: usize) -> Vec<Value> {
     let mut results = Vec::new();
     println!();
     println!(
@@ -904,9 +972,9 @@ fn main() -> Result<()> {
         "end99",
         "summ50"
     );
-    for r in &rows {
+    for r in rows {
         let tok = Pct::median(&r.token);
-        let net = tok.minus(&bare);
+        let net = tok.minus(bare);
         let setup = Pct::median(&r.setup);
         let end = Pct::median(&r.end);
         let summary = Pct::median(&r.summary);
@@ -943,27 +1011,40 @@ fn main() -> Result<()> {
             dash(&end, end.p99),
             dash(&summary, summary.p50),
         );
-        results.push(json!({
-            "config": r.cfg.name,
-            "detectors": r.cfg.on,
-            "evict_kib": r.cfg.evict.then_some(args.evict_kib),
-            "config_toml": r.toml,
-            "per_token_ns": tok.to_json(1.0, 0),
-            "net_per_token_ns": net.to_json(1.0, 0),
-            "by_kind_ns": {
-                "steady": Pct::median(&r.steady).to_json(1.0, 0),
-                "first": Pct::median(&r.first).to_json(1.0, 0),
-                "trip": (Pct::median(&r.trip).n > 0).then(|| Pct::median(&r.trip).to_json(1.0, 0)),
-            },
-            "rounds_per_token_ns": r.token.iter().map(|p| p.to_json(1.0, 0)).collect::<Vec<_>>(),
-            "turn_setup_ns": (setup.n > 0).then(|| setup.to_json(1.0, 0)),
-            "turn_end_ns": (end.n > 0).then(|| end.to_json(1.0, 0)),
-            "turn_summary_ns": (summary.n > 0).then(|| summary.to_json(1.0, 0)),
-            "governor_turns": r.turns,
-            "trips": r.trips,
-            "latency_rts_modes": r.rts_modes,
-        }));
+        results.push(row_json(args, r, &tok, &net));
     }
+    results
+}
+
+/// One configuration's result in the JSON report.
+fn row_json(args: &Args, r: &Row, tok: &Pct, net: &Pct) -> Value {
+    let setup = Pct::median(&r.setup);
+    let end = Pct::median(&r.end);
+    let summary = Pct::median(&r.summary);
+    json!({
+        "config": r.cfg.name,
+        "detectors": r.cfg.on,
+        "evict_kib": r.cfg.evict.then_some(args.evict_kib),
+        "config_toml": r.toml,
+        "per_token_ns": tok.to_json(1.0, 0),
+        "net_per_token_ns": net.to_json(1.0, 0),
+        "by_kind_ns": {
+            "steady": Pct::median(&r.steady).to_json(1.0, 0),
+            "first": Pct::median(&r.first).to_json(1.0, 0),
+            "trip": (Pct::median(&r.trip).n > 0).then(|| Pct::median(&r.trip).to_json(1.0, 0)),
+        },
+        "rounds_per_token_ns": r.token.iter().map(|p| p.to_json(1.0, 0)).collect::<Vec<_>>(),
+        "turn_setup_ns": (setup.n > 0).then(|| setup.to_json(1.0, 0)),
+        "turn_end_ns": (end.n > 0).then(|| end.to_json(1.0, 0)),
+        "turn_summary_ns": (summary.n > 0).then(|| summary.to_json(1.0, 0)),
+        "governor_turns": r.turns,
+        "trips": r.trips,
+        "latency_rts_modes": r.rts_modes,
+    })
+}
+
+/// Prints the cost per token by kind of token (steady, a turn's first, the tripping one).
+fn print_kind_table(rows: &[Row]) {
     println!();
     println!(
         "by kind of token (ns): steady = not a turn's first token, no trip; first = a governor \
@@ -983,7 +1064,7 @@ fn main() -> Result<()> {
         "p50",
         "p99"
     );
-    for r in &rows {
+    for r in rows {
         let (st, fi, tr) = (
             Pct::median(&r.steady),
             Pct::median(&r.first),
@@ -994,28 +1075,10 @@ fn main() -> Result<()> {
             r.cfg.name, st.n, st.p50, st.p99, st.p999, fi.n, fi.p50, fi.p99, tr.n, tr.p50, tr.p99
         );
     }
-    let all = rows
-        .iter()
-        .find(|r| r.cfg.name == "all")
-        .map(|r| Pct::median(&r.token))
-        .unwrap_or_default();
-    let all_p99_us = all.p99 / 1e3;
-    let verdict = if all_p99_us < TARGET_P99_US {
-        "PASS"
-    } else {
-        "MISS"
-    };
-    println!(
-        "target: all built-in detectors p99 {all_p99_us:.2} µs per token (net of the bare loop \
-         {:.2} µs) < {TARGET_P99_US} µs: {verdict}",
-        (all.p99 - bare.p99) / 1e3
-    );
+}
 
-    let governed = rows
-        .iter()
-        .find(|r| r.cfg.name == "all")
-        .map(|r| holdback_json(&r.held_bytes, &r.held_tokens))
-        .unwrap_or(Value::Null);
+/// Prints the exfil scanner's hold-back over the timed text.
+fn print_holdback(direct: &Direct) {
     let dh = Pct::of(&direct.held_bytes);
     let dt = Pct::of(&direct.held_tokens);
     println!(
@@ -1035,22 +1098,34 @@ fn main() -> Result<()> {
         Pct::of(&direct.turn_peak).max,
         direct.breaches,
     );
+}
 
-    let report = json!({
+/// The JSON report but for the text statistics, the wall time and the results, which the
+/// caller adds.
+fn report_json(
+    args: &Args,
+    timed: &Timed,
+    direct: &Direct,
+    n_tokens: usize,
+    target: Value,
+) -> Value {
+    let governed = timed
+        .rows
+        .iter()
+        .find(|r| r.cfg.name == "all")
+        .map(|r| holdback_json(&r.held_bytes, &r.held_tokens))
+        .unwrap_or(Value::Null);
+    let machine = &timed.machine;
+    json!({
         "bench": "detectors",
         "target_p99_us": TARGET_P99_US,
-        "target": {
-            "config": "all",
-            "p99_us": (all_p99_us * 1000.0).round() / 1000.0,
-            "net_p99_us": ((all.p99 - bare.p99) / 1e3 * 1000.0).round() / 1000.0,
-            "verdict": verdict,
-        },
+        "target": target,
         "machine": {
             "nproc": machine.0, "kernel": machine.1, "cpu": machine.2,
-            "loadavg_before": loadavg,
-            "others_cpu_pct": others_pct.map(|p| (p * 10.0).round() / 10.0),
+            "loadavg_before": timed.loadavg,
+            "others_cpu_pct": timed.others_pct.map(|p| (p * 10.0).round() / 10.0),
         },
-        "rounds_s": (rounds_s * 100.0).round() / 100.0,
+        "rounds_s": (timed.rounds_s * 100.0).round() / 100.0,
         "params": {
             "turns": args.turns,
             "tokens_per_turn": args.tokens,
@@ -1066,9 +1141,6 @@ fn main() -> Result<()> {
             "evict_kib": args.evict_kib,
             "timer": "std::time::Instant (CLOCK_MONOTONIC, vDSO), one pair of reads per token",
         },
-        "text": text_stats,
-        "wall_s": (wall.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-        "results": results,
         "exfil_holdback": {
             "scanner": holdback_json(&direct.held_bytes, &direct.held_tokens),
             "scanner_turn_peak_bytes": Pct::of(&direct.turn_peak).to_json(1.0, 0),
@@ -1076,11 +1148,14 @@ fn main() -> Result<()> {
             "max_holdback_bytes": ExfilConfig::default().max_holdback_bytes,
             "governed_all": governed,
         },
-    });
+    })
+}
+
+fn write_report(out: &Path, report: &Value, wall: Instant) -> Result<()> {
     if let Some(dir) = out.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    fs::write(&out, serde_json::to_string_pretty(&report)? + "\n")
+    fs::write(out, serde_json::to_string_pretty(report)? + "\n")
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!(
         "[bench-detectors] report written to {} ({:.1} s)",
