@@ -233,6 +233,121 @@ struct Run {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    check_args(&args)?;
+    let bins = Bins::locate()?;
+    let out = match &args.out {
+        Some(p) => p.clone(),
+        None => default_out(&bins.dir),
+    };
+
+    // Two sockets per stream in haltd (client and upstream), one in the upstream and the client.
+    raise_nofile_limit();
+    let cpu_clock = CpuClock::probe();
+    let machine = machine();
+    eprintln!(
+        "bench-proxy-overhead: {} CPUs, Linux {}, {}; haltd {}",
+        machine.nproc,
+        machine.kernel,
+        machine.cpu,
+        bins.haltd.display()
+    );
+
+    let dir = TempDir::new()?;
+    // haltd's own default (`haltd serve --workers`): the CPUs, at most 8.
+    let workers = args.workers.unwrap_or_else(|| machine.nproc.clamp(1, 8));
+    let (mut rig, nginx_skipped) = Rig::start(&args, &bins, &dir.0, workers, cpu_clock, &machine)?;
+    let idle = rig.measure_idle()?;
+    let t_start = Instant::now();
+    let runs = run_routes(&args, &mut rig, &bins.client)?;
+    let elapsed = t_start.elapsed();
+
+    let summaries: Vec<Summary> = args.streams.iter().map(|&n| summarize(n, &runs)).collect();
+    print_table(&args, &machine, &summaries, idle.haltd, elapsed);
+    print_nginx_table(
+        &args,
+        rig.nginx.as_ref(),
+        nginx_skipped.as_deref(),
+        cpu_clock,
+        &summaries,
+    );
+    print_ttfb_table(&args, &summaries);
+
+    let nginx_json = nginx_json(&args, rig.nginx.as_ref(), nginx_skipped.as_deref(), &idle);
+    // The proxies of the overhead runs go before the scorer-stall scenario starts its own
+    // haltd, so that their background does not load the machine.
+    drop(rig.nginx);
+    drop(rig.haltd);
+
+    let stall_report = if args.no_scorer_stall {
+        json!({"skipped": "--no-scorer-stall"})
+    } else {
+        let ctx = stall::Context {
+            args: &args,
+            haltd_bin: &bins.haltd,
+            client_bin: &bins.client,
+            dir: &dir.0,
+            workers,
+            cpu_clock,
+            nproc: machine.nproc,
+        };
+        run_stall(&ctx, &mut rig.upstream)
+    };
+
+    let report = json!({
+        "bench": "proxy_overhead",
+        "target_added_p99_us": TARGET_ADDED_P99_US,
+        "target_cpu_ratio": TARGET_CPU_RATIO,
+        "target_added_ttfb_p50_us": TARGET_ADDED_TTFB_P50_US,
+        "target_stall_p99_ratio": TARGET_STALL_P99_RATIO,
+        "pace_ms": args.pace_ms,
+        "rounds": args.rounds,
+        "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
+        "haltd": {
+            "bin": fs::canonicalize(&bins.haltd).unwrap_or_else(|_| bins.haltd.clone()).display().to_string(),
+            "workers": args.workers,
+            "workers_effective": workers,
+            "max_streams": args.max_streams,
+            "idle_cpu_us_per_s": round1(idle.haltd),
+        },
+        "nginx": nginx_json,
+        "upstream_idle_cpu_us_per_s": round1(idle.upstream),
+        "cpu_clock": cpu_clock.name(),
+        "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
+        "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
+        "scorer_stall": stall_report,
+        "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
+    });
+    write_report(&out, &report)?;
+    check_runs(&runs, &report["scorer_stall"])
+}
+
+/// The report's `nginx` part: the relay's build and settings, or why it did not run.
+fn nginx_json(args: &Args, nginx: Option<&Nginx>, skipped: Option<&str>, idle: &Idle) -> Value {
+    match nginx {
+        Some(x) => json!({
+            "bin": fs::canonicalize(&args.nginx).unwrap_or_else(|_| args.nginx.clone()).display().to_string(),
+            "version": x.version,
+            "worker_processes": x.workers.len(),
+            "worker_connections": x.worker_connections,
+            "upstream_keepalive": NGINX_KEEPALIVE,
+            "idle_cpu_us_per_s": round1(idle.nginx),
+        }),
+        None => json!({"skipped": skipped}),
+    }
+}
+
+fn write_report(out: &Path, report: &Value) -> Result<()> {
+    if let Some(parent) = out.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    fs::write(out, format!("{report:#}\n"))
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("report: {}", out.display());
+    Ok(())
+}
+
+/// The command line's counts, and root (haltd loads its kernel halt gate).
+fn check_args(args: &Args) -> Result<()> {
     ensure!(
         !args.streams.is_empty(),
         "--streams needs at least one count"
@@ -249,323 +364,310 @@ fn main() -> Result<()> {
         euid == 0,
         "bench-proxy-overhead needs root: haltd loads its kernel halt gate (run `cargo xtask bench` as root)"
     );
+    Ok(())
+}
 
-    let haltd_bin = match std::env::var_os("HALTD_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => bail!(
-            "HALTD_BIN is not set: point it at a release haltd built with the BPF gate, or run \
-             `cargo xtask bench`, which builds one and runs this bench with it"
-        ),
-    };
-    ensure!(
-        haltd_bin.is_file(),
-        "HALTD_BIN={} is not a file (run `cargo xtask bench`)",
-        haltd_bin.display()
-    );
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let bin_dir = exe
-        .parent()
-        .context("this executable has no parent directory")?
-        .to_path_buf();
-    let sibling = |name: &str| -> Result<PathBuf> {
-        let p = bin_dir.join(name);
+/// The binaries the bench runs: haltd (`HALTD_BIN`), and the upstream and the client next to
+/// this executable.
+struct Bins {
+    haltd: PathBuf,
+    upstream: PathBuf,
+    client: PathBuf,
+    /// This executable's directory.
+    dir: PathBuf,
+}
+
+impl Bins {
+    fn locate() -> Result<Self> {
+        let haltd = match std::env::var_os("HALTD_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => bail!(
+                "HALTD_BIN is not set: point it at a release haltd built with the BPF gate, or \
+                 run `cargo xtask bench`, which builds one and runs this bench with it"
+            ),
+        };
         ensure!(
-            p.is_file(),
-            "{} not found next to this binary; build it with `cargo build --release -p \
-             haltd-tests --bins` (or run `cargo xtask bench`)",
-            p.display()
+            haltd.is_file(),
+            "HALTD_BIN={} is not a file (run `cargo xtask bench`)",
+            haltd.display()
         );
-        Ok(p)
-    };
-    let upstream_bin = sibling("scripted-upstream")?;
-    let client_bin = sibling("bench-proxy")?;
-    let out = match &args.out {
-        Some(p) => p.clone(),
-        None => default_out(&bin_dir),
-    };
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let dir = exe
+            .parent()
+            .context("this executable has no parent directory")?
+            .to_path_buf();
+        let sibling = |name: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            ensure!(
+                p.is_file(),
+                "{} not found next to this binary; build it with `cargo build --release -p \
+                 haltd-tests --bins` (or run `cargo xtask bench`)",
+                p.display()
+            );
+            Ok(p)
+        };
+        Ok(Bins {
+            upstream: sibling("scripted-upstream")?,
+            client: sibling("bench-proxy")?,
+            haltd,
+            dir,
+        })
+    }
+}
 
-    // Two sockets per stream in haltd (client and upstream), one in the upstream and the client.
-    raise_nofile_limit();
-    let cpu_clock = CpuClock::probe();
-    let machine = machine();
-    eprintln!(
-        "bench-proxy-overhead: {} CPUs, Linux {}, {}; haltd {}",
-        machine.nproc,
-        machine.kernel,
-        machine.cpu,
-        haltd_bin.display()
-    );
+/// The processes of the overhead runs (the upstream, haltd, nginx when it runs) and how their
+/// CPU time is read.
+struct Rig {
+    upstream: Upstream,
+    haltd: Haltd,
+    nginx: Option<Nginx>,
+    cpu_clock: CpuClock,
+    nproc: usize,
+}
 
-    let dir = TempDir::new()?;
-    let mut upstream = start_upstream(&upstream_bin, &dir.0)?;
-    let mut haltd = start_haltd(
-        &haltd_bin,
-        &dir.0,
-        "haltd",
-        upstream.addr.as_str(),
-        &args,
-        &[],
-    )?;
-    // haltd's own default (`haltd serve --workers`): the CPUs, at most 8.
-    let workers = args.workers.unwrap_or_else(|| machine.nproc.clamp(1, 8));
-    let (mut nginx, nginx_skipped) = if args.no_nginx {
-        (None, Some("--no-nginx".to_owned()))
-    } else if !args.nginx.is_file() {
-        (
-            None,
-            Some(format!(
-                "{} not found (install the Debian package nginx)",
-                args.nginx.display()
-            )),
-        )
-    } else {
-        let n = start_nginx(
-            &args.nginx,
-            &dir.0,
-            upstream.addr.as_str(),
-            workers,
-            args.max_streams,
-        )?;
-        (Some(n), None)
-    };
-    let direct_url = format!("http://{}", upstream.addr);
-    let via_url = format!("http://{}", haltd.listen);
-    eprintln!(
-        "bench-proxy-overhead: upstream {} (pid {}), haltd {} (pid {})",
-        upstream.addr,
-        upstream.proc.pid(),
-        haltd.listen,
-        haltd.proc.pid()
-    );
-    match (&nginx, &nginx_skipped) {
-        (Some(x), _) => eprintln!(
-            "bench-proxy-overhead: {} at {} (master {}, workers {:?})",
-            x.version,
-            x.url,
-            x.proc.pid(),
-            x.workers
-        ),
-        (None, Some(why)) => eprintln!("bench-proxy-overhead: nginx route skipped: {why}"),
-        (None, None) => {}
+impl Rig {
+    /// Starts the upstream, haltd and nginx (unless skipped: then why, as the second value).
+    fn start(
+        args: &Args,
+        bins: &Bins,
+        dir: &Path,
+        workers: usize,
+        cpu_clock: CpuClock,
+        machine: &Machine,
+    ) -> Result<(Self, Option<String>)> {
+        let upstream = start_upstream(&bins.upstream, dir)?;
+        let haltd = start_haltd(&bins.haltd, dir, "haltd", upstream.addr.as_str(), args, &[])?;
+        let (nginx, nginx_skipped) = if args.no_nginx {
+            (None, Some("--no-nginx".to_owned()))
+        } else if !args.nginx.is_file() {
+            (
+                None,
+                Some(format!(
+                    "{} not found (install the Debian package nginx)",
+                    args.nginx.display()
+                )),
+            )
+        } else {
+            let n = start_nginx(
+                &args.nginx,
+                dir,
+                upstream.addr.as_str(),
+                workers,
+                args.max_streams,
+            )?;
+            (Some(n), None)
+        };
+        eprintln!(
+            "bench-proxy-overhead: upstream {} (pid {}), haltd {} (pid {})",
+            upstream.addr,
+            upstream.proc.pid(),
+            haltd.listen,
+            haltd.proc.pid()
+        );
+        match (&nginx, &nginx_skipped) {
+            (Some(x), _) => eprintln!(
+                "bench-proxy-overhead: {} at {} (master {}, workers {:?})",
+                x.version,
+                x.url,
+                x.proc.pid(),
+                x.workers
+            ),
+            (None, Some(why)) => eprintln!("bench-proxy-overhead: nginx route skipped: {why}"),
+            (None, None) => {}
+        }
+        let rig = Rig {
+            upstream,
+            haltd,
+            nginx,
+            cpu_clock,
+            nproc: machine.nproc,
+        };
+        Ok((rig, nginx_skipped))
     }
 
-    // The proxies' CPU rates with no stream open and nothing else running (heartbeats,
-    // timers), for context: the net CPU figures use their rates during the direct runs.
-    let idle = {
-        let (h0, g0, u0, t0) = (
-            cpu_clock.read_us(haltd.proc.pid())?,
-            nginx_cpu_us(nginx.as_ref(), cpu_clock)?,
-            cpu_clock.read_us(upstream.proc.pid())?,
-            Instant::now(),
-        );
+    /// CPU time so far of haltd, nginx and the upstream, µs.
+    fn cpu_us(&self) -> Result<(f64, f64, f64)> {
+        Ok((
+            self.cpu_clock.read_us(self.haltd.proc.pid())?,
+            nginx_cpu_us(self.nginx.as_ref(), self.cpu_clock)?,
+            self.cpu_clock.read_us(self.upstream.proc.pid())?,
+        ))
+    }
+
+    /// The proxies' CPU rates with no stream open and nothing else running (heartbeats,
+    /// timers), for context: the net CPU figures use their rates during the direct runs.
+    fn measure_idle(&self) -> Result<Idle> {
+        let ((h0, g0, u0), t0) = (self.cpu_us()?, Instant::now());
         thread::sleep(IDLE_WINDOW);
         let s = t0.elapsed().as_secs_f64();
-        Idle {
-            haltd: (cpu_clock.read_us(haltd.proc.pid())? - h0) / s,
-            nginx: (nginx_cpu_us(nginx.as_ref(), cpu_clock)? - g0) / s,
-            upstream: (cpu_clock.read_us(upstream.proc.pid())? - u0) / s,
-        }
-    };
-    let nginx_idle = if nginx.is_some() {
-        format!(", nginx {:.0} µs/s", idle.nginx)
-    } else {
-        String::new()
-    };
-    eprintln!(
-        "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s{nginx_idle}, upstream {:.0} µs/s",
-        idle.haltd, idle.upstream
-    );
+        let (h1, g1, u1) = self.cpu_us()?;
+        let idle = Idle {
+            haltd: (h1 - h0) / s,
+            nginx: (g1 - g0) / s,
+            upstream: (u1 - u0) / s,
+        };
+        let nginx_idle = if self.nginx.is_some() {
+            format!(", nginx {:.0} µs/s", idle.nginx)
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "bench-proxy-overhead: idle CPU: haltd {:.0} µs/s{nginx_idle}, upstream {:.0} µs/s",
+            idle.haltd, idle.upstream
+        );
+        Ok(idle)
+    }
 
+    /// The URL a client of `route` connects to.
+    fn url(&self, route: Route) -> Result<String> {
+        Ok(match route {
+            Route::Direct => format!("http://{}", self.upstream.addr),
+            Route::Via => format!("http://{}", self.haltd.listen),
+            Route::Nginx => self
+                .nginx
+                .as_ref()
+                .map(|x| x.url.clone())
+                .context("the nginx route without nginx")?,
+        })
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.haltd.proc.check_alive()?;
+        self.upstream.proc.check_alive()?;
+        if let Some(x) = self.nginx.as_mut() {
+            x.check_alive()?;
+        }
+        Ok(())
+    }
+}
+
+/// Every stream count, every round, every route (each route taking each place in the order
+/// in turn).
+fn run_routes(args: &Args, rig: &mut Rig, client_bin: &Path) -> Result<Vec<Run>> {
     let mut routes = vec![Route::Direct, Route::Via];
-    if nginx.is_some() {
+    if rig.nginx.is_some() {
         routes.push(Route::Nginx);
     }
-    let t_start = Instant::now();
     let mut runs = Vec::new();
     for &n in &args.streams {
-        let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
         for round in 0..args.rounds {
             // Each route takes each place in the order in turn.
             let mut order = routes.clone();
             order.rotate_left(round % routes.len());
             for path in order {
-                let url = match path {
-                    Route::Direct => direct_url.as_str(),
-                    Route::Via => via_url.as_str(),
-                    Route::Nginx => nginx
-                        .as_ref()
-                        .map(|x| x.url.as_str())
-                        .context("the nginx route without nginx")?,
-                };
-                let tag = format!(
-                    "[N={n} round {}/{} {}]",
-                    round + 1,
-                    args.rounds,
-                    path.name()
-                );
-                eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
-                let tcp0 = tcp_ext();
-                let all0 = machine_busy_us();
-                let (h0, g0, u0, c0, t0) = (
-                    cpu_clock.read_us(haltd.proc.pid())?,
-                    nginx_cpu_us(nginx.as_ref(), cpu_clock)?,
-                    cpu_clock.read_us(upstream.proc.pid())?,
-                    children_cpu_us(),
-                    Instant::now(),
-                );
-                let client = run_client(&client_bin, url, n, tokens, args.pace_ms, false)
-                    .with_context(|| format!("bench-proxy, {n} streams, {}", path.name()))?;
-                thread::sleep(SETTLE);
-                let tcp1 = tcp_ext();
-                let window_s = t0.elapsed().as_secs_f64();
-                let haltd_cpu_us = cpu_clock.read_us(haltd.proc.pid())? - h0;
-                let nginx_cpu_us = nginx_cpu_us(nginx.as_ref(), cpu_clock)? - g0;
-                let upstream_cpu_us = cpu_clock.read_us(upstream.proc.pid())? - u0;
-                let client_cpu_us = children_cpu_us() - c0;
-                let all_us = machine_busy_us() - all0;
-                let capacity_us = window_s * 1e6 * machine.nproc.max(1) as f64;
-                let ours = haltd_cpu_us + nginx_cpu_us + upstream_cpu_us + client_cpu_us;
-                let run = Run {
-                    streams: n,
-                    round,
-                    path,
-                    tokens_per_stream: tokens,
-                    window_s,
-                    haltd_cpu_us,
-                    nginx_cpu_us,
-                    upstream_cpu_us,
-                    client_cpu_us,
-                    busy_pct: ours / capacity_us * 100.0,
-                    others_pct: ((all_us - ours) / capacity_us * 100.0).max(0.0),
-                    client,
-                    listen_overflows: tcp1.0.saturating_sub(tcp0.0),
-                    syn_retrans: tcp1.1.saturating_sub(tcp0.1),
-                };
-                if run.listen_overflows > 0 {
-                    eprintln!(
-                        "{tag} {} accept-queue overflows, {} SYN retransmits: some streams \
-                         started late",
-                        run.listen_overflows, run.syn_retrans
-                    );
-                }
-                if run.others_pct > OTHERS_WARN_PCT {
-                    eprintln!(
-                        "{tag} other processes used {:.0}% of the CPUs during this run: its \
-                         numbers are disturbed",
-                        run.others_pct
-                    );
-                }
-                let per_tok = |us: f64| us / run.client.tokens.max(1) as f64;
-                eprintln!(
-                    "{tag} {} tokens, {} errors; latency µs p50 {} p99 {}; first byte µs p50 {} \
-                     p99 {}; CPU µs/token haltd {:.1} nginx {:.1} upstream {:.1} client {:.1}; \
-                     CPUs {:.0}% busy; {:.2} s",
-                    run.client.tokens,
-                    run.client.errors,
-                    show(run.client.p50_us),
-                    show(run.client.p99_us),
-                    show(run.client.ttfb_p50_us),
-                    show(run.client.ttfb_p99_us),
-                    per_tok(run.haltd_cpu_us),
-                    per_tok(run.nginx_cpu_us),
-                    per_tok(run.upstream_cpu_us),
-                    per_tok(run.client_cpu_us),
-                    run.busy_pct,
-                    run.client.wall_s
-                );
-                runs.push(run);
-                haltd.proc.check_alive()?;
-                upstream.proc.check_alive()?;
-                if let Some(x) = nginx.as_mut() {
-                    x.check_alive()?;
-                }
+                runs.push(run_once(args, rig, client_bin, n, round, path)?);
+                rig.check_alive()?;
             }
         }
     }
-    let elapsed = t_start.elapsed();
+    Ok(runs)
+}
 
-    let summaries: Vec<Summary> = args.streams.iter().map(|&n| summarize(n, &runs)).collect();
-    print_table(&args, &machine, &summaries, idle.haltd, elapsed);
-    print_nginx_table(
-        &args,
-        nginx.as_ref(),
-        nginx_skipped.as_deref(),
-        cpu_clock,
-        &summaries,
+/// One client run of `n` streams over `path`, with the CPU every process used meanwhile.
+fn run_once(
+    args: &Args,
+    rig: &Rig,
+    client_bin: &Path,
+    n: usize,
+    round: usize,
+    path: Route,
+) -> Result<Run> {
+    let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
+    let url = rig.url(path)?;
+    let tag = format!(
+        "[N={n} round {}/{} {}]",
+        round + 1,
+        args.rounds,
+        path.name()
     );
-    print_ttfb_table(&args, &summaries);
-
-    let nginx_json = match (&nginx, &nginx_skipped) {
-        (Some(x), _) => json!({
-            "bin": fs::canonicalize(&args.nginx).unwrap_or_else(|_| args.nginx.clone()).display().to_string(),
-            "version": x.version,
-            "worker_processes": x.workers.len(),
-            "worker_connections": x.worker_connections,
-            "upstream_keepalive": NGINX_KEEPALIVE,
-            "idle_cpu_us_per_s": round1(idle.nginx),
-        }),
-        (None, why) => json!({"skipped": why}),
+    eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
+    let tcp0 = tcp_ext();
+    let all0 = machine_busy_us();
+    let ((h0, g0, u0), c0, t0) = (rig.cpu_us()?, children_cpu_us(), Instant::now());
+    let client = run_client(client_bin, &url, n, tokens, args.pace_ms, false)
+        .with_context(|| format!("bench-proxy, {n} streams, {}", path.name()))?;
+    thread::sleep(SETTLE);
+    let tcp1 = tcp_ext();
+    let window_s = t0.elapsed().as_secs_f64();
+    let (h1, g1, u1) = rig.cpu_us()?;
+    let (haltd_cpu_us, nginx_cpu_us, upstream_cpu_us) = (h1 - h0, g1 - g0, u1 - u0);
+    let client_cpu_us = children_cpu_us() - c0;
+    let all_us = machine_busy_us() - all0;
+    let capacity_us = window_s * 1e6 * rig.nproc.max(1) as f64;
+    let ours = haltd_cpu_us + nginx_cpu_us + upstream_cpu_us + client_cpu_us;
+    let run = Run {
+        streams: n,
+        round,
+        path,
+        tokens_per_stream: tokens,
+        window_s,
+        haltd_cpu_us,
+        nginx_cpu_us,
+        upstream_cpu_us,
+        client_cpu_us,
+        busy_pct: ours / capacity_us * 100.0,
+        others_pct: ((all_us - ours) / capacity_us * 100.0).max(0.0),
+        client,
+        listen_overflows: tcp1.0.saturating_sub(tcp0.0),
+        syn_retrans: tcp1.1.saturating_sub(tcp0.1),
     };
-    // The proxies of the overhead runs go before the scorer-stall scenario starts its own
-    // haltd, so that their background does not load the machine.
-    drop(nginx);
-    drop(haltd);
+    log_run(&tag, &run);
+    Ok(run)
+}
 
-    let stall_report = if args.no_scorer_stall {
-        json!({"skipped": "--no-scorer-stall"})
-    } else {
-        let ctx = stall::Context {
-            args: &args,
-            haltd_bin: &haltd_bin,
-            client_bin: &client_bin,
-            dir: &dir.0,
-            workers,
-            cpu_clock,
-            nproc: machine.nproc,
-        };
-        match stall::run(&ctx, &mut upstream) {
-            Ok(s) => {
-                s.print();
-                s.to_json()
-            }
-            Err(e) => {
-                eprintln!("bench-proxy-overhead: scorer-stall scenario failed: {e:#}");
-                json!({"error": format!("{e:#}")})
-            }
-        }
-    };
-
-    let report = json!({
-        "bench": "proxy_overhead",
-        "target_added_p99_us": TARGET_ADDED_P99_US,
-        "target_cpu_ratio": TARGET_CPU_RATIO,
-        "target_added_ttfb_p50_us": TARGET_ADDED_TTFB_P50_US,
-        "target_stall_p99_ratio": TARGET_STALL_P99_RATIO,
-        "pace_ms": args.pace_ms,
-        "rounds": args.rounds,
-        "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
-        "haltd": {
-            "bin": fs::canonicalize(&haltd_bin).unwrap_or_else(|_| haltd_bin.clone()).display().to_string(),
-            "workers": args.workers,
-            "workers_effective": workers,
-            "max_streams": args.max_streams,
-            "idle_cpu_us_per_s": round1(idle.haltd),
-        },
-        "nginx": nginx_json,
-        "upstream_idle_cpu_us_per_s": round1(idle.upstream),
-        "cpu_clock": cpu_clock.name(),
-        "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
-        "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
-        "scorer_stall": stall_report,
-        "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
-    });
-    if let Some(parent) = out.parent() {
-        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+/// One run's line, and warnings when streams started late or other work disturbed it.
+fn log_run(tag: &str, run: &Run) {
+    if run.listen_overflows > 0 {
+        eprintln!(
+            "{tag} {} accept-queue overflows, {} SYN retransmits: some streams \
+             started late",
+            run.listen_overflows, run.syn_retrans
+        );
     }
-    fs::write(&out, format!("{report:#}\n"))
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("report: {}", out.display());
+    if run.others_pct > OTHERS_WARN_PCT {
+        eprintln!(
+            "{tag} other processes used {:.0}% of the CPUs during this run: its \
+             numbers are disturbed",
+            run.others_pct
+        );
+    }
+    let per_tok = |us: f64| us / run.client.tokens.max(1) as f64;
+    eprintln!(
+        "{tag} {} tokens, {} errors; latency µs p50 {} p99 {}; first byte µs p50 {} \
+         p99 {}; CPU µs/token haltd {:.1} nginx {:.1} upstream {:.1} client {:.1}; \
+         CPUs {:.0}% busy; {:.2} s",
+        run.client.tokens,
+        run.client.errors,
+        show(run.client.p50_us),
+        show(run.client.p99_us),
+        show(run.client.ttfb_p50_us),
+        show(run.client.ttfb_p99_us),
+        per_tok(run.haltd_cpu_us),
+        per_tok(run.nginx_cpu_us),
+        per_tok(run.upstream_cpu_us),
+        per_tok(run.client_cpu_us),
+        run.busy_pct,
+        run.client.wall_s
+    );
+}
 
+/// The scorer-stall scenario's report, or its error as JSON (the overhead runs still count).
+fn run_stall(ctx: &stall::Context<'_>, upstream: &mut Upstream) -> Value {
+    match stall::run(ctx, upstream) {
+        Ok(s) => {
+            s.print();
+            s.to_json()
+        }
+        Err(e) => {
+            eprintln!("bench-proxy-overhead: scorer-stall scenario failed: {e:#}");
+            json!({"error": format!("{e:#}")})
+        }
+    }
+}
+
+/// Fails when a run went wrong: stream errors, no tokens, or a scorer-stall run that did not
+/// hold.
+fn check_runs(runs: &[Run], stall_report: &Value) -> Result<()> {
     let mut bad: Vec<String> = runs
         .iter()
         .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
@@ -1034,6 +1136,11 @@ fn print_table(
             s.errors
         );
     }
+    print_run_notes(summaries);
+}
+
+/// Notes under the table: runs that other work disturbed, and connections that started late.
+fn print_run_notes(summaries: &[Summary]) {
     for s in summaries {
         if let Some(o) = s.others_max.filter(|&o| o > OTHERS_WARN_PCT) {
             println!(
@@ -2300,7 +2407,7 @@ mod stall {
     pub(super) fn run(ctx: &Context<'_>, upstream: &mut Upstream) -> Result<Stall> {
         let Context {
             args,
-            haltd_bin,
+            haltd_bin: _,
             client_bin,
             dir,
             workers,
@@ -2313,26 +2420,7 @@ mod stall {
         let stall_us = args.stall_us.unwrap_or(deadline_us * 9 / 10);
         let socket = dir.join("scorer.sock");
         let scorer = start_scorer(&socket)?;
-        let conf = dir.join("scorer.toml");
-        fs::write(
-            &conf,
-            format!(
-                "# bench-proxy-overhead, scorer-stall scenario\n\
-                 [detectors.halt_monitor]\n\
-                 mode = \"observe\"\n\
-                 scorer = {{ unix = \"{}\", deadline_us = {deadline_us} }}\n",
-                socket.display()
-            ),
-        )
-        .with_context(|| format!("writing {}", conf.display()))?;
-        let mut haltd = start_haltd(
-            haltd_bin,
-            dir,
-            "haltd-scorer",
-            upstream.addr.as_str(),
-            args,
-            &["--config".as_ref(), conf.as_os_str()],
-        )?;
+        let mut haltd = start_scored_haltd(ctx, upstream, &socket, deadline_us)?;
         let url = format!("http://{}", haltd.listen);
         eprintln!(
             "bench-proxy-overhead: scorer stall: haltd {} (pid {}), scorer {}, deadline {} µs, \
@@ -2353,46 +2441,16 @@ mod stall {
                 [true, false]
             };
             for stalled in order {
-                let tag = format!(
-                    "[scorer stall, N={n} round {}/{} {}]",
-                    round + 1,
-                    args.rounds,
-                    if stalled { "with stall" } else { "without" }
-                );
+                let tag = stall_tag(n, round, args.rounds, stalled);
                 eprintln!("{tag} {tokens} tokens/stream, pace {} ms", args.pace_ms);
                 scorer.reset(if stalled { stall_us } else { 0 });
                 let victim = start_victim(&haltd.listen, victim_tokens, args.pace_ms)?;
-                let t_victim = Instant::now();
-                while !scorer.victim_known() {
-                    if t_victim.elapsed() > VICTIM_TIMEOUT {
-                        let end = victim.finish();
-                        anyhow::bail!(
-                            "{tag}: the victim's first token did not reach the scorer in \
-                             {VICTIM_TIMEOUT:?} ({}); haltd's log ends:\n{}",
-                            end.problem.unwrap_or_else(|| "no error seen".into()),
-                            super::log_tail(&haltd.proc.log)
-                        );
-                    }
-                    thread::sleep(Duration::from_millis(5));
-                }
-                let me = std::process::id();
-                let all0 = machine_busy_us();
-                let (h0, u0, m0, c0, t0) = (
-                    cpu_clock.read_us(haltd.proc.pid())?,
-                    cpu_clock.read_us(upstream.proc.pid())?,
-                    cpu_clock.read_us(me)?,
-                    children_cpu_us(),
-                    Instant::now(),
-                );
+                let victim = wait_for_victim(&scorer, victim, &tag, &haltd.proc.log)?;
+                let pids = (haltd.proc.pid(), upstream.proc.pid());
+                let cpu0 = CpuMark::take(cpu_clock, pids)?;
                 let client = run_client(client_bin, &url, n, tokens, args.pace_ms, true);
-                let haltd_cpu_us = cpu_clock.read_us(haltd.proc.pid())? - h0;
-                let ours = haltd_cpu_us + cpu_clock.read_us(upstream.proc.pid())? - u0
-                    + cpu_clock.read_us(me)?
-                    - m0
-                    + children_cpu_us()
-                    - c0;
-                let all_us = machine_busy_us() - all0;
-                let capacity_us = t0.elapsed().as_secs_f64() * 1e6 * nproc.max(1) as f64;
+                let (haltd_cpu_us, ours, all_us, capacity_us) =
+                    cpu0.since(cpu_clock, pids, nproc)?;
                 let victim = victim.finish();
                 let client = client.with_context(|| format!("{tag} bench-proxy"))?;
                 let run = StallRun {
@@ -2408,28 +2466,7 @@ mod stall {
                     bad_lines: scorer.bad_lines.load(Ordering::SeqCst),
                     victim,
                 };
-                if run.others_pct > OTHERS_WARN_PCT {
-                    eprintln!(
-                        "{tag} other processes used {:.0}% of the CPUs during this run: its \
-                         numbers are disturbed",
-                        run.others_pct
-                    );
-                }
-                eprintln!(
-                    "{tag} {} tokens, {} errors; latency µs p50 {} p99 {} max {}; scorer: {} \
-                     tokens, {} of the victim's on {} connections; haltd CPU {:.1} µs/token; \
-                     CPUs {:.0}% busy",
-                    run.client.tokens,
-                    run.client.errors,
-                    show(run.client.p50_us),
-                    show(run.client.p99_us),
-                    show(run.client.max_us),
-                    run.scored,
-                    run.victim_scored,
-                    run.victim_connections,
-                    run.haltd_cpu_us / run.client.tokens.max(1) as f64,
-                    run.busy_pct
-                );
+                log_stall_run(&tag, &run);
                 runs.push(run);
                 thread::sleep(SETTLE);
                 haltd.proc.check_alive()?;
@@ -2445,5 +2482,133 @@ mod stall {
             workers,
             runs,
         })
+    }
+
+    fn stall_tag(n: usize, round: usize, rounds: usize, stalled: bool) -> String {
+        format!(
+            "[scorer stall, N={n} round {}/{} {}]",
+            round + 1,
+            rounds,
+            if stalled { "with stall" } else { "without" }
+        )
+    }
+
+    /// CPU counters at the start of a stall run: haltd, the upstream, this process (the
+    /// scorer's threads and the victim), the client, the whole machine.
+    struct CpuMark {
+        haltd: f64,
+        upstream: f64,
+        me: f64,
+        children: f64,
+        all: f64,
+        at: Instant,
+    }
+
+    impl CpuMark {
+        /// `pids`: haltd's and the upstream's.
+        fn take(clock: CpuClock, pids: (u32, u32)) -> Result<Self> {
+            let all = machine_busy_us();
+            Ok(CpuMark {
+                haltd: clock.read_us(pids.0)?,
+                upstream: clock.read_us(pids.1)?,
+                me: clock.read_us(std::process::id())?,
+                children: children_cpu_us(),
+                all,
+                at: Instant::now(),
+            })
+        }
+
+        /// Since the mark: haltd's CPU, all of the bench's processes' CPU, the machine's busy
+        /// time and its capacity, µs.
+        fn since(
+            &self,
+            clock: CpuClock,
+            pids: (u32, u32),
+            nproc: usize,
+        ) -> Result<(f64, f64, f64, f64)> {
+            let haltd_cpu_us = clock.read_us(pids.0)? - self.haltd;
+            let ours = haltd_cpu_us + clock.read_us(pids.1)? - self.upstream
+                + clock.read_us(std::process::id())?
+                - self.me
+                + children_cpu_us()
+                - self.children;
+            let all_us = machine_busy_us() - self.all;
+            let capacity_us = self.at.elapsed().as_secs_f64() * 1e6 * nproc.max(1) as f64;
+            Ok((haltd_cpu_us, ours, all_us, capacity_us))
+        }
+    }
+
+    /// Starts the scenario's haltd, its HaltMonitor asking the scorer at `socket` (observe).
+    fn start_scored_haltd(
+        ctx: &Context<'_>,
+        upstream: &Upstream,
+        socket: &Path,
+        deadline_us: u64,
+    ) -> Result<super::Haltd> {
+        let conf = ctx.dir.join("scorer.toml");
+        fs::write(
+            &conf,
+            format!(
+                "# bench-proxy-overhead, scorer-stall scenario\n\
+                 [detectors.halt_monitor]\n\
+                 mode = \"observe\"\n\
+                 scorer = {{ unix = \"{}\", deadline_us = {deadline_us} }}\n",
+                socket.display()
+            ),
+        )
+        .with_context(|| format!("writing {}", conf.display()))?;
+        start_haltd(
+            ctx.haltd_bin,
+            ctx.dir,
+            "haltd-scorer",
+            upstream.addr.as_str(),
+            ctx.args,
+            &["--config".as_ref(), conf.as_os_str()],
+        )
+    }
+
+    /// Waits until the victim's first token has reached the scorer (which then knows which
+    /// connection to stall); fails after `VICTIM_TIMEOUT` with the end of haltd's log.
+    fn wait_for_victim(scorer: &Scorer, victim: Victim, tag: &str, log: &Path) -> Result<Victim> {
+        let t_victim = Instant::now();
+        while !scorer.victim_known() {
+            if t_victim.elapsed() > VICTIM_TIMEOUT {
+                let end = victim.finish();
+                anyhow::bail!(
+                    "{tag}: the victim's first token did not reach the scorer in \
+                     {VICTIM_TIMEOUT:?} ({}); haltd's log ends:\n{}",
+                    end.problem.unwrap_or_else(|| "no error seen".into()),
+                    super::log_tail(log)
+                );
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        Ok(victim)
+    }
+
+    /// One stall run's line, and a warning when other work disturbed it.
+    fn log_stall_run(tag: &str, run: &StallRun) {
+        if run.others_pct > OTHERS_WARN_PCT {
+            eprintln!(
+                "{tag} other processes used {:.0}% of the CPUs during this run: its \
+                 numbers are disturbed",
+                run.others_pct
+            );
+        }
+        eprintln!(
+            "{tag} {} tokens, {} errors; latency µs p50 {} p99 {} max {}; scorer: {} \
+             tokens, {} of the victim's on {} connections; haltd CPU {:.1} µs/token; \
+             CPUs {:.0}% busy",
+            run.client.tokens,
+            run.client.errors,
+            show(run.client.p50_us),
+            show(run.client.p99_us),
+            show(run.client.max_us),
+            run.scored,
+            run.victim_scored,
+            run.victim_connections,
+            run.haltd_cpu_us / run.client.tokens.max(1) as f64,
+            run.busy_pct
+        );
     }
 }

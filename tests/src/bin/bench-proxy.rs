@@ -136,8 +136,12 @@ fn main() -> Result<()> {
         }
         anyhow::Ok(results)
     })?;
-    let wall = start.elapsed();
+    report(&args, results, start.elapsed());
+    Ok(())
+}
 
+/// Prints the latency figures over all streams, and with `--json` the same as one JSON line.
+fn report(args: &Args, results: Vec<WorkerResult>, wall: Duration) {
     let mut lat: Vec<u64> = Vec::with_capacity(results.iter().map(|r| r.lat.len()).sum());
     let (mut ttfb, mut ttft) = (Vec::new(), Vec::new());
     let (mut errors, mut requests) = (0, 0);
@@ -197,7 +201,6 @@ fn main() -> Result<()> {
         });
         println!("{v}");
     }
-    Ok(())
 }
 
 /// Nanoseconds to microseconds, one decimal.
@@ -374,26 +377,11 @@ struct Seen {
 }
 
 impl Conn {
-    async fn stream(
-        &mut self,
-        addr: SocketAddr,
-        request: &[u8],
-        tokens: usize,
-        lat: &mut Vec<u64>,
-    ) -> Result<()> {
-        self.seen = Seen::default();
-        self.sent = None;
-        self.first_byte = None;
-        let mut s = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
-        // Small requests and no pipelining, but keep the kernel from holding anything back.
-        s.set_nodelay(true).context("TCP_NODELAY")?;
-        self.sent = Some(monotonic_ns());
-        s.write_all(request).await.context("sending the request")?;
-
+    /// Reads the response head into `self.head` (noting when its first byte came); returns
+    /// the status, how the body is framed and the head's length.
+    async fn read_head(&mut self, s: &mut TcpStream) -> Result<(u16, Body, usize)> {
         self.head.clear();
-        let (status, mut body, head_len) = loop {
+        loop {
             self.head.reserve(4096);
             let n = s
                 .read_buf(&mut self.head)
@@ -421,10 +409,31 @@ impl Conn {
                 } else {
                     Body::Close
                 };
-                break (r.code.unwrap_or(0), body, len);
+                return Ok((r.code.unwrap_or(0), body, len));
             }
             ensure!(self.head.len() < 64 * 1024, "response head over 64 KiB");
-        };
+        }
+    }
+
+    async fn stream(
+        &mut self,
+        addr: SocketAddr,
+        request: &[u8],
+        tokens: usize,
+        lat: &mut Vec<u64>,
+    ) -> Result<()> {
+        self.seen = Seen::default();
+        self.sent = None;
+        self.first_byte = None;
+        let mut s = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        // Small requests and no pipelining, but keep the kernel from holding anything back.
+        s.set_nodelay(true).context("TCP_NODELAY")?;
+        self.sent = Some(monotonic_ns());
+        s.write_all(request).await.context("sending the request")?;
+
+        let (status, mut body, head_len) = self.read_head(&mut s).await?;
         if status != 200 {
             let mut rest = self.head[head_len..].to_vec();
             // The error body says why; a bounded read, since the server may keep it open.
