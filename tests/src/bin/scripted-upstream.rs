@@ -473,6 +473,82 @@ async fn handle_conn(server: Arc<Server>, stream: TcpStream) {
     }
 }
 
+/// Runs the plan's script against the peer until it ends or the peer hangs up; returns the
+/// outcome, when the peer cancelled (since `t0`), and whether the connection stays open.
+async fn serve_plan(
+    plan: &Plan,
+    stream: &mut TcpStream,
+    keep_alive: bool,
+    carry: &mut Vec<u8>,
+    prog: &Progress,
+    t0: Instant,
+) -> (Outcome, Option<Duration>, bool) {
+    let (mut rd, wr) = stream.split();
+    let mut out = Out {
+        w: wr,
+        framing: plan.framing,
+        keep_alive,
+        frame: Vec::with_capacity(4096),
+    };
+    // What the peer sends meanwhile is kept only where it may be the next request.
+    let mut ignored = Vec::new();
+    let sent = if keep_alive {
+        &mut *carry
+    } else {
+        &mut ignored
+    };
+    // `biased`: a script that has just finished wins over a peer that hung up right after.
+    let ended = tokio::select! {
+        biased;
+        r = run(plan, &mut out, prog) => r.ok(),
+        () = peer_gone(&mut rd, sent) => None,
+    };
+    match ended {
+        Some(Outcome::Completed) if keep_alive => (Outcome::Completed, None, true),
+        Some(o) => {
+            if matches!(o, Outcome::Completed | Outcome::Status | Outcome::Stalled) {
+                // A clean FIN after the body; with `close` framing this ends the body.
+                let _ = out.w.shutdown().await;
+            }
+            (o, None, false)
+        }
+        None if prog.finished.load(Ordering::Relaxed) => (Outcome::Completed, None, false),
+        None => {
+            let o = if prog.stalling.load(Ordering::Relaxed) {
+                Outcome::StalledThenCancelled
+            } else {
+                Outcome::Cancelled
+            };
+            (o, Some(t0.elapsed()), false)
+        }
+    }
+}
+
+/// The request's log entry (repeated headers joined with ", " as HTTP allows); its script
+/// and outcome come later.
+fn log_entry(seq: u64, req: &Request, body: Option<&Value>) -> Value {
+    let mut headers = Map::new();
+    for (n, v) in &req.headers {
+        match headers.get_mut(n) {
+            Some(Value::String(prev)) => {
+                prev.push_str(", ");
+                prev.push_str(v);
+            }
+            _ => {
+                headers.insert(n.clone(), Value::String(v.clone()));
+            }
+        }
+    }
+    json!({
+        "seq": seq,
+        "method": req.method,
+        "path": req.path,
+        "headers": headers,
+        "body": body.cloned().unwrap_or(Value::Null),
+        "script": null,
+    })
+}
+
 /// Serves one request; returns the connection when it stays open for the next one
 /// (`--keep-alive`), else closes it (drops it) before the request's log line is written.
 async fn handle_request(
@@ -493,26 +569,7 @@ async fn handle_request(
     let t0 = Instant::now();
     let seq = server.seq.fetch_add(1, Ordering::Relaxed) + 1;
     let body: Option<Value> = serde_json::from_slice(&req.body).ok();
-    let mut headers = Map::new();
-    for (n, v) in &req.headers {
-        match headers.get_mut(n) {
-            Some(Value::String(prev)) => {
-                prev.push_str(", ");
-                prev.push_str(v);
-            }
-            _ => {
-                headers.insert(n.clone(), Value::String(v.clone()));
-            }
-        }
-    }
-    let mut entry = json!({
-        "seq": seq,
-        "method": req.method,
-        "path": req.path,
-        "headers": headers,
-        "body": body.clone().unwrap_or(Value::Null),
-        "script": null,
-    });
+    let mut entry = log_entry(seq, &req, body.as_ref());
     let route = req.path.split('?').next().unwrap_or_default();
     let endpoint = match (req.method.as_str(), route) {
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
@@ -559,51 +616,8 @@ async fn handle_request(
             .header("connection")
             .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
     let prog = Progress::default();
-    let mut kept = false;
-    let (outcome, cancelled_after) = {
-        let (mut rd, wr) = stream.split();
-        let mut out = Out {
-            w: wr,
-            framing: plan.framing,
-            keep_alive,
-            frame: Vec::with_capacity(4096),
-        };
-        // What the peer sends meanwhile is kept only where it may be the next request.
-        let mut ignored = Vec::new();
-        let sent = if keep_alive {
-            &mut *carry
-        } else {
-            &mut ignored
-        };
-        // `biased`: a script that has just finished wins over a peer that hung up right after.
-        let ended = tokio::select! {
-            biased;
-            r = run(&plan, &mut out, &prog) => r.ok(),
-            () = peer_gone(&mut rd, sent) => None,
-        };
-        match ended {
-            Some(Outcome::Completed) if keep_alive => {
-                kept = true;
-                (Outcome::Completed, None)
-            }
-            Some(o) => {
-                if matches!(o, Outcome::Completed | Outcome::Status | Outcome::Stalled) {
-                    // A clean FIN after the body; with `close` framing this ends the body.
-                    let _ = out.w.shutdown().await;
-                }
-                (o, None)
-            }
-            None if prog.finished.load(Ordering::Relaxed) => (Outcome::Completed, None),
-            None => {
-                let o = if prog.stalling.load(Ordering::Relaxed) {
-                    Outcome::StalledThenCancelled
-                } else {
-                    Outcome::Cancelled
-                };
-                (o, Some(t0.elapsed()))
-            }
-        }
-    };
+    let (outcome, cancelled_after, kept) =
+        serve_plan(&plan, &mut stream, keep_alive, carry, &prog, t0).await;
     if outcome == Outcome::Died && plan.script.rst {
         // SO_LINGER 0: close() sends RST and drops unsent data.
         if let Err(e) = stream.set_zero_linger() {
@@ -907,9 +921,10 @@ fn parse_directive(text: &str) -> Result<(String, Keys), String> {
     Ok((name, Keys(keys)))
 }
 
-impl Script {
-    fn new(name: &str, mut k: Keys) -> Result<Self, String> {
-        let kind = match name {
+impl Kind {
+    /// The script named `name`.
+    fn from_name(name: &str) -> Result<Self, String> {
+        Ok(match name {
             "normal" => Kind::Normal,
             "tool_call" => Kind::ToolCall,
             "error_event" => Kind::ErrorEvent,
@@ -926,7 +941,51 @@ impl Script {
                      garbage, stall, die, status, slow_head, bench)"
                 ))
             }
-        };
+        })
+    }
+}
+
+impl Script {
+    /// The keys only some kinds of script take.
+    fn read_kind_keys(&mut self, k: &mut Keys) -> Result<(), String> {
+        let kind = self.kind;
+        let s = self;
+        match kind {
+            Kind::ToolCall => {
+                if let Some(n) = k.take("name")? {
+                    s.fn_name = n;
+                }
+                s.args_chunks = k.count("args_chunks", 3)?.max(1);
+                s.calls = k.count("calls", 1)?;
+                if !(1..=2).contains(&s.calls) {
+                    return Err("calls must be 1 or 2".into());
+                }
+            }
+            Kind::ErrorEvent | Kind::LlamaError | Kind::Status => {
+                let default = if kind == Kind::ErrorEvent { 400 } else { 500 };
+                s.code = k.take("code")?.unwrap_or(default);
+                if !(200..=599).contains(&s.code) {
+                    return Err(format!("code {} outside 200..=599", s.code));
+                }
+                s.msg = k.take("msg")?;
+                if kind == Kind::ErrorEvent {
+                    s.error_object = k.flag("object")?;
+                }
+                if kind == Kind::Status {
+                    s.retry_after = k.take("retry_after")?;
+                }
+            }
+            Kind::Garbage => s.after = k.count("after", 4)?,
+            Kind::Stall => s.hold = k.ms("hold_ms", 60_000)?,
+            Kind::Die => s.rst = k.flag("rst")?,
+            Kind::SlowHead => s.head = k.ms("head_ms", 2000)?,
+            Kind::Normal | Kind::Bench => {}
+        }
+        Ok(())
+    }
+
+    fn new(name: &str, mut k: Keys) -> Result<Self, String> {
+        let kind = Kind::from_name(name)?;
         let finish: Option<String> = k.take("finish")?;
         if let Some(f) = &finish {
             if !FINISH_REASONS.contains(&f.as_str()) {
@@ -973,37 +1032,7 @@ impl Script {
             retry_after: None,
             head: Duration::ZERO,
         };
-        match kind {
-            Kind::ToolCall => {
-                if let Some(n) = k.take("name")? {
-                    s.fn_name = n;
-                }
-                s.args_chunks = k.count("args_chunks", 3)?.max(1);
-                s.calls = k.count("calls", 1)?;
-                if !(1..=2).contains(&s.calls) {
-                    return Err("calls must be 1 or 2".into());
-                }
-            }
-            Kind::ErrorEvent | Kind::LlamaError | Kind::Status => {
-                let default = if kind == Kind::ErrorEvent { 400 } else { 500 };
-                s.code = k.take("code")?.unwrap_or(default);
-                if !(200..=599).contains(&s.code) {
-                    return Err(format!("code {} outside 200..=599", s.code));
-                }
-                s.msg = k.take("msg")?;
-                if kind == Kind::ErrorEvent {
-                    s.error_object = k.flag("object")?;
-                }
-                if kind == Kind::Status {
-                    s.retry_after = k.take("retry_after")?;
-                }
-            }
-            Kind::Garbage => s.after = k.count("after", 4)?,
-            Kind::Stall => s.hold = k.ms("hold_ms", 60_000)?,
-            Kind::Die => s.rst = k.flag("rst")?,
-            Kind::SlowHead => s.head = k.ms("head_ms", 2000)?,
-            Kind::Normal | Kind::Bench => {}
-        }
+        s.read_kind_keys(&mut k)?;
         if !k.0.is_empty() {
             let left: Vec<&str> = k.0.keys().map(String::as_str).collect();
             return Err(format!(
