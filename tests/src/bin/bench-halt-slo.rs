@@ -344,59 +344,8 @@ async fn drive_stream(
     first_wave: bool,
     r: &mut StreamResult,
 ) -> Result<()> {
-    let body = json!({
-        "model": "builtin",
-        "messages": [{"role": "user", "content": format!("halt slo bench, stream {i}")}],
-        "stream": true,
-        "seed": i,
-        "ignore_eos": true,
-        "max_tokens": 1_000_000,
-    })
-    .to_string();
-    let mut s = TcpStream::connect(c.api)
-        .await
-        .with_context(|| format!("connecting to {}", c.api))?;
-    s.set_nodelay(true)?;
-    // A key of its own per stream: a halt puts its key in degraded safe mode, whose streams
-    // are held to the end, and the next stream must not inherit that.
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.context("sending")?;
-
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let (mut s, mut buf) = open_stream(c, i, r).await?;
     let mut chunk = [0u8; 4096];
-    // The head.
-    let body_start = loop {
-        if let Some(p) = find(&buf, b"\r\n\r\n") {
-            break p + 4;
-        }
-        ensure!(buf.len() < HEAD_MAX, "response head over {HEAD_MAX} bytes");
-        let n = s.read(&mut chunk).await.context("reading the head")?;
-        ensure!(n > 0, "closed before the response head");
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    {
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut resp = httparse::Response::new(&mut headers);
-        resp.parse(&buf[..body_start]).context("parsing the head")?;
-        r.status = resp.code.unwrap_or(0);
-        r.stream_id = resp
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case("x-haltd-stream-id"))
-            .map(|h| String::from_utf8_lossy(h.value).into_owned())
-            .unwrap_or_default();
-    }
-    ensure!(
-        r.status == 200,
-        "status {}: {}",
-        r.status,
-        String::from_utf8_lossy(&buf[body_start..])
-    );
-    buf.drain(..body_start);
-
     let trips = c.spec.scenario != Scenario::WatchdogStall;
     let k = rand::rng().random_range(1..=c.spec.k_max.max(1));
     // Tokens at which the trip is sent: k after the gate opened (set on the first token seen
@@ -457,22 +406,86 @@ async fn drive_stream(
         r.end = Some(Instant::now());
     }
     if let Some(rx) = trip_rx {
-        let (sent, answer) = rx.await.context("trip task")?;
-        r.trip_sent = Some(sent);
-        match answer {
-            Ok((status, v)) => {
-                r.trip_status = Some(status);
-                r.trip_index = if status == 200 {
-                    v["trip_token_index"].as_u64()
-                } else {
-                    None
-                };
-                if status != 200 {
-                    r.trip_error = Some(format!("{status} {v}"));
-                }
-            }
-            Err(e) => r.trip_error = Some(format!("{e:#}")),
+        record_trip_answer(rx, r).await?;
+    }
+    Ok(())
+}
+
+/// Opens stream `i`: sends its request, reads the response head into `r` (status, stream id)
+/// and fails unless it is 200; returns the connection and what was read past the head.
+async fn open_stream(c: &Campaign, i: usize, r: &mut StreamResult) -> Result<(TcpStream, Vec<u8>)> {
+    let body = json!({
+        "model": "builtin",
+        "messages": [{"role": "user", "content": format!("halt slo bench, stream {i}")}],
+        "stream": true,
+        "seed": i,
+        "ignore_eos": true,
+        "max_tokens": 1_000_000,
+    })
+    .to_string();
+    let mut s = TcpStream::connect(c.api)
+        .await
+        .with_context(|| format!("connecting to {}", c.api))?;
+    s.set_nodelay(true)?;
+    // A key of its own per stream: a halt puts its key in degraded safe mode, whose streams
+    // are held to the end, and the next stream must not inherit that.
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.context("sending")?;
+
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    // The head.
+    let body_start = loop {
+        if let Some(p) = find(&buf, b"\r\n\r\n") {
+            break p + 4;
         }
+        ensure!(buf.len() < HEAD_MAX, "response head over {HEAD_MAX} bytes");
+        let n = s.read(&mut chunk).await.context("reading the head")?;
+        ensure!(n > 0, "closed before the response head");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        resp.parse(&buf[..body_start]).context("parsing the head")?;
+        r.status = resp.code.unwrap_or(0);
+        r.stream_id = resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("x-haltd-stream-id"))
+            .map(|h| String::from_utf8_lossy(h.value).into_owned())
+            .unwrap_or_default();
+    }
+    ensure!(
+        r.status == 200,
+        "status {}: {}",
+        r.status,
+        String::from_utf8_lossy(&buf[body_start..])
+    );
+    buf.drain(..body_start);
+    Ok((s, buf))
+}
+
+/// Waits for the trip request's answer and records it in `r`.
+async fn record_trip_answer(rx: oneshot::Receiver<TripAnswer>, r: &mut StreamResult) -> Result<()> {
+    let (sent, answer) = rx.await.context("trip task")?;
+    r.trip_sent = Some(sent);
+    match answer {
+        Ok((status, v)) => {
+            r.trip_status = Some(status);
+            r.trip_index = if status == 200 {
+                v["trip_token_index"].as_u64()
+            } else {
+                None
+            };
+            if status != 200 {
+                r.trip_error = Some(format!("{status} {v}"));
+            }
+        }
+        Err(e) => r.trip_error = Some(format!("{e:#}")),
     }
     Ok(())
 }
@@ -524,8 +537,9 @@ struct RunResult {
     haltd_log_tail: String,
 }
 
-fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
-    let pair = NetPair::new()?;
+/// haltd's command line for a run: the run's budget, stream limit and pace, and its
+/// scenario's faults.
+fn haltd_args(spec: &RunSpec) -> Vec<String> {
     let b = spec.budget.to_string();
     let max_streams = (spec.concurrency + 1024).to_string();
     let pace = spec.pace_us.to_string();
@@ -559,6 +573,65 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
             ),
         ]),
     }
+    extra
+}
+
+/// The clients of a run, in the client namespace: `total` streams, `concurrency` at a time.
+fn run_clients(c: &Arc<Campaign>) -> Result<Vec<StreamResult>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the client runtime")?;
+    rt.block_on(async move {
+        let permits = Arc::new(Semaphore::new(c.spec.concurrency));
+        let mut tasks = Vec::with_capacity(c.spec.total);
+        for i in 0..c.spec.total {
+            let (c, permits) = (Arc::clone(c), Arc::clone(&permits));
+            tasks.push(tokio::spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                // The first wave is the first N streams to get a permit, whatever their
+                // index: the runtime may start stream 150 before stream 50.
+                let first_wave = c.started.fetch_add(1, Ordering::AcqRel) < c.first_wave();
+                // A stream that ends before its run's stream limit (a refusal, a stall) is
+                // reported, never waited on forever.
+                match tokio::time::timeout(Duration::from_secs(300), one_stream(c, i, first_wave))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => StreamResult {
+                        failure: Some("no end within 300 s".into()),
+                        ..StreamResult::default()
+                    },
+                }
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.context("client task panicked")?);
+        }
+        Ok(out)
+    })
+}
+
+/// Adds the ledger's incident (trip index and cause) to each stream that has one.
+fn note_incidents(ledger: &[Value], streams: &mut [StreamResult]) {
+    let incidents: std::collections::HashMap<&str, &Value> = ledger
+        .iter()
+        .filter(|v| v["kind"] == "incident")
+        .filter_map(|v| Some((v["stream_id"].as_str()?, v)))
+        .collect();
+    for s in streams {
+        if let Some(v) = incidents.get(s.stream_id.as_str()) {
+            s.ledger_trip_index = v["trip_token_index"].as_u64();
+            s.ledger_cause = v["trip_cause"].as_str().map(str::to_owned);
+        }
+    }
+}
+
+fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
+    let pair = NetPair::new()?;
+    let extra = haltd_args(&spec);
     let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut haltd = Haltd::start(&pair, &extra_ref).with_context(|| spec.label())?;
     let pid = haltd.pid().context("haltd has no pid")?;
@@ -580,43 +653,7 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
     let bar = progress.run_bar(&spec);
     let c = Arc::clone(&campaign);
     let client = spawn_in_netns(&haltd.client_ns, move || -> Result<Vec<StreamResult>> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("building the client runtime")?;
-        rt.block_on(async move {
-            let permits = Arc::new(Semaphore::new(c.spec.concurrency));
-            let mut tasks = Vec::with_capacity(c.spec.total);
-            for i in 0..c.spec.total {
-                let (c, permits) = (Arc::clone(&c), Arc::clone(&permits));
-                tasks.push(tokio::spawn(async move {
-                    let _permit = permits.acquire_owned().await;
-                    // The first wave is the first N streams to get a permit, whatever their
-                    // index: the runtime may start stream 150 before stream 50.
-                    let first_wave = c.started.fetch_add(1, Ordering::AcqRel) < c.first_wave();
-                    // A stream that ends before its run's stream limit (a refusal, a stall) is
-                    // reported, never waited on forever.
-                    match tokio::time::timeout(
-                        Duration::from_secs(300),
-                        one_stream(c, i, first_wave),
-                    )
-                    .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => StreamResult {
-                            failure: Some("no end within 300 s".into()),
-                            ..StreamResult::default()
-                        },
-                    }
-                }));
-            }
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(t.await.context("client task panicked")?);
-            }
-            Ok(out)
-        })
+        run_clients(&c)
     });
     // Progress while the clients run.
     while !client.is_finished() {
@@ -638,17 +675,7 @@ fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
     // SIGTERM halts nothing here (every stream has ended); the ledger is complete after it.
     haltd.stop().context("stopping haltd")?;
     let ledger = haltd.ledger_records().unwrap_or_default();
-    let incidents: std::collections::HashMap<&str, &Value> = ledger
-        .iter()
-        .filter(|v| v["kind"] == "incident")
-        .filter_map(|v| Some((v["stream_id"].as_str()?, v)))
-        .collect();
-    for s in &mut streams {
-        if let Some(v) = incidents.get(s.stream_id.as_str()) {
-            s.ledger_trip_index = v["trip_token_index"].as_u64();
-            s.ledger_cause = v["trip_cause"].as_str().map(str::to_owned);
-        }
-    }
+    note_incidents(&ledger, &mut streams);
     Ok(RunResult {
         spec,
         streams,
@@ -1490,34 +1517,23 @@ fn raise_nofile() {
     }
 }
 
-fn main() -> Result<()> {
-    let mut args = Args::parse();
-    if args.quick {
-        // Smaller defaults; counts given on the command line stay.
-        if args.streams == [1, 100, 1000, 10000] {
-            args.streams = vec![1, 100];
+impl Args {
+    /// `--quick`: smaller defaults; counts given on the command line stay.
+    fn apply_quick(&mut self) {
+        if self.streams == [1, 100, 1000, 10000] {
+            self.streams = vec![1, 100];
         }
-        if args.min_trips == 200 {
-            args.min_trips = 40;
+        if self.min_trips == 200 {
+            self.min_trips = 40;
         }
-        args.k_max = args.k_max.min(20);
-        args.no_gate_send = true;
-        args.no_overhead = true;
+        self.k_max = self.k_max.min(20);
+        self.no_gate_send = true;
+        self.no_overhead = true;
     }
-    ensure!(
-        args.streams.iter().all(|&n| n > 0),
-        "--streams: every count must be at least 1"
-    );
-    ensure!(args.k_max >= 1, "--k-max must be at least 1");
-    haltd_tests::require_root()?;
-    haltd_tests::haltd_bin().context("HALTD_BIN must name a haltd built with the `fault-injection` feature (`cargo xtask bench` builds one)")?;
-    raise_nofile();
-    let out_dir = match &args.out_dir {
-        Some(d) => d.clone(),
-        None => default_out_dir()?,
-    };
-    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+}
 
+/// One run per scenario, budget and stream count.
+fn run_specs(args: &Args) -> Vec<RunSpec> {
     let mut specs = Vec::new();
     for &scenario in &args.scenarios {
         for &budget in &args.budgets {
@@ -1547,17 +1563,15 @@ fn main() -> Result<()> {
             s.total = s.concurrency;
         }
     }
-    let progress = Progress {
-        tty: std::io::stderr().is_terminal(),
-        runs: specs.len(),
-        done: AtomicUsize::new(0),
-        last_line: std::sync::Mutex::new(Instant::now()),
-    };
-    let started = Instant::now();
+    specs
+}
+
+/// Runs every spec in turn; returns each run's summary and the problems seen.
+fn run_all(specs: &[RunSpec], progress: &Progress) -> Result<(Vec<Value>, Vec<String>)> {
     let mut summaries = Vec::new();
     let mut problems = Vec::new();
-    for spec in &specs {
-        let r = run_one(*spec, &progress)?;
+    for spec in specs {
+        let r = run_one(*spec, progress)?;
         let (s, p) = summarise(&r);
         eprintln!(
             "[halt-slo] {}: {} of {} halted; post-trip tokens p50/p95/p99/max {}; halt latency ms {}; {} s",
@@ -1581,6 +1595,61 @@ fn main() -> Result<()> {
         problems.extend(p);
         summaries.push(s);
     }
+    Ok((summaries, problems))
+}
+
+/// Writes the JSON report, its Markdown summary (also printed) and the plots into `out_dir`.
+fn write_outputs(out_dir: &Path, report: &Value) -> Result<()> {
+    let json_path = out_dir.join("halt-slo.json");
+    fs::write(&json_path, format!("{report:#}\n"))
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md = markdown(report);
+    let md_path = out_dir.join("halt-slo.md");
+    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    let runs = report["runs"].as_array().cloned().unwrap_or_default();
+    let post_svg = out_dir.join("post-trip-tokens.svg");
+    let lat_svg = out_dir.join("halt-latency.svg");
+    plot::post_trip_tokens(&runs, &post_svg)?;
+    plot::halt_latency(&runs, &lat_svg)?;
+    println!("{md}");
+    println!(
+        "report: {}\nsummary: {}\nplots: {}, {}",
+        json_path.display(),
+        md_path.display(),
+        post_svg.display(),
+        lat_svg.display()
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.apply_quick();
+    }
+    ensure!(
+        args.streams.iter().all(|&n| n > 0),
+        "--streams: every count must be at least 1"
+    );
+    ensure!(args.k_max >= 1, "--k-max must be at least 1");
+    haltd_tests::require_root()?;
+    haltd_tests::haltd_bin().context("HALTD_BIN must name a haltd built with the `fault-injection` feature (`cargo xtask bench` builds one)")?;
+    raise_nofile();
+    let out_dir = match &args.out_dir {
+        Some(d) => d.clone(),
+        None => default_out_dir()?,
+    };
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+
+    let specs = run_specs(&args);
+    let progress = Progress {
+        tty: std::io::stderr().is_terminal(),
+        runs: specs.len(),
+        done: AtomicUsize::new(0),
+        last_line: std::sync::Mutex::new(Instant::now()),
+    };
+    let started = Instant::now();
+    let (summaries, mut problems) = run_all(&specs, &progress)?;
     let gate = if args.no_gate_send {
         Value::Null
     } else {
@@ -1613,25 +1682,7 @@ fn main() -> Result<()> {
         "problems": problems,
         "wall_s": started.elapsed().as_secs(),
     });
-    let json_path = out_dir.join("halt-slo.json");
-    fs::write(&json_path, format!("{report:#}\n"))
-        .with_context(|| format!("writing {}", json_path.display()))?;
-    let md = markdown(&report);
-    let md_path = out_dir.join("halt-slo.md");
-    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    let runs = report["runs"].as_array().cloned().unwrap_or_default();
-    let post_svg = out_dir.join("post-trip-tokens.svg");
-    let lat_svg = out_dir.join("halt-latency.svg");
-    plot::post_trip_tokens(&runs, &post_svg)?;
-    plot::halt_latency(&runs, &lat_svg)?;
-    println!("{md}");
-    println!(
-        "report: {}\nsummary: {}\nplots: {}, {}",
-        json_path.display(),
-        md_path.display(),
-        post_svg.display(),
-        lat_svg.display()
-    );
+    write_outputs(&out_dir, &report)?;
     if !problems.is_empty() {
         bail!(
             "{} problem(s), listed above and in the report",
