@@ -14,7 +14,7 @@
 
 use std::{
     io::{Read, Write},
-    net::TcpStream,
+    net::{SocketAddr, TcpStream},
     process::Command,
     thread,
     time::{Duration, Instant},
@@ -73,42 +73,9 @@ fn ended_normally(o: &StreamOutcome, reason: &str) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked() -> Result<()> {
-    let rig = rig(&[])?;
-
-    // Chat stream, no logprobs asked: haltd asks the upstream for them anyway.
-    let o = rig.stream(
-        "/v1/chat/completions",
-        &chat("[[script:normal tokens=8]]", true),
-        Some(SECRET),
-        |_, _| {},
-    )?;
-    ended_normally(&o, "stop")?;
-    ensure!(o.tokens == 8, "tokens {}", o.tokens);
-    for c in token_chunks(&o) {
-        ensure!(
-            c["choices"][0]["logprobs"].is_null(),
-            "logprobs not asked: {c}"
-        );
-        ensure!(c["model"] == "scripted", "model {}", c["model"]);
-    }
-    let req = rig.up.wait_ended(0, Duration::from_secs(5))?;
-    let body = &req["body"];
-    ensure!(
-        body["stream"] == true && body["logprobs"] == true,
-        "upstream body {body}"
-    );
-    ensure!(body["stream_options"]["include_usage"] == true, "{body}");
-    ensure!(
-        req["headers"]["authorization"] == SECRET,
-        "authorization not passed: {req}"
-    );
-    let rec = rig.turn_record(&o.stream_id)?;
-    ensure!(rec["turn_status"] == "committed", "{rec}");
-    ensure!(rec["upstream"]["status"] == 200, "{rec}");
-    ensure!(rec["outcome"] == "completed", "{rec}");
-
+/// A chat stream with logprobs asked (one alternative, the -inf sentinel, usage), then
+/// several tokens per upstream chunk.
+fn chat_stream_with_logprobs(rig: &Rig) -> Result<()> {
     // Chat stream with logprobs: one alternative, as asked (the upstream may send more).
     let mut b = chat("[[script:normal tokens=5 neginf_at=2]]", true);
     b["logprobs"] = json!(true);
@@ -152,7 +119,11 @@ fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked
         "9 tokens in 3 chunks give 9 frames, got {}",
         o.tokens
     );
+    Ok(())
+}
 
+/// A chat batch, then a completions stream with logprobs and a completions batch.
+fn batches_and_completions(rig: &Rig) -> Result<()> {
     // Chat batch.
     let (status, _, v) = rig.post(
         "/v1/chat/completions",
@@ -197,6 +168,48 @@ fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked
             .is_some_and(|t| !t.is_empty()),
         "{v}"
     );
+    Ok(())
+}
+
+#[test]
+fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked() -> Result<()> {
+    let rig = rig(&[])?;
+
+    // Chat stream, no logprobs asked: haltd asks the upstream for them anyway.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=8]]", true),
+        Some(SECRET),
+        |_, _| {},
+    )?;
+    ended_normally(&o, "stop")?;
+    ensure!(o.tokens == 8, "tokens {}", o.tokens);
+    for c in token_chunks(&o) {
+        ensure!(
+            c["choices"][0]["logprobs"].is_null(),
+            "logprobs not asked: {c}"
+        );
+        ensure!(c["model"] == "scripted", "model {}", c["model"]);
+    }
+    let req = rig.up.wait_ended(0, Duration::from_secs(5))?;
+    let body = &req["body"];
+    ensure!(
+        body["stream"] == true && body["logprobs"] == true,
+        "upstream body {body}"
+    );
+    ensure!(body["stream_options"]["include_usage"] == true, "{body}");
+    ensure!(
+        req["headers"]["authorization"] == SECRET,
+        "authorization not passed: {req}"
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(rec["turn_status"] == "committed", "{rec}");
+    ensure!(rec["upstream"]["status"] == 200, "{rec}");
+    ensure!(rec["outcome"] == "completed", "{rec}");
+
+    chat_stream_with_logprobs(&rig)?;
+
+    batches_and_completions(&rig)?;
 
     // /v1/models is the upstream's.
     let url = rig.url("/v1/models");
@@ -339,26 +352,8 @@ fn halt_monitor_sees_upstream_logprobs_and_the_generation_is_cancelled() -> Resu
     Ok(())
 }
 
-#[test]
-fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -> Result<()> {
-    let rig = rig(&[
-        "--upstream-first-token-timeout-ms",
-        "600",
-        "--upstream-stall-timeout-ms",
-        "400",
-    ])?;
-    // A long healthy stream runs through all of it.
-    let url = rig.url("/v1/chat/completions");
-    let bystander = haltd_tests::spawn_in_netns(&rig.haltd.client_ns, move || {
-        sse::stream(
-            &url,
-            &chat("[[script:normal tokens=60 pace_ms=40]]", true),
-            Duration::from_secs(30),
-            |_, _| {},
-        )
-    });
-    thread::sleep(Duration::from_millis(100));
-
+/// Mid-stream failures: a typed terminal event, an incident and a failed turn record.
+fn mid_stream_failures_end_typed(rig: &Rig) -> Result<()> {
     // Mid-stream failures: typed terminal event with the upstream detail.
     // (script, kind, tokens the client gets before the end: what the upstream sent first)
     for (script, kind, tokens) in [
@@ -418,7 +413,11 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
     o.halted_cleanly("UPSTREAM_FAILURE")?;
     let k = o.error.clone().unwrap_or_default()["upstream"]["kind"].clone();
     ensure!(k == "io_error" || k == "early_eof", "{k}");
+    Ok(())
+}
 
+/// Failures before the response began: an HTTP status that says whose fault it was.
+fn failures_before_the_response_get_a_status(rig: &Rig) -> Result<()> {
     // Failures before the response began: an HTTP status that says whose fault it was.
     for (script, want, kind) in [
         (
@@ -465,15 +464,11 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
     )?;
     ensure!(status == 502 || status == 400, "{status} {v}");
     ensure!(v["error"]["code"] == "UPSTREAM_FAILURE", "{v}");
+    Ok(())
+}
 
-    let o = bystander.join().expect("bystander thread")?;
-    ended_normally(&o, "stop")?;
-    ensure!(
-        o.tokens == 60,
-        "the healthy stream lost tokens: {}",
-        o.tokens
-    );
-
+/// Upstream failures do not put anyone into degraded mode, and the metrics count them.
+fn failures_leave_no_degraded_mode_and_are_counted(rig: &Rig) -> Result<()> {
     // Upstream failures do not put anyone into degraded mode.
     let o = rig.stream(
         "/v1/chat/completions",
@@ -506,8 +501,11 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
             "haltd_upstream_failures_total{{kind={kind}}} = {n}"
         );
     }
-    drop(rig);
+    Ok(())
+}
 
+/// Nobody listening at the upstream: connection refused.
+fn connection_refused_is_typed() -> Result<()> {
     // Nobody listening: connection refused.
     let pair = NetPair::new()?;
     let haltd = Haltd::start(
@@ -524,6 +522,76 @@ fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -
         "{status} {v}"
     );
     Ok(())
+}
+
+#[test]
+fn every_upstream_failure_ends_typed_and_recorded_and_other_streams_carry_on() -> Result<()> {
+    let rig = rig(&[
+        "--upstream-first-token-timeout-ms",
+        "600",
+        "--upstream-stall-timeout-ms",
+        "400",
+    ])?;
+    // A long healthy stream runs through all of it.
+    let url = rig.url("/v1/chat/completions");
+    let bystander = haltd_tests::spawn_in_netns(&rig.haltd.client_ns, move || {
+        sse::stream(
+            &url,
+            &chat("[[script:normal tokens=60 pace_ms=40]]", true),
+            Duration::from_secs(30),
+            |_, _| {},
+        )
+    });
+    thread::sleep(Duration::from_millis(100));
+
+    mid_stream_failures_end_typed(&rig)?;
+
+    failures_before_the_response_get_a_status(&rig)?;
+
+    let o = bystander.join().expect("bystander thread")?;
+    ended_normally(&o, "stop")?;
+    ensure!(
+        o.tokens == 60,
+        "the healthy stream lost tokens: {}",
+        o.tokens
+    );
+
+    failures_leave_no_degraded_mode_and_are_counted(&rig)?;
+    drop(rig);
+
+    connection_refused_is_typed()
+}
+
+/// A client (key `gone-NTH`) that sends `script`'s request and goes away: after some of the
+/// stream with `read_first`, else while the upstream is still thinking.
+fn send_and_go_away(
+    addr: SocketAddr,
+    ns: &str,
+    nth: usize,
+    script: &str,
+    read_first: bool,
+) -> Result<()> {
+    let body = chat(script, true).to_string();
+    in_netns(ns, move || -> Result<()> {
+        let mut s = TcpStream::connect(addr)?;
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer gone-{nth}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        if read_first {
+            let mut buf = [0u8; 2048];
+            let mut got = 0;
+            while got < 1500 {
+                let n = s.read(&mut buf)?;
+                ensure!(n > 0, "stream ended early");
+                got += n;
+            }
+        } else {
+            thread::sleep(Duration::from_millis(300));
+        }
+        Ok(())
+    }) // the socket closes here
 }
 
 #[test]
@@ -564,29 +632,8 @@ fn trips_and_client_disconnects_cancel_the_upstream_generation() -> Result<()> {
         (1, "[[script:normal tokens=500 pace_ms=10]]", true),
         (2, "[[script:slow_head head_ms=20000]]", false),
     ] {
-        let addr = rig.haltd.api;
-        let body = chat(script, true).to_string();
         let t0 = Instant::now();
-        in_netns(&rig.haltd.client_ns, move || -> Result<()> {
-            let mut s = TcpStream::connect(addr)?;
-            write!(
-                s,
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer gone-{nth}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )?;
-            if read_first {
-                let mut buf = [0u8; 2048];
-                let mut got = 0;
-                while got < 1500 {
-                    let n = s.read(&mut buf)?;
-                    ensure!(n > 0, "stream ended early");
-                    got += n;
-                }
-            } else {
-                thread::sleep(Duration::from_millis(300));
-            }
-            Ok(())
-        })?; // the socket closes here
+        send_and_go_away(rig.haltd.api, &rig.haltd.client_ns, nth, script, read_first)?;
         let up = rig.up.wait_ended(nth, Duration::from_secs(3))?;
         ensure!(
             up["outcome"] == "cancelled" || up["outcome"] == "stalled_then_cancelled",
@@ -657,18 +704,9 @@ fn trip_one(rig: &Rig, auth: &str) -> Result<String> {
     Ok(o.stream_id)
 }
 
-#[test]
-fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Result<()> {
-    let rig = rig(&[])?;
-    let (a, b) = ("Bearer key-A", "Bearer key-B");
-    let id = trip_one(&rig, a)?;
-    let ch = rig.wait_record("mode change", |r| r["mode_change"]["to"] == "degraded")?;
-    ensure!(
-        ch["mode_change"]["scope"] == format!("key:{}", fingerprint(a)),
-        "{ch}"
-    );
-    ensure!(ch["mode_change"]["stream_id"] == id.as_str(), "{ch}");
-
+/// Key A is degraded: its stream requests with tools are served as batch, without the tools;
+/// its batch requests are marked too.
+fn degraded_key_is_served_as_batch_without_tools(rig: &Rig, a: &str) -> Result<()> {
     // Key A is degraded: a stream request with tools is served as batch (one content event),
     // tools are not forwarded and tool-call deltas not emitted.
     let mut with_tools = chat("[[script:tool_call tokens=4 calls=1]]", true);
@@ -714,7 +752,11 @@ fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Resu
         status == 200 && h["x-haltd-mode"] == "degraded",
         "{status} {h}"
     );
+    Ok(())
+}
 
+/// A trip during a degraded turn (B = 0) of key A releases none of the turn's content.
+fn degraded_trip_releases_nothing(rig: &Rig) -> Result<()> {
     // A trip during a degraded turn (B = 0): nothing of the turn's content reaches the client.
     let admin = rig.haltd.admin_url();
     let url = rig.url("/v1/chat/completions");
@@ -754,22 +796,16 @@ fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Resu
         "B = 0 in degraded mode: {} tokens",
         o.tokens
     );
+    Ok(())
+}
 
-    // Key B is not affected.
-    let o = rig.stream(
-        "/v1/chat/completions",
-        &chat("[[script:normal tokens=3]]", true),
-        Some(b),
-        |_, _| {},
-    )?;
-    ended_normally(&o, "stop")?;
-    ensure!(o.mode_header.is_none() && o.tokens == 3);
-
+/// The operator lists key A's degraded mode and ends it; A is served in full again.
+fn operator_ends_degraded_mode(rig: &Rig, a: &str) -> Result<()> {
     // The operator ends it for key A.
-    let shown = haltctl(&rig, &["mode"])?;
+    let shown = haltctl(rig, &["mode"])?;
     ensure!(shown["keys"][0]["key"] == fingerprint(a), "{shown}");
     let scope = format!("key:{}", fingerprint(a));
-    let ended = haltctl(&rig, &["mode", "full", "--scope", &scope])?;
+    let ended = haltctl(rig, &["mode", "full", "--scope", &scope])?;
     ensure!(
         ended["changed"].as_array().map(Vec::len) == Some(1),
         "{ended}"
@@ -796,8 +832,11 @@ fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Resu
         .unwrap_or(0.0)
             >= 1.0
     );
-    drop(rig);
+    Ok(())
+}
 
+/// Node scope with a timer: one halt degrades every key, and the timer ends it.
+fn node_scope_degrades_every_key_until_the_timer(a: &str, b: &str) -> Result<()> {
     // Node scope with a timer: one halt degrades every key, and the timer ends it.
     let rig = rig_node()?;
     trip_one(&rig, a)?;
@@ -825,6 +864,38 @@ fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Resu
     let r = rig.wait_record("timer mode change", |r| r["mode_change"]["by"] == "timer")?;
     ensure!(r["mode_change"]["scope"] == "node", "{r}");
     Ok(())
+}
+
+#[test]
+fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Result<()> {
+    let rig = rig(&[])?;
+    let (a, b) = ("Bearer key-A", "Bearer key-B");
+    let id = trip_one(&rig, a)?;
+    let ch = rig.wait_record("mode change", |r| r["mode_change"]["to"] == "degraded")?;
+    ensure!(
+        ch["mode_change"]["scope"] == format!("key:{}", fingerprint(a)),
+        "{ch}"
+    );
+    ensure!(ch["mode_change"]["stream_id"] == id.as_str(), "{ch}");
+
+    degraded_key_is_served_as_batch_without_tools(&rig, a)?;
+
+    degraded_trip_releases_nothing(&rig)?;
+
+    // Key B is not affected.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=3]]", true),
+        Some(b),
+        |_, _| {},
+    )?;
+    ended_normally(&o, "stop")?;
+    ensure!(o.mode_header.is_none() && o.tokens == 3);
+
+    operator_ends_degraded_mode(&rig, a)?;
+    drop(rig);
+
+    node_scope_degrades_every_key_until_the_timer(a, b)
 }
 
 fn rig_node() -> Result<Rig> {
@@ -974,11 +1045,16 @@ fn the_official_openai_sdk_and_curl_see_normal_streams_and_halts() -> Result<()>
     let r = sdk(&["--api-key", "k3", "--prompt", "[[script:status code=404]]"])?;
     ensure!(r["error"]["status_code"] == 404, "{r}");
 
+    curl_sees_a_normal_and_a_halted_stream(&rig, &ns)
+}
+
+/// curl: a normal stream, and a halted one.
+fn curl_sees_a_normal_and_a_halted_stream(rig: &Rig, ns: &str) -> Result<()> {
     // curl: a normal stream, and a halted one.
     let url = rig.url("/v1/chat/completions");
     let body = chat("[[script:normal tokens=4]]", true).to_string();
     let (ok, out) = curl(
-        &ns,
+        ns,
         &[
             "-N",
             "-H",
@@ -994,7 +1070,7 @@ fn the_official_openai_sdk_and_curl_see_normal_streams_and_halts() -> Result<()>
     );
     let body = chat("[[script:stall tokens=2]]", true).to_string();
     let (ok, out) = curl(
-        &ns,
+        ns,
         &[
             "-N",
             "-H",
@@ -1024,6 +1100,93 @@ fn token_texts(o: &StreamOutcome) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// Tokens that do not spell their chunk's text: one frame per character on both endpoints,
+/// logprobs null.
+fn mismatched_tokens_go_out_per_character(rig: &Rig, mismatch: &str) -> Result<()> {
+    let mut b = chat(mismatch, true);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(2);
+    let mut c = completion(mismatch, true);
+    c["logprobs"] = json!(1);
+    for (path, body) in [("/v1/chat/completions", &b), ("/v1/completions", &c)] {
+        let o = rig.stream(path, body, None, |_, _| {})?;
+        ended_normally(&o, "stop")?;
+        ensure!(
+            token_texts(&o) == ["a", "b", "c", "d", "e", "f"],
+            "{path}: {:?}",
+            o.events
+        );
+        for ch in token_chunks(&o) {
+            ensure!(ch["choices"][0]["logprobs"].is_null(), "{path}: {ch}");
+        }
+        let rec = rig.turn_record(&o.stream_id)?;
+        ensure!(rec["tokens_emitted"] == 6, "{path}: {rec}");
+    }
+    Ok(())
+}
+
+/// `directive`'s tokens (each `long`, 151 bytes) go out in pieces of at most 64 bytes on both
+/// endpoints, the first piece with the token's logprobs, the others with logprob 0.
+fn long_tokens_go_out_in_pieces(rig: &Rig, directive: &str, long: &str) -> Result<()> {
+    let mut b = chat(directive, true);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(1);
+    let o = rig.stream("/v1/chat/completions", &b, None, |_, _| {})?;
+    ended_normally(&o, "stop")?;
+    let lens: Vec<usize> = token_texts(&o).iter().map(String::len).collect();
+    ensure!(lens == [63, 64, 24, 63, 64, 24], "{lens:?}");
+    ensure!(o.text == long.repeat(2), "{:?}", o.text);
+    for (i, c) in token_chunks(&o).iter().enumerate() {
+        let entry = &c["choices"][0]["logprobs"]["content"][0];
+        let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+        ensure!(entry["token"] == text, "the entry names its piece: {c}");
+        ensure!(
+            entry["bytes"].as_array().map(Vec::len) == Some(text.len()),
+            "{c}"
+        );
+        let lp = entry["logprob"].as_f64().context("logprob")?;
+        let alts = entry["top_logprobs"].as_array().map_or(0, Vec::len);
+        if i % 3 == 0 {
+            ensure!(lp < 0.0 && alts == 1, "the first piece is the token's: {c}");
+        } else {
+            ensure!(lp == 0.0 && alts == 0, "a continuation piece: {c}");
+        }
+    }
+    let mut c = completion(directive, true);
+    c["logprobs"] = json!(1);
+    let o = rig.stream("/v1/completions", &c, None, |_, _| {})?;
+    ended_normally(&o, "stop")?;
+    let offsets: Vec<u64> = token_chunks(&o)
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["text_offset"][0].as_u64())
+        .collect();
+    ensure!(offsets == [0, 63, 127, 151, 214, 278], "{offsets:?}");
+    Ok(())
+}
+
+/// A secret split across chunks without logprobs never reaches the client.
+fn hold_back_holds_per_character_frames(rig: &Rig) -> Result<()> {
+    // The exfiltration hold-back holds per-character frames too: a secret split across
+    // chunks without logprobs never reaches the client.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat(
+            "[[script:normal tokens=12 per_chunk=2 no_logprobs=1 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
+            true,
+        ),
+        None,
+        |_, _| {},
+    )?;
+    o.halted_cleanly("EXFIL_ALERT")
+        .with_context(|| format!("{:?}", o.events))?;
+    ensure!(
+        !o.text.contains("AKIA") && "The access key is".starts_with(o.text.trim_end()),
+        "{:?}",
+        o.text
+    );
+    Ok(())
 }
 
 /// Framing (issue 10): every frame carries one token by the stated rules. Tokens that spell
@@ -1066,87 +1229,20 @@ fn every_frame_carries_one_token_by_the_stated_rules() -> Result<()> {
     // Tokens that do not spell the text (vLLM's `token_id:` form): per character, on both
     // endpoints, logprobs null.
     let mismatch = "[[script:normal tokens=3 per_chunk=3 token_ids=1 words=ab,cd,ef]]";
-    let mut b = chat(mismatch, true);
-    b["logprobs"] = json!(true);
-    b["top_logprobs"] = json!(2);
-    let mut c = completion(mismatch, true);
-    c["logprobs"] = json!(1);
-    for (path, body) in [("/v1/chat/completions", &b), ("/v1/completions", &c)] {
-        let o = rig.stream(path, body, None, |_, _| {})?;
-        ended_normally(&o, "stop")?;
-        ensure!(
-            token_texts(&o) == ["a", "b", "c", "d", "e", "f"],
-            "{path}: {:?}",
-            o.events
-        );
-        for ch in token_chunks(&o) {
-            ensure!(ch["choices"][0]["logprobs"].is_null(), "{path}: {ch}");
-        }
-        let rec = rig.turn_record(&o.stream_id)?;
-        ensure!(rec["tokens_emitted"] == 6, "{path}: {rec}");
-    }
+    mismatched_tokens_go_out_per_character(&rig, mismatch)?;
 
     // A token longer than the cap: pieces of at most 64 bytes cut at character boundaries
     // (151 bytes = 63 + 64 + 24: the 64th byte would split an é).
     let long = format!("a{}", "é".repeat(75));
     let directive = format!("[[script:normal tokens=2 words={long}]]");
-    let mut b = chat(&directive, true);
-    b["logprobs"] = json!(true);
-    b["top_logprobs"] = json!(1);
-    let o = rig.stream("/v1/chat/completions", &b, None, |_, _| {})?;
-    ended_normally(&o, "stop")?;
-    let lens: Vec<usize> = token_texts(&o).iter().map(String::len).collect();
-    ensure!(lens == [63, 64, 24, 63, 64, 24], "{lens:?}");
-    ensure!(o.text == long.repeat(2), "{:?}", o.text);
-    for (i, c) in token_chunks(&o).iter().enumerate() {
-        let entry = &c["choices"][0]["logprobs"]["content"][0];
-        let text = c["choices"][0]["delta"]["content"].as_str().unwrap_or("");
-        ensure!(entry["token"] == text, "the entry names its piece: {c}");
-        ensure!(
-            entry["bytes"].as_array().map(Vec::len) == Some(text.len()),
-            "{c}"
-        );
-        let lp = entry["logprob"].as_f64().context("logprob")?;
-        let alts = entry["top_logprobs"].as_array().map_or(0, Vec::len);
-        if i % 3 == 0 {
-            ensure!(lp < 0.0 && alts == 1, "the first piece is the token's: {c}");
-        } else {
-            ensure!(lp == 0.0 && alts == 0, "a continuation piece: {c}");
-        }
-    }
-    let mut c = completion(&directive, true);
-    c["logprobs"] = json!(1);
-    let o = rig.stream("/v1/completions", &c, None, |_, _| {})?;
-    ended_normally(&o, "stop")?;
-    let offsets: Vec<u64> = token_chunks(&o)
-        .iter()
-        .filter_map(|c| c["choices"][0]["logprobs"]["text_offset"][0].as_u64())
-        .collect();
-    ensure!(offsets == [0, 63, 127, 151, 214, 278], "{offsets:?}");
+    long_tokens_go_out_in_pieces(&rig, &directive, &long)?;
 
     // Batch: the same text, held whole.
     let (status, _, v) = rig.post("/v1/chat/completions", &chat(xyz, false), None)?;
     ensure!(status == 200, "{status} {v}");
     ensure!(v["choices"][0]["message"]["content"] == "xyz", "{v}");
 
-    // The exfiltration hold-back holds per-character frames too: a secret split across
-    // chunks without logprobs never reaches the client.
-    let o = rig.stream(
-        "/v1/chat/completions",
-        &chat(
-            "[[script:normal tokens=12 per_chunk=2 no_logprobs=1 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
-            true,
-        ),
-        None,
-        |_, _| {},
-    )?;
-    o.halted_cleanly("EXFIL_ALERT")
-        .with_context(|| format!("{:?}", o.events))?;
-    ensure!(
-        !o.text.contains("AKIA") && "The access key is".starts_with(o.text.trim_end()),
-        "{:?}",
-        o.text
-    );
+    hold_back_holds_per_character_frames(&rig)?;
 
     // The official SDK reassembles the same text and tool-call arguments.
     let base = format!("{}/v1", rig.haltd.api_url());
