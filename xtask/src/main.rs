@@ -49,7 +49,7 @@ enum Task {
     /// `lint`, the unit and property tests, then the root-only integration tests (serially).
     Test(test::Options),
     /// Check formatting and run clippy with warnings denied, with and without fault injection.
-    Lint(lint::Options),
+    Lint,
     /// Build a release haltd with fault injection and run the benches: the halt SLO bench
     /// (with the gate cost per send and the streaming overhead), then the detector cost.
     Bench(bench::Options),
@@ -65,7 +65,7 @@ fn main() {
         Task::Build(opts) => build::build_task(&ctx, &opts),
         Task::Run(opts) => run::run(&ctx, opts),
         Task::Test(opts) => test::test(&ctx, &opts),
-        Task::Lint(opts) => lint::lint_task(&ctx, &opts),
+        Task::Lint => lint::lint_task(&ctx),
         Task::Bench(opts) => bench::bench(&ctx, &opts),
         Task::Load => load::load(&ctx),
     });

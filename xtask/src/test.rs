@@ -70,7 +70,7 @@ pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
     let t_build = t.elapsed();
     let mut steps = Vec::new();
     if !opts.no_lint {
-        steps.push(Step::run("lint", || lint::lint(ctx, &built.object, false)));
+        steps.push(Step::run("lint", || lint::lint(ctx, &built.object)));
     }
     if !opts.no_unit {
         steps.push(Step::run("unit", || unit_tests(ctx, &built)));
