@@ -283,9 +283,10 @@ impl Worker {
             encode_token(turn, frame(&mut conn.wbuf), &t, offset);
             turn.first_frame_sent = true;
             turn.note_output(&t.text);
-            return self
-                .account_and_send(key, t.arrived_ns)
-                .map(|()| Next::Stop);
+            let arrived = t.arrived_ns;
+            // Encoded: the source may reuse the text's buffers for its next token.
+            turn.source.get().recycle(t);
+            return self.account_and_send(key, arrived).map(|()| Next::Stop);
         }
         // The scanner holds text, or the text makes several frames: they go out through
         // the hold queue, one per step, in order (an upstream's text moves in, no copy).

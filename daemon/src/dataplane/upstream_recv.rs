@@ -218,7 +218,8 @@ fn feed_events(
     arrived_ns: u64,
 ) {
     loop {
-        match up.sse.next_event() {
+        // The event is lent from the parser's buffers (no copy); the source reads it at once.
+        match up.sse.next_event_ref() {
             Ok(None) => break,
             Ok(Some(ev)) => {
                 up.events += 1;
@@ -226,7 +227,7 @@ fn feed_events(
                 if up.first_event_ns == 0 {
                     up.first_event_ns = up.last_event_ns;
                 }
-                if !source.push_event(endpoint, &ev, arrived_ns) {
+                if !source.push_event(endpoint, ev, arrived_ns) {
                     break;
                 }
             }

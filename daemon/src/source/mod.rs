@@ -30,6 +30,13 @@ pub trait TokenSource {
     /// rather than the source pacing itself (an upstream: tokens go out as they arrive).
     fn paced(&self) -> bool;
 
+    /// Hands back text the pipeline is done with (its frame is encoded), so that the source
+    /// can reuse its buffers for the next text. Sources that lend `'static` text keep the
+    /// default, which drops it.
+    fn recycle(&mut self, produced: Produced) {
+        drop(produced);
+    }
+
     /// How the turn ended, asked once [`Polled::End`] was returned and every held frame went
     /// out.
     fn ending(&self) -> Ending;

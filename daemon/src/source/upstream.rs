@@ -9,8 +9,14 @@
 //! [`TokenSource::ending`]; an error event, a malformed one, or a `finish_reason` of `error`
 //! or `abort` is a [`Polled::Failed`].
 //!
-//! Per event the upstream's JSON is parsed into owned values (`serde_json`): this allocates per
-//! token, unlike the built-in source; it is bounded by the event size limit.
+//! Per event the upstream's JSON is read by the turn's one [`ChunkReader`] (typed visitors into
+//! a chunk whose buffers it reuses), from an event the SSE parser lends
+//! ([`crate::upstream::SseParser::next_event_ref`]). An item's text and tokens are not copied
+//! out of the chunk: the chunk's buffers are swapped for spare ones from a small [`Spares`]
+//! pool, which the pipeline refills once a token's frame is encoded
+//! ([`TokenSource::recycle`]). Once the pool and the reader's buffers have grown, a plain token
+//! (one token per chunk, spelled by its text) allocates nothing here. A tool-call delta, a
+//! chunk of several tokens and text the scanner holds back still allocate.
 
 use std::{borrow::Cow, collections::VecDeque};
 
@@ -20,8 +26,8 @@ use super::{Ending, Polled, Produced, SourceFailure, TokenSource, Tokens};
 use crate::{
     metrics::upstream::ToolCallKind,
     upstream::{
-        self, framing::Split, FinishReason, SseEvent, UpToken, UpstreamError, UpstreamEvent,
-        UpstreamFailureKind,
+        framing::Split, ChunkReader, FinishReason, Parsed, SseEventRef, UpToken, UpstreamChunk,
+        UpstreamError, UpstreamFailureKind,
     },
     wire::{self, Endpoint},
 };
@@ -29,6 +35,41 @@ use crate::{
 /// Items parsed but not yet taken before haltd stops reading the upstream (TCP then pushes
 /// back on it): a slow client slows the generation instead of growing memory.
 pub const MAX_QUEUED_ITEMS: usize = 256;
+
+/// Spare buffers kept per pool: a few, since a streaming turn has one or two items in flight
+/// (more are dropped; a burst that queued more grows them again).
+const MAX_SPARES: usize = 8;
+
+/// Text and token buffers handed back by the pipeline ([`TokenSource::recycle`]), swapped
+/// into the [`ChunkReader`]'s chunk for the next event so that its buffers (a token's text and
+/// alternatives included) are reused rather than allocated anew.
+#[derive(Debug, Default)]
+struct Spares {
+    texts: Vec<String>,
+    tokens: Vec<Vec<UpToken>>,
+}
+
+impl Spares {
+    /// A spare text buffer (the reader clears it before it writes), or a new empty one (no
+    /// allocation until written).
+    fn text(&mut self) -> String {
+        self.texts.pop().unwrap_or_default()
+    }
+
+    /// A spare token list; its tokens keep their buffers for the reader to overwrite.
+    fn tokens(&mut self) -> Vec<UpToken> {
+        self.tokens.pop().unwrap_or_default()
+    }
+
+    fn put(&mut self, text: String, tokens: Vec<UpToken>) {
+        if self.texts.len() < MAX_SPARES && text.capacity() > 0 {
+            self.texts.push(text);
+        }
+        if self.tokens.len() < MAX_SPARES && tokens.capacity() > 0 {
+            self.tokens.push(tokens);
+        }
+    }
+}
 
 /// One thing the upstream said, in the order the client sees it.
 #[derive(Debug)]
@@ -65,6 +106,10 @@ pub struct UpstreamSource {
     model: Option<String>,
     /// Degraded safe mode: tool calls are not emitted, and a `tool_calls` finish is a `stop`.
     degraded: bool,
+    /// Reads this turn's events, reusing its chunk's buffers from one event to the next.
+    /// Boxed (once per turn) so that a turn's source stays as small as the built-in one.
+    reader: Box<ChunkReader>,
+    spares: Spares,
 }
 
 impl UpstreamSource {
@@ -112,16 +157,17 @@ impl UpstreamSource {
 
     /// Queues what one SSE event says. Returns `false` when the stream broke (nothing after
     /// it is read).
-    pub fn push_event(&mut self, endpoint: Endpoint, ev: &SseEvent, arrived_ns: u64) -> bool {
-        match upstream::parse_event(endpoint, ev) {
-            Ok(UpstreamEvent::Chunk(c)) => {
+    pub fn push_event(&mut self, endpoint: Endpoint, ev: SseEventRef<'_>, arrived_ns: u64) -> bool {
+        match self.reader.read(endpoint, ev) {
+            Ok(Parsed::Chunk) => {
+                let c = self.reader.chunk_mut();
                 if self.model.is_none() {
                     self.model.clone_from(&c.model);
                 }
-                push_chunk(&mut self.items, c, arrived_ns);
+                push_chunk(&mut self.items, &mut self.spares, c, arrived_ns);
             }
-            Ok(UpstreamEvent::Done) => self.push_done(),
-            Ok(UpstreamEvent::Error(e)) => self.items.push_back(Item::Error(e)),
+            Ok(Parsed::Done) => self.push_done(),
+            Ok(Parsed::Error(e)) => self.items.push_back(Item::Error(e)),
             Err(e) => {
                 self.push_broken(format!("malformed upstream event: {e}"));
                 return false;
@@ -207,6 +253,12 @@ impl TokenSource for UpstreamSource {
         false
     }
 
+    fn recycle(&mut self, p: Produced) {
+        if let (Cow::Owned(text), Tokens::Upstream(tokens)) = (p.text, p.tokens) {
+            self.spares.put(text, tokens);
+        }
+    }
+
     fn ending(&self) -> Ending {
         Ending {
             reason: Cow::Owned(
@@ -259,34 +311,41 @@ fn content(text: String, tokens: Vec<UpToken>, split: Split, arrived_ns: u64) ->
     }
 }
 
-/// Splits an upstream chunk into items ([`upstream::framing`]): one per token when the tokens
-/// spell the content exactly (vLLM may put several tokens in one chunk), else one for the
-/// content, framed per character; a tool-call delta is its own item. Every item arrived at
-/// `arrived_ns` (the receive that completed the chunk's event).
-fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns: u64) {
+/// Splits an upstream chunk into items ([`crate::upstream::framing`]): one per token when the
+/// tokens spell the content exactly (vLLM may put several tokens in one chunk), else one for
+/// the content, framed per character; a tool-call delta is its own item. Every item arrived at
+/// `arrived_ns` (the receive that completed the chunk's event). The text and tokens leave the
+/// reader's chunk by a swap with spare buffers, not a copy.
+fn push_chunk(
+    items: &mut VecDeque<Item>,
+    spares: &mut Spares,
+    c: &mut UpstreamChunk,
+    arrived_ns: u64,
+) {
     let spelled = c.tokens_match_content();
-    let upstream::UpstreamChunk {
-        content: text,
-        tokens,
-        tool_calls,
-        finish_reason,
-        usage,
-        ..
-    } = c;
-    match tool_calls {
+    match c.tool_calls.take() {
         // A tool-call chunk: its logprobs belong to the call's tokens.
-        Some(calls) if text.is_empty() => {
+        Some(calls) if c.content.is_empty() => {
+            let tokens = std::mem::replace(&mut c.tokens, spares.tokens());
             items.push_back(Item::ToolCalls(calls, tokens, arrived_ns));
         }
         calls => {
-            if spelled && tokens.len() == 1 {
-                // The common case: the content is the token's text, moved, not copied.
+            if spelled && c.tokens.len() == 1 {
+                // The common case: the content is the token's text, swapped out, not copied.
+                let text = std::mem::replace(&mut c.content, spares.text());
+                let tokens = std::mem::replace(&mut c.tokens, spares.tokens());
                 items.push_back(content(text, tokens, Split::Token, arrived_ns));
             } else if spelled {
-                for t in tokens {
-                    items.push_back(content(t.text.clone(), vec![t], Split::Token, arrived_ns));
+                // Several tokens in one chunk (rarer): one item each. Allocates the lists.
+                for t in c.tokens.drain(..) {
+                    let mut text = spares.text();
+                    text.clear();
+                    text.push_str(&t.text);
+                    items.push_back(content(text, vec![t], Split::Token, arrived_ns));
                 }
-            } else if !text.is_empty() || !tokens.is_empty() {
+            } else if !c.content.is_empty() || !c.tokens.is_empty() {
+                let text = std::mem::replace(&mut c.content, spares.text());
+                let tokens = std::mem::replace(&mut c.tokens, spares.tokens());
                 items.push_back(content(text, tokens, Split::Chars, arrived_ns));
             }
             // Content and a tool call in one chunk (rare): the call after the text, its
@@ -296,10 +355,10 @@ fn push_chunk(items: &mut VecDeque<Item>, c: upstream::UpstreamChunk, arrived_ns
             }
         }
     }
-    if let Some(r) = finish_reason {
+    if let Some(r) = c.finish_reason.take() {
         items.push_back(Item::Finish(r));
     }
-    if let Some(u) = usage {
+    if let Some(u) = c.usage.take() {
         items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
     }
 }
@@ -341,6 +400,114 @@ fn merge_tool_calls(tools: &mut Vec<Value>, delta: &Value) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::SseParser;
+
+    fn chat_chunk(content: &str, tokens: &[&str]) -> String {
+        let lp: Vec<Value> = tokens
+            .iter()
+            .map(|t| json!({"token": t, "logprob": -0.5, "top_logprobs": [{"token": t, "logprob": -0.5}, {"token": "zz", "logprob": -3.0}]}))
+            .collect();
+        let logprobs = if tokens.is_empty() {
+            Value::Null
+        } else {
+            json!({ "content": lp })
+        };
+        let c = json!({"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"content": content}, "logprobs": logprobs, "finish_reason": null}]});
+        format!("data: {c}\n\n")
+    }
+
+    /// Polls everything queued, recycling each text as the pipeline does; (text, token texts,
+    /// first token's alternatives).
+    fn drain(src: &mut UpstreamSource) -> Vec<(String, Vec<String>, usize)> {
+        let mut out = Vec::new();
+        while let Polled::Text(p) = src.poll() {
+            let toks = match &p.tokens {
+                Tokens::Upstream(t) => t.iter().map(|t| t.text.clone()).collect(),
+                Tokens::Builtin { .. } => unreachable!("upstream tokens"),
+            };
+            let tops = match &p.tokens {
+                Tokens::Upstream(t) => t.first().map_or(0, |t| t.top.len()),
+                Tokens::Builtin { .. } => 0,
+            };
+            out.push((p.text.to_string(), toks, tops));
+            src.recycle(p);
+        }
+        out
+    }
+
+    #[test]
+    fn reused_buffers_never_leak_a_previous_token() {
+        let mut sse = SseParser::new(1 << 16);
+        let mut src = UpstreamSource::new(false);
+        let mut got = Vec::new();
+        let events = [
+            chat_chunk(" The", &[" The"]),
+            chat_chunk(" river", &[" river"]),
+            // No logprobs: the recycled token list must not lend its old tokens.
+            chat_chunk(" runs", &[]),
+            // Two tokens in one chunk: one item each.
+            chat_chunk(" far away", &[" far", " away"]),
+            // Tokens that do not spell the text: framed per character, tokens kept.
+            chat_chunk("ab", &["a"]),
+            chat_chunk(".", &["."]),
+        ];
+        for ev in &events {
+            sse.push(ev.as_bytes());
+            while let Some(e) = sse.next_event_ref().expect("valid SSE") {
+                assert!(src.push_event(Endpoint::Chat, e, 1));
+            }
+            got.extend(drain(&mut src));
+        }
+        let s = |v: &[&str]| v.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            got,
+            vec![
+                (" The".to_owned(), s(&[" The"]), 2),
+                (" river".to_owned(), s(&[" river"]), 2),
+                (" runs".to_owned(), s(&[]), 0),
+                (" far".to_owned(), s(&[" far"]), 2),
+                (" away".to_owned(), s(&[" away"]), 2),
+                ("ab".to_owned(), s(&["a"]), 2),
+                (".".to_owned(), s(&["."]), 2),
+            ]
+        );
+        assert_eq!(src.model(), Some("m"));
+    }
+
+    #[test]
+    fn a_plain_token_allocates_nothing_once_warm() {
+        const WORDS: &[&str] = &[" The", " river", " x", " é", " 東京", " runs", ".", " 42"];
+        let events: Vec<String> = (0..400)
+            .map(|i| {
+                let w = WORDS[i % WORDS.len()];
+                chat_chunk(w, &[w])
+            })
+            .collect();
+        let mut sse = SseParser::new(1 << 16);
+        let mut src = UpstreamSource::new(false);
+        let mut run = |evs: &[String]| {
+            let mut frames = 0;
+            for ev in evs {
+                sse.push(ev.as_bytes());
+                while let Some(e) = sse.next_event_ref().expect("valid SSE") {
+                    assert!(src.push_event(Endpoint::Chat, e, 1));
+                }
+                while let Polled::Text(p) = src.poll() {
+                    assert_eq!(p.tokens.len(), 1);
+                    frames += 1;
+                    src.recycle(p);
+                }
+            }
+            frames
+        };
+        // Warm-up: the reader's and the spares' buffers grow to the words' sizes.
+        run(&events[..100]);
+        let before = crate::upstream::alloc_tests::allocs();
+        let frames = run(&events[100..]);
+        let n = crate::upstream::alloc_tests::allocs() - before;
+        assert_eq!(frames, 300);
+        assert_eq!(n, 0, "{n} allocations for {frames} tokens");
+    }
 
     #[test]
     fn tool_call_deltas_merge_by_index() {

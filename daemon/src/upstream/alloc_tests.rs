@@ -51,7 +51,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn allocs() -> u64 {
+pub(crate) fn allocs() -> u64 {
     ALLOCS.with(Cell::get)
 }
 

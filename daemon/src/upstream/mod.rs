@@ -35,7 +35,7 @@ pub mod sse;
 pub mod url;
 
 #[cfg(test)]
-mod alloc_tests;
+pub(crate) mod alloc_tests;
 
 pub use chunk::{
     parse_event, ChunkError, ChunkReader, FinishReason, Parsed, UpToken, UpstreamChunk,
