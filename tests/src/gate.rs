@@ -134,20 +134,6 @@ pub fn set_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
 /// `SO_LINGER {on, 0}`: close resets the connection instead of leaving what is queued (and
 /// held back by the egress check) to be retransmitted.
 pub fn reset_on_close(s: &impl AsRawFd) -> Result<()> {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt reads a live linger of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const l).cast(),
-            size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", io::Error::last_os_error());
-    Ok(())
+    // The same call haltd's gate self-test makes on its own test sockets.
+    haltd::gate::selftest::set_linger_zero(s).context("SO_LINGER")
 }

@@ -43,6 +43,7 @@ pub mod http;
 pub mod ledger;
 pub mod metrics;
 pub mod netns;
+pub mod proc_cpu;
 pub mod raw_http;
 pub mod rig;
 pub mod sse;
