@@ -36,6 +36,7 @@ use slab::Slab;
 use crate::halt::HaltCore;
 
 mod conn;
+mod deadline;
 mod end;
 mod halt;
 mod hold;
@@ -78,6 +79,7 @@ pub fn spawn_workers(
                         next_serial: 0,
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
+                        sweep: deadline::Sweep::default(),
                         sq_dropped_seen: 0,
                     };
                     if let Err(e) = w.run() {
@@ -108,6 +110,8 @@ struct Worker {
     /// keeps them per ring; `haltd_ring_events_total` gets the increments).
     cq_dropped_seen: u32,
     sq_dropped_seen: u32,
+    /// The timer that enforces upstream receive deadlines (`deadline.rs`).
+    sweep: deadline::Sweep,
 }
 
 fn timespec(d: Duration) -> types::Timespec {

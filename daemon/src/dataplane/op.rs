@@ -34,8 +34,10 @@ pub(super) enum OpKind {
     UpConnect,
     UpSend,
     UpRecv,
-    /// The deadline linked to an upstream connect, send or receive.
+    /// The deadline linked to an upstream connect or send.
     UpDeadline,
+    /// The worker's timer that cancels upstream receives past their deadline (`deadline.rs`).
+    Sweep,
 }
 
 /// A socket address for `connect`, as the kernel reads it.

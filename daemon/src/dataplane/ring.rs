@@ -184,6 +184,7 @@ impl Worker {
                 self.scan_tripped();
                 self.arm_wake(w)
             }
+            (OpKind::Sweep, OpBuf::Time(ts)) => self.on_sweep(ts),
             _ => Ok(()),
         }
     }

@@ -78,7 +78,11 @@ pub(super) struct Upstream {
     pub(super) connect_op: Option<u64>,
     pub(super) send_op: Option<u64>,
     pub(super) recv_op: Option<u64>,
-    /// Linked timeouts not yet completed (connect, send and receive each carry one).
+    /// When the receive in flight is due (`deadline.rs` cancels it after that).
+    pub(super) recv_deadline_ns: u64,
+    /// The receive in flight was cancelled for its deadline.
+    pub(super) recv_cancelled: bool,
+    /// Linked timeouts not yet completed (connect and send each carry one).
     pub(super) links: u32,
     pub(super) reader: ResponseReader,
     pub(super) sse: SseParser,
@@ -113,6 +117,8 @@ impl Upstream {
             connect_op: None,
             send_op: None,
             recv_op: None,
+            recv_deadline_ns: 0,
+            recv_cancelled: false,
             links: 0,
             reader: ResponseReader::new(MAX_UPSTREAM_HEAD),
             sse: SseParser::new(MAX_UPSTREAM_EVENT),
@@ -417,8 +423,9 @@ impl Worker {
     }
 
     /// Arms a receive on the upstream socket with the deadline that applies now (time to
-    /// the first event, or the inter-token stall deadline), unless one is armed, the queue
-    /// is full (backpressure) or the exchange is over.
+    /// the first event, or the inter-token stall deadline; the worker's sweep timer enforces
+    /// it, `deadline.rs`), unless one is armed, the queue is full (backpressure) or the
+    /// exchange is over.
     pub(super) fn up_arm_recv(&mut self, key: usize) -> io::Result<()> {
         let cfg_first = self.shared.cfg.upstream_first_token_timeout;
         let cfg_stall = self.shared.cfg.upstream_stall_timeout;
@@ -451,23 +458,21 @@ impl Worker {
         } else {
             up.last_event_ns + cfg_stall.as_nanos() as u64
         };
-        let left = deadline.saturating_sub(monotonic_ns()).max(1_000);
         let mut buf = up
             .rbuf
             .take()
             .unwrap_or_else(|| Vec::with_capacity(UP_RECV_CHUNK));
         buf.clear();
         let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32)
-            .build()
-            .flags(squeue::Flags::IO_LINK);
-        let left = std::time::Duration::from_nanos(left);
-        let buf = OpBuf::Recv(buf);
-        let op = self.submit_with_deadline(key, OpKind::UpRecv, buf, recv, left)?;
+        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32).build();
+        up.recv_deadline_ns = deadline;
+        up.recv_cancelled = false;
+        let owner = conn.owner(key);
+        let op = self.submit(owner, OpKind::UpRecv, OpBuf::Recv(buf), recv)?;
         if let Some(up) = self.conns[key].up.as_mut() {
             up.recv_op = Some(op);
         }
-        Ok(())
+        self.arm_sweep()
     }
 
     /// A linked deadline completed; `ts` is its timespec, back for the next one.
