@@ -107,9 +107,15 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Time a client has to send its whole request (ms) before it gets 408.
+    /// Time a client has to send its whole request (ms), from accept to the end of the body, before it gets 408.
     #[arg(long, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
+    /// Most open connections from one source IP address (more get 429); 0 = no cap.
+    #[arg(long, default_value_t = 256)]
+    pub max_conns_per_addr: u32,
+    /// Share of --max-streams (percent, 1-100) that connections still sending their request may hold (more get 503).
+    #[arg(long, default_value_t = 50)]
+    pub request_phase_share: u32,
     /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -296,6 +302,12 @@ impl ServeArgs {
         }
         if self.request_timeout_ms == 0 {
             return Err(err("request-timeout-ms", "must be at least 1"));
+        }
+        if !(1..=100).contains(&self.request_phase_share) {
+            return Err(err(
+                "request-phase-share",
+                "must be between 1 and 100 (percent)",
+            ));
         }
         if self.no_kernel_gate && self.bpf_object.is_some() {
             return Err(err(

@@ -62,6 +62,8 @@ pub struct HaltCore {
     pub turn_meta: Vec<Mutex<TurnMeta>>,
     /// The detectors every turn is governed by (built from the configuration at start).
     pub detectors: crate::detect::pipeline::Detectors,
+    /// What client connections may hold: per-address and request-phase caps.
+    pub admission: crate::admission::Admission,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn

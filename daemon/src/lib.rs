@@ -35,6 +35,7 @@
 //!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
 
 pub mod admin;
+pub mod admission;
 pub mod calibrate;
 pub mod clock;
 pub mod codes;

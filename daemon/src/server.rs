@@ -122,6 +122,13 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         turn_meta: (0..cfg.args.max_streams)
             .map(|_| std::sync::Mutex::default())
             .collect(),
+        admission: crate::admission::Admission::new(
+            cfg.args.max_conns_per_addr,
+            crate::admission::Admission::request_cap(
+                cfg.args.max_streams,
+                cfg.args.request_phase_share,
+            ),
+        ),
         cfg,
     });
     let source = match &shared.cfg.upstream {

@@ -56,7 +56,7 @@ pub use daemon::{
 pub use http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN};
 pub use ledger::{read_ledger, verify_ledger};
 pub use metrics::Metrics;
-pub use netns::{in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};
+pub use netns::{connect_from, in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};
 pub use raw_http::{raw_exchange, raw_exchange_on, RawResponse};
 pub use sse::{EventKind, SseEvent, StreamOutcome};
 pub use upstream::{ScriptedUpstream, PORT_UPSTREAM};

@@ -13,7 +13,7 @@ use std::{
     thread,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{checked, require_root};
 
@@ -88,6 +88,65 @@ impl NetPair {
     /// `srv_ip:port`.
     pub fn srv_addr(&self, port: u16) -> SocketAddr {
         SocketAddr::V4(SocketAddrV4::new(self.srv_ip, port))
+    }
+
+    /// Gives the client namespace a second address, 198.18.n.`host`/32 (`host` ≥ 4, outside
+    /// the pair's /30), routed from the server namespace: a second client machine.
+    pub fn add_client_addr(&self, host: u8) -> Result<Ipv4Addr> {
+        ensure!(host >= 4, "198.18.n.0/30 is the pair's own");
+        let addr = Ipv4Addr::new(198, 18, self.n, host);
+        ip(&[
+            "-n",
+            &self.cli,
+            "addr",
+            "add",
+            &format!("{addr}/32"),
+            "dev",
+            "hv-cli",
+        ])?;
+        ip(&[
+            "-n",
+            &self.srv,
+            "route",
+            "add",
+            &format!("{addr}/32"),
+            "dev",
+            "hv-srv",
+        ])?;
+        Ok(addr)
+    }
+}
+
+/// A TCP connection to `dst` from the local address `src` (in the calling thread's namespace).
+pub fn connect_from(src: Ipv4Addr, dst: SocketAddr) -> Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(dst) = dst else {
+        anyhow::bail!("connect_from: IPv4 only");
+    };
+    let sin = |a: &SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket; `bind` and `connect` read a valid `sockaddr_in` of `len` bytes;
+    // the descriptor is closed on every error path and otherwise owned by the stream.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let local = sin(&SocketAddrV4::new(src, 0));
+        let remote = sin(&dst);
+        if libc::bind(fd, (&raw const local).cast(), len) != 0
+            || libc::connect(fd, (&raw const remote).cast(), len) != 0
+        {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            anyhow::bail!("connecting {src} -> {dst}: {e}");
+        }
+        Ok(std::net::TcpStream::from_raw_fd(fd))
     }
 }
 

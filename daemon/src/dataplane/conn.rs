@@ -14,6 +14,7 @@ use super::{
     Worker,
 };
 use crate::{
+    admission::{Admission, Refusal},
     clock::monotonic_ns,
     stream::{Halter, Outcome, SlotState},
     upstream::CancelReason,
@@ -84,6 +85,10 @@ pub(super) struct Conn {
     /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
     /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
     pub(super) frame_arrived_ns: u64,
+    /// The client's IP address, read at accept (what `--max-conns-per-addr` counts).
+    pub(super) peer: Option<std::net::IpAddr>,
+    /// When it was accepted: `--request-timeout-ms` counts from here.
+    pub(super) accepted_ns: u64,
 }
 
 /// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
@@ -108,6 +113,15 @@ impl Conn {
         self.ops > 0
     }
 
+    /// The request phase is over (routed, answered with an error, or closing): it no longer
+    /// counts against `--request-phase-share`. Idempotent.
+    pub(super) fn leave_request_phase(&mut self, admission: &Admission) {
+        if self.reading {
+            self.reading = false;
+            admission.leave_request();
+        }
+    }
+
     /// Who this connection's operations report to.
     pub(super) fn owner(&self, key: usize) -> Owner {
         Owner::Conn {
@@ -123,11 +137,19 @@ impl Worker {
         self.next_serial += 1;
         let serial = self.next_serial;
         let shared = &self.shared;
+        let peer = peer_ip(fd);
+        if let Err(why) = shared.admission.admit(peer) {
+            self.refuse(fd, &refusal_error(why));
+            return;
+        }
+        let accepted_ns = monotonic_ns();
         let Some(id) = shared
             .table
-            .alloc(self.id, fd, shared.cfg.args.budget, monotonic_ns())
+            .alloc(self.id, fd, shared.cfg.args.budget, accepted_ns)
         else {
-            self.refuse_at_capacity(fd);
+            shared.admission.leave_request();
+            shared.admission.release(peer);
+            self.refuse(fd, &at_capacity());
             return;
         };
         // The slot's per-turn facts start empty: a terminal prepared for the stream that had
@@ -155,6 +177,8 @@ impl Worker {
                 // SAFETY: closing the socket we accepted; nothing else refers to it.
                 unsafe { libc::close(fd) };
                 shared.table.release(id);
+                shared.admission.leave_request();
+                shared.admission.release(peer);
                 return;
             }
         }
@@ -184,6 +208,8 @@ impl Worker {
             up: None,
             peer_eof: false,
             frame_arrived_ns: 0,
+            peer,
+            accepted_ns,
         };
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
@@ -192,12 +218,12 @@ impl Worker {
         }
     }
 
-    /// At `--max-streams`: answer 503 and close. With the gate, the connection was governed
-    /// at establishment, so it gets an untripped policy with no budget first (no tokens, and
-    /// a lost heartbeat still stops it).
-    pub(super) fn refuse_at_capacity(&self, fd: RawFd) {
+    /// Refused at accept (`--max-streams`, or an admission cap): answer `err` and close.
+    /// With the gate, the connection was governed at establishment, so it gets an untripped
+    /// policy with no budget first (no tokens, and a lost heartbeat still stops it).
+    pub(super) fn refuse(&self, fd: RawFd, err: &HttpError) {
         let shared = &self.shared;
-        shared.metrics.dataplane.rejected(503);
+        shared.metrics.dataplane.rejected(err.status);
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -210,15 +236,7 @@ impl Worker {
             }
         }
         let mut out = Vec::new();
-        http::write_error_response(
-            &mut out,
-            &HttpError::new(
-                503,
-                "server_error",
-                "haltd is at --max-streams; retry later",
-            ),
-            None,
-        );
+        http::write_error_response(&mut out, err, None);
         // SAFETY: plain non-blocking write and close of the socket we just accepted.
         unsafe {
             libc::send(
@@ -291,7 +309,9 @@ impl Worker {
             // the FIN behind them for ever. Reset the connection instead.
             let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
         }
-        let conn = self.conns.remove(key);
+        let mut conn = self.conns.remove(key);
+        conn.leave_request_phase(&shared.admission);
+        shared.admission.release(conn.peer);
         // SAFETY: no operation on this descriptor is in flight and the watchdog is done
         // with it (the slot is not HALTING), so nothing else uses it.
         unsafe { libc::close(conn.fd) };
@@ -303,5 +323,55 @@ impl Worker {
         shared.metrics.dataplane.streams_active.dec();
         self.record_turn(&conn);
         shared.table.release(conn.id);
+    }
+}
+
+/// The peer's IP address, if the socket has one (it is read once, at accept).
+fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
+    // SAFETY: `fd` is an open socket for the duration of this call; `getpeername` writes at
+    // most `len` bytes into the storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let rc = unsafe { libc::getpeername(fd, (&raw mut storage).cast(), &raw mut len) };
+    if rc != 0 {
+        return None;
+    }
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a `sockaddr_in` for an AF_INET socket.
+            let sin = unsafe { &*(&raw const storage).cast::<libc::sockaddr_in>() };
+            Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a `sockaddr_in6` for an AF_INET6 socket.
+            let sin6 = unsafe { &*(&raw const storage).cast::<libc::sockaddr_in6>() };
+            let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            // A v4 client of a dual-stack listener counts as its v4 address.
+            Some(v6.to_ipv4_mapped().map_or(v6.into(), Into::into))
+        }
+        _ => None,
+    }
+}
+
+fn at_capacity() -> HttpError {
+    HttpError::new(
+        503,
+        "server_error",
+        "haltd is at --max-streams; retry later",
+    )
+}
+
+fn refusal_error(why: Refusal) -> HttpError {
+    match why {
+        Refusal::PerAddress => HttpError::new(
+            429,
+            "rate_limit_error",
+            "too many open connections from this address (--max-conns-per-addr); retry later",
+        ),
+        Refusal::RequestPhase => HttpError::new(
+            503,
+            "server_error",
+            "too many connections are still sending their request (--request-phase-share); retry later",
+        ),
     }
 }

@@ -27,6 +27,12 @@ impl Worker {
         let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
         let timeout = self.shared.cfg.request_timeout;
         let conn = &mut self.conns[key];
+        // The deadline is absolute, from accept to the end of the body: a client that sends
+        // a byte now and then gets no more time for it.
+        let deadline = conn.accepted_ns + timeout.as_nanos() as u64;
+        let Some(left) = deadline.checked_sub(monotonic_ns()).filter(|&l| l > 0) else {
+            return self.request_too_slow(key);
+        };
         let mut buf = conn.rbuf.take().unwrap_or_default();
         if buf.len() >= max {
             conn.rbuf = Some(buf);
@@ -39,10 +45,11 @@ impl Worker {
             .build()
             .flags(squeue::Flags::IO_LINK);
         // The previous deadline's timespec may still be with its completion: a new one then.
-        let ts = conn
+        let mut ts = conn
             .read_ts
             .take()
             .unwrap_or_else(|| Box::new(timespec(timeout)));
+        *ts = timespec(std::time::Duration::from_nanos(left));
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
         let owner = conn.owner(key);
         let recv = self.submit(owner, OpKind::Recv, OpBuf::Recv(buf), recv)?;
@@ -51,21 +58,26 @@ impl Worker {
             .map(drop)
     }
 
+    /// `--request-timeout-ms` passed since accept before the whole request arrived: 408.
+    fn request_too_slow(&mut self, key: usize) -> io::Result<()> {
+        self.conns[key].leave_request_phase(&self.shared.admission);
+        self.reply_error(
+            key,
+            &HttpError::new(
+                408,
+                "invalid_request_error",
+                "the request did not arrive in time",
+            ),
+        )
+    }
+
     pub(super) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
         let conn = &mut self.conns[key];
         if conn.closing || !conn.reading {
             return Ok(());
         }
         if res == -libc::ECANCELED {
-            conn.reading = false;
-            return self.reply_error(
-                key,
-                &HttpError::new(
-                    408,
-                    "invalid_request_error",
-                    "the request did not arrive in time",
-                ),
-            );
+            return self.request_too_slow(key);
         }
         if res <= 0 {
             // The client went away before sending a whole request.
@@ -79,7 +91,7 @@ impl Worker {
             Ok(Some(h)) => h,
             Ok(None) => return self.arm_recv(key),
             Err(e) => {
-                conn.reading = false;
+                conn.leave_request_phase(&self.shared.admission);
                 return self.reply_error(key, &e);
             }
         };
@@ -103,7 +115,7 @@ impl Worker {
             return self.arm_recv(key);
         }
         if have > head.content_length {
-            conn.reading = false;
+            conn.leave_request_phase(&self.shared.admission);
             return self.reply_error(
                 key,
                 &HttpError::bad_request(
@@ -111,7 +123,7 @@ impl Worker {
                 ),
             );
         }
-        conn.reading = false;
+        conn.leave_request_phase(&self.shared.admission);
         // The request buffer is freed once the request is routed: nothing reads it after.
         let request = conn.rbuf.take().unwrap_or_default();
         let body = request.get(head.head_len..).unwrap_or_default();

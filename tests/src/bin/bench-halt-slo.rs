@@ -551,6 +551,12 @@ fn haltd_args(spec: &RunSpec) -> Vec<String> {
         "--builtin-token-interval-us",
         &pace,
         "--ledger-no-fsync",
+        // Every client of the bench is one address, and N connect at once: the admission
+        // caps (a defence against hostile clients) would refuse most of them.
+        "--max-conns-per-addr",
+        "0",
+        "--request-phase-share",
+        "100",
     ]
     .iter()
     .map(|s| (*s).to_owned())

@@ -1636,6 +1636,9 @@ fn start_haltd(
         .args(["--source", "openai", "--upstream"])
         .arg(format!("http://{upstream}"))
         .args(["--max-streams", &args.max_streams.to_string()])
+        // Every client of the bench is one address, and N connect at once: the admission
+        // caps (a defence against hostile clients) would refuse most of them.
+        .args(["--max-conns-per-addr", "0", "--request-phase-share", "100"])
         .args(extra);
     if let Some(w) = args.workers {
         cmd.args(["--workers", &w.to_string()]);

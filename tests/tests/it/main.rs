@@ -19,6 +19,7 @@ mod adversarial;
 mod crash;
 mod detectors;
 mod guarantee;
+mod hostile;
 mod kernel_gate;
 mod namespaces;
 mod ops_pack;

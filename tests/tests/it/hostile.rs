@@ -1,0 +1,256 @@
+//! Hostile clients: the request deadline is absolute (from accept to the end of the body),
+//! one address can hold only `--max-conns-per-addr` connections, and connections still
+//! sending their request hold at most `--request-phase-share` of the stream table.
+
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use haltd_tests::{connect_from, in_netns, spawn_in_netns, sse, Haltd, NetPair};
+
+/// What a trickling client got: the status of the answer (None: none came), and when.
+#[derive(Debug)]
+struct Trickled {
+    status: Option<u16>,
+    after: Duration,
+    bytes_sent: usize,
+}
+
+/// Sends a request one byte every `gap` on `s` until haltd answers or closes, or `limit`.
+fn trickle(mut s: TcpStream, gap: Duration, limit: Duration) -> Trickled {
+    let req = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+    let start = Instant::now();
+    let _ = s.set_read_timeout(Some(gap));
+    let mut buf = [0u8; 512];
+    let mut sent = 0;
+    while start.elapsed() < limit {
+        let byte = req.get(sent).copied().unwrap_or(b'x');
+        if s.write_all(&[byte]).is_err() {
+            break;
+        }
+        sent += 1;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+                return Trickled {
+                    status,
+                    after: start.elapsed(),
+                    bytes_sent: sent,
+                };
+            }
+            Err(_) => {} // the gap passed with nothing to read: send the next byte
+        }
+    }
+    Trickled {
+        status: None,
+        after: start.elapsed(),
+        bytes_sent: sent,
+    }
+}
+
+#[test]
+fn a_trickling_client_gets_408_at_its_deadline_while_a_stream_goes_on() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--max-streams",
+            "4",
+            "--request-timeout-ms",
+            "1000",
+            "--builtin-token-interval-us",
+            "20000",
+        ],
+    )?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    // A well-behaved client streams for about 3 s, through the whole attack.
+    let streamer = spawn_in_netns(&pair.cli, move || {
+        sse::stream(
+            &url,
+            &sse::chat_body("hostile clients", 150, true),
+            Duration::from_secs(30),
+            |_, _| {},
+        )
+    });
+    thread::sleep(Duration::from_millis(300));
+    let api = haltd.api;
+    let tricklers: Vec<_> = (0..2)
+        .map(|_| {
+            spawn_in_netns(&pair.cli, move || -> Result<Trickled> {
+                let s = TcpStream::connect(api)?;
+                Ok(trickle(
+                    s,
+                    Duration::from_millis(700),
+                    Duration::from_secs(8),
+                ))
+            })
+        })
+        .collect();
+    for t in tricklers {
+        let t = t.join().expect("trickler thread")?;
+        // With a deadline restarted by every read, a byte every 0.7 s never times out.
+        ensure!(t.status == Some(408), "a trickling client got {t:?}");
+        ensure!(
+            t.after >= Duration::from_millis(900) && t.after < Duration::from_millis(3500),
+            "408 should come at the 1 s deadline from accept, came after {:?} ({} bytes sent)",
+            t.after,
+            t.bytes_sent
+        );
+    }
+    let outcome = streamer.join().expect("streamer thread")?;
+    ensure!(
+        outcome.status == 200 && outcome.finish_reason.is_some() && outcome.tokens >= 100,
+        "the well-behaved stream was disturbed: status {} tokens {} finish {:?} error {:?}",
+        outcome.status,
+        outcome.tokens,
+        outcome.finish_reason,
+        outcome.error
+    );
+    let m = haltd.metrics()?;
+    ensure!(
+        m.value("haltd_requests_rejected_total", &[("status", "408")])? >= 2.0,
+        "the 408s are counted"
+    );
+    Ok(())
+}
+
+/// Opens `n` connections from `src`, one after the other, and sends one byte of a request on
+/// each; the statuses of those haltd refused at once, and the ones it admitted (kept open by
+/// the caller, so the descriptors in use stay few whatever `n` is).
+fn flood(src: Ipv4Addr, api: SocketAddr, n: usize) -> Result<(Vec<u16>, Vec<TcpStream>)> {
+    let mut refused = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..n {
+        let mut s = connect_from(src, api)?;
+        // A refused connection may be closed before this byte lands.
+        let _ = s.write_all(b"P");
+        // A refusal is written at accept; an admitted connection waits for more bytes.
+        s.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(n) => refused.push(status_of(&buf[..n])),
+            Err(e) if is_timeout(&e) => kept.push(s),
+            Err(_) => refused.push(0),
+        }
+    }
+    Ok((refused, kept))
+}
+
+fn status_of(head: &[u8]) -> u16 {
+    String::from_utf8_lossy(head)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+#[test]
+fn two_thousand_trickling_connections_from_one_address_leave_another_streaming() -> Result<()> {
+    let pair = NetPair::new()?;
+    let attacker = pair.add_client_addr(10)?;
+    let honest = pair.add_client_addr(20)?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--max-streams",
+            "512",
+            "--max-conns-per-addr",
+            "100",
+            "--request-timeout-ms",
+            "20000",
+            "--builtin-token-interval-us",
+            "2000",
+        ],
+    )?;
+    let api = haltd.api;
+    let (refused, kept) = in_netns(&pair.cli, move || flood(attacker, api, 2000))?;
+    ensure!(
+        kept.len() == 100 && refused.len() == 1900 && refused.iter().all(|&s| s == 429),
+        "one address holds --max-conns-per-addr connections: {} open, {} refused ({} with 429)",
+        kept.len(),
+        refused.len(),
+        refused.iter().filter(|&&s| s == 429).count()
+    );
+    // A second address streams while the first one's connections are all still open.
+    let body = sse::chat_body("another address", 50, true).to_string();
+    let answer = in_netns(&pair.cli, move || -> Result<String> {
+        let mut s = connect_from(honest, api)?;
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer honest\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes())?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).context("reading the stream")?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    })?;
+    ensure!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("data: [DONE]"),
+        "the second address did not get a whole stream: {}",
+        &answer[..answer.len().min(300)]
+    );
+    let m = haltd.metrics()?;
+    ensure!(
+        m.value("haltd_requests_rejected_total", &[("status", "429")])? >= 1900.0,
+        "the 429s are counted"
+    );
+    drop(kept);
+    Ok(())
+}
+
+#[test]
+fn request_phase_connections_hold_at_most_their_share_of_the_table() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--max-streams",
+            "20",
+            "--request-phase-share",
+            "50",
+            "--request-timeout-ms",
+            "20000",
+        ],
+    )?;
+    let api = haltd.api;
+    // Thirty connections from thirty addresses (no per-address cap applies): ten get in.
+    let addrs: Vec<Ipv4Addr> = (0..30u8)
+        .map(|i| pair.add_client_addr(100 + i))
+        .collect::<Result<_>>()?;
+    let (refused, kept) = in_netns(&pair.cli, move || -> Result<(Vec<u16>, Vec<TcpStream>)> {
+        let mut kept = Vec::new();
+        let mut refused = Vec::new();
+        for a in addrs {
+            let (r, k) = flood(a, api, 1)?;
+            refused.extend(r);
+            kept.extend(k);
+        }
+        Ok((refused, kept))
+    })?;
+    ensure!(
+        kept.len() == 10 && refused.len() == 20 && refused.iter().all(|&s| s == 503),
+        "10 of 20 slots may be in the request phase: {} open, refused: {refused:?}",
+        kept.len()
+    );
+    let m = haltd.metrics()?;
+    ensure!(
+        m.value("haltd_requests_rejected_total", &[("status", "503")])? >= 20.0,
+        "the 503s are counted"
+    );
+    drop(kept);
+    Ok(())
+}
