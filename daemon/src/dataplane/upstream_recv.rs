@@ -119,14 +119,16 @@ fn up_received(
     let prev_status = up.status;
     let had_head = up.reader.head().is_some();
     up.body.clear();
+    let mut early_eof = None;
     if res == 0 {
         if let Err(e) = up.reader.eof() {
-            let what = if up.reader.head().is_none() {
-                "the upstream closed the connection before a response".to_owned()
-            } else {
-                format!("the upstream closed the connection mid-stream: {e}")
-            };
-            return Received::Failed(UpstreamFailureKind::EarlyEof, what, prev_status);
+            if up.reader.head().is_none() {
+                let what = "the upstream closed the connection before a response".to_owned();
+                return Received::Failed(UpstreamFailureKind::EarlyEof, what, prev_status);
+            }
+            early_eof = Some(format!(
+                "the upstream closed the connection mid-stream: {e}"
+            ));
         }
     } else {
         let read = up.rbuf.as_deref().unwrap_or_default();
@@ -147,6 +149,12 @@ fn up_received(
         up.retry_after = head.retry_after.clone();
     }
     let complete = res == 0 || up.reader.is_done();
+    if let (Some(what), true) = (
+        early_eof.as_ref(),
+        up.purpose == Purpose::Models || status != 200,
+    ) {
+        return Received::Failed(UpstreamFailureKind::EarlyEof, what.clone(), Some(status));
+    }
     if up.purpose == Purpose::Models || status != 200 {
         // A whole body to relay (models) or to explain (an error status).
         if up.body.len() + up.wbuf.len() > MAX_UPSTREAM_BODY {
@@ -167,21 +175,29 @@ fn up_received(
         return Received::Failed(UpstreamFailureKind::Malformed, msg, Some(status));
     }
     let Some(source) = source else {
-        return Received::NoHead;
+        return match early_eof {
+            Some(what) => Received::Failed(UpstreamFailureKind::EarlyEof, what, Some(status)),
+            None => Received::NoHead,
+        };
     };
     up.sse.push(&up.body);
     feed_events(up, source, endpoint, arrived_ns);
+    // An early end is queued behind what was read before it, so the tokens the upstream
+    // sent still go out (governed) before the turn fails.
+    if let (Some(what), false) = (early_eof, source.saw_done()) {
+        source.push_failure(UpstreamFailureKind::EarlyEof, what);
+    }
     if res == 0 && !source.saw_done() {
         if !source.has_finish() {
             let n = up.events;
-            return Received::Failed(
+            source.push_failure(
                 UpstreamFailureKind::EarlyEof,
                 format!("the upstream closed the stream after {n} events without a finish_reason or [DONE]"),
-                Some(status),
             );
+        } else {
+            // Some servers end with the final chunk and close, without `[DONE]`.
+            source.push_done();
         }
-        // Some servers end with the final chunk and close, without `[DONE]`.
-        source.push_done();
     }
     Received::Stream { had_head }
 }

@@ -89,14 +89,14 @@ enum Item {
     Done,
     Error(UpstreamError),
     /// The stream broke here (malformed event): what came before it is still emitted.
-    Broken(String),
+    Broken(UpstreamFailureKind, String),
 }
 
 /// The parsed side of a proxied turn's upstream stream.
 #[derive(Debug, Default)]
 pub struct UpstreamSource {
     items: VecDeque<Item>,
-    /// `[DONE]` (or a break in the stream) is queued: nothing after it is read.
+    /// `[DONE]`, an error event or a break in the stream is queued: nothing after it is read.
     saw_done: bool,
     finish: Option<FinishReason>,
     usage: Option<(u64, u64)>,
@@ -167,7 +167,13 @@ impl UpstreamSource {
                 push_chunk(&mut self.items, &mut self.spares, c, arrived_ns);
             }
             Ok(Parsed::Done) => self.push_done(),
-            Ok(Parsed::Error(e)) => self.items.push_back(Item::Error(e)),
+            Ok(Parsed::Error(e)) => {
+                // An error event ends the stream: nothing after it is read, and the close that
+                // follows it is no early EOF (the error fails the turn, typed).
+                self.items.push_back(Item::Error(e));
+                self.saw_done = true;
+                return false;
+            }
             Err(e) => {
                 self.push_broken(format!("malformed upstream event: {e}"));
                 return false;
@@ -184,7 +190,13 @@ impl UpstreamSource {
 
     /// The stream broke here: what came before it still goes out.
     pub fn push_broken(&mut self, msg: String) {
-        self.items.push_back(Item::Broken(msg));
+        self.push_failure(UpstreamFailureKind::Malformed, msg);
+    }
+
+    /// The stream ends here with the failure `kind` (e.g. the upstream closed it early):
+    /// what came before it still goes out, then the turn fails.
+    pub fn push_failure(&mut self, kind: UpstreamFailureKind, msg: String) {
+        self.items.push_back(Item::Broken(kind, msg));
         self.saw_done = true;
     }
 
@@ -241,9 +253,7 @@ impl TokenSource for UpstreamSource {
                     let msg = format!("the upstream sent an error event: {quote}");
                     return failed(UpstreamFailureKind::ErrorEvent, msg, e.status, Some(quote));
                 }
-                Item::Broken(msg) => {
-                    return failed(UpstreamFailureKind::Malformed, msg, Some(200), None)
-                }
+                Item::Broken(kind, msg) => return failed(kind, msg, Some(200), None),
                 Item::Done => return Polled::End,
             }
         }
