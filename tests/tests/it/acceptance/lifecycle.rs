@@ -138,6 +138,10 @@ fn slow_clients_and_a_full_table() -> Result<()> {
             "300",
             "--max-streams",
             "4",
+            // The idle holders fill the whole table (this test is about --max-streams);
+            // `hostile::` covers the request-phase cap.
+            "--request-phase-share",
+            "100",
             "--builtin-token-interval-us",
             "2000",
         ],
