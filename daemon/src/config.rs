@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// What a halt puts into degraded safe mode: the conversation's API key, or the whole node.
     #[arg(long, value_enum, default_value = "key")]
     pub degraded_scope: crate::modes::DegradedScope,
+    /// Name a request's identity by this header's value (e.g. a gateway's user header) instead of its Authorization value; requests without it fall back to Authorization.
+    #[arg(long, value_name = "HEADER")]
+    pub identity_header: Option<String>,
+    /// Directory of haltd's persistent state (the node secret that keys key fingerprints).
+    #[arg(long, default_value = "/var/lib/haltd")]
+    pub state_dir: PathBuf,
     /// Degraded mode ends by itself after this many seconds (0: only `haltctl mode full` ends it).
     #[arg(long, default_value_t = 0)]
     pub degraded_for_s: u64,
@@ -302,6 +308,12 @@ impl ServeArgs {
         }
         if self.request_timeout_ms == 0 {
             return Err(err("request-timeout-ms", "must be at least 1"));
+        }
+        if let Some(h) = &self.identity_header {
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if h.is_empty() || !h.bytes().all(token) {
+                return Err(err("identity-header", "must be an HTTP header name"));
+            }
         }
         if !(1..=100).contains(&self.request_phase_share) {
             return Err(err(

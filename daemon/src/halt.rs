@@ -64,6 +64,8 @@ pub struct HaltCore {
     pub detectors: crate::detect::pipeline::Detectors,
     /// What client connections may hold: per-address and request-phase caps.
     pub admission: crate::admission::Admission,
+    /// The per-node secret that keys key fingerprints (`identity.rs`).
+    pub node_secret: crate::identity::NodeSecret,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn

@@ -45,6 +45,7 @@ pub mod dataplane;
 pub mod detect;
 pub mod gate;
 pub mod halt;
+pub mod identity;
 pub mod ledger;
 pub mod metrics;
 pub mod modes;

@@ -9,8 +9,9 @@
 //! `x-haltd-mode: degraded`. The operator ends it (`haltctl mode full`), or a timer
 //! (`--degraded-for-s`) does; every change is a flight-recorder record.
 //!
-//! A conversation is named by its [`KeyId`]: the first 8 bytes of the SHA-256 of the
-//! request's `Authorization` value (requests without one share the key of the empty string).
+//! A conversation is named by its [`KeyId`]: the first 8 bytes of HMAC-SHA-256, under the
+//! per-node secret, of the request's normalized credential (its `Authorization` value, or the
+//! header `--identity-header` names; requests without one share one key; `identity.rs`).
 //! The key itself is never stored or logged; records and the admin API show its fingerprint
 //! (16 hex digits).
 //!
@@ -29,21 +30,18 @@ use std::{
 use clap::ValueEnum;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::{clock::unix_ms, codes::FailureCode};
 
-/// A conversation's key: the first 8 bytes of SHA-256 over the `Authorization` header value.
+/// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
+/// request's normalized credential (`identity.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub u64);
 
 impl KeyId {
-    /// The key of a request with this `Authorization` value (`None`: no header).
-    pub fn of_authorization(auth: Option<&str>) -> KeyId {
-        let digest = Sha256::digest(auth.unwrap_or("").as_bytes());
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&digest[..8]);
-        KeyId(u64::from_be_bytes(first))
+    /// The key of a request with this credential (`None`: it had none).
+    pub fn of(secret: &crate::identity::NodeSecret, credential: Option<&str>) -> KeyId {
+        KeyId(secret.key_id(credential))
     }
 
     /// The 16-hex-digit fingerprint used in records, metrics-free views and `haltctl`.
@@ -422,18 +420,19 @@ impl Modes {
 mod tests {
     use super::*;
 
+    fn secret() -> crate::identity::NodeSecret {
+        crate::identity::NodeSecret::from_bytes([3; 32])
+    }
+
     fn key(s: &str) -> KeyId {
-        KeyId::of_authorization(Some(s))
+        KeyId::of(&secret(), Some(s))
     }
 
     #[test]
     fn key_ids_are_stable_and_distinct() {
         assert_eq!(key("Bearer a"), key("Bearer a"));
         assert_ne!(key("Bearer a"), key("Bearer b"));
-        assert_eq!(
-            KeyId::of_authorization(None),
-            KeyId::of_authorization(Some(""))
-        );
+        assert_eq!(KeyId::of(&secret(), None), KeyId::of(&secret(), Some("")));
         let k = key("Bearer secret");
         assert_eq!(KeyId::parse_fingerprint(&k.fingerprint()), Some(k));
         assert!(!k.fingerprint().contains("secret"));

@@ -35,6 +35,8 @@ pub enum StartError {
     Crash(#[source] crate::crash::RecoverError),
     #[error("invalid --config: {0}")]
     Config(String),
+    #[error("the node secret (--state-dir): {0}")]
+    Identity(#[source] crate::identity::IdentityError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -103,6 +105,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     )
     .map_err(StartError::Crash)?;
     metrics.ledger.crashes_recovered.inc_by(crashes);
+    let node_secret = crate::identity::NodeSecret::load_or_create(&cfg.args.state_dir)
+        .map_err(StartError::Identity)?;
     let wakers = worker_wakers(cfg.workers)?;
     // The gate is loaded first: the listener must be created inside the gate's cgroup.
     let listener = bind_listener(&cfg, gate.as_ref())?;
@@ -122,6 +126,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         turn_meta: (0..cfg.args.max_streams)
             .map(|_| std::sync::Mutex::default())
             .collect(),
+        node_secret,
         admission: crate::admission::Admission::new(
             cfg.args.max_conns_per_addr,
             crate::admission::Admission::request_cap(

@@ -62,6 +62,8 @@ pub struct Haltd {
     pub ledger: PathBuf,
     /// Namespace the clients of this instance run in.
     pub client_ns: String,
+    /// Its `--state-dir` (the node secret).
+    pub state_dir: PathBuf,
 }
 
 impl Haltd {
@@ -94,6 +96,7 @@ impl Haltd {
     ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
+        let state_dir = state_dir_of(extra, &dir);
         let api = pair.srv_addr(PORT_API);
         let admin = pair.srv_addr(PORT_ADMIN);
         let metrics = pair.srv_addr(PORT_METRICS);
@@ -113,6 +116,7 @@ impl Haltd {
             .arg("--ledger")
             .arg(&ledger)
             .args(test_sampling(extra))
+            .args(state_dir_args(extra, &state_dir))
             .args(extra)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -128,6 +132,7 @@ impl Haltd {
             metrics,
             ledger,
             client_ns: pair.cli.clone(),
+            state_dir,
         };
         haltd
             .wait_ready(Duration::from_secs(20))
@@ -301,6 +306,14 @@ impl Haltd {
     }
 
     /// Stops haltd with SIGTERM (SIGKILL after 10 s) and returns how it ended.
+    /// The fingerprint this instance gives the credential `auth` (keyed with its node
+    /// secret, which it created at start).
+    pub fn key_fingerprint(&self, auth: &str) -> Result<String> {
+        let secret = haltd::identity::NodeSecret::load_or_create(&self.state_dir)
+            .context("reading the instance's node secret")?;
+        Ok(haltd::modes::KeyId::of(&secret, Some(auth)).fingerprint())
+    }
+
     pub fn stop(&mut self) -> Result<ExitStatus> {
         let mut child = self.child.take().context("haltd already stopped")?;
         terminate(&mut child)
@@ -325,6 +338,24 @@ impl Drop for Haltd {
 /// The sampling flags the harness adds: record every turn, so that tests can wait for the
 /// record of any turn (production samples 5 % of normal turns).
 pub const TEST_SAMPLING: [&str; 2] = ["--turn-sample-rate", "1"];
+
+/// The `--state-dir` of an instance: the one `extra` names (a restart that keeps the node
+/// secret), else `dir/state` (the secret stays out of `/var/lib/haltd`).
+fn state_dir_of(extra: &[&str], dir: &Path) -> PathBuf {
+    extra
+        .iter()
+        .position(|a| *a == "--state-dir")
+        .and_then(|i| extra.get(i + 1))
+        .map_or_else(|| dir.join("state"), PathBuf::from)
+}
+
+/// `--state-dir` unless `extra` names one.
+fn state_dir_args(extra: &[&str], state_dir: &Path) -> Vec<String> {
+    if extra.contains(&"--state-dir") {
+        return Vec::new();
+    }
+    vec!["--state-dir".to_owned(), state_dir.display().to_string()]
+}
 
 /// [`TEST_SAMPLING`], unless `extra` sets the rate itself.
 pub fn test_sampling(extra: &[&str]) -> &'static [&'static str] {

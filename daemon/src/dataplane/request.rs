@@ -87,7 +87,8 @@ impl Worker {
         }
         let max_body = self.shared.cfg.args.max_body_bytes;
         let rbuf = conn.rbuf.as_deref().unwrap_or_default();
-        let head = match http::parse_head(rbuf, max_body) {
+        let identity_header = self.shared.cfg.args.identity_header.as_deref();
+        let head = match http::parse_head_with(rbuf, max_body, identity_header) {
             Ok(Some(h)) => h,
             Ok(None) => return self.arm_recv(key),
             Err(e) => {
@@ -143,8 +144,7 @@ impl Worker {
                 self.start_proxy_turn(key, endpoint, &head, body)
             }
             ("POST", _, Some(endpoint)) => {
-                let key_id =
-                    KeyId::of_authorization(head.authorization.as_ref().map(|a| a.as_str()));
+                let key_id = KeyId::of(&self.shared.node_secret, head.credential());
                 match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
                 {
                     Ok(req) => self.start_builtin_turn(key, req, key_id),

@@ -393,7 +393,7 @@ impl Worker {
         body: &[u8],
     ) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
-        let key_id = KeyId::of_authorization(auth.as_deref());
+        let key_id = KeyId::of(&self.shared.node_secret, head.credential());
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);

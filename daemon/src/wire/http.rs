@@ -26,6 +26,19 @@ pub struct RequestHead {
     /// The `Authorization` value, passed through to an upstream and never logged (its
     /// `Debug` is redacted).
     pub authorization: Option<Secret>,
+    /// The value of the header `--identity-header` names, if configured and present.
+    pub identity: Option<Secret>,
+}
+
+impl RequestHead {
+    /// What names the request's identity: the `--identity-header` value, else the
+    /// `Authorization` value.
+    pub fn credential(&self) -> Option<&str> {
+        self.identity
+            .as_ref()
+            .or(self.authorization.as_ref())
+            .map(Secret::as_str)
+    }
 }
 
 /// A request the data plane refuses, with the status it answers.
@@ -77,6 +90,16 @@ impl HttpError {
 ///
 /// `Ok(None)` means more bytes are needed. Errors carry the status to answer.
 pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, HttpError> {
+    parse_head_with(buf, max_body, None)
+}
+
+/// [`parse_head`], also keeping the value of the header named `identity_header`
+/// (`--identity-header`; at most one such header, visible ASCII).
+pub fn parse_head_with(
+    buf: &[u8],
+    max_body: usize,
+    identity_header: Option<&str>,
+) -> Result<Option<RequestHead>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -121,6 +144,10 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
         ));
     }
     let fields = HeadFields::read(req.headers)?;
+    let identity = identity_header
+        .map(|name| identity_value(req.headers, name))
+        .transpose()?
+        .flatten();
     let (expect_continue, authorization) = (fields.expect_continue, fields.authorization);
     let content_length = fields.content_length.unwrap_or(0);
     if content_length > max_body {
@@ -137,7 +164,36 @@ pub fn parse_head(buf: &[u8], max_body: usize) -> Result<Option<RequestHead>, Ht
         content_length,
         expect_continue,
         authorization,
+        identity,
     }))
+}
+
+/// The value of the one header called `name`, if any.
+fn identity_value(
+    headers: &[httparse::Header<'_>],
+    name: &str,
+) -> Result<Option<Secret>, HttpError> {
+    let mut found = None;
+    for h in headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
+        if found.is_some() {
+            return Err(HttpError::bad_request(format!(
+                "more than one {name} header"
+            )));
+        }
+        let v = std::str::from_utf8(h.value)
+            .ok()
+            .filter(|v| {
+                v.bytes()
+                    .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic())
+            })
+            .ok_or_else(|| {
+                HttpError::bad_request(format!(
+                    "the {name} header holds bytes other than visible ASCII"
+                ))
+            })?;
+        found = Some(Secret::new(v.trim().to_owned()));
+    }
+    Ok(found)
 }
 
 /// The header fields haltd acts on.

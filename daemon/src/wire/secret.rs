@@ -3,11 +3,10 @@
 
 use std::fmt;
 
-use sha2::{Digest as _, Sha256};
-
 /// A credential (an upstream API key, a client's bearer token) that must never reach a log
-/// or a record. `Debug` and `Display` print `Secret(<redacted>)`; records name the key by
-/// [`Secret::fingerprint`].
+/// or a record. `Debug` and `Display` print `Secret(<redacted>)`; records name a client's
+/// key by its keyed fingerprint ([`crate::modes::KeyId`], `identity.rs`), never by a plain
+/// hash that a guessed key could be checked against.
 #[derive(Clone)]
 pub struct Secret(String);
 
@@ -18,14 +17,6 @@ impl Secret {
     /// The secret itself, for the one place it is written (a request head).
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-    /// First 16 hex digits of the SHA-256 of the secret: names a key in records and logs
-    /// without revealing it.
-    pub fn fingerprint(&self) -> String {
-        let digest = Sha256::digest(self.0.as_bytes());
-        let mut hex = hex::encode(digest);
-        hex.truncate(16);
-        hex
     }
 }
 
@@ -58,14 +49,5 @@ mod tests {
         assert_eq!(format!("{s}"), "Secret(<redacted>)");
         assert_eq!(format!("{:?}", Some(s.clone())), "Some(Secret(<redacted>))");
         assert_eq!(s.as_str(), "sk-live-123456");
-        let fp = s.fingerprint();
-        assert_eq!(fp.len(), 16);
-        assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));
-        // SHA-256("abc") = ba7816bf8f01cfea...
-        assert_eq!(
-            Secret::from("abc".to_owned()).fingerprint(),
-            "ba7816bf8f01cfea"
-        );
-        assert_ne!(Secret::new("abd").fingerprint(), "ba7816bf8f01cfea");
     }
 }

@@ -254,3 +254,159 @@ fn request_phase_connections_hold_at_most_their_share_of_the_table() -> Result<(
     drop(kept);
     Ok(())
 }
+
+/// Streams one short built-in turn with `auth` (and `extra` headers); its `x-haltd-mode`.
+fn mode_of(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<Option<String>> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let mut headers: Vec<(String, String)> = vec![("authorization".into(), auth.into())];
+    headers.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    in_netns(ns, move || {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let o = sse::stream_with(
+            &url,
+            &sse::chat_body("who am i", 4, true),
+            &h,
+            Duration::from_secs(20),
+            |_, _| {},
+        )?;
+        ensure!(o.status == 200, "status {}", o.status);
+        Ok(o.mode_header)
+    })
+}
+
+/// Trips a stream of `auth` (operator trip: the key enters degraded mode); the halt record's
+/// conversation fingerprint.
+fn trip_key(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let mut headers: Vec<(String, String)> = vec![("authorization".into(), auth.into())];
+    headers.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let streamer = spawn_in_netns(ns, move || {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut sent = false;
+        sse::stream_with(
+            &url,
+            &sse::chat_body("victim", 400, true),
+            &h,
+            Duration::from_secs(30),
+            |p, _| {
+                if !sent {
+                    sent = tx.send(p.stream_id.to_owned()).is_ok();
+                }
+            },
+        )
+    });
+    let id = rx.recv_timeout(Duration::from_secs(10))?;
+    let (status, _) = haltd.trip(&id, None)?;
+    ensure!(status == 200, "trip answered {status}");
+    streamer
+        .join()
+        .expect("streamer thread")?
+        .halted_cleanly("OPERATOR_TRIP")?;
+    let rec = haltd.wait_record("the halt", |r| {
+        r["kind"] == "incident" && r["stream_id"] == id.as_str()
+    })?;
+    rec["conversation"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no conversation in {rec}"))
+}
+
+#[test]
+fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_restart() -> Result<()>
+{
+    let pair = NetPair::new()?;
+    let state = haltd_tests::temp_dir("identity-state")?;
+    let state_arg = state.display().to_string();
+    let args = [
+        "--builtin-token-interval-us",
+        "20000",
+        "--state-dir",
+        &state_arg,
+    ];
+    let mut haltd = Haltd::start(&pair, &args)?;
+    let fp = trip_key(&haltd, &pair.cli, "Bearer sk-victim", &[])?;
+    for variant in ["bearer sk-victim", "Bearer  sk-victim", "BEARER sk-victim"] {
+        let mode = mode_of(&haltd, &pair.cli, variant, &[])?;
+        ensure!(
+            mode.as_deref() == Some("degraded"),
+            "{variant:?} dodged degraded mode: {mode:?}"
+        );
+    }
+    ensure!(
+        mode_of(&haltd, &pair.cli, "Bearer sk-other", &[])?.is_none(),
+        "another key is not degraded"
+    );
+    ensure!(
+        fp.len() == 16 && !fp.contains("victim"),
+        "fingerprint {fp:?}"
+    );
+    // Keyed with the node secret: a plain SHA-256 of the key would be checkable offline.
+    let plain = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"Bearer sk-victim"));
+    ensure!(
+        !plain.starts_with(&fp),
+        "the fingerprint is an unkeyed hash"
+    );
+    haltd.stop()?;
+    // The same node (same state directory): the same key has the same fingerprint.
+    let haltd = Haltd::start(&pair, &args)?;
+    let again = trip_key(&haltd, &pair.cli, "bearer  sk-victim", &[])?;
+    ensure!(
+        again == fp,
+        "fingerprint changed across a restart: {fp} then {again}"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_identity_header_names_the_conversation() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "20000",
+            "--identity-header",
+            "x-gateway-user",
+        ],
+    )?;
+    trip_key(
+        &haltd,
+        &pair.cli,
+        "Bearer gateway-key",
+        &[("x-gateway-user", "alice")],
+    )?;
+    // The gateway's one key, another user: full mode; the same user, another key: degraded.
+    let bob = mode_of(
+        &haltd,
+        &pair.cli,
+        "Bearer gateway-key",
+        &[("x-gateway-user", "bob")],
+    )?;
+    ensure!(bob.is_none(), "bob is degraded by alice's halt: {bob:?}");
+    let alice = mode_of(
+        &haltd,
+        &pair.cli,
+        "Bearer other-key",
+        &[("x-gateway-user", "alice")],
+    )?;
+    ensure!(
+        alice.as_deref() == Some("degraded"),
+        "alice is not degraded: {alice:?}"
+    );
+    Ok(())
+}

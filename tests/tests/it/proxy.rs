@@ -665,8 +665,10 @@ fn trips_and_client_disconnects_cancel_the_upstream_generation() -> Result<()> {
     Ok(())
 }
 
-fn fingerprint(auth: &str) -> String {
-    haltd::modes::KeyId::of_authorization(Some(auth)).fingerprint()
+fn fingerprint(rig: &Rig, auth: &str) -> String {
+    rig.haltd
+        .key_fingerprint(auth)
+        .expect("the node secret of the rig's haltd")
 }
 
 fn haltctl(rig: &Rig, args: &[&str]) -> Result<Value> {
@@ -803,8 +805,8 @@ fn degraded_trip_releases_nothing(rig: &Rig) -> Result<()> {
 fn operator_ends_degraded_mode(rig: &Rig, a: &str) -> Result<()> {
     // The operator ends it for key A.
     let shown = haltctl(rig, &["mode"])?;
-    ensure!(shown["keys"][0]["key"] == fingerprint(a), "{shown}");
-    let scope = format!("key:{}", fingerprint(a));
+    ensure!(shown["keys"][0]["key"] == fingerprint(rig, a), "{shown}");
+    let scope = format!("key:{}", fingerprint(rig, a));
     let ended = haltctl(rig, &["mode", "full", "--scope", &scope])?;
     ensure!(
         ended["changed"].as_array().map(Vec::len) == Some(1),
@@ -873,7 +875,7 @@ fn degraded_mode_follows_a_halt_for_its_key_until_the_operator_ends_it() -> Resu
     let id = trip_one(&rig, a)?;
     let ch = rig.wait_record("mode change", |r| r["mode_change"]["to"] == "degraded")?;
     ensure!(
-        ch["mode_change"]["scope"] == format!("key:{}", fingerprint(a)),
+        ch["mode_change"]["scope"] == format!("key:{}", fingerprint(&rig, a)),
         "{ch}"
     );
     ensure!(ch["mode_change"]["stream_id"] == id.as_str(), "{ch}");
@@ -917,7 +919,7 @@ fn a_tripped_turn_commits_nothing_and_its_dispatched_tool_calls_need_reconciliat
     let find = |v: &Value| -> Value {
         v["conversations"]
             .as_array()
-            .and_then(|l| l.iter().find(|c| c["key"] == fingerprint(k)).cloned())
+            .and_then(|l| l.iter().find(|c| c["key"] == fingerprint(&rig, k)).cloned())
             .unwrap_or_default()
     };
     let before = find(&rig.get_admin("/admin/conversations")?);

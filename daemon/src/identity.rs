@@ -1,0 +1,201 @@
+//! Who a request is, for degraded safe mode and the conversation state: one identity per key.
+//!
+//! A conversation is named by a [`KeyId`](crate::modes::KeyId) computed from the request's
+//! credential: the `Authorization` value, or the value of a header the operator names
+//! (`--identity-header`, e.g. a gateway's user header). The value is **normalized** first, so
+//! spellings of one credential are one identity: the words are split on ASCII whitespace
+//! (surrounding and repeated whitespace do not count), and the first word, the scheme
+//! (`Bearer`), is compared case-insensitively. The token itself stays case-sensitive.
+//!
+//! The id is the first 8 bytes of **HMAC-SHA-256** of the normalized value under a per-node
+//! secret ([`NodeSecret`]): 32 random bytes created at first start in
+//! `<--state-dir>/node.key` (mode 0600, the directory 0700) and read at every later start, so
+//! fingerprints are stable on a node across restarts, differ between nodes, and cannot be
+//! reversed or tested against a guessed key without the secret. The credential itself is
+//! never stored or logged.
+
+use std::{
+    fs,
+    io::{self, Write},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Length of the node secret in bytes.
+const SECRET_LEN: usize = 32;
+
+/// The per-node secret fingerprints are keyed with.
+#[derive(Clone)]
+pub struct NodeSecret([u8; SECRET_LEN]);
+
+impl std::fmt::Debug for NodeSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeSecret(..)")
+    }
+}
+
+/// Why the node secret could not be read or created.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} is readable or writable by group or others (mode {mode:o}); it must be 0600")]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error("{path} does not hold {SECRET_LEN} bytes as 64 hex digits")]
+    Malformed { path: PathBuf },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> IdentityError + 'a {
+    move |source| IdentityError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl NodeSecret {
+    /// The secret in `dir/node.key`, created (with `dir`) if there is none yet.
+    pub fn load_or_create(dir: &Path) -> Result<Self, IdentityError> {
+        let path = dir.join("node.key");
+        match fs::read_to_string(&path) {
+            Ok(text) => Self::check(&path, &text),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(dir, &path),
+            Err(e) => Err(io_err("reading", &path)(e)),
+        }
+    }
+
+    fn check(path: &Path, text: &str) -> Result<Self, IdentityError> {
+        let mode = fs::metadata(path)
+            .map_err(io_err("reading the mode of", path))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(IdentityError::Exposed {
+                path: path.to_path_buf(),
+                mode: mode & 0o7777,
+            });
+        }
+        let bytes = hex::decode(text.trim()).ok();
+        let secret = bytes
+            .and_then(|b| <[u8; SECRET_LEN]>::try_from(b).ok())
+            .ok_or_else(|| IdentityError::Malformed {
+                path: path.to_path_buf(),
+            })?;
+        Ok(NodeSecret(secret))
+    }
+
+    fn create(dir: &Path, path: &Path) -> Result<Self, IdentityError> {
+        fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+        let mut secret = [0u8; SECRET_LEN];
+        rand::fill(&mut secret);
+        // O_EXCL: two daemons starting at once must not overwrite each other's secret.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io_err("creating", path))?;
+        f.write_all(format!("{}\n", hex::encode(secret)).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io_err("writing", path))?;
+        tracing::info!(path = %path.display(), "created the node secret that keys key fingerprints");
+        Ok(NodeSecret(secret))
+    }
+
+    /// A secret for tests and tools that need no persistence.
+    pub fn from_bytes(bytes: [u8; SECRET_LEN]) -> Self {
+        NodeSecret(bytes)
+    }
+
+    /// The first 8 bytes of HMAC-SHA-256 of the normalized `credential` (`None`: the request
+    /// had none; all such requests share one identity).
+    pub fn key_id(&self, credential: Option<&str>) -> u64 {
+        let mut mac =
+            <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        let mut words = credential.unwrap_or("").split_ascii_whitespace();
+        if let Some(scheme) = words.next() {
+            for b in scheme.bytes() {
+                mac.update(&[b.to_ascii_lowercase()]);
+            }
+        }
+        for w in words {
+            mac.update(b" ");
+            mac.update(w.as_bytes());
+        }
+        let tag = mac.finalize().into_bytes();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&tag[..8]);
+        u64::from_be_bytes(first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_of_one_credential_are_one_identity() {
+        let s = NodeSecret::from_bytes([7; SECRET_LEN]);
+        let id = s.key_id(Some("Bearer sk-victim"));
+        for v in [
+            "bearer sk-victim",
+            "BEARER sk-victim",
+            "Bearer  sk-victim",
+            "  Bearer \t sk-victim  ",
+        ] {
+            assert_eq!(s.key_id(Some(v)), id, "{v:?}");
+        }
+        assert_ne!(
+            s.key_id(Some("Bearer sk-Victim")),
+            id,
+            "the token stays case-sensitive"
+        );
+        assert_ne!(s.key_id(Some("Bearer sk-victim2")), id);
+        assert_eq!(s.key_id(None), s.key_id(Some("   ")));
+    }
+
+    #[test]
+    fn the_secret_keys_the_id() {
+        let a = NodeSecret::from_bytes([1; SECRET_LEN]);
+        let b = NodeSecret::from_bytes([2; SECRET_LEN]);
+        assert_ne!(a.key_id(Some("Bearer k")), b.key_id(Some("Bearer k")));
+    }
+
+    #[test]
+    fn the_secret_is_created_once_private_and_kept() {
+        let dir = std::env::temp_dir().join(format!("haltd-identity-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let first = NodeSecret::load_or_create(&dir).expect("created");
+        let mode = fs::metadata(dir.join("node.key"))
+            .expect("file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = NodeSecret::load_or_create(&dir).expect("read back");
+        assert_eq!(
+            first.key_id(Some("Bearer x")),
+            again.key_id(Some("Bearer x"))
+        );
+        fs::set_permissions(dir.join("node.key"), fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        assert!(matches!(
+            NodeSecret::load_or_create(&dir),
+            Err(IdentityError::Exposed { .. })
+        ));
+        fs::write(dir.join("node.key"), "abcd\n").expect("write");
+        fs::set_permissions(dir.join("node.key"), fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        assert!(matches!(
+            NodeSecret::load_or_create(&dir),
+            Err(IdentityError::Malformed { .. })
+        ));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
