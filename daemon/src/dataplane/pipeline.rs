@@ -8,7 +8,10 @@
 //!    sent ([`observe`]); a failing token is never emitted (spec 001).
 //! 2. **release**: the exfiltration scanner sees the text and says how much of the turn's
 //!    text may go out; what it holds waits in the hold queue (`hold.rs`), and a frame it
-//!    released earlier goes out before anything new.
+//!    released earlier goes out before anything new. While it holds text, a source that
+//!    already has its next token ([`crate::source::TokenSource::peek`]: the built-in model)
+//!    lets the scanner look at it ([`look_ahead`]): held text that the next token rules out
+//!    goes out with this token instead of one token later.
 //! 3. **encode**: one frame (one SSE event) per token ([`encode_token`]), straight from the
 //!    source when nothing is held; a batch turn keeps the tokens for its one final frame.
 //! 4. **account**: the slot counts the frame before it is sent (`Slot::begin_frame`, in the
@@ -33,8 +36,8 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    detect::{pipeline::Gate, DetectorId, TokenObs, Trip, TripKind},
-    source::{upstream::count_suppressed, Polled, Produced, SourceFailure, Tokens},
+    detect::{exfil::Ahead, pipeline::Gate, DetectorId, TokenObs, Trip, TripKind},
+    source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
     stream::{Mode, SlotState},
     upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
     wire::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
@@ -91,6 +94,22 @@ fn scan(turn: &mut Turn, text: &str) -> Result<(), Trip> {
             Ok(())
         }
     }
+}
+
+/// Release, ahead: while the scanner holds text, the source's next text (when it has it
+/// already) may rule the held candidates out now. Nothing is judged: the next text is observed
+/// and scanned when its token comes, and the source's next poll returns exactly it.
+fn look_ahead(turn: &mut Turn) {
+    if turn.hold.released >= turn.hold.scanned {
+        return;
+    }
+    let next = match turn.source.get().peek() {
+        Peek::Text(text) => Ahead::Text(text),
+        Peek::End => Ahead::End,
+        Peek::Unknown => return,
+    };
+    let n = turn.gov.look_ahead(next);
+    turn.hold.release(n);
 }
 
 /// Copies up to `limit` alternatives into `tops`; how many.
@@ -278,6 +297,7 @@ impl Worker {
             slot.tokens_submitted.fetch_add(frames, SeqCst);
             return Ok(Next::Poll);
         }
+        look_ahead(turn);
         if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
             // The common case: nothing held, one frame, encoded from the source's text.
             encode_token(turn, frame(&mut conn.wbuf), &t, offset);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     config::{check_names, entry, err, ConfigFileError, Entry},
-    exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
+    exfil::{Ahead, ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
     scorer::{Scorer, ScorerConfig},
     surprise::{SurpriseConfig, SurpriseDetector},
     timing::{
@@ -415,6 +415,18 @@ impl TurnGovernor {
         }
     }
 
+    /// The text after the last token judged, known before it is judged (the built-in
+    /// model's next token, or the end of its text): how many more bytes of the held text may
+    /// be released now, because that text rules out every candidate that held them
+    /// ([`ExfilScanner::look_ahead`]). Judges nothing and never trips: the detectors, the
+    /// scanner included, see that text when its token comes ([`Self::on_token`],
+    /// [`Self::scan`]), which must then bring exactly this text (or the turn ends).
+    pub fn look_ahead(&mut self, next: Ahead<'_>) -> usize {
+        self.exfil
+            .as_mut()
+            .map_or(0, |(scanner, _)| scanner.look_ahead(next))
+    }
+
     /// The end of the turn's text: everything still held is decided.
     pub fn on_end(&mut self, now_ns: u64) -> Gate {
         if let Some(t) = self.set.end_of_turn(now_ns) {
@@ -584,5 +596,53 @@ mod tests {
             }
         }
         panic!("no trip");
+    }
+
+    #[test]
+    fn the_governor_releases_what_the_next_token_rules_out_and_still_trips_on_a_secret() {
+        let d = Detectors::new(DetectorsConfig::load(None, 0.0).expect("defaults")).expect("ok");
+        let pieces = [
+            "The key is",
+            " a",
+            " secret",
+            " to",
+            "day",
+            ":",
+            " AKIA",
+            "IOSFODNN",
+        ];
+        let pieces = [&pieces[..], &["7EXAMPLE", " ok"]].concat();
+        let mut gov = d.turn("t", 0).expect("turn");
+        let (mut pushed, mut released) = (0, 0);
+        for (i, piece) in pieces.iter().enumerate() {
+            let obs = TokenObs {
+                index: i as u64,
+                text: piece,
+                logprob: Some(-0.1),
+                now_ns: i as u64 * 20_000_000,
+            };
+            match gov.on_token(&obs, || 0) {
+                Gate::Release(n) => released += n,
+                Gate::Trip(t) => {
+                    assert_eq!(t.code, FailureCode::ExfilAlert);
+                    assert_eq!(*piece, " ok", "the key is decided by the byte after it");
+                    break;
+                }
+            }
+            pushed += piece.len();
+            if [" a", " to"].contains(piece) {
+                assert!(released < pushed, "{piece:?} is held by its push");
+            }
+            let next = pieces.get(i + 1).map_or(Ahead::End, |t| Ahead::Text(t));
+            released += gov.look_ahead(next);
+            let key_at = "The key is a secret today: ".len();
+            if pushed <= key_at {
+                // " a" and " to" are held by their push and released by the look-ahead.
+                assert_eq!(released, pushed, "after {piece:?}");
+            } else {
+                assert_eq!(released, key_at, "after {piece:?}");
+            }
+        }
+        assert_eq!(released, "The key is a secret today: ".len());
     }
 }

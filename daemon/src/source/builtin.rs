@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::LazyLock;
 
-use super::{Ending, Polled, Produced, TokenSource, Tokens};
+use super::{Ending, Peek, Polled, Produced, TokenSource, Tokens};
 use crate::{clock::monotonic_ns, upstream::framing::Split};
 
 /// The model name reported in responses (`"model": "builtin"`).
@@ -403,7 +403,7 @@ impl<'m> Distribution<'m> {
 }
 
 /// One generation in progress. Produced by [`BuiltinModel::stream`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BuiltinStream {
     model: &'static BuiltinModel,
     rng: SplitMix64,
@@ -525,6 +525,15 @@ impl BuiltinStream {
         Some(TokenSample { text, logprob, top })
     }
 
+    /// The text of the token [`next_token`](Self::next_token) will return, `None` when it will
+    /// end the stream, without taking it: the same sampling on a copy of the stream's state
+    /// (`top_n` does not change what is sampled). So the next `next_token` returns exactly
+    /// this unless the stream is changed in between ([`set_temperature`](Self::set_temperature)).
+    /// Costs one more sampling of the distribution; no allocation.
+    pub fn peek_text(&self) -> Option<&'static str> {
+        self.clone().next_token(0).map(|t| t.text)
+    }
+
     /// Why the stream ended, once it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish
@@ -557,6 +566,14 @@ impl TokenSource for BuiltinSource {
                 arrived_ns: monotonic_ns(),
             }),
             None => Polled::End,
+        }
+    }
+
+    /// [`BuiltinStream::peek_text`]: the next poll's token, sampled on a copy of the stream.
+    fn peek(&mut self) -> Peek<'_> {
+        match self.stream.peek_text() {
+            Some(text) => Peek::Text(text),
+            None => Peek::End,
         }
     }
 
@@ -635,6 +652,47 @@ mod tests {
             let la: Vec<f32> = a.iter().map(|t| t.logprob).collect();
             let lb: Vec<f32> = b.iter().map(|t| t.logprob).collect();
             assert_eq!(la, lb);
+        }
+    }
+
+    #[test]
+    fn a_peek_is_the_next_poll_whatever_the_alternatives() {
+        // Every token, the end by length and by the model's own stop: the peeked text is what
+        // the next poll returns, and peeking (any number of times) changes nothing.
+        for (seed, max, ignore_eos) in [(1, 40, true), (2, 400, false), (3, 1, false)] {
+            let stream = || {
+                BuiltinModel::get()
+                    .stream("Explain the tides", Some(seed), max)
+                    .with_ignore_eos(ignore_eos)
+            };
+            let mut plain = stream();
+            let mut src = BuiltinSource {
+                stream: stream(),
+                top_n: 5,
+            };
+            // The peek as owned text (`None`: the end).
+            let peek = |src: &mut BuiltinSource| match src.peek() {
+                Peek::Text(t) => Some(t.to_owned()),
+                Peek::End => None,
+                Peek::Unknown => panic!("the built-in model always knows"),
+            };
+            loop {
+                let peeked = peek(&mut src);
+                assert_eq!(peek(&mut src), peeked);
+                let expected = plain.next_token(0).map(|t| t.text);
+                match (src.poll(), expected) {
+                    (Polled::Text(p), Some(t)) => {
+                        assert_eq!(peeked.as_deref(), Some(t));
+                        assert_eq!(p.text, t);
+                    }
+                    (Polled::End, None) => {
+                        assert_eq!(peeked, None);
+                        break;
+                    }
+                    (got, want) => panic!("{got:?} vs {want:?}"),
+                }
+            }
+            assert_eq!(src.stream.finish_reason(), plain.finish_reason());
         }
     }
 

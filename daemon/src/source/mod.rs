@@ -10,6 +10,14 @@
 //! - [`upstream`]: the items an OpenAI-compatible upstream streams (its SSE events, parsed by
 //!   [`crate::upstream`]); the socket I/O that feeds it is the data plane's
 //!   (`dataplane/upstream_io.rs`). Paced by the upstream.
+//!
+//! A source may also [`peek`](TokenSource::peek): say what its next poll will return before
+//! the pipeline takes it. The exfiltration hold-back uses it to release text that the next
+//! token rules out now rather than one token later (`dataplane/pipeline.rs`). The built-in
+//! model answers (it samples its next token on a copy of its deterministic state); an
+//! upstream answers [`Peek::Unknown`]: the pipeline takes an upstream's buffered tokens one
+//! after the other without waiting, so a token already received releases what it rules out
+//! at once anyway.
 
 use std::borrow::Cow;
 
@@ -40,6 +48,24 @@ pub trait TokenSource {
     /// How the turn ended, asked once [`Polled::End`] was returned and every held frame went
     /// out.
     fn ending(&self) -> Ending;
+
+    /// What the next [`poll`](Self::poll) will return, without taking it, when the source
+    /// has it already. A source that answers [`Peek::Text`] or [`Peek::End`] must have its
+    /// next `poll` return exactly that: the text is released against it. Default: unknown.
+    fn peek(&mut self) -> Peek<'_> {
+        Peek::Unknown
+    }
+}
+
+/// What a source's next poll will bring ([`TokenSource::peek`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek<'a> {
+    /// Text of exactly this content.
+    Text(&'a str),
+    /// [`Polled::End`]: the text is complete.
+    End,
+    /// Not known yet (or anything other than text or the end).
+    Unknown,
 }
 
 /// What a source hands the pipeline.

@@ -1,5 +1,12 @@
 //! The per-turn scanner: runs the rules over the turn's text, byte by byte, and says how much
 //! of it may be released.
+//!
+//! It can also *look ahead* ([`ExfilScanner::look_ahead`]): a caller that already knows the
+//! text that comes next (the built-in model can produce its next token before the current one
+//! goes out) asks whether that text rules out the candidates that hold the current text back.
+//! Each held candidate's DFA state is advanced over the next text on a copy (one `StateID`,
+//! no allocation) and nothing else changes: the next text is scanned for real when it is
+//! pushed, so every byte is still scanned once, in order, by `push`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -8,8 +15,8 @@ use std::sync::Arc;
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
-use super::rules::ExfilRules;
-use super::{ExfilHit, ExfilStep};
+use super::rules::{ExfilRules, RuleDfa};
+use super::{Ahead, ExfilHit, ExfilStep};
 
 /// A live candidate match: anchored at absolute offset `start`, in DFA state `state` after
 /// every scanned byte from `start` on.
@@ -30,9 +37,13 @@ struct Run {
 /// decided by one byte are reported by consecutive calls (an empty `push("")` is fine).
 pub struct ExfilScanner {
     rules: Arc<ExfilRules>,
-    /// The unreleased text: `buf[0]` is at absolute offset `base`.
+    /// The text not yet past every candidate: `buf[0]` is at absolute offset `base`.
     buf: Vec<u8>,
     base: usize,
+    /// Absolute offset up to which the caller was told to release (`>= base`): past `base`
+    /// when a look-ahead ruled out candidates that `push` has not advanced yet. Those bytes
+    /// stay in `buf` until then (a candidate's value check reads its bytes from there).
+    out: usize,
     /// Absolute offset up to which every candidate has been advanced.
     scanned: usize,
     /// The byte at `scanned - 1` (look-behind for the next candidate start).
@@ -49,8 +60,8 @@ impl fmt::Debug for ExfilScanner {
     // Never prints the held text: it may be a secret.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExfilScanner")
-            .field("released", &self.base)
-            .field("held", &self.buf.len())
+            .field("released", &self.out)
+            .field("held", &self.held_bytes())
             .field("live_candidates", &self.runs.len())
             .field("pending_breaches", &self.pending.len())
             .field("peak_held", &self.peak_held)
@@ -67,6 +78,7 @@ impl ExfilScanner {
             rules,
             buf: Vec::with_capacity(cap),
             base: 0,
+            out: 0,
             scanned: 0,
             prev: None,
             runs: Vec::with_capacity(16),
@@ -80,6 +92,7 @@ impl ExfilScanner {
     pub fn reset(&mut self) {
         self.buf.clear();
         self.base = 0;
+        self.out = 0;
         self.scanned = 0;
         self.prev = None;
         self.runs.clear();
@@ -100,14 +113,77 @@ impl ExfilScanner {
         }
         self.buf.extend_from_slice(text.as_bytes());
         if let Some(hit) = self.pending.pop_front() {
-            return ExfilStep::Breach(hit);
+            return self.breach(hit);
         }
         self.scan();
         if let Some(hit) = self.pending.pop_front() {
-            return ExfilStep::Breach(hit);
+            return self.breach(hit);
         }
-        let n = self.runs.first().map_or(self.scanned, |r| r.start) - self.base;
-        self.release(n)
+        let point = self.runs.first().map_or(self.scanned, |r| r.start);
+        self.release_to(point)
+    }
+
+    /// Looks at `next`, the text the next [`push`](Self::push) will bring (or the end of the
+    /// turn), without scanning it: releases the held text that no candidate can cover given
+    /// that text. Returns how many more bytes may be released now (0 when nothing was held
+    /// or every held candidate could still match).
+    ///
+    /// A held candidate is ruled out when, advanced over `next` on a copy of its state, it
+    /// dies (or grows longer than any match) before reaching a match; it blocks the release
+    /// from its start when it reaches a match state within `next` (a possible secret, decided
+    /// by `push`), is still live at the end of `next`, or would be a complete match if the
+    /// text ended here (the turn may end before `next` is pushed: a trip, a disconnect).
+    ///
+    /// Contract: the next `push` brings exactly `Ahead::Text`'s text, or the turn ends (no
+    /// more pushes: `finish`, or a trip that drops the held text). Then no byte of a match is
+    /// released before the match is reported, as for `push` alone: a byte released here is
+    /// one that `push(next)` would have released. Never reports a breach; cost: one
+    /// transition per held candidate and byte of `next` until it is decided (none when
+    /// nothing is held), no allocation.
+    pub fn look_ahead(&mut self, next: Ahead<'_>) -> usize {
+        if self.ended || !self.pending.is_empty() || self.scanned != self.base + self.buf.len() {
+            // A breach is being reported, or the text is not scanned to its end: no release.
+            return 0;
+        }
+        let mut point = self.scanned;
+        for run in &self.runs {
+            let dfa = self.rules.dfa(run.after_letter);
+            if !self.ruled_out(dfa, run, next) {
+                point = run.start;
+                break;
+            }
+        }
+        let to = point.max(self.out);
+        let n = to - self.out;
+        self.out = to;
+        n
+    }
+
+    /// Whether `run` can match neither at the end of the text so far nor within `next`.
+    fn ruled_out(&self, dfa: &RuleDfa, run: &Run, next: Ahead<'_>) -> bool {
+        if dfa.dfa.is_match_state(dfa.dfa.next_eoi_state(run.state)) {
+            return false;
+        }
+        let Ahead::Text(text) = next else {
+            // The text ends here: a candidate that is no match at its end never will be.
+            return true;
+        };
+        let mut state = run.state;
+        for (j, &b) in text.as_bytes().iter().enumerate() {
+            state = dfa.dfa.next_state(state, b);
+            if dfa.dfa.is_dead_state(state) {
+                return true;
+            }
+            if dfa.dfa.is_match_state(state) {
+                // A match ends before this byte: `push` decides it (a value check may clear it).
+                return false;
+            }
+            // As in `scan`: longer than the longest match, nothing can match from here.
+            if self.scanned + j + 1 - run.start > self.rules.max_match_len() {
+                return true;
+            }
+        }
+        false
     }
 
     /// End of the turn: decides everything still held (a candidate that is a complete match at
@@ -116,7 +192,7 @@ impl ExfilScanner {
     /// with [`reset`](Self::reset) (a `push` after the final release also starts one).
     pub fn finish(&mut self) -> ExfilStep {
         if let Some(hit) = self.pending.pop_front() {
-            return ExfilStep::Breach(hit);
+            return self.breach(hit);
         }
         self.scan();
         if self.pending.is_empty() && !self.ended {
@@ -136,20 +212,20 @@ impl ExfilScanner {
             self.ended = true;
         }
         if let Some(hit) = self.pending.pop_front() {
-            return ExfilStep::Breach(hit);
+            return self.breach(hit);
         }
-        let n = self.buf.len();
-        self.release(n)
+        let end = self.base + self.buf.len();
+        self.release_to(end)
     }
 
     /// Bytes pushed but not yet released.
     pub fn held_bytes(&self) -> usize {
-        self.buf.len()
+        self.base + self.buf.len() - self.out
     }
 
     /// Bytes released so far in this turn (the absolute offset of the held text).
     pub fn released_bytes(&self) -> usize {
-        self.base
+        self.out
     }
 
     /// The most bytes held after any `push` of this turn (the per-turn hold-back measure).
@@ -157,11 +233,27 @@ impl ExfilScanner {
         self.peak_held
     }
 
-    fn release(&mut self, n: usize) -> ExfilStep {
-        self.buf.drain(..n);
-        self.base += n;
-        self.peak_held = self.peak_held.max(self.buf.len());
+    /// Everything before absolute offset `point` is decided: drops it from the buffer and
+    /// releases what a look-ahead did not release already.
+    fn release_to(&mut self, point: usize) -> ExfilStep {
+        // Only a `push` that broke `look_ahead`'s contract (other text than announced) could
+        // leave a candidate alive in text already released.
+        debug_assert!(point >= self.out, "look_ahead's text was not the next push");
+        self.buf.drain(..point - self.base);
+        self.base = point;
+        let to = point.max(self.out);
+        let n = to - self.out;
+        self.out = to;
+        self.peak_held = self.peak_held.max(self.held_bytes());
         ExfilStep::Release(n)
+    }
+
+    fn breach(&self, hit: ExfilHit) -> ExfilStep {
+        debug_assert!(
+            hit.start >= self.out,
+            "look_ahead's text was not the next push"
+        );
+        ExfilStep::Breach(hit)
     }
 
     /// Advances every candidate over the unscanned bytes, starting a candidate at each byte.

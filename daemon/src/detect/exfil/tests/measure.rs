@@ -18,40 +18,101 @@ fn words(text: &str) -> Vec<&str> {
 
 const CODE: &str = "fn main() {\n    let token = next_token(&mut lexer);\n    let password = std::env::var(\"DB_PASSWORD\").unwrap_or_default();\n    // the api_key is read from the vault: secret = vault.get(\"api_key\")\n    println!(\"tokens: {} in {:?}\", count, elapsed);\n    let id = \"123e4567-e89b-12d3-a456-426614174000\"; // request id, sha 3f9a2c1\n}\n";
 
-/// Share of the built-in model's tokens (`ignore_eos` streams of 400 tokens over many
-/// prompts and seeds) after which the scanner still holds text: each such token waits for
-/// the next one before it is sent (the data plane releases whole tokens).
-fn builtin_tokens_left_held(streams: u64) -> (usize, usize) {
+/// The built-in model's text as the data plane gets it: `ignore_eos` streams of 400 tokens
+/// over a few prompts and seeds. Ordinary text: no rule matches it (checked where it is
+/// scanned).
+fn builtin_streams(streams: u64) -> Vec<Vec<&'static str>> {
     use crate::source::builtin::BuiltinModel;
     let model = BuiltinModel::get();
-    let (mut tokens, mut held) = (0, 0);
-    for seed in 0..streams {
-        let prompt =
-            ["Tell me about rivers", "Explain the tides", "Write a story"][(seed % 3) as usize];
-        let mut stream = model.stream(prompt, Some(seed), 400).with_ignore_eos(true);
-        let mut sc = ExfilScanner::new(Arc::clone(&RULES));
-        while let Some(tok) = stream.next_token(0) {
-            assert!(matches!(sc.push(tok.text), ExfilStep::Release(_)));
-            tokens += 1;
-            held += usize::from(sc.held_bytes() > 0);
-        }
-    }
-    (tokens, held)
+    (0..streams)
+        .map(|seed| {
+            let prompt =
+                ["Tell me about rivers", "Explain the tides", "Write a story"][(seed % 3) as usize];
+            let mut stream = model.stream(prompt, Some(seed), 400).with_ignore_eos(true);
+            std::iter::from_fn(|| stream.next_token(0).map(|t| t.text)).collect()
+        })
+        .collect()
 }
 
-/// Few built-in tokens leave text held: 6.0 % of 51,200 (`holdback_distribution_on_corpus`),
-/// down from 61 % before the letter-starting rules got their look-behind. What remains is
-/// mostly the article ` a` / ` A` (which could begin `api_key`, `aws`, `AKIA`...) and ` to`
-/// (`token`): held until the next byte rules them out.
+/// How many built-in tokens leave text held, of how many.
+#[derive(Debug, Clone, Copy)]
+struct HeldShare {
+    tokens: usize,
+    /// After the token's push: each such token would wait for the next one before it is sent
+    /// (the data plane releases whole tokens).
+    after_push: usize,
+    /// After the push and a look-ahead at the next token (or the end of the text), as the
+    /// data plane does for the built-in model: each such token does wait for the next one.
+    after_look_ahead: usize,
+}
+
+impl HeldShare {
+    fn pct(n: usize, of: usize) -> f64 {
+        100.0 * n as f64 / of as f64
+    }
+}
+
+/// The share of the built-in model's tokens after which the scanner (with `rules`) still
+/// holds text, without and with the look-ahead.
+fn builtin_tokens_left_held(rules: &Arc<ExfilRules>, streams: u64) -> HeldShare {
+    let mut share = HeldShare {
+        tokens: 0,
+        after_push: 0,
+        after_look_ahead: 0,
+    };
+    let mut sc = ExfilScanner::new(Arc::clone(rules));
+    for toks in builtin_streams(streams) {
+        sc.reset();
+        for (i, tok) in toks.iter().enumerate() {
+            assert!(matches!(sc.push(tok), ExfilStep::Release(_)));
+            share.tokens += 1;
+            share.after_push += usize::from(sc.held_bytes() > 0);
+            let next = toks.get(i + 1).map_or(Ahead::End, |t| Ahead::Text(t));
+            sc.look_ahead(next);
+            share.after_look_ahead += usize::from(sc.held_bytes() > 0);
+        }
+        assert_eq!(sc.finish(), ExfilStep::Release(0));
+    }
+    share
+}
+
+/// The default rules (no custom pattern): what haltd runs unless configured otherwise.
+fn default_rules() -> Arc<ExfilRules> {
+    Arc::new(ExfilRules::new(&ExfilConfig::default()).expect("default rules build"))
+}
+
+/// Few built-in tokens leave text held after their push: 6.0 % of 51,200
+/// (`holdback_distribution_on_corpus`), down from 61 % before the letter-starting rules got
+/// their look-behind. What remains is mostly the article ` a` / ` A` (which could begin
+/// `api_key`, `aws`, `AKIA`...) and ` to` (`token`): held until the next byte rules them out.
 #[test]
 fn few_builtin_tokens_leave_text_held() {
-    let (tokens, held) = builtin_tokens_left_held(16);
-    let share = held as f64 / tokens as f64;
+    let s = builtin_tokens_left_held(&RULES, 16);
+    let share = s.after_push as f64 / s.tokens as f64;
     assert!(
         share <= 0.07,
-        "{held} of {tokens} built-in tokens left text held ({:.1} %)",
+        "{} of {} built-in tokens left text held ({:.1} %)",
+        s.after_push,
+        s.tokens,
         share * 100.0
     );
+}
+
+/// With the look-ahead at the next token, at most 5 % of the built-in model's tokens wait
+/// for the next one (issue 11): with the rules the tests use and with the default ones.
+#[test]
+fn at_most_five_percent_of_builtin_tokens_wait_with_the_look_ahead() {
+    for rules in [Arc::clone(&RULES), default_rules()] {
+        let s = builtin_tokens_left_held(&rules, 16);
+        assert!(s.after_look_ahead <= s.after_push, "{s:?}");
+        assert!(
+            HeldShare::pct(s.after_look_ahead, s.tokens) <= 5.0,
+            "{} of {} built-in tokens wait for the next one ({:.1} %)",
+            s.after_look_ahead,
+            s.tokens,
+            HeldShare::pct(s.after_look_ahead, s.tokens)
+        );
+    }
 }
 
 #[test]
@@ -73,11 +134,20 @@ fn holdback_distribution_on_corpus() {
                 100.0 * nonzero as f64 / toks.len() as f64
             );
     }
-    let (tokens, held) = builtin_tokens_left_held(128);
-    println!(
-            "exfil hold-back over the built-in model ({tokens} tokens): tokens leaving text held: {held} ({:.1}%)",
-            100.0 * held as f64 / tokens as f64
+    for (name, rules) in [
+        ("built-in rules + 1 custom", Arc::clone(&RULES)),
+        ("default rules", default_rules()),
+    ] {
+        let s = builtin_tokens_left_held(&rules, 128);
+        println!(
+            "exfil hold-back over the built-in model ({name}, {} tokens): tokens leaving text held after their push: {} ({:.1}%); after the look-ahead at the next token: {} ({:.1}%)",
+            s.tokens,
+            s.after_push,
+            HeldShare::pct(s.after_push, s.tokens),
+            s.after_look_ahead,
+            HeldShare::pct(s.after_look_ahead, s.tokens)
         );
+    }
     println!(
         "bound: max_match_len={} max_holdback_bytes={} dfa={} bytes",
         RULES.max_match_len(),

@@ -26,6 +26,14 @@ struct Outcome {
 }
 
 fn scan_chunks<'a>(rules: &Arc<ExfilRules>, chunks: impl IntoIterator<Item = &'a str>) -> Outcome {
+    let chunks: Vec<&str> = chunks.into_iter().collect();
+    scan_chunks_with(rules, &chunks, false)
+}
+
+/// [`scan_chunks`], and with `ahead`, after each push that releases, a
+/// [`ExfilScanner::look_ahead`] at the next chunk (or the end): what the data plane does with
+/// the built-in model. `held_per_push` is then what is held after the look-ahead.
+fn scan_chunks_with(rules: &Arc<ExfilRules>, chunks: &[&str], ahead: bool) -> Outcome {
     let mut sc = ExfilScanner::new(Arc::clone(rules));
     let mut out = Outcome::default();
     let mut released = 0;
@@ -46,8 +54,14 @@ fn scan_chunks<'a>(rules: &Arc<ExfilRules>, chunks: impl IntoIterator<Item = &'a
             false
         }
     };
-    for c in chunks {
-        let st = sc.push(c);
+    for (i, c) in chunks.iter().enumerate() {
+        let mut st = sc.push(c);
+        if ahead {
+            if let ExfilStep::Release(n) = st {
+                let next = chunks.get(i + 1).map_or(Ahead::End, |t| Ahead::Text(t));
+                st = ExfilStep::Release(n + sc.look_ahead(next));
+            }
+        }
         let held = sc.held_bytes();
         if !step(st, &mut out, held, true) {
             // Drain further breaches decided by the same bytes.
@@ -114,6 +128,7 @@ fn assert_innocent(text: &str) {
     }
 }
 
+mod ahead;
 mod measure;
 mod props;
 mod rules;

@@ -190,3 +190,80 @@ proptest! {
         prop_assert_eq!(whole.released_total, split.released_total);
     }
 }
+
+/// `chunks` with a cut at byte `at` of their concatenation, so that one chunk ends there.
+fn cut_at(chunks: Vec<String>, at: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(chunks.len() + 1);
+    let mut pos = 0;
+    for c in chunks {
+        if pos < at && at < pos + c.len() {
+            out.push(c[..at - pos].to_owned());
+            out.push(c[at - pos..].to_owned());
+        } else {
+            out.push(c.clone());
+        }
+        pos += c.len();
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// With look-ahead (the built-in model's path): a secret split at any point between the
+    /// token just pushed and the next one, which the scanner looks at before it is pushed, is
+    /// never released, not even in part; and the look-ahead changes no decision.
+    #[test]
+    fn secret_split_across_a_look_ahead_is_never_released(
+        pre in innocent_text(),
+        post in innocent_text(),
+        (label, secret) in secret(),
+        split in any::<proptest::sample::Index>(),
+        cuts in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let text = format!("{pre} {label}{secret} {post}");
+        let at = pre.len() + 1 + label.len();
+        let mut cut = at + split.index(secret.len() + 1);
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        let chunks = cut_at(chunk(&text, &cuts), cut);
+        let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
+        let out = scan_chunks_with(&RULES, &chunks, true);
+        prop_assert!(!out.hits.is_empty(), "no breach for {:?}", secret);
+        let hit = &out.hits[0];
+        prop_assert!(out.released_before_breach <= at, "released {} > {} for {:?} cut at {}", out.released_before_breach, at, secret, cut);
+        prop_assert!(out.released_before_breach <= hit.start);
+        prop_assert!(hit.start <= at + secret.len() && hit.start + hit.len > at, "{:?} vs {} {:?}", hit, at, secret);
+        prop_assert!(out.max_held_after_release <= RULES.max_holdback_bytes());
+        let plain = scan_chunks_with(&RULES, &chunks, false);
+        prop_assert_eq!(&out.hits, &plain.hits);
+        prop_assert_eq!(out.released_total, plain.released_total);
+    }
+
+    /// With look-ahead, innocent text is all released, and never later than without it; and
+    /// no earlier than the next push would release it: the look-ahead only brings forward
+    /// what that push decides.
+    #[test]
+    fn look_ahead_releases_what_the_next_push_would_only_sooner(
+        text in innocent_text(),
+        cuts in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let chunks = chunk(&text, &cuts);
+        let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
+        let ahead = scan_chunks_with(&RULES, &chunks, true);
+        let plain = scan_chunks_with(&RULES, &chunks, false);
+        prop_assert!(ahead.hits.is_empty() && plain.hits.is_empty(), "{:?}", text);
+        prop_assert_eq!(ahead.released_total, text.len());
+        prop_assert_eq!(ahead.held_per_push.len(), chunks.len());
+        let mut pushed = 0;
+        for (i, c) in chunks.iter().enumerate() {
+            pushed += c.len();
+            let (held, held_plain) = (ahead.held_per_push[i], plain.held_per_push[i]);
+            prop_assert!(held <= held_plain, "push {}: {} held with look-ahead, {} without", i, held, held_plain);
+            // Released with the look-ahead after push i <= released by push i + 1 alone.
+            let next = chunks.get(i + 1).map_or((0, 0), |n| (n.len(), plain.held_per_push[i + 1]));
+            prop_assert!(pushed - held <= pushed + next.0 - next.1, "push {}: released ahead of the next push", i);
+        }
+    }
+}
