@@ -61,11 +61,16 @@
 //! cache pollution by other processes; the bench reports how busy other processes kept the
 //! CPUs while it ran (`others_cpu_pct`, from `/proc/stat` less its own `getrusage`).
 //!
+//! Like the data plane with the built-in model, a governor whose scanner still holds text
+//! after a token looks ahead at the next token (`TurnGovernor::look_ahead`, the end of the
+//! turn after its last token); that is timed with the token.
+//!
 //! It also reports how much text the exfiltration scanner holds back over the built-in text:
 //! after each token, the bytes not yet released and the tokens they touch (a token is held
 //! until its last byte is released), from an `ExfilScanner` run on every timed turn
-//! (`ExfilScanner::held_bytes`), and from the `all` governor's `Gate::Release` answers
-//! (pushed minus released; checked equal to the scanner's in the `exfil` configuration).
+//! (`ExfilScanner::held_bytes`), after the token's push alone and after the look-ahead, and
+//! from the `all` governor's `Gate::Release` answers and look-aheads (pushed minus released;
+//! checked equal to the scanner's in the `exfil` configuration).
 //!
 //! Output: a table on stdout, progress on stderr, and the same numbers as JSON in
 //! `target/bench/detectors.json` (`--out` to change). A benchmark reports: missing the target
@@ -104,7 +109,7 @@
 //!      "latency_rts_modes": {"normal": 1781}}
 //!   ],
 //!   "exfil_holdback": {
-//!     "scanner": HOLD, "governed_all": HOLD,
+//!     "scanner": HOLD, "scanner_look_ahead": HOLD, "governed_all": HOLD,
 //!     "scanner_turn_peak_bytes": PCT, "scanner_breaches": 0, "max_holdback_bytes": 512}
 //! }
 //! PCT  = {"n", "p50", "p90", "p99", "p999", "max", "mean"}   (ns, or bytes/tokens)
@@ -126,7 +131,7 @@ use clap::Parser;
 use haltd::{
     clock::monotonic_ns,
     detect::{
-        exfil::{ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
+        exfil::{Ahead, ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
         pipeline::{Detectors, DetectorsConfig, Gate, TurnGovernor},
         TokenObs,
     },
@@ -468,7 +473,14 @@ fn run_tokens(
             logprob: Some(tok.logprob),
             now_ns: now,
         };
-        let gate = gov.on_token(&obs, monotonic_ns);
+        let mut gate = gov.on_token(&obs, monotonic_ns);
+        if let Gate::Release(n) = &mut gate {
+            // Text still held: the data plane looks at the built-in model's next token.
+            if released + (*n as u64) < pushed + tok.text.len() as u64 {
+                let next = toks.get(i + 1).map_or(Ahead::End, |t| Ahead::Text(t.text));
+                *n += gov.look_ahead(next);
+            }
+        }
         let ns = elapsed_ns(t0);
         s.token_ns.push(ns);
         if i == 0 {
@@ -774,7 +786,7 @@ fn main() -> Result<()> {
     if let Some(ex) = rows.iter().find(|r| r.cfg.name == "exfil") {
         if ex.trips.is_empty() {
             ensure!(
-                ex.held_bytes == direct.held_bytes,
+                ex.held_bytes == direct.ahead_bytes,
                 "held bytes from the governor's releases differ from ExfilScanner::held_bytes"
             );
         }
@@ -1077,23 +1089,37 @@ fn print_kind_table(rows: &[Row]) {
     }
 }
 
-/// Prints the exfil scanner's hold-back over the timed text.
+/// Prints the exfil scanner's hold-back over the timed text, after each token's push and
+/// after the look-ahead at the next token.
 fn print_holdback(direct: &Direct) {
-    let dh = Pct::of(&direct.held_bytes);
-    let dt = Pct::of(&direct.held_tokens);
+    let line = |what: &str, bytes: &[u64], tokens: &[u64]| {
+        let (dh, dt) = (Pct::of(bytes), Pct::of(tokens));
+        println!(
+            "exfil hold-back {what} (ExfilScanner, default rules, {} tokens): bytes p50 {:.0} \
+             p99 {:.0} max {:.0}; tokens p50 {:.0} p99 {:.0} max {:.0}; {:.1} % of tokens leave \
+             something held",
+            dh.n,
+            dh.p50,
+            dh.p99,
+            dh.max,
+            dt.p50,
+            dt.p99,
+            dt.max,
+            100.0 * bytes.iter().filter(|&&b| b > 0).count() as f64 / bytes.len().max(1) as f64,
+        );
+    };
+    line(
+        "after each token's push",
+        &direct.held_bytes,
+        &direct.held_tokens,
+    );
+    line(
+        "after the look-ahead at the next token",
+        &direct.ahead_bytes,
+        &direct.ahead_tokens,
+    );
     println!(
-        "exfil hold-back after each token (ExfilScanner, default rules, {} tokens): bytes p50 {:.0} \
-         p99 {:.0} max {:.0}; tokens p50 {:.0} p99 {:.0} max {:.0}; {:.1} % of tokens leave \
-         something held; turn peak p50 {:.0} max {:.0} bytes; breaches {}",
-        dh.n,
-        dh.p50,
-        dh.p99,
-        dh.max,
-        dt.p50,
-        dt.p99,
-        dt.max,
-        100.0 * direct.held_bytes.iter().filter(|&&b| b > 0).count() as f64
-            / direct.held_bytes.len().max(1) as f64,
+        "exfil turn peak p50 {:.0} max {:.0} bytes; breaches {}",
         Pct::of(&direct.turn_peak).p50,
         Pct::of(&direct.turn_peak).max,
         direct.breaches,
@@ -1143,6 +1169,7 @@ fn report_json(
         },
         "exfil_holdback": {
             "scanner": holdback_json(&direct.held_bytes, &direct.held_tokens),
+            "scanner_look_ahead": holdback_json(&direct.ahead_bytes, &direct.ahead_tokens),
             "scanner_turn_peak_bytes": Pct::of(&direct.turn_peak).to_json(1.0, 0),
             "scanner_breaches": direct.breaches,
             "max_holdback_bytes": ExfilConfig::default().max_holdback_bytes,
@@ -1177,18 +1204,25 @@ fn holdback_json(bytes: &[u64], tokens: &[u64]) -> Value {
 }
 
 struct Direct {
+    /// After each token's push.
     held_bytes: Vec<u64>,
     held_tokens: Vec<u64>,
+    /// After each token's push and the look-ahead at the next token.
+    ahead_bytes: Vec<u64>,
+    ahead_tokens: Vec<u64>,
     turn_peak: Vec<u64>,
     breaches: u64,
 }
 
-/// The scanner alone over every timed turn, untimed: held bytes and tokens after each push.
+/// The scanner alone over every timed turn, untimed: held bytes and tokens after each push,
+/// and after the look-ahead that follows it.
 fn scan_direct(turns: &[Turn]) -> Result<Direct> {
     let rules = Arc::new(ExfilRules::new(&ExfilConfig::default()).context("exfil rules")?);
     let mut d = Direct {
         held_bytes: Vec::new(),
         held_tokens: Vec::new(),
+        ahead_bytes: Vec::new(),
+        ahead_tokens: Vec::new(),
         turn_peak: Vec::new(),
         breaches: 0,
     };
@@ -1197,18 +1231,30 @@ fn scan_direct(turns: &[Turn]) -> Result<Direct> {
         sc.reset();
         let mut pushed = 0u64;
         let mut ends: VecDeque<u64> = VecDeque::new();
-        for tok in &turn.toks {
+        // Tokens still held after `released` bytes went out.
+        let held_tokens = |ends: &mut VecDeque<u64>, released: u64| {
+            while ends.front().is_some_and(|&e| e <= released) {
+                ends.pop_front();
+            }
+            ends.len() as u64
+        };
+        for (i, tok) in turn.toks.iter().enumerate() {
             if let ExfilStep::Breach(_) = sc.push(tok.text) {
                 d.breaches += 1;
             }
             pushed += tok.text.len() as u64;
             ends.push_back(pushed);
-            let released = sc.released_bytes() as u64;
-            while ends.front().is_some_and(|&e| e <= released) {
-                ends.pop_front();
-            }
             d.held_bytes.push(sc.held_bytes() as u64);
-            d.held_tokens.push(ends.len() as u64);
+            d.held_tokens
+                .push(held_tokens(&mut ends, sc.released_bytes() as u64));
+            let next = turn
+                .toks
+                .get(i + 1)
+                .map_or(Ahead::End, |t| Ahead::Text(t.text));
+            sc.look_ahead(next);
+            d.ahead_bytes.push(sc.held_bytes() as u64);
+            d.ahead_tokens
+                .push(held_tokens(&mut ends, sc.released_bytes() as u64));
         }
         d.turn_peak.push(sc.peak_held_bytes() as u64);
         while let ExfilStep::Breach(_) = sc.finish() {
