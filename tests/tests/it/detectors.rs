@@ -1,16 +1,19 @@
 //! Root-only tests of the detectors (issue 4): each hard-trip detector halts a real stream
 //! within B tokens, with its code in the terminal event and the record. haltd proxies the
 //! scripted upstream (whose `words=` and logprob keys script what the model "says"), in
-//! network namespaces, with a config file per test.
+//! network namespaces, with a config file per test; the exfiltration look-ahead runs on the
+//! built-in model.
 
-use std::{fs, thread, time::Duration};
+use std::{fs, sync::Arc, thread, time::Duration};
 
 use anyhow::{ensure, Context, Result};
+use haltd::detect::exfil::{Ahead, ExfilConfig, ExfilRules, ExfilScanner};
 use haltd_tests::{
+    in_netns,
     rig::{chat, Rig},
-    sse, temp_dir, NetPair, StreamOutcome,
+    sse, temp_dir, EventKind, Haltd, NetPair, StreamOutcome,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::UPSTREAM_BIN;
 
@@ -273,5 +276,71 @@ fn bad_detector_config_is_refused_at_start() -> Result<()> {
             "{text}: error does not name {needle}: {err}"
         );
     }
+    Ok(())
+}
+
+/// Of `tokens`, in order: how many the exfiltration scanner (default rules) holds text after
+/// by their push alone, and how many still after a look-ahead at the next token.
+fn held_tokens(tokens: &[&str]) -> Result<(usize, usize)> {
+    let rules = Arc::new(ExfilRules::new(&ExfilConfig::default())?);
+    let mut sc = ExfilScanner::new(rules);
+    let (mut by_push, mut after_look_ahead) = (0, 0);
+    for (i, tok) in tokens.iter().enumerate() {
+        sc.push(tok);
+        by_push += usize::from(sc.held_bytes() > 0);
+        sc.look_ahead(tokens.get(i + 1).map_or(Ahead::End, |t| Ahead::Text(t)));
+        after_look_ahead += usize::from(sc.held_bytes() > 0);
+    }
+    Ok((by_push, after_look_ahead))
+}
+
+#[test]
+fn builtin_tokens_the_next_token_clears_are_not_held_back() -> Result<()> {
+    // Issue 11: a built-in token that leaves text held after its push (" a" could begin
+    // `api_key`) but that the next token rules out goes out on its own tick. Without the
+    // look-ahead it would wait one interval (200 ms, over the largest finite bucket of
+    // `haltd_token_overhead_seconds`) for the next token, and that token one more behind it.
+    const N: usize = 30;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "200000"])?;
+    let url = format!("{}/v1/completions", haltd.api_url());
+    // Seed 11 gives 4 such tokens in 30 (and none the look-ahead cannot clear).
+    let body = json!({"model": "builtin", "prompt": "Tell me about rivers", "seed": 11,
+        "max_tokens": N, "ignore_eos": true, "stream": true});
+    let o = in_netns(&haltd.client_ns, move || {
+        sse::stream(&url, &body, Duration::from_secs(60), |_, _| {})
+    })?;
+    ensure!(o.tokens == N, "{:?}", o.events);
+    let tokens: Vec<&str> = o
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Token(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    let (by_push, after_look_ahead) = held_tokens(&tokens)?;
+    ensure!(
+        by_push > after_look_ahead,
+        "no token the look-ahead clears in {:?} ({by_push}, {after_look_ahead})",
+        o.text
+    );
+    let m = haltd.metrics()?;
+    let family = "haltd_token_overhead_seconds";
+    let count = m.histogram_count(family)?;
+    let within = m
+        .buckets(family)
+        .iter()
+        .filter(|(le, _)| le.is_finite())
+        .map(|(_, c)| *c)
+        .fold(0.0, f64::max);
+    ensure!(count == N as f64, "{family} count {count}");
+    ensure!(
+        count - within <= after_look_ahead as f64,
+        "{} tokens waited over 164 ms (held by their push: {by_push}, after the look-ahead: \
+         {after_look_ahead}) in {:?}",
+        count - within,
+        o.text
+    );
     Ok(())
 }
