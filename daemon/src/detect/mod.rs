@@ -21,6 +21,7 @@ use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::{Deserialize, Serialize};
 
 use crate::codes::FailureCode;
+use scorer::{ScoreWait, Woke};
 
 /// Which detector (or end-of-turn check) judged a stream: its config key
 /// (`[detectors.<name>]`), `detector` metric label, `detector_refs` entry and the terminal
@@ -162,6 +163,21 @@ pub trait Detector: Send + fmt::Debug {
     fn code(&self) -> FailureCode;
     /// Looks at the next token. Must be cheap: it runs on the data plane, per token.
     fn observe(&mut self, tok: &TokenObs<'_>) -> Finding;
+    /// Looks at the next token without blocking: the data plane's way in. A detector that
+    /// waits on a socket (the HaltMonitor with an external scorer) hands the wait back
+    /// ([`Observed::Wait`]) and gets [`resume`](Self::resume) when it ends; the others keep
+    /// the default, which is [`observe`](Self::observe).
+    fn start(&mut self, tok: &TokenObs<'_>) -> Observed {
+        Observed::Done(self.observe(tok))
+    }
+    /// Goes on with the token [`start`](Self::start) began, after its wait ended.
+    fn resume(&mut self, woke: Woke) -> Observed {
+        drop(woke);
+        Observed::Done(Finding::Failed {
+            kind: FailureKind::ScorerIo,
+            detail: "resumed with no wait in progress".to_owned(),
+        })
+    }
     /// At the end of a turn that was not tripped.
     fn end_of_turn(&mut self, _now_ns: u64) -> Finding {
         Finding::Clear
@@ -170,6 +186,21 @@ pub trait Detector: Send + fmt::Debug {
     fn summary(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+}
+
+/// A detector's verdict on a token, or the wait it needs first.
+#[derive(Debug)]
+pub enum Observed {
+    Done(Finding),
+    Wait(ScoreWait),
+}
+
+/// Where [`TurnDetectors`] stand with a token: judged by all (the first hard trip, if any),
+/// or waiting for one detector, whose successors run once it is resumed.
+#[derive(Debug)]
+pub enum Step {
+    Done(Option<Trip>),
+    Wait(ScoreWait),
 }
 
 pub mod config;
@@ -225,6 +256,11 @@ pub struct TurnDetectors {
     armed: Vec<Armed>,
     /// Observe-mode breaches and failures seen this turn (for the record and metrics).
     observed: Vec<Trip>,
+    /// The token under way ([`TurnDetectors::begin`]): the next detector to judge it, the
+    /// first hard trip so far, and when the waiting detector started (for its deadline).
+    cursor: usize,
+    trip: Option<Trip>,
+    started_ns: u64,
 }
 
 /// Observe-mode findings kept per turn for the record: enough to see what happened, bounded.
@@ -258,38 +294,93 @@ impl TurnDetectors {
     }
 
     /// Runs every detector on `tok`; the first hard trip wins (in configuration order). Every
-    /// detector sees every token up to the trip, so their summaries stay comparable.
+    /// detector sees every token up to the trip, so their summaries stay comparable. A
+    /// detector that waits (an external scorer) blocks this thread; the data plane uses
+    /// [`begin`](Self::begin) instead.
     pub fn observe(&mut self, tok: &TokenObs<'_>, clock: impl Fn() -> u64) -> Option<Trip> {
         let mut trip = None;
         for a in &mut self.armed {
             let t0 = if a.policy.deadline_ns > 0 { clock() } else { 0 };
-            let mut finding = a.detector.observe(tok);
-            if a.policy.deadline_ns > 0 {
-                let took = clock().saturating_sub(t0);
-                a.worst_ns = a.worst_ns.max(took);
-                if took > a.policy.deadline_ns
-                    && !matches!(finding, Finding::Breach { .. } | Finding::Unscorable { .. })
-                {
-                    finding = Finding::Failed {
-                        kind: FailureKind::DeadlineMissed,
-                        detail: format!(
-                            "took {} µs, over its deadline of {} µs",
-                            took / 1000,
-                            a.policy.deadline_ns / 1000
-                        ),
-                    };
-                }
-            }
-            let t = Self::judge(a, finding);
-            if let Some(t) = t {
-                if a.policy.mode == DetectorMode::Hard {
-                    trip = trip.or(Some(t));
-                } else if self.observed.len() < MAX_OBSERVED {
-                    self.observed.push(t);
-                }
-            }
+            let finding = a.detector.observe(tok);
+            let finding = Self::timed(a, finding, t0, &clock);
+            Self::record(a, finding, &mut trip, &mut self.observed);
         }
         trip
+    }
+
+    /// Runs the detectors on `tok` like [`observe`](Self::observe), in the same order, but
+    /// never blocks: a detector that must wait hands the wait back ([`Step::Wait`]); once it
+    /// ends, [`resume`](Self::resume) (with the same token) goes on from that detector.
+    pub fn begin(&mut self, tok: &TokenObs<'_>, clock: impl Fn() -> u64) -> Step {
+        self.cursor = 0;
+        self.trip = None;
+        self.run(tok, None, clock)
+    }
+
+    /// Goes on with the token of [`begin`](Self::begin) after the wait it returned ended.
+    pub fn resume(&mut self, tok: &TokenObs<'_>, woke: Woke, clock: impl Fn() -> u64) -> Step {
+        self.run(tok, Some(woke), clock)
+    }
+
+    fn run(&mut self, tok: &TokenObs<'_>, mut woke: Option<Woke>, clock: impl Fn() -> u64) -> Step {
+        while let Some(a) = self.armed.get_mut(self.cursor) {
+            let (observed, t0) = match woke.take() {
+                Some(w) => (a.detector.resume(w), self.started_ns),
+                None => {
+                    let t0 = if a.policy.deadline_ns > 0 { clock() } else { 0 };
+                    (a.detector.start(tok), t0)
+                }
+            };
+            let finding = match observed {
+                Observed::Done(f) => f,
+                Observed::Wait(w) => {
+                    self.started_ns = t0;
+                    return Step::Wait(w);
+                }
+            };
+            let finding = Self::timed(a, finding, t0, &clock);
+            Self::record(a, finding, &mut self.trip, &mut self.observed);
+            self.cursor += 1;
+        }
+        self.cursor = 0;
+        Step::Done(self.trip.take())
+    }
+
+    /// A finding that took longer than the detector's deadline (from `t0`) is a failure,
+    /// unless it is already a breach.
+    fn timed(a: &mut Armed, finding: Finding, t0: u64, clock: &impl Fn() -> u64) -> Finding {
+        if a.policy.deadline_ns == 0 {
+            return finding;
+        }
+        let took = clock().saturating_sub(t0);
+        a.worst_ns = a.worst_ns.max(took);
+        if took > a.policy.deadline_ns
+            && !matches!(finding, Finding::Breach { .. } | Finding::Unscorable { .. })
+        {
+            return Finding::Failed {
+                kind: FailureKind::DeadlineMissed,
+                detail: format!(
+                    "took {} µs, over its deadline of {} µs",
+                    took / 1000,
+                    a.policy.deadline_ns / 1000
+                ),
+            };
+        }
+        finding
+    }
+
+    /// Judges `finding`: a hard trip becomes `trip` unless one came first; an observe-mode
+    /// one is kept for the record.
+    fn record(a: &mut Armed, finding: Finding, trip: &mut Option<Trip>, observed: &mut Vec<Trip>) {
+        if let Some(t) = Self::judge(a, finding) {
+            if a.policy.mode == DetectorMode::Hard {
+                if trip.is_none() {
+                    *trip = Some(t);
+                }
+            } else if observed.len() < MAX_OBSERVED {
+                observed.push(t);
+            }
+        }
     }
 
     /// At the end of a turn that was not tripped: the detectors' end-of-turn verdicts.
@@ -440,6 +531,92 @@ mod tests {
             },
         );
         d
+    }
+
+    /// Waits on every token (as an external scorer does); judges it when resumed: clear when
+    /// its socket is ready, a scorer timeout when the wait timed out.
+    #[derive(Debug)]
+    struct Waits(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+    impl Detector for Waits {
+        fn id(&self) -> DetectorId {
+            DetectorId::HaltMonitor
+        }
+        fn code(&self) -> FailureCode {
+            FailureCode::CoherenceBelowThreshold
+        }
+        fn observe(&mut self, _tok: &TokenObs<'_>) -> Finding {
+            Finding::Clear
+        }
+        fn start(&mut self, _tok: &TokenObs<'_>) -> Observed {
+            self.0.lock().expect("log").push("wait");
+            let (a, _b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+            Observed::Wait(ScoreWait {
+                fd: a.into(),
+                interest: scorer::Interest::Readable,
+                deadline: std::time::Instant::now(),
+            })
+        }
+        fn resume(&mut self, woke: Woke) -> Observed {
+            self.0.lock().expect("log").push("resumed");
+            Observed::Done(match woke {
+                Woke::Ready(_) => Finding::Clear,
+                _ => Finding::Failed {
+                    kind: FailureKind::ScorerTimeout,
+                    detail: "late".into(),
+                },
+            })
+        }
+    }
+
+    /// Logs each token it sees, after the detector before it.
+    #[derive(Debug)]
+    struct After(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>, Words);
+
+    impl Detector for After {
+        fn id(&self) -> DetectorId {
+            self.1.id()
+        }
+        fn code(&self) -> FailureCode {
+            self.1.code()
+        }
+        fn observe(&mut self, tok: &TokenObs<'_>) -> Finding {
+            self.0.lock().expect("log").push("after");
+            self.1.observe(tok)
+        }
+    }
+
+    #[test]
+    fn a_waiting_detector_parks_the_token_and_the_rest_run_after_it_in_order() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut d = TurnDetectors::new();
+        d.add(Box::new(Waits(log.clone())), Policy::default());
+        d.add(Box::new(After(log.clone(), Words)), Policy::default());
+        let Step::Wait(w) = d.begin(&tok("bad"), || 0) else {
+            panic!("the first detector waits");
+        };
+        assert_eq!(
+            *log.lock().expect("log"),
+            ["wait"],
+            "nothing after it ran yet"
+        );
+        // The wait ended in time: the second detector judges the same token (a breach, hard).
+        let Step::Done(Some(t)) = d.resume(&tok("bad"), Woke::Ready(w.fd), || 0) else {
+            panic!("the second detector trips");
+        };
+        assert_eq!(t.code, FailureCode::ExfilAlert);
+        assert_eq!(*log.lock().expect("log"), ["wait", "resumed", "after"]);
+        // Timed out: the first detector's failure is the trip, and the second still ran.
+        let Step::Wait(w) = d.begin(&tok("ok"), || 0) else {
+            panic!("waits again");
+        };
+        let Step::Done(Some(t)) = d.resume(&tok("ok"), Woke::TimedOut(w.fd), || 0) else {
+            panic!("fails closed");
+        };
+        assert_eq!(t.detector, DetectorId::HaltMonitor);
+        assert_eq!(t.kind, TripKind::Failed(FailureKind::ScorerTimeout));
+        assert_eq!(log.lock().expect("log").len(), 6);
+        assert_eq!(log.lock().expect("log")[5], "after");
     }
 
     #[test]

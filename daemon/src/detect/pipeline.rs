@@ -14,12 +14,12 @@ use serde::{Deserialize, Serialize};
 use super::{
     config::{check_names, entry, err, ConfigFileError, Entry},
     exfil::{Ahead, ExfilConfig, ExfilRules, ExfilScanner, ExfilStep},
-    scorer::{Scorer, ScorerConfig},
+    scorer::{Scored, Scorer, ScorerConfig, ScorerError, Woke},
     surprise::{SurpriseConfig, SurpriseDetector},
     timing::{
         ComputeBudget, ComputeBudgetConfig, LatencyAnomaly, LatencyAnomalyConfig, LatencyBaseline,
     },
-    Detector, DetectorId, DetectorMode, FailureKind, Finding, TokenObs, Trip, TripKind,
+    Detector, DetectorId, DetectorMode, FailureKind, Finding, Observed, TokenObs, Trip, TripKind,
     TurnDetectors,
 };
 use crate::{
@@ -195,7 +195,30 @@ impl Detector for HaltMonitorDetector {
         FailureCode::CoherenceBelowThreshold
     }
     fn observe(&mut self, tok: &TokenObs<'_>) -> Finding {
-        match self.scorer.score(tok) {
+        let scored = self.scorer.score(tok);
+        self.finding(scored)
+    }
+    fn start(&mut self, tok: &TokenObs<'_>) -> Observed {
+        match self.scorer.start(tok) {
+            Scored::Done(r) => Observed::Done(self.finding(r)),
+            Scored::Wait(w) => Observed::Wait(w),
+        }
+    }
+    fn resume(&mut self, woke: Woke) -> Observed {
+        match self.scorer.resume(woke) {
+            Scored::Done(r) => Observed::Done(self.finding(r)),
+            Scored::Wait(w) => Observed::Wait(w),
+        }
+    }
+    fn summary(&self) -> serde_json::Value {
+        serde_json::json!({"hard_limit": self.monitor.hard_limit(), "halted": self.monitor.is_halted()})
+    }
+}
+
+impl HaltMonitorDetector {
+    /// The monitor's verdict on a token's score (or on the scorer's failure).
+    fn finding(&mut self, scored: Result<f64, ScorerError>) -> Finding {
+        match scored {
             Ok(score) => match self.monitor.check(score) {
                 Decision::Emit => Finding::Clear,
                 Decision::Halt => Finding::Breach {
@@ -218,9 +241,6 @@ impl Detector for HaltMonitorDetector {
                 detail: e.to_string(),
             },
         }
-    }
-    fn summary(&self) -> serde_json::Value {
-        serde_json::json!({"hard_limit": self.monitor.hard_limit(), "halted": self.monitor.is_halted()})
     }
 }
 

@@ -114,8 +114,8 @@ mod unix;
 
 pub use config::ScorerConfig;
 pub use score::{
-    ProbabilityScorer, Scorer, ScorerConfigError, ScorerError, DEFAULT_DEADLINE_US,
-    MAX_DEADLINE_US, MAX_REPLY_BYTES, MAX_SOCKET_PATH_BYTES, NEG_INF_SENTINEL,
+    Interest, ProbabilityScorer, ScoreWait, Scored, Scorer, ScorerConfigError, ScorerError, Woke,
+    DEFAULT_DEADLINE_US, MAX_DEADLINE_US, MAX_REPLY_BYTES, MAX_SOCKET_PATH_BYTES, NEG_INF_SENTINEL,
 };
 pub use unix::UnixScorer;
 

@@ -3,8 +3,9 @@
 
 use std::{
     fmt, io,
-    os::unix::ffi::OsStrExt,
+    os::{fd::OwnedFd, unix::ffi::OsStrExt},
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use crate::detect::{FailureKind, TokenObs};
@@ -109,6 +110,9 @@ pub enum ScorerError {
         #[source]
         source: io::Error,
     },
+    /// [`Scorer::resume`] without a wait in progress: a bug of the caller, failed closed.
+    #[error("the scorer was resumed with no wait in progress")]
+    NotWaiting,
 }
 
 impl ScorerError {
@@ -125,15 +129,77 @@ impl ScorerError {
             ScorerError::Malformed { .. } | ScorerError::NonFiniteScore { .. } => {
                 FailureKind::ScorerBadReply
             }
-            ScorerError::Io { .. } => FailureKind::ScorerIo,
+            ScorerError::Io { .. } | ScorerError::NotWaiting => FailureKind::ScorerIo,
         }
     }
 }
 
+/// What a scorer's socket must become before the score can go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    /// The reply (or more of it) can be read.
+    Readable,
+    /// The rest of the request can be written.
+    Writable,
+}
+
+impl Interest {
+    /// The `poll(2)` event mask.
+    pub fn poll_mask(self) -> libc::c_short {
+        match self {
+            Interest::Readable => libc::POLLIN,
+            Interest::Writable => libc::POLLOUT,
+        }
+    }
+}
+
+/// A score that waits on its socket: the scorer's connection, lent to the waiter (who owns
+/// it until the wait ends and hands it back through [`Scorer::resume`], so that it stays open
+/// for as long as anyone, the kernel included, waits on it), what to wait for, and until when.
+#[derive(Debug)]
+pub struct ScoreWait {
+    pub fd: OwnedFd,
+    pub interest: Interest,
+    pub deadline: Instant,
+}
+
+/// How a [`ScoreWait`] ended; each hands the connection back.
+#[derive(Debug)]
+pub enum Woke {
+    /// The socket is ready (or hung up / in error: the next call says which).
+    Ready(OwnedFd),
+    /// The deadline passed first.
+    TimedOut(OwnedFd),
+    /// The wait itself failed.
+    Failed(OwnedFd, io::Error),
+}
+
+/// A score, or the wait it needs first.
+#[derive(Debug)]
+pub enum Scored {
+    Done(Result<f64, ScorerError>),
+    Wait(ScoreWait),
+}
+
 /// Produces the HaltMonitor's score for each token. Runs on the data plane, per token.
+///
+/// Two ways to ask: [`score`](Self::score) blocks until the score is known (tests, tools);
+/// the data plane uses [`start`](Self::start) and [`resume`](Self::resume), which never block:
+/// a scorer that waits on a socket hands the wait to the caller ([`Scored::Wait`]), whose
+/// worker serves its other streams meanwhile and resumes the scorer when the wait ends.
 pub trait Scorer: Send + fmt::Debug {
-    /// The score of the next token of the current turn.
+    /// The score of the next token of the current turn, waiting for it if need be.
     fn score(&mut self, tok: &TokenObs<'_>) -> Result<f64, ScorerError>;
+    /// Starts scoring the next token without blocking. Scorers that never wait keep the
+    /// default, which is [`score`](Self::score).
+    fn start(&mut self, tok: &TokenObs<'_>) -> Scored {
+        Scored::Done(self.score(tok))
+    }
+    /// Goes on with the token [`start`](Self::start) began, after its wait ended.
+    fn resume(&mut self, woke: Woke) -> Scored {
+        drop(woke);
+        Scored::Done(Err(ScorerError::NotWaiting))
+    }
     /// A new turn begins (before its first token). The Unix scorer connects here.
     fn begin_turn(&mut self, _turn_id: &str) -> Result<(), ScorerError> {
         Ok(())

@@ -299,6 +299,72 @@ fn unix_deadline_bounds_the_wait_and_drops_the_late_reply() {
 }
 
 #[test]
+fn unix_start_hands_back_the_wait_instead_of_blocking() {
+    let sock = SockPath::new("start");
+    let (go, gate) = mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    serve(
+        &sock.0,
+        Arc::new(move |req, conn| {
+            // Answers only when the test says so.
+            let _ = gate.lock().map(|g| g.recv());
+            let index = req["index"].as_u64().unwrap_or_default();
+            reply(conn, &format!("{{\"score\":{index}}}\n"))
+        }),
+    );
+    let mut s = unix(&sock.0, MAX_DEADLINE_US);
+    s.begin_turn("t").expect("connects");
+    let Scored::Wait(w) = s.start(&tok(7, "x", None)) else {
+        panic!("no reply yet: the scorer must hand back the wait");
+    };
+    assert_eq!(w.interest, Interest::Readable);
+    assert!(w.deadline > Instant::now());
+    assert!(!s.is_connected(), "the waiter holds the connection");
+    // Woken before the reply is there: the scorer waits again, on the same connection.
+    let Scored::Wait(w) = s.resume(Woke::Ready(w.fd)) else {
+        panic!("still no reply");
+    };
+    go.send(()).expect("server waits");
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&w.fd),
+        events: w.interest.poll_mask(),
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(
+        unsafe { libc::poll(&raw mut pfd, 1, 5_000) },
+        1,
+        "the reply comes"
+    );
+    match s.resume(Woke::Ready(w.fd)) {
+        Scored::Done(Ok(score)) => assert_eq!(score, 7.0),
+        other => panic!("got {other:?}"),
+    }
+    assert!(
+        s.is_connected(),
+        "the connection is back for the next token"
+    );
+    // A wait that timed out is the deadline error, and the connection is dropped.
+    let Scored::Wait(w) = s.start(&tok(8, "y", None)) else {
+        panic!("no reply yet");
+    };
+    match s.resume(Woke::TimedOut(w.fd)) {
+        Scored::Done(Err(e @ ScorerError::Deadline { index: 8, .. })) => {
+            assert_eq!(e.kind(), crate::detect::FailureKind::ScorerTimeout);
+        }
+        other => panic!("got {other:?}"),
+    }
+    assert!(!s.is_connected());
+    // Resumed with nothing under way: fails closed, never panics.
+    let (a, _b) = UnixStream::pair().expect("pair");
+    assert!(matches!(
+        s.resume(Woke::Ready(a.into())),
+        Scored::Done(Err(ScorerError::NotWaiting))
+    ));
+    go.send(()).expect("server waits");
+}
+
+#[test]
 fn unix_bad_replies() {
     let sock = SockPath::new("bad");
     // The token text is the raw reply; "CLOSE:" sends the rest, then closes.

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::detect::{
     scorer::score::{
-        check_socket_path, Scorer, ScorerConfigError, ScorerError, MAX_DEADLINE_US,
-        MAX_REPLY_BYTES, NEG_INF_SENTINEL,
+        check_socket_path, Interest, ScoreWait, Scored, Scorer, ScorerConfigError, ScorerError,
+        Woke, MAX_DEADLINE_US, MAX_REPLY_BYTES, NEG_INF_SENTINEL,
     },
     TokenObs,
 };
@@ -32,7 +32,11 @@ pub struct UnixScorer {
     deadline: Duration,
     deadline_us: u64,
     turn_id: String,
+    /// The connection of the turn; `None` before it, after an error, and while a waiter holds
+    /// it ([`ScoreWait`]).
     conn: Option<OwnedFd>,
+    /// The token whose round trip is under way.
+    inflight: Option<InFlight>,
     /// The request line being sent; reused across tokens.
     wbuf: Vec<u8>,
     /// The reply line being read.
@@ -48,6 +52,17 @@ impl fmt::Debug for UnixScorer {
             .field("connected", &self.conn.is_some())
             .finish()
     }
+}
+
+/// A token's round trip under way: how far it got, and until when it may take.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    index: u64,
+    deadline: Instant,
+    /// Bytes of the request line sent.
+    sent: usize,
+    /// Bytes of the reply line read.
+    rlen: usize,
 }
 
 /// One request line (`{"turn_id","index","text","logprob"}`).
@@ -95,6 +110,7 @@ impl UnixScorer {
             deadline_us,
             turn_id: String::new(),
             conn: None,
+            inflight: None,
             wbuf: Vec::with_capacity(256),
             rbuf: vec![0; MAX_REPLY_BYTES].into_boxed_slice(),
         })
@@ -159,24 +175,102 @@ impl UnixScorer {
         }
     }
 
-    fn round_trip(&mut self, tok: &TokenObs<'_>, deadline: Instant) -> Result<f64, Wire> {
-        let conn = match &self.conn {
-            Some(c) => c,
-            None => self.conn.insert(self.connect().map_err(Wire::Connect)?),
-        };
-        let fd = conn.as_raw_fd();
+    /// Starts a token's round trip: connects if need be, writes the request line and goes
+    /// as far as the socket lets it without waiting.
+    fn begin(&mut self, tok: &TokenObs<'_>) -> Scored {
+        let index = tok.index;
+        let deadline = Instant::now() + self.deadline;
+        self.inflight = Some(InFlight {
+            index,
+            deadline,
+            sent: 0,
+            rlen: 0,
+        });
+        if self.conn.is_none() {
+            match self.connect() {
+                Ok(fd) => self.conn = Some(fd),
+                Err(e) => return self.finish(Err(Wire::Connect(e))),
+            }
+        }
         self.wbuf.clear();
         let req = Request {
             turn_id: &self.turn_id,
-            index: tok.index,
+            index,
             text: tok.text,
             logprob: tok.logprob.map(wire_logprob),
         };
-        serde_json::to_writer(&mut self.wbuf, &req).map_err(|e| Wire::Io(io::Error::other(e)))?;
+        if let Err(e) = serde_json::to_writer(&mut self.wbuf, &req) {
+            return self.finish(Err(Wire::Io(io::Error::other(e))));
+        }
         self.wbuf.push(b'\n');
-        send_all(fd, &self.wbuf, deadline)?;
-        let n = recv_line(fd, &mut self.rbuf, deadline)?;
-        parse_reply(&self.rbuf[..n])
+        self.advance()
+    }
+
+    /// Sends what is left of the request, then reads what there is of the reply, without
+    /// waiting: the score, a failure, or the wait that comes next.
+    fn advance(&mut self) -> Scored {
+        let (Some(f), Some(conn)) = (self.inflight.as_mut(), self.conn.as_ref()) else {
+            return self.finish(Err(Wire::Io(io::Error::other("no connection"))));
+        };
+        let fd = conn.as_raw_fd();
+        let step = (|| {
+            if f.sent < self.wbuf.len() {
+                f.sent += try_send(fd, &self.wbuf[f.sent..])?;
+                if f.sent < self.wbuf.len() {
+                    return Ok(Err(Interest::Writable));
+                }
+            }
+            match try_recv_line(fd, &mut self.rbuf, &mut f.rlen)? {
+                Some(end) => parse_reply(&self.rbuf[..end]).map(Ok),
+                None => Ok(Err(Interest::Readable)),
+            }
+        })();
+        let deadline = f.deadline;
+        match step {
+            Ok(Ok(score)) => self.finish(Ok(score)),
+            Ok(Err(_)) if Instant::now() >= deadline => self.finish(Err(Wire::Deadline)),
+            Ok(Err(interest)) => match self.conn.take() {
+                Some(fd) => Scored::Wait(ScoreWait {
+                    fd,
+                    interest,
+                    deadline,
+                }),
+                None => self.finish(Err(Wire::Io(io::Error::other("no connection")))),
+            },
+            Err(wire) => self.finish(Err(wire)),
+        }
+    }
+
+    /// The token's round trip is over: its score, or its error with the path and the token.
+    fn finish(&mut self, result: Result<f64, Wire>) -> Scored {
+        let index = self.inflight.take().map_or(0, |f| f.index);
+        let wire = match result {
+            Ok(score) => return Scored::Done(Ok(score)),
+            Err(wire) => wire,
+        };
+        // The connection may hold a late reply or half a line: never reuse it.
+        self.conn = None;
+        let path = self.path.clone();
+        Scored::Done(Err(match wire {
+            Wire::Connect(source) => ScorerError::Connect { path, source },
+            Wire::Deadline => ScorerError::Deadline {
+                path,
+                index,
+                deadline_us: self.deadline_us,
+            },
+            Wire::Closed => ScorerError::Closed { path, index },
+            Wire::Malformed(detail) => ScorerError::Malformed {
+                path,
+                index,
+                detail,
+            },
+            Wire::NonFinite(value) => ScorerError::NonFiniteScore { path, index, value },
+            Wire::Io(source) => ScorerError::Io {
+                path,
+                index,
+                source,
+            },
+        }))
     }
 }
 
@@ -191,41 +285,44 @@ fn wire_logprob(lp: f32) -> f64 {
 }
 
 impl Scorer for UnixScorer {
+    /// The round trip on this thread: every wait is a `ppoll(2)` bounded by the time left.
     fn score(&mut self, tok: &TokenObs<'_>) -> Result<f64, ScorerError> {
-        let deadline = Instant::now() + self.deadline;
-        match self.round_trip(tok, deadline) {
-            Ok(score) => Ok(score),
-            Err(wire) => {
-                // The connection may hold a late reply or half a line: never reuse it.
-                self.conn = None;
-                let path = self.path.clone();
-                let index = tok.index;
-                Err(match wire {
-                    Wire::Connect(source) => ScorerError::Connect { path, source },
-                    Wire::Deadline => ScorerError::Deadline {
-                        path,
-                        index,
-                        deadline_us: self.deadline_us,
-                    },
-                    Wire::Closed => ScorerError::Closed { path, index },
-                    Wire::Malformed(detail) => ScorerError::Malformed {
-                        path,
-                        index,
-                        detail,
-                    },
-                    Wire::NonFinite(value) => ScorerError::NonFiniteScore { path, index, value },
-                    Wire::Io(source) => ScorerError::Io {
-                        path,
-                        index,
-                        source,
-                    },
-                })
+        let mut scored = self.begin(tok);
+        loop {
+            match scored {
+                Scored::Done(result) => return result,
+                Scored::Wait(w) => scored = self.resume(block_on(w)),
+            }
+        }
+    }
+
+    fn start(&mut self, tok: &TokenObs<'_>) -> Scored {
+        self.begin(tok)
+    }
+
+    fn resume(&mut self, woke: Woke) -> Scored {
+        if self.inflight.is_none() {
+            return Scored::Done(Err(ScorerError::NotWaiting));
+        }
+        match woke {
+            Woke::Ready(fd) => {
+                self.conn = Some(fd);
+                self.advance()
+            }
+            Woke::TimedOut(fd) => {
+                self.conn = Some(fd);
+                self.finish(Err(Wire::Deadline))
+            }
+            Woke::Failed(fd, e) => {
+                self.conn = Some(fd);
+                self.finish(Err(Wire::Io(e)))
             }
         }
     }
 
     fn begin_turn(&mut self, turn_id: &str) -> Result<(), ScorerError> {
         self.conn = None;
+        self.inflight = None;
         turn_id.clone_into(&mut self.turn_id);
         match self.connect() {
             Ok(fd) => {
@@ -241,12 +338,13 @@ impl Scorer for UnixScorer {
 
     fn end_turn(&mut self) {
         self.conn = None;
+        self.inflight = None;
     }
 }
 
-/// Sends all of `buf`, waiting for room until `deadline`.
-fn send_all(fd: RawFd, mut buf: &[u8], deadline: Instant) -> Result<(), Wire> {
-    while !buf.is_empty() {
+/// Sends as much of `buf` as the socket takes now; how many bytes (0 when it is full).
+fn try_send(fd: RawFd, buf: &[u8]) -> Result<usize, Wire> {
+    loop {
         // SAFETY: `buf` is valid for `buf.len()` bytes; `fd` is an open socket owned by the caller.
         let n = unsafe {
             libc::send(
@@ -257,70 +355,65 @@ fn send_all(fd: RawFd, mut buf: &[u8], deadline: Instant) -> Result<(), Wire> {
             )
         };
         if let Ok(n) = usize::try_from(n) {
-            buf = buf.get(n..).unwrap_or_default();
-            continue;
+            return Ok(n);
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EAGAIN) => wait(fd, libc::POLLOUT, deadline)?,
+            Some(libc::EAGAIN) => return Ok(0),
             Some(libc::EINTR) => {}
             Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN) => return Err(Wire::Closed),
             _ => return Err(Wire::Io(e)),
         }
     }
-    Ok(())
 }
 
-/// Reads one reply line into `buf` until `deadline`; returns its length without the newline.
-fn recv_line(fd: RawFd, buf: &mut [u8], deadline: Instant) -> Result<usize, Wire> {
-    let mut len = 0;
+/// Reads what the socket has of the reply line into `buf[*len..]`, without waiting: the
+/// line's length without the newline once it is complete, `None` while it is not.
+fn try_recv_line(fd: RawFd, buf: &mut [u8], len: &mut usize) -> Result<Option<usize>, Wire> {
     loop {
-        wait(fd, libc::POLLIN, deadline)?;
-        loop {
-            let Some(room) = buf.get_mut(len..).filter(|r| !r.is_empty()) else {
-                return Err(Wire::Malformed(format!(
-                    "no newline within {MAX_REPLY_BYTES} bytes"
-                )));
-            };
-            // SAFETY: `room` is valid for writes of `room.len()` bytes; `fd` is open.
-            let n =
-                unsafe { libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT) };
-            match usize::try_from(n) {
-                Ok(0) => return Err(Wire::Closed),
-                Ok(n) => {
-                    let start = len;
-                    len += n;
-                    if let Some(pos) = buf[start..len].iter().position(|&b| b == b'\n') {
-                        let end = start + pos;
-                        if end + 1 != len {
-                            return Err(Wire::Malformed(
-                                "more than one line in reply to one token".to_owned(),
-                            ));
-                        }
-                        return Ok(end);
+        let Some(room) = buf.get_mut(*len..).filter(|r| !r.is_empty()) else {
+            return Err(Wire::Malformed(format!(
+                "no newline within {MAX_REPLY_BYTES} bytes"
+            )));
+        };
+        // SAFETY: `room` is valid for writes of `room.len()` bytes; `fd` is open.
+        let n = unsafe { libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT) };
+        match usize::try_from(n) {
+            Ok(0) => return Err(Wire::Closed),
+            Ok(n) => {
+                let start = *len;
+                *len += n;
+                if let Some(pos) = buf[start..*len].iter().position(|&b| b == b'\n') {
+                    let end = start + pos;
+                    if end + 1 != *len {
+                        return Err(Wire::Malformed(
+                            "more than one line in reply to one token".to_owned(),
+                        ));
                     }
+                    return Ok(Some(end));
                 }
-                Err(_) => {
-                    let e = io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EAGAIN) => break,
-                        Some(libc::EINTR) => {}
-                        Some(libc::ECONNRESET) => return Err(Wire::Closed),
-                        _ => return Err(Wire::Io(e)),
-                    }
+            }
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(None),
+                    Some(libc::EINTR) => {}
+                    Some(libc::ECONNRESET) => return Err(Wire::Closed),
+                    _ => return Err(Wire::Io(e)),
                 }
             }
         }
     }
 }
 
-/// Waits until `fd` is ready for `events` (or hung up / in error: the next syscall says
-/// which), or fails with `Deadline` once `deadline` has passed.
-fn wait(fd: RawFd, events: libc::c_short, deadline: Instant) -> Result<(), Wire> {
+/// Waits on this thread until `w`'s socket is ready (or hung up / in error: the next call
+/// says which) or its deadline passes.
+fn block_on(w: ScoreWait) -> Woke {
+    let fd = w.fd.as_raw_fd();
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = w.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Wire::Deadline);
+            return Woke::TimedOut(w.fd);
         }
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
@@ -328,18 +421,18 @@ fn wait(fd: RawFd, events: libc::c_short, deadline: Instant) -> Result<(), Wire>
         };
         let mut pfd = libc::pollfd {
             fd,
-            events,
+            events: w.interest.poll_mask(),
             revents: 0,
         };
         // SAFETY: one valid pollfd, a valid timespec, no signal mask.
         let rc = unsafe { libc::ppoll(&raw mut pfd, 1, &raw const ts, std::ptr::null()) };
         match rc {
-            0 => return Err(Wire::Deadline),
-            rc if rc > 0 => return Ok(()),
+            0 => return Woke::TimedOut(w.fd),
+            rc if rc > 0 => return Woke::Ready(w.fd),
             _ => {
                 let e = io::Error::last_os_error();
                 if e.raw_os_error() != Some(libc::EINTR) {
-                    return Err(Wire::Io(e));
+                    return Woke::Failed(w.fd, e);
                 }
             }
         }
