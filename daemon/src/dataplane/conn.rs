@@ -63,10 +63,15 @@ pub(super) struct Conn {
     pub(super) timer_op: Option<u64>,
     /// The watch of the client in flight (`watch.rs`).
     pub(super) watch_op: Option<u64>,
+    /// The wait for the external scorer in flight while a token is parked (`score.rs`).
+    pub(super) score_op: Option<u64>,
     /// Durations handed to timeouts, back with their completion (reused, not reallocated).
     pub(super) timer_ts: Option<Box<types::Timespec>>,
     pub(super) read_ts: Option<Box<types::Timespec>>,
     pub(super) watch_ts: Option<Box<types::Timespec>>,
+    /// The scorer's deadlines (`score.rs`): two, as a deadline's completion may come after
+    /// the next token's wait is armed.
+    pub(super) score_ts: [Option<Box<types::Timespec>>; 2],
     /// The watch's receive buffer (its bytes are never read).
     pub(super) watch_buf: Option<Vec<u8>>,
     pub(super) continue_sent: bool,
@@ -194,9 +199,11 @@ impl Worker {
             recv_op: None,
             timer_op: None,
             watch_op: None,
+            score_op: None,
             timer_ts: Some(Box::new(timespec(shared.cfg.token_interval))),
             read_ts: Some(Box::new(timespec(shared.cfg.request_timeout))),
             watch_ts: None,
+            score_ts: [None, None],
             watch_buf: None,
             continue_sent: false,
             short_write: false,
@@ -257,7 +264,7 @@ impl Worker {
             return;
         }
         conn.closing = true;
-        let targets = [conn.timer_op, conn.recv_op, conn.watch_op];
+        let targets = [conn.timer_op, conn.recv_op, conn.watch_op, conn.score_op];
         let owner = conn.owner(key);
         let up_reason = if conn.outcome == Outcome::ClientGone {
             CancelReason::ClientGone

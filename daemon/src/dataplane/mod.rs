@@ -18,6 +18,7 @@
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
+//! | `score.rs` | the observe phase; a token parked while the external scorer answers |
 //! | `hold.rs` | the exfiltration hold-back queue, which also frames proxied text |
 //! | `send.rs` | client sends and what their completion means |
 //! | `halt.rs` | the emitter's side of a halt |
@@ -45,6 +46,7 @@ mod pipeline;
 mod record;
 mod request;
 mod ring;
+mod score;
 mod send;
 mod turn;
 mod upstream_io;

@@ -38,6 +38,10 @@ pub(super) enum OpKind {
     UpDeadline,
     /// The worker's timer that cancels upstream receives past their deadline (`deadline.rs`).
     Sweep,
+    /// Waiting for the external scorer's socket while a token is parked (`score.rs`).
+    Score,
+    /// The scorer's deadline, linked to its poll.
+    ScoreDeadline,
 }
 
 /// A socket address for `connect`, as the kernel reads it.
@@ -80,6 +84,9 @@ pub(super) enum OpBuf {
     ),
     /// The eventfd's counter.
     Word(Box<u64>),
+    /// A descriptor the operation waits on (the external scorer's connection): owned, so
+    /// that it stays open until the completion hands it back.
+    Fd(std::os::fd::OwnedFd),
 }
 
 /// Who an operation's completion goes to.

@@ -29,6 +29,7 @@ use super::{
     conn::{frame, frame_len, SendKind},
     hold::{Pending, PendingKind},
     op::{OpBuf, OpKind},
+    score::{Item, Judged},
     timespec,
     turn::{HeldToken, Turn},
     Worker,
@@ -36,7 +37,7 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    detect::{exfil::Ahead, pipeline::Gate, DetectorId, TokenObs, Trip, TripKind},
+    detect::{exfil::Ahead, pipeline::Gate, DetectorId, Trip, TripKind},
     source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
     stream::{Mode, SlotState},
     upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
@@ -47,41 +48,11 @@ use crate::{
 type Tops<'a> = [(&'a str, f32); MAX_TOP_LOGPROBS as usize];
 
 /// What the pipeline does after taking one thing from the source.
-enum Next {
+pub(super) enum Next {
     /// Nothing went out: take the next (a paced source waits for its timer first).
     Poll,
     /// An operation is under way (a send, a halt, a failure's reply): stop here.
     Stop,
-}
-
-/// Observe: the detectors judge each token of `t` (text without tokens, from an upstream that
-/// sent no logprobs, is one observation without a logprob). The first trip, if any.
-fn observe(turn: &mut Turn, t: &Produced, now: u64) -> Option<Trip> {
-    let base = turn.tokens_generated;
-    let gov = &mut turn.gov;
-    if t.tokens.is_empty() {
-        let obs = TokenObs {
-            index: base,
-            text: &t.text,
-            logprob: None,
-            now_ns: now,
-        };
-        return gov.set.observe(&obs, monotonic_ns);
-    }
-    let mut trip = None;
-    let mut i = 0;
-    t.tokens.for_each(&t.text, |text, logprob| {
-        let obs = TokenObs {
-            index: base + i,
-            text,
-            logprob,
-            now_ns: now,
-        };
-        trip = gov.set.observe(&obs, monotonic_ns);
-        i += 1;
-        trip.is_none()
-    });
-    trip
 }
 
 /// Release: the exfiltration scanner takes `text`; how much of the turn's text it lets go.
@@ -217,6 +188,10 @@ impl Worker {
             let Some(turn) = conn.turn.as_mut() else {
                 return Ok(());
             };
+            if turn.parked.is_some() {
+                // A token waits for its score (`score.rs`): nothing goes past it.
+                return Ok(());
+            }
             // Release: a frame the scanner let go of goes out first, in order.
             if let Some(p) = turn.hold.pop_released() {
                 return self.emit_pending(key, p);
@@ -232,7 +207,7 @@ impl Worker {
                     delta,
                     tokens,
                     arrived_ns,
-                } => self.take_tool_calls(key, &delta, tokens, arrived_ns)?,
+                } => self.take_tool_calls(key, delta, tokens, arrived_ns)?,
                 Polled::Pending => return self.up_arm_recv(key),
                 Polled::End => {
                     self.source_ended(key);
@@ -265,18 +240,36 @@ impl Worker {
         }
     }
 
-    /// The phases for text a source produced.
+    /// The phases for text a source produced: observe (which may park it until a score
+    /// comes, `score.rs`), then the rest.
     fn take_text(&mut self, key: usize, t: Produced) -> io::Result<Next> {
+        let now = monotonic_ns();
+        let judged = self.judge(key, Item::Text(t), 0, None, now)?;
+        self.judged(key, judged, now)
+    }
+
+    /// After observe: a trip halts, a parked item waits, a clear one goes on to release.
+    pub(super) fn judged(&mut self, key: usize, judged: Judged, now: u64) -> io::Result<Next> {
+        match judged {
+            Judged::Later => Ok(Next::Stop),
+            Judged::Trip(trip) => self.observed_trip(key, trip).map(|()| Next::Stop),
+            Judged::Clear(Item::Text(t)) => self.release_text(key, t, now),
+            Judged::Clear(Item::ToolCalls {
+                delta,
+                tokens,
+                arrived_ns,
+            }) => self.release_tool_calls(key, &delta, tokens, arrived_ns),
+        }
+    }
+
+    /// Release, encode, account and send for observed text.
+    fn release_text(&mut self, key: usize, t: Produced, now: u64) -> io::Result<Next> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(Next::Stop);
         };
-        let now = monotonic_ns();
-        if let Some(trip) = observe(turn, &t, now) {
-            return self.observed_trip(key, trip).map(|()| Next::Stop);
-        }
         if let Err(trip) = scan(turn, &t.text) {
             return self.detector_trip(key, trip).map(|()| Next::Stop);
         }
@@ -324,10 +317,28 @@ impl Worker {
         Ok(Next::Poll)
     }
 
-    /// The phases for a tool-call delta (chat, upstream): observed like content, suppressed
-    /// in degraded mode, its name and arguments scanned like any text, then framed through
-    /// the hold queue.
+    /// The phases for a tool-call delta (chat, upstream): observed like content (and parked
+    /// the same way), then [`Self::release_tool_calls`].
     fn take_tool_calls(
+        &mut self,
+        key: usize,
+        delta: Value,
+        tokens: Vec<UpToken>,
+        arrived_ns: u64,
+    ) -> io::Result<Next> {
+        let now = monotonic_ns();
+        let item = Item::ToolCalls {
+            delta,
+            tokens,
+            arrived_ns,
+        };
+        let judged = self.judge(key, item, 0, None, now)?;
+        self.judged(key, judged, now)
+    }
+
+    /// An observed tool-call delta: suppressed in degraded mode, its name and arguments
+    /// scanned like any text, then framed through the hold queue.
+    fn release_tool_calls(
         &mut self,
         key: usize,
         delta: &Value,
@@ -340,23 +351,6 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(Next::Stop);
         };
-        let (now, base) = (monotonic_ns(), turn.tokens_generated);
-        let mut trip = None;
-        for (i, t) in tokens.iter().enumerate() {
-            let obs = TokenObs {
-                index: base + i as u64,
-                text: &t.text,
-                logprob: t.logprob,
-                now_ns: now,
-            };
-            trip = turn.gov.set.observe(&obs, monotonic_ns);
-            if trip.is_some() {
-                break;
-            }
-        }
-        if let Some(trip) = trip {
-            return self.observed_trip(key, trip).map(|()| Next::Stop);
-        }
         if turn.degraded {
             // Degraded safe mode blocks new tool dispatch: not emitted, only counted.
             turn.tokens_generated += tokens.len() as u64;

@@ -224,6 +224,11 @@ impl Worker {
             (OpKind::UpSend, OpBuf::Send { buf, off }) => self.on_up_send(key, res, buf, off),
             (OpKind::UpRecv, OpBuf::Recv(b)) => self.on_up_recv(key, res, b),
             (OpKind::UpDeadline, OpBuf::Time(ts)) => self.on_up_link(key, ts),
+            (OpKind::Score, OpBuf::Fd(fd)) => self.on_score(key, res, fd),
+            (OpKind::ScoreDeadline, OpBuf::Time(ts)) => {
+                self.on_score_deadline(key, ts);
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

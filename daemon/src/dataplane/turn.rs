@@ -126,6 +126,8 @@ pub(super) struct Turn {
     pub(super) tool_calls: Vec<Value>,
     /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
     pub(super) tools_in_flight: Vec<Value>,
+    /// What the source produced while a token of it waits for its score (`score.rs`).
+    pub(super) parked: Option<super::score::Parked>,
 }
 
 impl Turn {
@@ -166,6 +168,7 @@ impl Turn {
             token_gap_ns_sum: 0,
             tool_calls: Vec::new(),
             tools_in_flight: Vec::new(),
+            parked: None,
         }
     }
 

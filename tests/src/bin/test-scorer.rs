@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! test-scorer --socket PATH [--fail-on-text WORD] [--delay-ms N] [--garbage] [--close-after N]
+//!             [--stall-on-text WORD --stall-ms N]
 //! ```
 //!
 //! It removes a stale socket file at PATH, binds, prints `listening on PATH` and serves until
@@ -12,7 +13,10 @@
 //! * `--fail-on-text WORD`: `{"score":0.0}` when the token's text contains WORD;
 //! * `--delay-ms N`: sleeps N ms before each reply (deadline tests);
 //! * `--garbage`: replies `this is not json` instead;
-//! * `--close-after N`: closes the connection after replying to N tokens (0: at once).
+//! * `--close-after N`: closes the connection after replying to N tokens (0: at once);
+//! * `--stall-on-text WORD --stall-ms N`: a connection (a turn) that sends a token whose text
+//!   contains WORD is stalled from then on: every reply on it, that token's included, waits
+//!   N ms. Other connections are served at once (one stream's slow scorer).
 //!
 //! A request line that is not the protocol's JSON closes its connection.
 
@@ -26,7 +30,7 @@ use std::{
     time::Duration,
 };
 
-const USAGE: &str = "usage: test-scorer --socket PATH [--fail-on-text WORD] [--delay-ms N] [--garbage] [--close-after N]";
+const USAGE: &str = "usage: test-scorer --socket PATH [--fail-on-text WORD] [--delay-ms N] [--garbage] [--close-after N] [--stall-on-text WORD --stall-ms N]";
 
 #[derive(Debug, Default)]
 struct Rules {
@@ -34,6 +38,8 @@ struct Rules {
     delay: Duration,
     garbage: bool,
     close_after: Option<u64>,
+    stall_on_text: Option<String>,
+    stall: Duration,
 }
 
 fn parse_args() -> Result<(PathBuf, Rules), String> {
@@ -52,6 +58,8 @@ fn parse_args() -> Result<(PathBuf, Rules), String> {
             "--delay-ms" => rules.delay = Duration::from_millis(number(value()?)?),
             "--garbage" => rules.garbage = true,
             "--close-after" => rules.close_after = Some(number(value()?)?),
+            "--stall-on-text" => rules.stall_on_text = Some(value()?),
+            "--stall-ms" => rules.stall = Duration::from_millis(number(value()?)?),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -68,6 +76,7 @@ fn serve(conn: UnixStream, rules: &Rules) {
     let mut reader = BufReader::new(read_half);
     let mut conn = conn;
     let mut answered = 0u64;
+    let mut stalled = false;
     let mut line = String::new();
     loop {
         if rules.close_after.is_some_and(|n| answered >= n) {
@@ -98,6 +107,13 @@ fn serve(conn: UnixStream, rules: &Rules) {
         };
         if !rules.delay.is_zero() {
             thread::sleep(rules.delay);
+        }
+        stalled |= rules
+            .stall_on_text
+            .as_deref()
+            .is_some_and(|w| text.contains(w));
+        if stalled {
+            thread::sleep(rules.stall);
         }
         if conn.write_all(reply.as_bytes()).is_err() {
             return;

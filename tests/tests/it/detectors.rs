@@ -193,6 +193,84 @@ fn an_external_scorer_feeds_the_halt_monitor_and_fails_closed() -> Result<()> {
     result
 }
 
+/// Issue 11: an external scorer that stalls on one stream holds up that stream only. With one
+/// worker, the stalled stream's every token waits 250 ms for its score (within the 1 s
+/// deadline), while another stream on the same worker gets all its tokens meanwhile: its
+/// tokens are never queued behind the stalled stream's wait.
+#[test]
+fn a_scorer_stalled_on_one_stream_does_not_hold_up_another() -> Result<()> {
+    const VICTIM_TOKENS: usize = 8;
+    const OTHER_TOKENS: usize = 20;
+    let dir = temp_dir("scorer-stall")?;
+    let sock = dir.join("scorer.sock");
+    let mut scorer = std::process::Command::new(SCORER_BIN)
+        .arg("--socket")
+        .arg(&sock)
+        .args(["--stall-on-text", "Stallword", "--stall-ms", "250"])
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    for _ in 0..200 {
+        if sock.exists() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let result = (|| -> Result<()> {
+        let r = rig(
+            &format!(
+                "[detectors.halt_monitor]\nhard_limit = 0.5\nscorer = {{ unix = \"{}\", deadline_us = 1000000 }}\n",
+                sock.display()
+            ),
+            &["--workers", "1"],
+        )?;
+        let victim_tokens = std::sync::atomic::AtomicUsize::new(0);
+        let (victim, other, victim_seen) = thread::scope(|s| {
+            let victim = s.spawn(|| {
+                let key = sse::fresh_key();
+                r.stream(
+                    "/v1/chat/completions",
+                    &chat(
+                        "[[script:normal tokens=8 words=\"Stallword, a, b, c, d, e, f, g\"]]",
+                        true,
+                    ),
+                    Some(&key),
+                    |p, _| {
+                        victim_tokens.store(p.tokens, std::sync::atomic::Ordering::SeqCst);
+                    },
+                )
+            });
+            // The victim's first token is with the scorer by now (it takes at least 2 s
+            // in all: 8 tokens of 250 ms each).
+            thread::sleep(Duration::from_millis(200));
+            let other = stream(&r, &chat("[[script:normal tokens=20]]", true));
+            let seen = victim_tokens.load(std::sync::atomic::Ordering::SeqCst);
+            (victim.join(), other, seen)
+        });
+        let other = other?;
+        ensure!(
+            other.finish_reason.as_deref() == Some("stop") && other.tokens == OTHER_TOKENS,
+            "the other stream: {:?}",
+            other.events
+        );
+        ensure!(
+            victim_seen < VICTIM_TOKENS,
+            "the other stream waited for the stalled one: it ended after the stalled stream \
+             had all {victim_seen} of its tokens"
+        );
+        let victim = victim.map_err(|_| anyhow::anyhow!("victim thread panicked"))??;
+        ensure!(
+            victim.finish_reason.as_deref() == Some("stop") && victim.tokens == VICTIM_TOKENS,
+            "the stalled stream still gets every token, each judged: {:?}",
+            victim.events
+        );
+        Ok(())
+    })();
+    let _ = scorer.kill();
+    let _ = scorer.wait();
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
 #[test]
 fn safety_check_enforce_trips_on_a_fabricated_source_and_records_every_verdict() -> Result<()> {
     let rig = rig(

@@ -1,8 +1,8 @@
 //! Scorers: where the HaltMonitor's per-token score comes from (spec 001; issue 4).
 //!
 //! The [`HaltMonitor`](crate::monitor::HaltMonitor) compares one score per token with its
-//! `hard_limit`. A [`Scorer`] produces that score, synchronously, on the data-plane worker
-//! that handles the stream, before the token is accounted or sent:
+//! `hard_limit`. A [`Scorer`] produces that score on the data-plane worker that handles the
+//! stream, before the token is accounted or sent:
 //!
 //! * [`ProbabilityScorer`] (`scorer = "probability"`, the default): the token's probability
 //!   under the model, `exp(logprob)`, in `[0, 1]`. A token without a logprob is an error
@@ -10,6 +10,13 @@
 //! * [`UnixScorer`] (`scorer = { unix = "/run/haltd/scorer.sock", deadline_us = 2000 }`): an
 //!   external process of the operator's, reached over a Unix stream socket, that must answer
 //!   each token within `deadline_us` microseconds.
+//!
+//! A scorer that must wait for its socket does not block the worker: [`Scorer::start`] hands
+//! the wait back ([`Scored::Wait`]: the connection, lent to the waiter, what to wait for, and
+//! the deadline), the worker parks the token and polls the socket on its io_uring ring
+//! (`dataplane/score.rs`) while it serves its other streams, and [`Scorer::resume`] goes on
+//! when the socket is ready or the deadline passed. [`Scorer::score`] is the same round trip
+//! waiting on the calling thread (tests, tools).
 //!
 //! Any [`ScorerError`] means the token could not be judged; the caller turns it into a
 //! `DETECTOR_FAILURE` trip in hard mode (fail closed, G3 in docs/spec.md). No scorer panics on any
@@ -68,11 +75,11 @@
 //!
 //! Deadline: from the moment haltd starts scoring a token (including a reconnect, if one is
 //! needed) to the moment the whole reply line has arrived, at most `deadline_us`
-//! microseconds may pass, else [`ScorerError::Deadline`]. The socket is non-blocking and
-//! every wait is a `ppoll(2)` bounded by the time left, so **a stuck or slow scorer blocks the
-//! data-plane worker for at most the deadline per token** (plus scheduling jitter, tens of
-//! µs), and then trips the stream. Other streams on that worker wait too, so keep the
-//! deadline small. A connection queued in the listener's backlog counts as connected: the
+//! microseconds may pass, else [`ScorerError::Deadline`]. The socket is non-blocking; on the
+//! data plane the wait is an io_uring poll linked to a timeout at the deadline, so **a stuck
+//! or slow scorer holds up only its own stream**, for at most the deadline per token (plus
+//! scheduling jitter, tens of µs), and then trips it; the worker's other streams go on
+//! meanwhile. A connection queued in the listener's backlog counts as connected: the
 //! first token of each turn also pays for the scorer's `accept` and whatever it does per
 //! connection (starting a thread), which is the slowest round trip of a turn (measured on a
 //! loaded 2-core machine: per-token p50 4 µs / p99 12 µs against an in-process Rust server,
