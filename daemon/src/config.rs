@@ -59,6 +59,12 @@ pub struct ServeArgs {
     /// Inter-token deadline (ms): an upstream silent this long mid-stream has stalled; the turn halts with UPSTREAM_FAILURE.
     #[arg(long, default_value_t = 30_000)]
     pub upstream_stall_timeout_ms: u64,
+    /// Idle upstream connections each data-plane worker keeps for the next request (HTTP/1.1 keep-alive); 0: a new connection per request.
+    #[arg(long, default_value_t = 32)]
+    pub upstream_pool_idle: usize,
+    /// How long an idle upstream connection stays pooled (ms); keep it below the upstream's own keep-alive timeout (uvicorn, so vLLM: 5 s).
+    #[arg(long, default_value_t = 4_000)]
+    pub upstream_pool_idle_timeout_ms: u64,
     /// What a halt puts into degraded safe mode: the conversation's API key, or the whole node.
     #[arg(long, value_enum, default_value = "key")]
     pub degraded_scope: crate::modes::DegradedScope,
@@ -177,6 +183,7 @@ pub struct Config {
     pub upstream_connect_timeout: Duration,
     pub upstream_first_token_timeout: Duration,
     pub upstream_stall_timeout: Duration,
+    pub upstream_pool_idle_timeout: Duration,
     /// `--degraded-for-s`, `None` for 0.
     pub degraded_for: Option<Duration>,
     /// The detectors' settings (config file and `--hard-limit`), validated.
@@ -188,6 +195,8 @@ pub struct Config {
 
 /// Most B accepted: a larger budget is no halt budget.
 pub const MAX_BUDGET: u32 = 1000;
+/// Most idle upstream connections a worker may keep (`--upstream-pool-idle`).
+pub const MAX_POOL_IDLE: usize = 4096;
 
 impl ServeArgs {
     /// The admin token: required for a TCP admin listener, read from a file no other user can
@@ -258,6 +267,7 @@ impl ServeArgs {
                 self.upstream_first_token_timeout_ms,
             ),
             upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
+            upstream_pool_idle_timeout: Duration::from_millis(self.upstream_pool_idle_timeout_ms),
             detectors,
             sampling,
             degraded_for: (self.degraded_for_s > 0)
@@ -358,7 +368,7 @@ impl ServeArgs {
         Ok(upstream)
     }
 
-    /// The upstream timeouts and `--degraded-for-s`.
+    /// The upstream timeouts and pool, and `--degraded-for-s`.
     fn check_upstream_timeouts(&self) -> Result<(), ConfigError> {
         for (flag, v) in [
             (
@@ -370,10 +380,23 @@ impl ServeArgs {
                 self.upstream_first_token_timeout_ms,
             ),
             ("upstream-stall-timeout-ms", self.upstream_stall_timeout_ms),
+            (
+                "upstream-pool-idle-timeout-ms",
+                self.upstream_pool_idle_timeout_ms,
+            ),
         ] {
             if v == 0 || v > 3_600_000 {
                 return Err(err(flag, format!("{v} must be between 1 and 3600000")));
             }
+        }
+        if self.upstream_pool_idle > MAX_POOL_IDLE {
+            return Err(err(
+                "upstream-pool-idle",
+                format!(
+                    "{} must be at most {MAX_POOL_IDLE}",
+                    self.upstream_pool_idle
+                ),
+            ));
         }
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));

@@ -31,8 +31,18 @@ impl Rig {
     /// Starts the upstream (`upstream_bin`: pass `env!("CARGO_BIN_EXE_scripted-upstream")`)
     /// and haltd proxying it, with `haltd_extra` after `--source openai --upstream URL`.
     pub fn start(upstream_bin: &str, haltd_extra: &[&str]) -> Result<Self> {
+        Self::start_with(upstream_bin, &[], haltd_extra)
+    }
+
+    /// Like [`Rig::start`], with `upstream_extra` on the upstream's command line (e.g.
+    /// `--keep-alive`).
+    pub fn start_with(
+        upstream_bin: &str,
+        upstream_extra: &[&str],
+        haltd_extra: &[&str],
+    ) -> Result<Self> {
         let pair = NetPair::new()?;
-        let up = ScriptedUpstream::start(&pair, upstream_bin, &[])?;
+        let up = ScriptedUpstream::start(&pair, upstream_bin, upstream_extra)?;
         let mut args = vec!["--source", "openai", "--upstream", up.url.as_str()];
         args.extend_from_slice(haltd_extra);
         let haltd = Haltd::start(&pair, &args)?;

@@ -271,7 +271,7 @@ impl Worker {
         } else {
             CancelReason::Trip
         };
-        let has_up = conn.up.is_some();
+        let has_up = conn.up.is_some() && conn.outcome != Outcome::Completed;
         for target in targets.into_iter().flatten() {
             // A failed submission leaves the operation to complete by itself.
             let e = opcode::AsyncCancel::new(target).build();
@@ -279,7 +279,8 @@ impl Worker {
         }
         if has_up {
             // Closing with the upstream still generating: a trip or a client gone (a turn
-            // that finished or failed closed its upstream already, so this is a no-op then).
+            // that failed closed its upstream already; one that ended otherwise than
+            // completed has its connection shut down, never pooled).
             self.up_cancel(key, up_reason);
         }
         self.maybe_finish_close(key);
@@ -323,9 +324,9 @@ impl Worker {
         // with it (the slot is not HALTING), so nothing else uses it.
         unsafe { libc::close(conn.fd) };
         if let Some(up) = conn.up.as_ref() {
-            // SAFETY: nothing is in flight on the upstream socket (its operations are the
+            // Nothing is in flight on the upstream socket either (its operations are the
             // connection's, and `inflight` covers them).
-            unsafe { libc::close(up.fd()) };
+            self.release_upstream(up.fd(), up.reuse, conn.outcome);
         }
         shared.metrics.dataplane.streams_active.dec();
         self.record_turn(&conn);

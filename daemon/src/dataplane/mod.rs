@@ -24,6 +24,7 @@
 //! | `halt.rs` | the emitter's side of a halt |
 //! | `record.rs` | the turn's flight-recorder record |
 //! | `upstream_io.rs`, `upstream_recv.rs` | the upstream socket of a proxied turn |
+//! | `pool.rs`, `upstream_reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
 //! | `watch.rs` | noticing a client that leaves while its turn waits on the upstream |
 //!
 //! A trip raised elsewhere (admin, watchdog) rings the worker's eventfd; the worker then halts
@@ -43,6 +44,7 @@ mod halt;
 mod hold;
 mod op;
 mod pipeline;
+mod pool;
 mod record;
 mod request;
 mod ring;
@@ -51,6 +53,7 @@ mod send;
 mod turn;
 mod upstream_io;
 mod upstream_recv;
+mod upstream_reuse;
 mod watch;
 
 use conn::Conn;
@@ -71,6 +74,10 @@ pub fn spawn_workers(
             std::thread::Builder::new()
                 .name(format!("haltd-dp-{worker}"))
                 .spawn(move || {
+                    let pool = pool::UpstreamPool::new(
+                        shared.cfg.args.upstream_pool_idle,
+                        shared.cfg.upstream_pool_idle_timeout,
+                    );
                     let mut w = Worker {
                         id: worker as u32,
                         ring,
@@ -78,6 +85,7 @@ pub fn spawn_workers(
                         listener,
                         shared,
                         ops: op::OpTable::default(),
+                        pool,
                         next_serial: 0,
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
@@ -104,6 +112,8 @@ struct Worker {
     shared: Arc<HaltCore>,
     /// The operations in flight, which own their buffers (`op.rs`).
     ops: op::OpTable,
+    /// Idle keep-alive connections to the upstream, this worker's own (`pool.rs`).
+    pool: pool::UpstreamPool,
     /// The serial of the next connection (tells a reused slab key from the connection an
     /// old operation belongs to).
     next_serial: u64,

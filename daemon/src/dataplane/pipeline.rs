@@ -493,8 +493,9 @@ impl Worker {
         Ok(())
     }
 
-    /// The source's text is complete: an upstream exchange is over (its socket shut down at
-    /// once), and the model it answered with is SafetyCheck's identity after the turn.
+    /// The source's text is complete: an upstream exchange is over (its connection kept for
+    /// the pool or shut down at once), and the model it answered with is SafetyCheck's
+    /// identity after the turn.
     pub(super) fn source_ended(&mut self, key: usize) {
         let conn = &mut self.conns[key];
         let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
@@ -504,6 +505,7 @@ impl Worker {
         if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
             turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
         }
+        self.up_stop_reading(key);
     }
 
     pub(super) fn source_failed(&mut self, key: usize, f: SourceFailure) -> io::Result<()> {

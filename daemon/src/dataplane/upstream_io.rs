@@ -6,9 +6,13 @@
 //! which the pipeline governs exactly like built-in tokens. The upstream socket is not
 //! governed: only client-facing sends carry tokens.
 //!
+//! Connections are kept alive and reused (`pool.rs`, `upstream_reuse.rs`): a turn takes an
+//! idle connection of its worker when there is one and sends at once, else connects.
+//!
 //! Cancellation: a trip, a client that goes away, or a failure shuts the upstream socket down
 //! (`shutdown(SHUT_RDWR)` sends the FIN at once, whatever is in flight on it; vLLM aborts a
-//! generation whose connection closes) and the turn's record says why.
+//! generation whose connection closes) and the turn's record says why. Such a connection is
+//! never pooled.
 //!
 //! Failures map to a typed end: before the client's response began, an HTTP error whose
 //! status says whose fault it was (the upstream's 4xx passes through as that 4xx, its 5xx and
@@ -22,7 +26,9 @@ use serde_json::{json, Value};
 
 use super::{
     op::{OpBuf, OpKind, SockAddr},
-    timespec, Worker,
+    timespec,
+    upstream_reuse::Reuse,
+    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -32,7 +38,7 @@ use crate::{
         self, CancelReason, FinishReason, ResponseReader, SseParser, UpstreamFailure,
         UpstreamFailureKind,
     },
-    wire::{self, HttpError, RequestHead},
+    wire::{HttpError, RequestHead},
 };
 
 /// Largest upstream response head.
@@ -43,6 +49,9 @@ const MAX_UPSTREAM_EVENT: usize = 1 << 20;
 pub(super) const MAX_UPSTREAM_BODY: usize = 4 << 20;
 /// Receive buffer per upstream connection.
 const UP_RECV_CHUNK: usize = 16 * 1024;
+/// How long the end of a body (the chunked terminator behind `[DONE]`) may take once the
+/// turn has all it needs; past it the connection is closed rather than pooled.
+const DRAIN_TIMEOUT_NS: u64 = 250_000_000;
 
 /// What to ask the upstream.
 #[derive(Debug)]
@@ -104,10 +113,27 @@ pub(super) struct Upstream {
     /// The system prompt of the request sent (SafetyCheck's identity).
     pub(super) system_prompt: String,
     pub(super) api_path: &'static str,
+    /// The connection came from the worker's pool (its request may be retried once).
+    pub(super) reused: bool,
+    /// The request was retried on a new connection already.
+    pub(super) retried: bool,
+    /// Response bytes read on this connection.
+    pub(super) received: usize,
+    /// The request as sent on a reused connection, kept for its one retry.
+    pub(super) request: Vec<u8>,
+    /// Whether the connection may serve another request once the turn is done.
+    pub(super) reuse: Reuse,
+    /// The receive in flight was cancelled when the turn's text ended (`upstream_reuse.rs`).
+    pub(super) recv_stopped: bool,
 }
 
 impl Upstream {
-    fn new(fd: RawFd, req: &UpstreamRequest<'_>, wbuf: Vec<u8>, system_prompt: String) -> Self {
+    pub(super) fn new(
+        fd: RawFd,
+        req: &UpstreamRequest<'_>,
+        wbuf: Vec<u8>,
+        system_prompt: String,
+    ) -> Self {
         Upstream {
             purpose: req.purpose,
             fd,
@@ -135,6 +161,12 @@ impl Upstream {
             last_event_ns: 0,
             system_prompt,
             api_path: req.api_path,
+            reused: false,
+            retried: false,
+            received: 0,
+            request: Vec::new(),
+            reuse: Reuse::No,
+            recv_stopped: false,
         }
     }
 
@@ -142,10 +174,26 @@ impl Upstream {
         self.fd
     }
 
-    /// The exchange is over (the stream ended): nothing more is read, and the socket is shut
-    /// down at once.
+    /// The exchange is over (the stream ended): nothing more is read for the turn. A
+    /// keep-alive response whose body ended cleanly leaves the connection reusable; one whose
+    /// end is still due (the chunked terminator behind `[DONE]`) is drained first; any other
+    /// connection is shut down at once.
     pub(super) fn finish_exchange(&mut self) {
         self.finished = true;
+        let keep_alive = self.reader.head().is_some_and(|h| h.keep_alive);
+        self.reuse = match (keep_alive, self.reader.is_done()) {
+            (true, true) => Reuse::Ready,
+            (true, false) => Reuse::Draining,
+            (false, _) => Reuse::No,
+        };
+        if self.reuse == Reuse::No {
+            self.shutdown();
+        }
+    }
+
+    /// The connection will serve no other request: shut it down now.
+    pub(super) fn discard(&mut self) {
+        self.reuse = Reuse::No;
         self.shutdown();
     }
 
@@ -192,6 +240,22 @@ impl Upstream {
             "cancel_reason": self.cancelled.map(CancelReason::as_str),
         })
     }
+}
+
+/// A new TCP socket for the upstream at `addr` (no Nagle delay).
+pub(super) fn upstream_socket(addr: std::net::SocketAddr) -> io::Result<RawFd> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket creation; the descriptor is owned by the caller.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    super::set_nodelay(fd);
+    Ok(fd)
 }
 
 fn sockaddr(addr: std::net::SocketAddr) -> Box<SockAddr> {
@@ -247,26 +311,21 @@ impl Worker {
                 &HttpError::new(500, "server_error", "no upstream configured"),
             );
         };
-        let addr = url.addrs[0];
-        let family = if addr.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
+        let pool_metrics = &shared.metrics.upstream.pool;
+        let pooled = self.pool.take(monotonic_ns(), pool_metrics);
+        let fd = match pooled.map_or_else(|| upstream_socket(url.addrs[0]), Ok) {
+            Ok(fd) => fd,
+            Err(e) => {
+                return self.reply_error(
+                    key,
+                    &HttpError::new(
+                        503,
+                        "server_error",
+                        format!("cannot open a socket to the upstream: {e}"),
+                    ),
+                )
+            }
         };
-        // SAFETY: plain socket creation; the descriptor is owned by this connection.
-        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return self.reply_error(
-                key,
-                &HttpError::new(
-                    503,
-                    "server_error",
-                    format!("cannot open a socket to the upstream: {e}"),
-                ),
-            );
-        }
-        super::set_nodelay(fd);
         let mut wbuf = Vec::new();
         upstream::write_http_request(
             &mut wbuf,
@@ -276,11 +335,32 @@ impl Worker {
             req.authorization,
             req.body,
         );
-        let up = Upstream::new(fd, req, wbuf, system_prompt);
-        self.conns[key].up = Some(Box::new(up));
-        let addr = sockaddr(addr);
+        let mut up = Box::new(Upstream::new(fd, req, wbuf, system_prompt));
+        if pooled.is_some() {
+            // An idle keep-alive connection: the request goes out at once.
+            pool_metrics.reused.inc();
+            up.reused = true;
+            let request = std::mem::take(&mut up.wbuf);
+            self.conns[key].up = Some(up);
+            self.up_send(key, request, 0)?;
+        } else {
+            self.conns[key].up = Some(up);
+            self.up_connect(key)?;
+        }
+        self.arm_watch(key)
+    }
+
+    /// Connects the upstream socket (a new one) of connection `key`.
+    pub(super) fn up_connect(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let (Some(url), Some(up)) = (shared.cfg.upstream.as_ref(), self.conns[key].up.as_ref())
+        else {
+            return Ok(());
+        };
+        shared.metrics.upstream.pool.opened.inc();
+        let addr = sockaddr(url.addrs[0]);
         let addr_ptr: *const libc::sockaddr = (&raw const addr.storage).cast();
-        let connect = opcode::Connect::new(types::Fd(fd), addr_ptr, addr.len)
+        let connect = opcode::Connect::new(types::Fd(up.fd), addr_ptr, addr.len)
             .build()
             .flags(squeue::Flags::IO_LINK);
         let timeout = shared.cfg.upstream_connect_timeout;
@@ -289,7 +369,7 @@ impl Worker {
         if let Some(up) = self.conns[key].up.as_mut() {
             up.connect_op = Some(op);
         }
-        self.arm_watch(key)
+        Ok(())
     }
 
     /// `GET /v1/models` with `--source openai`: relayed from the upstream.
@@ -407,6 +487,11 @@ impl Worker {
             );
         }
         if res <= 0 {
+            // A pooled connection the upstream closed meanwhile: retried once, afresh.
+            up.request = buf;
+            if self.up_retry(key)? {
+                return Ok(());
+            }
             let e = io::Error::from_raw_os_error(-res);
             return self.up_fail(
                 key,
@@ -419,6 +504,10 @@ impl Worker {
         if off < buf.len() {
             return self.up_send(key, buf, off);
         }
+        if up.reused && !up.retried {
+            // Kept until the response begins, for the one retry.
+            up.request = buf;
+        }
         self.up_arm_recv(key)
     }
 
@@ -430,19 +519,23 @@ impl Worker {
         let cfg_first = self.shared.cfg.upstream_first_token_timeout;
         let cfg_stall = self.shared.cfg.upstream_stall_timeout;
         let conn = &mut self.conns[key];
-        if conn.closing {
-            return Ok(());
-        }
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
+        // The end of a finished body is read on (to pool the connection) even while the
+        // client's connection closes.
+        let draining = up.finished && up.reuse == Reuse::Draining;
+        if conn.closing && !draining {
+            return Ok(());
+        }
         let source_full = conn
             .turn
             .as_ref()
             .and_then(|t| t.source.upstream())
             .is_some_and(|s| !s.wants_more());
-        if up.finished
-            || source_full
+        // Not for the turn any more (a drain reads on), or back-pressure from the source.
+        let done_or_full = (up.finished || source_full) && !draining;
+        if done_or_full
             || up.recv_op.is_some()
             || up.links > 0
             || up.send_op.is_some()
@@ -453,7 +546,9 @@ impl Worker {
         // Deadlines are absolute: time to the first event counts from the request, the stall
         // deadline from the last event. Bytes that are no event (keep-alive comments, a
         // response head) do not extend them.
-        let deadline = if up.events == 0 {
+        let deadline = if draining {
+            monotonic_ns() + DRAIN_TIMEOUT_NS
+        } else if up.events == 0 {
             up.started_ns + cfg_first.as_nanos() as u64
         } else {
             up.last_event_ns + cfg_stall.as_nanos() as u64
@@ -467,6 +562,7 @@ impl Worker {
         let recv = opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32).build();
         up.recv_deadline_ns = deadline;
         up.recv_cancelled = false;
+        up.recv_stopped = false;
         let owner = conn.owner(key);
         let op = self.submit(owner, OpKind::UpRecv, OpBuf::Recv(buf), recv)?;
         if let Some(up) = self.conns[key].up.as_mut() {
@@ -497,42 +593,6 @@ impl Worker {
         Ok(())
     }
 
-    /// A whole non-streaming upstream body: `/v1/models` to relay, or an error status.
-    pub(super) fn up_whole_body(
-        &mut self,
-        key: usize,
-        status: u16,
-        body: Vec<u8>,
-    ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
-        let Some(up) = conn.up.as_mut() else {
-            return Ok(());
-        };
-        up.body = Vec::new();
-        up.finish_exchange();
-        if up.purpose == Purpose::Models && status == 200 {
-            return self.reply(key, 200, "application/json", &body);
-        }
-        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-        let message = parsed
-            .as_ref()
-            .and_then(|v| {
-                v.pointer("/error/message")
-                    .or_else(|| v.get("message"))
-                    .or_else(|| v.get("detail"))
-            })
-            .map(|m| match m {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
-        let quote = wire::truncate_chars(&message, 500);
-        let msg = format!("the upstream answered {status}: {quote}");
-        up.failure_quote = Some(quote);
-        up.status = Some(status);
-        self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))
-    }
-
     /// Ends the upstream exchange because of a trip or a client that went away: the
     /// connection is shut down at once, which makes vLLM abort the generation.
     pub(super) fn up_cancel(&mut self, key: usize, reason: CancelReason) {
@@ -543,6 +603,9 @@ impl Worker {
             return;
         };
         if up.finished {
+            // Its response is complete, but the turn ends tripped or without its client:
+            // never pooled.
+            up.discard();
             return;
         }
         up.finished = true;
@@ -582,7 +645,7 @@ impl Worker {
             s.clear();
         }
         up.failure = Some(failure.clone());
-        up.shutdown();
+        up.discard();
         let purpose = up.purpose;
         let retry_after = up.retry_after.clone();
         shared.metrics.upstream.failed(kind);

@@ -2,12 +2,16 @@
 //! whole body to relay or explain), then SSE events, each fed to the turn's upstream source
 //! ([`crate::source::upstream::UpstreamSource::push_event`]); then the pipeline runs if it can
 //! take them, and the next receive is armed (unless the source's queue is full: back-pressure
-//! on the upstream). Every failure here ends the turn typed (`up_fail`).
+//! on the upstream). A whole body (`/v1/models`, an error status) is relayed or explained
+//! (`up_whole_body`). Every failure here ends the turn typed (`up_fail`).
 
 use std::{io, sync::Arc};
 
+use serde_json::Value;
+
 use super::{
     upstream_io::{Purpose, Upstream, MAX_UPSTREAM_BODY},
+    upstream_reuse::closed_by_peer,
     Worker,
 };
 use crate::{
@@ -15,7 +19,7 @@ use crate::{
     source::upstream::UpstreamSource,
     stream::Mode,
     upstream::{ResponseHead, UpstreamFailureKind},
-    wire::Endpoint,
+    wire::{self, Endpoint},
 };
 
 /// What the bytes of one receive amount to.
@@ -37,20 +41,37 @@ impl Worker {
     pub(super) fn on_up_recv(&mut self, key: usize, res: i32, buf: Vec<u8>) -> io::Result<()> {
         // When the bytes arrived: the start of every token's haltd_token_overhead_seconds.
         let arrived_ns = monotonic_ns();
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.recv_op = None;
+        up.rbuf = Some(buf);
+        if up.finished {
+            return self.up_after_end(key, res);
+        }
+        if conn.closing {
+            return Ok(());
+        }
+        let retryable = up.reused && up.received == 0 && closed_by_peer(res);
+        if retryable && self.up_retry(key)? {
+            return Ok(());
+        }
+        if res < 0 {
+            return self.up_recv_failed(key, res);
+        }
+        self.up_recv_data(key, res, arrived_ns)
+    }
+
+    /// `res` bytes (0: EOF) of the response arrived, in `up.rbuf`.
+    fn up_recv_data(&mut self, key: usize, res: i32, arrived_ns: u64) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let id = conn.id;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
-        up.recv_op = None;
-        up.rbuf = Some(buf);
-        if up.finished || conn.closing {
-            return Ok(());
-        }
-        if res < 0 {
-            return self.up_recv_failed(key, res);
-        }
+        up.received += res as usize;
         let endpoint = shared.table.slot(id.slot).endpoint();
         let source = conn.turn.as_mut().and_then(|t| t.source.upstream_mut());
         match up_received(up, source, res, endpoint, arrived_ns) {
@@ -104,6 +125,42 @@ impl Worker {
             )
         };
         self.up_fail(key, kind, msg, None)
+    }
+
+    /// A whole non-streaming upstream body: `/v1/models` to relay, or an error status.
+    pub(super) fn up_whole_body(
+        &mut self,
+        key: usize,
+        status: u16,
+        body: Vec<u8>,
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
+        up.body = Vec::new();
+        up.finish_exchange();
+        if up.purpose == Purpose::Models && status == 200 {
+            return self.reply(key, 200, "application/json", &body);
+        }
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let message = parsed
+            .as_ref()
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .or_else(|| v.get("message"))
+                    .or_else(|| v.get("detail"))
+            })
+            .map(|m| match m {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+        let quote = wire::truncate_chars(&message, 500);
+        let msg = format!("the upstream answered {status}: {quote}");
+        up.failure_quote = Some(quote);
+        up.status = Some(status);
+        self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))
     }
 }
 

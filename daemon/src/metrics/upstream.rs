@@ -1,5 +1,5 @@
-//! Proxied turns: upstream failures and cancellations, and the tool calls upstream streams
-//! carried.
+//! Proxied turns: upstream failures and cancellations, the upstream connection pool, and the
+//! tool calls upstream streams carried.
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
@@ -59,12 +59,112 @@ pub struct ToolCallLabels {
     pub kind: ToolCallKind,
 }
 
+/// Why an upstream connection was closed instead of serving another request: the `reason`
+/// label of `haltd_upstream_pool_discarded_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum DiscardReason {
+    /// Its exchange did not end cleanly and reusable: a trip, a failure, a cancellation, a
+    /// body not read to its end, or an upstream that said `connection: close`.
+    NotReusable,
+    /// The worker's pool already held `--upstream-pool-idle` connections.
+    PoolFull,
+    /// Idle past `--upstream-pool-idle-timeout-ms`.
+    IdleTimeout,
+    /// The upstream closed it (or sent something) while it was idle, seen before reuse.
+    UpstreamClosed,
+    /// Reused, it failed before any response byte: the request was retried on a new one.
+    Broken,
+}
+
+impl DiscardReason {
+    pub const ALL: [DiscardReason; 5] = [
+        DiscardReason::NotReusable,
+        DiscardReason::PoolFull,
+        DiscardReason::IdleTimeout,
+        DiscardReason::UpstreamClosed,
+        DiscardReason::Broken,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DiscardReason::NotReusable => "not_reusable",
+            DiscardReason::PoolFull => "pool_full",
+            DiscardReason::IdleTimeout => "idle_timeout",
+            DiscardReason::UpstreamClosed => "upstream_closed",
+            DiscardReason::Broken => "broken",
+        }
+    }
+}
+
+impl EncodeLabelValue for DiscardReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DiscardLabels {
+    pub reason: DiscardReason,
+}
+
+/// `haltd_upstream_pool_*`: how upstream connections were obtained and why they were closed.
+#[derive(Debug)]
+pub struct PoolMetrics {
+    pub opened: Counter,
+    pub reused: Counter,
+    pub retried: Counter,
+    pub discarded: Family<DiscardLabels, Counter>,
+}
+
+impl PoolMetrics {
+    fn register(reg: &mut Registry) -> Self {
+        let pool = reg.sub_registry_with_prefix("pool");
+        let m = PoolMetrics {
+            opened: Counter::default(),
+            reused: Counter::default(),
+            retried: Counter::default(),
+            discarded: Family::default(),
+        };
+        pool.register(
+            "opened",
+            "Upstream connections opened (no idle pooled connection was at hand)",
+            m.opened.clone(),
+        );
+        pool.register(
+            "reused",
+            "Upstream requests sent on a pooled keep-alive connection",
+            m.reused.clone(),
+        );
+        pool.register(
+            "retried",
+            "Requests retried once on a new connection after their pooled one failed before any response byte",
+            m.retried.clone(),
+        );
+        pool.register(
+            "discarded",
+            "Upstream connections closed instead of pooled or reused, by reason",
+            m.discarded.clone(),
+        );
+        for reason in DiscardReason::ALL {
+            drop(m.discarded.get_or_create(&DiscardLabels { reason }));
+        }
+        m
+    }
+
+    pub fn discarded(&self, reason: DiscardReason) {
+        self.discarded
+            .get_or_create(&DiscardLabels { reason })
+            .inc();
+    }
+}
+
 /// `haltd_upstream_*`, `haltd_tool_calls_total`.
 #[derive(Debug)]
 pub struct UpstreamMetrics {
     pub failures: Family<UpstreamFailureLabels, Counter>,
     pub cancels: Family<CancelLabels, Counter>,
     pub tool_calls: Family<ToolCallLabels, Counter>,
+    pub pool: PoolMetrics,
 }
 
 impl UpstreamMetrics {
@@ -84,6 +184,7 @@ impl UpstreamMetrics {
             "Upstream generations cancelled (connection closed) before they ended, by reason",
             cancels.clone(),
         );
+        let pool = PoolMetrics::register(upstream);
         let tool_calls = Family::<ToolCallLabels, Counter>::default();
         reg.register(
             "tool_calls",
@@ -103,6 +204,7 @@ impl UpstreamMetrics {
             failures,
             cancels,
             tool_calls,
+            pool,
         }
     }
 

@@ -308,8 +308,9 @@ fn valid_method(m: &str) -> bool {
 
 /// Writes an HTTP/1.1 request (head and body) into `out`.
 ///
-/// One request per connection (`connection: close`): closing the connection is how a trip
-/// cancels the generation, and there is no pool to keep consistent. `authorization` is written
+/// HTTP/1.1 keep-alive (no `connection: close`): the data plane's upstream pool reuses a
+/// connection whose response ended cleanly, and closes any other (closing it is how a trip
+/// cancels the generation, so a cancelled turn's connection is never reused). `authorization` is written
 /// verbatim; the caller validates it with [`valid_header_value`], and a value that fails that
 /// check is left out here rather than written (the upstream then answers 401, never a header
 /// injection).
@@ -335,7 +336,7 @@ pub fn write_http_request(
     // Writes into a Vec cannot fail.
     let _ = write!(
         out,
-        "{method} {target} HTTP/1.1\r\nhost: {}\r\nuser-agent: haltd/{}\r\naccept: {accept}\r\naccept-encoding: identity\r\nconnection: close\r\n",
+        "{method} {target} HTTP/1.1\r\nhost: {}\r\nuser-agent: haltd/{}\r\naccept: {accept}\r\naccept-encoding: identity\r\n",
         url.host_header(),
         env!("CARGO_PKG_VERSION"),
     );
@@ -786,7 +787,7 @@ mod tests {
         assert_eq!(
             text,
             format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:8000\r\nuser-agent: haltd/{}\r\naccept: text/event-stream\r\naccept-encoding: identity\r\nconnection: close\r\nauthorization: Bearer sk-abc\r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\n{{\"a\":1}}",
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:8000\r\nuser-agent: haltd/{}\r\naccept: text/event-stream\r\naccept-encoding: identity\r\nauthorization: Bearer sk-abc\r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\n{{\"a\":1}}",
                 env!("CARGO_PKG_VERSION")
             )
         );
@@ -813,7 +814,9 @@ mod tests {
         assert!(text.contains("accept: application/json\r\n"));
         assert!(!text.contains("authorization"));
         assert!(!text.contains("content-length"));
-        assert!(text.ends_with("connection: close\r\n\r\n"));
+        // Keep-alive: the upstream pool reuses the connection.
+        assert!(!text.contains("connection:"));
+        assert!(text.ends_with("accept-encoding: identity\r\n\r\n"));
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //!
 //! Framing follows RFC 9112 §6.3 for a response to GET/POST: 1xx interim heads are skipped,
 //! 204 and 304 have no body, `transfer-encoding: chunked` wins, then `content-length`, else the
-//! body runs until the connection closes. Because haltd sends `connection: close`, a body that
-//! ends early is only detectable at EOF, which is what [`ResponseReader::eof`] decides: a
-//! truncated upstream stream must end as an upstream failure, never pass as a clean end.
+//! body runs until the connection closes. A close-delimited body that ends early is only
+//! detectable at EOF, which is what [`ResponseReader::eof`] decides: a truncated upstream
+//! stream must end as an upstream failure, never pass as a clean end. Whether the connection
+//! may carry another request afterwards ([`ResponseHead::keep_alive`], RFC 9112 §9.3) is for
+//! the data plane's upstream pool to use once the body ended cleanly.
 //!
 //! Anything ambiguous (conflicting lengths, both framings, a content coding haltd cannot undo)
 //! is an error rather than a guess: an upstream is a separate process, possibly behind a
@@ -48,6 +50,10 @@ pub struct ResponseHead {
     /// not to get (`accept-encoding: identity`) and cannot decode.
     pub content_encoding: Option<String>,
     pub framing: Framing,
+    /// The connection may carry another request once this body ended: HTTP/1.1 without
+    /// `connection: close`, HTTP/1.0 only with `connection: keep-alive`, and a body with an
+    /// end of its own (not close-delimited).
+    pub keep_alive: bool,
 }
 
 impl ResponseHead {
@@ -169,6 +175,9 @@ struct HeadFields {
     /// Transfer codings other than `identity`, lower-cased, in order.
     codings: Vec<String>,
     has_te: bool,
+    /// `connection: close` / `connection: keep-alive` tokens seen.
+    conn_close: bool,
+    conn_keep_alive: bool,
 }
 
 impl HeadFields {
@@ -195,6 +204,11 @@ impl HeadFields {
                 );
             } else if name.eq_ignore_ascii_case("content-length") {
                 f.add_content_length(h.value)?;
+            } else if name.eq_ignore_ascii_case("connection") {
+                for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    f.conn_close |= t.eq_ignore_ascii_case(b"close");
+                    f.conn_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+                }
             }
         }
         Ok(f)
@@ -272,6 +286,11 @@ fn parse_head(buf: &[u8], max_head: usize) -> Result<Option<(ResponseHead, usize
     let status = resp.code.unwrap_or_default();
     let fields = HeadFields::read(resp.headers)?;
     let framing = fields.framing(status)?;
+    let persistent = match resp.version {
+        Some(1) => !fields.conn_close,
+        _ => fields.conn_keep_alive && !fields.conn_close,
+    };
+    let keep_alive = persistent && framing != Framing::Close;
     let HeadFields {
         content_type,
         retry_after,
@@ -286,6 +305,7 @@ fn parse_head(buf: &[u8], max_head: usize) -> Result<Option<(ResponseHead, usize
             retry_after,
             content_encoding,
             framing,
+            keep_alive,
         },
         len,
     )))
@@ -991,6 +1011,32 @@ mod tests {
             let (decoded, done) = read_split(&input, &cuts).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(decoded, body);
             prop_assert!(done);
+        }
+    }
+
+    #[test]
+    fn keep_alive_follows_version_connection_and_framing() {
+        let cases: [(&[u8], bool); 6] = [
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", true),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n",
+                false,
+            ),
+            (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", false),
+            (
+                b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n",
+                true,
+            ),
+            // Close-delimited: the body's end is the connection's.
+            (b"HTTP/1.1 200 OK\r\n\r\n", false),
+        ];
+        for (input, want) in cases {
+            let (head, _) = read_ok(input);
+            assert_eq!(head.keep_alive, want, "{}", String::from_utf8_lossy(input));
         }
     }
 }

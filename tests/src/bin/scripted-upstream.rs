@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! scripted-upstream --listen ADDR:PORT (default --log FILE) (default --framing chunked|close) (default --ready-file FILE)
-//!     [--keep-alive]
+//!     [--keep-alive [--keep-alive-idle-ms MS]]
 //! ```
 //!
 //! Once bound it prints `listening on ADDR:PORT` (the real port when asked for port 0) and, with
@@ -13,7 +13,9 @@
 //! With `--keep-alive` (for a reverse proxy's connection pool in the benches), a streamed
 //! response with chunked framing to a request that did not say `connection: close` says
 //! `connection: keep-alive` instead, and once it has ended normally the connection waits for
-//! the next request; every other response still closes its connection.
+//! the next request; every other response still closes its connection. With
+//! `--keep-alive-idle-ms`, a kept connection that waits longer than that for its next request
+//! is closed (uvicorn's `--timeout-keep-alive`).
 //!
 //! Routes: `GET /v1/models`; `POST /v1/chat/completions` and `POST /v1/completions`, streamed
 //! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
@@ -42,7 +44,10 @@
 //! spell the content; `align=1`, each content chunk waits for the next multiple of `pace_ms`
 //! on CLOCK_MONOTONIC instead of `pace_ms` after the previous one, so that all streams of one
 //! pace send their tokens at the same instants, like the sequences of one decode batch,
-//! whenever each began. Other tokens have logprob ln 0.9 and are their own
+//! whenever each began; `drop_reused=1`, a request that arrives on a kept-alive connection
+//! (not its first) is read and then left unanswered, its connection closed at once (logged
+//! `dropped`), as when an upstream's keep-alive timeout closes the connection just as a
+//! request goes out. Other tokens have logprob ln 0.9 and are their own
 //! top alternative; the other alternatives are made up deterministically.
 //!
 //! | script | after the `tokens` content tokens |
@@ -70,7 +75,9 @@
 //! refused); see [`Outcome`] for the outcomes. `headers` maps lower-cased names to values
 //! (repeats joined with `, `), `body` is the request JSON or null, `script` is null outside the
 //! completion routes, and `tokens_sent` counts content tokens plus tool-call deltas. Times are
-//! milliseconds (three decimals) from the moment the request was fully read.
+//! milliseconds (three decimals) from the moment the request was fully read. Every line also
+//! has `"conn"`, the 1-based number of the connection the request came on (in accept order),
+//! and `"conn_request"`, the request's 1-based place on that connection.
 //!
 //! While a response is being written the read half of the socket is watched: a peer that closes
 //! (or a write that fails) cancels the request at once, also during pacing sleeps and stalls, so
@@ -132,6 +139,9 @@ struct Args {
     /// the request said `connection: close` (see the crate docs).
     #[arg(long)]
     keep_alive: bool,
+    /// With `--keep-alive`: close a kept connection idle this long (ms) before its next request.
+    #[arg(long)]
+    keep_alive_idle_ms: Option<u64>,
 }
 
 fn main() -> Result<()> {
@@ -184,8 +194,11 @@ fn monotonic_ns() -> u64 {
 struct Server {
     framing: Framing,
     keep_alive: bool,
+    keep_alive_idle: Option<Duration>,
     log: Option<Mutex<File>>,
     seq: AtomicU64,
+    /// Connections accepted so far.
+    conns: AtomicU64,
 }
 
 impl Server {
@@ -223,8 +236,10 @@ async fn serve(args: Args) -> Result<()> {
     let server = Arc::new(Server {
         framing: args.framing,
         keep_alive: args.keep_alive,
+        keep_alive_idle: args.keep_alive_idle_ms.map(Duration::from_millis),
         log,
         seq: AtomicU64::new(0),
+        conns: AtomicU64::new(0),
     });
     loop {
         match listener.accept().await {
@@ -430,6 +445,8 @@ enum Outcome {
     StalledThenCancelled,
     /// An error status was sent: `status`, batch `error_event`/`llama_error`, 404, bad input.
     Status,
+    /// `drop_reused`: a request on a kept-alive connection was left unanswered.
+    Dropped,
 }
 
 impl Outcome {
@@ -441,6 +458,7 @@ impl Outcome {
             Self::Stalled => "stalled",
             Self::StalledThenCancelled => "stalled_then_cancelled",
             Self::Status => "status",
+            Self::Dropped => "dropped",
         }
     }
 }
@@ -467,10 +485,32 @@ async fn handle_conn(server: Arc<Server>, stream: TcpStream) {
     }
     // Bytes read past the end of a request, the start of the next one (`--keep-alive`).
     let mut carry = Vec::new();
+    let mut at = ConnAt {
+        conn: server.conns.fetch_add(1, Ordering::Relaxed) + 1,
+        request: 1,
+    };
     let mut next = Some(stream);
     while let Some(stream) = next {
-        next = handle_request(&server, stream, &mut carry).await;
+        if at.request > 1 && carry.is_empty() {
+            if let Some(idle) = server.keep_alive_idle {
+                // uvicorn's keep-alive timeout: no next request in time, the connection closes.
+                let mut byte = [0u8; 1];
+                match tokio::time::timeout(idle, stream.peek(&mut byte)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                }
+            }
+        }
+        next = handle_request(&server, stream, &mut carry, at).await;
+        at.request += 1;
     }
+}
+
+/// Where a request came: its connection's number and its place on it (both 1-based).
+#[derive(Debug, Clone, Copy)]
+struct ConnAt {
+    conn: u64,
+    request: u64,
 }
 
 /// Runs the plan's script against the peer until it ends or the peer hangs up; returns the
@@ -524,9 +564,9 @@ async fn serve_plan(
     }
 }
 
-/// The request's log entry (repeated headers joined with ", " as HTTP allows); its script
-/// and outcome come later.
-fn log_entry(seq: u64, req: &Request, body: Option<&Value>) -> Value {
+/// The request's log entry (repeated headers joined with ", " as HTTP allows, and where it
+/// came); its script and outcome come later.
+fn log_entry(seq: u64, req: &Request, body: Option<&Value>, at: ConnAt) -> Value {
     let mut headers = Map::new();
     for (n, v) in &req.headers {
         match headers.get_mut(n) {
@@ -546,6 +586,8 @@ fn log_entry(seq: u64, req: &Request, body: Option<&Value>) -> Value {
         "headers": headers,
         "body": body.cloned().unwrap_or(Value::Null),
         "script": null,
+        "conn": at.conn,
+        "conn_request": at.request,
     })
 }
 
@@ -555,6 +597,7 @@ async fn handle_request(
     server: &Server,
     mut stream: TcpStream,
     carry: &mut Vec<u8>,
+    at: ConnAt,
 ) -> Option<TcpStream> {
     let req = match read_request(&mut stream, carry).await {
         Ok(Some(r)) => r,
@@ -569,7 +612,7 @@ async fn handle_request(
     let t0 = Instant::now();
     let seq = server.seq.fetch_add(1, Ordering::Relaxed) + 1;
     let body: Option<Value> = serde_json::from_slice(&req.body).ok();
-    let mut entry = log_entry(seq, &req, body.as_ref());
+    let mut entry = log_entry(seq, &req, body.as_ref(), at);
     let route = req.path.split('?').next().unwrap_or_default();
     let endpoint = match (req.method.as_str(), route) {
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
@@ -605,6 +648,11 @@ async fn handle_request(
         }
     };
     entry["script"] = Value::String(plan.script.name.clone());
+    if plan.script.drop_reused && at.request > 1 {
+        drop(stream);
+        finish_log(server, entry, 0, Outcome::Dropped, t0, None);
+        return None;
+    }
     let mut started = entry.clone();
     started["event"] = Value::String("started".into());
     server.log(&started);
@@ -837,6 +885,8 @@ struct Script {
     token_ids: bool,
     /// Content chunks go out at multiples of `pace` on CLOCK_MONOTONIC.
     align: bool,
+    /// A request on a kept-alive connection (not its first) is left unanswered.
+    drop_reused: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -1016,6 +1066,7 @@ impl Script {
             no_logprobs: k.flag("no_logprobs")?,
             token_ids: k.flag("token_ids")?,
             align: k.flag("align")?,
+            drop_reused: k.flag("drop_reused")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,

@@ -24,3 +24,4 @@ mod kernel_gate;
 mod namespaces;
 mod ops_pack;
 mod proxy;
+mod upstream_pool;
