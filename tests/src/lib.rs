@@ -46,6 +46,7 @@ pub mod netns;
 pub mod proc_cpu;
 pub mod raw_http;
 pub mod rig;
+pub mod seq_ttfb;
 pub mod sse;
 pub mod upstream;
 

@@ -10,6 +10,7 @@
 //!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
 //!     [--nginx /usr/sbin/nginx | --no-nginx]
 //!     [--stall-streams 100] [--scorer-deadline-us 2000] [--stall-us US] [--no-scorer-stall]
+//!     [--ttfb-requests 200]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
@@ -30,7 +31,12 @@
 //! extra hop costs: haltd's parse, govern, re-encode and send, plus one more loopback TCP hop
 //! and the scheduling around it (all processes share the machine's CPUs). The client also
 //! reports each request's time to first byte (request written → first response byte), so the
-//! time haltd and nginx add before a response begins is `route - direct` too.
+//! time haltd and nginx add before a response begins is `route - direct` too. Inside an
+//! N-stream burst that figure includes the queueing of N simultaneous requests, so before the
+//! bursts an unloaded probe measures it alone: `--ttfb-requests` (default 200) sequential
+//! requests per route, one at a time, each on a new client connection, routes taking turns
+//! (after 10 unmeasured ones per route that fill the proxies' upstream pools); see
+//! `haltd_tests::seq_ttfb`. Its p50 added by haltd is the figure of issue 11's target.
 //!
 //! CPU time per token is a proxy's CPU time (user + system, all threads; for nginx the sum
 //! over its master and worker processes; read from the kernel's per-process CPU clock,
@@ -73,7 +79,10 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
-use haltd_tests::proc_cpu::{proc_stat_ticks, process_cpu_ns};
+use haltd_tests::{
+    proc_cpu::{proc_stat_ticks, process_cpu_ns},
+    seq_ttfb,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -143,6 +152,9 @@ struct Args {
     /// (default: 90 % of `--scorer-deadline-us`, so that the answer still comes in time).
     #[arg(long)]
     stall_us: Option<u64>,
+    /// Sequential requests per route of the unloaded time-to-first-byte probe (0 skips it).
+    #[arg(long, default_value_t = 200)]
+    ttfb_requests: usize,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -245,19 +257,16 @@ fn main() -> Result<()> {
     raise_nofile_limit();
     let cpu_clock = CpuClock::probe();
     let machine = machine();
-    eprintln!(
-        "bench-proxy-overhead: {} CPUs, Linux {}, {}; haltd {}",
-        machine.nproc,
-        machine.kernel,
-        machine.cpu,
-        bins.haltd.display()
-    );
+    let haltd_bin = bins.haltd.display();
+    let (nproc, kernel, cpu) = (machine.nproc, &machine.kernel, &machine.cpu);
+    eprintln!("bench-proxy-overhead: {nproc} CPUs, Linux {kernel}, {cpu}; haltd {haltd_bin}");
 
     let dir = TempDir::new()?;
     // haltd's own default (`haltd serve --workers`): the CPUs, at most 8.
     let workers = args.workers.unwrap_or_else(|| machine.nproc.clamp(1, 8));
     let (mut rig, nginx_skipped) = Rig::start(&args, &bins, &dir.0, workers, cpu_clock, &machine)?;
     let idle = rig.measure_idle()?;
+    let seq_ttfb = sequential_ttfb(&args, &rig)?;
     let t_start = Instant::now();
     let runs = run_routes(&args, &mut rig, &bins.client)?;
     let elapsed = t_start.elapsed();
@@ -271,7 +280,7 @@ fn main() -> Result<()> {
         cpu_clock,
         &summaries,
     );
-    print_ttfb_table(&args, &summaries);
+    print_ttfb_table(&args, &summaries, seq_ttfb.as_ref());
 
     let nginx_json = nginx_json(&args, rig.nginx.as_ref(), nginx_skipped.as_deref(), &idle);
     // The proxies of the overhead runs go before the scorer-stall scenario starts its own
@@ -316,6 +325,7 @@ fn main() -> Result<()> {
         "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
         "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
         "scorer_stall": stall_report,
+        "sequential_ttfb": SeqTtfb::report(seq_ttfb.as_ref(), args.ttfb_requests),
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
     write_report(&out, &report)?;
@@ -1240,7 +1250,10 @@ fn print_nginx_table(
 }
 
 /// Time to first byte per route, and what each proxy adds to it (issue 11).
-fn print_ttfb_table(args: &Args, summaries: &[Summary]) {
+fn print_ttfb_table(args: &Args, summaries: &[Summary], seq: Option<&SeqTtfb>) {
+    if let Some(t) = seq {
+        t.print(args.ttfb_requests);
+    }
     println!(
         "\ntime to first byte (request written → first response byte, per request), median of \
          {} rounds of each run's p50 and p99; \"+\" is the route minus direct; target: haltd \
@@ -1278,6 +1291,127 @@ fn print_ttfb_table(args: &Args, summaries: &[Summary]) {
             show(s.nginx_ttfb_added().p99),
             verdict(s.ttfb_pass())
         );
+    }
+}
+
+/// Unmeasured requests per route before the sequential time-to-first-byte probe.
+const TTFB_WARMUP: usize = 10;
+
+/// The unloaded, sequential time to first byte of each route (µs).
+#[derive(Debug)]
+struct SeqTtfb {
+    direct: Pct,
+    via: Pct,
+    nginx: Option<Pct>,
+}
+
+/// Runs the sequential time-to-first-byte probe over every route; `None` when skipped.
+fn sequential_ttfb(args: &Args, rig: &Rig) -> Result<Option<SeqTtfb>> {
+    if args.ttfb_requests == 0 {
+        return Ok(None);
+    }
+    let mut routes = vec![Route::Direct, Route::Via];
+    if rig.nginx.is_some() {
+        routes.push(Route::Nginx);
+    }
+    let urls = routes
+        .iter()
+        .map(|&r| rig.url(r))
+        .collect::<Result<Vec<String>>>()?;
+    let addrs: Vec<&str> = urls
+        .iter()
+        .map(|u| u.trim_start_matches("http://").trim_end_matches('/'))
+        .collect();
+    eprintln!(
+        "bench-proxy-overhead: sequential time to first byte, {} requests per route",
+        args.ttfb_requests
+    );
+    let times = seq_ttfb::probe(&addrs, args.ttfb_requests, TTFB_WARMUP, 1)?;
+    let pct = |t: &Vec<Duration>| Pct {
+        p50: seq_ttfb::percentile_us(t, 50.0),
+        p99: seq_ttfb::percentile_us(t, 99.0),
+    };
+    Ok(Some(SeqTtfb {
+        direct: pct(&times[0]),
+        via: pct(&times[1]),
+        nginx: times.get(2).map(pct),
+    }))
+}
+
+impl SeqTtfb {
+    fn added(&self) -> Pct {
+        self.via.minus(self.direct)
+    }
+
+    fn nginx_added(&self) -> Option<Pct> {
+        self.nginx.map(|g| g.minus(self.direct))
+    }
+
+    fn pass(&self) -> Option<bool> {
+        self.added().p50.map(|a| a <= TARGET_ADDED_TTFB_P50_US)
+    }
+
+    fn print(&self, requests: usize) {
+        println!(
+            "\nunloaded time to first byte: {requests} sequential requests per route, each on a new \
+             client connection (µs); \"+\" is the route minus direct; target: haltd adds ≤ \
+             {TARGET_ADDED_TTFB_P50_US:.0} µs at p50"
+        );
+        println!(
+            "{:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | target",
+            "dir p50",
+            "dir p99",
+            "via p50",
+            "via p99",
+            "ngx p50",
+            "ngx p99",
+            "via +p50",
+            "via +p99",
+            "ngx +p50",
+            "ngx +p99"
+        );
+        let g = self.nginx;
+        let ga = self.nginx_added();
+        println!(
+            "{:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {}",
+            show(self.direct.p50),
+            show(self.direct.p99),
+            show(self.via.p50),
+            show(self.via.p99),
+            show(g.and_then(|g| g.p50)),
+            show(g.and_then(|g| g.p99)),
+            show(self.added().p50),
+            show(self.added().p99),
+            show(ga.and_then(|g| g.p50)),
+            show(ga.and_then(|g| g.p99)),
+            verdict(self.pass())
+        );
+    }
+
+    /// The report's `sequential_ttfb`.
+    fn report(seq: Option<&Self>, requests: usize) -> Value {
+        seq.map_or_else(
+            || json!({"skipped": "--ttfb-requests 0"}),
+            |t| t.to_json(requests),
+        )
+    }
+
+    fn to_json(&self, requests: usize) -> Value {
+        let r = |v: Option<f64>| v.map(round1);
+        let pct = |p: Pct| json!({"p50_us": r(p.p50), "p99_us": r(p.p99)});
+        let ga = self.nginx_added();
+        json!({
+            "requests_per_route": requests,
+            "warmup_per_route": TTFB_WARMUP,
+            "direct": pct(self.direct),
+            "via": pct(self.via),
+            "nginx": self.nginx.map(pct),
+            "added_p50_us": r(self.added().p50),
+            "added_p99_us": r(self.added().p99),
+            "nginx_added_p50_us": r(ga.and_then(|g| g.p50)),
+            "nginx_added_p99_us": r(ga.and_then(|g| g.p99)),
+            "pass": self.pass(),
+        })
     }
 }
 

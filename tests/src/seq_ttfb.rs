@@ -1,0 +1,94 @@
+//! The unloaded time to first byte of an OpenAI-compatible route: one request at a time, a
+//! new client connection per request (a plain client, as issue 11 measured it), the time from
+//! the request's write to the first response byte. Sequential requests show what a proxy adds
+//! before a response begins (its connect to the upstream, its parse and forward) without the
+//! queueing of a loaded run.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::json;
+
+/// Reads a socket until EOF; a route that misbehaves fails the probe instead of hanging it.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One streamed completion over a new connection to `addr` (`host:port`); returns the time
+/// from the request's write to the first response byte. The body is read to its end, and the
+/// response must be a `200`.
+pub fn one(addr: &str, tokens: usize) -> Result<Duration> {
+    let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
+        "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens}]]")}]})
+    .to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_nodelay(true).context("TCP_NODELAY")?;
+    s.set_read_timeout(Some(READ_TIMEOUT))
+        .context("SO_RCVTIMEO")?;
+    let mut buf = [0u8; 16 * 1024];
+    let t0 = Instant::now();
+    s.write_all(req.as_bytes()).context("sending the request")?;
+    let n = s.read(&mut buf).context("reading the response")?;
+    let ttfb = t0.elapsed();
+    ensure!(n > 0, "{addr} closed without a response");
+    let head = String::from_utf8_lossy(&buf[..n.min(16)]).into_owned();
+    ensure!(head.starts_with("HTTP/1.1 200"), "{addr} answered {head:?}");
+    while s.read(&mut buf).context("reading the response body")? > 0 {}
+    Ok(ttfb)
+}
+
+/// Percentile `p` (0..=100) of `sorted` in microseconds, nearest rank.
+pub fn percentile_us(sorted: &[Duration], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    let i = rank.clamp(1, sorted.len()) - 1;
+    Some(sorted[i].as_secs_f64() * 1e6)
+}
+
+/// `requests` sequential requests to each of `addrs`, taking turns (route 1, route 2, …, route
+/// 1, …) so that a slow moment of the machine falls on every route alike, after `warmup`
+/// unmeasured requests per route (they fill connection pools). Returns each route's times,
+/// sorted.
+pub fn probe(
+    addrs: &[&str],
+    requests: usize,
+    warmup: usize,
+    tokens: usize,
+) -> Result<Vec<Vec<Duration>>> {
+    let mut times = vec![Vec::with_capacity(requests); addrs.len()];
+    for i in 0..warmup + requests {
+        for (route, addr) in addrs.iter().enumerate() {
+            let t = one(addr, tokens).with_context(|| format!("request {i} to {addr}"))?;
+            if i >= warmup {
+                times[route].push(t);
+            }
+        }
+    }
+    for t in &mut times {
+        t.sort_unstable();
+    }
+    Ok(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile_us(&v, 50.0), Some(50.0));
+        assert_eq!(percentile_us(&v, 99.0), Some(99.0));
+        assert_eq!(percentile_us(&v[..1], 99.0), Some(1.0));
+        assert_eq!(percentile_us(&[], 50.0), None);
+    }
+}
