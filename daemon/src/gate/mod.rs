@@ -29,9 +29,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, SkStorage, SockHash},
-    programs::{
-        CgroupSkb, ProgramError, RawTracePoint, RawTracePointRunOptions, SkMsg, SockOps, TestRun,
-    },
+    programs::{CgroupSkb, ProgramError, SkMsg, SockOps, SocketFilter, TestRun, TestRunOptions},
     Ebpf, EbpfError, EbpfLoader,
 };
 use haltd_common::{
@@ -309,7 +307,7 @@ impl KernelGate {
             .load()
             .map_err(GateError::program("loading", PROGRAM_ADOPT))?;
         for name in [PROGRAM_STAMP, PROGRAM_CLOCK] {
-            program::<RawTracePoint>(&mut ebpf, name)?
+            program::<SocketFilter>(&mut ebpf, name)?
                 .load()
                 .map_err(GateError::program("loading", name))?;
         }
@@ -504,14 +502,19 @@ impl KernelGate {
     }
 
     fn run(&self, name: &'static str) -> Result<(), GateError> {
+        // The smallest packet a socket filter test run accepts is an Ethernet header.
+        let packet = [0u8; 64];
         let ebpf = lock(&self.ebpf);
-        let prog: &RawTracePoint = ebpf
+        let prog: &SocketFilter = ebpf
             .program(name)
             .ok_or(GateError::MissingProgram { name })?
             .try_into()
             .map_err(GateError::program("finding", name))?;
-        prog.test_run(RawTracePointRunOptions::new())
-            .map_err(GateError::program("running", name))?;
+        prog.test_run(TestRunOptions {
+            data_in: Some(&packet),
+            ..TestRunOptions::default()
+        })
+        .map_err(GateError::program("running", name))?;
         Ok(())
     }
 

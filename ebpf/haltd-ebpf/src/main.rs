@@ -9,7 +9,7 @@
 //!   verdict while a push stays partial).
 //! * `halt_adopt` (`sock_ops`, attached to haltd's cgroup) governs every connection accepted
 //!   on a governed port at establishment, before the client can half-close it.
-//! * `heartbeat_stamp` and `clock_read` (raw tracepoints never attached, run by `BPF_PROG_RUN`) stamp the
+//! * `heartbeat_stamp` and `clock_read` (socket filters, run by `BPF_PROG_RUN`) stamp the
 //!   watchdog's heartbeat and read the clock the checks use (`bpf_ktime_get_ns`).
 //!
 //! The decisions themselves are `haltd_common::decide`, shared with the model of the gate.
@@ -33,8 +33,8 @@ use aya_ebpf::{
             bpf_tcp_sock,
         },
     },
-    macros::{btf_map, cgroup_skb, raw_tracepoint, sk_msg, sock_ops},
-    programs::{RawTracePointContext, SkBuffContext, SkMsgContext, SockOpsContext},
+    macros::{btf_map, cgroup_skb, sk_msg, sock_ops, socket_filter},
+    programs::{SkBuffContext, SkMsgContext, SockOpsContext},
 };
 use haltd_common::{
     decide::{self, SegmentView, SendView},
@@ -411,11 +411,8 @@ pub fn halt_adopt(ctx: SockOpsContext) -> u32 {
     1
 }
 
-// Raw tracepoint programs, never attached: `BPF_PROG_RUN` of a raw tracepoint runs the program
-// on the calling CPU with no socket buffer or socket to build (a socket filter's test run
-// allocates both), so a heartbeat costs the watchdog one cheap syscall.
-#[raw_tracepoint(tracepoint = "haltd_heartbeat")]
-pub fn heartbeat_stamp(_ctx: RawTracePointContext) -> i32 {
+#[socket_filter]
+pub fn heartbeat_stamp(_ctx: SkBuffContext) -> i64 {
     if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
         // SAFETY: the array's only element; this program is its field's only writer, and an
         // aligned 8-byte store is never seen half-done.
@@ -424,8 +421,8 @@ pub fn heartbeat_stamp(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-#[raw_tracepoint(tracepoint = "haltd_clock")]
-pub fn clock_read(_ctx: RawTracePointContext) -> i32 {
+#[socket_filter]
+pub fn clock_read(_ctx: SkBuffContext) -> i64 {
     if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
         // SAFETY: as in `heartbeat_stamp`, for the `read_ns` field.
         unsafe { (*hb).read_ns = now() };
