@@ -31,6 +31,7 @@ use crate::{
         Halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
     },
     upstream::UpstreamFailure,
+    watchdog::pulse::{heartbeat_state, HeartbeatState},
     wire::{nonce_hex, Halt, StreamId},
 };
 
@@ -48,6 +49,8 @@ pub struct HaltCore {
     /// its own heartbeat, stamped in the kernel's clock (`KernelGate::beat`), so a time
     /// namespace that shifts this clock shifts neither check.
     pub heartbeat_ns: AtomicU64,
+    /// The watchdog's idle mode: its flag and the kicks that wake it.
+    pub pulse: crate::watchdog::Pulse,
     /// When a refused ungovernable connection was last logged (rate limit).
     pub ungovernable_logged_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
@@ -230,6 +233,25 @@ impl HaltCore {
         }
     }
 
+    /// Called by a worker right after it took a slot: if the watchdog is idle, kicks it and
+    /// waits (at most the heartbeat deadline) for a beat stamped after the kick, so nothing of
+    /// the connection is sent under a stale heartbeat. If none comes the heartbeat stays stale
+    /// and the stream halts with HEARTBEAT_LOST at its first step (fail closed).
+    pub fn watch_new_slot(&self) {
+        if !self.pulse.is_idle() {
+            return;
+        }
+        let kick = self.pulse.kick(monotonic_ns());
+        if !self
+            .pulse
+            .await_beat(&self.heartbeat_ns, kick, self.cfg.heartbeat_deadline)
+        {
+            tracing::error!(
+                "the idle watchdog did not answer a kick within the heartbeat deadline; the new stream halts with HEARTBEAT_LOST"
+            );
+        }
+    }
+
     /// Whether the watchdog's heartbeat is younger than the deadline.
     pub fn heartbeat_fresh(&self, now_ns: u64) -> bool {
         let hb = self.heartbeat_ns.load(SeqCst);
@@ -242,27 +264,33 @@ impl HaltCore {
     /// read counts as lost.
     pub fn heartbeat_view(&self, now_ns: u64) -> HeartbeatView {
         let process_fresh = self.heartbeat_fresh(now_ns);
-        let Some(gate) = &self.gate else {
-            return HeartbeatView {
-                fresh: process_fresh,
-                age_s: self.heartbeat_age_s(now_ns),
-                clock: "process",
-                error: None,
-            };
+        let process_age_s = self.heartbeat_age_s(now_ns);
+        let (fresh, age_s, clock, error) = match &self.gate {
+            None => (process_fresh, process_age_s, "process", None),
+            Some(gate) => match gate.clock() {
+                Ok(k) => (
+                    process_fresh && !k.heartbeat_lost(),
+                    k.heartbeat_age().map_or(f64::INFINITY, |a| a.as_secs_f64()),
+                    "kernel",
+                    None,
+                ),
+                Err(e) => (false, f64::INFINITY, "kernel", Some(e.to_string())),
+            },
         };
-        match gate.clock() {
-            Ok(k) => HeartbeatView {
-                fresh: process_fresh && !k.heartbeat_lost(),
-                age_s: k.heartbeat_age().map_or(f64::INFINITY, |a| a.as_secs_f64()),
-                clock: "kernel",
-                error: None,
-            },
-            Err(e) => HeartbeatView {
-                fresh: false,
-                age_s: f64::INFINITY,
-                clock: "kernel",
-                error: Some(e.to_string()),
-            },
+        // Idle only if both clocks agree the watchdog beat within its idle period.
+        let idle = error.is_none() && self.pulse.is_idle();
+        let state = heartbeat_state(
+            fresh,
+            idle,
+            age_s.max(process_age_s),
+            self.cfg.heartbeat_deadline,
+        );
+        HeartbeatView {
+            fresh,
+            state,
+            age_s,
+            clock,
+            error,
         }
     }
 
@@ -562,6 +590,9 @@ impl HaltCore {
 #[derive(Debug, Clone)]
 pub struct HeartbeatView {
     pub fresh: bool,
+    /// Fresh, idle (the watchdog sleeps with nothing to police and beat within its idle
+    /// period) or lost.
+    pub state: HeartbeatState,
     /// Seconds since the last beat; infinite before the first.
     pub age_s: f64,
     /// Whose clock measured the age: `kernel` (the gate's) or `process`.

@@ -116,6 +116,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         metrics,
         ledger,
         heartbeat_ns: AtomicU64::new(0),
+        pulse: crate::watchdog::Pulse::default(),
         ungovernable_logged_ns: AtomicU64::new(0),
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),

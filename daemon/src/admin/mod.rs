@@ -33,6 +33,7 @@ use crate::{
     ledger::{Record, RecordKind},
     modes::{KeyId, ScopeSel},
     stream::TripError,
+    watchdog::pulse::HeartbeatState,
     wire::StreamId,
 };
 
@@ -194,6 +195,7 @@ async fn status(State(shared): State<Arc<HaltCore>>) -> Response {
         "cgroup": shared.gate.as_ref().map(|g| g.cgroup().display().to_string()),
         "budget": shared.cfg.args.budget,
         "heartbeat_fresh": hb.fresh,
+        "heartbeat_state": hb.state,
         "heartbeat_age_ms": hb.age_ms_json(),
         "heartbeat_clock": hb.clock,
         "heartbeat_error": hb.error,
@@ -287,12 +289,18 @@ async fn conversations(State(shared): State<Arc<HaltCore>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<HaltCore>>) -> Response {
     let now = monotonic_ns();
-    let age = shared.heartbeat_view(now).age_s;
+    let hb = shared.heartbeat_view(now);
+    let age = hb.age_s;
     shared
         .metrics
         .halts
         .heartbeat_age_seconds
         .set(if age.is_finite() { age } else { -1.0 });
+    shared
+        .metrics
+        .halts
+        .watchdog_idle
+        .set(i64::from(hb.state == HeartbeatState::Idle));
     shared
         .metrics
         .ledger

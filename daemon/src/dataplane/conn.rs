@@ -157,6 +157,8 @@ impl Worker {
             self.refuse(fd, &at_capacity());
             return;
         };
+        // Before anything of this connection is sent: an idle watchdog beats first.
+        shared.watch_new_slot();
         // The slot's per-turn facts start empty: a terminal prepared for the stream that had
         // the slot before must never be sent for this one.
         *shared.meta(id.slot) = crate::halt::TurnMeta::default();

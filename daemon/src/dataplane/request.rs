@@ -17,6 +17,7 @@ use crate::{
     modes::KeyId,
     source::builtin::MODEL_NAME,
     stream::Outcome,
+    watchdog::pulse::HeartbeatState,
     wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
 };
 
@@ -183,7 +184,9 @@ impl Worker {
         let now = monotonic_ns();
         // A syscall or two per health check (the gate's clock), never per token.
         let hb = self.shared.heartbeat_view(now);
-        let fresh = hb.fresh;
+        // An idle watchdog (it beat within its idle period) is a live one; this connection
+        // normally woke it already (`HaltCore::watch_new_slot`), so it reads fresh.
+        let fresh = hb.state != HeartbeatState::Lost;
         let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
         let status = match (fresh, recorder_ok) {
             (true, true) => "ok",
@@ -193,6 +196,7 @@ impl Worker {
         let body = serde_json::json!({
             "status": status,
             "kernel_gate": self.shared.kernel_gate_label(),
+            "heartbeat_state": hb.state,
             "heartbeat_age_ms": hb.age_ms_json(),
             "heartbeat_clock": hb.clock,
             "recorder_ok": recorder_ok,

@@ -31,7 +31,7 @@ pub struct HalterLabels {
 }
 
 /// `haltd_halt_*`, `haltd_watchdog_trips_total`, `haltd_halts_total`,
-/// `haltd_heartbeat_age_seconds`.
+/// `haltd_heartbeat_age_seconds`, `haltd_watchdog_idle`.
 #[derive(Debug)]
 pub struct HaltMetrics {
     pub tokens_post_trip: Histogram,
@@ -39,6 +39,8 @@ pub struct HaltMetrics {
     pub watchdog_trips: Family<CauseLabels, Counter>,
     pub halts_by: Family<HalterLabels, Counter>,
     pub heartbeat_age_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the watchdog is in idle mode (set at scrape time).
+    pub watchdog_idle: Gauge,
 }
 
 impl HaltMetrics {
@@ -60,10 +62,17 @@ impl HaltMetrics {
             latency_seconds.clone(),
         );
         let watchdog_trips = Family::<CauseLabels, Counter>::default();
-        reg.sub_registry_with_prefix("watchdog").register(
+        let watchdog = reg.sub_registry_with_prefix("watchdog");
+        watchdog.register(
             "trips",
             "Streams halted, by trip cause (WATCHDOG_TRIP events)",
             watchdog_trips.clone(),
+        );
+        let watchdog_idle = Gauge::default();
+        watchdog.register(
+            "idle",
+            "1 while the watchdog is in idle mode (no stream open; it beats once a second and at once for a new connection)",
+            watchdog_idle.clone(),
         );
         let halts_by = Family::<HalterLabels, Counter>::default();
         reg.register(
@@ -91,6 +100,7 @@ impl HaltMetrics {
             watchdog_trips,
             halts_by,
             heartbeat_age_seconds,
+            watchdog_idle,
         }
     }
 

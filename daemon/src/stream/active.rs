@@ -43,6 +43,13 @@ impl ActiveSlots {
         self.words[word].fetch_and(!bit, SeqCst);
     }
 
+    /// Whether any slot is marked in use: the watchdog's idle test (see
+    /// [`crate::watchdog::pulse`]). A word at a time, so a slot taken during the read may or
+    /// may not be seen; the idle protocol reads it again after it sets its flag.
+    pub fn any(&self) -> bool {
+        self.words.iter().any(|w| w.load(SeqCst) != 0)
+    }
+
     /// The slots marked in use, in index order; each word is read once, so a slot inserted
     /// or removed during the walk may or may not be seen.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
@@ -80,6 +87,7 @@ mod tests {
     fn lists_exactly_the_slots_in_use_in_order() {
         let a = ActiveSlots::new(130);
         assert_eq!(a.iter().count(), 0);
+        assert!(!a.any());
         for i in [129, 0, 63, 64, 5] {
             a.insert(i);
         }
@@ -88,6 +96,11 @@ mod tests {
         a.remove(0);
         a.remove(0);
         assert_eq!(a.iter().collect::<Vec<_>>(), [5, 64, 129]);
+        assert!(a.any());
+        for i in [5, 64, 129] {
+            a.remove(i);
+        }
+        assert!(!a.any());
     }
 
     #[test]

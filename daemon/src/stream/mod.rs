@@ -483,6 +483,12 @@ impl StreamTable {
             .filter(|(_, s)| s.state() != SlotState::Free)
     }
 
+    /// Whether any slot is taken (a set bit of the active-slot bitmap; a slot being taken or
+    /// given back counts): what keeps the watchdog out of idle mode.
+    pub fn any_live(&self) -> bool {
+        self.active.any()
+    }
+
     pub fn active_count(&self) -> usize {
         self.live().count()
     }

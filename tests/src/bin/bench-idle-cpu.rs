@@ -12,9 +12,11 @@
 //!   over 20 s, shown as a cross-check);
 //! - **per thread**: each thread's time on a CPU (`/proc/PID/task/TID/schedstat`), so a
 //!   regression names its thread;
-//! - **watchdog wake-ups per second** (the watchdog thread's voluntary context switches): the
-//!   heartbeat still beating at `--heartbeat-interval-ms` (5 ms: 200 per second) is what
-//!   makes the CPU figure honest, since a slower heartbeat would be cheaper and weaker.
+//! - **watchdog wake-ups per second** (the watchdog thread's voluntary context switches): about
+//!   1 with nothing open (the watchdog's idle mode, `daemon/src/watchdog/pulse.rs`: it beats
+//!   once a second and a new connection kicks it for a fresh beat before it is served), 200 at
+//!   the default `--heartbeat-interval-ms` of 5 ms while streams are open or were within the
+//!   last second.
 //!
 //! Prints a table and writes the same as JSON to `target/bench/idle-cpu.json` (`--out`).
 //! Needs root (namespaces, the gate). Reports, never fails on a missed target; fails if haltd

@@ -32,6 +32,7 @@ use haltd_tests::{
 use serde_json::{json, Value};
 
 mod api;
+mod idle;
 mod ledger;
 mod lifecycle;
 mod monitor;

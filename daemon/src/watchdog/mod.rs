@@ -1,6 +1,6 @@
 //! The watchdog (spec 000 §3.2, §4): its own thread, independent of the data-plane workers.
 //!
-//! Every `--heartbeat-interval-ms` it
+//! Every `--heartbeat-interval-ms` (once a second in idle mode, see [`pulse`]) it
 //! 1. writes the heartbeat to the kernel gate and to the in-process copy (a lost heartbeat
 //!    makes the gate and the emitters treat every stream as tripped: fail closed);
 //! 2. looks at every tripped stream and halts, itself, any whose emitter has not: the kernel
@@ -13,11 +13,15 @@
 //!
 //! It never closes a descriptor (the owning worker does, after the halt), so it can never
 //! write to a descriptor number that was reused.
+//!
+//! With no slot in use for [`pulse::IDLE_AFTER`] it goes idle: it beats once a second (and
+//! at once when a worker that takes a slot kicks it), because with nothing open there is nothing
+//! to police, and a watchdog woken 200 times a second was most of an idle haltd's CPU.
 
 use std::{
     sync::{atomic::Ordering::SeqCst, Arc},
     thread,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -26,6 +30,11 @@ use crate::{
     halt::HaltCore,
     stream::{Halter, SlotState},
 };
+
+pub mod pulse;
+
+pub use pulse::Pulse;
+use pulse::Sleep;
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send before
 /// it closes the stream without a terminal frame (the client is not reading).
@@ -40,10 +49,12 @@ pub fn spawn(shared: Arc<HaltCore>) -> std::io::Result<thread::JoinHandle<()>> {
 
 fn run(shared: &HaltCore) {
     raise_priority();
+    shared.pulse.register_watchdog();
     let started = Instant::now();
     let interval = shared.cfg.heartbeat_interval;
-    let deadline = shared.cfg.heartbeat_deadline.as_nanos() as u64;
     let mut buf = Vec::with_capacity(4096);
+    let mut last_busy = monotonic_ns();
+    let mut planned = interval;
     loop {
         if let Some(after) = shared.cfg.faults.watchdog_stall_after {
             if started.elapsed() >= after {
@@ -55,39 +66,64 @@ fn run(shared: &HaltCore) {
                 }
             }
         }
+        // Before the clock is read: the beat below is stamped after every kick it answers.
+        let kicked = shared.pulse.take_kick();
         let now = monotonic_ns();
-        let last = shared.heartbeat_ns.load(SeqCst);
-        if last != 0 && now.saturating_sub(last) > deadline {
-            // This thread missed its own deadline (the whole daemon was stopped or starved):
-            // every stream that was open during the gap went unwatched, so it halts before the
-            // next beat makes the heartbeat look fresh again (fail closed).
-            halt_after_gap(shared, now.saturating_sub(last));
+        round(shared, now, planned, &mut buf);
+        if kicked {
+            shared.pulse.answer();
         }
-        beat(shared, now);
-        if shared.ledger.is_failed() {
-            shared.recorder_failed();
+        planned = match shared
+            .pulse
+            .plan(now, &mut last_busy, || shared.table.any_live())
+        {
+            Sleep::Busy => interval,
+            Sleep::Idle => pulse::IDLE_BEAT,
+        };
+        shared.pulse.sleep(planned);
+    }
+}
+
+/// One round at `now`, after a sleep of `planned`: the gap check, the beat, the halts due, the
+/// gate's events.
+fn round(shared: &HaltCore, now: u64, planned: Duration, buf: &mut Vec<u8>) {
+    let last = shared.heartbeat_ns.load(SeqCst);
+    let cfg = &shared.cfg;
+    if let Some(gap) = pulse::overdue(
+        now,
+        last,
+        planned,
+        cfg.heartbeat_interval,
+        cfg.heartbeat_deadline,
+    ) {
+        // This thread missed its own deadline (the whole daemon was stopped or starved):
+        // every stream that was open during the gap went unwatched, so it halts before the
+        // next beat makes the heartbeat look fresh again (fail closed).
+        halt_after_gap(shared, gap);
+    }
+    beat(shared, now);
+    if shared.ledger.is_failed() {
+        shared.recorder_failed();
+    }
+    crate::crash::watchdog_pass(cfg.faults.panic, &shared.table);
+    enforce(shared, now, buf);
+    if let Some(gate) = &shared.gate {
+        let mut events = 0u64;
+        if let Err(e) = gate.drain_halt_events(&mut |ev| {
+            events += 1;
+            tracing::debug!(
+                stream_tag = format_args!("{:#x}", ev.stream_tag),
+                verdict = haltd_common::verdict::NAMES
+                    .get(ev.verdict as usize)
+                    .copied()
+                    .unwrap_or("unknown"),
+                frames = ev.frames,
+                "kernel gate dropped a send"
+            );
+        }) {
+            tracing::warn!(error = %e, "reading kernel halt events failed");
         }
-        crate::crash::watchdog_pass(shared.cfg.faults.panic, &shared.table);
-        enforce(shared, now, &mut buf);
-        if let Some(gate) = &shared.gate {
-            let mut events = 0u64;
-            if let Err(e) = gate.drain_halt_events(&mut |ev| {
-                events += 1;
-                tracing::debug!(
-                    stream_tag = format_args!("{:#x}", ev.stream_tag),
-                    verdict = haltd_common::verdict::NAMES
-                        .get(ev.verdict as usize)
-                        .copied()
-                        .unwrap_or("unknown"),
-                    frames = ev.frames,
-                    "kernel gate dropped a send"
-                );
-            }) {
-                tracing::warn!(error = %e, "reading kernel halt events failed");
-            }
-            shared.metrics.gate.halt_events.inc_by(events);
-        }
-        thread::sleep(interval);
+        shared.metrics.gate.halt_events.inc_by(events);
     }
 }
 
