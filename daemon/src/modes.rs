@@ -207,6 +207,9 @@ pub struct Modes {
     scope: DegradedScope,
     hold: Option<Duration>,
     inner: Mutex<Inner>,
+    /// Signalled when a scope's timer is set, so the control plane's timer task, which sleeps
+    /// until the next expiry (or for good with none), looks again.
+    timer_set: tokio::sync::Notify,
 }
 
 fn scope_name(key: Option<KeyId>) -> String {
@@ -221,7 +224,28 @@ impl Modes {
             scope,
             hold,
             inner: Mutex::new(Inner::default()),
+            timer_set: tokio::sync::Notify::new(),
         }
+    }
+
+    /// How long until the first scope's timer runs out (zero if one already has); `None` when
+    /// no scope has a timer.
+    pub fn next_expiry(&self, now: SystemTime) -> Option<Duration> {
+        let now_ms = unix_ms(now);
+        let inner = self.lock();
+        inner
+            .node
+            .iter()
+            .chain(inner.keys.values())
+            .filter_map(|d| d.until_unix_ms)
+            .min()
+            .map(|u| Duration::from_millis(u.saturating_sub(now_ms)))
+    }
+
+    /// Resolves once a scope's timer was set after the last wait (a permit is kept when nobody
+    /// waits, so a timer set between [`Modes::next_expiry`] and this wait is not missed).
+    pub async fn timer_set(&self) {
+        self.timer_set.notified().await;
     }
 
     pub fn scope(&self) -> DegradedScope {
@@ -292,6 +316,9 @@ impl Modes {
             stream_id: stream_id.to_owned(),
         };
         let mut inner = self.lock();
+        if d.until_unix_ms.is_some() {
+            self.timer_set.notify_one();
+        }
         let key = match self.scope {
             DegradedScope::Node => {
                 if let Some(cur) = inner.node.as_mut() {
@@ -491,6 +518,37 @@ mod tests {
         );
         assert!(!m.is_degraded(key("a")));
         assert_eq!(m.degraded_count(), 0);
+    }
+
+    #[test]
+    fn the_timer_task_sleeps_until_the_first_expiry_and_is_told_of_new_timers() {
+        let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(10)));
+        let now = SystemTime::now();
+        assert_eq!(m.next_expiry(now), None, "no timer: the task waits for one");
+        m.enter(key("a"), FailureCode::CoherenceBelowThreshold, "3.1")
+            .expect("change");
+        // The permit is kept for the task's next wait.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), m.timer_set())
+                .await
+                .expect("told of the new timer");
+        });
+        let left = m.next_expiry(now).expect("a timer runs");
+        assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(11));
+        assert_eq!(
+            m.next_expiry(now + Duration::from_secs(20)),
+            Some(Duration::ZERO)
+        );
+        m.set_full(ScopeSel::All);
+        assert_eq!(m.next_expiry(now), None);
+        // Without a hold nothing has a timer, and nobody is told.
+        let forever = Modes::new(DegradedScope::Node, None);
+        forever.enter(key("b"), FailureCode::CoherenceBelowThreshold, "3.2");
+        assert_eq!(forever.next_expiry(now), None);
     }
 
     #[test]

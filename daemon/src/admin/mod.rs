@@ -340,14 +340,7 @@ pub async fn serve(
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.
-    let sweeper = Arc::clone(&shared);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
-        loop {
-            tick.tick().await;
-            sweeper.expire_degraded();
-        }
-    });
+    tokio::spawn(degraded_timer(Arc::clone(&shared)));
     let metrics_app = Router::new()
         .route("/metrics", get(metrics))
         .with_state(shared);
@@ -364,6 +357,26 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Ends degraded scopes when their timers run out. It sleeps until the first expiry, at most
+/// a second (a wall-clock step is caught within it), and with no timer running until one is
+/// set: an idle haltd's control plane does not wake (it used to, every 250 ms).
+async fn degraded_timer(shared: Arc<HaltCore>) {
+    const MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
+    const MIN_SLEEP: std::time::Duration = std::time::Duration::from_millis(1);
+    loop {
+        shared.expire_degraded();
+        match shared.modes.next_expiry(std::time::SystemTime::now()) {
+            None => shared.modes.timer_set().await,
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep(d.clamp(MIN_SLEEP, MAX_SLEEP)) => {}
+                    () = shared.modes.timer_set() => {}
+                }
+            }
+        }
+    }
 }
 
 /// Binds a control-plane listener, with the flag name in the error.
