@@ -244,6 +244,9 @@ impl Worker {
                 return;
             }
         }
+        // A refusal takes no slot, but its answer is a governed send too: an idle watchdog
+        // beats first (a watchdog that is not idle beats every interval anyway).
+        shared.watch_new_slot();
         let mut out = Vec::new();
         http::write_error_response(&mut out, err, None);
         // SAFETY: plain non-blocking write and close of the socket we just accepted.
