@@ -29,7 +29,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, SkStorage, SockHash},
-    programs::{CgroupSkb, ProgramError, SkMsg, SockOps, SocketFilter, TestRun, TestRunOptions},
+    programs::{CgroupSkb, FlowDissector, ProgramError, SkMsg, SockOps, TestRun, TestRunOptions},
     Ebpf, EbpfError, EbpfLoader,
 };
 use haltd_common::{
@@ -307,7 +307,7 @@ impl KernelGate {
             .load()
             .map_err(GateError::program("loading", PROGRAM_ADOPT))?;
         for name in [PROGRAM_STAMP, PROGRAM_CLOCK] {
-            program::<SocketFilter>(&mut ebpf, name)?
+            program::<FlowDissector>(&mut ebpf, name)?
                 .load()
                 .map_err(GateError::program("loading", name))?;
         }
@@ -502,10 +502,10 @@ impl KernelGate {
     }
 
     fn run(&self, name: &'static str) -> Result<(), GateError> {
-        // The smallest packet a socket filter test run accepts is an Ethernet header.
+        // A flow dissector's test run wants at least an Ethernet header of input.
         let packet = [0u8; 64];
         let ebpf = lock(&self.ebpf);
-        let prog: &SocketFilter = ebpf
+        let prog: &FlowDissector = ebpf
             .program(name)
             .ok_or(GateError::MissingProgram { name })?
             .try_into()

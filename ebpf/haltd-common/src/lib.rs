@@ -19,7 +19,7 @@
 //! Two more programs serve them: **`halt_adopt`** (`sock_ops`) puts every connection accepted
 //! on a governed port into `GOVERNED` the moment it is established (before the client can
 //! half-close it, which would make a later insertion fail), and **`heartbeat_stamp`** /
-//! **`clock_read`** (socket filters run by `BPF_PROG_RUN`) write the watchdog's heartbeat and
+//! **`clock_read`** (flow dissectors, never attached, run by `BPF_PROG_RUN`) write the watchdog's heartbeat and
 //! read the kernel's clock, so the heartbeat and the checks use one clock
 //! (`bpf_ktime_get_ns`), whatever time namespace the daemon runs in.
 //!

@@ -9,7 +9,7 @@
 //!   verdict while a push stays partial).
 //! * `halt_adopt` (`sock_ops`, attached to haltd's cgroup) governs every connection accepted
 //!   on a governed port at establishment, before the client can half-close it.
-//! * `heartbeat_stamp` and `clock_read` (socket filters, run by `BPF_PROG_RUN`) stamp the
+//! * `heartbeat_stamp` and `clock_read` (flow dissectors never attached, run by `BPF_PROG_RUN`) stamp the
 //!   watchdog's heartbeat and read the clock the checks use (`bpf_ktime_get_ns`).
 //!
 //! The decisions themselves are `haltd_common::decide`, shared with the model of the gate.
@@ -33,8 +33,8 @@ use aya_ebpf::{
             bpf_tcp_sock,
         },
     },
-    macros::{btf_map, cgroup_skb, sk_msg, sock_ops, socket_filter},
-    programs::{SkBuffContext, SkMsgContext, SockOpsContext},
+    macros::{btf_map, cgroup_skb, flow_dissector, sk_msg, sock_ops},
+    programs::{FlowDissectorContext, SkBuffContext, SkMsgContext, SockOpsContext},
 };
 use haltd_common::{
     decide::{self, SegmentView, SendView},
@@ -411,8 +411,13 @@ pub fn halt_adopt(ctx: SockOpsContext) -> u32 {
     1
 }
 
-#[socket_filter]
-pub fn heartbeat_stamp(_ctx: SkBuffContext) -> i64 {
+// Flow dissector programs, never attached: `BPF_PROG_RUN` of a flow dissector runs the program
+// over a copy of the input bytes, with no socket or socket buffer to build (a socket filter's
+// test run allocates both), so a beat costs the watchdog little; loading one needs only
+// CAP_BPF + CAP_NET_ADMIN (a raw tracepoint would need CAP_PERFMON). `BPF_OK` (0) is the
+// only answer a flow dissector may give.
+#[flow_dissector]
+pub fn heartbeat_stamp(_ctx: FlowDissectorContext) -> u32 {
     if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
         // SAFETY: the array's only element; this program is its field's only writer, and an
         // aligned 8-byte store is never seen half-done.
@@ -421,8 +426,8 @@ pub fn heartbeat_stamp(_ctx: SkBuffContext) -> i64 {
     0
 }
 
-#[socket_filter]
-pub fn clock_read(_ctx: SkBuffContext) -> i64 {
+#[flow_dissector]
+pub fn clock_read(_ctx: FlowDissectorContext) -> u32 {
     if let Some(hb) = HEARTBEAT.get_ptr_mut(0) {
         // SAFETY: as in `heartbeat_stamp`, for the `read_ns` field.
         unsafe { (*hb).read_ns = now() };
