@@ -255,20 +255,35 @@ fn request_phase_connections_hold_at_most_their_share_of_the_table() -> Result<(
     Ok(())
 }
 
+/// A request's `authorization` and extra headers, owned so that they can move into a client
+/// thread in the client namespace.
+struct Headers(Vec<(String, String)>);
+
+impl Headers {
+    fn new(auth: &str, extra: &[(&str, &str)]) -> Self {
+        let mut h = vec![("authorization".to_owned(), auth.to_owned())];
+        h.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        Headers(h)
+    }
+
+    fn borrowed(&self) -> Vec<(&str, &str)> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
 /// Streams one short built-in turn with `auth` (and `extra` headers); its `x-haltd-mode`.
 fn mode_of(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<Option<String>> {
     let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let mut headers: Vec<(String, String)> = vec![("authorization".into(), auth.into())];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
+    let headers = Headers::new(auth, extra);
     in_netns(ns, move || {
-        let h: Vec<(&str, &str)> = headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let h = headers.borrowed();
         let o = sse::stream_with(
             &url,
             &sse::chat_body("who am i", 4, true),
@@ -286,17 +301,9 @@ fn mode_of(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Resul
 fn trip_key(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let mut headers: Vec<(String, String)> = vec![("authorization".into(), auth.into())];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
+    let headers = Headers::new(auth, extra);
     let streamer = spawn_in_netns(ns, move || {
-        let h: Vec<(&str, &str)> = headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let h = headers.borrowed();
         let mut sent = false;
         sse::stream_with(
             &url,
