@@ -241,16 +241,7 @@ impl Worker {
             self.shared.metrics.dataplane.rejected(status);
             conn.outcome = Outcome::Rejected;
         }
-        if self
-            .shared
-            .table
-            .slot(conn.id.slot)
-            .begin_final(frame_len(&conn.wbuf))
-        {
-            self.send(key, SendKind::Reply)
-        } else {
-            self.halt(key)
-        }
+        self.send_reply(key)
     }
 
     pub(super) fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
@@ -259,6 +250,13 @@ impl Worker {
         http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id));
         self.shared.metrics.dataplane.rejected(err.status);
         conn.outcome = Outcome::Rejected;
+        self.send_reply(key)
+    }
+
+    /// Sends the reply in the connection's frame buffer as the final frame (counted in the
+    /// trip's frame window; a trip that came first halts instead).
+    fn send_reply(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
         if self
             .shared
             .table
