@@ -24,6 +24,7 @@ const EMBEDDED: &str = "haltd-gate.bpf.o";
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=HALTD_BPF_OBJECT");
+    describe_build();
     let Some(out_dir) = env::var_os("OUT_DIR") else {
         fail("OUT_DIR is not set (this is cargo's build script for haltd)")
     };
@@ -46,6 +47,60 @@ fn main() {
             embedded.display()
         ));
     }
+}
+
+/// Sets `HALTD_GIT_COMMIT`, `HALTD_FEATURES` and `HALTD_LONG_VERSION` for `build_info`: what
+/// `--version`, the ready line, the start record and `haltd_build_info` say this binary is.
+///
+/// The commit is `HALTD_GIT_COMMIT` when set (a packager building from a tarball), else what
+/// `git rev-parse` says of the checkout being built, else `unknown`.
+fn describe_build() {
+    println!("cargo::rerun-if-env-changed=HALTD_GIT_COMMIT");
+    let commit = env::var("HALTD_GIT_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(git_commit)
+        .unwrap_or_else(|| "unknown".to_owned());
+    // Cargo sets CARGO_FEATURE_<NAME> for each enabled feature of this crate.
+    let features = if env::var_os("CARGO_FEATURE_FAULT_INJECTION").is_some() {
+        "fault-injection"
+    } else {
+        "none"
+    };
+    let version = env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    println!("cargo::rustc-env=HALTD_GIT_COMMIT={commit}");
+    println!("cargo::rustc-env=HALTD_FEATURES={features}");
+    println!(
+        "cargo::rustc-env=HALTD_LONG_VERSION={version} (commit {commit}, features: {features})"
+    );
+}
+
+/// The checked-out commit (12 hex digits), watching HEAD and its branch so that a new commit
+/// rebuilds; `None` outside a git checkout.
+fn git_commit() -> Option<String> {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_owned())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"])?;
+    // `--git-path` resolves worktrees' own HEAD and the shared refs.
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(branch);
+    }
+    for path in watched {
+        // A watched path that does not exist would rerun this script on every build.
+        let found = git(&["rev-parse", "--path-format=absolute", "--git-path", &path]);
+        if let Some(p) = found.filter(|p| Path::new(p).exists()) {
+            println!("cargo::rerun-if-changed={p}");
+        }
+    }
+    Some(commit)
 }
 
 /// Builds `ebpf/haltd-ebpf` (cached in its own target dir); returns the object's path.

@@ -36,6 +36,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod build_info;
 pub mod calibrate;
 pub mod clock;
 pub mod codes;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    admin,
+    admin, build_info,
     config::Config,
     dataplane,
     gate::{GateConfig, GateObject, KernelGate},
@@ -80,6 +80,7 @@ pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
 
 /// Runs the daemon; returns only on a start-up error.
 pub fn run(cfg: Config) -> Result<(), StartError> {
+    warn_if_test_build();
     let gate = if cfg.args.no_kernel_gate {
         tracing::warn!("--no-kernel-gate: the kernel halt gate is OFF; only the userspace watchdog enforces the budget");
         None
@@ -242,8 +243,10 @@ fn start_record(shared: &HaltCore, source: &str) -> Record {
         ..Record::default()
     };
     start.message = Some(format!(
-        "haltd {} started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={} turn_sample_rate={} record_token_text={}{}",
-        env!("CARGO_PKG_VERSION"),
+        "haltd {} (commit {}, features: {}) started: source={source} listen={} budget={} hard_limit={} heartbeat_deadline_ms={} kernel_gate={} degraded_scope={:?} degraded_for_s={} turn_sample_rate={} record_token_text={}{}",
+        build_info::VERSION,
+        build_info::COMMIT,
+        build_info::FEATURES,
         shared.cfg.args.listen,
         shared.cfg.args.budget,
         shared.cfg.args.hard_limit,
@@ -283,6 +286,16 @@ fn wait_for_first_heartbeat(shared: &HaltCore) -> Result<(), StartError> {
     Ok(())
 }
 
+/// A test build (`fault-injection`) says so before anything else.
+fn warn_if_test_build() {
+    if build_info::FAULT_INJECTION {
+        tracing::warn!(
+            features = build_info::FEATURES,
+            "this is a TEST build with fault injection: it accepts --fault, which breaks the halt guarantee on purpose; install a production build (`cargo xtask build --release`) on nodes"
+        );
+    }
+}
+
 /// The control plane's listeners, bound before the data plane starts.
 struct ControlListeners {
     admin: admin::AdminListener,
@@ -303,13 +316,16 @@ fn serve_control_plane(
     rt.block_on(async move {
         let metrics_l = tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
         println!(
-            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source}",
+            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source} version={} commit={} features={}",
             shared.cfg.args.listen,
             shared.cfg.args.admin,
             shared.cfg.args.metrics,
             shared.kernel_gate_label(),
             shared.cfg.args.budget,
-            shared.cfg.args.ledger.display()
+            shared.cfg.args.ledger.display(),
+            build_info::VERSION,
+            build_info::COMMIT,
+            build_info::FEATURES,
         );
         let control = admin::serve(Arc::clone(&shared), listeners.admin, metrics_l);
         tokio::select! {

@@ -45,6 +45,14 @@ pub fn haltd_bin() -> Result<PathBuf> {
     bin_from_env("HALTD_BIN", "haltd")
 }
 
+/// A production haltd (no `fault-injection`), which `cargo xtask test` builds when the
+/// integration tests that need it run (`HALTD_PRODUCTION_BIN`).
+pub fn production_haltd_bin() -> Result<PathBuf> {
+    env::var_os("HALTD_PRODUCTION_BIN")
+        .map(PathBuf::from)
+        .context("HALTD_PRODUCTION_BIN is not set: run the tests with `cargo xtask test` (with no filter, or one that matches `build_info::`)")
+}
+
 pub fn haltctl_bin() -> Result<PathBuf> {
     bin_from_env("HALTCTL_BIN", "haltctl")
 }

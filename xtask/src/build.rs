@@ -18,9 +18,10 @@ pub(crate) struct Options {
     /// Release profile (target/release) instead of debug.
     #[arg(long)]
     release: bool,
-    /// haltd features; default `fault-injection` (the test and bench build). Repeatable or
-    /// comma-separated; pass `--features ''` for a production build.
-    #[arg(long, value_delimiter = ',', default_value = "fault-injection")]
+    /// haltd features; default none (the production build). `--features fault-injection` is
+    /// the test build (`--fault`), which `cargo xtask test` and `bench` build for themselves.
+    /// Repeatable or comma-separated.
+    #[arg(long, value_delimiter = ',')]
     features: Vec<String>,
 }
 
@@ -71,6 +72,23 @@ pub(crate) fn build_ebpf(ctx: &Ctx) -> Result<PathBuf> {
         secs(t.elapsed())
     );
     Ok(object)
+}
+
+/// Builds a production haltd (no features) and copies it to `target/<profile>/production/haltd`,
+/// where a later build with other features does not overwrite it; returns that path.
+pub(crate) fn build_production_copy(ctx: &Ctx, release: bool) -> Result<PathBuf> {
+    let built = build(ctx, release, &[])?;
+    let dir = built
+        .haltd
+        .parent()
+        .context("the haltd binary has no parent folder")?
+        .join("production");
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let copy = dir.join("haltd");
+    fs::copy(&built.haltd, &copy)
+        .with_context(|| format!("copying {} to {}", built.haltd.display(), copy.display()))?;
+    println!("[build] production haltd kept at {}", copy.display());
+    Ok(copy)
 }
 
 /// Builds the gate, then haltd and haltctl (`release` or debug, with `features`).

@@ -4,6 +4,7 @@
 
 use std::{
     ffi::OsString,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -66,6 +67,13 @@ pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
     setup::setup(ctx)?;
     let t_setup = t0.elapsed();
     let t = Instant::now();
+    // The production build first: both land on target/<profile>/haltd, and the fault-injection
+    // one (what every other test runs) must be the one left there.
+    let production = if !opts.no_integration && wants_production_build(&opts.args) {
+        Some(build::build_production_copy(ctx, opts.release)?)
+    } else {
+        None
+    };
     let built = build::build(ctx, opts.release, &["fault-injection".to_owned()])?;
     let t_build = t.elapsed();
     let mut steps = Vec::new();
@@ -77,7 +85,7 @@ pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
     }
     if !opts.no_integration {
         steps.push(Step::run("integration", || {
-            integration_tests(ctx, &built, &opts.args)
+            integration_tests(ctx, &built, production.as_deref(), &opts.args)
         }));
     }
     summarize(&steps, t_setup, t_build, t0.elapsed())
@@ -97,7 +105,26 @@ fn unit_tests(ctx: &Ctx, built: &Built) -> Result<()> {
     run(&mut c)
 }
 
-fn integration_tests(ctx: &Ctx, built: &Built, args: &[OsString]) -> Result<()> {
+/// The integration test that runs the production haltd (`build_info::production_build_...`).
+const PRODUCTION_TEST: &str = "build_info::production_build_refuses_faults";
+
+/// Whether the integration run includes [`PRODUCTION_TEST`]: no name filter, or one it
+/// contains (cargo's filters match substrings). Flags such as `--exact` are not filters.
+fn wants_production_build(args: &[OsString]) -> bool {
+    let filters: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty() || filters.iter().any(|f| PRODUCTION_TEST.contains(f))
+}
+
+fn integration_tests(
+    ctx: &Ctx,
+    built: &Built,
+    production: Option<&Path>,
+    args: &[OsString],
+) -> Result<()> {
     println!("[test] integration tests (root, serial): cargo test --no-fail-fast -p haltd-tests -- --test-threads=1");
     let mut c = ctx.cargo_with_gate(&built.object);
     // Same haltd features as the unit tests, so the haltd library builds once.
@@ -120,6 +147,9 @@ fn integration_tests(ctx: &Ctx, built: &Built, args: &[OsString]) -> Result<()> 
     // The official OpenAI SDK as a client: setup made the venv.
     .env("HALTD_PYTHON", setup::venv_python(ctx))
     .env("HALTD_OPENAI_CLIENT", ctx.root.join(OPENAI_CLIENT_SCRIPT));
+    if let Some(production) = production {
+        c.env("HALTD_PRODUCTION_BIN", production);
+    }
     run(&mut c)
 }
 

@@ -9,7 +9,7 @@ use haltd::admin::client::AdminClient;
 use hyper::Method;
 
 #[derive(Parser)]
-#[command(name = "haltctl", version, about = "Operate a running haltd")]
+#[command(name = "haltctl", version = haltd::build_info::LONG_VERSION, about = "Operate a running haltd")]
 struct Cli {
     /// haltd's admin API (`haltd serve --admin`): `unix:PATH`, or `IP:PORT` with --admin-token-file.
     #[arg(

@@ -8,7 +8,7 @@ use haltd::config::{LogFormat, ServeArgs};
 #[derive(Parser)]
 #[command(
     name = "haltd",
-    version,
+    version = haltd::build_info::LONG_VERSION,
     about = "Token-stream governor with a kernel-enforced halt budget"
 )]
 struct Cli {

@@ -13,6 +13,7 @@
 //! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
 //! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
 //! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
+//! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
 //! Handles are created once, at start. Label values are enums (each writes the spelling the
 //! exposition always had), and every series of a fixed label set exists from the start. The
@@ -20,7 +21,13 @@
 //! no lock, no lookup: [`NsHistogram`]); everything else counts per turn, per halt or per
 //! scrape.
 
-use prometheus_client::{encoding::text::encode, registry::Registry};
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::build_info;
 
 pub mod dataplane;
 pub mod detectors;
@@ -62,6 +69,7 @@ impl Metrics {
             upstream::UpstreamMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         let detectors =
             detectors::DetectorMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
             registry,
             halts,
@@ -81,6 +89,32 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The labels of `haltd_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+    features: String,
+}
+
+/// `haltd_build_info{version, commit, features} 1`: what this binary is, so a dashboard shows
+/// a test build (`features="fault-injection"`) for what it is.
+fn register_build_info(registry: &mut Registry) {
+    let family = Family::<BuildLabels, Gauge>::default();
+    family
+        .get_or_create(&BuildLabels {
+            version: build_info::VERSION.to_owned(),
+            commit: build_info::COMMIT.to_owned(),
+            features: build_info::FEATURES.to_owned(),
+        })
+        .set(1);
+    registry.register(
+        "build_info",
+        "Always 1; the labels say haltd's version, commit and compiled-in features",
+        family,
+    );
 }
 
 impl Default for Metrics {
@@ -171,7 +205,8 @@ mod tests {
     /// own sub-registry (sorted lines: prometheus-client writes a family's series in hash
     /// order, and the families now come subsystem by subsystem): every name, label, HELP
     /// text, unit and type is unchanged. Families added since (`haltd_upstream_pool_*`) are
-    /// in the golden file too.
+    /// in the golden file too; `haltd_build_info`'s series, whose labels change with every
+    /// commit, stands there as `haltd_build_info{BUILD} 1`.
     #[test]
     fn the_exposition_is_unchanged_line_for_line() {
         let m = Metrics::new();
@@ -180,7 +215,23 @@ mod tests {
         m.gate
             .observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0, 3, 1, 1, 2, 1, 0]);
         m.dataplane.token_overhead.observe_ns(12_000);
-        let mut lines: Vec<String> = m.encode().lines().map(str::to_owned).collect();
+        let build = format!(
+            "haltd_build_info{{version=\"{}\",commit=\"{}\",features=\"{}\"}} 1",
+            build_info::VERSION,
+            build_info::COMMIT,
+            build_info::FEATURES
+        );
+        let mut lines: Vec<String> = m
+            .encode()
+            .lines()
+            .map(|l| {
+                if l == build {
+                    "haltd_build_info{BUILD} 1".to_owned()
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
         lines.sort();
         let golden: Vec<&str> = include_str!("exposition.golden").lines().collect();
         assert_eq!(lines, golden);

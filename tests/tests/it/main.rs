@@ -6,7 +6,7 @@
 //! and load the gate themselves. They share kernel state (BPF programs and maps, namespaces,
 //! cgroups) and one process, so they run serially: `cargo xtask test` runs
 //! `cargo test -p haltd-tests --features haltd/fault-injection -- --test-threads=1 --nocapture`
-//! with `HALTD_BIN`, `HALTCTL_BIN`, `HALTD_BPF_OBJECT`, `HALTD_PYTHON` and
+//! with `HALTD_BIN`, `HALTD_PRODUCTION_BIN`, `HALTCTL_BIN`, `HALTD_BPF_OBJECT`, `HALTD_PYTHON` and
 //! `HALTD_OPENAI_CLIENT` set. A test's name is `topic::name`; one topic runs with e.g.
 //! `cargo xtask test --no-unit -- kernel_gate::`.
 
@@ -16,6 +16,7 @@ const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
 mod acceptance;
 mod admin;
 mod adversarial;
+mod build_info;
 mod crash;
 mod detectors;
 mod guarantee;
