@@ -395,7 +395,7 @@ impl HaltCore {
             .modes
             .degraded_scopes
             .set(self.modes.degraded_count() as i64);
-        tracing::warn!(scope = %ch.scope, from = %ch.from, to = %ch.to, by = %ch.by, cause = ?ch.cause, "runtime_mode changed");
+        tracing::warn!(scope = %ch.scope, from = %ch.from, to = %ch.to, by = %ch.by, cause = ch.cause.as_deref(), "runtime_mode changed");
         let rec = Record {
             kind: RecordKind::Lifecycle,
             runtime_mode: ch.to.as_str().to_owned(),

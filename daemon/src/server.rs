@@ -9,7 +9,7 @@ use std::{
 
 use crate::{
     admin, build_info,
-    config::Config,
+    config::{Config, LogFormat},
     dataplane,
     gate::{GateConfig, GateObject, KernelGate},
     halt::HaltCore,
@@ -286,6 +286,43 @@ fn wait_for_first_heartbeat(shared: &HaltCore) -> Result<(), StartError> {
     Ok(())
 }
 
+/// The line on stdout that says haltd serves: `haltd ready k=v ...`, or with `--log-format
+/// json` one JSON object whose `message` is `haltd ready`, with the same keys.
+fn ready_line(shared: &HaltCore, source: &str) -> String {
+    let args = &shared.cfg.args;
+    let fields = [
+        ("listen", args.listen.to_string()),
+        ("admin", args.admin.to_string()),
+        ("metrics", args.metrics.to_string()),
+        ("kernel_gate", shared.kernel_gate_label().to_owned()),
+        ("budget", args.budget.to_string()),
+        ("ledger", args.ledger.display().to_string()),
+        ("source", source.to_owned()),
+        ("version", build_info::VERSION.to_owned()),
+        ("commit", build_info::COMMIT.to_owned()),
+        ("features", build_info::FEATURES.to_owned()),
+    ];
+    match args.log_format {
+        LogFormat::Text => {
+            let mut line = "haltd ready".to_owned();
+            for (k, v) in fields {
+                line.push_str(&format!(" {k}={v}"));
+            }
+            line
+        }
+        LogFormat::Json => {
+            let mut obj = serde_json::Map::new();
+            obj.insert("timestamp".into(), crate::clock::rfc3339_now().into());
+            obj.insert("level".into(), "INFO".into());
+            obj.insert("message".into(), "haltd ready".into());
+            for (k, v) in fields {
+                obj.insert(k.into(), v.into());
+            }
+            serde_json::Value::Object(obj).to_string()
+        }
+    }
+}
+
 /// A test build (`fault-injection`) says so before anything else.
 fn warn_if_test_build() {
     if build_info::FAULT_INJECTION {
@@ -314,19 +351,9 @@ fn serve_control_plane(
         .build()
         .map_err(io("starting the control-plane runtime"))?;
     rt.block_on(async move {
-        let metrics_l = tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
-        println!(
-            "haltd ready listen={} admin={} metrics={} kernel_gate={} budget={} ledger={} source={source} version={} commit={} features={}",
-            shared.cfg.args.listen,
-            shared.cfg.args.admin,
-            shared.cfg.args.metrics,
-            shared.kernel_gate_label(),
-            shared.cfg.args.budget,
-            shared.cfg.args.ledger.display(),
-            build_info::VERSION,
-            build_info::COMMIT,
-            build_info::FEATURES,
-        );
+        let metrics_l =
+            tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
+        println!("{}", ready_line(&shared, &source));
         let control = admin::serve(Arc::clone(&shared), listeners.admin, metrics_l);
         tokio::select! {
             r = control => r.map_err(io("control plane")),

@@ -252,6 +252,11 @@ impl Haltd {
         out
     }
 
+    /// The whole of haltd's `stdout.log` or `stderr.log` so far.
+    pub fn log_file(&self, name: &str) -> Result<String> {
+        fs::read_to_string(self.dir.join(name)).with_context(|| format!("reading {name}"))
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child

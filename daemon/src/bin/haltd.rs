@@ -1,6 +1,6 @@
 //! `haltd`: the daemon. `haltd serve --help` lists every flag.
 
-use std::process::ExitCode;
+use std::{fmt::Display, io::IsTerminal, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use haltd::config::{LogFormat, ServeArgs};
@@ -24,23 +24,40 @@ enum Command {
     CheckGate(ServeArgs),
 }
 
+/// Logs to stderr: text (colour only on a terminal) or JSON, one flat object per line
+/// (`timestamp`, `level`, `target`, `message`, then the event's own fields; no span data).
 fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("HALTD_LOG").unwrap_or_else(|_| "info".into());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => b.init(),
-        LogFormat::Json => b.json().init(),
+        LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// Says why haltd stops: `haltd: WHY` in text mode, an ERROR log object in JSON mode.
+fn fatal(format: LogFormat, why: &dyn Display) {
+    match format {
+        LogFormat::Text => eprintln!("haltd: {why}"),
+        LogFormat::Json => tracing::error!(error = %why, "haltd stops"),
     }
 }
 
 /// Validates the flags, or says what is wrong (exit 2).
 fn validated(args: ServeArgs) -> Result<haltd::config::Config, ExitCode> {
-    init_logging(args.log_format);
+    let format = args.log_format;
+    init_logging(format);
     args.validate().map_err(|e| {
-        eprintln!("haltd: {e}");
+        fatal(format, &e);
         ExitCode::from(2)
     })
 }
@@ -55,14 +72,15 @@ fn main() -> ExitCode {
             };
             // Before any thread starts: from here an uncontained panic anywhere ends the
             // process at once and leaves a crash file for the next start (fail closed).
+            let format = cfg.args.log_format;
             if let Err(e) = haltd::crash::install(&haltd::crash::file_for(&cfg.args.ledger)) {
-                eprintln!("haltd: installing the panic hook: {e}");
+                fatal(format, &format_args!("installing the panic hook: {e}"));
                 return ExitCode::from(1);
             }
             match haltd::server::run(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("haltd: {e}");
+                    fatal(format, &e);
                     ExitCode::from(1)
                 }
             }

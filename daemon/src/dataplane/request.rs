@@ -246,7 +246,7 @@ impl Worker {
 
     pub(super) fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        tracing::debug!(stream_id = %conn.id, status = err.status, message = %err.message, "request refused");
+        tracing::debug!(stream_id = %conn.id, status = err.status, detail = %err.message, "request refused");
         http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id));
         self.shared.metrics.dataplane.rejected(err.status);
         conn.outcome = Outcome::Rejected;

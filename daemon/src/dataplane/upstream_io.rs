@@ -649,7 +649,7 @@ impl Worker {
         let purpose = up.purpose;
         let retry_after = up.retry_after.clone();
         shared.metrics.upstream.failed(kind);
-        tracing::warn!(stream_id = %id, kind = %kind, source = ?failure.source(), retry = failure.retry(), message = %failure.message, "upstream failure");
+        tracing::warn!(stream_id = %id, kind = %kind, source = failure.source().as_str(), retry = failure.retry(), detail = %failure.message, "upstream failure");
         let slot = shared.table.slot(id.slot);
         if slot.is_tripped() {
             return self.halt(key);

@@ -51,6 +51,17 @@ pub enum FailureSource {
     Internal,
 }
 
+impl FailureSource {
+    /// Its spelling in logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureSource::Client => "client",
+            FailureSource::Upstream => "upstream",
+            FailureSource::Internal => "internal",
+        }
+    }
+}
+
 impl UpstreamFailureKind {
     /// Every kind, in the order the metric's series are listed.
     pub const ALL: [UpstreamFailureKind; 10] = [

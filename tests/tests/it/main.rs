@@ -22,6 +22,7 @@ mod detectors;
 mod guarantee;
 mod hostile;
 mod kernel_gate;
+mod logs;
 mod namespaces;
 mod ops_pack;
 mod proxy;
