@@ -30,10 +30,13 @@ pub enum FailureCode {
     /// A hard detector could not judge a token (an error, missing input, a missed deadline):
     /// fail closed.
     DetectorFailure = 15,
+    /// haltd stopped (SIGTERM/SIGINT) and the stream was still open when the drain timeout
+    /// ran out. Nothing was breached: it degrades nobody.
+    ServiceShutdown = 16,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 15] = [
+    pub const ALL: [FailureCode; 16] = [
         FailureCode::TigBreach,
         FailureCode::IoIntegrityAlert,
         FailureCode::ExfilAlert,
@@ -49,6 +52,7 @@ impl FailureCode {
         FailureCode::UpstreamFailure,
         FailureCode::RecorderFailure,
         FailureCode::DetectorFailure,
+        FailureCode::ServiceShutdown,
     ];
 
     /// The code as written on the wire and in records.
@@ -69,6 +73,7 @@ impl FailureCode {
             FailureCode::UpstreamFailure => "UPSTREAM_FAILURE",
             FailureCode::RecorderFailure => "RECORDER_FAILURE",
             FailureCode::DetectorFailure => "DETECTOR_FAILURE",
+            FailureCode::ServiceShutdown => "SERVICE_SHUTDOWN",
         }
     }
 
@@ -90,7 +95,7 @@ impl fmt::Display for FailureCode {
 
 /// Error for a failure-code name that is not one of [`FailureCode::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE)")]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE, SERVICE_SHUTDOWN)")]
 pub struct UnknownFailureCode(pub String);
 
 impl std::str::FromStr for FailureCode {

@@ -122,6 +122,9 @@ pub struct ServeArgs {
     /// Time a client has to send its whole request (ms), from accept to the end of the body, before it gets 408.
     #[arg(long, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, how long open streams may finish (ms) while new turns get 503; then what is left halts with SERVICE_SHUTDOWN. 0 halts at once.
+    #[arg(long, default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
     /// Most open connections from one source IP address (more get 429); 0 = no cap.
     #[arg(long, default_value_t = 256)]
     pub max_conns_per_addr: u32,
@@ -165,6 +168,14 @@ fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// What `--config` sets that SIGHUP reloads: the detectors and SafetyCheck, and the log level.
+#[derive(Debug, Clone)]
+pub struct Reloadable {
+    pub detectors: crate::detect::pipeline::DetectorsConfig,
+    /// `[log] level` (an `EnvFilter` directive); `HALTD_LOG` wins over it.
+    pub log_level: Option<String>,
+}
+
 /// Validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -174,6 +185,7 @@ pub struct Config {
     pub heartbeat_deadline: Duration,
     pub halt_grace: Duration,
     pub request_timeout: Duration,
+    pub drain_timeout: Duration,
     pub workers: usize,
     pub faults: Faults,
     /// The resolved upstream of `--source openai`.
@@ -188,6 +200,8 @@ pub struct Config {
     pub degraded_for: Option<Duration>,
     /// The detectors' settings (config file and `--hard-limit`), validated.
     pub detectors: crate::detect::pipeline::DetectorsConfig,
+    /// `[log] level` of the config file at start.
+    pub log_level: Option<String>,
     /// What the flight recorder keeps (`--turn-sample-rate`, `--record-token-text`, or
     /// `[flight_recorder]` of the config file).
     pub sampling: crate::sampling::SamplingPolicy,
@@ -243,12 +257,13 @@ impl ServeArgs {
         let upstream = self.upstream_url()?;
         self.check_upstream_timeouts()?;
         let mut file = self.read_config_file()?;
-        // `[flight_recorder]` is read here; the rest of the file belongs to the detectors.
+        // `[flight_recorder]` is read here; the rest of the file is what SIGHUP reloads.
         let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
         let sampling = self.sampling_policy(recorder)?;
-        let detectors =
-            crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
-                .map_err(|e| err("config", e.to_string()))?;
+        let Reloadable {
+            detectors,
+            log_level,
+        } = self.reloadable_of(file)?;
         let faults = parse_faults(&self.faults)?;
         let workers = self.worker_count()?;
         let admin_token = self.admin_token()?;
@@ -259,6 +274,7 @@ impl ServeArgs {
             heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
             halt_grace: Duration::from_millis(self.halt_grace_ms),
             request_timeout: Duration::from_millis(self.request_timeout_ms),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             workers,
             faults,
             upstream,
@@ -269,6 +285,7 @@ impl ServeArgs {
             upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
             upstream_pool_idle_timeout: Duration::from_millis(self.upstream_pool_idle_timeout_ms),
             detectors,
+            log_level,
             sampling,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
@@ -405,6 +422,56 @@ impl ServeArgs {
     }
 
     /// The `--config` file as a TOML table, `None` without one.
+    /// Reads `--config` again for SIGHUP: what can change without a restart.
+    pub fn reloadable(&self) -> Result<Reloadable, ConfigError> {
+        let mut file = self.read_config_file()?;
+        // Sampling is fixed at start (the ledger's records of it stay true).
+        file.as_mut().map(|t| t.remove("flight_recorder"));
+        self.reloadable_of(file)
+    }
+
+    /// The detectors, SafetyCheck and `[log] level` of a parsed config file.
+    fn reloadable_of(&self, mut file: Option<toml::Table>) -> Result<Reloadable, ConfigError> {
+        let log = file.as_mut().and_then(|t| t.remove("log"));
+        let log_level = match log {
+            None => None,
+            Some(toml::Value::Table(mut t)) => {
+                let level = match t.remove("level") {
+                    None => None,
+                    Some(toml::Value::String(s)) => {
+                        crate::logging::check_level(&s).map_err(|e| err("log.level", e))?;
+                        Some(s)
+                    }
+                    Some(other) => {
+                        return Err(err("log.level", format!("must be a string, not {other}")))
+                    }
+                };
+                if let Some(k) = t.keys().next() {
+                    return Err(err("log", format!("unknown key {k:?} (known: level)")));
+                }
+                level
+            }
+            Some(_) => return Err(err("log", "must be a table ([log])")),
+        };
+        if let Some(k) = file
+            .iter()
+            .flat_map(|t| t.keys())
+            .find(|k| !["detectors", "safety"].contains(&k.as_str()))
+        {
+            return Err(err(
+                "config",
+                format!("unknown section [{k}] (known: [detectors.*], [safety], [flight_recorder], [log])"),
+            ));
+        }
+        let detectors =
+            crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
+                .map_err(|e| err("config", e.to_string()))?;
+        Ok(Reloadable {
+            detectors,
+            log_level,
+        })
+    }
+
     fn read_config_file(&self) -> Result<Option<toml::Table>, ConfigError> {
         let file = match &self.config {
             None => None,

@@ -57,14 +57,19 @@ pub struct HaltCore {
     pub wakers: Vec<OwnedFd>,
     /// Set once the flight recorder failed: every stream halts and no new turn starts.
     pub recorder_failed: AtomicBool,
-    /// Set on SIGTERM/SIGINT: open streams halt, new turns get 503.
+    /// Set on SIGTERM/SIGINT: new turns get 503, readiness fails, open streams may finish
+    /// (`lifecycle.rs`).
+    pub draining: AtomicBool,
+    /// Set when the drain is over: what is still open halts with SERVICE_SHUTDOWN, which
+    /// degrades nobody.
     pub shutting_down: AtomicBool,
     /// Degraded safe mode and committed conversation state.
     pub modes: Modes,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
-    /// The detectors every turn is governed by (built from the configuration at start).
-    pub detectors: crate::detect::pipeline::Detectors,
+    /// The detectors a new turn is governed by: built from the configuration at start, swapped
+    /// whole by a SIGHUP reload (`lifecycle.rs`); each turn keeps the one it started with.
+    pub detectors: arc_swap::ArcSwap<crate::detect::pipeline::Detectors>,
     /// What client connections may hold: per-address and request-phase caps.
     pub admission: crate::admission::Admission,
     /// The per-node secret that keys key fingerprints (`identity.rs`).
@@ -551,11 +556,12 @@ impl HaltCore {
         }
     }
 
-    /// On shutdown: refuse new turns and halt every open stream (OPERATOR_TRIP), so clients see
-    /// the typed terminal event rather than a cut connection. Returns how many were tripped.
+    /// After the drain: refuse new turns and halt every open stream (SERVICE_SHUTDOWN), so
+    /// clients see the typed terminal event rather than a cut connection. Returns how many
+    /// were tripped.
     pub fn halt_all_for_shutdown(&self) -> usize {
         self.shutting_down.store(true, SeqCst);
-        self.trip_all(FailureCode::OperatorTrip)
+        self.trip_all(FailureCode::ServiceShutdown)
     }
 
     /// Trips every open stream that is not tripped yet; returns how many it tripped.

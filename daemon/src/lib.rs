@@ -48,6 +48,8 @@ pub mod gate;
 pub mod halt;
 pub mod identity;
 pub mod ledger;
+pub mod lifecycle;
+pub mod logging;
 pub mod metrics;
 pub mod modes;
 pub mod monitor;

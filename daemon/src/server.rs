@@ -14,6 +14,7 @@ use crate::{
     gate::{GateConfig, GateObject, KernelGate},
     halt::HaltCore,
     ledger::{Ledger, Record, RecordKind},
+    lifecycle,
     metrics::Metrics,
     stream::StreamTable,
     watchdog,
@@ -79,7 +80,7 @@ pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
 }
 
 /// Runs the daemon; returns only on a start-up error.
-pub fn run(cfg: Config) -> Result<(), StartError> {
+pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartError> {
     warn_if_test_build();
     let gate = if cfg.args.no_kernel_gate {
         tracing::warn!("--no-kernel-gate: the kernel halt gate is OFF; only the userspace watchdog enforces the budget");
@@ -121,10 +122,13 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         ungovernable_logged_ns: AtomicU64::new(0),
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
+        draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
-        detectors: crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
-            .map_err(|e| StartError::Config(e.to_string()))?,
+        detectors: arc_swap::ArcSwap::from_pointee(
+            crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
+                .map_err(|e| StartError::Config(e.to_string()))?,
+        ),
         turn_meta: (0..cfg.args.max_streams)
             .map(|_| std::sync::Mutex::default())
             .collect(),
@@ -160,7 +164,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         metrics: admin::bind(shared.cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
     };
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
-    serve_control_plane(shared, control, source)
+    serve_control_plane(shared, control, source, log)
 }
 
 /// Metrics are read-only but tell who is streaming what: a bind beyond loopback is allowed,
@@ -340,11 +344,12 @@ struct ControlListeners {
 }
 
 /// The control plane (admin API, `/metrics`) on a current-thread runtime, until a signal:
-/// then every open stream halts, and the process exits once they are recorded.
+/// then haltd drains and stops (`lifecycle.rs`).
 fn serve_control_plane(
     shared: Arc<HaltCore>,
     listeners: ControlListeners,
     source: String,
+    log: crate::logging::LogControl,
 ) -> Result<(), StartError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -353,52 +358,18 @@ fn serve_control_plane(
     rt.block_on(async move {
         let metrics_l =
             tokio::net::TcpListener::from_std(listeners.metrics).map_err(io("metrics listener"))?;
+        let mut signals =
+            lifecycle::StopSignals::install().map_err(io("installing the signal handlers"))?;
+        let hangups = lifecycle::reload_on_hangup(Arc::clone(&shared), log)
+            .map_err(io("installing the SIGHUP handler"))?;
         println!("{}", ready_line(&shared, &source));
+        lifecycle::notify_ready();
         let control = admin::serve(Arc::clone(&shared), listeners.admin, metrics_l);
         tokio::select! {
             r = control => r.map_err(io("control plane")),
-            _ = shutdown_signal() => stop_on_signal(&shared).await,
+            () = lifecycle::feed_systemd_watchdog(Arc::clone(&shared)) => Ok(()),
+            () = hangups => Ok(()),
+            () = signals.recv() => lifecycle::stop(&shared, &mut signals).await,
         }
     })
-}
-
-/// After SIGTERM/SIGINT: halt the open streams, give their emitters (and, failing them, the
-/// watchdog) time to send the terminal events and record the halts, record the stop, exit.
-async fn stop_on_signal(shared: &HaltCore) -> Result<(), StartError> {
-    let open = shared.halt_all_for_shutdown();
-    tracing::info!(
-        open_streams = open,
-        "signal received; halting open streams and stopping"
-    );
-    let deadline = tokio::time::Instant::now()
-        + 4 * shared.cfg.halt_grace
-        + std::time::Duration::from_millis(200);
-    while shared.table.active_count() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let left = shared.table.active_count();
-    let rec = Record {
-        kind: RecordKind::Lifecycle,
-        kernel_gate: shared.kernel_gate_label().into(),
-        message: Some(format!(
-            "haltd stopping on signal: {open} open streams halted, {left} still open at exit"
-        )),
-        ..Record::default()
-    };
-    let _ = shared.ledger.append_sync(rec);
-    let _ = shared.ledger.flush();
-    std::process::exit(0);
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        }
-        _ => std::future::pending::<()>().await,
-    }
 }

@@ -124,6 +124,7 @@ impl Haltd {
             .arg("--ledger")
             .arg(&ledger)
             .args(test_sampling(extra))
+            .args(test_drain(extra))
             .args(state_dir_args(extra, &state_dir))
             .args(extra)
             .env("RUST_BACKTRACE", "1")
@@ -379,6 +380,19 @@ pub fn test_sampling(extra: &[&str]) -> &'static [&'static str] {
         &[]
     } else {
         &TEST_SAMPLING
+    }
+}
+
+/// The drain the harness gives haltd unless `extra` sets one: 1 s, so that an instance dropped
+/// with streams open stops quickly (production drains for 30 s).
+pub fn test_drain(extra: &[&str]) -> &'static [&'static str] {
+    let own = extra
+        .iter()
+        .any(|a| *a == "--drain-timeout-ms" || a.starts_with("--drain-timeout-ms="));
+    if own {
+        &[]
+    } else {
+        &["--drain-timeout-ms", "1000"]
     }
 }
 

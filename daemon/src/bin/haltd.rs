@@ -1,9 +1,12 @@
 //! `haltd`: the daemon. `haltd serve --help` lists every flag.
 
-use std::{fmt::Display, io::IsTerminal, process::ExitCode};
+use std::{fmt::Display, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use haltd::config::{LogFormat, ServeArgs};
+use haltd::{
+    config::{LogFormat, ServeArgs},
+    logging::LogControl,
+};
 
 #[derive(Parser)]
 #[command(
@@ -24,26 +27,6 @@ enum Command {
     CheckGate(ServeArgs),
 }
 
-/// Logs to stderr: text (colour only on a terminal) or JSON, one flat object per line
-/// (`timestamp`, `level`, `target`, `message`, then the event's own fields; no span data).
-fn init_logging(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("HALTD_LOG").unwrap_or_else(|_| "info".into());
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => b.init(),
-        LogFormat::Json => b
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .init(),
-    }
-}
-
 /// Says why haltd stops: `haltd: WHY` in text mode, an ERROR log object in JSON mode.
 fn fatal(format: LogFormat, why: &dyn Display) {
     match format {
@@ -53,20 +36,25 @@ fn fatal(format: LogFormat, why: &dyn Display) {
 }
 
 /// Validates the flags, or says what is wrong (exit 2).
-fn validated(args: ServeArgs) -> Result<haltd::config::Config, ExitCode> {
+fn validated(args: ServeArgs) -> Result<(haltd::config::Config, LogControl), ExitCode> {
     let format = args.log_format;
-    init_logging(format);
-    args.validate().map_err(|e| {
+    let log = haltd::logging::init(format);
+    let cfg = args.validate().map_err(|e| {
         fatal(format, &e);
         ExitCode::from(2)
-    })
+    })?;
+    if let Err(e) = log.apply_file_level(cfg.log_level.as_deref()) {
+        fatal(format, &e);
+        return Err(ExitCode::from(2));
+    }
+    Ok((cfg, log))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let cfg = match validated(args) {
+            let (cfg, log) = match validated(args) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -77,7 +65,7 @@ fn main() -> ExitCode {
                 fatal(format, &format_args!("installing the panic hook: {e}"));
                 return ExitCode::from(1);
             }
-            match haltd::server::run(cfg) {
+            match haltd::server::run(cfg, log) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     fatal(format, &e);
@@ -86,7 +74,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckGate(args) => {
-            let cfg = match validated(args) {
+            let (cfg, _log) = match validated(args) {
                 Ok(c) => c,
                 Err(code) => return code,
             };

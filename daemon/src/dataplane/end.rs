@@ -160,16 +160,15 @@ impl Worker {
         }
     }
     pub(super) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {
-        let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(true);
         };
-        let verdict = turn.safety_verdict(&shared, true);
+        let verdict = turn.safety_verdict(true);
         let upheld = verdict.upheld;
         let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
         turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
-        if !upheld && shared.cfg.detectors.safety.mode == SafetyMode::Enforce {
+        if !upheld && turn.detectors.cfg.safety.mode == SafetyMode::Enforce {
             return self
                 .detector_trip(
                     key,

@@ -91,8 +91,7 @@ fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
         Some(v) => v.clone(),
         // Not judged at a clean end: judge what the turn did (its halt, if any, ended
         // with the typed terminal event).
-        None => serde_json::to_value(turn.safety_verdict(shared, true))
-            .unwrap_or(serde_json::Value::Null),
+        None => serde_json::to_value(turn.safety_verdict(true)).unwrap_or(serde_json::Value::Null),
     });
 }
 

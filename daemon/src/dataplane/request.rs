@@ -156,12 +156,13 @@ impl Worker {
                 self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
             }
             ("GET", "/healthz", _) => self.reply_health(key),
+            ("GET", "/readyz", _) => self.reply_ready(key),
             ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
             ("GET", "/v1/models", _) => {
                 let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
                 self.reply(key, 200, "application/json", body.as_bytes())
             }
-            (_, "/healthz" | "/v1/models", _) => {
+            (_, "/healthz" | "/readyz" | "/v1/models", _) => {
                 self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
             }
             _ => self.reply_error(
@@ -206,6 +207,36 @@ impl Worker {
         .to_string();
         let code = if fresh && recorder_ok { 200 } else { 503 };
         self.reply(key, code, "application/json", body.as_bytes())
+    }
+
+    /// `/readyz`: whether this haltd should get new turns. Not ready while the heartbeat is
+    /// lost, the flight recorder failed or haltd drains (SIGTERM); each reason is listed.
+    pub(super) fn reply_ready(&mut self, key: usize) -> io::Result<()> {
+        let hb = self.shared.heartbeat_view(monotonic_ns());
+        let mut reasons = Vec::new();
+        if hb.state == HeartbeatState::Lost {
+            reasons.push("heartbeat_lost");
+        }
+        if self.shared.recorder_failed.load(SeqCst) {
+            reasons.push("recorder_failed");
+        }
+        if self.shared.draining.load(SeqCst) || self.shared.shutting_down.load(SeqCst) {
+            reasons.push("draining");
+        }
+        let ready = reasons.is_empty();
+        let body = serde_json::json!({
+            "status": if ready { "ready" } else { "not_ready" },
+            "reasons": reasons,
+            "kernel_gate": self.shared.kernel_gate_label(),
+            "heartbeat_state": hb.state,
+        })
+        .to_string();
+        self.reply(
+            key,
+            if ready { 200 } else { 503 },
+            "application/json",
+            body.as_bytes(),
+        )
     }
 
     pub(super) fn reply(

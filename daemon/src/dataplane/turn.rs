@@ -19,7 +19,10 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
-    detect::{pipeline::TurnGovernor, Trip},
+    detect::{
+        pipeline::{Detectors, TurnGovernor},
+        Trip,
+    },
     modes::KeyId,
     safety::{self, SafetyContext},
     source::{
@@ -97,6 +100,9 @@ pub(super) struct Turn {
     pub(super) tokens_generated: u64,
     /// The turn's detectors and exfiltration scanner.
     pub(super) gov: TurnGovernor,
+    /// The detector and SafetyCheck configuration the turn started under: a SIGHUP reload
+    /// applies to later turns, never half-way through one.
+    pub(super) detectors: Arc<Detectors>,
     /// Frames the exfiltration scanner holds back.
     pub(super) hold: Hold,
     /// A content or tool-call frame went out (the chat role goes in the first).
@@ -139,6 +145,7 @@ impl Turn {
         degraded: bool,
         enc: ChunkEncoder,
         (gov, detector_refs): (TurnGovernor, Vec<String>),
+        detectors: Arc<Detectors>,
     ) -> Self {
         Turn {
             source,
@@ -149,6 +156,7 @@ impl Turn {
             degraded,
             tokens_generated: 0,
             gov,
+            detectors,
             hold: Hold::default(),
             first_frame_sent: false,
             out_text: String::new(),
@@ -182,11 +190,7 @@ impl Turn {
     }
 
     /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
-    pub(super) fn safety_verdict(
-        &self,
-        shared: &crate::halt::HaltCore,
-        typed_end: bool,
-    ) -> safety::SafetyVerdict {
+    pub(super) fn safety_verdict(&self, typed_end: bool) -> safety::SafetyVerdict {
         let ctx = SafetyContext {
             request_source_urls: Some(self.request_urls.clone()),
             cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
@@ -195,10 +199,9 @@ impl Turn {
             identity_after: self.identity_after.clone(),
             versor_condition: None,
         };
-        shared
-            .detectors
+        self.detectors
             .safety
-            .check(&ctx, &shared.detectors.safety_pack)
+            .check(&ctx, &self.detectors.safety_pack)
     }
 }
 
@@ -228,11 +231,12 @@ impl Worker {
         model: Arc<str>,
     ) -> io::Result<Option<(bool, Mode)>> {
         let shared = Arc::clone(&self.shared);
-        if shared.shutting_down.load(SeqCst) {
+        if shared.draining.load(SeqCst) || shared.shutting_down.load(SeqCst) {
             self.reply_error(
                 key,
                 &HttpError::new(503, "server_error", "haltd is shutting down")
-                    .with_code("shutting_down"),
+                    .with_code("shutting_down")
+                    .with_retry_after("1"),
             )?;
             return Ok(None);
         }
@@ -285,13 +289,14 @@ impl Worker {
     pub(super) fn turn_governor(
         &mut self,
         key: usize,
+        detectors: &Detectors,
     ) -> ((TurnGovernor, Vec<String>), Option<Trip>) {
         let id = self.conns[key].id;
-        match self.shared.detectors.turn(&id.to_string(), monotonic_ns()) {
+        match detectors.turn(&id.to_string(), monotonic_ns()) {
             Ok(gov) => {
                 let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
                 refs.extend(gov.refs());
-                refs.push(match self.shared.cfg.detectors.safety.mode {
+                refs.push(match detectors.cfg.safety.mode {
                     crate::safety::SafetyMode::Enforce => "safety:enforce".to_owned(),
                     crate::safety::SafetyMode::Observe => "safety:observe".to_owned(),
                 });
@@ -353,7 +358,8 @@ impl Worker {
         else {
             return Ok(());
         };
-        let (gov, failed) = self.turn_governor(key);
+        let detectors = self.shared.detectors.load_full();
+        let (gov, failed) = self.turn_governor(key, &detectors);
         let model = BuiltinModel::get();
         let source = TurnSource::Builtin(BuiltinSource {
             stream: model
@@ -366,7 +372,7 @@ impl Worker {
             },
         });
         let enc = self.encoder(key, ask, MODEL_NAME.into(), false);
-        let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov);
+        let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
         // The built-in model's identity cannot change within a turn: before and after are
@@ -410,12 +416,21 @@ impl Worker {
         else {
             return Ok(());
         };
-        let ((gov, mut detector_refs), failed) = self.turn_governor(key);
+        let detectors = self.shared.detectors.load_full();
+        let ((gov, mut detector_refs), failed) = self.turn_governor(key, &detectors);
         detector_refs.push("upstream:integrity".to_owned());
         // Degraded mode emits no tool calls (a degraded stream is batch anyway).
         let enc = self.encoder(key, &up.ask, model, endpoint == Endpoint::Chat && !degraded);
         let source = TurnSource::Upstream(UpstreamSource::new(degraded));
-        let mut turn = Turn::new(source, &up.ask, key_id, degraded, enc, (gov, detector_refs));
+        let mut turn = Turn::new(
+            source,
+            &up.ask,
+            key_id,
+            degraded,
+            enc,
+            (gov, detector_refs),
+            detectors,
+        );
         turn.request_urls = request_urls;
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conns[key].turn = Some(Box::new(turn));

@@ -291,6 +291,14 @@ impl Detectors {
         })
     }
 
+    /// The detectors of a reloaded configuration, keeping what `previous` learnt from the
+    /// node's traffic (the latency baseline), so a SIGHUP does not reset it.
+    pub fn reloaded(cfg: DetectorsConfig, previous: &Detectors) -> Result<Self, ConfigFileError> {
+        let mut next = Detectors::new(cfg)?;
+        next.baseline = Arc::clone(&previous.baseline);
+        Ok(next)
+    }
+
     /// Whether the HaltMonitor runs at all (a probability limit of 0 passes every token).
     pub fn halt_monitor_on(&self) -> bool {
         let h = &self.cfg.halt_monitor;

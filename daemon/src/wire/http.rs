@@ -52,6 +52,8 @@ pub struct HttpError {
     pub message: String,
     /// For 405: the methods the path accepts (the `allow` header).
     pub allow: Option<&'static str>,
+    /// For a 503 worth retrying soon: the `retry-after` header, in seconds.
+    pub retry_after: Option<&'static str>,
 }
 
 impl HttpError {
@@ -62,6 +64,7 @@ impl HttpError {
             code: None,
             message: message.into(),
             allow: None,
+            retry_after: None,
         }
     }
     /// 405 for `method` on a path that only takes `allow`.
@@ -82,6 +85,11 @@ impl HttpError {
     }
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
+        self
+    }
+    /// Says `retry-after: SECONDS`.
+    pub fn with_retry_after(mut self, seconds: &'static str) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 }
@@ -336,21 +344,22 @@ pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Optio
         }
     })
     .to_string();
-    let allow;
-    let extra: &[(&str, &str)] = match err.allow {
-        Some(methods) => {
-            allow = [("allow", methods)];
-            &allow
+    let extra = [("allow", err.allow), ("retry-after", err.retry_after)];
+    let mut headers = [("", ""); 2];
+    let mut n = 0;
+    for (name, value) in extra {
+        if let Some(value) = value {
+            headers[n] = (name, value);
+            n += 1;
         }
-        None => &[],
-    };
+    }
     write_head(
         out,
         err.status,
         "application/json",
         Some(body.len()),
         stream_id,
-        extra,
+        &headers[..n],
     );
     out.extend_from_slice(body.as_bytes());
 }

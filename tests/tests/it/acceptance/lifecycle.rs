@@ -261,14 +261,54 @@ fn fill_the_table(haltd: &Haltd) -> Result<Vec<TcpStream>> {
 // ---------------------------------------------------------------------------------------------
 // 13. Shutdown halts open streams cleanly
 
-/// SIGTERM with streams open: each client gets the typed terminal event (OPERATOR_TRIP) within
-/// the budget instead of a cut connection, haltd exits 0, and the ledger ends with a lifecycle
-/// record saying how many streams it halted.
+/// The ledger after a shutdown that halted `streams` streams: intact, one SERVICE_SHUTDOWN
+/// incident each, a stop record that counts them, and no mode change.
+fn check_shutdown_records(haltd: &Haltd, streams: usize) -> Result<()> {
+    let records = haltd.ledger_records()?;
+    verify_ledger(&haltd.ledger)?;
+    let last = records.last().context("empty ledger")?;
+    ensure!(
+        last["kind"] == "lifecycle"
+            && last["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("drain timed out")
+                    && m.contains(&format!(
+                        "{streams} open streams halted with SERVICE_SHUTDOWN, 0 still open"
+                    ))),
+        "last record {last}"
+    );
+    ensure!(
+        records
+            .iter()
+            .filter(|r| r["kind"] == "incident" && r["trip_cause"] == "SERVICE_SHUTDOWN")
+            .count()
+            == streams,
+        "incidents: {records:?}"
+    );
+    // A shutdown halt degrades nobody.
+    ensure!(
+        !records.iter().any(|r| !r["mode_change"].is_null()),
+        "a mode change at shutdown: {records:?}"
+    );
+    Ok(())
+}
+
+/// SIGTERM with streams open that outlast the drain: each client gets the typed terminal event
+/// (SERVICE_SHUTDOWN) within the budget instead of a cut connection, haltd exits 0, the ledger
+/// ends with a lifecycle record saying how many streams it halted, and nobody is degraded.
 #[test]
 fn sigterm_halts_open_streams() -> Result<()> {
     const STREAMS: usize = 3;
     let pair = NetPair::new()?;
-    let mut haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
+    let mut haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "2000",
+            "--drain-timeout-ms",
+            "300",
+        ],
+    )?;
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..STREAMS)
         .map(|i| {
@@ -304,7 +344,7 @@ fn sigterm_halts_open_streams() -> Result<()> {
     ensure!(status.success(), "haltd exited {status}");
     for c in clients {
         let o = c.join().map_err(|_| anyhow!("client thread panicked"))??;
-        o.halted_cleanly("OPERATOR_TRIP").with_context(|| {
+        o.halted_cleanly("SERVICE_SHUTDOWN").with_context(|| {
             format!(
                 "stream {} at shutdown; read error {:?}",
                 o.stream_id, o.read_error
@@ -320,23 +360,5 @@ fn sigterm_halts_open_streams() -> Result<()> {
             o.tokens as u64 - idx
         );
     }
-    let records = haltd.ledger_records()?;
-    verify_ledger(&haltd.ledger)?;
-    let last = records.last().context("empty ledger")?;
-    ensure!(
-        last["kind"] == "lifecycle"
-            && last["message"].as_str().is_some_and(
-                |m| m.contains(&format!("{STREAMS} open streams halted, 0 still open"))
-            ),
-        "last record {last}"
-    );
-    ensure!(
-        records
-            .iter()
-            .filter(|r| r["kind"] == "incident" && r["trip_cause"] == "OPERATOR_TRIP")
-            .count()
-            == STREAMS,
-        "incidents: {records:?}"
-    );
-    Ok(())
+    check_shutdown_records(&haltd, STREAMS)
 }

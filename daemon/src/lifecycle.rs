@@ -1,0 +1,225 @@
+//! The daemon's life once it serves: systemd's notifications, the stop signals and the drain.
+//!
+//! - **systemd** (`Type=notify`): `READY=1` once haltd serves; `WATCHDOG=1` every half of
+//!   `WATCHDOG_USEC`, but only while haltd's own watchdog heartbeat is fresh, so a stalled
+//!   watchdog is restarted by systemd as well as failing its streams closed; `STOPPING=1` when a
+//!   drain starts. Without `NOTIFY_SOCKET` nothing is sent.
+//! - **SIGTERM / SIGINT** drain: readiness turns 503 and new turns are refused with 503
+//!   `shutting_down` and `retry-after: 1`, while open streams may finish for up to
+//!   `--drain-timeout-ms`. What is still open then halts with `SERVICE_SHUTDOWN` (typed terminal
+//!   event, within the budget, recorded; it degrades nobody), and haltd exits 0 once those
+//!   halts are recorded. A second signal during the drain ends it at once.
+//! - **SIGHUP** reloads what can change without a restart: the detectors and SafetyCheck
+//!   (`[detectors.*]`, `[safety]` of `--config`) for turns that start afterwards, and the log
+//!   level (`[log] level`, unless `HALTD_LOG` is set). A file that does not validate changes
+//!   nothing. Either way a `lifecycle` record says what happened. (Sampling, listeners and
+//!   every flag stay as started.)
+
+use std::{
+    sync::{atomic::Ordering::SeqCst, Arc},
+    time::Duration,
+};
+
+use sd_notify::NotifyState;
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    time::{sleep, Instant},
+};
+
+use crate::{
+    clock::monotonic_ns,
+    detect::pipeline::Detectors,
+    halt::HaltCore,
+    ledger::{Record, RecordKind},
+    logging::LogControl,
+    watchdog::pulse::HeartbeatState,
+};
+
+/// Tells systemd haltd serves (no-op without `NOTIFY_SOCKET`).
+pub fn notify_ready() {
+    notify(&[NotifyState::Ready]);
+}
+
+fn notify(state: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %e, "writing to systemd's NOTIFY_SOCKET failed");
+    }
+}
+
+/// Pings systemd's watchdog every half of `WATCHDOG_USEC` (when `WATCHDOG_PID` is haltd's, as
+/// systemd sets them) while haltd's own heartbeat is fresh;
+/// never returns. Without a systemd watchdog it waits forever.
+pub async fn feed_systemd_watchdog(shared: Arc<HaltCore>) {
+    let mut usec = 0;
+    if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {
+        return std::future::pending().await;
+    }
+    let every = Duration::from_micros(usec / 2);
+    tracing::info!(
+        interval_ms = every.as_millis() as u64,
+        "systemd watchdog: pinging while the heartbeat is fresh"
+    );
+    loop {
+        sleep(every).await;
+        // A syscall or two per ping (the gate's clock), never per token.
+        if shared.heartbeat_view(monotonic_ns()).state != HeartbeatState::Lost {
+            notify(&[NotifyState::Watchdog]);
+        }
+    }
+}
+
+/// Installs the SIGHUP handler (its default action would end the process) and returns the
+/// task that reloads on each SIGHUP; it never ends.
+pub fn reload_on_hangup(
+    shared: Arc<HaltCore>,
+    log: LogControl,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hup.recv().await.is_some() {
+            notify(&[NotifyState::Reloading]);
+            let message = match reload(&shared, &log) {
+                Ok(done) => {
+                    tracing::info!(detail = %done, "reloaded on SIGHUP");
+                    format!("reloaded on SIGHUP: {done}")
+                }
+                Err(why) => {
+                    tracing::warn!(error = %why, "reload on SIGHUP failed; the running configuration stays");
+                    format!("reload on SIGHUP failed, the running configuration stays: {why}")
+                }
+            };
+            shared.record(Record {
+                kind: RecordKind::Lifecycle,
+                kernel_gate: shared.kernel_gate_label().into(),
+                message: Some(message),
+                ..Record::default()
+            });
+            notify(&[NotifyState::Ready]);
+        }
+    })
+}
+
+/// Reads `--config` again and applies it; says what it applied, or why it applied nothing.
+fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
+    let next = shared.cfg.args.reloadable().map_err(|e| e.to_string())?;
+    let detectors =
+        Detectors::reloaded(next.detectors, &shared.detectors.load()).map_err(|e| e.to_string())?;
+    let level = log.apply_file_level(next.log_level.as_deref())?;
+    let file = shared
+        .cfg
+        .args
+        .config
+        .as_ref()
+        .map_or_else(|| "no --config".to_owned(), |p| p.display().to_string());
+    let what = format!(
+        "detectors and SafetyCheck from {file} (safety pack {:?}, {} boundaries), log level {level:?}",
+        detectors.cfg.safety.pack_id,
+        detectors.cfg.safety.boundaries.len(),
+    );
+    shared.detectors.store(Arc::new(detectors));
+    Ok(what)
+}
+
+/// SIGTERM and SIGINT, as one stream of stop requests.
+#[derive(Debug)]
+pub struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers (replacing the default action, which would end the process).
+    pub fn install() -> std::io::Result<Self> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+/// How a drain ended.
+struct Drained {
+    /// Streams that were open when the drain started.
+    open_at_start: usize,
+    /// Whether every stream finished by itself.
+    complete: bool,
+    /// Whether a second signal cut it short.
+    interrupted: bool,
+    took: Duration,
+}
+
+/// Drains, halts what is left with `SERVICE_SHUTDOWN`, records the stop and exits 0.
+pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
+    let drained = drain(shared, signals).await;
+    let halted = shared.halt_all_for_shutdown();
+    tracing::info!(
+        drained_ms = drained.took.as_millis() as u64,
+        halted_streams = halted,
+        "drain over; halting what is still open with SERVICE_SHUTDOWN and stopping"
+    );
+    // The halts' emitters (and, failing them, the watchdog) send the terminal events and
+    // record the halts.
+    let deadline = Instant::now() + 4 * shared.cfg.halt_grace + Duration::from_millis(200);
+    while shared.table.active_count() > 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let left = shared.table.active_count();
+    let how = if drained.interrupted {
+        "cut short by a second signal"
+    } else if drained.complete {
+        "complete"
+    } else {
+        "timed out"
+    };
+    let rec = Record {
+        kind: RecordKind::Lifecycle,
+        kernel_gate: shared.kernel_gate_label().into(),
+        message: Some(format!(
+            "haltd stopping on signal: drain {how} after {} ms ({} streams open at the signal), {halted} open streams halted with SERVICE_SHUTDOWN, {left} still open at exit",
+            drained.took.as_millis(),
+            drained.open_at_start,
+        )),
+        ..Record::default()
+    };
+    let _ = shared.ledger.append_sync(rec);
+    let _ = shared.ledger.flush();
+    std::process::exit(0);
+}
+
+/// Refuses new turns and waits, up to `--drain-timeout-ms`, for the open ones to end.
+async fn drain(shared: &HaltCore, signals: &mut StopSignals) -> Drained {
+    let t0 = Instant::now();
+    shared.draining.store(true, SeqCst);
+    notify(&[NotifyState::Stopping]);
+    let open_at_start = shared.table.active_count();
+    tracing::info!(
+        open_streams = open_at_start,
+        drain_timeout_ms = shared.cfg.drain_timeout.as_millis() as u64,
+        "signal received; draining: new turns get 503, open streams may finish"
+    );
+    let deadline = t0 + shared.cfg.drain_timeout;
+    let mut interrupted = false;
+    while shared.table.active_count() > 0 && Instant::now() < deadline {
+        tokio::select! {
+            () = sleep(Duration::from_millis(10)) => {}
+            () = signals.recv() => {
+                interrupted = true;
+                break;
+            }
+        }
+    }
+    Drained {
+        open_at_start,
+        complete: shared.table.active_count() == 0,
+        interrupted,
+        took: t0.elapsed(),
+    }
+}

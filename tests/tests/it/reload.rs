@@ -1,0 +1,116 @@
+//! SIGHUP (`daemon/src/lifecycle.rs`): haltd keeps running, new turns get the reloaded
+//! detectors, the log level follows `[log] level`, a config that does not validate changes
+//! nothing, and each reload is a `lifecycle` record.
+
+use std::{fs, path::Path, time::Duration};
+
+use anyhow::{ensure, Context, Result};
+use haltd_tests::{
+    in_netns, raw_exchange, require_root, sse, temp_dir, verify_ledger, wait_for, Haltd, NetPair,
+};
+
+/// Streams a 20-token turn; returns it.
+fn turn(haltd: &Haltd) -> Result<sse::StreamOutcome> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    in_netns(&haltd.client_ns, move || {
+        sse::stream(
+            &url,
+            &sse::chat_body("reload", 20, true),
+            Duration::from_secs(20),
+            |_, _| {},
+        )
+    })
+}
+
+/// Sends SIGHUP and waits for the reload's record (the `n`-th one); returns its message.
+fn hangup(haltd: &mut Haltd, n: usize) -> Result<String> {
+    let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
+    // SAFETY: kill(2) on the haltd child this test started and has not reaped.
+    ensure!(
+        unsafe { libc::kill(pid, libc::SIGHUP) } == 0,
+        "kill(SIGHUP)"
+    );
+    let message = wait_for(Duration::from_secs(5), "the reload record", || {
+        let reloads: Vec<String> = haltd
+            .ledger_records()?
+            .iter()
+            .filter_map(|r| r["message"].as_str())
+            .filter(|m| m.contains("on SIGHUP"))
+            .map(str::to_owned)
+            .collect();
+        Ok(reloads.get(n - 1).cloned())
+    })?;
+    ensure!(haltd.is_running(), "haltd ended on SIGHUP");
+    Ok(message)
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[test]
+fn sighup_reloads_detectors_and_log_level_and_keeps_serving() -> Result<()> {
+    require_root()?;
+    let dir = temp_dir("reload")?;
+    let config = dir.join("haltd.toml");
+    write(&config, "[log]\nlevel = \"info\"\n")?;
+    let pair = NetPair::new()?;
+    let config_arg = config.to_string_lossy().into_owned();
+    // A halt degrades the (one, anonymous) key for 1 s only: the turns after it stream again.
+    let mut haltd = Haltd::start(&pair, &["--config", &config_arg, "--degraded-for-s", "1"])?;
+    let before = turn(&haltd)?;
+    ensure!(
+        before.tokens == 20 && before.error.is_none(),
+        "before: {before:?}"
+    );
+
+    // A token budget of 8 and debug logs.
+    write(
+        &config,
+        "[log]\nlevel = \"debug\"\n[detectors.compute_budget]\nmode = \"hard\"\nmax_tokens = 8\n",
+    )?;
+    let first = hangup(&mut haltd, 1)?;
+    ensure!(
+        first.starts_with("reloaded on SIGHUP") && first.contains("\"debug\""),
+        "{first}"
+    );
+    let after = turn(&haltd)?;
+    after.halted_cleanly("COMPUTE_BUDGET_EXCEEDED")?;
+    ensure!(
+        after.tokens <= 8 + 5,
+        "{} tokens under a budget of 8 (B = 5)",
+        after.tokens
+    );
+    // A refused request logs at DEBUG.
+    let addr = haltd.api;
+    let refused = in_netns(&haltd.client_ns, move || {
+        raw_exchange(addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: 1\r\n\r\n{", Duration::from_secs(10))
+    })?;
+    ensure!(
+        refused.status == 400,
+        "a malformed body got {}",
+        refused.status
+    );
+    ensure!(
+        haltd.log_tail(400).contains("DEBUG"),
+        "no DEBUG line after [log] level = \"debug\":\n{}",
+        haltd.log_tail(40)
+    );
+
+    // A file that does not validate changes nothing.
+    write(
+        &config,
+        "[detectors.compute_budget]\nmax_tokens = \"eight\"\n",
+    )?;
+    let second = hangup(&mut haltd, 2)?;
+    ensure!(
+        second.starts_with("reload on SIGHUP failed") && second.contains("compute_budget"),
+        "{second}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    turn(&haltd)?.halted_cleanly("COMPUTE_BUDGET_EXCEEDED")?;
+    haltd.stop()?;
+    verify_ledger(&haltd.ledger)?;
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
