@@ -74,6 +74,12 @@ pub struct ServeArgs {
     /// Directory of haltd's persistent state (the node secret that keys key fingerprints).
     #[arg(long, default_value = "/var/lib/haltd")]
     pub state_dir: PathBuf,
+    /// Unprivileged user (a name or a uid) haltd switches to once the gate is loaded and the listeners are bound; the ledger and --state-dir must be that user's. Default: keep the user haltd started as (every capability is dropped either way).
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Group (a name or a gid) for --user. Default: the user's primary group.
+    #[arg(long, value_name = "GROUP", requires = "user")]
+    pub group: Option<String>,
     /// Degraded mode ends by itself after this many seconds (0: only `haltctl mode full` ends it).
     #[arg(long, default_value_t = 0)]
     pub degraded_for_s: u64,
@@ -205,6 +211,8 @@ pub struct Config {
     /// What the flight recorder keeps (`--turn-sample-rate`, `--record-token-text`, or
     /// `[flight_recorder]` of the config file).
     pub sampling: crate::sampling::SamplingPolicy,
+    /// `--user` and `--group`, resolved.
+    pub account: Option<crate::privs::Account>,
 }
 
 /// Most B accepted: a larger budget is no halt budget.
@@ -267,8 +275,10 @@ impl ServeArgs {
         let faults = parse_faults(&self.faults)?;
         let workers = self.worker_count()?;
         let admin_token = self.admin_token()?;
+        let account = self.account()?;
         Ok(Config {
             admin_token,
+            account,
             token_interval: Duration::from_micros(self.builtin_token_interval_us),
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
             heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
@@ -295,6 +305,22 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
+    /// `--user` and `--group`, looked up now: a missing user is a configuration error.
+    fn account(&self) -> Result<Option<crate::privs::Account>, ConfigError> {
+        let Some(user) = &self.user else {
+            return Ok(None);
+        };
+        crate::privs::Account::resolve(user, self.group.as_deref())
+            .map(Some)
+            .map_err(|e| {
+                let flag = match e {
+                    crate::privs::account::LookupError::NoGroup(_) => "group",
+                    _ => "user",
+                };
+                err(flag, e.to_string())
+            })
+    }
+
     /// The limits of the plain flags, in the order they are reported.
     fn check_limits(&self) -> Result<(), ConfigError> {
         if self.budget > MAX_BUDGET {

@@ -29,6 +29,8 @@
 //!   stream, in the kernel and in userspace), and halts streams whose emitter did not.
 //! * [`ledger`] is the hash-linked flight recorder, [`sampling`] what it keeps of normal
 //!   turns; [`metrics`] the Prometheus surface.
+//! * [`privs`] gives up every capability, in every thread, once the gate is loaded and the
+//!   listeners are bound (and switches to `--user`).
 //! * [`crash`] fails closed on a panic: the process ends at once and the next start records
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
@@ -53,6 +55,7 @@ pub mod logging;
 pub mod metrics;
 pub mod modes;
 pub mod monitor;
+pub mod privs;
 pub mod safety;
 pub mod sampling;
 pub mod server;

@@ -38,6 +38,10 @@ pub enum StartError {
     Config(String),
     #[error("the node secret (--state-dir): {0}")]
     Identity(#[source] crate::identity::IdentityError),
+    #[error("dropping privileges: {0}")]
+    Privileges(#[source] crate::privs::PrivError),
+    #[error("{0}")]
+    Watchdog(#[source] watchdog::SpawnError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -88,6 +92,21 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     } else {
         Some(load_gate(&cfg).map_err(StartError::Gate)?)
     };
+    // What needs a privilege, or the gate's cgroup, is done now, while this is the only
+    // thread: the listeners are bound (the client listener inside the cgroup, a port below
+    // 1024, the admin socket's directory and group) before every capability goes.
+    let listener = bind_listener(&cfg, gate.as_ref())?;
+    warn_about_exposed_listeners(&cfg);
+    // Every listener is bound before the first stream is served: a busy admin or metrics port
+    // fails the start, and a client that sees /healthz answer can also scrape /metrics.
+    let control = ControlListeners {
+        admin: admin::bind_admin(&cfg.args.admin, cfg.args.admin_group.as_deref())
+            .map_err(io("admin listener"))?,
+        metrics: admin::bind(cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
+    };
+    // From here on as --user, without capabilities: the ledger, the state directory and every
+    // thread started below.
+    let watchdog = drop_privileges(&cfg)?;
     warn_about_sampling(&cfg);
     let ledger =
         Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
@@ -110,8 +129,6 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let node_secret = crate::identity::NodeSecret::load_or_create(&cfg.args.state_dir)
         .map_err(StartError::Identity)?;
     let wakers = worker_wakers(cfg.workers)?;
-    // The gate is loaded first: the listener must be created inside the gate's cgroup.
-    let listener = bind_listener(&cfg, gate.as_ref())?;
     let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -150,21 +167,43 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .ledger
         .append_sync(start_record(&shared, &source))
         .map_err(StartError::Ledger)?;
-    watchdog::spawn(Arc::clone(&shared)).map_err(io("starting the watchdog thread"))?;
+    watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;
-    warn_about_exposed_listeners(&shared.cfg);
-    // Every listener is bound before the first stream is served: a busy admin or metrics port
-    // fails the start, and a client that sees /healthz answer can also scrape /metrics.
-    let control = ControlListeners {
-        admin: admin::bind_admin(
-            &shared.cfg.args.admin,
-            shared.cfg.args.admin_group.as_deref(),
-        )
-        .map_err(io("admin listener"))?,
-        metrics: admin::bind(shared.cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
-    };
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
+    // A thread that escaped the drop (one started before it) fails the start.
+    let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
+    tracing::debug!(threads, "no thread holds a capability");
     serve_control_plane(shared, control, source, log)
+}
+
+/// Switches to `--user` if asked and drops every capability: the watchdog thread's first
+/// (started now so that it can take its real-time priority), then this thread's. Every thread
+/// started after this, by haltd or by a library, inherits empty capability sets.
+fn drop_privileges(cfg: &Config) -> Result<watchdog::Waiting, StartError> {
+    crate::privs::only_thread().map_err(StartError::Privileges)?;
+    if let Some(account) = &cfg.account {
+        crate::privs::account::switch_to(account).map_err(StartError::Privileges)?;
+    }
+    let watchdog = watchdog::spawn_unprivileged().map_err(StartError::Watchdog)?;
+    let bounding = crate::privs::drop_thread().map_err(StartError::Privileges)?;
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    match bounding {
+        crate::privs::Bounding::Cleared => tracing::info!(
+            uid,
+            gid,
+            "capabilities dropped in every thread (effective, permitted, inheritable, ambient and bounding sets empty, no_new_privs)"
+        ),
+        crate::privs::Bounding::Kept => tracing::info!(
+            uid,
+            gid,
+            "capabilities dropped in every thread (effective, permitted, inheritable and ambient sets empty, no_new_privs); the bounding set stays (no CAP_SETPCAP to shrink it), and nothing in it can be regained"
+        ),
+    }
+    if uid == 0 {
+        tracing::info!("haltd keeps uid 0 without capabilities: it still owns root's files; --user (or the unit's User=) takes that away too");
+    }
+    Ok(watchdog)
 }
 
 /// Metrics are read-only but tell who is streaming what: a bind beyond loopback is allowed,

@@ -7,7 +7,6 @@
 //! web page a browser on the node opens, can otherwise reach it.
 
 use std::{
-    ffi::CString,
     fmt, io,
     net::SocketAddr,
     os::unix::{
@@ -120,37 +119,15 @@ fn set_owner_and_mode(path: &Path, gid: Option<libc::gid_t>) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
 }
 
-/// A group name (or a numeric gid) to its gid.
+/// `--admin-group` (a name or a gid) to its gid.
 fn group_id(name: &str) -> io::Result<libc::gid_t> {
-    if let Ok(gid) = name.parse::<libc::gid_t>() {
-        return Ok(gid);
-    }
-    let cname = CString::new(name)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "group name has a NUL byte"))?;
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `buf` outlives it and `out` points into
-    // `grp` or is null.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            cname.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    if out.is_null() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("--admin-group {name:?}: no such group"),
-        ));
-    }
-    Ok(grp.gr_gid)
+    crate::privs::account::group_id(name).map_err(|e| {
+        let kind = match e {
+            crate::privs::account::LookupError::NoGroup(_) => io::ErrorKind::NotFound,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, format!("--admin-group {e}"))
+    })
 }
 
 #[cfg(test)]

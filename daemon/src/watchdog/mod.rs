@@ -40,11 +40,57 @@ use pulse::Sleep;
 /// it closes the stream without a terminal frame (the client is not reading).
 const SEND_STUCK_FACTOR: u32 = 4;
 
-/// Starts the watchdog thread. It runs for the life of the daemon.
-pub fn spawn(shared: Arc<HaltCore>) -> std::io::Result<thread::JoinHandle<()>> {
+/// The watchdog thread, started and without privileges, waiting for the core to watch.
+#[derive(Debug)]
+pub struct Waiting {
+    core: std::sync::mpsc::SyncSender<Arc<HaltCore>>,
+}
+
+impl Waiting {
+    /// Hands the thread the core: it starts beating. It runs for the life of the daemon.
+    pub fn start(self, shared: Arc<HaltCore>) {
+        // The thread waits in `recv` until this send; it cannot have gone.
+        let _ = self.core.send(shared);
+    }
+}
+
+/// Why the watchdog thread could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("starting the watchdog thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the watchdog thread's privilege drop: {0}")]
+    Privileges(#[source] crate::privs::PrivError),
+    #[error("the watchdog thread ended before it reported its privilege drop")]
+    Gone,
+}
+
+/// Starts the watchdog thread while the process still holds its start-up capabilities (before
+/// the main thread's own drop, see [`crate::privs`]): it takes its real-time priority, which
+/// needs `CAP_SYS_NICE`, then drops every capability of its own, and waits for the core.
+/// Returns once the thread has dropped them.
+pub fn spawn_unprivileged() -> Result<Waiting, SpawnError> {
+    let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
+    let (core_tx, core_rx) = std::sync::mpsc::sync_channel::<Arc<HaltCore>>(1);
     thread::Builder::new()
         .name("haltd-watchdog".into())
-        .spawn(move || run(&shared))
+        .spawn(move || {
+            raise_priority();
+            let dropped = crate::privs::drop_thread();
+            let ok = dropped.is_ok();
+            let _ = dropped_tx.send(dropped);
+            // A failed drop ends the thread (and the start); so does a start that fails
+            // before it hands over the core (the sender is dropped).
+            if let (true, Ok(shared)) = (ok, core_rx.recv()) {
+                run(&shared);
+            }
+        })
+        .map_err(SpawnError::Spawn)?;
+    match dropped_rx.recv() {
+        Ok(Ok(_)) => Ok(Waiting { core: core_tx }),
+        Ok(Err(e)) => Err(SpawnError::Privileges(e)),
+        Err(_) => Err(SpawnError::Gone),
+    }
 }
 
 fn run(shared: &HaltCore) {
@@ -204,7 +250,8 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
 }
 
 /// Asks for a real-time priority so a busy node cannot starve the heartbeat; without the
-/// privilege the watchdog still runs, and a missed deadline still fails closed.
+/// privilege the watchdog still runs, and a missed deadline still fails closed. The priority
+/// stays after the thread drops `CAP_SYS_NICE`.
 fn raise_priority() {
     let param = libc::sched_param { sched_priority: 10 };
     // SAFETY: plain syscall on the calling thread with a valid sched_param.

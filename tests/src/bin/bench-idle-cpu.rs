@@ -40,7 +40,7 @@ use serde_json::json;
 const TARGET_IDLE_US_PER_S: f64 = 1000.0;
 /// Time haltd gets after it is ready before the first window (start-up work, first beats).
 const SETTLE: Duration = Duration::from_secs(2);
-/// The watchdog thread's name (`watchdog::spawn`).
+/// The watchdog thread's name (`watchdog::spawn_unprivileged`).
 const WATCHDOG_THREAD: &str = "haltd-watchdog";
 
 /// haltd's CPU use with no stream open.

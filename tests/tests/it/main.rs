@@ -26,6 +26,7 @@ mod kernel_gate;
 mod logs;
 mod namespaces;
 mod ops_pack;
+mod privileges;
 mod proxy;
 mod reload;
 mod upstream_pool;

@@ -37,6 +37,7 @@ use haltd_tests::gate::TestGate;
 mod adoption;
 mod egress;
 mod heartbeat;
+mod privileges;
 mod send_check;
 
 const NONCE: &[u8; NONCE_LEN] = b"0123456789abcdef";
