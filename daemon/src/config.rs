@@ -47,9 +47,12 @@ pub struct ServeArgs {
     /// Config file (TOML) with the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md) and the flight recorder's sampling (`[flight_recorder]`). Without it every detector runs with its defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` (plain HTTP; a trailing `/v1` is accepted).
+    /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` or `https://api.example.com/v1` (TLS, verified; a trailing `/v1` is accepted).
     #[arg(long, value_name = "URL")]
     pub upstream: Option<String>,
+    /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
     /// Time to connect to the upstream (ms); past it the turn fails with UPSTREAM_FAILURE (connect_timeout).
     #[arg(long, default_value_t = 5_000)]
     pub upstream_connect_timeout_ms: u64,
@@ -196,6 +199,8 @@ pub struct Config {
     pub faults: Faults,
     /// The resolved upstream of `--source openai`.
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
+    /// The TLS configuration of an `https://` upstream (trust roots, SNI, ALPN).
+    pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
     /// The token of `--admin-token-file`: a TCP admin listener has one.
     pub admin_token: Option<crate::admin::AdminToken>,
     pub upstream_connect_timeout: Duration,
@@ -263,6 +268,7 @@ impl ServeArgs {
     pub fn validate(self) -> Result<Config, ConfigError> {
         self.check_limits()?;
         let upstream = self.upstream_url()?;
+        let upstream_tls = self.upstream_tls(upstream.as_ref())?;
         self.check_upstream_timeouts()?;
         let mut file = self.read_config_file()?;
         // `[flight_recorder]` is read here; the rest of the file is what SIGHUP reloads.
@@ -288,6 +294,7 @@ impl ServeArgs {
             workers,
             faults,
             upstream,
+            upstream_tls,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
             upstream_first_token_timeout: Duration::from_millis(
                 self.upstream_first_token_timeout_ms,
@@ -409,6 +416,26 @@ impl ServeArgs {
             (SourceKind::Builtin, None) => None,
         };
         Ok(upstream)
+    }
+
+    /// The TLS configuration of an `https://` upstream (`--upstream-ca-file` or the system's
+    /// roots); `--upstream-ca-file` without an `https://` upstream is refused, since it would
+    /// suggest TLS where there is none.
+    fn upstream_tls(
+        &self,
+        url: Option<&crate::upstream::url::UpstreamUrl>,
+    ) -> Result<Option<std::sync::Arc<crate::upstream::UpstreamTls>>, ConfigError> {
+        let ca = self.upstream_ca_file.as_deref();
+        match url {
+            Some(u) if u.tls => crate::upstream::UpstreamTls::load(u, ca)
+                .map(|t| Some(std::sync::Arc::new(t)))
+                .map_err(|e| err("upstream-ca-file", e.to_string())),
+            _ if ca.is_some() => Err(err(
+                "upstream-ca-file",
+                "is only used with an https:// --upstream",
+            )),
+            _ => Ok(None),
+        }
     }
 
     /// The upstream timeouts and pool, and `--degraded-for-s`.
@@ -645,8 +672,26 @@ mod tests {
             (&["--workers", "0"][..], "workers"),
             (&["--source", "openai"][..], "upstream"),
             (
-                &["--source", "openai", "--upstream", "https://example.com"][..],
-                "upstream",
+                &[
+                    "--source",
+                    "openai",
+                    "--upstream",
+                    "https://127.0.0.1:1",
+                    "--upstream-ca-file",
+                    "/nonexistent/ca.pem",
+                ][..],
+                "upstream-ca-file",
+            ),
+            (
+                &[
+                    "--source",
+                    "openai",
+                    "--upstream",
+                    "http://127.0.0.1:1",
+                    "--upstream-ca-file",
+                    "/etc/hostname",
+                ][..],
+                "upstream-ca-file",
             ),
             (&["--upstream", "http://127.0.0.1:1"][..], "upstream"),
             (

@@ -328,10 +328,14 @@ impl Worker {
         // SAFETY: no operation on this descriptor is in flight and the watchdog is done
         // with it (the slot is not HALTING), so nothing else uses it.
         unsafe { libc::close(conn.fd) };
-        if let Some(up) = conn.up.as_ref() {
+        if let Some(up) = conn.up.as_mut() {
             // Nothing is in flight on the upstream socket either (its operations are the
             // connection's, and `inflight` covers them).
-            self.release_upstream(up.fd(), up.reuse, conn.outcome);
+            let kept = super::pool::Kept {
+                fd: up.fd(),
+                tls: up.tls.take(),
+            };
+            self.release_upstream(kept, up.reuse, conn.outcome);
         }
         shared.metrics.dataplane.streams_active.dec();
         self.record_turn(&conn);

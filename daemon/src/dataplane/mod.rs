@@ -24,6 +24,8 @@
 //! | `halt.rs` | the emitter's side of a halt |
 //! | `record.rs` | the turn's flight-recorder record |
 //! | `upstream_io.rs`, `upstream_recv.rs` | the upstream socket of a proxied turn |
+//! | `upstream_sock.rs` | the upstream's TCP socket and the address its connect owns |
+//! | `upstream_tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
 //! | `pool.rs`, `upstream_reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
 //! | `watch.rs` | noticing a client that leaves while its turn waits on the upstream |
 //!
@@ -54,6 +56,8 @@ mod turn;
 mod upstream_io;
 mod upstream_recv;
 mod upstream_reuse;
+mod upstream_sock;
+mod upstream_tls;
 mod watch;
 
 use conn::Conn;

@@ -14,15 +14,32 @@
 //! `--upstream-pool-idle-timeout-ms` is closed. The peek cannot see a close that is still on
 //! its way, so a reused connection that fails before any response byte is retried once on a
 //! new one (`Worker::up_retry`).
+//!
+//! A connection to an `https://` upstream is kept with its TLS session (`upstream_tls.rs`), so
+//! that reusing it costs no handshake; one closed by the pool sends `close_notify` first. A
+//! TLS record that arrives while it is idle (the upstream's `close_notify`, or anything else)
+//! counts as stray bytes: the connection is not reused.
 
 use std::{os::fd::RawFd, time::Duration};
 
-use crate::metrics::upstream::{DiscardReason, PoolMetrics};
+use super::upstream_tls::close_kept;
+use crate::{
+    metrics::upstream::{DiscardReason, PoolMetrics},
+    upstream::TlsLink,
+};
+
+/// An upstream connection out of a turn: its socket and, for an `https://` upstream, its TLS
+/// session.
+#[derive(Debug)]
+pub(super) struct Kept {
+    pub(super) fd: RawFd,
+    pub(super) tls: Option<Box<TlsLink>>,
+}
 
 /// One idle connection.
 #[derive(Debug)]
 struct Idle {
-    fd: RawFd,
+    conn: Kept,
     /// When it went idle (monotonic ns).
     since_ns: u64,
 }
@@ -33,13 +50,6 @@ pub(super) struct UpstreamPool {
     idle: Vec<Idle>,
     cap: usize,
     timeout_ns: u64,
-}
-
-/// Closes a socket the pool owns.
-fn close(fd: RawFd) {
-    // SAFETY: an idle pooled socket: no operation is in flight on it, and nothing else
-    // holds its descriptor.
-    unsafe { libc::close(fd) };
 }
 
 /// Whether an idle connection still looks usable: no EOF, no error, and nothing unasked-for
@@ -75,36 +85,37 @@ impl UpstreamPool {
             .take_while(|c| now_ns.saturating_sub(c.since_ns) > self.timeout_ns)
             .count();
         for c in self.idle.drain(..stale) {
-            close(c.fd);
+            // An idle pooled socket: nothing is in flight on it, nothing else holds it.
+            close_kept(c.conn);
             m.discarded(DiscardReason::IdleTimeout);
         }
     }
 
     /// An idle connection that looks usable, the most recently returned first; `None` if
     /// there is none (the caller opens one).
-    pub(super) fn take(&mut self, now_ns: u64, m: &PoolMetrics) -> Option<RawFd> {
+    pub(super) fn take(&mut self, now_ns: u64, m: &PoolMetrics) -> Option<Kept> {
         self.expire(now_ns, m);
         while let Some(c) = self.idle.pop() {
-            if looks_alive(c.fd) {
-                return Some(c.fd);
+            if looks_alive(c.conn.fd) {
+                return Some(c.conn);
             }
-            close(c.fd);
+            close_kept(c.conn);
             m.discarded(DiscardReason::UpstreamClosed);
         }
         None
     }
 
-    /// Takes `fd` back for later requests, or closes it when the pool is full.
-    pub(super) fn put(&mut self, fd: RawFd, now_ns: u64, m: &PoolMetrics) {
+    /// Takes `conn` back for later requests, or closes it when the pool is full.
+    pub(super) fn put(&mut self, conn: Kept, now_ns: u64, m: &PoolMetrics) {
         self.expire(now_ns, m);
         if self.idle.len() >= self.cap {
-            close(fd);
+            close_kept(conn);
             m.discarded(DiscardReason::PoolFull);
             return;
         }
         // Within capacity: no allocation.
         self.idle.push(Idle {
-            fd,
+            conn,
             since_ns: now_ns,
         });
     }
@@ -138,6 +149,10 @@ mod tests {
             .get()
     }
 
+    fn plain(fd: RawFd) -> Kept {
+        Kept { fd, tls: None }
+    }
+
     /// A connected pair: the pool's end (a raw fd) and the peer's.
     fn pair(l: &TcpListener) -> (RawFd, TcpStream) {
         let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
@@ -153,17 +168,17 @@ mod tests {
         let (a, _pa) = pair(&l);
         let (b, pb) = pair(&l);
         let (c, mut pc) = pair(&l);
-        pool.put(a, 1, &m.pool);
-        pool.put(b, 2, &m.pool);
-        pool.put(c, 3, &m.pool);
+        pool.put(plain(a), 1, &m.pool);
+        pool.put(plain(b), 2, &m.pool);
+        pool.put(plain(c), 3, &m.pool);
         drop(pb);
         pc.write_all(b"x").expect("write");
         std::thread::sleep(Duration::from_millis(50));
         // c has a stray byte, b saw EOF: both closed; a is the one left.
-        assert_eq!(pool.take(4, &m.pool), Some(a));
+        assert_eq!(pool.take(4, &m.pool).map(|k| k.fd), Some(a));
         assert_eq!(discarded(&m.pool, DiscardReason::UpstreamClosed), 2);
-        assert_eq!(pool.take(5, &m.pool), None);
-        close(a);
+        assert!(pool.take(5, &m.pool).is_none());
+        close_kept(plain(a));
     }
 
     #[test]
@@ -173,16 +188,16 @@ mod tests {
         let mut pool = UpstreamPool::new(2, Duration::from_nanos(100));
         let peers: Vec<_> = (0..3).map(|_| pair(&l)).collect();
         for (i, (fd, _)) in peers.iter().enumerate() {
-            pool.put(*fd, 10 + i as u64, &m.pool);
+            pool.put(plain(*fd), 10 + i as u64, &m.pool);
         }
         assert_eq!(pool.len(), 2);
         assert_eq!(discarded(&m.pool, DiscardReason::PoolFull), 1);
         // Past the timeout, both idle ones are closed instead of handed out.
-        assert_eq!(pool.take(1_000, &m.pool), None);
+        assert!(pool.take(1_000, &m.pool).is_none());
         assert_eq!(discarded(&m.pool, DiscardReason::IdleTimeout), 2);
         let mut none = UpstreamPool::new(0, Duration::from_secs(1));
         let (fd, _peer) = pair(&l);
-        none.put(fd, 1, &m.pool);
+        none.put(plain(fd), 1, &m.pool);
         assert_eq!(none.len(), 0, "--upstream-pool-idle 0 pools nothing");
     }
 }

@@ -7,7 +7,9 @@
 //! governed: only client-facing sends carry tokens.
 //!
 //! Connections are kept alive and reused (`pool.rs`, `upstream_reuse.rs`): a turn takes an
-//! idle connection of its worker when there is one and sends at once, else connects.
+//! idle connection of its worker when there is one and sends at once, else connects. An
+//! `https://` upstream's connections carry a TLS session (`upstream_tls.rs`) between these
+//! sends and receives and the HTTP side.
 //!
 //! Cancellation: a trip, a client that goes away, or a failure shuts the upstream socket down
 //! (`shutdown(SHUT_RDWR)` sends the FIN at once, whatever is in flight on it; vLLM aborts a
@@ -25,9 +27,10 @@ use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
 
 use super::{
-    op::{OpBuf, OpKind, SockAddr},
+    op::{OpBuf, OpKind},
     timespec,
     upstream_reuse::Reuse,
+    upstream_sock::{sockaddr, upstream_socket},
     Worker,
 };
 use crate::{
@@ -35,7 +38,7 @@ use crate::{
     codes::FailureCode,
     stream::Outcome,
     upstream::{
-        self, CancelReason, FinishReason, ResponseReader, SseParser, UpstreamFailure,
+        self, CancelReason, FinishReason, ResponseReader, SseParser, TlsLink, UpstreamFailure,
         UpstreamFailureKind,
     },
     wire::{HttpError, RequestHead},
@@ -123,6 +126,8 @@ pub(super) struct Upstream {
     pub(super) request: Vec<u8>,
     /// Whether the connection may serve another request once the turn is done.
     pub(super) reuse: Reuse,
+    /// The TLS session of an `https://` upstream's connection (`upstream_tls.rs`).
+    pub(super) tls: Option<Box<TlsLink>>,
     /// The receive in flight was cancelled when the turn's text ended (`upstream_reuse.rs`).
     pub(super) recv_stopped: bool,
 }
@@ -167,6 +172,7 @@ impl Upstream {
             request: Vec::new(),
             reuse: Reuse::No,
             recv_stopped: false,
+            tls: None,
         }
     }
 
@@ -242,60 +248,6 @@ impl Upstream {
     }
 }
 
-/// A new TCP socket for the upstream at `addr` (no Nagle delay).
-pub(super) fn upstream_socket(addr: std::net::SocketAddr) -> io::Result<RawFd> {
-    let family = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket creation; the descriptor is owned by the caller.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    super::set_nodelay(fd);
-    Ok(fd)
-}
-
-fn sockaddr(addr: std::net::SocketAddr) -> Box<SockAddr> {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
-    let len = match addr {
-        std::net::SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in>(), sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        std::net::SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&raw mut *ss).cast::<libc::sockaddr_in6>(), sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    Box::new(SockAddr {
-        storage: *ss,
-        len: len as libc::socklen_t,
-    })
-}
-
 impl Worker {
     /// Opens an upstream exchange for connection `key`: socket, request bytes, connect.
     pub(super) fn open_upstream(
@@ -312,8 +264,17 @@ impl Worker {
             );
         };
         let pool_metrics = &shared.metrics.upstream.pool;
-        let pooled = self.pool.take(monotonic_ns(), pool_metrics);
-        let fd = match pooled.map_or_else(|| upstream_socket(url.addrs[0]), Ok) {
+        let mut pooled = self.pool.take(monotonic_ns(), pool_metrics);
+        if shared.cfg.upstream_tls.is_some() && pooled.as_ref().is_some_and(|k| k.tls.is_none()) {
+            // Never in clear to an https:// upstream: a pooled connection of such an upstream
+            // always has its session; one without would be a bug, and is not used.
+            if let Some(k) = pooled.take() {
+                super::upstream_tls::close_kept(k);
+            }
+        }
+        let tls = pooled.as_mut().and_then(|k| k.tls.take());
+        let reused = pooled.is_some();
+        let fd = match pooled.map_or_else(|| upstream_socket(url.addrs[0]), |k| Ok(k.fd)) {
             Ok(fd) => fd,
             Err(e) => {
                 return self.reply_error(
@@ -336,11 +297,19 @@ impl Worker {
             req.body,
         );
         let mut up = Box::new(Upstream::new(fd, req, wbuf, system_prompt));
-        if pooled.is_some() {
-            // An idle keep-alive connection: the request goes out at once.
+        if reused {
+            // An idle keep-alive connection: the request goes out at once (in its TLS
+            // session, if it has one: no new handshake).
             pool_metrics.reused.inc();
             up.reused = true;
-            let request = std::mem::take(&mut up.wbuf);
+            let mut request = std::mem::take(&mut up.wbuf);
+            if let Some(mut link) = tls {
+                link.seal(&request);
+                // Kept in clear for the one retry, which starts a new session.
+                up.request = request;
+                request = link.pending().unwrap_or_default();
+                up.tls = Some(link);
+            }
             self.conns[key].up = Some(up);
             self.up_send(key, request, 0)?;
         } else {
@@ -412,6 +381,9 @@ impl Worker {
             return self.up_fail(key, kind, format!("upstream {what}"), None);
         }
         let request = std::mem::take(&mut up.wbuf);
+        if self.shared.cfg.upstream_tls.is_some() {
+            return self.up_tls_begin(key, request);
+        }
         self.up_send(key, request, 0)
     }
 
@@ -487,8 +459,11 @@ impl Worker {
             );
         }
         if res <= 0 {
-            // A pooled connection the upstream closed meanwhile: retried once, afresh.
-            up.request = buf;
+            // A pooled connection the upstream closed meanwhile: retried once, afresh (a TLS
+            // connection kept its request in clear already).
+            if up.tls.is_none() {
+                up.request = buf;
+            }
             if self.up_retry(key)? {
                 return Ok(());
             }
@@ -504,7 +479,13 @@ impl Worker {
         if off < buf.len() {
             return self.up_send(key, buf, off);
         }
-        if up.reused && !up.retried {
+        if let Some(link) = up.tls.as_mut() {
+            // The send buffer back for the next records; the session may have more to send.
+            link.recycle(buf);
+            if self.up_tls_flush(key)? {
+                return Ok(());
+            }
+        } else if up.reused && !up.retried {
             // Kept until the response begins, for the one retry.
             up.request = buf;
         }
@@ -559,7 +540,13 @@ impl Worker {
             .unwrap_or_else(|| Vec::with_capacity(UP_RECV_CHUNK));
         buf.clear();
         let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        let recv = opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32).build();
+        let recv = if up.tls.as_ref().is_some_and(|t| t.peer_closed()) {
+            // The TLS stream ended with the last data (close_notify): nothing more will be
+            // read, whether or not a FIN follows; a no-op completes as the end of stream.
+            opcode::Nop::new().build()
+        } else {
+            opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32).build()
+        };
         up.recv_deadline_ns = deadline;
         up.recv_cancelled = false;
         up.recv_stopped = false;

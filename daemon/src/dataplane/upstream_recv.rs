@@ -47,6 +47,14 @@ impl Worker {
         };
         up.recv_op = None;
         up.rbuf = Some(buf);
+        // TLS: the ciphertext becomes plaintext here, or nothing the HTTP side reads.
+        let Some(res) = self.up_tls_open(key, res)? else {
+            return Ok(());
+        };
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return Ok(());
+        };
         if up.finished {
             return self.up_after_end(key, res);
         }
@@ -105,7 +113,13 @@ impl Worker {
     pub(super) fn up_recv_failed(&mut self, key: usize, res: i32) -> io::Result<()> {
         let cfg = &self.shared.cfg;
         let events = self.conns[key].up.as_ref().map_or(0, |u| u.events);
-        let (kind, msg) = if res == -libc::ECANCELED && events == 0 {
+        let (kind, msg) = if res == -libc::ECANCELED && self.up_tls_handshaking(key) {
+            let ms = cfg.upstream_first_token_timeout.as_millis();
+            (
+                UpstreamFailureKind::FirstTokenTimeout,
+                format!("the TLS handshake with the upstream did not complete within {ms} ms"),
+            )
+        } else if res == -libc::ECANCELED && events == 0 {
             let ms = cfg.upstream_first_token_timeout.as_millis();
             (
                 UpstreamFailureKind::FirstTokenTimeout,

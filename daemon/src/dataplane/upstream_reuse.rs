@@ -13,13 +13,16 @@
 //! response byte (EPIPE, ECONNRESET, EOF), and nothing reached the client yet, the request is
 //! sent once more on a new connection; the upstream did not start a generation for it.
 
-use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use io_uring::opcode;
 
 use super::{
     op::{OpBuf, OpKind},
-    upstream_io::{upstream_socket, Upstream},
+    pool::Kept,
+    upstream_io::Upstream,
+    upstream_sock::upstream_socket,
+    upstream_tls::close_kept,
     Worker,
 };
 use crate::{clock::monotonic_ns, metrics::upstream::DiscardReason, stream::Outcome};
@@ -147,6 +150,8 @@ impl Worker {
         // the completion of its last one), and nothing else holds its descriptor.
         unsafe { libc::close(up.fd) };
         up.fd = fd;
+        // The new connection gets a new TLS session (`on_up_connect`).
+        up.tls = None;
         up.reused = false;
         up.retried = true;
         up.wbuf = std::mem::take(&mut up.request);
@@ -158,17 +163,18 @@ impl Worker {
         Ok(true)
     }
 
-    /// The connection is closing and its upstream socket is idle: back to the pool if its
-    /// response ended cleanly and the turn completed, else closed.
-    pub(super) fn release_upstream(&mut self, fd: RawFd, reuse: Reuse, outcome: Outcome) {
+    /// The connection is closing and its upstream socket is idle: back to the pool (with its
+    /// TLS session) if its response ended cleanly and the turn completed, else closed.
+    pub(super) fn release_upstream(&mut self, conn: Kept, reuse: Reuse, outcome: Outcome) {
         let metrics = &self.shared.metrics.upstream.pool;
         if reuse == Reuse::Ready && outcome == Outcome::Completed {
-            self.pool.put(fd, monotonic_ns(), metrics);
+            self.pool.put(conn, monotonic_ns(), metrics);
             return;
         }
-        // SAFETY: nothing is in flight on the upstream socket (its operations are the
-        // connection's, all complete), and nothing else holds its descriptor.
-        unsafe { libc::close(fd) };
+        // Nothing is in flight on the upstream socket (its operations are the connection's,
+        // all complete), and nothing else holds its descriptor. A socket already shut down
+        // (a trip, a failure) refuses the close_notify, which is then not sent.
+        close_kept(conn);
         metrics.discarded(DiscardReason::NotReusable);
     }
 }

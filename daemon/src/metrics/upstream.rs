@@ -165,6 +165,9 @@ pub struct UpstreamMetrics {
     pub cancels: Family<CancelLabels, Counter>,
     pub tool_calls: Family<ToolCallLabels, Counter>,
     pub pool: PoolMetrics,
+    /// TLS handshakes with an `https://` upstream completed: one per new connection, none
+    /// for a pooled one.
+    pub tls_handshakes: Counter,
 }
 
 impl UpstreamMetrics {
@@ -183,6 +186,12 @@ impl UpstreamMetrics {
             "cancels",
             "Upstream generations cancelled (connection closed) before they ended, by reason",
             cancels.clone(),
+        );
+        let tls_handshakes = Counter::default();
+        upstream.register(
+            "tls_handshakes",
+            "TLS handshakes completed with an https:// upstream (one per new connection; a pooled connection keeps its session)",
+            tls_handshakes.clone(),
         );
         let pool = PoolMetrics::register(upstream);
         let tool_calls = Family::<ToolCallLabels, Counter>::default();
@@ -205,6 +214,7 @@ impl UpstreamMetrics {
             cancels,
             tool_calls,
             pool,
+            tls_handshakes,
         }
     }
 

@@ -37,6 +37,9 @@ pub enum UpstreamFailureKind {
     IoError,
     /// Tokens without logprobs while the HaltMonitor needs them (`--hard-limit` above 0).
     MissingLogprobs,
+    /// TLS with an `https://` upstream failed: its certificate did not verify (unknown CA,
+    /// another name, expired), it sent an alert, or its records were bad.
+    Tls,
 }
 
 /// Whose fault a failure was.
@@ -64,7 +67,7 @@ impl FailureSource {
 
 impl UpstreamFailureKind {
     /// Every kind, in the order the metric's series are listed.
-    pub const ALL: [UpstreamFailureKind; 10] = [
+    pub const ALL: [UpstreamFailureKind; 11] = [
         UpstreamFailureKind::ConnectRefused,
         UpstreamFailureKind::ConnectTimeout,
         UpstreamFailureKind::FirstTokenTimeout,
@@ -75,6 +78,7 @@ impl UpstreamFailureKind {
         UpstreamFailureKind::HttpStatus,
         UpstreamFailureKind::IoError,
         UpstreamFailureKind::MissingLogprobs,
+        UpstreamFailureKind::Tls,
     ];
 
     /// The kind as records, the terminal event and the metric label spell it.
@@ -90,6 +94,7 @@ impl UpstreamFailureKind {
             UpstreamFailureKind::HttpStatus => "http_status",
             UpstreamFailureKind::IoError => "io_error",
             UpstreamFailureKind::MissingLogprobs => "missing_logprobs",
+            UpstreamFailureKind::Tls => "tls",
         }
     }
 
@@ -148,8 +153,8 @@ impl UpstreamFailure {
 
     /// Whether the same request, sent again later, could succeed: yes for what passes (a
     /// refused or slow connection, a stall, a broken stream, the upstream's 5xx, 408 and
-    /// 429), no for the client's own request errors, a protocol the upstream does not speak
-    /// and a backend that sends no logprobs.
+    /// 429), no for the client's own request errors, a protocol the upstream does not speak,
+    /// a certificate that does not verify and a backend that sends no logprobs.
     pub fn retry(&self) -> bool {
         match self.kind {
             UpstreamFailureKind::ConnectRefused
@@ -158,7 +163,9 @@ impl UpstreamFailure {
             | UpstreamFailureKind::Stalled
             | UpstreamFailureKind::EarlyEof
             | UpstreamFailureKind::IoError => true,
-            UpstreamFailureKind::Malformed | UpstreamFailureKind::MissingLogprobs => false,
+            UpstreamFailureKind::Malformed
+            | UpstreamFailureKind::MissingLogprobs
+            | UpstreamFailureKind::Tls => false,
             UpstreamFailureKind::HttpStatus | UpstreamFailureKind::ErrorEvent => {
                 match self.upstream_status {
                     Some(408 | 429) => true,
@@ -253,6 +260,7 @@ mod tests {
         assert_eq!(status(K::Malformed, Some(404)), 502);
         assert_eq!(status(K::EarlyEof, None), 502);
         assert_eq!(status(K::MissingLogprobs, None), 502);
+        assert_eq!(status(K::Tls, None), 502);
     }
 
     #[test]
@@ -270,6 +278,8 @@ mod tests {
         assert_eq!(f(K::Stalled, None).error_type(), "upstream_error");
         assert!(f(K::Stalled, None).retry());
         assert!(!f(K::MissingLogprobs, None).retry());
+        assert!(!f(K::Tls, None).retry());
+        assert_eq!(f(K::Tls, None).source(), FailureSource::Upstream);
         assert_eq!(
             f(K::MissingLogprobs, None).source(),
             FailureSource::Internal
@@ -292,6 +302,7 @@ mod tests {
                 "http_status",
                 "io_error",
                 "missing_logprobs",
+                "tls",
             ]
         );
         assert_eq!(CancelReason::ClientGone.to_string(), "client_gone");

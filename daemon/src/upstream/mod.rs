@@ -1,5 +1,6 @@
 //! The upstream protocol layer: everything the data plane needs to proxy one turn to an
-//! OpenAI-compatible backend (vLLM, llama.cpp server, Ollama) over plain HTTP/1.1, with no I/O.
+//! OpenAI-compatible backend (vLLM, llama.cpp server, Ollama) over HTTP/1.1, plain or in TLS
+//! (`tls.rs`), with no I/O.
 //!
 //! The data plane owns the sockets and the io_uring completions; this module only turns bytes
 //! into decisions and back, so each piece can be tested exhaustively without a network:
@@ -32,6 +33,7 @@ pub mod framing;
 pub mod request;
 pub mod response;
 pub mod sse;
+pub mod tls;
 pub mod url;
 
 #[cfg(test)]
@@ -48,4 +50,5 @@ pub use request::{
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
 pub use sse::{SseError, SseEvent, SseEventRef, SseParser};
+pub use tls::{TlsConfigError, TlsLink, UpstreamTls};
 pub use url::{UpstreamUrl, UrlError};

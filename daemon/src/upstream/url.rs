@@ -1,9 +1,8 @@
 //! The upstream's base URL, as an operator writes it in the config.
 //!
-//! Only `http://host[:port][/prefix]` is accepted. haltd speaks plain HTTP/1.1 to a backend on
-//! the same node or a trusted link; TLS would put a TLS stack on the io_uring data plane for no
-//! gain there, so an `https://` URL is refused with the way out (a local TLS terminator, or the
-//! backend's plain-HTTP port) rather than silently downgraded.
+//! `http://host[:port][/prefix]` and `https://host[:port][/prefix]` are accepted. An
+//! `https://` upstream is spoken to in TLS only, verified (`tls.rs`): never downgraded to
+//! plain HTTP.
 //!
 //! Operators paste OpenAI base URLs (`http://vllm:8000/v1`), so a trailing `/v1` is dropped:
 //! the API paths haltd appends already start with `/v1/`. Anything that would be silently lost
@@ -20,19 +19,17 @@ use std::{
 
 use crate::wire::truncate_chars;
 
-/// Port used when the URL names none.
+/// Port used when an `http://` URL names none.
 pub const DEFAULT_PORT: u16 = 80;
+/// Port used when an `https://` URL names none.
+pub const DEFAULT_TLS_PORT: u16 = 443;
 
 /// A URL haltd refuses as its upstream.
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
     #[error("upstream URL is empty")]
     Empty,
-    #[error(
-        "TLS upstreams are not supported: put a local TLS terminator in front of the backend or use its plain-HTTP port (http://...)"
-    )]
-    TlsNotSupported,
-    #[error("upstream URL must start with http:// (got {got:?})")]
+    #[error("upstream URL must start with http:// or https:// (got {got:?})")]
     UnsupportedScheme { got: String },
     #[error(
         "upstream URL must not carry credentials (user:password@); configure the API key instead"
@@ -67,6 +64,8 @@ pub enum UrlError {
 /// A parsed upstream base URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamUrl {
+    /// `https://`: the upstream is spoken to in TLS, verified (`tls.rs`).
+    pub tls: bool,
     /// Host name (lowercased) or IP address; an IPv6 address without its brackets.
     pub host: String,
     pub port: u16,
@@ -127,8 +126,8 @@ fn parse_port(s: &str) -> Result<u16, UrlError> {
 }
 
 /// The host (lower-cased, or an IPv6 address without brackets) and port of an authority
-/// that has no userinfo and is not empty.
-fn parse_authority(authority: &str) -> Result<(String, u16), UrlError> {
+/// that has no userinfo and is not empty; `default_port` when it names none.
+fn parse_authority(authority: &str, default_port: u16) -> Result<(String, u16), UrlError> {
     if let Some(v6) = authority.strip_prefix('[') {
         let Some((addr, after)) = v6.split_once(']') else {
             return Err(UrlError::InvalidHost {
@@ -139,7 +138,7 @@ fn parse_authority(authority: &str) -> Result<(String, u16), UrlError> {
             host: excerpt(authority),
         })?;
         let port = match after {
-            "" => DEFAULT_PORT,
+            "" => default_port,
             _ => match after.strip_prefix(':') {
                 Some(p) => parse_port(p)?,
                 None => {
@@ -153,7 +152,7 @@ fn parse_authority(authority: &str) -> Result<(String, u16), UrlError> {
     } else {
         let (host, port) = match authority.split_once(':') {
             Some((h, p)) => (h, parse_port(p)?),
-            None => (authority, DEFAULT_PORT),
+            None => (authority, default_port),
         };
         if host.is_empty() {
             return Err(UrlError::MissingHost);
@@ -188,17 +187,15 @@ fn base_path(path: &str) -> Result<String, UrlError> {
 }
 
 impl UpstreamUrl {
-    /// Parses `http://host[:port][/prefix]`; see the module doc for what is refused.
+    /// Parses `http[s]://host[:port][/prefix]`; see the module doc for what is refused.
     pub fn parse(input: &str) -> Result<Self, UrlError> {
         let s = input.trim();
         if s.is_empty() {
             return Err(UrlError::Empty);
         }
-        let rest = match s.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-                return Err(UrlError::TlsNotSupported)
-            }
+        let (tls, rest) = match s.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (false, rest),
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (true, rest),
             Some((scheme, _)) => {
                 return Err(UrlError::UnsupportedScheme {
                     got: excerpt(scheme),
@@ -222,9 +219,11 @@ impl UpstreamUrl {
         if authority.is_empty() {
             return Err(UrlError::MissingHost);
         }
-        let (host, port) = parse_authority(authority)?;
+        let default_port = if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT };
+        let (host, port) = parse_authority(authority, default_port)?;
         let base_path = base_path(path)?;
         Ok(UpstreamUrl {
+            tls,
             host,
             port,
             base_path,
@@ -263,14 +262,19 @@ impl UpstreamUrl {
     }
 
     /// The `Host` header value: `host`, `host:port`, `[v6]` or `[v6]:port` (port omitted
-    /// when it is 80).
+    /// when it is the scheme's default: 80, or 443 for `https://`).
     pub fn host_header(&self) -> String {
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
             self.host.clone()
         };
-        if self.port == DEFAULT_PORT {
+        let default_port = if self.tls {
+            DEFAULT_TLS_PORT
+        } else {
+            DEFAULT_PORT
+        };
+        if self.port == default_port {
             host
         } else {
             format!("{host}:{}", self.port)
@@ -286,7 +290,8 @@ impl fmt::Display for UpstreamUrl {
         } else {
             self.host.clone()
         };
-        write!(f, "http://{host}:{}{}", self.port, self.base_path)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{host}:{}{}", self.port, self.base_path)
     }
 }
 
@@ -376,15 +381,22 @@ mod tests {
     }
 
     #[test]
-    fn tls_is_refused_with_the_way_out() {
-        let e = UpstreamUrl::parse("https://api.example.com/v1").expect_err("https");
-        assert!(matches!(e, UrlError::TlsNotSupported));
-        let msg = e.to_string();
-        assert!(msg.contains("TLS upstreams are not supported"), "{msg}");
-        assert!(
-            msg.contains("TLS terminator") && msg.contains("plain-HTTP port"),
-            "{msg}"
-        );
+    fn https_is_tls_with_its_own_default_port() {
+        let u = ok("https://API.example.com/v1");
+        assert!(u.tls);
+        assert_eq!(u.host, "api.example.com");
+        assert_eq!(u.port, 443);
+        assert_eq!(u.host_header(), "api.example.com");
+        assert_eq!(u.to_string(), "https://api.example.com:443");
+        let u = ok("HTTPS://10.0.0.1:8443/gw/v1");
+        assert!(u.tls);
+        assert_eq!(u.host_header(), "10.0.0.1:8443");
+        assert_eq!(u.base_path, "/gw");
+        // Port 80 is not https's default: it is named.
+        assert_eq!(ok("https://h:80").host_header(), "h:80");
+        assert_eq!(ok("http://h:443").host_header(), "h:443");
+        assert!(!ok("http://h").tls);
+        assert_eq!(ok("https://[::1]").port, 443);
     }
 
     type Check = fn(&UrlError) -> bool;
@@ -465,7 +477,7 @@ mod tests {
         let e = UpstreamUrl::parse("gopher://x").expect_err("scheme");
         assert_eq!(
             e.to_string(),
-            "upstream URL must start with http:// (got \"gopher\")"
+            "upstream URL must start with http:// or https:// (got \"gopher\")"
         );
     }
 
