@@ -16,7 +16,8 @@
 //! Modules, one per concern:
 //! - [`netns`]: the namespace pair and running code inside a namespace;
 //! - [`daemon`]: the haltd process harness ([`Haltd`]) and the binaries under test;
-//! - [`upstream`]: the scripted upstream process; [`rig`]: haltd in front of it;
+//! - [`upstream`]: the scripted upstream process; [`rig`]: haltd in front of it; [`tls`]: test
+//!   certificates for a TLS upstream;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
 //! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI SDK;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
@@ -48,6 +49,7 @@ pub mod raw_http;
 pub mod rig;
 pub mod seq_ttfb;
 pub mod sse;
+pub mod tls;
 pub mod upstream;
 
 pub use clients::{curl, openai_sdk};

@@ -54,6 +54,43 @@ impl Rig {
         })
     }
 
+    /// haltd in front of an `https://` upstream: the scripted upstream serves `serve`'s
+    /// certificate (or, with `None`, plain HTTP on the same port), and haltd trusts `trust`'s
+    /// CA (`--upstream-ca-file`).
+    pub fn start_tls(
+        upstream_bin: &str,
+        serve: Option<&crate::tls::TestPki>,
+        trust: &crate::tls::TestPki,
+        upstream_extra: &[&str],
+        haltd_extra: &[&str],
+    ) -> Result<Self> {
+        let pair = NetPair::new()?;
+        let tls_args = serve
+            .map(crate::tls::TestPki::upstream_args)
+            .unwrap_or_default();
+        let mut up_args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
+        up_args.extend_from_slice(upstream_extra);
+        let up = ScriptedUpstream::start(&pair, upstream_bin, &up_args)?;
+        let url = format!("https://127.0.0.1:{}", crate::upstream::PORT_UPSTREAM);
+        let ca = trust.ca.display().to_string();
+        let mut args = vec![
+            "--source",
+            "openai",
+            "--upstream",
+            url.as_str(),
+            "--upstream-ca-file",
+            ca.as_str(),
+        ];
+        args.extend_from_slice(haltd_extra);
+        let haltd = Haltd::start(&pair, &args)?;
+        Ok(Rig {
+            haltd,
+            up,
+            pair,
+            config_dir: None,
+        })
+    }
+
     /// Like [`Rig::start`], with `config` written to a file that haltd gets as `--config`
     /// (before `extra`).
     pub fn with_config(upstream_bin: &str, config: &str, extra: &[&str]) -> Result<Self> {

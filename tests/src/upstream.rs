@@ -25,7 +25,7 @@ pub struct ScriptedUpstream {
     child: Option<Child>,
     dir: PathBuf,
     pub log: PathBuf,
-    /// `http://127.0.0.1:9000`, as haltd's `--upstream`.
+    /// `http://127.0.0.1:9000` (`https://` when it speaks TLS), as haltd's `--upstream`.
     pub url: String,
 }
 
@@ -56,6 +56,9 @@ impl ScriptedUpstream {
             log,
             url: format!("http://{listen}"),
         };
+        if extra.contains(&"--tls-cert") {
+            up.url = format!("https://{listen}");
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {
             if let Some(status) = up.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! scripted-upstream --listen ADDR:PORT (default --log FILE) (default --framing chunked|close) (default --ready-file FILE)
-//!     [--keep-alive [--keep-alive-idle-ms MS]]
+//!     [--keep-alive [--keep-alive-idle-ms MS]] [--tls-cert PEM --tls-key PEM]
 //! ```
 //!
 //! Once bound it prints `listening on ADDR:PORT` (the real port when asked for port 0) and, with
@@ -16,6 +16,15 @@
 //! the next request; every other response still closes its connection. With
 //! `--keep-alive-idle-ms`, a kept connection that waits longer than that for its next request
 //! is closed (uvicorn's `--timeout-keep-alive`).
+//!
+//! With `--tls-cert` and `--tls-key` (PEM: the certificate chain, leaf first, and its private
+//! key) it speaks TLS (ALPN `http/1.1`) on `--listen`: an in-process TLS front (tokio-rustls)
+//! terminates each connection and relays its plaintext to the same server on a private
+//! loopback port, one plain connection per TLS connection, so every script, the log and the
+//! connection numbers behave as without TLS. A peer that closes (or resets) its TLS connection
+//! closes the relayed one, which cancels the request as before; a response that ends with a
+//! close ends the TLS connection with `close_notify` and a FIN. (A reset, `die rst=1`, reaches
+//! the peer as a close.) A failed handshake is printed to stderr and leaves no log line.
 //!
 //! Routes: `GET /v1/models`; `POST /v1/chat/completions` and `POST /v1/completions`, streamed
 //! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
@@ -142,6 +151,12 @@ struct Args {
     /// With `--keep-alive`: close a kept connection idle this long (ms) before its next request.
     #[arg(long)]
     keep_alive_idle_ms: Option<u64>,
+    /// Speak TLS with this certificate chain (PEM, leaf first); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -229,6 +244,17 @@ async fn serve(args: Args) -> Result<()> {
     };
     let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
+    let listener = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            // The scripts are served on a private port behind the TLS front.
+            let acceptor = tls_acceptor(cert, key)?;
+            let inner = listen(SocketAddr::from(([127, 0, 0, 1], 0))).context("binding")?;
+            let inner_addr = inner.local_addr().context("reading the inner address")?;
+            tokio::spawn(tls_front(listener, acceptor, inner_addr));
+            inner
+        }
+        _ => listener,
+    };
     println!("listening on {addr}");
     if let Some(p) = &args.ready_file {
         write_ready_file(p, addr)?;
@@ -252,6 +278,56 @@ async fn serve(args: Args) -> Result<()> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
+    }
+}
+
+/// The TLS server configuration of `--tls-cert` and `--tls-key`.
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .with_context(|| format!("reading {}", cert.display()))?;
+    let key =
+        PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("TLS certificate and key")?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// Accepts TLS connections on `public` and relays each one's plaintext to `inner`.
+async fn tls_front(public: TcpListener, acceptor: tokio_rustls::TlsAcceptor, inner: SocketAddr) {
+    loop {
+        let tcp = match public.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                eprintln!("scripted-upstream: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let mut tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("scripted-upstream: TLS handshake: {e}");
+                    return;
+                }
+            };
+            let Ok(mut plain) = TcpStream::connect(inner).await else {
+                return;
+            };
+            let _ = plain.set_nodelay(true);
+            // Ends when either side closes; the other is then closed too.
+            let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+        });
     }
 }
 

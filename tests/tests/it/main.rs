@@ -30,3 +30,4 @@ mod privileges;
 mod proxy;
 mod reload;
 mod upstream_pool;
+mod upstream_tls;
