@@ -10,7 +10,7 @@
 //!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
 //!     [--nginx /usr/sbin/nginx | --no-nginx]
 //!     [--stall-streams 100] [--scorer-deadline-us 2000] [--stall-us US] [--no-scorer-stall]
-//!     [--ttfb-requests 200]
+//!     [--ttfb-requests 200] [--upstream-tls [--tls-streams 1,100]]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
@@ -59,6 +59,11 @@
 //! with it sleeping `--stall-us` (default 90 % of D) before each answer for the victim's
 //! tokens only. The measured streams' per-token latency p99 with the stall over without it is
 //! the isolation figure (target ≤ 1.10). See [`stall`] and docs/bench.md.
+//!
+//! With `--upstream-tls`, last, the cost of TLS to the upstream: haltd in front of a TLS twin
+//! of the upstream against haltd in front of the plain one, in the same run (CPU per token,
+//! latency, time to first byte with a warm pool and with a new connection per turn); see
+//! [`upstream_tls`] and docs/bench.md.
 //!
 //! Per N, the report takes the median over the rounds of each figure and prints tables with
 //! PASS or MISS against the targets, and writes the same as JSON to
@@ -155,6 +160,12 @@ struct Args {
     /// Sequential requests per route of the unloaded time-to-first-byte probe (0 skips it).
     #[arg(long, default_value_t = 200)]
     ttfb_requests: usize,
+    /// Also measure TLS to the upstream against plain HTTP (see `upstream_tls`).
+    #[arg(long)]
+    upstream_tls: bool,
+    /// Concurrent stream counts of the `--upstream-tls` comparison, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
+    tls_streams: Vec<usize>,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -302,6 +313,8 @@ fn main() -> Result<()> {
         };
         run_stall(&ctx, &mut rig.upstream)
     };
+    let tls_ctx = (&args, &bins, dir.0.as_path(), cpu_clock, machine.nproc);
+    let tls_report = run_upstream_tls(tls_ctx, &rig.upstream);
 
     let report = json!({
         "bench": "proxy_overhead",
@@ -325,11 +338,12 @@ fn main() -> Result<()> {
         "results": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
         "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
         "scorer_stall": stall_report,
+        "upstream_tls": tls_report,
         "sequential_ttfb": SeqTtfb::report(seq_ttfb.as_ref(), args.ttfb_requests),
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
     write_report(&out, &report)?;
-    check_runs(&runs, &report["scorer_stall"])
+    check_runs(&runs, &report)
 }
 
 /// The report's `nginx` part: the relay's build and settings, or why it did not run.
@@ -446,8 +460,9 @@ impl Rig {
         cpu_clock: CpuClock,
         machine: &Machine,
     ) -> Result<(Self, Option<String>)> {
-        let upstream = start_upstream(&bins.upstream, dir)?;
-        let haltd = start_haltd(&bins.haltd, dir, "haltd", upstream.addr.as_str(), args, &[])?;
+        let upstream = start_upstream(&bins.upstream, dir, "upstream", &[])?;
+        let url = format!("http://{}", upstream.addr);
+        let haltd = start_haltd(&bins.haltd, dir, "haltd", &url, args, &[])?;
         let (nginx, nginx_skipped) = if args.no_nginx {
             (None, Some("--no-nginx".to_owned()))
         } else if !args.nginx.is_file() {
@@ -676,9 +691,32 @@ fn run_stall(ctx: &stall::Context<'_>, upstream: &mut Upstream) -> Value {
     }
 }
 
-/// Fails when a run went wrong: stream errors, no tokens, or a scorer-stall run that did not
-/// hold.
-fn check_runs(runs: &[Run], stall_report: &Value) -> Result<()> {
+/// The upstream TLS scenario's report (`--upstream-tls`), its error as a problem, or why it
+/// was skipped.
+fn run_upstream_tls(
+    (args, bins, dir, cpu_clock, nproc): (&Args, &Bins, &Path, CpuClock, usize),
+    upstream: &Upstream,
+) -> Value {
+    if !args.upstream_tls {
+        return json!({"skipped": "no --upstream-tls"});
+    }
+    let ctx = upstream_tls::Context {
+        args,
+        bins,
+        dir,
+        cpu_clock,
+        nproc,
+    };
+    upstream_tls::run(&ctx, upstream).unwrap_or_else(|e| {
+        eprintln!("bench-proxy-overhead: upstream TLS scenario failed: {e:#}");
+        json!({"problems": [format!("{e:#}")]})
+    })
+}
+
+/// Fails when a run went wrong: stream errors, no tokens, a scorer-stall run that did not
+/// hold, or a problem of the upstream TLS scenario.
+fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
+    let stall_report = &report["scorer_stall"];
     let mut bad: Vec<String> = runs
         .iter()
         .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
@@ -699,9 +737,13 @@ fn check_runs(runs: &[Run], stall_report: &Value) -> Result<()> {
     for p in stall_report["problems"].as_array().into_iter().flatten() {
         bad.push(format!("scorer stall: {}", p.as_str().unwrap_or_default()));
     }
+    let tls_problems = report["upstream_tls"]["problems"].as_array();
+    for p in tls_problems.into_iter().flatten() {
+        bad.push(format!("upstream TLS: {}", p.as_str().unwrap_or_default()));
+    }
     ensure!(
         bad.is_empty(),
-        "{} runs went wrong: stream errors, no tokens, or a scorer-stall run that did not hold \
+        "{} runs went wrong: stream errors, no tokens, a scorer-stall run that did not hold, or a failed upstream TLS run \
          (the numbers above are not trustworthy): {}",
         bad.len(),
         bad.join("; ")
@@ -1688,13 +1730,20 @@ struct Upstream {
     addr: String,
 }
 
-fn start_upstream(bin: &Path, dir: &Path) -> Result<Upstream> {
-    let ready = dir.join("upstream.addr");
-    let log = dir.join("upstream.log");
+/// A `scripted-upstream` with `extra` arguments (`--tls-cert ...`); `name` names its files.
+fn start_upstream(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    extra: &[&std::ffi::OsStr],
+) -> Result<Upstream> {
+    let ready = dir.join(format!("{name}.addr"));
+    let log = dir.join(format!("{name}.log"));
     let child = Command::new(bin)
         // nginx keeps a pool of upstream connections; haltd and the direct client ask to close.
         .args(["--listen", "127.0.0.1:0", "--keep-alive", "--ready-file"])
         .arg(&ready)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).context("creating upstream.log")?)
@@ -1735,8 +1784,8 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-/// A haltd in front of `upstream`, with `name` for its files in `dir` and its messages, and
-/// `extra` arguments for `haltd serve`.
+/// A haltd in front of the upstream at URL `upstream`, with `name` for its files in `dir` and
+/// its messages, and `extra` arguments for `haltd serve`.
 fn start_haltd(
     bin: &Path,
     dir: &Path,
@@ -1767,8 +1816,7 @@ fn start_haltd(
         // Every turn recorded (production samples 5 % of normal turns): the overhead measured
         // includes a ledger record per turn, as in the runs docs/bench.md reports.
         .args(haltd_tests::TEST_SAMPLING)
-        .args(["--source", "openai", "--upstream"])
-        .arg(format!("http://{upstream}"))
+        .args(["--source", "openai", "--upstream", upstream])
         .args(["--max-streams", &args.max_streams.to_string()])
         // Every client of the bench is one address, and N connect at once: the admission
         // caps (a defence against hostile clients) would refuse most of them.
@@ -2061,6 +2109,9 @@ fn start_nginx(
 /// `hard` mode the first late answer would trip it and end the stall after one token); the
 /// other streams' HaltMonitor does the same work in either mode. With the default stall of 90 %
 /// of the deadline the answers come in time, and haltd waits that long per victim token.
+#[path = "bench-proxy-overhead/upstream_tls.rs"]
+mod upstream_tls;
+
 mod stall {
     use std::{
         io::{ErrorKind, Read, Write},
@@ -2653,7 +2704,7 @@ mod stall {
             ctx.haltd_bin,
             ctx.dir,
             "haltd-scorer",
-            upstream.addr.as_str(),
+            &format!("http://{}", upstream.addr),
             ctx.args,
             &["--config".as_ref(), conf.as_os_str()],
         )
