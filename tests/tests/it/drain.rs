@@ -137,7 +137,7 @@ fn check_drain_records(haltd: &Haltd) -> Result<()> {
         last["message"]
             .as_str()
             .is_some_and(|m| m.contains("drain complete")
-                && m.contains("(1 streams open at the signal), 0 open streams halted")),
+                && m.contains("at the signal), 0 open streams halted")),
         "last record {last}"
     );
     ensure!(
