@@ -17,7 +17,7 @@
 use std::{
     fs,
     io::{self, Write},
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -63,50 +63,7 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ide
 impl NodeSecret {
     /// The secret in `dir/node.key`, created (with `dir`) if there is none yet.
     pub fn load_or_create(dir: &Path) -> Result<Self, IdentityError> {
-        let path = dir.join("node.key");
-        match fs::read_to_string(&path) {
-            Ok(text) => Self::check(&path, &text),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(dir, &path),
-            Err(e) => Err(io_err("reading", &path)(e)),
-        }
-    }
-
-    fn check(path: &Path, text: &str) -> Result<Self, IdentityError> {
-        let mode = fs::metadata(path)
-            .map_err(io_err("reading the mode of", path))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(IdentityError::Exposed {
-                path: path.to_path_buf(),
-                mode: mode & 0o7777,
-            });
-        }
-        let bytes = hex::decode(text.trim()).ok();
-        let secret = bytes
-            .and_then(|b| <[u8; SECRET_LEN]>::try_from(b).ok())
-            .ok_or_else(|| IdentityError::Malformed {
-                path: path.to_path_buf(),
-            })?;
-        Ok(NodeSecret(secret))
-    }
-
-    fn create(dir: &Path, path: &Path) -> Result<Self, IdentityError> {
-        fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
-        let mut secret = [0u8; SECRET_LEN];
-        rand::fill(&mut secret);
-        // O_EXCL: two daemons starting at once must not overwrite each other's secret.
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io_err("creating", path))?;
-        f.write_all(format!("{}\n", hex::encode(secret)).as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(io_err("writing", path))?;
-        tracing::info!(path = %path.display(), "created the node secret that keys key fingerprints");
-        Ok(NodeSecret(secret))
+        load_or_create_secret(dir, "node.key").map(NodeSecret)
     }
 
     /// A secret for tests and tools that need no persistence.
@@ -134,6 +91,73 @@ impl NodeSecret {
         first.copy_from_slice(&tag[..8]);
         u64::from_be_bytes(first)
     }
+}
+
+/// The 32-byte secret in `dir/name` (64 hex digits, mode 0600), created with `dir` (0700)
+/// if there is none yet. Shared by the node secret and the ledger key
+/// ([`crate::ledger::LedgerKey`]).
+pub(crate) fn load_or_create_secret(
+    dir: &Path,
+    name: &str,
+) -> Result<[u8; SECRET_LEN], IdentityError> {
+    let path = dir.join(name);
+    match fs::read_to_string(&path) {
+        Ok(text) => check_secret(&path, &text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => create_secret(dir, &path),
+        Err(e) => Err(io_err("reading", &path)(e)),
+    }
+}
+
+/// The secret in `dir/name`, which must exist (tools that check, never create).
+pub(crate) fn read_secret(dir: &Path, name: &str) -> Result<[u8; SECRET_LEN], IdentityError> {
+    let path = dir.join(name);
+    let text = fs::read_to_string(&path).map_err(io_err("reading", &path))?;
+    check_secret(&path, &text)
+}
+
+fn check_secret(path: &Path, text: &str) -> Result<[u8; SECRET_LEN], IdentityError> {
+    let mode = fs::metadata(path)
+        .map_err(io_err("reading the mode of", path))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(IdentityError::Exposed {
+            path: path.to_path_buf(),
+            mode: mode & 0o7777,
+        });
+    }
+    let bytes = hex::decode(text.trim()).ok();
+    bytes
+        .and_then(|b| <[u8; SECRET_LEN]>::try_from(b).ok())
+        .ok_or_else(|| IdentityError::Malformed {
+            path: path.to_path_buf(),
+        })
+}
+
+fn create_secret(dir: &Path, path: &Path) -> Result<[u8; SECRET_LEN], IdentityError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err("creating", dir))?;
+    let mut secret = [0u8; SECRET_LEN];
+    rand::fill(&mut secret);
+    // O_EXCL: two daemons starting at once must not overwrite each other's secret.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("creating", path))?;
+    f.write_all(format!("{}\n", hex::encode(secret)).as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io_err("writing", path))?;
+    // The new entry itself must survive a crash, or the next start makes another secret.
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("syncing", dir))?;
+    tracing::info!(path = %path.display(), "created a secret in the state directory");
+    Ok(secret)
 }
 
 #[cfg(test)]

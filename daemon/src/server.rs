@@ -50,6 +50,17 @@ pub enum StartError {
     },
 }
 
+impl StartError {
+    /// haltd's exit status for this error: [`crate::ledger::TAMPERED_EXIT_CODE`] for a ledger
+    /// refused as tampered with, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Ledger(e) if e.is_tampering() => crate::ledger::TAMPERED_EXIT_CODE,
+            _ => 1,
+        }
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
     let what = what.into();
     move |source| StartError::Io { what, source }
@@ -108,17 +119,16 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     // thread started below.
     let watchdog = drop_privileges(&cfg)?;
     warn_about_sampling(&cfg);
-    let ledger =
-        Ledger::open(&cfg.args.ledger, !cfg.args.ledger_no_fsync).map_err(StartError::Ledger)?;
-    let metrics = Metrics::new();
-    metrics.gate.enabled.set(i64::from(gate.is_some()));
-    // An earlier haltd on this ledger that panicked left a crash file: record it before this
-    // start's own record, so the ledger reads in order.
     let gate_label = if gate.is_some() {
         "enforcing"
     } else {
         "disabled"
     };
+    let ledger = open_ledger(&cfg, gate_label)?;
+    let metrics = Metrics::new();
+    metrics.gate.enabled.set(i64::from(gate.is_some()));
+    // An earlier haltd on this ledger that panicked left a crash file: record it before this
+    // start's own record, so the ledger reads in order.
     let crashes = crate::crash::recover(
         &crate::crash::file_for(&cfg.args.ledger),
         &ledger,
@@ -215,6 +225,21 @@ fn warn_about_exposed_listeners(cfg: &Config) {
     if let admin::AdminAddr::Tcp(a) = &cfg.args.admin {
         tracing::warn!(admin = %a, "the admin API listens on TCP (bearer token of --admin-token-file required); the default unix:{} is attributable to a uid", admin::DEFAULT_ADMIN_SOCKET);
     }
+}
+
+/// Opens the flight recorder (its lifecycle: `ledger` module doc), saying so when it runs
+/// without fsync.
+fn open_ledger(cfg: &Config, gate_label: &'static str) -> Result<Ledger, StartError> {
+    if cfg.args.ledger_no_fsync {
+        tracing::warn!("--ledger-no-fsync: records are not fsync'd before haltd answers; a crash or power loss can lose records that clients saw answered, and the ledger's crash guarantees do not hold (every record says \"no_fsync\":true)");
+    }
+    Ledger::open(&crate::ledger::LedgerConfig {
+        path: &cfg.args.ledger,
+        state_dir: &cfg.args.state_dir,
+        fsync: !cfg.args.ledger_no_fsync,
+        kernel_gate: gate_label,
+    })
+    .map_err(StartError::Ledger)
 }
 
 /// Warns when the flight recorder keeps more than spec 000 asks for.

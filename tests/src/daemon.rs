@@ -104,11 +104,13 @@ impl Haltd {
     ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
-        let state_dir = state_dir_of(extra, &dir);
         let api = pair.srv_addr(PORT_API);
         let admin = pair.srv_addr(PORT_ADMIN);
         let metrics = pair.srv_addr(PORT_METRICS);
         let ledger = ledger.map_or_else(|| dir.join("ledger.jsonl"), Path::to_path_buf);
+        // The ledger's key and head live in the state directory: next to the ledger, so a
+        // haltd restarted on it finds them.
+        let state_dir = state_dir_of(extra, &ledger);
         let token_file = write_admin_token(&dir)?;
         let stdout = fs::File::create(dir.join("stdout.log")).context("creating stdout.log")?;
         let stderr = fs::File::create(dir.join("stderr.log")).context("creating stderr.log")?;
@@ -355,12 +357,12 @@ pub const TEST_SAMPLING: [&str; 2] = ["--turn-sample-rate", "1"];
 
 /// The `--state-dir` of an instance: the one `extra` names (a restart that keeps the node
 /// secret), else `dir/state` (the secret stays out of `/var/lib/haltd`).
-fn state_dir_of(extra: &[&str], dir: &Path) -> PathBuf {
+fn state_dir_of(extra: &[&str], ledger: &Path) -> PathBuf {
     extra
         .iter()
         .position(|a| *a == "--state-dir")
         .and_then(|i| extra.get(i + 1))
-        .map_or_else(|| dir.join("state"), PathBuf::from)
+        .map_or_else(|| crate::ledger::state_dir_for(ledger), PathBuf::from)
 }
 
 /// `--state-dir` unless `extra` names one.

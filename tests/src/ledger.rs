@@ -1,6 +1,11 @@
 //! The ledger (JSON Lines) as the tests read it, and its chain checked by `haltctl`.
 
-use std::{fs, path::Path, process::Command};
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -27,11 +32,36 @@ pub fn read_ledger(path: &Path) -> Result<Vec<Value>> {
         .collect()
 }
 
-/// Runs `haltctl ledger verify PATH`; Ok if it exits 0.
+/// The state directory the tests give the haltd of a ledger: `state/` next to it (the ledger
+/// key and its head, `haltd::ledger`).
+pub fn state_dir_for(ledger: &Path) -> PathBuf {
+    ledger
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("state")
+}
+
+/// Runs `haltctl ledger verify --state-dir <state_dir_for(PATH)> PATH`; Ok if it exits 0.
 pub fn verify_ledger(path: &Path) -> Result<String> {
     checked(
         Command::new(haltctl_bin()?)
-            .args(["ledger", "verify"])
+            .args(["ledger", "verify", "--state-dir"])
+            .arg(state_dir_for(path))
             .arg(path),
     )
+}
+
+/// Copies a ledger to `to` with its key (into [`state_dir_for`] `to`), so that it verifies
+/// there and a haltd can resume it. The head stays behind: a copy has none of its own.
+pub fn copy_ledger(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    let state = state_dir_for(to);
+    fs::create_dir_all(&state)?;
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700))?;
+    let key = state.join(haltd::ledger::KEY_FILE);
+    if !key.exists() {
+        fs::copy(state_dir_for(from).join(haltd::ledger::KEY_FILE), &key)
+            .context("copying the ledger key")?;
+    }
+    Ok(())
 }

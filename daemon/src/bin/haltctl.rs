@@ -115,8 +115,59 @@ struct CalibrateArgs {
 
 #[derive(Subcommand)]
 enum LedgerCommand {
-    /// Check the hash chain of a ledger file; says where it breaks.
-    Verify { path: PathBuf },
+    /// Check the keyed hash chain of a ledger, one file or a series of segments (oldest first),
+    /// and its end against the head; says where it breaks. Needs the ledger key
+    /// (`<state-dir>/ledger.key`, root-only). Exit status: 0 intact, 1 broken, 2 cannot check.
+    Verify {
+        /// haltd's `--state-dir`: the key, and the head of the last segment.
+        #[arg(long, default_value = "/var/lib/haltd")]
+        state_dir: PathBuf,
+        /// The segments, oldest first; the last is the current ledger file.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// `haltctl ledger verify`.
+fn ledger_verify(state_dir: &std::path::Path, paths: &[PathBuf]) -> ExitCode {
+    let key = match haltd::ledger::LedgerKey::read(state_dir) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!(
+                "haltctl: the ledger key: {e} (run as the user haltd runs as, or pass --state-dir)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let last = &paths[paths.len() - 1];
+    let head = match haltd::ledger::head::read_head(state_dir, last, &key) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("haltctl: the head of {}: {e}", last.display());
+            return ExitCode::from(2);
+        }
+    };
+    if head.is_none() {
+        eprintln!(
+            "haltctl: no head for {} in {}: records cut off its end would go unnoticed",
+            last.display(),
+            state_dir.display()
+        );
+    }
+    match haltd::ledger::verify_series(paths, &key, head.as_ref()) {
+        Ok(report) => {
+            println!("{report}");
+            if report.is_intact() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("haltctl: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Sends one admin request and prints the answer. Exit status: 0 success, 1 haltd refused,
@@ -282,20 +333,7 @@ fn main() -> ExitCode {
         Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
         Command::Calibrate(args) => calibrate(args.clone()),
         Command::Ledger {
-            command: LedgerCommand::Verify { path },
-        } => match haltd::ledger::verify(path) {
-            Ok(report) => {
-                println!("{report}");
-                if report.broken.is_none() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(e) => {
-                eprintln!("haltctl: {e}");
-                ExitCode::from(2)
-            }
-        },
+            command: LedgerCommand::Verify { state_dir, paths },
+        } => ledger_verify(state_dir, paths),
     }
 }

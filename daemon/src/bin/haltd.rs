@@ -69,7 +69,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     fatal(format, &e);
-                    ExitCode::from(1)
+                    ExitCode::from(e.exit_code())
                 }
             }
         }

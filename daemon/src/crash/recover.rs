@@ -169,12 +169,12 @@ mod tests {
         let crash = super::super::hook::file_for(&ledger_path);
         // Two crashes (a crash loop) and a torn line.
         std::fs::write(&crash, format!("{LINE}\n{LINE}\n{{\"haltd_cra")).expect("write");
-        let ledger = Ledger::open(&ledger_path, false).expect("ledger");
+        let ledger = crate::ledger::testing::open(&ledger_path, false).expect("ledger");
         assert_eq!(recover(&crash, &ledger, "enforcing").expect("recover"), 3);
         assert!(!crash.exists(), "the crash file is removed once recorded");
         assert_eq!(recover(&crash, &ledger, "enforcing").expect("again"), 0);
         drop(ledger);
-        let report = crate::ledger::verify(&ledger_path).expect("verify");
+        let report = crate::ledger::testing::verify(&ledger_path);
         assert!(report.is_intact(), "{report}");
         let recs: Vec<Value> = std::fs::read_to_string(&ledger_path)
             .expect("read")
@@ -202,7 +202,7 @@ mod tests {
     fn no_file_is_no_crash() {
         let dir = TempDir::new("none");
         let ledger_path = dir.0.join("ledger.jsonl");
-        let ledger = Ledger::open(&ledger_path, false).expect("ledger");
+        let ledger = crate::ledger::testing::open(&ledger_path, false).expect("ledger");
         let crash = super::super::hook::file_for(&ledger_path);
         assert_eq!(recover(&crash, &ledger, "disabled").expect("recover"), 0);
         assert_eq!(ledger.records_written(), 0);

@@ -26,8 +26,21 @@ pub enum LedgerError {
         #[source]
         source: io::Error,
     },
+    #[error("ledger key: {reason}")]
+    Key { reason: String },
+    #[error("ledger head {}: {source}", path.display())]
+    Head {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error(
-        "ledger {}: chain broken at line {line}{}: {reason}; refusing to append (verify the file and move it aside)",
+        "ledger {}: {reason}; refusing to start (possible tampering: see docs/operations.md, \"The ledger refused\")",
+        path.display()
+    )]
+    Tampered { path: PathBuf, reason: String },
+    #[error(
+        "ledger {}: chain broken at line {line}{}: {reason}; refusing to append (possible tampering: see docs/operations.md, \"The ledger refused\")",
         path.display(),
         fmt_seq(*seq)
     )]
@@ -86,3 +99,17 @@ pub enum LedgerError {
 pub(super) fn fmt_seq(seq: Option<u64>) -> String {
     seq.map(|s| format!(" (seq {s})")).unwrap_or_default()
 }
+
+impl LedgerError {
+    /// Whether haltd refuses the ledger as tampered with (exit [`TAMPERED_EXIT_CODE`]).
+    pub fn is_tampering(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::Tampered { .. } | LedgerError::ChainBroken { .. }
+        )
+    }
+}
+
+/// haltd's exit status when it refuses to start on a ledger that does not verify against its
+/// key and head.
+pub const TAMPERED_EXIT_CODE: u8 = 3;

@@ -1,59 +1,88 @@
-//! The flight recorder (FHR, docs/fhr-schema.md): an append-only, hash-linked JSON Lines ledger.
+//! The flight recorder (FHR, docs/fhr-schema.md): an append-only, keyed hash chain of JSON
+//! Lines records, with its head kept outside the file.
 //!
 //! One record per line: one per incident, one per turn (every turn that is not normal, a
-//! sample of the normal ones: [`crate::sampling`]), plus lifecycle records. Each record
-//! carries its position (`seq`, 0-based and contiguous), the previous record's hash
-//! (`prev_hash`, 64 zeros for the first) and its own `hash`: hex SHA-256 over the record
-//! serialised by `serde_json` *without* the `hash` field, fields in struct order. Changing,
-//! inserting or deleting a line therefore breaks the chain at that line, which [`verify`]
-//! reports. (Cutting records off the end at a line boundary leaves a valid shorter chain; the
-//! `records_written` metric and lifecycle records are what catch that.)
+//! sample of the normal ones: [`crate::sampling`]), plus lifecycle and admin records. Each
+//! record carries its position (`seq`, contiguous), the previous record's hash (`prev_hash`,
+//! 64 zeros for the first) and its own `hash`: hex HMAC-SHA-256, under the ledger key
+//! ([`LedgerKey`], root-only in the state directory), of the record serialised by
+//! `serde_json` *without* the `hash` field, fields in struct order. Without the key nobody
+//! can write a record that verifies, so changing, inserting, deleting, reordering or
+//! re-linking lines breaks the chain; cutting records off the end is caught by the head
+//! ([`head`]): the next `seq` and the last hash, in the state directory.
 //!
-//! Durability (G7): a single writer thread owns the file. [`Ledger::append`] only queues (the
-//! data plane never waits on the disk); [`Ledger::append_sync`] and [`Ledger::flush`] wait
-//! until the record is written and fsync'd. With `fsync: true` (the default knob) every record
-//! is fsync'd as it is written, so a queued record is durable as soon as the writer reaches it.
+//! The lifecycle (docs/fhr-schema.md, "Lifecycle"), which every writer of the file follows:
 //!
-//! Fail closed (G3): opening a file whose chain is broken is refused with the line and the
-//! reason, because appending to it would hide the break behind a fresh valid-looking tail;
-//! the operator runs [`verify`] and decides. A failed write (disk full, I/O error) poisons
-//! the ledger: the partial line is cut off if possible, and every later call returns an error
-//! so the daemon can stop serving instead of streaming unrecorded turns. The file is locked
-//! (`flock`) so that two daemons cannot interleave chains.
+//! 1. a record is written and fsync'd, then whoever waits for it is answered, then the head is
+//!    written and fsync'd; so the file is never behind its head, and at most one record ahead;
+//! 2. at start, a file one record ahead of its head is a crash between the two fsyncs: the head
+//!    catches up. A torn last line (a crash mid-write) is cut off, and a `recovery` record
+//!    names what was cut. A file behind its head, or not ending at it, or broken anywhere
+//!    before its last line is tampering: [`Ledger::open`] refuses it ([`LedgerError::Tampered`],
+//!    [`LedgerError::ChainBroken`]) and appends an incident to `ledger-incidents.jsonl` in the
+//!    state directory, which the attacker cannot write;
+//! 3. rotation ([`Ledger::reopen`]) starts a new segment whose first record links to the
+//!    previous head; [`verify_series`] checks a series of segments;
+//! 4. `--ledger-no-fsync` skips both fsyncs: the guarantees above hold only while the
+//!    kernel's page cache survives, which haltd says at start and in every record (`no_fsync`).
+//!
+//! Durability (G7): a single writer thread owns the file. [`Ledger::append`] only queues (for
+//! records nobody waits on); [`Ledger::append_sync`] and [`Ledger::append_then`] are answered
+//! once the record is written and fsync'd, which is what an answer that depends on a record
+//! (a halt's terminal event, an admin acknowledgement) waits for.
+//!
+//! Fail closed (G3): a failed write (disk full, I/O error) poisons the ledger: the partial
+//! line is cut off if possible, and every later call returns an error so the daemon can stop
+//! serving instead of streaming unrecorded turns. The file is locked (`flock`) so that two
+//! daemons cannot interleave chains.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::clock::rfc3339_now;
 
 mod error;
+pub mod head;
+mod key;
 mod record;
 mod verify;
+mod writer;
 
-pub use error::LedgerError;
+pub use error::{LedgerError, TAMPERED_EXIT_CODE};
+pub use head::Head;
+pub use key::{LedgerKey, KEY_FILE};
 pub use record::{Record, RecordKind, GENESIS_HASH};
 use verify::scan;
-pub use verify::{verify, ChainBreak, VerifyReport};
+pub use verify::{
+    parse_line, verify, verify_series, ChainBreak, HeadMatch, LineFault, VerifyReport,
+};
+use writer::{Ack, Cmd, Writer};
 
 /// Records [`Ledger::append`] may queue ahead of the writer before it reports
 /// [`LedgerError::QueueFull`] (bounded so that a stalled disk shows up as an error, not as
 /// unbounded memory growth).
 pub const QUEUE_CAPACITY: usize = 16_384;
 
-/// Work for the writer thread.
-enum Cmd {
-    Append {
-        rec: Box<Record>,
-        ack: Option<SyncSender<Result<u64, LedgerError>>>,
-    },
-    Flush {
-        ack: SyncSender<Result<(), LedgerError>>,
-    },
+/// The file in the state directory where a refused start records what it found.
+pub const INCIDENTS_FILE: &str = "ledger-incidents.jsonl";
+
+/// What [`Ledger::open`] needs.
+#[derive(Debug, Clone)]
+pub struct LedgerConfig<'a> {
+    /// The ledger file (the current segment).
+    pub path: &'a Path,
+    /// The state directory: the key, the head, the incidents of refused starts.
+    pub state_dir: &'a Path,
+    /// fsync every record and the head (off: `--ledger-no-fsync`).
+    pub fsync: bool,
+    /// `kernel_gate` of the records the ledger writes itself (a recovery).
+    pub kernel_gate: &'static str,
 }
 
 /// State shared between the handles and the writer.
@@ -116,12 +145,25 @@ pub struct Ledger {
     inner: Arc<Inner>,
 }
 
+/// A torn last line that [`Ledger::open`] cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// Where it began (the length of the file after the cut).
+    pub offset: u64,
+    pub bytes: u64,
+    /// Its first bytes (at most 64).
+    pub prefix: Vec<u8>,
+}
+
 impl Ledger {
-    /// Opens (or creates) the ledger at `path`, checks the existing chain and resumes it.
+    /// Opens (or creates) the ledger, checks it against its key and head, recovers a crash
+    /// and resumes the chain (the lifecycle in the module doc).
     ///
-    /// Refuses a file whose chain is broken ([`LedgerError::ChainBroken`]) and a file another
-    /// process holds ([`LedgerError::Locked`]). `fsync: true` fsyncs every record.
-    pub fn open(path: &Path, fsync: bool) -> Result<Ledger, LedgerError> {
+    /// Refuses a file whose chain is broken before its last line ([`LedgerError::ChainBroken`]),
+    /// one that does not end at its head ([`LedgerError::Tampered`]), and a file another
+    /// process holds ([`LedgerError::Locked`]).
+    pub fn open(cfg: &LedgerConfig<'_>) -> Result<Ledger, LedgerError> {
+        let path = cfg.path;
         let open_err = |source| LedgerError::Open {
             path: path.to_owned(),
             source,
@@ -130,50 +172,55 @@ impl Ledger {
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(path)
             .map_err(open_err)?;
-        file.try_lock().map_err(|e| match e {
-            TryLockError::WouldBlock => LedgerError::Locked {
-                path: path.to_owned(),
-            },
-            TryLockError::Error(source) => LedgerError::Lock {
-                path: path.to_owned(),
-                source,
-            },
+        lock(&file, path)?;
+        let key = LedgerKey::load_or_create(cfg.state_dir).map_err(|e| LedgerError::Key {
+            reason: e.to_string(),
         })?;
-        let scan = scan(path, BufReader::new(&file))?;
+        let (mut head_file, head) =
+            head::HeadFile::open(cfg.state_dir, path, &key).map_err(|source| {
+                LedgerError::Head {
+                    path: cfg.state_dir.to_owned(),
+                    source,
+                }
+            })?;
+        let scan = scan(path, BufReader::new(&file), &key, None)?;
         if let Some(b) = scan.broken {
-            return Err(LedgerError::ChainBroken {
+            let err = LedgerError::ChainBroken {
                 path: path.to_owned(),
                 line: b.line,
                 seq: b.seq,
                 reason: b.reason,
-            });
+            };
+            return Err(incident(cfg.state_dir, err));
         }
-        if scan.len == 0 && fsync {
+        check_head(cfg, &scan, head, &head_file)?;
+        let torn = cut_torn_tail(path, &file, &scan, cfg.fsync)?;
+        let end = scan.end();
+        head_file
+            .write(&end, cfg.fsync)
+            .map_err(|source| LedgerError::Head {
+                path: head_file.path().to_owned(),
+                source,
+            })?;
+        if scan.records == 0 && cfg.fsync {
             // A new file: make its directory entry durable too, or a crash could lose the
             // whole file along with the records acknowledged in it.
-            let dir = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(open_err)?;
+            sync_dir(path).map_err(open_err)?;
         }
         tracing::info!(path = %path.display(), records = scan.next_seq, "ledger opened");
-        Self::start(path, file, fsync, scan.next_seq, scan.last_hash, scan.len)
+        let writer = Writer::new(file, cfg.fsync, end, scan.len, head_file, key);
+        let ledger = Self::start(path, writer)?;
+        if let Some(t) = torn {
+            ledger.append_sync(recovery_record(path, &t, cfg.kernel_gate))?;
+        }
+        Ok(ledger)
     }
 
     /// Starts the writer over an already-checked file positioned at its end.
-    fn start(
-        path: &Path,
-        file: File,
-        fsync: bool,
-        next_seq: u64,
-        prev_hash: String,
-        len: u64,
-    ) -> Result<Ledger, LedgerError> {
+    fn start(path: &Path, writer: Writer) -> Result<Ledger, LedgerError> {
         let shared = Arc::new(Shared {
             path: path.to_owned(),
             written: AtomicU64::new(0),
@@ -181,14 +228,7 @@ impl Ledger {
             failure: Mutex::new(None),
         });
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
-        let writer = Writer {
-            file,
-            fsync,
-            next_seq,
-            prev_hash,
-            len,
-            shared: Arc::clone(&shared),
-        };
+        let writer = writer.with_shared(Arc::clone(&shared));
         let thread = std::thread::Builder::new()
             .name("haltd-ledger".to_owned())
             .spawn(move || writer.run(rx))
@@ -215,15 +255,12 @@ impl Ledger {
         }
     }
 
-    /// Queues a record and returns at once; never waits for the disk.
-    ///
-    /// Errors: the record is invalid, an earlier write failed, or the queue is full.
-    pub fn append(&self, rec: Record) -> Result<(), LedgerError> {
+    fn enqueue(&self, rec: Record, ack: Ack) -> Result<(), LedgerError> {
         self.inner.shared.check_failed()?;
         rec.validate()?;
         let cmd = Cmd::Append {
             rec: Box::new(rec),
-            ack: None,
+            ack,
         };
         match self.sender()?.try_send(cmd) {
             Ok(()) => Ok(()),
@@ -235,15 +272,34 @@ impl Ledger {
         }
     }
 
+    /// Queues a record and returns at once; never waits for the disk. For records nobody is
+    /// answered on.
+    ///
+    /// Errors: the record is invalid, an earlier write failed, or the queue is full.
+    pub fn append(&self, rec: Record) -> Result<(), LedgerError> {
+        self.enqueue(rec, Ack::None)
+    }
+
+    /// Queues a record; `done` runs on the writer thread once it is written and fsync'd (or
+    /// failed), with its `seq`. When this returns an error, `done` never runs. `done` must not
+    /// block: it runs before the next record is written.
+    pub fn append_then(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<u64, LedgerError>) + Send + 'static,
+    ) -> Result<(), LedgerError> {
+        self.enqueue(rec, Ack::Then(Box::new(done)))
+    }
+
     /// Appends a record and waits until it is written (and fsync'd when the ledger fsyncs);
-    /// returns its `seq`.
+    /// returns its `seq`. Everything queued before it is then on disk too.
     pub fn append_sync(&self, rec: Record) -> Result<u64, LedgerError> {
         self.inner.shared.check_failed()?;
         rec.validate()?;
         let (ack, done) = mpsc::sync_channel(1);
         let cmd = Cmd::Append {
             rec: Box::new(rec),
-            ack: Some(ack),
+            ack: Ack::Sync(ack),
         };
         self.sender()?.send(cmd).map_err(|_| self.gone())?;
         done.recv().map_err(|_| self.gone())?
@@ -256,6 +312,24 @@ impl Ledger {
         let (ack, done) = mpsc::sync_channel(1);
         self.sender()?
             .send(Cmd::Flush { ack })
+            .map_err(|_| self.gone())?;
+        done.recv().map_err(|_| self.gone())?
+    }
+
+    /// Rotation: reopens the ledger's path (which an operator or logrotate has moved aside)
+    /// and starts a new segment there, its first record `rec` (a lifecycle record; the
+    /// writer adds the `segment` link to the previous head). Returns that record's `seq`.
+    /// The path must hold a new, empty file; if it is still the current one, nothing happens
+    /// and `Ok(None)` is returned.
+    pub fn reopen(&self, rec: Record) -> Result<Option<u64>, LedgerError> {
+        self.inner.shared.check_failed()?;
+        rec.validate()?;
+        let (ack, done) = mpsc::sync_channel(1);
+        self.sender()?
+            .send(Cmd::Reopen {
+                rec: Box::new(rec),
+                ack,
+            })
             .map_err(|_| self.gone())?;
         done.recv().map_err(|_| self.gone())?
     }
@@ -277,508 +351,176 @@ impl Ledger {
     }
 }
 
-/// The writer thread's state: the only owner of the file.
-struct Writer {
-    file: File,
-    fsync: bool,
-    next_seq: u64,
-    prev_hash: String,
-    /// File length after the last complete record: where a torn write is cut back to.
-    len: u64,
-    shared: Arc<Shared>,
-}
-
-impl Writer {
-    fn run(mut self, rx: Receiver<Cmd>) {
-        for cmd in rx {
-            match cmd {
-                Cmd::Append { rec, ack } => {
-                    let result = self.shared.check_failed().and_then(|()| self.write(*rec));
-                    if let Err(e) = &result {
-                        if !self.shared.failed.load(Ordering::Acquire) {
-                            tracing::error!(error = %e, "ledger write failed; ledger is now failed closed");
-                            self.shared.set_failed(e.to_string());
-                        }
-                    }
-                    if let Some(ack) = ack {
-                        // The caller may have given up waiting; nothing to do then.
-                        let _ = ack.send(result);
-                    }
-                }
-                Cmd::Flush { ack } => {
-                    let result = self.shared.check_failed().and_then(|()| {
-                        self.file.sync_data().map_err(|source| LedgerError::Flush {
-                            path: self.shared.path.clone(),
-                            source,
-                        })
-                    });
-                    if let Err(e) = &result {
-                        if !self.shared.failed.load(Ordering::Acquire) {
-                            self.shared.set_failed(e.to_string());
-                        }
-                    }
-                    let _ = ack.send(result);
-                }
-            }
+/// Step 2 of the lifecycle: the end of the chain against its head. `Err`: tampering, recorded
+/// as an incident in the state directory.
+fn check_head(
+    cfg: &LedgerConfig<'_>,
+    scan: &verify::Scan,
+    head: Option<Head>,
+    head_file: &head::HeadFile,
+) -> Result<(), LedgerError> {
+    let path = cfg.path;
+    let head = match head {
+        Some(h) => h,
+        None if head_file.is_new() && scan.records > 0 => {
+            // A chain that verifies under the key but has no head here: the ledger moved,
+            // or the state directory is new (a copy). Adopted as it stands.
+            tracing::warn!(path = %path.display(), head = %head_file.path().display(), records = scan.records, "ledger has no head in the state directory (moved, or a new state directory): adopting its chain as it is; records cut off its end before this start cannot be detected");
+            return Ok(());
+        }
+        None if head_file.is_new() => return Ok(()),
+        None => {
+            let err = LedgerError::Tampered {
+                path: path.to_owned(),
+                reason: format!(
+                    "its head {} holds no valid slot",
+                    head_file.path().display()
+                ),
+            };
+            return Err(incident(cfg.state_dir, err));
+        }
+    };
+    match scan.against(&head) {
+        Ok(HeadMatch::Equal) => Ok(()),
+        Ok(HeadMatch::AheadByOne) => {
+            tracing::warn!(path = %path.display(), seq = head.next_seq, "ledger one record past its head: haltd stopped between a record's fsync and the head's; the head catches up");
+            Ok(())
+        }
+        Err(reason) => {
+            let err = LedgerError::Tampered {
+                path: path.to_owned(),
+                reason,
+            };
+            Err(incident(cfg.state_dir, err))
         }
     }
+}
 
-    fn write(&mut self, mut rec: Record) -> Result<u64, LedgerError> {
-        let seq = self.next_seq;
-        rec.seq = seq;
-        rec.prev_hash.clone_from(&self.prev_hash);
-        rec.hash.clear();
-        if rec.ts.is_empty() {
-            rec.ts = rfc3339_now();
-        }
-        rec.hash = rec.compute_hash()?;
-        let mut line =
-            serde_json::to_vec(&rec).map_err(|source| LedgerError::Serialize { source })?;
-        line.push(b'\n');
+/// Takes the file's `flock`, or says who holds it.
+fn lock(file: &File, path: &Path) -> Result<(), LedgerError> {
+    file.try_lock().map_err(|e| match e {
+        TryLockError::WouldBlock => LedgerError::Locked {
+            path: path.to_owned(),
+        },
+        TryLockError::Error(source) => LedgerError::Lock {
+            path: path.to_owned(),
+            source,
+        },
+    })
+}
 
-        let path = &self.shared.path;
-        if let Err(source) = self.file.write_all(&line) {
-            // Best effort: cut a partial line off so the file stays a valid chain. The ledger
-            // stays failed either way.
-            let _ = self.file.set_len(self.len);
-            return Err(LedgerError::Write {
-                path: path.clone(),
-                seq,
-                source,
-            });
-        }
-        if self.fsync {
-            self.file.sync_data().map_err(|source| LedgerError::Sync {
-                path: path.clone(),
-                seq,
-                source,
-            })?;
-        }
-        self.len += line.len() as u64;
-        self.next_seq += 1;
-        self.prev_hash = rec.hash;
-        self.shared.written.fetch_add(1, Ordering::AcqRel);
-        Ok(seq)
+/// fsyncs the directory that holds `path` (a new entry in it).
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    File::open(dir).and_then(|d| d.sync_all())
+}
+
+/// Cuts a torn last line (a crash mid-write) off the file, durably, and says what it was.
+fn cut_torn_tail(
+    path: &Path,
+    file: &File,
+    scan: &verify::Scan,
+    fsync: bool,
+) -> Result<Option<TornTail>, LedgerError> {
+    if scan.torn == 0 {
+        return Ok(None);
+    }
+    let t = TornTail {
+        offset: scan.len,
+        bytes: scan.torn,
+        prefix: scan.torn_prefix.clone(),
+    };
+    tracing::warn!(path = %path.display(), offset = t.offset, bytes = t.bytes, "ledger ends in a torn line (a crash mid-write): cutting it off and recording so");
+    let cut = file
+        .set_len(t.offset)
+        .and_then(|()| if fsync { file.sync_data() } else { Ok(()) });
+    cut.map_err(|source| LedgerError::Write {
+        path: path.to_owned(),
+        seq: scan.next_seq,
+        source,
+    })?;
+    Ok(Some(t))
+}
+
+/// The lifecycle record of a cut torn tail.
+fn recovery_record(path: &Path, t: &TornTail, kernel_gate: &'static str) -> Record {
+    Record {
+        kind: RecordKind::Lifecycle,
+        kernel_gate: kernel_gate.to_owned(),
+        recovery: Some(serde_json::json!({
+            "cut_offset": t.offset,
+            "cut_bytes": t.bytes,
+            "cut_prefix": String::from_utf8_lossy(&t.prefix),
+        })),
+        message: Some(format!(
+            "recovered from a crash: cut a torn last line of {} bytes at offset {} of {} (a record that was never fsync'd, so never answered for)",
+            t.bytes,
+            t.offset,
+            path.display()
+        )),
+        ..Record::default()
+    }
+}
+
+/// Appends the refusal to the state directory's incident file (fsync'd), logs it, and
+/// returns it; the file is out of reach of whoever rewrote the ledger.
+fn incident(state_dir: &Path, err: LedgerError) -> LedgerError {
+    let line = serde_json::json!({
+        "ts": rfc3339_now(),
+        "pid": std::process::id(),
+        "incident": "LEDGER_TAMPERED",
+        "error": err.to_string(),
+    });
+    let path = state_dir.join(INCIDENTS_FILE);
+    let written = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| {
+            f.write_all(format!("{line}\n").as_bytes())?;
+            f.sync_data()
+        });
+    if let Err(e) = written {
+        tracing::error!(path = %path.display(), error = %e, "cannot record the ledger incident in the state directory");
+    }
+    tracing::error!(incident = %line, "ledger refused: possible tampering; haltd does not start");
+    err
+}
+
+/// Opening and verifying a ledger with its state in `<dir of the ledger>/state`, for the
+/// unit tests of the ledger's users.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub(crate) fn state_dir(path: &Path) -> PathBuf {
+        path.parent().expect("ledger in a directory").join("state")
+    }
+
+    pub(crate) fn open(path: &Path, fsync: bool) -> Result<Ledger, LedgerError> {
+        Ledger::open(&LedgerConfig {
+            path,
+            state_dir: &state_dir(path),
+            fsync,
+            kernel_gate: "enforcing",
+        })
+    }
+
+    pub(crate) fn key(path: &Path) -> LedgerKey {
+        LedgerKey::read(&state_dir(path)).expect("ledger key")
+    }
+
+    /// Verifies `path` against its key and head.
+    pub(crate) fn verify(path: &Path) -> VerifyReport {
+        let key = key(path);
+        let head = head::read_head(&state_dir(path), path, &key).expect("head");
+        super::verify(path, &key, head.as_ref()).expect("verify")
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            static N: AtomicU64 = AtomicU64::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "haltd-ledger-{}-{}-{name}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).expect("create temp dir");
-            Self(dir)
-        }
-
-        fn file(&self) -> PathBuf {
-            self.0.join("fhr.jsonl")
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn rec(i: u64) -> Record {
-        Record {
-            kind: if i.is_multiple_of(3) {
-                RecordKind::Incident
-            } else {
-                RecordKind::Turn
-            },
-            turn_id: Some(format!("turn-{i}")),
-            stream_id: Some(format!("s-{i}")),
-            mode: Some("stream".to_owned()),
-            kernel_gate: "enforcing".to_owned(),
-            tokens_emitted: i * 7,
-            failure_codes: if i.is_multiple_of(3) {
-                vec!["WATCHDOG_TRIP".to_owned()]
-            } else {
-                vec![]
-            },
-            halt_latency_ms: Some(i as f64 / 3.0),
-            safety_verdict: Some(serde_json::json!({"z": 1, "a": [true, null, 2.5], "m": "é\"\n"})),
-            message: Some("line\nbreak \u{2028} and unicode ✓".to_owned()),
-            ..Record::default()
-        }
-    }
-
-    /// Fields added later are left out when unset, so that a record written before them
-    /// serialises (and hashes) exactly as it did.
-    #[test]
-    fn late_fields_are_absent_when_unset() {
-        let line = serde_json::to_string(&rec(1)).expect("serialises");
-        for key in [
-            "conversation",
-            "turn_status",
-            "upstream",
-            "tool_calls",
-            "mode_change",
-            "detectors",
-            "sampling",
-            "text",
-            "text_truncated",
-            "crash",
-        ] {
-            assert!(!line.contains(&format!("\"{key}\":")), "{key} in {line}");
-        }
-        // `message` is the last field of every record.
-        assert!(line.ends_with("and unicode ✓\"}"), "{line}");
-        let mut sampled = rec(1);
-        sampled.sampling = Some(serde_json::json!({"rate": 0.05}));
-        let line = serde_json::to_string(&sampled).expect("serialises");
-        assert!(line.ends_with(r#","sampling":{"rate":0.05}}"#), "{line}");
-        let back: Record = serde_json::from_str(&line).expect("parses");
-        assert_eq!(back, sampled);
-    }
-
-    fn write_n(path: &Path, fsync: bool, n: u64) -> Ledger {
-        let l = Ledger::open(path, fsync).expect("open");
-        for i in 0..n {
-            if i.is_multiple_of(2) {
-                l.append(rec(i)).expect("append");
-            } else {
-                l.append_sync(rec(i)).expect("append_sync");
-            }
-        }
-        l.flush().expect("flush");
-        l
-    }
-
-    fn lines(path: &Path) -> Vec<String> {
-        std::fs::read_to_string(path)
-            .expect("read")
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn write_lines(path: &Path, lines: &[String]) {
-        let mut s = lines.join("\n");
-        s.push('\n');
-        std::fs::write(path, s).expect("write");
-    }
-
-    #[test]
-    fn write_and_verify() {
-        let dir = TempDir::new("write");
-        let path = dir.file();
-        let l = write_n(&path, false, 50);
-        assert_eq!(l.records_written(), 50);
-        let report = verify(&path).expect("verify");
-        assert!(report.is_intact(), "{report}");
-        assert_eq!(report.records, 50);
-        assert_eq!(report.to_string(), "ok: 50 records, chain intact");
-
-        let ls = lines(&path);
-        assert_eq!(ls.len(), 50);
-        let mut prev = GENESIS_HASH.to_owned();
-        for (i, line) in ls.iter().enumerate() {
-            let r: Record = serde_json::from_str(line).expect("record");
-            assert_eq!(r.seq, i as u64);
-            assert_eq!(r.prev_hash, prev);
-            assert_eq!(r.hash.len(), 64);
-            assert_eq!(r.ts.len(), "2026-01-01T00:00:00.000Z".len());
-            assert_eq!(r.turn_id.as_deref(), Some(format!("turn-{i}").as_str()));
-            assert!(line.starts_with(r#"{"seq":"#), "struct order: {line}");
-            prev = r.hash;
-        }
-    }
-
-    #[test]
-    fn fsync_path_and_append_sync_seq() {
-        let dir = TempDir::new("fsync");
-        let path = dir.file();
-        let l = Ledger::open(&path, true).expect("open");
-        assert_eq!(l.append_sync(rec(0)).expect("sync"), 0);
-        l.append(rec(1)).expect("append");
-        assert_eq!(l.append_sync(rec(2)).expect("sync"), 2);
-        l.flush().expect("flush");
-        assert_eq!(l.records_written(), 3);
-        assert!(verify(&path).expect("verify").is_intact());
-    }
-
-    #[test]
-    fn tampered_field_is_reported() {
-        let dir = TempDir::new("tamper");
-        let path = dir.file();
-        drop(write_n(&path, false, 10));
-        let mut ls = lines(&path);
-        ls[4] = ls[4].replace("\"tokens_emitted\":28", "\"tokens_emitted\":27");
-        write_lines(&path, &ls);
-        let report = verify(&path).expect("verify");
-        let b = report.broken.clone().expect("broken");
-        assert_eq!(
-            (b.line, b.seq, b.reason.as_str()),
-            (5, Some(4), "hash mismatch")
-        );
-        assert_eq!(report.records, 4);
-        assert_eq!(
-            report.to_string(),
-            "BROKEN at line 5 (seq 4): hash mismatch (4 records intact before it)"
-        );
-    }
-
-    #[test]
-    fn rehashed_tamper_breaks_the_next_link() {
-        let dir = TempDir::new("rehash");
-        let path = dir.file();
-        drop(write_n(&path, false, 6));
-        let mut ls = lines(&path);
-        let mut r: Record = serde_json::from_str(&ls[2]).expect("record");
-        r.tokens_emitted = 0;
-        r.hash = r.compute_hash().expect("hash");
-        ls[2] = serde_json::to_string(&r).expect("json");
-        write_lines(&path, &ls);
-        let b = verify(&path).expect("verify").broken.expect("broken");
-        assert_eq!((b.line, b.reason.as_str()), (4, "prev_hash mismatch"));
-    }
-
-    #[test]
-    fn deleted_line_is_reported() {
-        let dir = TempDir::new("delete");
-        let path = dir.file();
-        drop(write_n(&path, false, 8));
-        let mut ls = lines(&path);
-        ls.remove(3);
-        write_lines(&path, &ls);
-        let b = verify(&path).expect("verify").broken.expect("broken");
-        assert_eq!(b.line, 4);
-        assert_eq!(b.seq, Some(4));
-        assert!(b.reason.starts_with("seq gap"), "{}", b.reason);
-    }
-
-    #[test]
-    fn truncated_last_line_is_reported_and_refused() {
-        let dir = TempDir::new("truncate");
-        let path = dir.file();
-        drop(write_n(&path, false, 5));
-        let len = std::fs::metadata(&path).expect("meta").len();
-        let f = OpenOptions::new().write(true).open(&path).expect("open");
-        f.set_len(len - 40).expect("truncate");
-        drop(f);
-        let report = verify(&path).expect("verify");
-        let b = report.broken.clone().expect("broken");
-        assert_eq!(b.line, 5);
-        assert!(b.reason.starts_with("truncated line"), "{}", b.reason);
-        assert_eq!(report.records, 4);
-        match Ledger::open(&path, false) {
-            Err(LedgerError::ChainBroken { line: 5, .. }) => {}
-            other => panic!("expected ChainBroken at line 5, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn garbage_and_foreign_lines_are_reported() {
-        let dir = TempDir::new("garbage");
-        let path = dir.file();
-        drop(write_n(&path, false, 3));
-        let mut ls = lines(&path);
-        ls.push("this is not json".to_owned());
-        write_lines(&path, &ls);
-        let b = verify(&path).expect("verify").broken.expect("broken");
-        assert_eq!(b.line, 4);
-        assert!(b.reason.starts_with("not JSON"), "{}", b.reason);
-
-        // Fields smuggled in: at the front the layout check catches it, elsewhere the hash.
-        let mut ls = lines(&path);
-        ls.pop();
-        let orig = ls[2].clone();
-        ls[2] = orig.replacen("{\"seq\"", "{\"extra\":1,\"seq\"", 1);
-        write_lines(&path, &ls);
-        let b = verify(&path).expect("verify").broken.expect("broken");
-        assert_eq!(b.line, 3);
-        assert!(b.reason.starts_with("non-canonical"), "{}", b.reason);
-        ls[2] = format!("{},\"extra\":1}}", orig.trim_end_matches('}'));
-        write_lines(&path, &ls);
-        let b = verify(&path).expect("verify").broken.expect("broken");
-        assert_eq!((b.line, b.reason.as_str()), (3, "hash mismatch"));
-    }
-
-    /// Floats that serde_json's default parser does not read back bit-exactly must still
-    /// verify: the hash is over the written bytes.
-    #[test]
-    fn arbitrary_floats_verify() {
-        let dir = TempDir::new("floats");
-        let path = dir.file();
-        let l = Ledger::open(&path, false).expect("open");
-        let mut x: u64 = 0x1234_5678_9abc_def0;
-        for i in 0..500 {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let f = f64::from_bits(x);
-            let f = if f.is_finite() { f } else { i as f64 };
-            l.append(Record {
-                halt_latency_ms: Some(f),
-                kernel: Some(serde_json::json!({ "v": f, "n": x })),
-                ..rec(i)
-            })
-            .expect("append");
-        }
-        l.flush().expect("flush");
-        let report = verify(&path).expect("verify");
-        assert!(report.is_intact(), "{report}");
-        assert_eq!(report.records, 500);
-    }
-
-    #[test]
-    fn reopen_continues_the_chain() {
-        let dir = TempDir::new("reopen");
-        let path = dir.file();
-        drop(write_n(&path, true, 3));
-        let l = Ledger::open(&path, true).expect("reopen");
-        assert_eq!(l.append_sync(rec(3)).expect("append"), 3);
-        l.append(rec(4)).expect("append");
-        drop(l); // drains the queue
-        let report = verify(&path).expect("verify");
-        assert!(report.is_intact(), "{report}");
-        assert_eq!(report.records, 5);
-    }
-
-    #[test]
-    fn second_open_is_locked_out() {
-        let dir = TempDir::new("lock");
-        let path = dir.file();
-        let l = Ledger::open(&path, false).expect("open");
-        assert!(matches!(
-            Ledger::open(&path, false),
-            Err(LedgerError::Locked { .. })
-        ));
-        drop(l);
-        Ledger::open(&path, false).expect("reopen after close");
-    }
-
-    #[test]
-    fn invalid_records_are_rejected() {
-        let dir = TempDir::new("invalid");
-        let l = Ledger::open(&dir.file(), false).expect("open");
-        let no_gate = Record::default();
-        assert!(matches!(
-            l.append(no_gate),
-            Err(LedgerError::InvalidRecord {
-                field: "kernel_gate",
-                ..
-            })
-        ));
-        let bad_mode = Record {
-            mode: Some("bulk".to_owned()),
-            ..rec(1)
-        };
-        assert!(matches!(
-            l.append_sync(bad_mode),
-            Err(LedgerError::InvalidRecord { field: "mode", .. })
-        ));
-        assert_eq!(l.append_sync(rec(0)).expect("valid"), 0);
-    }
-
-    #[test]
-    fn concurrent_appends_keep_one_chain() {
-        let dir = TempDir::new("concurrent");
-        let path = dir.file();
-        let l = Ledger::open(&path, false).expect("open");
-        let threads: Vec<_> = (0..4)
-            .map(|t| {
-                let l = l.clone();
-                std::thread::spawn(move || {
-                    for i in 0..25 {
-                        l.append(rec(t * 100 + i)).expect("append");
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("join");
-        }
-        l.flush().expect("flush");
-        assert_eq!(l.records_written(), 100);
-        let report = verify(&path).expect("verify");
-        assert!(report.is_intact(), "{report}");
-        assert_eq!(report.records, 100);
-    }
-
-    #[test]
-    fn write_failure_surfaces_and_sticks() {
-        // /dev/full fails every write with ENOSPC: the disk-full case.
-        let Ok(file) = OpenOptions::new().write(true).open("/dev/full") else {
-            return;
-        };
-        let l = Ledger::start(
-            Path::new("/dev/full"),
-            file,
-            true,
-            0,
-            GENESIS_HASH.to_owned(),
-            0,
-        )
-        .expect("start");
-        match l.append_sync(rec(0)) {
-            Err(LedgerError::Write { seq: 0, .. }) => {}
-            other => panic!("expected Write error, got {other:?}"),
-        }
-        assert!(matches!(
-            l.append(rec(1)),
-            Err(LedgerError::WriterFailed { .. })
-        ));
-        assert!(matches!(l.flush(), Err(LedgerError::WriterFailed { .. })));
-        assert_eq!(l.records_written(), 0);
-
-        // A queued (fire-and-forget) append that fails also poisons the ledger.
-        let file = OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .expect("reopen");
-        let l = Ledger::start(
-            Path::new("/dev/full"),
-            file,
-            false,
-            0,
-            GENESIS_HASH.to_owned(),
-            0,
-        )
-        .expect("start");
-        l.append(rec(0)).expect("queued");
-        let mut failed = false;
-        for _ in 0..200 {
-            if l.append(rec(1)).is_err() {
-                failed = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(
-            failed,
-            "a failed background write must surface on a later append"
-        );
-    }
-
-    #[test]
-    fn open_error_names_the_path() {
-        let e = Ledger::open(Path::new("/nonexistent-dir/x/fhr.jsonl"), true).expect_err("fails");
-        let msg = e.to_string();
-        assert!(
-            msg.contains("/nonexistent-dir/x/fhr.jsonl") && msg.contains("cannot open"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn ledger_is_send_sync_clone() {
-        fn check<T: Send + Sync + Clone>() {}
-        check::<Ledger>();
-    }
-}
+mod tests;

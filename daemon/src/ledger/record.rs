@@ -1,9 +1,8 @@
 //! One flight-recorder record: its kinds, its fields (`docs/fhr-schema.md`) and its hash.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::ledger::error::LedgerError;
+use crate::ledger::{error::LedgerError, key::LedgerKey};
 
 /// `prev_hash` of the first record.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -111,6 +110,18 @@ pub struct Record {
     /// Crash records: what the panic hook wrote (pid, thread, location, message, time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash: Option<serde_json::Value>,
+    /// The first record of a ledger segment after the first (rotation): which segment it
+    /// continues. A file may begin at a `seq` other than 0 only with such a record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<serde_json::Value>,
+    /// Lifecycle records of a start that cut a torn tail (a crash mid-write) off the ledger:
+    /// where, how many bytes, and what they began with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<serde_json::Value>,
+    /// `true` in every record written under `--ledger-no-fsync`: the record was not fsync'd
+    /// before haltd answered, so a crash or power loss may have lost the ones after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_fsync: Option<bool>,
 }
 
 impl Default for Record {
@@ -157,14 +168,17 @@ impl Default for Record {
             text: None,
             text_truncated: None,
             crash: None,
+            segment: None,
+            recovery: None,
+            no_fsync: None,
         }
     }
 }
 
 impl Record {
-    /// The record's hash as defined for the chain: hex SHA-256 of the serialisation without
-    /// `hash` (whatever `self.hash` currently holds is ignored).
-    pub fn compute_hash(&self) -> Result<String, LedgerError> {
+    /// The record's hash as defined for the chain: hex HMAC-SHA-256 under the ledger key of
+    /// the serialisation without `hash` (whatever `self.hash` currently holds is ignored).
+    pub fn compute_hash(&self, key: &LedgerKey) -> Result<String, LedgerError> {
         let canonical = if self.hash.is_empty() {
             serde_json::to_vec(self)
         } else {
@@ -173,7 +187,7 @@ impl Record {
             serde_json::to_vec(&unhashed)
         }
         .map_err(|source| LedgerError::Serialize { source })?;
-        Ok(hex::encode(Sha256::digest(&canonical)))
+        Ok(key.mac_hex(&[&canonical]))
     }
 
     /// Rejects records whose enumerated string fields hold something else.

@@ -1812,6 +1812,8 @@ fn start_haltd(
         ])
         .arg("--ledger")
         .arg(dir.join(format!("{name}.ledger.jsonl")))
+        .arg("--state-dir")
+        .arg(dir.join(format!("{name}.state")))
         .arg("--ledger-no-fsync")
         // Every turn recorded (production samples 5 % of normal turns): the overhead measured
         // includes a ledger record per turn, as in the runs docs/bench.md reports.

@@ -5,7 +5,8 @@ use std::{fs, path::Path, process::Command, thread, time::Duration};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use haltd_tests::{
-    haltctl_bin, spawn_in_netns, sse, temp_dir, verify_ledger, wait_for, Haltd, NetPair, PORT_API,
+    copy_ledger, haltctl_bin, spawn_in_netns, sse, temp_dir, verify_ledger, wait_for, Haltd,
+    NetPair, PORT_API,
 };
 use serde_json::Value;
 
@@ -34,7 +35,7 @@ fn ledger_tamper_is_detected_and_refused() -> Result<()> {
         haltd.stop()?;
         let out = verify_ledger(&path)?;
         println!("ledger: {}", out.trim());
-        fs::copy(&path, &intact)?;
+        copy_ledger(&path, &intact)?;
     }
     let text = fs::read_to_string(&intact)?;
     let lines: Vec<&str> = text.lines().collect();
@@ -51,7 +52,8 @@ fn ledger_tamper_is_detected_and_refused() -> Result<()> {
     let tampered = dir.join("tampered.jsonl");
     fs::write(&tampered, &bytes)?;
     let out = Command::new(haltctl_bin()?)
-        .args(["ledger", "verify"])
+        .args(["ledger", "verify", "--state-dir"])
+        .arg(haltd_tests::state_dir_for(&tampered))
         .arg(&tampered)
         .output()?;
     let shown = format!(
@@ -187,7 +189,7 @@ fn crash_keeps_the_ledger() -> Result<()> {
         open.done_at.is_none(),
         "a stream open at the crash cannot end with [DONE]"
     );
-    fs::copy(&first.ledger, &kept)?;
+    copy_ledger(&first.ledger, &kept)?;
     let report = verify_ledger(&kept)?;
     let after_crash = haltd_tests::read_ledger(&kept)?;
     ensure!(

@@ -223,6 +223,8 @@ fn serve_refused(pair: &NetPair, ledger: &Path, extra: &[&str]) -> Result<(i32, 
         .args(["--metrics", &pair.srv_addr(PORT_METRICS).to_string()])
         .arg("--ledger")
         .arg(ledger)
+        .arg("--state-dir")
+        .arg(haltd_tests::state_dir_for(ledger))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
