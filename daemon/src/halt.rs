@@ -54,7 +54,7 @@ pub struct HaltCore {
     /// When a refused ungovernable connection was last logged (rate limit).
     pub ungovernable_logged_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
-    pub wakers: Vec<OwnedFd>,
+    pub wakers: Vec<std::sync::Arc<OwnedFd>>,
     /// Set once the flight recorder failed: every stream halts and no new turn starts.
     pub recorder_failed: AtomicBool,
     /// Set on SIGTERM/SIGINT: new turns get 503, readiness fails, open streams may finish
@@ -229,13 +229,14 @@ impl HaltCore {
     /// Rings a worker's eventfd.
     pub fn wake(&self, worker: u32) {
         if let Some(fd) = self.wakers.get(worker as usize) {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
-            let n = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
-            if n != 8 {
-                tracing::warn!(worker, "waking a data-plane worker failed");
-            }
+            wake_fd(fd);
         }
+    }
+
+    /// A worker's eventfd, for a thread that wakes it without holding the core (the ledger
+    /// writer, once a halt's record is on disk).
+    pub fn waker(&self, worker: u32) -> Option<std::sync::Arc<OwnedFd>> {
+        self.wakers.get(worker as usize).cloned()
     }
 
     /// Called by a worker right after it took a slot: if the watchdog is idle, kicks it and
@@ -423,7 +424,8 @@ impl HaltCore {
         }
     }
 
-    /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record.
+    /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record (queued: for
+    /// halts whose terminal event did not wait for it, e.g. a client that went away).
     ///
     /// `fd` is the stream's socket, still open: the record carries the gate's own count of
     /// what passed after the trip, next to userspace's.
@@ -435,12 +437,24 @@ impl HaltCore {
         detector_refs: Vec<String>,
     ) {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
-        let latency_ms = snap.halt_latency_ms();
-        let latency_s = latency_ms / 1e3;
-        let by = snap.halted_by;
-        self.metrics
-            .halts
-            .observe(cause, snap.post_trip_delivered, latency_s, by);
+        let terminal = if terminal_delivered {
+            format!("stream halted ({cause}); terminal event delivered")
+        } else {
+            format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate)")
+        };
+        self.record(self.halt_record(snap, fd, detector_refs, terminal));
+        self.halt_completed(snap);
+    }
+
+    /// The WATCHDOG_TRIP incident record of a halt; `terminal` says what became of the
+    /// terminal event (the detector that tripped, if any, is added to it).
+    pub fn halt_record(
+        &self,
+        snap: &SlotSnapshot,
+        fd: RawFd,
+        detector_refs: Vec<String>,
+        terminal: String,
+    ) -> Record {
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.detector_refs = detector_refs;
         rec.kernel = self.kernel_socket_state(fd);
@@ -450,12 +464,18 @@ impl HaltCore {
             .as_ref()
             .map(|(name, detail)| format!("; detector {name}: {detail}"))
             .unwrap_or_default();
-        rec.message = Some(if terminal_delivered {
-            format!("stream halted ({cause}); terminal event delivered{detector}")
-        } else {
-            format!("stream halted ({cause}); terminal event not delivered (socket closed or dropped by the kernel gate){detector}")
-        });
-        self.record(rec);
+        rec.message = Some(format!("{terminal}{detector}"));
+        rec
+    }
+
+    /// What follows a halt once it is recorded: metrics, the log line, degraded mode.
+    pub fn halt_completed(&self, snap: &SlotSnapshot) {
+        let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
+        let latency_ms = snap.halt_latency_ms();
+        let by = snap.halted_by;
+        self.metrics
+            .halts
+            .observe(cause, snap.post_trip_delivered, latency_ms / 1e3, by);
         tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by.as_str(), "WATCHDOG_TRIP: stream halted");
         // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope. Not
         // for the halts of a shutdown: the daemon is going away, nothing was breached.
@@ -556,6 +576,17 @@ impl HaltCore {
         }
     }
 
+    /// Appends a record and waits until it is on disk (fsync'd): for records whose answer
+    /// must not outrun them. A failure is counted and logged and fails the daemon closed.
+    /// Blocks for one fsync: not for the data plane's threads.
+    pub fn record_durable(&self, rec: Record) -> Result<u64, crate::ledger::LedgerError> {
+        self.ledger.append_sync(rec).inspect_err(|e| {
+            self.metrics.ledger.errors.inc();
+            tracing::error!(error = %e, "flight recorder write failed");
+            self.recorder_failed();
+        })
+    }
+
     /// After the drain: refuse new turns and halt every open stream (SERVICE_SHUTDOWN), so
     /// clients see the typed terminal event rather than a cut connection. Returns how many
     /// were tripped.
@@ -589,6 +620,16 @@ impl HaltCore {
         }
         tracing::error!(ledger = %self.ledger.path().display(), "the flight recorder failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger");
         self.trip_all(FailureCode::RecorderFailure);
+    }
+}
+
+/// Rings a data-plane worker's eventfd: the worker then looks at its streams.
+pub fn wake_fd(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
+    let n = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+    if n != 8 {
+        tracing::warn!("waking a data-plane worker failed");
     }
 }
 

@@ -257,7 +257,7 @@ fn warn_about_sampling(cfg: &Config) {
 }
 
 /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
-fn worker_wakers(workers: usize) -> Result<Vec<OwnedFd>, StartError> {
+fn worker_wakers(workers: usize) -> Result<Vec<Arc<OwnedFd>>, StartError> {
     let mut wakers = Vec::new();
     for _ in 0..workers {
         // SAFETY: eventfd returns a new descriptor we own, or -1.
@@ -268,7 +268,7 @@ fn worker_wakers(workers: usize) -> Result<Vec<OwnedFd>, StartError> {
             ));
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        wakers.push(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }));
     }
     Ok(wakers)
 }

@@ -62,24 +62,43 @@ const RESERVED_CAUSES: [FailureCode; 6] = [
     FailureCode::ServiceShutdown,
 ];
 
-/// Writes the `admin` record of one action: what, by whom, with what outcome.
-fn record_action(
-    shared: &HaltCore,
+/// Writes the `admin` record of one action (what, by whom, with what outcome) and waits until
+/// it is on disk: the caller answers only then, so an acknowledged action is never lost in a
+/// crash (issue 13, point 5). The wait (one fsync) runs on the blocking pool, not on the
+/// control plane's only thread. `Err`: the record could not be written; the action took
+/// effect, the flight recorder has failed closed, and the answer must say so.
+async fn record_action(
+    shared: &Arc<HaltCore>,
     actor: &AdminActor,
     action: serde_json::Value,
     status: StatusCode,
-) {
+) -> Result<(), Response> {
     let mut admin = action;
     admin["actor"] = json!(actor);
     admin["status"] = json!(status.as_u16());
     tracing::info!(admin = %admin, "admin action");
-    shared.record(Record {
+    let rec = Record {
         kind: RecordKind::Admin,
         kernel_gate: shared.kernel_gate_label().to_owned(),
         stream_id: admin["stream_id"].as_str().map(str::to_owned),
         admin: Some(admin),
         ..Record::default()
-    });
+    };
+    let core = Arc::clone(shared);
+    let written = tokio::task::spawn_blocking(move || core.record_durable(rec)).await;
+    match written {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "recorder_failure",
+            format!("the action took effect but its record could not be written ({e}); the flight recorder failed closed"),
+        )),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "recorder_failure",
+            format!("recording the action: {e}"),
+        )),
+    }
 }
 
 async fn trip(
@@ -90,8 +109,10 @@ async fn trip(
 ) -> Response {
     let (status, resp, cause) = trip_response(&shared, &id, &body);
     let action = json!({"action": "trip", "stream_id": id, "cause": cause});
-    record_action(&shared, &actor, action, status);
-    resp
+    match record_action(&shared, &actor, action, status).await {
+        Ok(()) => resp,
+        Err(unrecorded) => unrecorded,
+    }
 }
 
 /// Handles one trip request: the status, the response and the cause asked for.
@@ -234,8 +255,10 @@ async fn mode_set(
     let resp = mode_set_inner(&shared, &body);
     let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
     let action = json!({"action": "mode", "request": request});
-    record_action(&shared, &actor, action, resp.status());
-    resp
+    match record_action(&shared, &actor, action, resp.status()).await {
+        Ok(()) => resp,
+        Err(unrecorded) => unrecorded,
+    }
 }
 
 fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {

@@ -7,11 +7,7 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::{json, Value};
 
-use super::{
-    conn::{frame, SendKind},
-    turn::Turn,
-    Worker,
-};
+use super::{conn::frame, turn::Turn, Worker};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
@@ -133,7 +129,7 @@ impl Worker {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);
             }
-            self.send(key, SendKind::Final)
+            self.record_then_finish(key)
         } else {
             self.halt(key)
         }

@@ -1,9 +1,18 @@
 //! The emitter's side of a halt: once a stream is tripped (by a detector here, or by the
 //! admin API, the watchdog or the kernel elsewhere), cancel its upstream generation, claim
-//! the halt and send the terminal frame (after any send in flight), then record it. A trip
-//! raised on another thread rings the worker's eventfd ([`Worker::scan_tripped`]).
+//! the halt (no token is sent from here), record it, and send the terminal frame once the
+//! record is on disk (after any send in flight): a halt the client saw is never lost in a
+//! crash (issue 13, point 5). The wait for the fsync holds no thread: the ledger's writer
+//! rings the worker's eventfd when the record is written. A trip raised on another thread
+//! rings the eventfd too ([`Worker::scan_tripped`]).
 
-use std::{io, sync::Arc};
+use std::{
+    io,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
 
 use super::{
     conn::{frame, SendKind},
@@ -67,8 +76,53 @@ impl Worker {
         if !slot.claim_halt() {
             return Ok(());
         }
+        // HALTING: the stream is stopped now (the halt latency ends here); the terminal event
+        // waits for the incident record.
+        slot.note_halt(Halter::Emitter, monotonic_ns());
         conn.outcome = Outcome::Halted;
         let snap = slot.snapshot(conn.id.slot);
+        let refs = conn
+            .turn
+            .as_ref()
+            .map(|t| t.detector_refs.clone())
+            .unwrap_or_default();
+        let cause = snap
+            .trip_cause
+            .unwrap_or(crate::codes::FailureCode::WatchdogTrip);
+        let terminal =
+            format!("stream halted ({cause}); terminal event sent once this record was on disk");
+        let rec = shared.halt_record(&snap, conn.fd, refs, terminal);
+        let on_disk = Arc::new(AtomicBool::new(false));
+        let (flag, waker) = (Arc::clone(&on_disk), shared.waker(self.id));
+        // Runs on the ledger's writer after the fsync (or its failure: the watchdog then fails
+        // every stream closed, and the terminal still goes out).
+        let queued = shared.ledger.append_then(rec, move |_| {
+            flag.store(true, Ordering::Release);
+            if let Some(w) = waker {
+                crate::halt::wake_fd(&w);
+            }
+        });
+        if let Err(e) = queued {
+            shared.metrics.ledger.errors.inc();
+            tracing::error!(error = %e, "flight recorder append failed");
+            shared.recorder_failed();
+            return self.send_terminal(key);
+        }
+        let serial = self.conns[key].serial;
+        self.awaiting_records
+            .push((key, serial, super::AfterRecord::Terminal, on_disk));
+        Ok(())
+    }
+
+    /// The halt's record is on disk (or failed): the terminal frame goes out, or, for a
+    /// connection already closing, the halt completes without it.
+    fn send_terminal(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        if conn.closing {
+            return self.halt_done(key, false);
+        }
+        let snap = shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
         shared.terminal_frame(&snap, frame(&mut conn.wbuf));
         self.send(key, SendKind::Terminal)
     }
@@ -77,20 +131,49 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        slot.finish_halt(Halter::Emitter, monotonic_ns());
-        let refs = conn
-            .turn
-            .as_ref()
-            .map(|t| t.detector_refs.clone())
-            .unwrap_or_default();
-        shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, delivered, refs);
+        slot.publish_halted();
+        let snap = slot.snapshot(conn.id.slot);
+        if !delivered {
+            tracing::info!(stream_id = %snap.id, "terminal event not delivered (socket closed or dropped by the kernel gate)");
+        }
+        shared.halt_completed(&snap);
         self.begin_close(key);
         Ok(())
+    }
+
+    /// The answers whose record is now on disk go out: terminal frames and final frames.
+    fn send_recorded_answers(&mut self) {
+        let mut recorded = Vec::new();
+        self.awaiting_records
+            .retain(|(key, serial, after, on_disk)| {
+                if !on_disk.load(Ordering::Acquire) {
+                    return true;
+                }
+                recorded.push((*key, *serial, *after));
+                false
+            });
+        for (key, serial, after) in recorded {
+            if self.conns.get(key).is_none_or(|c| c.serial != serial) {
+                continue; // the connection ended meanwhile (its client went away)
+            }
+            let sent = match after {
+                super::AfterRecord::Terminal => self.send_terminal(key),
+                super::AfterRecord::Final if self.conns[key].closing => Ok(()),
+                super::AfterRecord::Final => self.send(key, SendKind::Final),
+            };
+            if let Err(e) = sent {
+                tracing::error!(error = %e, "sending an answer after its record failed");
+            }
+            self.maybe_finish_close(key);
+        }
     }
 
     /// After a wake-up: halt every tripped stream of this worker, and close the ones the
     /// watchdog halted.
     pub(super) fn scan_tripped(&mut self) {
+        if !self.awaiting_records.is_empty() {
+            self.send_recorded_answers();
+        }
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
         let mut halt = Vec::new();
         let mut carry_on = Vec::new();

@@ -95,6 +95,7 @@ pub fn spawn_workers(
                         cq_dropped_seen: 0,
                         sweep: deadline::Sweep::default(),
                         sq_dropped_seen: 0,
+                        awaiting_records: Vec::new(),
                     };
                     if let Err(e) = w.run() {
                         // A dead worker cannot police its streams: stop the daemon (fail closed).
@@ -128,6 +129,18 @@ struct Worker {
     sq_dropped_seen: u32,
     /// The timer that enforces upstream receive deadlines (`deadline.rs`).
     sweep: deadline::Sweep,
+    /// Answers waiting for their record to reach the disk, by connection key and serial: the
+    /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
+    awaiting_records: Vec<(usize, u64, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
+}
+
+/// What goes out once a record is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterRecord {
+    /// A halt's terminal frame, after its incident record.
+    Terminal,
+    /// A completed turn's final frame, after its turn record.
+    Final,
 }
 
 fn timespec(d: Duration) -> types::Timespec {

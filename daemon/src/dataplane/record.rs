@@ -12,27 +12,87 @@ use crate::{
     stream::{Mode, Outcome, SlotSnapshot},
 };
 
-use super::{conn::Conn, turn::Turn, Worker};
+use std::{
+    io,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
+
+use super::{
+    conn::{Conn, SendKind},
+    turn::Turn,
+    Worker,
+};
 
 impl Worker {
+    /// The turn's record at the close of its connection, unless it was written before the
+    /// turn's final frame ([`Worker::record_then_finish`]).
     pub(super) fn record_turn(&self, conn: &Conn) {
-        let Some(turn) = conn.turn.as_ref() else {
-            return; // not a turn: health checks and refused requests
-        };
-        let shared = &self.shared;
-        let slot = shared.table.slot(conn.id.slot);
-        let snap = slot.snapshot(conn.id.slot);
+        if conn.turn.as_ref().is_none_or(|t| t.recorded) {
+            return; // not a turn (health checks, refused requests), or recorded already
+        }
+        let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
         let outcome = if snap.trip_cause.is_some() {
             Outcome::Halted
         } else {
             conn.outcome
         };
+        if let Some(rec) = self.turn_record(conn, &snap, outcome) {
+            self.shared.record(rec);
+        }
+    }
+
+    /// A turn that ends cleanly commits (TURN-ACID), and its record is on disk before the
+    /// client sees the final frame (issue 13, point 5): the final frame, written into the
+    /// connection's buffer and counted (`begin_final`), goes out once the ledger's writer
+    /// reports the record written (it rings the worker's eventfd; no thread waits). A normal
+    /// turn the sampling leaves unrecorded has nothing to wait for.
+    pub(super) fn record_then_finish(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
+        let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
+        let rec = self.turn_record(conn, &snap, Outcome::Completed);
+        if let Some(turn) = self.conns[key].turn.as_mut() {
+            turn.recorded = true;
+        }
+        let Some(rec) = rec else {
+            return self.send(key, SendKind::Final);
+        };
+        let on_disk = Arc::new(AtomicBool::new(false));
+        let (flag, waker) = (Arc::clone(&on_disk), self.shared.waker(self.id));
+        let queued = self.shared.ledger.append_then(rec, move |_| {
+            flag.store(true, Ordering::Release);
+            if let Some(w) = waker {
+                crate::halt::wake_fd(&w);
+            }
+        });
+        if let Err(e) = queued {
+            self.shared.metrics.ledger.errors.inc();
+            tracing::error!(error = %e, "flight recorder append failed");
+            self.shared.recorder_failed();
+            // Unrecorded: the turn must not be answered as complete. The slot is past its
+            // last trip point, so end the connection without the final frame.
+            self.begin_close(key);
+            return Ok(());
+        }
+        let serial = self.conns[key].serial;
+        self.awaiting_records
+            .push((key, serial, super::AfterRecord::Final, on_disk));
+        Ok(())
+    }
+
+    /// The turn's record (`None`: a normal turn the sampling leaves out), after the metrics
+    /// and the TURN-ACID commit, which happen for every turn.
+    fn turn_record(&self, conn: &Conn, snap: &SlotSnapshot, outcome: Outcome) -> Option<Record> {
+        let turn = conn.turn.as_ref()?;
+        let shared = &self.shared;
         shared.metrics.dataplane.finished(outcome);
-        let mut rec = shared.base_record(RecordKind::Turn, &snap);
+        let mut rec = shared.base_record(RecordKind::Turn, snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
         record_detectors(shared, turn, &mut rec);
-        commit_turn(shared, conn, turn, &snap, outcome, &mut rec);
+        commit_turn(shared, conn, turn, snap, outcome, &mut rec);
         let policy = shared.cfg.sampling;
         if let Some(p) = &conn.up {
             let finish = turn.source.upstream().and_then(|s| s.finish());
@@ -41,20 +101,16 @@ impl Worker {
                 rec.failure_codes = vec![FailureCode::UpstreamFailure.as_str().to_owned()];
             }
         }
-        let started = snap.started_ns;
         rec.message = Some(format!(
             "turn of {} ms",
-            monotonic_ns().saturating_sub(started) / 1_000_000
+            monotonic_ns().saturating_sub(snap.started_ns) / 1_000_000
         ));
         // Spec 000 §6.2: every turn that is not normal is recorded, a normal one with
         // probability --turn-sample-rate. Everything above (metrics, the TURN-ACID commit)
         // happened for every turn; only the ledger line is sampled.
         let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
         shared.metrics.ledger.turn_record(decision.kind());
-        let Some(sampling) = decision.field(policy.turn_sample_rate) else {
-            return;
-        };
-        rec.sampling = Some(sampling);
+        rec.sampling = Some(decision.field(policy.turn_sample_rate)?);
         if policy.record_token_text {
             // The text SafetyCheck keeps anyway (`Turn::out_text`, bounded): recording it adds
             // no per-token work, only this copy per recorded turn.
@@ -63,7 +119,7 @@ impl Worker {
             rec.text = Some(text);
             rec.text_truncated = Some(truncated);
         }
-        shared.record(rec);
+        Some(rec)
     }
 }
 

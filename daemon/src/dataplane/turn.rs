@@ -134,6 +134,8 @@ pub(super) struct Turn {
     pub(super) tools_in_flight: Vec<Value>,
     /// What the source produced while a token of it waits for its score (`score.rs`).
     pub(super) parked: Option<super::score::Parked>,
+    /// Its record was written before its final frame (`record.rs`): none at the close.
+    pub(super) recorded: bool,
 }
 
 impl Turn {
@@ -177,6 +179,7 @@ impl Turn {
             tool_calls: Vec::new(),
             tools_in_flight: Vec::new(),
             parked: None,
+            recorded: false,
         }
     }
 

@@ -218,7 +218,22 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
             continue;
         }
         let fd = slot.fd.load(SeqCst);
-        let mut delivered = false;
+        slot.note_halt(Halter::Watchdog, monotonic_ns());
+        // The incident is on disk before the client can see the halt (issue 13, point 5): one
+        // fsync on this thread, for a halt the emitter failed to make. A failure fails every
+        // stream closed (RECORDER_FAILURE); this one still gets its terminal event.
+        let terminal = if send_stuck {
+            "stream halted by the watchdog; no terminal event (a send was stuck in the socket)"
+        } else {
+            "stream halted by the watchdog; terminal event sent after this record was on disk"
+        };
+        let rec = shared.halt_record(
+            &slot.snapshot(idx),
+            fd,
+            vec!["watchdog".to_owned()],
+            terminal.to_owned(),
+        );
+        let _ = shared.record_durable(rec);
         if !send_stuck {
             shared.terminal_frame(&slot.snapshot(idx), buf);
             // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
@@ -231,19 +246,13 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                 )
             };
-            delivered = n >= 0 && n as usize == buf.len();
+            if n < 0 || n as usize != buf.len() {
+                tracing::info!(stream_id = %slot.snapshot(idx).id, "watchdog: terminal event not delivered (socket closed or dropped by the kernel gate)");
+            }
         }
         // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        slot.note_halt(Halter::Watchdog, monotonic_ns());
-        // Record while the slot is still HALTING: the worker cannot close `fd` yet, so the
-        // gate state read for the record is this socket's.
-        shared.complete_halt(
-            &slot.snapshot(idx),
-            fd,
-            delivered,
-            vec!["watchdog".to_owned()],
-        );
+        shared.halt_completed(&slot.snapshot(idx));
         slot.publish_halted();
         shared.wake(slot.worker.load(SeqCst));
     }
