@@ -41,6 +41,7 @@ pub mod clients;
 pub mod daemon;
 pub mod gate;
 pub mod http;
+pub mod kill_loop;
 pub mod ledger;
 pub mod metrics;
 pub mod netns;

@@ -26,10 +26,16 @@ const BENCHES: &[(&str, &str)] = &[
     // Issue 11: haltd's CPU with nothing open and 8,192 slots.
     ("haltd-tests", "bench-idle-cpu"),
     ("haltd-tests", "bench-upstream-path"),
+    // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
+    ("haltd-tests", "bench-kill-loop"),
 ];
 
 #[derive(Debug, Args)]
 pub(crate) struct Options {
+    /// Run only the kill loop (`bench-kill-loop`: SIGKILL haltd under load, 1,000 times by
+    /// default, printing progress), with this many kills.
+    #[arg(long, value_name = "KILLS", num_args = 0..=1, default_missing_value = "1000")]
+    kill_loop: Option<u32>,
     /// Extra arguments for `bench-halt-slo` (after `--`), e.g. `--quick` or
     /// `--streams 1,100`.
     #[arg(last = true)]
@@ -39,6 +45,11 @@ pub(crate) struct Options {
 pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
     setup::setup(ctx)?;
     let built = build::build(ctx, true, &["fault-injection".to_owned()])?;
+    if let Some(kills) = opts.kill_loop {
+        build_package_bins(ctx, "haltd-tests", &built)?;
+        let args = [OsString::from("--kills"), kills.to_string().into()];
+        return run_bench(ctx, "haltd-tests", "bench-kill-loop", &args, &built);
+    }
     let bins = ctx.workspace_bins();
     let mut ran = 0;
     let mut built_pkgs: Vec<&str> = Vec::new();

@@ -332,3 +332,36 @@ fn worker_panic_closes_every_stream_and_is_recorded() -> Result<()> {
 fn watchdog_panic_closes_every_stream_and_is_recorded() -> Result<()> {
     panic_fails_closed("watchdog")
 }
+
+/// Issue 13, point 5, the short kill loop (the bench runs 1,000: `cargo xtask bench
+/// --kill-loop`): SIGKILL haltd at random moments under trip and turn load; after every kill the
+/// chain verifies against its key and head, every restart succeeds, and every record haltd
+/// answered for (a halt the client saw, an acknowledged admin trip, a committed turn) is there.
+#[test]
+fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
+    let pair = NetPair::new()?;
+    let kills = std::env::var("HALTD_KILL_LOOP_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let report = haltd_tests::kill_loop::run(
+        &pair,
+        &haltd_tests::kill_loop::Options {
+            kills,
+            clients: 6,
+            progress_every: 5,
+            kills_per_ledger: 100,
+        },
+    )?;
+    println!("kill loop: {report}");
+    ensure!(report.failures.is_empty(), "{:#?}", report.failures);
+    ensure!(
+        report.kills == kills && report.restarts == kills - 1,
+        "{report}"
+    );
+    ensure!(
+        report.halts_checked > 0 && report.admin_checked > 0 && report.turns_checked > 0,
+        "the load did not produce every kind of acknowledged record: {report}"
+    );
+    Ok(())
+}
