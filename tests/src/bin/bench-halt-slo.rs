@@ -144,6 +144,11 @@ struct Args {
     /// run; `--streams` and `--min-trips` given explicitly are kept).
     #[arg(long)]
     quick: bool,
+    /// Run haltd with the ledger's fsync (the default of a deployment): a halt's terminal event
+    /// then waits for its incident record's fsync. Without it the bench runs
+    /// `--ledger-no-fsync`, as its published figures do.
+    #[arg(long)]
+    ledger_fsync: bool,
     /// Skip the gate cost per send (`bench-gate-send`).
     #[arg(long)]
     no_gate_send: bool,
@@ -161,6 +166,8 @@ struct Args {
 #[derive(Debug, Clone, Copy)]
 struct RunSpec {
     scenario: Scenario,
+    /// haltd fsyncs its ledger (`--ledger-fsync`).
+    ledger_fsync: bool,
     budget: u32,
     /// Streams open at once.
     concurrency: usize,
@@ -550,7 +557,6 @@ fn haltd_args(spec: &RunSpec) -> Vec<String> {
         &max_streams,
         "--builtin-token-interval-us",
         &pace,
-        "--ledger-no-fsync",
         // Every client of the bench is one address, and N connect at once: the admission
         // caps (a defence against hostile clients) would refuse most of them.
         "--max-conns-per-addr",
@@ -561,6 +567,9 @@ fn haltd_args(spec: &RunSpec) -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    if !spec.ledger_fsync {
+        extra.push("--ledger-no-fsync".into());
+    }
     match spec.scenario {
         Scenario::LateTrip => {}
         Scenario::Adversarial => {
@@ -1546,6 +1555,7 @@ fn run_specs(args: &Args) -> Vec<RunSpec> {
             for &n in &args.streams {
                 specs.push(RunSpec {
                     scenario,
+                    ledger_fsync: args.ledger_fsync,
                     budget,
                     concurrency: n,
                     total: n.max(args.min_trips),
