@@ -270,14 +270,13 @@ impl ServeArgs {
         let upstream = self.upstream_url()?;
         let upstream_tls = self.upstream_tls(upstream.as_ref())?;
         self.check_upstream_timeouts()?;
-        let mut file = self.read_config_file()?;
-        // `[flight_recorder]` is read here; the rest of the file is what SIGHUP reloads.
-        let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
-        let sampling = self.sampling_policy(recorder)?;
-        let Reloadable {
-            detectors,
-            log_level,
-        } = self.reloadable_of(file)?;
+        let (
+            sampling,
+            Reloadable {
+                detectors,
+                log_level,
+            },
+        ) = self.file_settings(self.read_config_file()?)?;
         let faults = parse_faults(&self.faults)?;
         let workers = self.worker_count()?;
         let admin_token = self.admin_token()?;
@@ -474,7 +473,6 @@ impl ServeArgs {
         Ok(())
     }
 
-    /// The `--config` file as a TOML table, `None` without one.
     /// Reads `--config` again for SIGHUP: what can change without a restart.
     pub fn reloadable(&self) -> Result<Reloadable, ConfigError> {
         let mut file = self.read_config_file()?;
@@ -525,18 +523,32 @@ impl ServeArgs {
         })
     }
 
+    /// The `--config` file as a TOML table, `None` without one.
     fn read_config_file(&self) -> Result<Option<toml::Table>, ConfigError> {
         let file = match &self.config {
             None => None,
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| err("config", format!("{}: {e}", path.display())))?;
-                Some(text.parse::<toml::Table>().map_err(|e| {
-                    err("config", format!("{}: not valid TOML: {e}", path.display()))
-                })?)
+                Some(parse_config_text(&text, &path.display().to_string())?)
             }
         };
         Ok(file)
+    }
+
+    /// What the `--config` file (parsed; `None` without one) sets, with these flags on top:
+    /// the flight recorder's sampling (`[flight_recorder]`, fixed at start) and the rest,
+    /// which SIGHUP reloads (`[detectors.*]`, `[safety]`, `[log]`). [`ServeArgs::validate`]
+    /// runs it; public so that the fuzz target and its corpus replay (`crate::fuzz`) run the
+    /// daemon's own loader.
+    pub fn file_settings(
+        &self,
+        mut file: Option<toml::Table>,
+    ) -> Result<(crate::sampling::SamplingPolicy, Reloadable), ConfigError> {
+        // `[flight_recorder]` is read here; the rest of the file is what SIGHUP reloads.
+        let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
+        let sampling = self.sampling_policy(recorder)?;
+        Ok((sampling, self.reloadable_of(file)?))
     }
 
     /// `--workers`, or the CPUs (at most 8).
@@ -594,6 +606,12 @@ impl ServeArgs {
                 .unwrap_or(false),
         })
     }
+}
+
+/// The text of a `--config` file (`shown`: its path, for the message) as a TOML table.
+pub fn parse_config_text(text: &str, shown: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| err("config", format!("{shown}: not valid TOML: {e}")))
 }
 
 fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
