@@ -46,6 +46,8 @@ pub mod config;
 pub mod crash;
 pub mod dataplane;
 pub mod detect;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz;
 pub mod gate;
 pub mod halt;
 pub mod identity;

@@ -8,7 +8,7 @@ use clap::Args;
 use crate::{
     build::{self, Built},
     ctx::Ctx,
-    setup,
+    fuzz, setup,
     util::run,
 };
 
@@ -36,6 +36,10 @@ pub(crate) struct Options {
     /// default, printing progress), with this many kills.
     #[arg(long, value_name = "KILLS", num_args = 0..=1, default_missing_value = "1000")]
     kill_loop: Option<u32>,
+    /// After the benches, fuzz every target for this many seconds (`cargo xtask fuzz
+    /// --seconds N`); 0 skips it.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    fuzz_seconds: u64,
     /// Extra arguments for `bench-halt-slo` (after `--`), e.g. `--quick` or
     /// `--streams 1,100`.
     #[arg(last = true)]
@@ -67,6 +71,9 @@ pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
         ran += 1;
     }
     println!("bench: {ran} of {} benches ran", BENCHES.len());
+    if opts.fuzz_seconds > 0 {
+        fuzz::fuzz(ctx, &fuzz::Options::short(opts.fuzz_seconds))?;
+    }
     Ok(())
 }
 

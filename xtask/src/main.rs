@@ -11,6 +11,7 @@
 mod bench;
 mod build;
 mod ctx;
+mod fuzz;
 mod lint;
 mod load;
 mod run;
@@ -55,6 +56,9 @@ enum Task {
     Bench(bench::Options),
     /// Build the BPF gate and have haltd load and attach it once (`haltd check-gate`).
     Load,
+    /// Build the libFuzzer targets (nightly, cargo-fuzz, installed when missing) and run each
+    /// for a while: executions, coverage, CPU time and crashes per target.
+    Fuzz(fuzz::Options),
 }
 
 fn main() {
@@ -68,6 +72,7 @@ fn main() {
         Task::Lint => lint::lint_task(&ctx),
         Task::Bench(opts) => bench::bench(&ctx, &opts),
         Task::Load => load::load(&ctx),
+        Task::Fuzz(opts) => fuzz::fuzz(&ctx, &opts),
     });
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

@@ -1,0 +1,4 @@
+//! `haltd::fuzz::config_file` under libFuzzer (see the function for what it checks).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| haltd::fuzz::config_file(data));

@@ -1,0 +1,4 @@
+//! `haltd::fuzz::ledger_verify` under libFuzzer (see the function for what it checks).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| haltd::fuzz::ledger_verify(data));

@@ -1,0 +1,4 @@
+//! `haltd::fuzz::upstream_response` under libFuzzer (see the function for what it checks).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| haltd::fuzz::upstream_response(data));
