@@ -1,9 +1,11 @@
 //! HTTP/1.1 on the data plane: request heads parsed with `httparse`, response heads written
 //! into the connection's own buffer.
 //!
-//! haltd answers one request per connection and says so (`connection: close`): a governed
-//! socket's gate state is per socket and a halt drops the socket for good, so reusing a
-//! connection for a second turn would only complicate the accounting.
+//! A connection is kept for the next request only after a turn that ended normally, and only
+//! when the client asked for it (`connection: keep-alive`, [`RequestHead::keep_alive`]); every
+//! other response says `connection: close` ([`Persist`]). A kept streaming response is sent
+//! with chunked framing, one chunk per frame ([`chunk_in_place`]), so that its end is not the
+//! end of the connection (docs/wire-format.md "Persistent connections").
 
 use std::io::Write as _;
 
@@ -23,6 +25,9 @@ pub struct RequestHead {
     pub head_len: usize,
     pub content_length: usize,
     pub expect_continue: bool,
+    /// The client asked to keep the connection: a `connection` header with the
+    /// `keep-alive` option and without `close`.
+    pub keep_alive: bool,
     /// The `Authorization` value, passed through to an upstream and never logged (its
     /// `Debug` is redacted).
     pub authorization: Option<Secret>,
@@ -157,6 +162,7 @@ pub fn parse_head_with(
         .transpose()?
         .flatten();
     let (expect_continue, authorization) = (fields.expect_continue, fields.authorization);
+    let keep_alive = fields.keep_alive && !fields.close;
     let content_length = fields.content_length.unwrap_or(0);
     if content_length > max_body {
         return Err(HttpError::new(
@@ -171,6 +177,7 @@ pub fn parse_head_with(
         head_len,
         content_length,
         expect_continue,
+        keep_alive,
         authorization,
         identity,
     }))
@@ -209,6 +216,9 @@ fn identity_value(
 struct HeadFields {
     content_length: Option<usize>,
     expect_continue: bool,
+    /// `connection` options seen (in any of its headers).
+    keep_alive: bool,
+    close: bool,
     authorization: Option<Secret>,
 }
 
@@ -252,6 +262,12 @@ impl HeadFields {
                     "invalid_request_error",
                     "transfer-encoding request bodies are not accepted; send content-length",
                 ));
+            } else if h.name.eq_ignore_ascii_case("connection") {
+                for option in h.value.split(|&b| b == b',') {
+                    let option = option.trim_ascii();
+                    f.keep_alive |= option.eq_ignore_ascii_case(b"keep-alive");
+                    f.close |= option.eq_ignore_ascii_case(b"close");
+                }
             } else if h.name.eq_ignore_ascii_case("expect") {
                 if h.value.eq_ignore_ascii_case(b"100-continue") {
                     f.expect_continue = true;
@@ -296,7 +312,19 @@ pub fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Writes a response head. `content_length: None` means the body runs until close (SSE).
+/// What a response says about its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// `connection: close`: the connection closes after this response (without a
+    /// `content-length`, the body runs until then).
+    Close,
+    /// `connection: keep-alive`: the next request may follow on this connection. A response
+    /// without a `content-length` is chunked ([`chunk_in_place`]).
+    KeepAlive,
+}
+
+/// Writes a response head that closes the connection. `content_length: None` means the body
+/// runs until close (SSE).
 pub fn write_head(
     out: &mut Vec<u8>,
     status: u16,
@@ -305,18 +333,58 @@ pub fn write_head(
     stream_id: Option<StreamId>,
     extra: &[(&str, &str)],
 ) {
-    // Writes into a Vec cannot fail.
-    let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason(status));
-    write_head_fields(out, content_type, content_length, stream_id, extra);
+    write_head_persist(
+        out,
+        status,
+        content_type,
+        content_length,
+        stream_id,
+        extra,
+        Persist::Close,
+    );
 }
 
-/// The header fields and blank line, after a status line written by the caller.
+/// [`write_head`] saying `persist`.
+pub fn write_head_persist(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    content_length: Option<usize>,
+    stream_id: Option<StreamId>,
+    extra: &[(&str, &str)],
+    persist: Persist,
+) {
+    // Writes into a Vec cannot fail.
+    let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason(status));
+    write_fields(out, content_type, content_length, stream_id, extra, persist);
+}
+
+/// The header fields and blank line of a response that closes the connection, after a
+/// status line written by the caller.
 pub fn write_head_fields(
     out: &mut Vec<u8>,
     content_type: &str,
     content_length: Option<usize>,
     stream_id: Option<StreamId>,
     extra: &[(&str, &str)],
+) {
+    write_fields(
+        out,
+        content_type,
+        content_length,
+        stream_id,
+        extra,
+        Persist::Close,
+    );
+}
+
+fn write_fields(
+    out: &mut Vec<u8>,
+    content_type: &str,
+    content_length: Option<usize>,
+    stream_id: Option<StreamId>,
+    extra: &[(&str, &str)],
+    persist: Persist,
 ) {
     let _ = write!(out, "content-type: {content_type}\r\n");
     if let Some(n) = content_length {
@@ -330,7 +398,48 @@ pub fn write_head_fields(
     for (k, v) in extra {
         let _ = write!(out, "{k}: {v}\r\n");
     }
-    out.extend_from_slice(b"connection: close\r\n\r\n");
+    match (persist, content_length) {
+        (Persist::Close, _) => out.extend_from_slice(b"connection: close\r\n\r\n"),
+        (Persist::KeepAlive, Some(_)) => out.extend_from_slice(b"connection: keep-alive\r\n\r\n"),
+        (Persist::KeepAlive, None) => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n")
+        }
+    }
+}
+
+/// The last chunk of a chunked body (no trailers).
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Hex digits of `n` (at least one).
+const fn hex_digits(n: u64) -> u32 {
+    if n == 0 {
+        1
+    } else {
+        (64 - n.leading_zeros()).div_ceil(4)
+    }
+}
+
+/// What chunked framing adds to a payload of at most `max_payload` bytes: the size in hex and
+/// two CRLFs. A frame of a chunked stream is at most its payload's bound plus this.
+pub const fn chunk_overhead(max_payload: u32) -> u32 {
+    hex_digits(max_payload as u64) + 4
+}
+
+/// Makes `out[start..]` one chunk of a chunked body: its size in hex and CRLF before it, CRLF
+/// after it. Moves the payload within the buffer; allocates only if the buffer must grow.
+pub fn chunk_in_place(out: &mut Vec<u8>, start: usize) {
+    let len = out.len() - start;
+    let digits = hex_digits(len as u64) as usize;
+    let size_line = digits + 2;
+    out.reserve(size_line + 2);
+    out.resize(out.len() + size_line, 0);
+    out.copy_within(start..start + len, start + size_line);
+    for (i, b) in out[start..start + digits].iter_mut().enumerate() {
+        let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
+        *b = b"0123456789abcdef"[nibble];
+    }
+    out[start + digits..start + size_line].copy_from_slice(b"\r\n");
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A whole JSON error response in the OpenAI error shape.
@@ -367,6 +476,74 @@ pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_alive_is_what_the_connection_header_asks_for() {
+        let head = |conn: &str| {
+            let req = format!("GET / HTTP/1.1\r\nhost: x\r\n{conn}\r\n");
+            parse_head(req.as_bytes(), 10)
+                .expect("valid")
+                .expect("complete")
+        };
+        assert!(!head("").keep_alive);
+        assert!(head("connection: keep-alive\r\n").keep_alive);
+        assert!(head("Connection: Upgrade, Keep-Alive\r\n").keep_alive);
+        assert!(!head("connection: close\r\n").keep_alive);
+        assert!(!head("connection: keep-alive\r\nconnection: close\r\n").keep_alive);
+    }
+
+    #[test]
+    fn a_chunk_is_its_hex_size_the_payload_and_crlfs() {
+        let mut out = b"head|".to_vec();
+        out.extend_from_slice(&[b'x'; 300]);
+        chunk_in_place(&mut out, 5);
+        assert!(out.starts_with(b"head|12c\r\nxxx"));
+        assert!(out.ends_with(b"xxx\r\n"));
+        assert_eq!(out.len(), 5 + 300 + chunk_overhead(300) as usize);
+        let mut one = b"a".to_vec();
+        chunk_in_place(&mut one, 0);
+        assert_eq!(one, b"1\r\na\r\n");
+        // The bound covers every payload up to it.
+        for max in [1_u32, 15, 16, 255, 256, 4095, 4096, 70_000] {
+            for len in [1, max / 2 + 1, max] {
+                let mut f = vec![b'y'; len as usize];
+                chunk_in_place(&mut f, 0);
+                assert!(
+                    f.len() <= (max + chunk_overhead(max)) as usize,
+                    "{len} of {max}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_kept_head_says_so_and_is_chunked_without_a_length() {
+        let mut out = Vec::new();
+        write_head_persist(
+            &mut out,
+            200,
+            "text/event-stream",
+            None,
+            None,
+            &[],
+            Persist::KeepAlive,
+        );
+        let text = String::from_utf8(out).expect("ascii");
+        assert!(text.ends_with("transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"));
+        let mut out = Vec::new();
+        write_head_persist(
+            &mut out,
+            200,
+            "application/json",
+            Some(2),
+            None,
+            &[],
+            Persist::KeepAlive,
+        );
+        let text = String::from_utf8(out).expect("ascii");
+        assert!(text.ends_with("content-length: 2\r\nconnection: keep-alive\r\n\r\n"));
+        assert!(!text.contains("chunked"));
+    }
 
     #[test]
     fn parses_a_complete_post() {

@@ -77,6 +77,26 @@ impl Halt {
         self.sse_events(out);
     }
 
+    /// [`Halt::sse_terminal`] for a chunked response (a kept connection, docs/wire-format.md
+    /// "Persistent connections"): one chunk whose size line, written as 8 hex digits, is part
+    /// of the 31 bytes before the nonce, so the nonce is still at
+    /// [`haltd_common::NONCE_OFFSET`]; then the last chunk, so the response is complete. The
+    /// connection closes after it.
+    pub fn sse_terminal_chunked(&self, out: &mut Vec<u8>) {
+        const SIZE_LINE: usize = 10;
+        let start = out.len();
+        out.extend_from_slice(b"00000000\r\n");
+        out.extend_from_slice(&SSE_TERMINAL_PREFIX[..SSE_TERMINAL_PREFIX.len() - SIZE_LINE]);
+        out.extend_from_slice(&nonce_hex(self.nonce));
+        out.push(b'\n');
+        self.sse_events(out);
+        let payload = out.len() - start - SIZE_LINE;
+        let size = format!("{payload:08x}");
+        out[start..start + 8].copy_from_slice(size.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(crate::wire::http::LAST_CHUNK);
+    }
+
     /// The terminal frame when no response head went out yet: a whole response whose first
     /// header carries the nonce. `stream` picks an SSE body or the degraded-safe JSON body.
     pub fn http_terminal(&self, out: &mut Vec<u8>, stream: bool) {
@@ -173,6 +193,11 @@ mod tests {
             },
             {
                 let mut o = Vec::new();
+                h.sse_terminal_chunked(&mut o);
+                o
+            },
+            {
+                let mut o = Vec::new();
                 h.http_terminal(&mut o, true);
                 o
             },
@@ -208,6 +233,26 @@ mod tests {
         assert_eq!(err["error"]["trip_token_index"], 12);
         assert_eq!(err["error"]["post_trip_tokens"], 2);
         assert_eq!(events[2], "data: [DONE]");
+    }
+
+    #[test]
+    fn the_chunked_terminal_is_one_chunk_then_the_last_chunk() {
+        let (mut plain, mut chunked) = (Vec::new(), Vec::new());
+        halt().sse_terminal(&mut plain);
+        halt().sse_terminal_chunked(&mut chunked);
+        let size_end = chunked
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("size line");
+        assert_eq!(size_end, 8);
+        let size = usize::from_str_radix(std::str::from_utf8(&chunked[..8]).expect("hex"), 16)
+            .expect("hex size");
+        let payload = &chunked[10..10 + size];
+        assert_eq!(&chunked[10 + size..], b"\r\n0\r\n\r\n");
+        // The payload is the plain terminal with ten fewer spaces before the nonce.
+        assert!(payload.starts_with(b": haltd-halt "));
+        assert_eq!(payload.len() + 10, plain.len());
+        assert_eq!(&payload[21..], &plain[31..]);
     }
 
     #[test]
