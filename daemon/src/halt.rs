@@ -379,7 +379,9 @@ impl HaltCore {
             detail,
         };
         out.clear();
-        if snap.mode == Mode::Stream && snap.headers_sent {
+        if snap.mode == Mode::Stream && snap.headers_sent && snap.chunked {
+            halt.sse_terminal_chunked(out);
+        } else if snap.mode == Mode::Stream && snap.headers_sent {
             halt.sse_terminal(out);
         } else {
             halt.http_terminal(out, snap.client_sse);

@@ -100,6 +100,9 @@ pub struct Slot {
     /// The client asked for `text/event-stream`, even if the turn is served as batch (degraded
     /// mode): a halt before the head answers in SSE then.
     pub client_sse: AtomicBool,
+    /// The response goes out chunked, one chunk per frame (a kept connection's streaming
+    /// response): the terminal frame is a chunk too.
+    pub chunked: AtomicBool,
 }
 
 impl Slot {
@@ -267,6 +270,7 @@ impl Slot {
             key_id: self.key_id.load(SeqCst),
             degraded: self.degraded.load(SeqCst),
             client_sse: self.client_sse.load(SeqCst),
+            chunked: self.chunked.load(SeqCst),
         }
     }
 }
@@ -296,6 +300,7 @@ pub struct SlotSnapshot {
     pub key_id: u64,
     pub degraded: bool,
     pub client_sse: bool,
+    pub chunked: bool,
 }
 
 impl SlotSnapshot {
@@ -357,6 +362,15 @@ pub struct KernelTripPoint {
     pub nonce: u64,
 }
 
+/// What a connection sent before this stream began, for a stream that continues a kept
+/// connection: the gate counts frames and bytes per socket, over all its turns, so the
+/// stream's counters start where the socket's stand and `F` and `S(F)` stay absolute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SentBefore {
+    pub frames: u64,
+    pub bytes: u64,
+}
+
 /// Fixed-capacity table of stream slots.
 #[derive(Debug)]
 pub struct StreamTable {
@@ -388,6 +402,20 @@ impl StreamTable {
     /// Takes a free slot for a new connection; `None` when the table is full (the caller
     /// refuses the connection: a stream that cannot be governed is never served).
     pub fn alloc(&self, worker: u32, fd: i32, budget: u32, now_ns: u64) -> Option<StreamId> {
+        self.alloc_after(worker, fd, budget, now_ns, SentBefore::default())
+    }
+
+    /// [`StreamTable::alloc`] for the next turn of a kept connection, whose socket already
+    /// carried `before`: the counters start there, before the stream is live, so a trip
+    /// never reads counts below the socket's.
+    pub fn alloc_after(
+        &self,
+        worker: u32,
+        fd: i32,
+        budget: u32,
+        now_ns: u64,
+        before: SentBefore,
+    ) -> Option<StreamId> {
         let idx = self
             .free
             .lock()
@@ -420,6 +448,9 @@ impl StreamTable {
         ] {
             c.store(0, SeqCst);
         }
+        s.frames_submitted.store(before.frames, SeqCst);
+        s.bytes_submitted.store(before.bytes, SeqCst);
+        s.chunked.store(false, SeqCst);
         s.trip_cause.store(0, SeqCst);
         s.kernel_tripped.store(false, SeqCst);
         s.send_inflight.store(false, SeqCst);
@@ -640,6 +671,56 @@ mod tests {
                 })
             ),
             "a halted, closed stream still says how it was tripped"
+        );
+    }
+
+    struct PointKernel(Mutex<Option<KernelTripPoint>>);
+    impl KernelTrip for PointKernel {
+        fn trip(&self, _: StreamId, p: &KernelTripPoint) -> bool {
+            *self.0.lock().expect("not poisoned") = Some(*p);
+            true
+        }
+    }
+
+    #[test]
+    fn a_continued_stream_trips_at_the_sockets_absolute_counts() {
+        let t = StreamTable::new(2);
+        let first = t.alloc(0, 7, 5, 1).expect("free slot");
+        let s = t.get(first).expect("live");
+        assert!(s.begin_frame(false, false, 100));
+        assert!(s.begin_frame(true, false, 10));
+        assert!(s.begin_final(50));
+        let before = SentBefore {
+            frames: s.frames_submitted.load(SeqCst),
+            bytes: s.bytes_submitted.load(SeqCst),
+        };
+        assert_eq!(
+            before,
+            SentBefore {
+                frames: 3,
+                bytes: 160
+            }
+        );
+        t.release(first);
+        let next = t.alloc_after(0, 7, 5, 2, before).expect("free slot");
+        assert_ne!(next, first, "a new stream id for the next turn");
+        let s = t.get(next).expect("live");
+        assert_eq!(s.tokens_submitted.load(SeqCst), 0, "tokens count per turn");
+        assert!(s.begin_frame(false, false, 100));
+        assert!(s.begin_frame(true, false, 10));
+        let k = PointKernel(Mutex::new(None));
+        let info = t
+            .trip(next, FailureCode::OperatorTrip, Some(&k), 3)
+            .expect("trips");
+        assert_eq!(info.trip_token_index, 1);
+        let p =
+            k.0.lock()
+                .expect("not poisoned")
+                .expect("the kernel was written");
+        assert_eq!(
+            (p.frames, p.bytes),
+            (5, 270),
+            "F and S(F) count the whole socket"
         );
     }
 
