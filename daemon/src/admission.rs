@@ -10,6 +10,9 @@
 //! * **request phase** (`--request-phase-share`, percent of `--max-streams`): connections that
 //!   have not yet sent a whole request; more get `503` and are closed. A connection leaves the
 //!   request phase when its request is routed or answered with an error, or when it closes.
+//!   A kept connection (HTTP keep-alive) waiting for its next request is not in the request
+//!   phase (`--client-idle-timeout-ms` bounds that wait); it enters it again with the first
+//!   byte of that request, and is refused with `503` then if the phase is full.
 //!
 //! Together with the absolute request deadline (`--request-timeout-ms` from accept to the
 //! end of the body, `dataplane/request.rs`), a trickling client holds at most its share of
@@ -67,12 +70,7 @@ impl Admission {
     /// it counts against its address and the request phase until [`Admission::leave_request`]
     /// and [`Admission::release`].
     pub fn admit(&self, addr: Option<IpAddr>) -> Result<(), Refusal> {
-        let taken = self
-            .in_request
-            .fetch_update(SeqCst, SeqCst, |n| (n < self.request_cap).then_some(n + 1));
-        if taken.is_err() {
-            return Err(Refusal::RequestPhase);
-        }
+        self.enter_request()?;
         if let (Some(addr), true) = (addr, self.per_addr_cap > 0) {
             let mut map = self.per_addr.lock().unwrap_or_else(PoisonError::into_inner);
             let n = map.entry(addr).or_insert(0);
@@ -86,7 +84,17 @@ impl Admission {
         Ok(())
     }
 
-    /// A connection admitted earlier left its request phase (once per connection).
+    /// A kept connection begins its next request (its first byte arrived): it counts against
+    /// the request phase again until [`Admission::leave_request`]. An idle kept connection
+    /// does not count: only its address's open connections do.
+    pub fn enter_request(&self) -> Result<(), Refusal> {
+        self.in_request
+            .fetch_update(SeqCst, SeqCst, |n| (n < self.request_cap).then_some(n + 1))
+            .map(drop)
+            .map_err(|_| Refusal::RequestPhase)
+    }
+
+    /// A connection left its request phase (once per request).
     pub fn leave_request(&self) {
         let _ = self
             .in_request
@@ -142,6 +150,11 @@ mod tests {
         assert_eq!(a.admit(ip("10.0.0.3")), Err(Refusal::RequestPhase));
         a.leave_request();
         assert_eq!(a.admit(ip("10.0.0.3")), Ok(()));
+        assert_eq!(a.in_request(), 2);
+        // A kept connection's next request takes its place in the phase again.
+        a.leave_request();
+        assert_eq!(a.enter_request(), Ok(()));
+        assert_eq!(a.enter_request(), Err(Refusal::RequestPhase));
         assert_eq!(a.in_request(), 2);
     }
 

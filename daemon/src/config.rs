@@ -140,6 +140,12 @@ pub struct ServeArgs {
     /// Share of --max-streams (percent, 1-100) that connections still sending their request may hold (more get 503).
     #[arg(long, default_value_t = 50)]
     pub request_phase_share: u32,
+    /// How long a kept client connection may wait for its next request (ms) before haltd closes it.
+    #[arg(long, default_value_t = 5_000)]
+    pub client_idle_timeout_ms: u64,
+    /// Most turns one client connection may carry; the last one says `connection: close` (1 = never keep a connection).
+    #[arg(long, default_value_t = 1_000)]
+    pub max_turns_per_conn: u32,
     /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -195,6 +201,7 @@ pub struct Config {
     pub halt_grace: Duration,
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
+    pub client_idle_timeout: Duration,
     pub workers: usize,
     pub faults: Faults,
     /// The resolved upstream of `--source openai`.
@@ -290,6 +297,7 @@ impl ServeArgs {
             halt_grace: Duration::from_millis(self.halt_grace_ms),
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            client_idle_timeout: Duration::from_millis(self.client_idle_timeout_ms),
             workers,
             faults,
             upstream,
@@ -367,6 +375,12 @@ impl ServeArgs {
         }
         if self.request_timeout_ms == 0 {
             return Err(err("request-timeout-ms", "must be at least 1"));
+        }
+        if self.client_idle_timeout_ms == 0 {
+            return Err(err("client-idle-timeout-ms", "must be at least 1"));
+        }
+        if self.max_turns_per_conn == 0 {
+            return Err(err("max-turns-per-conn", "must be at least 1"));
         }
         if let Some(h) = &self.identity_header {
             let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);

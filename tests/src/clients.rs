@@ -8,28 +8,41 @@ use serde_json::Value;
 /// Runs the official OpenAI Python SDK client (`tests/py/openai_client.py` in the venv that
 /// `cargo xtask setup` made) in namespace `ns`; returns its one JSON line.
 pub fn openai_sdk(ns: &str, args: &[&str]) -> Result<Value> {
-    let python = env::var("HALTD_PYTHON")
-        .context("HALTD_PYTHON is not set: run the tests with `cargo xtask test`")?;
     let script = env::var("HALTD_OPENAI_CLIENT").unwrap_or_else(|_| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("py/openai_client.py")
             .display()
             .to_string()
     });
+    python_sdk(ns, &script, args)
+}
+
+/// Runs `tests/py/openai_keepalive.py` (many turns with one SDK client) in namespace `ns`;
+/// returns its one JSON line.
+pub fn openai_sdk_keepalive(ns: &str, args: &[&str]) -> Result<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/openai_keepalive.py");
+    python_sdk(ns, &script.display().to_string(), args)
+}
+
+/// Runs a Python script of `tests/py` with the venv's interpreter in namespace `ns`; returns
+/// the JSON of its last line.
+fn python_sdk(ns: &str, script: &str, args: &[&str]) -> Result<Value> {
+    let python = env::var("HALTD_PYTHON")
+        .context("HALTD_PYTHON is not set: run the tests with `cargo xtask test`")?;
     let out = Command::new("ip")
-        .args(["netns", "exec", ns, &python, &script])
+        .args(["netns", "exec", ns, python.as_str(), script])
         .args(args)
         .output()
-        .context("running the OpenAI SDK client")?;
+        .with_context(|| format!("running {script}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     ensure!(
         out.status.success(),
-        "openai_client.py {args:?} failed ({}): {stdout}\n{}",
+        "{script} {args:?} failed ({}): {stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("openai_client.py printed {stdout:?}"))
+    serde_json::from_str(line).with_context(|| format!("{script} printed {stdout:?}"))
 }
 
 /// Runs curl in namespace `ns` with `args`; returns (exit status success, stdout).

@@ -53,7 +53,7 @@ pub mod sse;
 pub mod tls;
 pub mod upstream;
 
-pub use clients::{curl, openai_sdk};
+pub use clients::{curl, openai_sdk, openai_sdk_keepalive};
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
 };
@@ -61,7 +61,7 @@ pub use http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN};
 pub use ledger::{copy_ledger, read_ledger, state_dir_for, verify_ledger};
 pub use metrics::Metrics;
 pub use netns::{connect_from, in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};
-pub use raw_http::{raw_exchange, raw_exchange_on, RawResponse};
+pub use raw_http::{dechunk_lenient, raw_exchange, raw_exchange_on, KeptConn, RawResponse};
 pub use sse::{EventKind, SseEvent, StreamOutcome};
 pub use upstream::{ScriptedUpstream, PORT_UPSTREAM};
 

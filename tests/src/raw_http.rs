@@ -26,6 +26,23 @@ pub fn raw_exchange_on(mut s: TcpStream, request: &[u8], timeout: Duration) -> R
     s.set_write_timeout(Some(timeout))?;
     s.write_all(request).context("writing the request")?;
     let mut r = BufReader::new(s);
+    read_response(&mut r, true)
+}
+
+/// Reads one response from `r`: its head, then its body by `content-length`, chunked framing
+/// or (with `to_close`, else an error) until the connection closes.
+pub fn read_response(r: &mut BufReader<TcpStream>, to_close: bool) -> Result<RawResponse> {
+    let (status, headers) = read_head(r)?;
+    let body = read_body(r, &headers, to_close)?;
+    Ok(RawResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A response's status and headers (names in lower case).
+pub fn read_head(r: &mut BufReader<TcpStream>) -> Result<(u16, Vec<(String, String)>)> {
     let mut status_line = String::new();
     r.read_line(&mut status_line)
         .context("reading the status line")?;
@@ -50,6 +67,15 @@ pub fn raw_exchange_on(mut s: TcpStream, request: &[u8], timeout: Duration) -> R
             .with_context(|| format!("bad header line {line:?}"))?;
         headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
     }
+    Ok((status, headers))
+}
+
+/// The body of a response whose head was read.
+fn read_body(
+    r: &mut BufReader<TcpStream>,
+    headers: &[(String, String)],
+    to_close: bool,
+) -> Result<Vec<u8>> {
     let get = |name: &str| {
         headers
             .iter()
@@ -75,13 +101,152 @@ pub fn raw_exchange_on(mut s: TcpStream, request: &[u8], timeout: Duration) -> R
             body.extend_from_slice(&chunk[..size]);
         }
     } else {
+        ensure!(
+            to_close,
+            "a response without length or chunked framing on a kept connection"
+        );
         r.read_to_end(&mut body)?;
     }
-    Ok(RawResponse {
-        status,
-        headers,
-        body,
-    })
+    Ok(body)
+}
+
+/// The payloads of a chunked body as far as it is whole: a body cut off (a connection reset
+/// inside it) keeps its whole chunks.
+pub fn dechunk_lenient(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
+        let Some(size) = std::str::from_utf8(&raw[..eol])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+        else {
+            break;
+        };
+        let start = eol + 2;
+        if size == 0 || raw.len() < start + size + 2 {
+            break;
+        }
+        out.extend_from_slice(&raw[start..start + size]);
+        raw = &raw[start + size + 2..];
+    }
+    out
+}
+
+impl Read for KeptConn {
+    /// Raw bytes of the connection, after what the response readers took.
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.r.read(buf)
+    }
+}
+
+/// A client connection kept from request to request (HTTP keep-alive), for tests and probes
+/// of haltd's persistent connections.
+#[derive(Debug)]
+pub struct KeptConn {
+    r: BufReader<TcpStream>,
+}
+
+impl KeptConn {
+    /// Connects to `addr` (in the current thread's namespace) with `timeout` on every read
+    /// and write.
+    pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self> {
+        let s = TcpStream::connect_timeout(&addr, timeout)
+            .with_context(|| format!("connecting to {addr}"))?;
+        Self::on(s, timeout)
+    }
+
+    /// A kept connection on a stream the caller opened.
+    pub fn on(s: TcpStream, timeout: Duration) -> Result<Self> {
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        Ok(KeptConn {
+            r: BufReader::new(s),
+        })
+    }
+
+    /// The client's port of the connection.
+    pub fn local_port(&self) -> Result<u16> {
+        Ok(self.r.get_ref().local_addr()?.port())
+    }
+
+    /// Writes `bytes` (one request, several pipelined, or part of one).
+    pub fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.r
+            .get_mut()
+            .write_all(bytes)
+            .context("writing the request")
+    }
+
+    /// Reads the next response (one that says `connection: close` may run until close).
+    pub fn response(&mut self) -> Result<RawResponse> {
+        read_response(&mut self.r, true)
+    }
+
+    /// Reads the next response's head only (the body follows with [`KeptConn::body`] or
+    /// [`KeptConn::rest`]).
+    pub fn head(&mut self) -> Result<(u16, Vec<(String, String)>)> {
+        read_head(&mut self.r)
+    }
+
+    /// Reads the body of the response whose head [`KeptConn::head`] read.
+    pub fn body(&mut self, headers: &[(String, String)]) -> Result<Vec<u8>> {
+        read_body(&mut self.r, headers, false)
+    }
+
+    /// Every byte until the connection closes (EOF, a reset, or `wait` without a byte).
+    pub fn rest(&mut self, wait: Duration) -> Result<Vec<u8>> {
+        self.r.get_ref().set_read_timeout(Some(wait))?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.r.read(&mut buf) {
+                Ok(0) => return Ok(out),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(out)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sends `request` and reads its response; also returns the time from the write to the
+    /// first response byte.
+    pub fn exchange_timed(&mut self, request: &[u8]) -> Result<(Duration, RawResponse)> {
+        let t0 = std::time::Instant::now();
+        self.send(request)?;
+        let first = self.r.fill_buf().context("waiting for the response")?;
+        ensure!(!first.is_empty(), "the connection closed before a response");
+        let ttfb = t0.elapsed();
+        Ok((ttfb, self.response()?))
+    }
+
+    /// Whether haltd closed the connection: a read sees EOF (or a reset) within `wait`.
+    pub fn closed_within(&mut self, wait: Duration) -> Result<bool> {
+        self.r.get_ref().set_read_timeout(Some(wait))?;
+        let mut byte = [0u8; 1];
+        match self.r.read(&mut byte) {
+            Ok(0) => Ok(true),
+            Ok(_) => Err(anyhow!("unexpected bytes on an idle kept connection")),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 /// What [`raw_exchange`] read.

@@ -7,6 +7,7 @@ use std::{os::fd::RawFd, sync::Arc};
 use io_uring::{opcode, types};
 
 use super::{
+    keepalive::KeepAlive,
     op::{OpBuf, OpKind, Owner},
     timespec,
     turn::Turn,
@@ -92,8 +93,18 @@ pub(super) struct Conn {
     pub(super) frame_arrived_ns: u64,
     /// The client's IP address, read at accept (what `--max-conns-per-addr` counts).
     pub(super) peer: Option<std::net::IpAddr>,
-    /// When it was accepted: `--request-timeout-ms` counts from here.
+    /// When the request began: `--request-timeout-ms` counts from here. Accept for the first
+    /// request, the first byte of the request for the later ones of a kept connection.
     pub(super) accepted_ns: u64,
+    /// Whether this turn keeps the connection (`keepalive.rs`).
+    pub(super) keep: KeepAlive,
+    /// Requests begun on this connection, this one included.
+    pub(super) turns: u32,
+    /// A kept connection waiting for its next request (not in the request phase); since when.
+    pub(super) idle_since_ns: Option<u64>,
+    /// Bytes that followed the request's body: the start of the next request (answered in
+    /// order, after this one); empty, and unallocated, without pipelining.
+    pub(super) pipelined: Vec<u8>,
 }
 
 /// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
@@ -114,6 +125,51 @@ pub(super) fn frame_len(wbuf: &Option<Vec<u8>>) -> usize {
 }
 
 impl Conn {
+    /// A connection just accepted and governed, about to read its first request.
+    fn new(
+        fd: RawFd,
+        id: StreamId,
+        serial: u64,
+        peer: Option<std::net::IpAddr>,
+        accepted_ns: u64,
+        cfg: &crate::config::Config,
+    ) -> Self {
+        Conn {
+            fd,
+            id,
+            serial,
+            ops: 0,
+            rbuf: Some(Vec::new()),
+            wbuf: None,
+            sending: None,
+            recv_op: None,
+            timer_op: None,
+            watch_op: None,
+            score_op: None,
+            timer_ts: Some(Box::new(timespec(cfg.token_interval))),
+            read_ts: Some(Box::new(timespec(cfg.request_timeout))),
+            watch_ts: None,
+            score_ts: [None, None],
+            watch_buf: None,
+            continue_sent: false,
+            short_write: false,
+            reading: true,
+            pending_terminal: false,
+            closing: false,
+            outcome: Outcome::Open,
+            turn: None,
+            up: None,
+            peer_eof: false,
+            frame_arrived_ns: 0,
+            peer,
+            accepted_ns,
+            keep: KeepAlive::Close,
+            turns: 1,
+            idle_since_ns: None,
+            pipelined: Vec::new(),
+        }
+    }
+
     pub(super) fn inflight(&self) -> bool {
         self.ops > 0
     }
@@ -190,36 +246,7 @@ impl Worker {
             }
         }
         shared.metrics.dataplane.streams_active.inc();
-        let conn = Conn {
-            fd,
-            id,
-            serial,
-            ops: 0,
-            rbuf: Some(Vec::new()),
-            wbuf: None,
-            sending: None,
-            recv_op: None,
-            timer_op: None,
-            watch_op: None,
-            score_op: None,
-            timer_ts: Some(Box::new(timespec(shared.cfg.token_interval))),
-            read_ts: Some(Box::new(timespec(shared.cfg.request_timeout))),
-            watch_ts: None,
-            score_ts: [None, None],
-            watch_buf: None,
-            continue_sent: false,
-            short_write: false,
-            reading: true,
-            pending_terminal: false,
-            closing: false,
-            outcome: Outcome::Open,
-            turn: None,
-            up: None,
-            peer_eof: false,
-            frame_arrived_ns: 0,
-            peer,
-            accepted_ns,
-        };
+        let conn = Conn::new(fd, id, serial, peer, accepted_ns, &shared.cfg);
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
             tracing::error!(error = %e, "arming recv failed");
@@ -317,10 +344,15 @@ impl Worker {
         if !slot.settle_for_close() {
             return;
         }
-        if shared.kernel_held_bytes(conn.fd) {
+        if self.next_turn(key) {
+            // The connection is kept: the next request is read on it, under a new stream.
+            return;
+        }
+        let fd = self.conns[key].fd;
+        if shared.kernel_held_bytes(fd) {
             // The egress check holds bytes of this stream back: a graceful close would queue
             // the FIN behind them for ever. Reset the connection instead.
-            let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
+            let _ = crate::gate::selftest::set_linger_zero(&fd);
         }
         let mut conn = self.conns.remove(key);
         conn.leave_request_phase(&shared.admission);
@@ -378,7 +410,7 @@ fn at_capacity() -> HttpError {
     )
 }
 
-fn refusal_error(why: Refusal) -> HttpError {
+pub(super) fn refusal_error(why: Refusal) -> HttpError {
     match why {
         Refusal::PerAddress => HttpError::new(
             429,

@@ -14,7 +14,10 @@ use crate::{
     detect::{pipeline::Gate, DetectorId, Trip, TripKind},
     safety::SafetyMode,
     stream::Mode,
-    wire::{http, StreamId, Token},
+    wire::{
+        http::{self, Persist},
+        StreamId, Token,
+    },
 };
 
 /// Writes the whole batch response (asked for, or a degraded stream) into `out`: one frame.
@@ -22,10 +25,11 @@ fn encode_batch(
     turn: &Turn,
     out: &mut Vec<u8>,
     id: StreamId,
-    reason: &str,
-    usage: (u64, u64),
+    end: (&str, (u64, u64)),
     tool_calls: Option<&Value>,
+    persist: Persist,
 ) {
+    let (reason, usage) = end;
     let degraded_hdr: &[(&str, &str)] = if turn.degraded {
         &[("x-haltd-mode", "degraded")]
     } else {
@@ -50,24 +54,38 @@ fn encode_batch(
     if turn.stream {
         // Degraded mode serves a stream request as batch, still as SSE so that streaming
         // clients read it: one content event, the final events, [DONE].
-        http::write_head(out, 200, "text/event-stream", None, Some(id), degraded_hdr);
+        http::write_head_persist(
+            out,
+            200,
+            "text/event-stream",
+            None,
+            Some(id),
+            degraded_hdr,
+            persist,
+        );
+        let body = out.len();
         if !turn.held_text.is_empty() || toks.is_empty() {
             turn.enc
                 .content_event(out, &turn.held_text, &toks, &offsets, true);
         }
         turn.enc
             .finish_events(out, reason, turn.include_usage.then_some(usage));
+        if persist == Persist::KeepAlive {
+            http::chunk_in_place(out, body);
+            out.extend_from_slice(http::LAST_CHUNK);
+        }
     } else {
         let body = turn
             .enc
             .batch_body(&turn.held_text, &toks, &offsets, reason, usage, tool_calls);
-        http::write_head(
+        http::write_head_persist(
             out,
             200,
             "application/json",
             Some(body.len()),
             Some(id),
             degraded_hdr,
+            persist,
         );
         out.extend_from_slice(&body);
     }
@@ -119,11 +137,17 @@ impl Worker {
             return Ok(());
         };
         let out = frame(&mut conn.wbuf);
+        let persist = conn.keep.persist();
         if slot.mode() == Mode::Stream {
             turn.enc
                 .finish_events(out, reason, turn.include_usage.then_some(usage));
+            if persist == Persist::KeepAlive {
+                // The last token chunk, then the end of the chunked body.
+                http::chunk_in_place(out, 0);
+                out.extend_from_slice(http::LAST_CHUNK);
+            }
         } else {
-            encode_batch(turn, out, conn.id, reason, usage, tool_calls);
+            encode_batch(turn, out, conn.id, (reason, usage), tool_calls, persist);
         }
         if slot.begin_final(out.len()) {
             if slot.mode() == Mode::Batch {

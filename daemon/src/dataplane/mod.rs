@@ -15,6 +15,7 @@
 //! | `ring.rs` | the io_uring driver: the loop, submission, completion dispatch |
 //! | `op.rs` | operations that own their buffers while the kernel has them |
 //! | `conn.rs` | a client connection: accept and govern, its state, closing |
+//! | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
@@ -44,6 +45,7 @@ mod deadline;
 mod end;
 mod halt;
 mod hold;
+mod keepalive;
 mod op;
 mod pipeline;
 mod pool;

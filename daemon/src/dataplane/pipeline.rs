@@ -28,6 +28,7 @@ use serde_json::Value;
 use super::{
     conn::{frame, frame_len, SendKind},
     hold::{Pending, PendingKind},
+    keepalive::KeepAlive,
     op::{OpBuf, OpKind},
     score::{Item, Judged},
     timespec,
@@ -41,7 +42,7 @@ use crate::{
     source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
     stream::{Mode, SlotState},
     upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
-    wire::{Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+    wire::{http, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
 
 /// Alternatives of one token frame, on the stack.
@@ -460,6 +461,13 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
         let index = slot.tokens_submitted.load(SeqCst);
+        if conn.keep == KeepAlive::Keep {
+            // One chunk per frame: a move within the frame buffer, no allocation once the
+            // buffer has grown to the turn's largest frame.
+            if let Some(buf) = conn.wbuf.as_mut() {
+                http::chunk_in_place(buf, 0);
+            }
+        }
         if !slot.begin_frame(true, ignore_halt, frame_len(&conn.wbuf)) {
             return self.halt(key);
         }

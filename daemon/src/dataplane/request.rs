@@ -8,6 +8,7 @@ use io_uring::{opcode, squeue, types};
 
 use super::{
     conn::{frame, frame_len, SendKind, RECV_CHUNK},
+    keepalive::KeepAlive,
     op::{OpBuf, OpKind},
     timespec, Worker,
 };
@@ -27,11 +28,20 @@ impl Worker {
     pub(super) fn arm_recv(&mut self, key: usize) -> io::Result<()> {
         let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
         let timeout = self.shared.cfg.request_timeout;
+        let idle_timeout = self.shared.cfg.client_idle_timeout;
         let conn = &mut self.conns[key];
-        // The deadline is absolute, from accept to the end of the body: a client that sends
-        // a byte now and then gets no more time for it.
-        let deadline = conn.accepted_ns + timeout.as_nanos() as u64;
+        // The deadline is absolute, from accept (or the first byte of a kept connection's
+        // next request) to the end of the body: a client that sends a byte now and then gets
+        // no more time for it. A kept connection waits for that first byte at most the idle
+        // timeout.
+        let deadline = match conn.idle_since_ns {
+            Some(since) => since + idle_timeout.as_nanos() as u64,
+            None => conn.accepted_ns + timeout.as_nanos() as u64,
+        };
         let Some(left) = deadline.checked_sub(monotonic_ns()).filter(|&l| l > 0) else {
+            if conn.idle_since_ns.is_some() {
+                return self.idle_timed_out(key);
+            }
             return self.request_too_slow(key);
         };
         let mut buf = conn.rbuf.take().unwrap_or_default();
@@ -74,18 +84,33 @@ impl Worker {
 
     pub(super) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        if conn.closing || !conn.reading {
+        let idle = conn.idle_since_ns.is_some();
+        if conn.closing || !(conn.reading || idle) {
             return Ok(());
         }
         if res == -libc::ECANCELED {
+            if idle {
+                return self.idle_timed_out(key);
+            }
             return self.request_too_slow(key);
         }
         if res <= 0 {
-            // The client went away before sending a whole request.
+            // The client went away before sending a whole request (or closed a kept
+            // connection between requests).
             conn.outcome = Outcome::ClientGone;
             self.begin_close(key);
             return Ok(());
         }
+        if idle && !self.request_begins(key)? {
+            return Ok(());
+        }
+        self.on_request_bytes(key)
+    }
+
+    /// Parses what arrived of the request: reads on, answers `100 Continue`, refuses, or
+    /// routes the whole request.
+    pub(super) fn on_request_bytes(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
         let max_body = self.shared.cfg.args.max_body_bytes;
         let rbuf = conn.rbuf.as_deref().unwrap_or_default();
         let identity_header = self.shared.cfg.args.identity_header.as_deref();
@@ -97,6 +122,9 @@ impl Worker {
                 return self.reply_error(key, &e);
             }
         };
+        self.choose_keep_alive(key, &head);
+        let conn = &mut self.conns[key];
+        let rbuf = conn.rbuf.as_deref().unwrap_or_default();
         let have = rbuf.len() - head.head_len;
         if have < head.content_length {
             if head.expect_continue && !conn.continue_sent {
@@ -116,19 +144,25 @@ impl Worker {
             }
             return self.arm_recv(key);
         }
+        let end = head.head_len + head.content_length;
         if have > head.content_length {
-            conn.leave_request_phase(&self.shared.admission);
-            return self.reply_error(
-                key,
-                &HttpError::bad_request(
-                    "bytes after the request body (pipelining is not supported)",
-                ),
-            );
+            if conn.keep == KeepAlive::Close {
+                conn.leave_request_phase(&self.shared.admission);
+                return self.reply_error(
+                    key,
+                    &HttpError::bad_request(
+                        "bytes after the request body (pipelining needs connection: keep-alive)",
+                    ),
+                );
+            }
+            // Pipelined: the rest is the next request, read once this turn ended.
+            conn.pipelined.clear();
+            conn.pipelined.extend_from_slice(&rbuf[end..]);
         }
         conn.leave_request_phase(&self.shared.admission);
         // The request buffer is freed once the request is routed: nothing reads it after.
         let request = conn.rbuf.take().unwrap_or_default();
-        let body = request.get(head.head_len..).unwrap_or_default();
+        let body = request.get(head.head_len..end).unwrap_or_default();
         self.route(key, head, body)
     }
 

@@ -340,7 +340,16 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
         let out = frame(&mut conn.wbuf);
-        http::write_head(out, 200, "text/event-stream", None, Some(conn.id), &[]);
+        let persist = conn.keep.persist();
+        http::write_head_persist(
+            out,
+            200,
+            "text/event-stream",
+            None,
+            Some(conn.id),
+            &[],
+            persist,
+        );
         if slot.begin_frame(false, false, out.len()) {
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);
@@ -471,6 +480,12 @@ impl Worker {
         };
         let slot = shared.table.slot(conn.id.slot);
         let max_event = turn.enc.max_event_bytes();
+        // A chunked response's token frame is its event plus the chunk's framing.
+        let max_event = if slot.chunked.load(SeqCst) {
+            max_event + http::chunk_overhead(max_event)
+        } else {
+            max_event
+        };
         slot.max_event_bytes.store(max_event, SeqCst);
         let Some(gate) = &shared.gate else {
             return !slot.is_tripped();

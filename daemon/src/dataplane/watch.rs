@@ -9,6 +9,7 @@ use io_uring::{opcode, types};
 
 use super::{
     conn::{frame, SendKind},
+    keepalive::KeepAlive,
     op::{OpBuf, OpKind},
     timespec, Worker,
 };
@@ -79,7 +80,16 @@ impl Worker {
             buf.clear();
             let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
             let len = buf.capacity() as u32;
-            let e = opcode::Recv::new(types::Fd(conn.fd), ptr, len).build();
+            // On a kept connection, bytes after the request are the next request (answered in
+            // order): the watch only peeks at them.
+            let flags = if conn.keep == KeepAlive::Keep {
+                libc::MSG_PEEK
+            } else {
+                0
+            };
+            let e = opcode::Recv::new(types::Fd(conn.fd), ptr, len)
+                .flags(flags)
+                .build();
             (OpBuf::Recv(buf), e)
         };
         let owner = conn.owner(key);
@@ -95,8 +105,8 @@ impl Worker {
             return Ok(());
         }
         if res > 0 && !conn.peer_eof {
-            // Bytes after the request: not served (one request per connection); stop
-            // watching rather than spin on a chatty client.
+            // Bytes after the request: not served on a connection that is not kept, the next
+            // request on a kept one; either way stop watching rather than spin on them.
             return Ok(());
         }
         if conn.peer_eof && res == -libc::ETIME && !peer_reset(conn.fd) {

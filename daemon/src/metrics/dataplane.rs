@@ -77,8 +77,39 @@ pub struct RingEventLabels {
     pub kind: RingEvent,
 }
 
+/// Why haltd closed a kept client connection itself (`haltd_keepalive_closes_total`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum KeepAliveClose {
+    /// No next request within `--client-idle-timeout-ms`.
+    IdleTimeout,
+    /// The turn was the connection's `--max-turns-per-conn`-th: its reply said close.
+    MaxTurns,
+}
+
+impl KeepAliveClose {
+    pub const ALL: [KeepAliveClose; 2] = [KeepAliveClose::IdleTimeout, KeepAliveClose::MaxTurns];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KeepAliveClose::IdleTimeout => "idle_timeout",
+            KeepAliveClose::MaxTurns => "max_turns",
+        }
+    }
+}
+
+impl EncodeLabelValue for KeepAliveClose {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeepAliveCloseLabels {
+    pub reason: KeepAliveClose,
+}
+
 /// `haltd_streams_*`, `haltd_requests_rejected_total`, `haltd_tokens_emitted_total`,
-/// `haltd_token_overhead_seconds`, `haltd_ring_events_total`. The per-token path touches
+/// `haltd_token_overhead_seconds`, `haltd_ring_events_total`, `haltd_keepalive_*`. The per-token path touches
 /// only `tokens_emitted` and `token_overhead` (relaxed atomic adds, no lock, no lookup).
 #[derive(Debug)]
 pub struct DataPlaneMetrics {
@@ -88,6 +119,9 @@ pub struct DataPlaneMetrics {
     pub tokens_emitted: Counter,
     pub token_overhead: NsHistogram,
     pub ring_events: Family<RingEventLabels, Counter>,
+    /// Requests that arrived on a kept connection (its second request and later).
+    pub keepalive_turns: Counter,
+    pub keepalive_closes: Family<KeepAliveCloseLabels, Counter>,
 }
 
 impl DataPlaneMetrics {
@@ -133,7 +167,24 @@ impl DataPlaneMetrics {
         for kind in RingEvent::ALL {
             drop(ring_events.get_or_create(&RingEventLabels { kind }));
         }
+        let keepalive_turns = Counter::default();
+        reg.register(
+            "keepalive_turns",
+            "Requests read on a kept client connection (its second request and later)",
+            keepalive_turns.clone(),
+        );
+        let keepalive_closes = Family::<KeepAliveCloseLabels, Counter>::default();
+        reg.register(
+            "keepalive_closes",
+            "Kept client connections haltd closed itself, by reason: idle_timeout (no next request within --client-idle-timeout-ms), max_turns (the --max-turns-per-conn-th turn said connection: close)",
+            keepalive_closes.clone(),
+        );
+        for reason in KeepAliveClose::ALL {
+            drop(keepalive_closes.get_or_create(&KeepAliveCloseLabels { reason }));
+        }
         DataPlaneMetrics {
+            keepalive_turns,
+            keepalive_closes,
             streams_active,
             streams_total,
             requests_rejected,
@@ -154,6 +205,13 @@ impl DataPlaneMetrics {
     pub fn finished(&self, outcome: Outcome) {
         self.streams_total
             .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// A kept connection closed by haltd for `reason`.
+    pub fn keepalive_closed(&self, reason: KeepAliveClose) {
+        self.keepalive_closes
+            .get_or_create(&KeepAliveCloseLabels { reason })
             .inc();
     }
 

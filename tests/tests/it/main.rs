@@ -22,6 +22,7 @@ mod detectors;
 mod drain;
 mod guarantee;
 mod hostile;
+mod keepalive;
 mod kernel_gate;
 mod logs;
 mod namespaces;
