@@ -3,6 +3,9 @@
 //! the request's write to the first response byte. Sequential requests show what a proxy adds
 //! before a response begins (its connect to the upstream, its parse and forward) without the
 //! queueing of a loaded run.
+//!
+//! [`keepalive_probe`] compares, on one route in one run, a request on a new client connection
+//! with one on a kept connection (HTTP keep-alive, `connection: keep-alive` on both).
 
 use std::{
     io::{Read, Write},
@@ -16,18 +19,23 @@ use serde_json::json;
 /// Reads a socket until EOF; a route that misbehaves fails the probe instead of hanging it.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A streamed completion request of `tokens` tokens of the scripted upstream.
+fn request(addr: &str, tokens: usize, connection: &str) -> String {
+    let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
+        "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens}]]")}]})
+    .to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: text/event-stream\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// One streamed completion over a new connection to `addr` (`host:port`); returns the time
 /// from the request's write to the first response byte. The body is read to its end, and the
 /// response must be a `200`.
 pub fn one(addr: &str, tokens: usize) -> Result<Duration> {
-    let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
-        "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens}]]")}]})
-    .to_string();
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         accept: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let req = request(addr, tokens, "close");
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_nodelay(true).context("TCP_NODELAY")?;
     s.set_read_timeout(Some(READ_TIMEOUT))
@@ -77,6 +85,69 @@ pub fn probe(
         t.sort_unstable();
     }
     Ok(times)
+}
+
+/// What [`keepalive_probe`] measured, each sorted.
+#[derive(Debug, Default)]
+pub struct KeepAliveTimes {
+    /// New connection: from the start of the connect to the first response byte.
+    pub new_from_connect: Vec<Duration>,
+    /// New connection: from the request's write (after the connect) to the first byte.
+    pub new_from_write: Vec<Duration>,
+    /// Kept connection (its earlier request answered in full): from the write to the first byte.
+    pub reused: Vec<Duration>,
+}
+
+/// `requests` pairs of sequential requests to `addr`: one on a new connection, then one on a
+/// connection kept from the previous pair, both asking for keep-alive, after `warmup`
+/// unmeasured pairs. The kept connection answers every response in full before the next
+/// request; a response on it that is not kept fails the probe.
+pub fn keepalive_probe(
+    addr: &str,
+    requests: usize,
+    warmup: usize,
+    tokens: usize,
+) -> Result<KeepAliveTimes> {
+    let sa: std::net::SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
+    let req = request(addr, tokens, "keep-alive");
+    let mut kept = crate::raw_http::KeptConn::connect(sa, READ_TIMEOUT)?;
+    let (_, first) = kept.exchange_timed(req.as_bytes())?;
+    ensure!(
+        first.status == 200 && first.header("connection") == Some("keep-alive"),
+        "{addr} did not keep the connection: {} {:?}",
+        first.status,
+        first.headers
+    );
+    let mut out = KeepAliveTimes::default();
+    for i in 0..warmup + requests {
+        let t0 = Instant::now();
+        let s = TcpStream::connect(sa).with_context(|| format!("connecting to {addr}"))?;
+        let connect = t0.elapsed();
+        let mut fresh = crate::raw_http::KeptConn::on(s, READ_TIMEOUT)?;
+        let (new, r) = fresh.exchange_timed(req.as_bytes())?;
+        ensure!(r.status == 200, "new connection {i}: {}", r.status);
+        drop(fresh);
+        let (reused, r) = kept.exchange_timed(req.as_bytes())?;
+        ensure!(
+            r.status == 200 && r.header("connection") == Some("keep-alive"),
+            "kept connection, request {i}: {} {:?}",
+            r.status,
+            r.headers
+        );
+        if i >= warmup {
+            out.new_from_connect.push(connect + new);
+            out.new_from_write.push(new);
+            out.reused.push(reused);
+        }
+    }
+    for t in [
+        &mut out.new_from_connect,
+        &mut out.new_from_write,
+        &mut out.reused,
+    ] {
+        t.sort_unstable();
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

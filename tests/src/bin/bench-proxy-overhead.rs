@@ -36,7 +36,10 @@
 //! bursts an unloaded probe measures it alone: `--ttfb-requests` (default 200) sequential
 //! requests per route, one at a time, each on a new client connection, routes taking turns
 //! (after 10 unmeasured ones per route that fill the proxies' upstream pools); see
-//! `haltd_tests::seq_ttfb`. Its p50 added by haltd is the figure of issue 11's target.
+//! `haltd_tests::seq_ttfb`. Its p50 added by haltd is the figure of issue 11's target. In the
+//! same probe, requests through haltd alternate between a new client connection and one kept
+//! alive from request to request (both say `connection: keep-alive`): the time to first byte
+//! of a reused connection against a new one (from the connect, and from the write), issue 12.
 //!
 //! CPU time per token is a proxy's CPU time (user + system, all threads; for nginx the sum
 //! over its master and worker processes; read from the kernel's per-process CPU clock,
@@ -1345,6 +1348,11 @@ struct SeqTtfb {
     direct: Pct,
     via: Pct,
     nginx: Option<Pct>,
+    /// Through haltd, in the same run: a request on a new client connection (from the
+    /// connect, and from the write) and one on a kept connection (from the write).
+    via_new_connect: Pct,
+    via_new_write: Pct,
+    via_reused: Pct,
 }
 
 /// Runs the sequential time-to-first-byte probe over every route; `None` when skipped.
@@ -1369,6 +1377,11 @@ fn sequential_ttfb(args: &Args, rig: &Rig) -> Result<Option<SeqTtfb>> {
         args.ttfb_requests
     );
     let times = seq_ttfb::probe(&addrs, args.ttfb_requests, TTFB_WARMUP, 1)?;
+    eprintln!(
+        "bench-proxy-overhead: time to first byte through haltd, new against kept client connections, {} pairs",
+        args.ttfb_requests
+    );
+    let kept = seq_ttfb::keepalive_probe(addrs[1], args.ttfb_requests, TTFB_WARMUP, 1)?;
     let pct = |t: &Vec<Duration>| Pct {
         p50: seq_ttfb::percentile_us(t, 50.0),
         p99: seq_ttfb::percentile_us(t, 99.0),
@@ -1377,6 +1390,9 @@ fn sequential_ttfb(args: &Args, rig: &Rig) -> Result<Option<SeqTtfb>> {
         direct: pct(&times[0]),
         via: pct(&times[1]),
         nginx: times.get(2).map(pct),
+        via_new_connect: pct(&kept.new_from_connect),
+        via_new_write: pct(&kept.new_from_write),
+        via_reused: pct(&kept.reused),
     }))
 }
 
@@ -1428,6 +1444,16 @@ impl SeqTtfb {
             show(ga.and_then(|g| g.p99)),
             verdict(self.pass())
         );
+        println!(
+            "through haltd, {requests} pairs in one run (µs): new client connection p50 {} p99 {} \
+             from the connect ({} / {} from the write); kept connection p50 {} p99 {}",
+            show(self.via_new_connect.p50),
+            show(self.via_new_connect.p99),
+            show(self.via_new_write.p50),
+            show(self.via_new_write.p99),
+            show(self.via_reused.p50),
+            show(self.via_reused.p99),
+        );
     }
 
     /// The report's `sequential_ttfb`.
@@ -1453,6 +1479,11 @@ impl SeqTtfb {
             "nginx_added_p50_us": r(ga.and_then(|g| g.p50)),
             "nginx_added_p99_us": r(ga.and_then(|g| g.p99)),
             "pass": self.pass(),
+            "via_keepalive": {
+                "new_connection_from_connect": pct(self.via_new_connect),
+                "new_connection_from_write": pct(self.via_new_write),
+                "kept_connection": pct(self.via_reused),
+            },
         })
     }
 }
