@@ -2,7 +2,8 @@
 //! kernel gate: the official OpenAI SDK keeps one connection over many turns and gets a new
 //! one after a trip; raw clients check the idle timeout, the turn cap, pipelining, that a
 //! tripped connection is closed, that an idle kept connection holds no request-phase place,
-//! and that the kernel bound holds for a turn on a reused connection.
+//! that the kernel bound holds for a turn on a reused connection, and that proxied turns keep
+//! their connection too.
 
 use std::{
     net::SocketAddr,
@@ -12,6 +13,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
     in_netns, openai_sdk_keepalive,
+    rig::Rig,
     sse::{classify, fresh_key, EventKind, SseParser},
     trip_here, Haltd, KeptConn, NetPair, RawResponse,
 };
@@ -420,5 +422,63 @@ fn a_reused_connection_is_bounded_by_the_kernel_after_a_trip() -> Result<()> {
         dropped > 0.0,
         "the emitter ignored the halt but the kernel dropped nothing"
     );
+    Ok(())
+}
+
+/// A scripted-upstream chat request through haltd's proxy that asks to keep the connection.
+fn proxied_request(addr: SocketAddr, script: &str) -> Vec<u8> {
+    let body = json!({"model": "scripted", "stream": true,
+        "messages": [{"role": "user", "content": script}]})
+    .to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: keep-alive\r\n\r\n{body}",
+        fresh_key(),
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Proxied turns (`--source openai`) keep their client connection too: three turns of the
+/// scripted upstream on one connection, then a fourth tripped mid-stream closes it.
+#[test]
+fn proxied_turns_keep_their_client_connection_until_a_trip() -> Result<()> {
+    let rig = Rig::start(crate::UPSTREAM_BIN, &[])?;
+    let (api, admin) = (rig.haltd.api, rig.haltd.admin_url());
+    in_netns(&rig.haltd.client_ns, move || -> Result<()> {
+        let mut c = KeptConn::connect(api, TIMEOUT)?;
+        let mut ids = Vec::new();
+        for n in [3, 5, 4] {
+            c.send(&proxied_request(
+                api,
+                &format!("[[script:normal tokens={n}]]"),
+            ))?;
+            ids.push(ensure_kept_turn(&c.response()?, n)?);
+        }
+        ids.dedup();
+        ensure!(ids.len() == 3, "one stream id per turn: {ids:?}");
+        c.send(&proxied_request(
+            api,
+            "[[script:normal tokens=500 pace_ms=5]]",
+        ))?;
+        let (status, headers) = c.head()?;
+        let id = header(&headers, "x-haltd-stream-id")?;
+        ensure!(status == 200, "{status}");
+        let (code, trip) = trip_here(&format!("{admin}/admin/streams/{id}/trip"), None)?;
+        ensure!(code == 200, "trip: {code} {trip}");
+        let evs = events(&c.body(&headers)?);
+        ensure!(
+            evs.iter()
+                .any(|e| matches!(e, EventKind::Error(err) if err["code"] == "OPERATOR_TRIP")),
+            "no terminal event: {evs:?}"
+        );
+        ensure!(
+            c.closed_within(Duration::from_secs(2))?,
+            "the tripped connection stayed open"
+        );
+        Ok(())
+    })?;
+    let m = rig.haltd.metrics()?;
+    ensure!(m.value("haltd_keepalive_turns_total", &[])? == 3.0);
     Ok(())
 }
