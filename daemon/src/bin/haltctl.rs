@@ -1,11 +1,12 @@
 //! `haltctl`: the operator's CLI for a running haltd (trip a stream, list streams, end
-//! degraded safe mode) and for
-//! its flight recorder (verify the hash chain).
+//! degraded safe mode) and for its flight recorder (verify the hash chain, show and follow
+//! the records).
 
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use haltd::admin::client::AdminClient;
+use haltd::ledger::show;
 use hyper::Method;
 
 #[derive(Parser)]
@@ -126,6 +127,159 @@ enum LedgerCommand {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Print a ledger's records as a table (or as JSON Lines), oldest first. Reads only: it
+    /// does not check the chain (`verify` does). Lines that are not records (a torn last line,
+    /// damage) are reported on stderr by number. Exit status: 0 printed, 2 cannot read.
+    Show {
+        #[command(flatten)]
+        view: LedgerView,
+        /// Only the last N matching records.
+        #[arg(long, value_name = "N")]
+        last: Option<usize>,
+    },
+    /// Print the last records, then follow the file as haltd appends to it (until
+    /// interrupted), across rotations: when the path names a new file, or the file got
+    /// shorter, it reads the new one from its start.
+    Tail {
+        #[command(flatten)]
+        view: LedgerView,
+        /// How many records to print before following.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        lines: usize,
+        /// How often to look for new records, in milliseconds.
+        #[arg(long, default_value_t = 250, value_name = "MS")]
+        interval_ms: u64,
+    },
+}
+
+/// What `ledger show` and `ledger tail` read and print.
+#[derive(clap::Args)]
+struct LedgerView {
+    /// The ledger file (haltd's `--ledger`).
+    #[arg(env = "HALTD_LEDGER", default_value = "/var/lib/haltd/ledger.jsonl")]
+    path: PathBuf,
+    /// Only the records of this stream (the `x-haltd-stream-id` response header).
+    #[arg(long, value_name = "ID")]
+    stream: Option<String>,
+    /// Only records of this kind.
+    #[arg(long, value_enum)]
+    kind: Option<KindArg>,
+    /// Print each record as its JSON line, as written, instead of a table row.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--kind`: the record kinds of docs/fhr-schema.md §1.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum KindArg {
+    Turn,
+    Incident,
+    Lifecycle,
+    Crash,
+    Admin,
+}
+
+impl From<KindArg> for haltd::ledger::RecordKind {
+    fn from(k: KindArg) -> Self {
+        use haltd::ledger::RecordKind as K;
+        match k {
+            KindArg::Turn => K::Turn,
+            KindArg::Incident => K::Incident,
+            KindArg::Lifecycle => K::Lifecycle,
+            KindArg::Crash => K::Crash,
+            KindArg::Admin => K::Admin,
+        }
+    }
+}
+
+impl LedgerView {
+    fn selection(&self) -> show::Selection {
+        show::Selection {
+            stream: self.stream.clone(),
+            kind: self.kind.map(Into::into),
+        }
+    }
+
+    /// Whether `line` is printed: matching records, and every line that is not a record.
+    fn keeps(&self, sel: &show::Selection, line: &show::Line) -> bool {
+        match line {
+            show::Line::Record(_, v, _) => sel.matches(v),
+            show::Line::NotARecord(..) => true,
+        }
+    }
+
+    fn print(&self, line: &show::Line) {
+        match line {
+            show::Line::Record(_, _, text) if self.json => println!("{text}"),
+            show::Line::Record(_, v, _) => println!("{}", show::table_row(v)),
+            show::Line::NotARecord(n, why) => {
+                eprintln!("haltctl: {} line {n}: {why}; skipped", self.path.display());
+            }
+        }
+    }
+
+    fn print_header(&self) {
+        if !self.json {
+            println!("{}", show::table_header());
+        }
+    }
+}
+
+/// `haltctl ledger show`.
+fn ledger_show(view: &LedgerView, last: Option<usize>) -> ExitCode {
+    let sel = view.selection();
+    view.print_header();
+    let read = match last {
+        Some(n) => show::last_lines(&view.path, n, |l| view.keeps(&sel, l))
+            .map(|lines| lines.iter().for_each(|l| view.print(l))),
+        None => show::read_lines(&view.path, |l| {
+            if view.keeps(&sel, &l) {
+                view.print(&l);
+            }
+        }),
+    };
+    match read {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("haltctl: {}: {e}", view.path.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `haltctl ledger tail`: runs until interrupted, or until the file cannot be read.
+fn ledger_tail(view: &LedgerView, lines: usize, interval_ms: u64) -> ExitCode {
+    let sel = view.selection();
+    let fail = |e: std::io::Error| {
+        eprintln!("haltctl: {}: {e}", view.path.display());
+        ExitCode::from(2)
+    };
+    // Open the follower first: a record appended while the last ones print is not lost.
+    let mut follower = match show::Follower::at_end(&view.path) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    view.print_header();
+    match show::last_lines(&view.path, lines, |l| view.keeps(&sel, l)) {
+        Ok(last) => last.iter().for_each(|l| view.print(l)),
+        Err(e) => return fail(e),
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(interval_ms.max(10)));
+        let polled = match follower.poll() {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
+        for l in polled.lines.iter().filter(|l| view.keeps(&sel, l)) {
+            view.print(l);
+        }
+        if polled.rotated {
+            eprintln!(
+                "haltctl: {} was rotated; following the new file",
+                view.path.display()
+            );
+        }
+    }
 }
 
 /// `haltctl ledger verify`.
@@ -332,8 +486,14 @@ fn main() -> ExitCode {
         ),
         Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
         Command::Calibrate(args) => calibrate(args.clone()),
-        Command::Ledger {
-            command: LedgerCommand::Verify { state_dir, paths },
-        } => ledger_verify(state_dir, paths),
+        Command::Ledger { command } => match command {
+            LedgerCommand::Verify { state_dir, paths } => ledger_verify(state_dir, paths),
+            LedgerCommand::Show { view, last } => ledger_show(view, *last),
+            LedgerCommand::Tail {
+                view,
+                lines,
+                interval_ms,
+            } => ledger_tail(view, *lines, *interval_ms),
+        },
     }
 }

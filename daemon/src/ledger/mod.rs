@@ -51,6 +51,7 @@ mod error;
 pub mod head;
 mod key;
 mod record;
+pub mod show;
 mod verify;
 mod writer;
 

@@ -24,6 +24,7 @@ mod guarantee;
 mod hostile;
 mod keepalive;
 mod kernel_gate;
+mod ledger_cli;
 mod logs;
 mod namespaces;
 mod ops_pack;
