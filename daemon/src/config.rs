@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` or `https://api.example.com/v1` (TLS, verified; a trailing `/v1` is accepted).
     #[arg(long, value_name = "URL")]
     pub upstream: Option<String>,
+    /// File holding haltd's own API key for the upstream (one line, mode 0600): haltd then sends `Authorization: Bearer <key>` upstream instead of the client's value, which still names the client's conversation. Default: the client's `Authorization` goes upstream as it came.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_api_key_file: Option<PathBuf>,
     /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca_file: Option<PathBuf>,
@@ -208,6 +211,8 @@ pub struct Config {
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
     /// The TLS configuration of an `https://` upstream (trust roots, SNI, ALPN).
     pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
+    /// The key of `--upstream-api-key-file`, sent upstream instead of the client's.
+    pub upstream_api_key: Option<crate::upstream::UpstreamApiKey>,
     /// The token of `--admin-token-file`: a TCP admin listener has one.
     pub admin_token: Option<crate::admin::AdminToken>,
     pub upstream_connect_timeout: Duration,
@@ -272,10 +277,27 @@ impl ServeArgs {
             .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))
     }
 
+    /// `--upstream-api-key-file`, read now (before privileges are dropped).
+    fn upstream_api_key(&self) -> Result<Option<crate::upstream::UpstreamApiKey>, ConfigError> {
+        let Some(path) = &self.upstream_api_key_file else {
+            return Ok(None);
+        };
+        if self.source != SourceKind::Openai {
+            return Err(err(
+                "upstream-api-key-file",
+                "is only used with --source openai",
+            ));
+        }
+        crate::upstream::UpstreamApiKey::read(path)
+            .map(Some)
+            .map_err(|e| err("upstream-api-key-file", e))
+    }
+
     pub fn validate(self) -> Result<Config, ConfigError> {
         self.check_limits()?;
         let upstream = self.upstream_url()?;
         let upstream_tls = self.upstream_tls(upstream.as_ref())?;
+        let upstream_api_key = self.upstream_api_key()?;
         self.check_upstream_timeouts()?;
         let (
             sampling,
@@ -302,6 +324,7 @@ impl ServeArgs {
             faults,
             upstream,
             upstream_tls,
+            upstream_api_key,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
             upstream_first_token_timeout: Duration::from_millis(
                 self.upstream_first_token_timeout_ms,

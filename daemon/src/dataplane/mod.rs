@@ -17,6 +17,7 @@
 //! | `conn.rs` | a client connection: accept and govern, its state, closing |
 //! | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
+//! | `passthrough.rs` | what is answered without a turn: `/v1/models/{id}`, `/v1/embeddings` relayed |
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
 //! | `score.rs` | the observe phase; a token parked while the external scorer answers |
@@ -47,6 +48,7 @@ mod halt;
 mod hold;
 mod keepalive;
 mod op;
+mod passthrough;
 mod pipeline;
 mod pool;
 mod record;

@@ -174,6 +174,8 @@ impl Worker {
             _ => None,
         };
         let proxied = self.shared.cfg.args.source == SourceKind::Openai;
+        // `GET /v1/models/{id}` (`passthrough.rs`).
+        let model = super::passthrough::model_id(path).map(|r| r.map(str::to_owned));
         match (head.method.as_str(), path, endpoint) {
             ("POST", _, Some(endpoint)) if proxied => {
                 self.start_proxy_turn(key, endpoint, &head, body)
@@ -189,6 +191,12 @@ impl Worker {
             (_, _, Some(_)) => {
                 self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
             }
+            ("POST", "/v1/embeddings", _) => self.start_embeddings(key, head, body),
+            ("GET", _, _) if model.is_some() => match model {
+                Some(Ok(id)) => self.start_model(key, head, &id),
+                Some(Err(e)) => self.reply_error(key, &e),
+                None => Ok(()),
+            },
             ("GET", "/healthz", _) => self.reply_health(key),
             ("GET", "/readyz", _) => self.reply_ready(key),
             ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
@@ -198,6 +206,9 @@ impl Worker {
             }
             (_, "/healthz" | "/readyz" | "/v1/models", _) => {
                 self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
+            }
+            (_, "/v1/embeddings", _) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
             }
             _ => self.reply_error(
                 key,

@@ -72,6 +72,21 @@ pub(super) enum Purpose {
     Turn,
     /// `GET /v1/models`, relayed whole.
     Models,
+    /// `GET /v1/models` for `GET /v1/models/{id}`: the one entry is answered
+    /// (`passthrough.rs`).
+    Model,
+    /// `POST /v1/embeddings`, relayed whole with its status (`passthrough.rs`).
+    Passthrough,
+}
+
+impl Purpose {
+    /// The largest whole body (not an event stream) this exchange takes from the upstream.
+    pub(super) fn whole_body_limit(self) -> usize {
+        match self {
+            Purpose::Passthrough => super::passthrough::MAX_PASSTHROUGH_BODY,
+            Purpose::Turn | Purpose::Models | Purpose::Model => MAX_UPSTREAM_BODY,
+        }
+    }
 }
 
 /// The upstream side of a connection: socket, buffers, parser state, and what happened.
@@ -116,6 +131,8 @@ pub(super) struct Upstream {
     /// The system prompt of the request sent (SafetyCheck's identity).
     pub(super) system_prompt: String,
     pub(super) api_path: &'static str,
+    /// The model a `GET /v1/models/{id}` asked for ([`Purpose::Model`]).
+    pub(super) only_model: Option<Box<str>>,
     /// The connection came from the worker's pool (its request may be retried once).
     pub(super) reused: bool,
     /// The request was retried on a new connection already.
@@ -166,6 +183,7 @@ impl Upstream {
             last_event_ns: 0,
             system_prompt,
             api_path: req.api_path,
+            only_model: None,
             reused: false,
             retried: false,
             received: 0,
@@ -288,12 +306,17 @@ impl Worker {
             }
         };
         let mut wbuf = Vec::new();
+        // haltd's own key (`--upstream-api-key-file`) replaces the client's credential.
+        let authorization = match &shared.cfg.upstream_api_key {
+            Some(k) => Some(k.header_value()),
+            None => req.authorization,
+        };
         upstream::write_http_request(
             &mut wbuf,
             url,
             req.method,
             req.api_path,
-            req.authorization,
+            authorization,
             req.body,
         );
         let mut up = Box::new(Upstream::new(fd, req, wbuf, system_prompt));

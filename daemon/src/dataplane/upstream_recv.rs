@@ -10,7 +10,7 @@ use std::{io, sync::Arc};
 use serde_json::Value;
 
 use super::{
-    upstream_io::{Purpose, Upstream, MAX_UPSTREAM_BODY},
+    upstream_io::{Purpose, Upstream},
     upstream_reuse::closed_by_peer,
     Worker,
 };
@@ -154,8 +154,13 @@ impl Worker {
         };
         up.body = Vec::new();
         up.finish_exchange();
-        if up.purpose == Purpose::Models && status == 200 {
-            return self.reply(key, 200, "application/json", &body);
+        match (up.purpose, status) {
+            (Purpose::Models, 200) => return self.reply(key, 200, "application/json", &body),
+            (Purpose::Model, 200) => return self.reply_model_from_list(key, &body),
+            // Embeddings are relayed as they came, an error status too: it is the upstream's
+            // answer to the client's request, not a failure of a turn.
+            (Purpose::Passthrough, _) => return self.reply(key, status, "application/json", &body),
+            _ => {}
         }
         let parsed: Option<Value> = serde_json::from_slice(&body).ok();
         let message = parsed
@@ -222,13 +227,13 @@ fn up_received(
     let complete = res == 0 || up.reader.is_done();
     if let (Some(what), true) = (
         early_eof.as_ref(),
-        up.purpose == Purpose::Models || status != 200,
+        up.purpose != Purpose::Turn || status != 200,
     ) {
         return Received::Failed(UpstreamFailureKind::EarlyEof, what.clone(), Some(status));
     }
-    if up.purpose == Purpose::Models || status != 200 {
-        // A whole body to relay (models) or to explain (an error status).
-        if up.body.len() + up.wbuf.len() > MAX_UPSTREAM_BODY {
+    if up.purpose != Purpose::Turn || status != 200 {
+        // A whole body to relay (models, embeddings) or to explain (an error status).
+        if up.body.len() + up.wbuf.len() > up.purpose.whole_body_limit() {
             return Received::Failed(
                 UpstreamFailureKind::Malformed,
                 "upstream response body too large".to_owned(),

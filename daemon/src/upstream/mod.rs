@@ -27,6 +27,7 @@
 //! never a panic): the upstream is a separate process that can be buggy, restarted or
 //! replaced, and its failure must end in a clean terminal event for the client (G3, G7).
 
+pub mod api_key;
 pub mod chunk;
 pub mod failure;
 pub mod framing;
@@ -39,6 +40,7 @@ pub mod url;
 #[cfg(test)]
 pub(crate) mod alloc_tests;
 
+pub use api_key::UpstreamApiKey;
 pub use chunk::{
     parse_event, ChunkError, ChunkReader, FinishReason, Parsed, UpToken, UpstreamChunk,
     UpstreamError, UpstreamEvent, Usage,

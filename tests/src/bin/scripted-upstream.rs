@@ -26,7 +26,8 @@
 //! close ends the TLS connection with `close_notify` and a FIN. (A reset, `die rst=1`, reaches
 //! the peer as a close.) A failed handshake is printed to stderr and leaves no log line.
 //!
-//! Routes: `GET /v1/models`; `POST /v1/chat/completions` and `POST /v1/completions`, streamed
+//! Routes: `GET /v1/models`; `POST /v1/embeddings` (a 4-dimensional embedding per input, made
+//! from its text; 400 without `input`); `POST /v1/chat/completions` and `POST /v1/completions`, streamed
 //! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
 //! is a 404 with an OpenAI-style JSON error. Streamed bodies use `--framing` (default
 //! `chunked`, one HTTP chunk per SSE event as uvicorn/vLLM do; `close`: no length, the body ends
@@ -694,14 +695,12 @@ async fn handle_request(
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
         ("POST", "/v1/completions") => Endpoint::Completions,
         ("GET", "/v1/models") => {
-            let ok = write_simple(&mut stream, 200, MODELS, &[]).await.is_ok();
-            let _ = stream.shutdown().await;
-            let outcome = if ok {
-                Outcome::Completed
-            } else {
-                Outcome::Cancelled
-            };
-            finish_log(server, entry, 0, outcome, t0, None);
+            answer_whole(server, stream, entry, t0, 200, MODELS).await;
+            return None;
+        }
+        ("POST", "/v1/embeddings") => {
+            let (code, answer) = embeddings(body.as_ref());
+            answer_whole(server, stream, entry, t0, code, &answer).await;
             return None;
         }
         _ => {
@@ -1266,6 +1265,56 @@ const WORDS: [&str; 48] = [
     " is", " warm", " bright", " day", " light", " water", " tree", " city", " road", " world",
     " good", " new", " first", " last", " long", " great", " little",
 ];
+
+/// Answers a request with one whole body, closes, and logs how it ended.
+async fn answer_whole(
+    server: &Server,
+    mut stream: TcpStream,
+    entry: Value,
+    t0: Instant,
+    code: u16,
+    body: &str,
+) {
+    let ok = write_simple(&mut stream, code, body, &[]).await.is_ok();
+    let _ = stream.shutdown().await;
+    let outcome = match (ok, code) {
+        (false, _) => Outcome::Cancelled,
+        (true, 200) => Outcome::Completed,
+        (true, _) => Outcome::Status,
+    };
+    finish_log(server, entry, 0, outcome, t0, None);
+}
+
+/// The answer to `POST /v1/embeddings`: per input, its length in bytes, its first byte, its
+/// last byte and its index, so that a test can tell inputs and their order apart.
+fn embeddings(body: Option<&Value>) -> (u16, String) {
+    let inputs: Vec<String> = match body.map(|b| &b["input"]) {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect(),
+        _ => return (400, error_json(400, "'input' is required")),
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let b = s.as_bytes();
+            let v = [
+                b.len() as f64,
+                f64::from(b.first().copied().unwrap_or(0)),
+                f64::from(b.last().copied().unwrap_or(0)),
+                i as f64,
+            ];
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
+        .collect();
+    let model = body.and_then(|b| b["model"].as_str()).unwrap_or("scripted");
+    let answer = json!({"object": "list", "data": data, "model": model,
+                        "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()}});
+    (200, answer.to_string())
+}
 
 const MODELS: &str = r#"{"object":"list","data":[{"id":"scripted","object":"model","created":0,"owned_by":"scripted-upstream"}]}"#;
 

@@ -16,6 +16,7 @@ const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
 mod acceptance;
 mod admin;
 mod adversarial;
+mod api_surface;
 mod build_info;
 mod crash;
 mod detectors;
