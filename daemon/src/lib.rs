@@ -40,6 +40,7 @@ pub mod admin;
 pub mod admission;
 pub mod build_info;
 pub mod calibrate;
+pub mod cli_docs;
 pub mod clock;
 pub mod codes;
 pub mod config;

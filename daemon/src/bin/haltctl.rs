@@ -71,6 +71,14 @@ enum Command {
     /// (label 1 = the detector should trip; "tokens" optional). Exit status: 0 done, 1 no
     /// operating point (nothing written), 2 error.
     Calibrate(CalibrateArgs),
+    /// Print a shell completion script (e.g. `haltctl completions bash > /usr/share/bash-completion/completions/haltctl`).
+    Completions {
+        #[arg(value_enum)]
+        shell: haltd::cli_docs::Shell,
+    },
+    /// Write the man pages (one per command) into DIR (packaging runs it).
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 #[derive(clap::Args, Clone)]
@@ -486,6 +494,24 @@ fn main() -> ExitCode {
         ),
         Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
         Command::Calibrate(args) => calibrate(args.clone()),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            haltd::cli_docs::write_completions(&mut cmd, *shell, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match haltd::cli_docs::write_man_pages(&cmd, dir) {
+                Ok(pages) => {
+                    pages.iter().for_each(|p| println!("{}", p.display()));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("haltctl: writing man pages into {}: {e}", dir.display());
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Ledger { command } => match command {
             LedgerCommand::Verify { state_dir, paths } => ledger_verify(state_dir, paths),
             LedgerCommand::Show { view, last } => ledger_show(view, *last),

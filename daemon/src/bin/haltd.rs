@@ -25,6 +25,14 @@ enum Command {
     Serve(ServeArgs),
     /// Load and attach the kernel halt gate once, then exit: checks the verifier accepts it here.
     CheckGate(ServeArgs),
+    /// Print a shell completion script (e.g. `haltd completions bash > /usr/share/bash-completion/completions/haltd`).
+    Completions {
+        #[arg(value_enum)]
+        shell: haltd::cli_docs::Shell,
+    },
+    /// Write the man pages (one per command) into DIR (packaging runs it).
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
 }
 
 /// Says why haltd stops: `haltd: WHY` in text mode, an ERROR log object in JSON mode.
@@ -53,6 +61,24 @@ fn validated(args: ServeArgs) -> Result<(haltd::config::Config, LogControl), Exi
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            haltd::cli_docs::write_completions(&mut cmd, shell, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match haltd::cli_docs::write_man_pages(&cmd, &dir) {
+                Ok(pages) => {
+                    pages.iter().for_each(|p| println!("{}", p.display()));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("haltd: writing man pages into {}: {e}", dir.display());
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Serve(args) => {
             let (cfg, log) = match validated(args) {
                 Ok(c) => c,
