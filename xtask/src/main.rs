@@ -11,6 +11,7 @@
 mod bench;
 mod build;
 mod ctx;
+mod dist;
 mod fuzz;
 mod lint;
 mod load;
@@ -59,6 +60,9 @@ enum Task {
     /// Build the libFuzzer targets (nightly, cargo-fuzz, installed when missing) and run each
     /// for a while: executions, coverage, CPU time and crashes per target.
     Fuzz(fuzz::Options),
+    /// Build the production release as operators install it, in target/dist: stripped
+    /// binaries with split debug info, completions, man pages and a Debian package.
+    Dist(dist::Options),
 }
 
 fn main() {
@@ -73,6 +77,7 @@ fn main() {
         Task::Bench(opts) => bench::bench(&ctx, &opts),
         Task::Load => load::load(&ctx),
         Task::Fuzz(opts) => fuzz::fuzz(&ctx, &opts),
+        Task::Dist(opts) => dist::dist(&ctx, &opts),
     });
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");
