@@ -25,6 +25,7 @@ pub mod secret;
 pub mod stream_id;
 pub mod terminal;
 pub mod text;
+pub mod trace;
 
 pub use encode::{
     bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES},
