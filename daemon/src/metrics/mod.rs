@@ -35,6 +35,7 @@ pub mod gate;
 pub mod halts;
 pub mod histogram;
 pub mod ledger;
+pub mod models;
 pub mod modes;
 pub mod upstream;
 
