@@ -158,6 +158,15 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Where the access log goes, one line per request: `stderr` (haltd's log, target `haltd::access`, at --access-log-level), a file path (JSON Lines, appended, reopened on SIGHUP), or `off`.
+    #[arg(long, value_name = "DEST", default_value = "stderr")]
+    pub access_log: crate::access_log::Destination,
+    /// Level of the access log's lines on stderr (a level the log filter drops writes nothing).
+    #[arg(long, value_enum, default_value = "info")]
+    pub access_log_level: crate::access_log::Level,
+    /// Model names metrics may carry as a label, comma-separated; other names count as `other`. Default: the upstream's `GET /v1/models` ids, as the upstream probe reads them (`builtin` is always known).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub metric_models: Vec<String>,
 }
 
 /// Faults injected for tests.

@@ -28,7 +28,8 @@ use crate::{
     modes::{KeyId, ModeChange, Modes, RuntimeMode},
     source::builtin::MODEL_NAME,
     stream::{
-        Halter, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError, TripInfo,
+        Halter, Initiator, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError,
+        TripInfo,
     },
     upstream::UpstreamFailure,
     watchdog::pulse::{heartbeat_state, HeartbeatState},
@@ -74,6 +75,8 @@ pub struct HaltCore {
     pub admission: crate::admission::Admission,
     /// The per-node secret that keys key fingerprints (`identity.rs`).
     pub node_secret: crate::identity::NodeSecret,
+    /// One line per request (`--access-log`), reopened on SIGHUP.
+    pub access_log: crate::access_log::AccessLog,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn
@@ -89,6 +92,8 @@ pub struct TurnMeta {
     pub detector_trip: Option<(DetectorId, String)>,
     /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
     pub terminal: Option<PreparedTerminal>,
+    /// The request's id (`x-request-id`), echoed by a terminal that is a whole response.
+    pub request_id: Option<Arc<str>>,
 }
 
 struct GateTrip<'a> {
@@ -179,18 +184,29 @@ impl HaltCore {
     }
 
     /// Trips a stream and wakes its worker. See [`StreamTable::trip`].
+    /// The initiator is the one `cause` normally means ([`Initiator::of`]).
     pub fn trip(&self, id: StreamId, cause: FailureCode) -> Result<TripInfo, TripError> {
+        self.trip_by(id, cause, Initiator::of(cause))
+    }
+
+    /// [`HaltCore::trip`], saying who trips (an operator may give any cause).
+    pub fn trip_by(
+        &self,
+        id: StreamId,
+        cause: FailureCode,
+        initiator: Initiator,
+    ) -> Result<TripInfo, TripError> {
         let kernel = self
             .gate
             .as_ref()
             .map(|gate| GateTrip { gate, shared: self });
-        let info = self.table.trip(
+        let info = self.table.trip_by(
             id,
-            cause,
+            (cause, initiator),
             kernel.as_ref().map(|k| k as &dyn KernelTrip),
             monotonic_ns(),
         )?;
-        tracing::info!(stream_id = %id, cause = %cause, trip_token_index = info.trip_token_index, kernel = info.kernel_enforced, "stream tripped");
+        tracing::info!(stream_id = %id, cause = %cause, initiator = initiator.as_str(), trip_token_index = info.trip_token_index, kernel = info.kernel_enforced, "stream tripped");
         self.wake(self.table.slot(id.slot).worker.load(SeqCst));
         Ok(info)
     }
@@ -348,7 +364,7 @@ impl HaltCore {
     }
 
     fn encode_terminal(&self, snap: &SlotSnapshot, post_trip_tokens: u64, out: &mut Vec<u8>) {
-        let (model, detail) = {
+        let (model, detail, request_id) = {
             let meta = self.meta(snap.id.slot);
             let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
             let mut detail = Vec::new();
@@ -364,9 +380,10 @@ impl HaltCore {
                     serde_json::json!({"name": name.as_str(), "detail": what}),
                 ));
             }
-            (model, detail)
+            (model, detail, meta.request_id.clone())
         };
         let halt = Halt {
+            request_id,
             stream_id: snap.id,
             endpoint: snap.endpoint,
             created: snap.created,
@@ -475,10 +492,14 @@ impl HaltCore {
         let cause = snap.trip_cause.unwrap_or(FailureCode::WatchdogTrip);
         let latency_ms = snap.halt_latency_ms();
         let by = snap.halted_by;
-        self.metrics
-            .halts
-            .observe(cause, snap.post_trip_delivered, latency_ms / 1e3, by);
-        tracing::warn!(stream_id = %snap.id, cause = %cause, trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by.as_str(), "WATCHDOG_TRIP: stream halted");
+        let initiator = snap.trip_initiator.unwrap_or(Initiator::of(cause));
+        self.metrics.halts.observe(
+            (cause, initiator),
+            snap.post_trip_delivered,
+            latency_ms / 1e3,
+            by,
+        );
+        tracing::warn!(stream_id = %snap.id, cause = %cause, initiator = initiator.as_str(), trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by.as_str(), "WATCHDOG_TRIP: stream halted");
         // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope. Not
         // for the halts of a shutdown: the daemon is going away, nothing was breached.
         if self.shutting_down.load(SeqCst) {

@@ -36,6 +36,7 @@
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod build_info;

@@ -12,8 +12,9 @@
 //! - **SIGHUP** reloads what can change without a restart: the detectors and SafetyCheck
 //!   (`[detectors.*]`, `[safety]` of `--config`) for turns that start afterwards, and the log
 //!   level (`[log] level`, unless `HALTD_LOG` is set). A file that does not validate changes
-//!   nothing. Either way a `lifecycle` record says what happened. (Sampling, listeners and
-//!   every flag stay as started.)
+//!   nothing. It also reopens an access log file (`--access-log FILE`, after logrotate moved
+//!   it). Either way a `lifecycle` record says what happened. (Sampling, listeners and every
+//!   flag stay as started.)
 
 use std::{
     sync::{atomic::Ordering::SeqCst, Arc},
@@ -87,6 +88,10 @@ pub fn reload_on_hangup(
                     tracing::warn!(error = %why, "reload on SIGHUP failed; the running configuration stays");
                     format!("reload on SIGHUP failed, the running configuration stays: {why}")
                 }
+            };
+            let message = match shared.access_log.reopen_on_hangup() {
+                Some(reopened) => format!("{message}; {reopened}"),
+                None => message,
             };
             shared.record(Record {
                 kind: RecordKind::Lifecycle,

@@ -125,8 +125,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         "disabled"
     };
     let ledger = open_ledger(&cfg, gate_label)?;
-    let metrics = Metrics::new();
-    metrics.gate.enabled.set(i64::from(gate.is_some()));
+    let metrics = new_metrics(&cfg, gate.is_some());
     // An earlier haltd on this ledger that panicked left a crash file: record it before this
     // start's own record, so the ledger reads in order.
     let crashes = crate::crash::recover(
@@ -160,6 +159,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
             .map(|_| std::sync::Mutex::default())
             .collect(),
         node_secret,
+        access_log: open_access_log(&cfg)?,
         admission: crate::admission::Admission::new(
             cfg.args.max_conns_per_addr,
             crate::admission::Admission::request_cap(
@@ -184,6 +184,21 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
     tracing::debug!(threads, "no thread holds a capability");
     serve_control_plane(shared, control, source, log)
+}
+
+/// The daemon's metrics: the gate's state, and the model names `--metric-models` fixes.
+fn new_metrics(cfg: &Config, gate: bool) -> Metrics {
+    let mut metrics = Metrics::new();
+    metrics.gate.enabled.set(i64::from(gate));
+    metrics.requests.models = crate::metrics::models::ModelLabels::new(&cfg.args.metric_models);
+    metrics
+}
+
+/// `--access-log`, opened as the user haltd serves as (a file it cannot write stops the
+/// start).
+fn open_access_log(cfg: &Config) -> Result<crate::access_log::AccessLog, StartError> {
+    crate::access_log::AccessLog::open(cfg.args.access_log.clone(), cfg.args.access_log_level)
+        .map_err(io("access log"))
 }
 
 /// Switches to `--user` if asked and drops every capability: the watchdog thread's first

@@ -172,7 +172,7 @@ fn trip_inner(shared: &HaltCore, id: &str, body: &[u8]) -> Response {
         }
     };
     // The trip itself is a few atomics and one BPF map update: fine on the runtime thread.
-    match shared.trip(id, cause) {
+    match shared.trip_by(id, cause, crate::stream::Initiator::Operator) {
         Ok(info) => (StatusCode::OK, Json(json!(info))).into_response(),
         Err(e @ TripError::Unknown(_)) => error(StatusCode::NOT_FOUND, "not_found", e.to_string()),
         Err(TripError::AlreadyTripped { id, cause, trip_token_index }) => (

@@ -17,6 +17,7 @@ use super::{
 use crate::{
     admission::{Admission, Refusal},
     clock::monotonic_ns,
+    metrics::requests::Route,
     stream::{Halter, Outcome, SlotState},
     upstream::CancelReason,
     wire::{http, HttpError, StreamId},
@@ -105,6 +106,15 @@ pub(super) struct Conn {
     /// Bytes that followed the request's body: the start of the next request (answered in
     /// order, after this one); empty, and unallocated, without pipelining.
     pub(super) pipelined: Vec<u8>,
+    /// The request's id: the client's `x-request-id` or a generated one (`None` until a
+    /// request began; a connection that never sent one leaves no access log line).
+    pub(super) request_id: Option<Arc<str>>,
+    /// The client's `traceparent`, if well formed: passed to the upstream.
+    pub(super) traceparent: Option<String>,
+    /// What the request asked for (the access log's and the metrics' `endpoint`).
+    pub(super) route: Route,
+    /// The status the response head said (0: no response went out).
+    pub(super) status: u16,
 }
 
 /// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
@@ -167,6 +177,10 @@ impl Conn {
             turns: 1,
             idle_since_ns: None,
             pipelined: Vec::new(),
+            request_id: None,
+            traceparent: None,
+            route: Route::Other,
+            status: 0,
         }
     }
 
@@ -181,6 +195,19 @@ impl Conn {
             self.reading = false;
             admission.leave_request();
         }
+    }
+
+    /// The header fields that join haltd's access log and records to the upstream's logs:
+    /// the stream id (`stream_id`, its text), the request id and the client's `traceparent`.
+    pub(super) fn correlation<'a>(&'a self, stream_id: &'a str) -> Vec<(&'static str, &'a str)> {
+        let mut fields = vec![("x-haltd-stream-id", stream_id)];
+        if let Some(rid) = self.request_id.as_deref() {
+            fields.push(("x-request-id", rid));
+        }
+        if let Some(tp) = self.traceparent.as_deref() {
+            fields.push(("traceparent", tp));
+        }
+        fields
     }
 
     /// Who this connection's operations report to.
@@ -274,8 +301,10 @@ impl Worker {
         // A refusal takes no slot, but its answer is a governed send too: an idle watchdog
         // beats first (a watchdog that is not idle beats every interval anyway).
         shared.watch_new_slot();
+        let request_id = crate::wire::trace::generate_request_id();
+        self.summarize_refusal(&request_id, err.status);
         let mut out = Vec::new();
-        http::write_error_response(&mut out, err, None);
+        http::write_error_response(&mut out, err, None, Some(&request_id));
         // SAFETY: plain non-blocking write and close of the socket we just accepted.
         unsafe {
             libc::send(
@@ -370,6 +399,7 @@ impl Worker {
             self.release_upstream(kept, up.reuse, conn.outcome);
         }
         shared.metrics.dataplane.streams_active.dec();
+        self.summarize(&conn);
         self.record_turn(&conn);
         shared.table.release(conn.id);
     }

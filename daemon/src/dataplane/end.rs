@@ -27,13 +27,14 @@ fn encode_batch(
     id: StreamId,
     end: (&str, (u64, u64)),
     tool_calls: Option<&Value>,
-    persist: Persist,
+    (persist, request_id): (Persist, &str),
 ) {
     let (reason, usage) = end;
+    let with_mode = [("x-request-id", request_id), ("x-haltd-mode", "degraded")];
     let degraded_hdr: &[(&str, &str)] = if turn.degraded {
-        &[("x-haltd-mode", "degraded")]
+        &with_mode
     } else {
-        &[]
+        &with_mode[..1]
     };
     let tops: Vec<Vec<(&str, f32)>> = turn
         .held_tokens
@@ -147,7 +148,15 @@ impl Worker {
                 out.extend_from_slice(http::LAST_CHUNK);
             }
         } else {
-            encode_batch(turn, out, conn.id, (reason, usage), tool_calls, persist);
+            let rid = conn.request_id.as_deref().unwrap_or_default();
+            encode_batch(
+                turn,
+                out,
+                conn.id,
+                (reason, usage),
+                tool_calls,
+                (persist, rid),
+            );
         }
         if slot.begin_final(out.len()) {
             if slot.mode() == Mode::Batch {

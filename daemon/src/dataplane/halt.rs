@@ -21,7 +21,7 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     detect::Trip,
-    stream::{Halter, Outcome, SlotState},
+    stream::{Halter, Initiator, Outcome, SlotState},
     upstream::CancelReason,
 };
 
@@ -36,7 +36,7 @@ impl Worker {
         // Bounded: the terminal frame must fit the gate's terminal allowance.
         let detail: String = trip.detail.chars().take(240).collect();
         shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
-        let _ = shared.trip(id, trip.code);
+        let _ = shared.trip_by(id, trip.code, Initiator::Detector);
         self.halt(key)
     }
 

@@ -29,7 +29,7 @@ use crate::{
     codes::FailureCode,
     gate::SocketView,
     metrics::dataplane::KeepAliveClose,
-    stream::{Outcome, SentBefore},
+    stream::{Initiator, Outcome, SentBefore},
     wire::{http::Persist, RequestHead},
 };
 
@@ -147,6 +147,7 @@ impl Worker {
                 .slot(id.slot)
                 .while_untripped(|| governed = gate.set_policy(sock, &policy));
         }
+        self.summarize(&self.conns[key]);
         self.record_turn(&self.conns[key]);
         if let Some(mut up) = self.conns[key].up.take() {
             // Nothing is in flight on the upstream socket (its operations were the turn's).
@@ -163,7 +164,7 @@ impl Worker {
             // closed), as a turn whose policy write failed does.
             shared.metrics.gate.errors.inc();
             tracing::error!(stream_id = %id, error = %e, "writing a kept connection's kernel policy failed; closing it");
-            let _ = shared.trip(id, FailureCode::WatchdogTrip);
+            let _ = shared.trip_by(id, FailureCode::WatchdogTrip, Initiator::Kernel);
             self.conns[key].outcome = Outcome::Halted;
             self.begin_close(key);
             return true;
@@ -190,6 +191,10 @@ impl Worker {
         conn.frame_arrived_ns = 0;
         conn.idle_since_ns = Some(monotonic_ns());
         conn.rbuf = Some(std::mem::take(&mut conn.pipelined));
+        conn.request_id = None;
+        conn.traceparent = None;
+        conn.route = crate::metrics::requests::Route::Other;
+        conn.status = 0;
     }
 
     /// Reads the next request: at once if it was pipelined, else when its bytes arrive.

@@ -25,6 +25,7 @@
 //! | `send.rs` | client sends and what their completion means |
 //! | `halt.rs` | the emitter's side of a halt |
 //! | `record.rs` | the turn's flight-recorder record |
+//! | `summary.rs` | what a request leaves when it ends: the access log line and the request metrics |
 //! | `upstream_io.rs`, `upstream_recv.rs` | the upstream socket of a proxied turn |
 //! | `upstream_sock.rs` | the upstream's TCP socket and the address its connect owns |
 //! | `upstream_tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
@@ -56,6 +57,7 @@ mod request;
 mod ring;
 mod score;
 mod send;
+mod summary;
 mod turn;
 mod upstream_io;
 mod upstream_recv;

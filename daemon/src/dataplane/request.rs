@@ -15,6 +15,7 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     config::SourceKind,
+    metrics::requests::{ClientError, Route},
     modes::KeyId,
     source::builtin::MODEL_NAME,
     stream::Outcome,
@@ -122,6 +123,16 @@ impl Worker {
                 return self.reply_error(key, &e);
             }
         };
+        if conn.request_id.is_none() {
+            // The client's id when it is well formed, else one of haltd's (per request, not
+            // per token).
+            let rid = head
+                .request_id
+                .clone()
+                .unwrap_or_else(crate::wire::trace::generate_request_id);
+            conn.request_id = Some(rid.into());
+            conn.traceparent.clone_from(&head.traceparent);
+        }
         self.choose_keep_alive(key, &head);
         let conn = &mut self.conns[key];
         let rbuf = conn.rbuf.as_deref().unwrap_or_default();
@@ -176,6 +187,15 @@ impl Worker {
         let proxied = self.shared.cfg.args.source == SourceKind::Openai;
         // `GET /v1/models/{id}` (`passthrough.rs`).
         let model = super::passthrough::model_id(path).map(|r| r.map(str::to_owned));
+        self.conns[key].route = match (path, endpoint) {
+            (_, Some(Endpoint::Chat)) => Route::Chat,
+            (_, Some(Endpoint::Completion)) => Route::Completions,
+            ("/v1/embeddings", _) => Route::Embeddings,
+            ("/v1/models", _) => Route::Models,
+            _ if model.is_some() => Route::Models,
+            ("/healthz" | "/readyz", _) => Route::Health,
+            _ => Route::Other,
+        };
         match (head.method.as_str(), path, endpoint) {
             ("POST", _, Some(endpoint)) if proxied => {
                 self.start_proxy_turn(key, endpoint, &head, body)
@@ -303,6 +323,10 @@ impl Worker {
         extra: &[(&str, &str)],
     ) -> io::Result<()> {
         let conn = &mut self.conns[key];
+        let rid = request_id(&mut conn.request_id);
+        // A few header fields per reply (not per token).
+        let mut fields = extra.to_vec();
+        fields.push(("x-request-id", &rid));
         let out = frame(&mut conn.wbuf);
         http::write_head(
             out,
@@ -310,9 +334,10 @@ impl Worker {
             content_type,
             Some(body.len()),
             Some(conn.id),
-            extra,
+            &fields,
         );
         out.extend_from_slice(body);
+        conn.status = status;
         if status >= 400 {
             self.shared.metrics.dataplane.rejected(status);
             conn.outcome = Outcome::Rejected;
@@ -323,8 +348,13 @@ impl Worker {
     pub(super) fn reply_error(&mut self, key: usize, err: &HttpError) -> io::Result<()> {
         let conn = &mut self.conns[key];
         tracing::debug!(stream_id = %conn.id, status = err.status, detail = %err.message, "request refused");
-        http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id));
+        let rid = request_id(&mut conn.request_id);
+        http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id), Some(&rid));
+        conn.status = err.status;
         self.shared.metrics.dataplane.rejected(err.status);
+        if let Some(reason) = ClientError::of_status(err.status) {
+            self.shared.metrics.requests.client_error(reason);
+        }
         conn.outcome = Outcome::Rejected;
         self.send_reply(key)
     }
@@ -344,4 +374,11 @@ impl Worker {
             self.halt(key)
         }
     }
+}
+
+/// The request's id, generated now for a request refused before its head was read.
+fn request_id(id: &mut Option<std::sync::Arc<str>>) -> std::sync::Arc<str> {
+    std::sync::Arc::clone(
+        id.get_or_insert_with(|| crate::wire::trace::generate_request_id().into()),
+    )
 }

@@ -15,7 +15,7 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     halt::HaltCore,
-    stream::{Outcome, SlotState},
+    stream::{Initiator, Outcome, SlotState},
 };
 
 impl Worker {
@@ -104,6 +104,9 @@ impl Worker {
                 slot.state.store(SlotState::Done);
                 if kind == SendKind::Final {
                     conn.outcome = Outcome::Completed;
+                    if slot.mode() == crate::stream::Mode::Batch {
+                        batch_delivered(&shared, conn.turn.as_deref_mut());
+                    }
                 }
                 self.begin_close(key);
                 Ok(())
@@ -131,7 +134,7 @@ impl Worker {
             // permanent, so no terminal frame can follow.
             let cause = kernel_drop_cause(&shared, conn.fd);
             tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
-            let _ = shared.trip(conn.id, cause);
+            let _ = shared.trip_by(conn.id, cause, Initiator::Kernel);
             return self.halt(key);
         }
         // The client went away. Make the stream untrippable, then close.
@@ -156,13 +159,18 @@ impl Worker {
         slot.tokens_delivered.fetch_add(1, SeqCst);
         shared.metrics.dataplane.tokens_emitted.inc();
         // Arrival to send completion, one lock-free observation per token frame.
+        let now = monotonic_ns();
         let arrived = std::mem::take(&mut conn.frame_arrived_ns);
         if arrived != 0 {
             shared
                 .metrics
                 .dataplane
                 .token_overhead
-                .observe_ns(monotonic_ns().saturating_sub(arrived));
+                .observe_ns(now.saturating_sub(arrived));
+        }
+        if let Some(turn) = conn.turn.as_mut() {
+            // Time to first token, and the gap since the last (the turn's own handle).
+            turn.obs.token_sent(now);
         }
         let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
         // τ is published before TRIPPED; a token completing while the trip is still
@@ -178,6 +186,22 @@ impl Worker {
         if let Some(turn) = conn.turn.as_mut() {
             turn.tool_calls.append(&mut turn.tools_in_flight);
         }
+    }
+}
+
+/// A batch turn's whole response was delivered: its tokens reached the client now, all at
+/// once (`haltd_tokens_emitted_total`, its time to first token).
+fn batch_delivered(shared: &HaltCore, turn: Option<&mut super::turn::Turn>) {
+    let Some(turn) = turn else {
+        return;
+    };
+    shared
+        .metrics
+        .dataplane
+        .tokens_emitted
+        .inc_by(turn.tokens_generated);
+    if turn.tokens_generated > 0 && turn.obs.first_token_ns == 0 {
+        turn.obs.first_token_ns = monotonic_ns();
     }
 }
 

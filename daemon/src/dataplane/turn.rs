@@ -30,7 +30,7 @@ use crate::{
         upstream::UpstreamSource,
         Polled, TokenSource,
     },
-    stream::Mode,
+    stream::{Initiator, Mode},
     upstream,
     wire::{http, Ask, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
 };
@@ -47,6 +47,35 @@ pub(super) struct HeldToken {
     pub(super) logprob: f32,
     pub(super) top: Vec<(String, f32)>,
     pub(super) offset: usize,
+}
+
+/// What the request metrics need of a turn: its model label and inter-token histogram,
+/// resolved once at its start ([`Worker::observe_turn`]), and when its tokens reached the
+/// client.
+#[derive(Debug, Default)]
+pub(super) struct TurnObs {
+    pub(super) model_label: Option<Arc<str>>,
+    pub(super) inter_token: Option<crate::metrics::NsHistogram>,
+    /// When the first token frame (a batch turn: its whole response) reached the client.
+    pub(super) first_token_ns: u64,
+    /// When the last token frame did.
+    pub(super) last_sent_ns: u64,
+}
+
+impl TurnObs {
+    /// A token frame was delivered at `now`: the gap since the last one is observed.
+    /// Per token: one atomic add, no lookup, no lock.
+    pub(super) fn token_sent(&mut self, now: u64) {
+        if self.last_sent_ns != 0 {
+            if let Some(h) = &self.inter_token {
+                h.observe_ns(now.saturating_sub(self.last_sent_ns));
+            }
+        }
+        if self.first_token_ns == 0 {
+            self.first_token_ns = now;
+        }
+        self.last_sent_ns = now;
+    }
 }
 
 /// Where a turn's tokens come from.
@@ -136,6 +165,8 @@ pub(super) struct Turn {
     pub(super) parked: Option<super::score::Parked>,
     /// Its record was written before its final frame (`record.rs`): none at the close.
     pub(super) recorded: bool,
+    /// What the request metrics need (`summary.rs`).
+    pub(super) obs: TurnObs,
 }
 
 impl Turn {
@@ -180,6 +211,7 @@ impl Turn {
             tools_in_flight: Vec::new(),
             parked: None,
             recorded: false,
+            obs: TurnObs::default(),
         }
     }
 
@@ -278,13 +310,31 @@ impl Worker {
             slot.budget.store(0, SeqCst);
         }
         slot.mode.store(mode);
+        // A turn's response is 200 once it starts, a halted one too (its terminal is a 200
+        // response, or ends one); a refusal or a failure before the head says otherwise.
+        conn.status = 200;
         {
             let mut meta = shared.meta(conn.id.slot);
             meta.model = Some(model);
             meta.upstream_failure = None;
             meta.detector_trip = None;
+            meta.request_id.clone_from(&conn.request_id);
         }
         Ok(Some((degraded, mode)))
+    }
+
+    /// The turn's model label and inter-token histogram, resolved once, at its start.
+    pub(super) fn observe_turn(&mut self, key: usize) {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let route = conn.route;
+        let Some(turn) = conn.turn.as_mut() else {
+            return;
+        };
+        let requests = &shared.metrics.requests;
+        let label = requests.models.label(Some(&turn.enc.model));
+        turn.obs.inter_token = Some(requests.inter_token_handle(route, &label));
+        turn.obs.model_label = Some(label);
     }
 
     /// The detectors of a new turn and their references for records. A detector that cannot
@@ -341,13 +391,14 @@ impl Worker {
         let slot = self.shared.table.slot(conn.id.slot);
         let out = frame(&mut conn.wbuf);
         let persist = conn.keep.persist();
+        let rid = conn.request_id.as_deref().unwrap_or_default();
         http::write_head_persist(
             out,
             200,
             "text/event-stream",
             None,
             Some(conn.id),
-            &[],
+            &[("x-request-id", rid)],
             persist,
         );
         if slot.begin_frame(false, false, out.len()) {
@@ -393,6 +444,7 @@ impl Worker {
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);
         self.conns[key].turn = Some(Box::new(turn));
+        self.observe_turn(key);
         if !self.arm_turn_policy(key) {
             return self.halt(key);
         }
@@ -446,6 +498,7 @@ impl Worker {
         turn.request_urls = request_urls;
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conns[key].turn = Some(Box::new(turn));
+        self.observe_turn(key);
         if !self.arm_turn_policy(key) {
             return self.halt(key);
         }
@@ -505,7 +558,7 @@ impl Worker {
         if let Err(e) = res {
             shared.metrics.gate.errors.inc();
             tracing::error!(stream_id = %conn.id, error = %e, "writing the turn's kernel policy failed; halting the stream");
-            let _ = shared.trip(conn.id, FailureCode::WatchdogTrip);
+            let _ = shared.trip_by(conn.id, FailureCode::WatchdogTrip, Initiator::Kernel);
             return false;
         }
         true

@@ -311,12 +311,13 @@ impl Worker {
             Some(k) => Some(k.header_value()),
             None => req.authorization,
         };
-        upstream::write_http_request(
+        let stream_id = self.conns[key].id.to_string();
+        upstream::write_http_request_with(
             &mut wbuf,
             url,
-            req.method,
-            req.api_path,
+            (req.method, req.api_path),
             authorization,
+            &self.conns[key].correlation(&stream_id),
             req.body,
         );
         let mut up = Box::new(Upstream::new(fd, req, wbuf, system_prompt));
@@ -658,7 +659,7 @@ impl Worker {
         up.discard();
         let purpose = up.purpose;
         let retry_after = up.retry_after.clone();
-        shared.metrics.upstream.failed(kind);
+        shared.metrics.upstream_failed(&failure);
         tracing::warn!(stream_id = %id, kind = %kind, source = failure.source().as_str(), retry = failure.retry(), detail = %failure.message, "upstream failure");
         let slot = shared.table.slot(id.slot);
         if slot.is_tripped() {

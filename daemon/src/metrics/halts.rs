@@ -9,7 +9,10 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{codes::FailureCode, stream::Halter};
+use crate::{
+    codes::FailureCode,
+    stream::{Halter, Initiator},
+};
 
 /// Post-trip token buckets: every value up to 10 (B is usually ≤ 5), then coarse.
 pub const POST_TRIP_TOKEN_BUCKETS: [f64; 14] = [
@@ -23,6 +26,17 @@ pub const HALT_LATENCY_BUCKETS: [f64; 14] = [
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
     pub cause: FailureCode,
+    /// Who tripped: an operator may trip with any cause.
+    pub initiator: Initiator,
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for Initiator {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,7 +79,7 @@ impl HaltMetrics {
         let watchdog = reg.sub_registry_with_prefix("watchdog");
         watchdog.register(
             "trips",
-            "Streams halted, by trip cause (WATCHDOG_TRIP events)",
+            "Streams halted, by trip cause and initiator (operator, detector, watchdog, kernel, shutdown, upstream, recorder) (WATCHDOG_TRIP events)",
             watchdog_trips.clone(),
         );
         let watchdog_idle = Gauge::default();
@@ -88,8 +102,15 @@ impl HaltMetrics {
             heartbeat_age_seconds.clone(),
         );
         // Every series exists from the start, so dashboards and alerts see zeros, not gaps.
+        // Each cause with the initiator it normally has, and a detector's cause also with the
+        // operator, who may give one (other pairs appear when they happen).
         for cause in FailureCode::ALL {
-            drop(watchdog_trips.get_or_create(&CauseLabels { cause }));
+            let initiator = Initiator::of(cause);
+            drop(watchdog_trips.get_or_create(&CauseLabels { cause, initiator }));
+            if initiator == Initiator::Detector && cause != FailureCode::DetectorFailure {
+                let initiator = Initiator::Operator;
+                drop(watchdog_trips.get_or_create(&CauseLabels { cause, initiator }));
+            }
         }
         for halted_by in Halter::ALL {
             drop(halts_by.get_or_create(&HalterLabels { halted_by }));
@@ -105,11 +126,17 @@ impl HaltMetrics {
     }
 
     /// Records one completed halt.
-    pub fn observe(&self, cause: FailureCode, post_trip_tokens: u64, latency_s: f64, by: Halter) {
+    pub fn observe(
+        &self,
+        (cause, initiator): (FailureCode, Initiator),
+        post_trip_tokens: u64,
+        latency_s: f64,
+        by: Halter,
+    ) {
         self.tokens_post_trip.observe(post_trip_tokens as f64);
         self.latency_seconds.observe(latency_s);
         self.watchdog_trips
-            .get_or_create(&CauseLabels { cause })
+            .get_or_create(&CauseLabels { cause, initiator })
             .inc();
         self.halts_by
             .get_or_create(&HalterLabels { halted_by: by })

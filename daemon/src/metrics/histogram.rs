@@ -7,7 +7,7 @@ use std::sync::{
 
 use prometheus_client::{
     encoding::{EncodeMetric, MetricEncoder, NoLabelSet},
-    metrics::MetricType,
+    metrics::{MetricType, TypedMetric},
 };
 
 /// A histogram of durations for the per-token path. prometheus-client's `Histogram` takes a
@@ -55,6 +55,10 @@ impl NsHistogram {
     pub fn count(&self) -> u64 {
         self.inner.counts.iter().map(|c| c.load(Relaxed)).sum()
     }
+}
+
+impl TypedMetric for NsHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
 }
 
 impl EncodeMetric for NsHistogram {

@@ -13,13 +13,14 @@
 //! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
 //! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
 //! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
+//! | requests | [`requests`] | `requests`, `time_to_first_token_seconds`, `inter_token_latency_seconds`, `request_duration_seconds`, `client_errors` (model labels bounded by [`models`]) |
 //! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
 //! Handles are created once, at start. Label values are enums (each writes the spelling the
 //! exposition always had), and every series of a fixed label set exists from the start. The
-//! per-token path touches only `tokens_emitted` and `token_overhead` (relaxed atomic adds,
-//! no lock, no lookup: [`NsHistogram`]); everything else counts per turn, per halt or per
-//! scrape.
+//! per-token path touches only `tokens_emitted`, `token_overhead` and the turn's own
+//! `inter_token_latency` handle (relaxed atomic adds, no lock, no lookup: [`NsHistogram`]);
+//! everything else counts per turn, per halt or per scrape.
 
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
@@ -37,6 +38,7 @@ pub mod histogram;
 pub mod ledger;
 pub mod models;
 pub mod modes;
+pub mod requests;
 pub mod upstream;
 
 pub use histogram::NsHistogram;
@@ -55,6 +57,7 @@ pub struct Metrics {
     pub modes: modes::ModeMetrics,
     pub upstream: upstream::UpstreamMetrics,
     pub detectors: detectors::DetectorMetrics,
+    pub requests: requests::RequestMetrics,
 }
 
 impl Metrics {
@@ -70,8 +73,11 @@ impl Metrics {
             upstream::UpstreamMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         let detectors =
             detectors::DetectorMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let requests =
+            requests::RequestMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
+            requests,
             registry,
             halts,
             gate,
@@ -80,6 +86,18 @@ impl Metrics {
             modes,
             upstream,
             detectors,
+        }
+    }
+
+    /// A failed upstream exchange: an upstream failure by kind, unless the upstream refused
+    /// the client's own request (its 4xx: an unknown model, a bad parameter), which is the
+    /// client's error (`haltd_client_errors_total{reason="upstream_refused"}`).
+    pub fn upstream_failed(&self, failure: &crate::upstream::UpstreamFailure) {
+        if failure.source() == crate::upstream::FailureSource::Client {
+            self.requests
+                .client_error(requests::ClientError::UpstreamRefused);
+        } else {
+            self.upstream.failed(failure.kind);
         }
     }
 
@@ -127,20 +145,26 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{codes::FailureCode, stream::Halter};
+    use crate::{
+        codes::FailureCode,
+        stream::{Halter, Initiator},
+    };
+
+    fn op_trip() -> (FailureCode, Initiator) {
+        (FailureCode::OperatorTrip, Initiator::Operator)
+    }
 
     #[test]
     fn exposition_has_the_contract_names() {
         let m = Metrics::new();
-        m.halts
-            .observe(FailureCode::OperatorTrip, 2, 0.001, Halter::Emitter);
+        m.halts.observe(op_trip(), 2, 0.001, Halter::Emitter);
         m.gate.observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0]);
         m.gate.observe_kernel_totals(&[7, 1, 1, 2, 0, 0, 0]);
         let text = m.encode();
         for name in [
             "haltd_halt_tokens_post_trip_bucket",
             "haltd_halt_latency_seconds_bucket",
-            "haltd_watchdog_trips_total{cause=\"OPERATOR_TRIP\"} 1",
+            "haltd_watchdog_trips_total{cause=\"OPERATOR_TRIP\",initiator=\"operator\"} 1",
             "haltd_kernel_frames_total{verdict=\"pass\"} 7",
             "haltd_kernel_frames_total{verdict=\"drop_budget\"} 2",
             "haltd_streams_active",
@@ -153,6 +177,30 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn an_upstream_4xx_is_a_client_error_and_no_upstream_failure() {
+        use crate::upstream::{UpstreamFailure, UpstreamFailureKind::HttpStatus};
+        let m = Metrics::new();
+        m.upstream_failed(&UpstreamFailure::new(
+            HttpStatus,
+            "no such model".into(),
+            Some(404),
+        ));
+        let text = m.encode();
+        assert!(
+            text.contains("haltd_client_errors_total{reason=\"upstream_refused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("haltd_upstream_failures_total{kind=\"http_status\"} 0"),
+            "{text}"
+        );
+        m.upstream_failed(&UpstreamFailure::new(HttpStatus, "boom".into(), Some(500)));
+        assert!(m
+            .encode()
+            .contains("haltd_upstream_failures_total{kind=\"http_status\"} 1"));
     }
 
     #[test]
@@ -211,8 +259,7 @@ mod tests {
     #[test]
     fn the_exposition_is_unchanged_line_for_line() {
         let m = Metrics::new();
-        m.halts
-            .observe(FailureCode::OperatorTrip, 2, 0.001, Halter::Emitter);
+        m.halts.observe(op_trip(), 2, 0.001, Halter::Emitter);
         m.gate
             .observe_kernel_totals(&[5, 1, 1, 0, 0, 0, 0, 3, 1, 1, 2, 1, 0]);
         m.dataplane.token_overhead.observe_ns(12_000);

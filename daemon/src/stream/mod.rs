@@ -28,7 +28,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst},
         Mutex,
     },
 };
@@ -41,9 +41,11 @@ use crate::{
 };
 
 pub mod active;
+pub mod initiator;
 pub mod state;
 
 use active::ActiveSlots;
+pub use initiator::Initiator;
 pub use state::{AtomicEnum, Halter, Mode, Outcome, SlotState, WatchdogState};
 
 /// One stream's shared state. Every field is an atomic; see the module docs for the protocol.
@@ -78,6 +80,8 @@ pub struct Slot {
     /// Token frames with an index above the trip point that the kernel accepted.
     pub post_trip_delivered: AtomicU64,
     pub trip_cause: AtomicU32,
+    /// Who tripped it ([`Initiator::as_u8`]; 0 before a trip).
+    pub trip_initiator: AtomicU8,
     /// τ: tokens handed out before the trip; tokens numbered above it are post-trip.
     pub trip_token_index: AtomicU64,
     pub trip_ns: AtomicU64,
@@ -117,6 +121,9 @@ impl Slot {
     }
     pub fn trip_cause(&self) -> Option<FailureCode> {
         FailureCode::from_u32(self.trip_cause.load(SeqCst))
+    }
+    pub fn trip_initiator(&self) -> Option<Initiator> {
+        Initiator::from_u8(self.trip_initiator.load(SeqCst))
     }
     pub fn is_tripped(&self) -> bool {
         self.state().is_tripped()
@@ -259,6 +266,7 @@ impl Slot {
             tokens_delivered: self.tokens_delivered.load(SeqCst),
             post_trip_delivered: self.post_trip_delivered.load(SeqCst),
             trip_cause: self.trip_cause(),
+            trip_initiator: self.trip_initiator(),
             trip_token_index: self.trip_token_index.load(SeqCst),
             trip_ns: self.trip_ns.load(SeqCst),
             nonce: self.nonce.load(SeqCst),
@@ -289,6 +297,7 @@ pub struct SlotSnapshot {
     pub tokens_delivered: u64,
     pub post_trip_delivered: u64,
     pub trip_cause: Option<FailureCode>,
+    pub trip_initiator: Option<Initiator>,
     pub trip_token_index: u64,
     pub trip_ns: u64,
     pub nonce: u64,
@@ -452,6 +461,7 @@ impl StreamTable {
         s.bytes_submitted.store(before.bytes, SeqCst);
         s.chunked.store(false, SeqCst);
         s.trip_cause.store(0, SeqCst);
+        s.trip_initiator.store(0, SeqCst);
         s.kernel_tripped.store(false, SeqCst);
         s.send_inflight.store(false, SeqCst);
         s.halted_by.store(Halter::None);
@@ -535,6 +545,17 @@ impl StreamTable {
         kernel: Option<&dyn KernelTrip>,
         now_ns: u64,
     ) -> Result<TripInfo, TripError> {
+        self.trip_by(id, (cause, Initiator::of(cause)), kernel, now_ns)
+    }
+
+    /// [`StreamTable::trip`], saying who trips: the initiator is fixed with the cause.
+    pub fn trip_by(
+        &self,
+        id: StreamId,
+        (cause, initiator): (FailureCode, Initiator),
+        kernel: Option<&dyn KernelTrip>,
+        now_ns: u64,
+    ) -> Result<TripInfo, TripError> {
         let Some(s) = self.get(id) else {
             return Err(self.why_not_live(id));
         };
@@ -583,6 +604,7 @@ impl StreamTable {
             }
         };
         s.trip_cause.store(cause.as_u32(), SeqCst);
+        s.trip_initiator.store(initiator.as_u8(), SeqCst);
         s.trip_token_index.store(tau, SeqCst);
         s.nonce.store(nonce, SeqCst);
         s.trip_ns.store(now_ns, SeqCst);

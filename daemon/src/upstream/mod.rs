@@ -47,8 +47,8 @@ pub use chunk::{
 };
 pub use failure::{CancelReason, FailureSource, UpstreamFailure, UpstreamFailureKind};
 pub use request::{
-    prepare_turn, valid_header_value, write_http_request, UpstreamTurn, CHAT_PATH,
-    COMPLETIONS_PATH, MODELS_PATH,
+    prepare_turn, valid_header_value, write_http_request, write_http_request_with, UpstreamTurn,
+    CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH,
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
 pub use sse::{SseError, SseEvent, SseEventRef, SseParser};

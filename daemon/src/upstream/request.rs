@@ -322,6 +322,20 @@ pub fn write_http_request(
     authorization: Option<&str>,
     body: Option<&[u8]>,
 ) {
+    write_http_request_with(out, url, (method, api_path), authorization, &[], body);
+}
+
+/// [`write_http_request`] with `extra` header fields (the correlation headers a turn sends:
+/// `x-request-id`, `x-haltd-stream-id`, `traceparent`); a field whose value fails
+/// [`valid_header_value`] is left out.
+pub fn write_http_request_with(
+    out: &mut Vec<u8>,
+    url: &UpstreamUrl,
+    (method, api_path): (&str, &str),
+    authorization: Option<&str>,
+    extra: &[(&str, &str)],
+    body: Option<&[u8]>,
+) {
     debug_assert!(valid_method(method), "bad method {method:?}");
     let target = url.path_for(api_path);
     debug_assert!(
@@ -344,6 +358,9 @@ pub fn write_http_request(
         out.extend_from_slice(b"authorization: ");
         out.extend_from_slice(auth.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in extra.iter().filter(|(_, v)| valid_header_value(v)) {
+        let _ = write!(out, "{name}: {value}\r\n");
     }
     if let Some(body) = body {
         let _ = write!(
@@ -836,6 +853,21 @@ mod tests {
             assert!(!text.contains("injected"), "{text}");
             assert!(!text.contains("authorization"), "{text}");
         }
+        let mut out = Vec::new();
+        write_http_request_with(
+            &mut out,
+            &url(),
+            ("POST", CHAT_PATH),
+            None,
+            &[
+                ("x-request-id", "r-1"),
+                ("traceparent", "bad\r\ninjected: 1"),
+            ],
+            Some(b"{}"),
+        );
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("\r\nx-request-id: r-1\r\n"), "{text}");
+        assert!(!text.contains("injected"), "{text}");
         assert!(valid_header_value("Bearer sk-proj-AZaz09_-.~+/="));
         assert!(valid_header_value("Basic\tabc"));
     }

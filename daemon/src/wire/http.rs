@@ -33,6 +33,11 @@ pub struct RequestHead {
     pub authorization: Option<Secret>,
     /// The value of the header `--identity-header` names, if configured and present.
     pub identity: Option<Secret>,
+    /// The client's `x-request-id`, if one well-formed one came (`crate::wire::trace`); a
+    /// missing or malformed one is replaced by a generated id.
+    pub request_id: Option<String>,
+    /// The client's `traceparent`, if one came in the W3C format: passed to the upstream.
+    pub traceparent: Option<String>,
 }
 
 impl RequestHead {
@@ -180,6 +185,8 @@ pub fn parse_head_with(
         keep_alive,
         authorization,
         identity,
+        request_id: fields.request_id.flatten(),
+        traceparent: fields.traceparent.flatten(),
     }))
 }
 
@@ -220,6 +227,18 @@ struct HeadFields {
     keep_alive: bool,
     close: bool,
     authorization: Option<Secret>,
+    /// `x-request-id` and `traceparent`: `Some(None)` once one was seen that is not accepted
+    /// (malformed, or a second one), which stays not accepted.
+    request_id: Option<Option<String>>,
+    traceparent: Option<Option<String>>,
+}
+
+/// A correlation header: the first well-formed one is kept, a second one voids it.
+fn correlate(slot: &mut Option<Option<String>>, value: Option<String>) {
+    *slot = match slot {
+        None => Some(value),
+        Some(_) => Some(None),
+    };
 }
 
 impl HeadFields {
@@ -241,6 +260,20 @@ impl HeadFields {
                         )
                     })?;
                 f.authorization = Some(Secret::new(v.trim().to_owned()));
+                continue;
+            }
+            if h.name.eq_ignore_ascii_case("x-request-id") {
+                correlate(
+                    &mut f.request_id,
+                    crate::wire::trace::accept_request_id(h.value.trim_ascii()),
+                );
+                continue;
+            }
+            if h.name.eq_ignore_ascii_case("traceparent") {
+                correlate(
+                    &mut f.traceparent,
+                    crate::wire::trace::accept_traceparent(h.value.trim_ascii()),
+                );
                 continue;
             }
             if h.name.eq_ignore_ascii_case("content-length") {
@@ -443,7 +476,13 @@ pub fn chunk_in_place(out: &mut Vec<u8>, start: usize) {
 }
 
 /// A whole JSON error response in the OpenAI error shape.
-pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Option<StreamId>) {
+/// `request_id` is echoed as `x-request-id`.
+pub fn write_error_response(
+    out: &mut Vec<u8>,
+    err: &HttpError,
+    stream_id: Option<StreamId>,
+    request_id: Option<&str>,
+) {
     let body = serde_json::json!({
         "error": {
             "message": err.message,
@@ -453,8 +492,12 @@ pub fn write_error_response(out: &mut Vec<u8>, err: &HttpError, stream_id: Optio
         }
     })
     .to_string();
-    let extra = [("allow", err.allow), ("retry-after", err.retry_after)];
-    let mut headers = [("", ""); 2];
+    let extra = [
+        ("allow", err.allow),
+        ("retry-after", err.retry_after),
+        ("x-request-id", request_id),
+    ];
+    let mut headers = [("", ""); 3];
     let mut n = 0;
     for (name, value) in extra {
         if let Some(value) = value {
@@ -602,7 +645,12 @@ mod tests {
     #[test]
     fn error_responses_are_openai_shaped_json() {
         let mut out = Vec::new();
-        write_error_response(&mut out, &HttpError::bad_request("bad \"json\""), None);
+        write_error_response(
+            &mut out,
+            &HttpError::bad_request("bad \"json\""),
+            None,
+            None,
+        );
         let text = String::from_utf8(out).expect("utf8");
         let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
         assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"));

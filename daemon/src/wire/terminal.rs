@@ -33,6 +33,8 @@ pub struct Halt {
     /// Extra detail for the error object, e.g. `upstream: {kind, message}` of an
     /// UPSTREAM_FAILURE.
     pub detail: Vec<(&'static str, Value)>,
+    /// The request's id, echoed as `x-request-id` in a whole response's head.
+    pub request_id: Option<Arc<str>>,
 }
 
 impl Halt {
@@ -104,11 +106,17 @@ impl Halt {
         out.extend_from_slice(&nonce_hex(self.nonce));
         out.extend_from_slice(b"\r\n");
         let code = self.code.as_str();
-        let extra: &[(&str, &str)] = if self.degraded {
-            &[("x-haltd-halted", code), ("x-haltd-mode", "degraded")]
-        } else {
-            &[("x-haltd-halted", code)]
-        };
+        let mut headers = [("x-haltd-halted", code), ("", ""), ("", "")];
+        let mut n = 1;
+        if self.degraded {
+            headers[n] = ("x-haltd-mode", "degraded");
+            n += 1;
+        }
+        if let Some(rid) = self.request_id.as_deref() {
+            headers[n] = ("x-request-id", rid);
+            n += 1;
+        }
+        let extra = &headers[..n];
         if stream {
             write_head_fields(out, "text/event-stream", None, Some(self.stream_id), extra);
             self.sse_events(out);
@@ -179,6 +187,7 @@ mod tests {
             nonce: 0xfeed_f00d_0000_0001,
             degraded: false,
             detail: Vec::new(),
+            request_id: None,
         }
     }
 

@@ -14,6 +14,7 @@
 const UPSTREAM_BIN: &str = env!("CARGO_BIN_EXE_scripted-upstream");
 
 mod acceptance;
+mod access_log;
 mod admin;
 mod adversarial;
 mod api_surface;
