@@ -1,4 +1,5 @@
-//! Requests haltd answers without a turn: `GET /v1/models/{id}` and `POST /v1/embeddings`.
+//! Requests haltd answers without a turn: `GET /v1/models` and `GET /v1/models/{id}` of a
+//! proxied source, and `POST /v1/embeddings`.
 //!
 //! Neither produces tokens, so nothing here is governed: no detector, no halt budget, no
 //! record. `/v1/models/{id}` is answered from the model list (the built-in model's, or the
@@ -64,6 +65,19 @@ fn find_model(list: &Value, id: &str) -> Option<Value> {
 }
 
 impl Worker {
+    /// `GET /v1/models` with `--source openai`: relayed from the upstream.
+    pub(super) fn start_proxy_models(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        let req = UpstreamRequest {
+            purpose: Purpose::Models,
+            api_path: upstream::MODELS_PATH,
+            method: "GET",
+            authorization: auth.as_deref(),
+            body: None,
+        };
+        self.open_upstream(key, &req, String::new())
+    }
+
     /// `GET /v1/models/{id}`.
     pub(super) fn start_model(
         &mut self,

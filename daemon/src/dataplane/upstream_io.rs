@@ -41,7 +41,7 @@ use crate::{
         self, CancelReason, FinishReason, ResponseReader, SseParser, TlsLink, UpstreamFailure,
         UpstreamFailureKind,
     },
-    wire::{HttpError, RequestHead},
+    wire::HttpError,
 };
 
 /// Largest upstream response head.
@@ -363,19 +363,6 @@ impl Worker {
             up.connect_op = Some(op);
         }
         Ok(())
-    }
-
-    /// `GET /v1/models` with `--source openai`: relayed from the upstream.
-    pub(super) fn start_proxy_models(&mut self, key: usize, head: RequestHead) -> io::Result<()> {
-        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
-        let req = UpstreamRequest {
-            purpose: Purpose::Models,
-            api_path: upstream::MODELS_PATH,
-            method: "GET",
-            authorization: auth.as_deref(),
-            body: None,
-        };
-        self.open_upstream(key, &req, String::new())
     }
 
     pub(super) fn on_up_connect(&mut self, key: usize, res: i32) -> io::Result<()> {
