@@ -1,11 +1,23 @@
-//! `haltd serve` configuration: command-line flags with documented defaults, validated into a
+//! `haltd serve` configuration: command-line flags with documented defaults, each also
+//! settable from the environment and the config file ([`layers`]), validated into a
 //! [`Config`] before anything starts. An invalid value stops the daemon with an error that
-//! names the flag (fail closed: haltd never serves with a configuration it doubts).
+//! names the flag (fail closed: haltd never serves with a configuration it doubts);
+//! `haltd check-config` runs the same validation without starting anything ([`check`]).
+
+mod addr;
+pub mod check;
+mod faults;
+pub mod file;
+pub mod layers;
+pub mod reference;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
+
+use faults::parse_faults;
+pub use faults::Faults;
 
 /// Where tokens come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -26,8 +38,8 @@ pub enum LogFormat {
 /// Flags of `haltd serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Client-facing address (HTTP/1.1, OpenAI-compatible, served on io_uring).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// Client-facing address (HTTP/1.1, OpenAI-compatible, served on io_uring): IP:PORT or HOST:PORT (a name is resolved once, at start; haltd listens on its first IPv4 address, else its first IPv6 one).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = addr::socket_addr)]
     pub listen: SocketAddr,
     /// Admin API (`POST /admin/streams/{id}/trip`, `GET /admin/streams`, ...): `unix:PATH`, a Unix socket of mode 0660 whose callers are recorded by uid and pid, or `IP:PORT`, which needs --admin-token-file.
     #[arg(long, default_value = "unix:/run/haltd/admin.sock", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<crate::admin::AdminAddr>()))]
@@ -38,13 +50,13 @@ pub struct ServeArgs {
     /// File holding the bearer token a TCP admin listener requires (one line, at least 16 characters, not readable by other users).
     #[arg(long, value_name = "FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// Prometheus metrics address (`GET /metrics`).
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    /// Prometheus metrics address (`GET /metrics`): IP:PORT or HOST:PORT, as --listen.
+    #[arg(long, default_value = "127.0.0.1:9464", value_parser = addr::socket_addr)]
     pub metrics: SocketAddr,
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
-    /// Config file (TOML) with the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md) and the flight recorder's sampling (`[flight_recorder]`). Without it every detector runs with its defaults.
+    /// Config file (TOML): any of these settings at its top (`listen = "127.0.0.1:8080"`; a flag or HALTD_* variable wins over it), then the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md), the flight recorder's sampling (`[flight_recorder]`) and `[log] level`. Without it every detector runs with its defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` or `https://api.example.com/v1` (TLS, verified; a trailing `/v1` is accepted).
@@ -84,7 +96,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
     /// Group (a name or a gid) for --user. Default: the user's primary group.
-    #[arg(long, value_name = "GROUP", requires = "user")]
+    #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
     /// Degraded mode ends by itself after this many seconds (0: only `haltctl mode full` ends it).
     #[arg(long, default_value_t = 0)]
@@ -169,29 +181,32 @@ pub struct ServeArgs {
     pub metric_models: Vec<String>,
 }
 
-/// Faults injected for tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// The emitter keeps sending tokens after a trip, so only the kernel stops it.
-    pub emitter_ignores_halt: bool,
-    /// The watchdog thread stops (heartbeats included) this long after start.
-    pub watchdog_stall_after: Option<Duration>,
-    /// A data-plane worker or the watchdog panics after N tokens ([`crate::crash`]).
-    pub panic: Option<crate::crash::PanicFault>,
-}
-
 /// A configuration error, naming the flag.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid --{flag}: {reason}")]
 pub struct ConfigError {
     pub flag: &'static str,
     pub reason: String,
+    /// The key of the config file the error is about (`detectors.surprise.window`), if it is
+    /// about one: `haltd check-config` shows its line.
+    pub key: Option<String>,
 }
 
 fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         flag,
         reason: reason.into(),
+        key: None,
+    }
+}
+
+impl ConfigError {
+    /// The same error, about the file's `key`.
+    fn at(self, key: impl Into<String>) -> Self {
+        ConfigError {
+            key: Some(key.into()),
+            ..self
+        }
     }
 }
 
@@ -351,6 +366,12 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
+    /// These flags as a command of their own (`serve`): what [`layers`] and the reference
+    /// ([`reference`]) walk.
+    pub fn command() -> clap::Command {
+        <Self as Args>::augment_args(clap::Command::new("serve"))
+    }
+
     /// `--user` and `--group`, looked up now: a missing user is a configuration error.
     fn account(&self) -> Result<Option<crate::privs::Account>, ConfigError> {
         let Some(user) = &self.user else {
@@ -413,6 +434,9 @@ impl ServeArgs {
         }
         if self.max_turns_per_conn == 0 {
             return Err(err("max-turns-per-conn", "must be at least 1"));
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(err("group", "is only used with --user"));
         }
         if let Some(h) = &self.identity_header {
             let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
@@ -536,20 +560,27 @@ impl ServeArgs {
                 let level = match t.remove("level") {
                     None => None,
                     Some(toml::Value::String(s)) => {
-                        crate::logging::check_level(&s).map_err(|e| err("log.level", e))?;
+                        crate::logging::check_level(&s)
+                            .map_err(|e| err("log.level", e).at("log.level"))?;
                         Some(s)
                     }
                     Some(other) => {
-                        return Err(err("log.level", format!("must be a string, not {other}")))
+                        return Err(err("log.level", format!("must be a string, not {other}"))
+                            .at("log.level"))
                     }
                 };
                 if let Some(k) = t.keys().next() {
-                    return Err(err("log", format!("unknown key {k:?} (known: level)")));
+                    return Err(err("log", format!("unknown key {k:?} (known: level)"))
+                        .at(format!("log.{k}")));
                 }
                 level
             }
-            Some(_) => return Err(err("log", "must be a table ([log])")),
+            Some(_) => return Err(err("log", "must be a table ([log])").at("log")),
         };
+        // The settings at the top of the file were read with the flags, at start.
+        if let Some(t) = file.as_mut() {
+            t.retain(|k, v| v.is_table() || !layers::is_serve_key(k));
+        }
         if let Some(k) = file
             .iter()
             .flat_map(|t| t.keys())
@@ -557,12 +588,16 @@ impl ServeArgs {
         {
             return Err(err(
                 "config",
-                format!("unknown section [{k}] (known: [detectors.*], [safety], [flight_recorder], [log])"),
-            ));
+                format!(
+                    "unknown section [{k}] (known: {}; settings at the top: the flags of `haltd serve`, docs/configuration.md)",
+                    layers::SECTIONS_SHOWN
+                ),
+            )
+            .at(k.clone()));
         }
         let detectors =
             crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
-                .map_err(|e| err("config", e.to_string()))?;
+                .map_err(|e| err("config", e.to_string()).at(e.at.clone()))?;
         Ok(Reloadable {
             detectors,
             log_level,
@@ -619,13 +654,15 @@ impl ServeArgs {
         use crate::sampling::{check_rate, FileSection, SamplingPolicy};
         let file = match section {
             None => FileSection::default(),
-            Some(v @ toml::Value::Table(_)) => FileSection::deserialize(v)
-                .map_err(|e| err("config", format!("config flight_recorder: {e}")))?,
+            Some(v @ toml::Value::Table(_)) => FileSection::deserialize(v).map_err(|e| {
+                err("config", format!("config flight_recorder: {e}")).at("flight_recorder")
+            })?,
             Some(_) => {
                 return Err(err(
                     "config",
                     "config flight_recorder: must be a table ([flight_recorder])",
-                ))
+                )
+                .at("flight_recorder"))
             }
         };
         // The file's value is checked even when the flag overrides it: a file haltd would
@@ -639,6 +676,7 @@ impl ServeArgs {
                     "config",
                     format!("config flight_recorder.turn_sample_rate: {e}"),
                 )
+                .at("flight_recorder.turn_sample_rate")
             })?;
         let turn_sample_rate = match self.turn_sample_rate {
             Some(cli) => check_rate(cli).map_err(|e| err("turn-sample-rate", e))?,
@@ -658,41 +696,6 @@ impl ServeArgs {
 pub fn parse_config_text(text: &str, shown: &str) -> Result<toml::Table, ConfigError> {
     text.parse::<toml::Table>()
         .map_err(|e| err("config", format!("{shown}: not valid TOML: {e}")))
-}
-
-fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
-    let mut out = Faults::default();
-    if faults.is_empty() {
-        return Ok(out);
-    }
-    if !cfg!(feature = "fault-injection") {
-        return Err(err("fault", "this build has no fault injection (build with the `fault-injection` feature, as `cargo xtask test` does)"));
-    }
-    for f in faults {
-        if f == "emitter-ignores-halt" {
-            out.emitter_ignores_halt = true;
-        } else if let Some(ms) = f.strip_prefix("watchdog-stall-after-ms=") {
-            let ms: u64 = ms.parse().map_err(|_| {
-                err(
-                    "fault",
-                    format!("{f:?}: N must be a whole number of milliseconds"),
-                )
-            })?;
-            out.watchdog_stall_after = Some(Duration::from_millis(ms));
-        } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
-            let fault = crate::crash::PanicFault::parse(spec)
-                .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
-            out.panic = Some(fault);
-        } else {
-            return Err(err(
-                "fault",
-                format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
-                ),
-            ));
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -767,6 +770,7 @@ mod tests {
             (&["--turn-sample-rate", "NaN"][..], "turn-sample-rate"),
             (&["--turn-sample-rate", "1.5"][..], "turn-sample-rate"),
             (&["--turn-sample-rate", "0.005"][..], "turn-sample-rate"),
+            (&["--group", "root"][..], "group"),
         ] {
             assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
         }
@@ -864,6 +868,32 @@ mod tests {
         let f = TempConfig::new("override", "[flight_recorder]\nturn_sample_rate = 0.0\n");
         let e = parse(&["--config", f.arg(), "--turn-sample-rate", "0.05"]).expect_err("bad file");
         assert_eq!(e.flag, "config", "{e}");
+    }
+
+    /// The settings at the top of the file are the flags' ([`layers`]); the sections' loaders,
+    /// at start and on SIGHUP, leave them alone, and name every section when one is unknown.
+    #[test]
+    fn sections_beside_settings() {
+        let f = TempConfig::new(
+            "top",
+            "listen = \"127.0.0.1:1\"\nbudget = 7\n\n[log]\nlevel = \"debug\"\n\n\
+             [detectors.surprise]\nmode = \"off\"\n",
+        );
+        let c = parse(&["--config", f.arg()]).expect("valid");
+        assert_eq!(c.log_level.as_deref(), Some("debug"));
+        let r = c.args.reloadable().expect("reloads");
+        assert_eq!(
+            r.detectors.surprise.policy.mode,
+            crate::detect::DetectorMode::Off
+        );
+        let f = TempConfig::new("unknown", "budget = 7\n[nope]\nx = 1\n");
+        let e = parse(&["--config", f.arg()]).expect_err("unknown section");
+        assert_eq!(e.key.as_deref(), Some("nope"), "{e}");
+        assert!(
+            e.reason
+                .contains("[detectors.*], [safety], [flight_recorder], [log]"),
+            "{e}"
+        );
     }
 
     #[cfg(feature = "fault-injection")]

@@ -1,10 +1,15 @@
-//! `haltd`: the daemon. `haltd serve --help` lists every flag.
+//! `haltd`: the daemon. `haltd serve --help` lists every flag; each can also be set from a
+//! `HALTD_*` variable or the config file (docs/configuration.md).
 
-use std::{fmt::Display, process::ExitCode};
+use std::{ffi::OsString, fmt::Display, process::ExitCode};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use haltd::{
-    config::{LogFormat, ServeArgs},
+    config::{
+        check,
+        layers::{self, LayerError, Layered},
+        LogFormat, ServeArgs,
+    },
     logging::LogControl,
 };
 
@@ -19,12 +24,20 @@ struct Cli {
     command: Command,
 }
 
+/// Said under every subcommand's flags.
+const LAYERS_HELP: &str = "Every flag can also be set as a HALTD_* environment variable (--budget: HALTD_BUDGET) or in the --config file (budget = 8, before its first [section]); a flag wins over the variable, the variable over the file. Reference: docs/configuration.md.";
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible API with every stream under the halt budget.
+    #[command(after_help = LAYERS_HELP)]
     Serve(ServeArgs),
     /// Load and attach the kernel halt gate once, then exit: checks the verifier accepts it here.
+    #[command(after_help = LAYERS_HELP)]
     CheckGate(ServeArgs),
+    /// Check a configuration without starting anything, like `nginx -t`: the file, the HALTD_* variables and the flags, as `haltd serve --config FILE` would take them. Binds and loads nothing, needs no privilege. Exit 0: valid; 2: not, each error with its line or variable.
+    #[command(after_help = LAYERS_HELP)]
+    CheckConfig(ServeArgs),
     /// Print a shell completion script (e.g. `haltd completions bash > /usr/share/bash-completion/completions/haltd`).
     Completions {
         #[arg(value_enum)]
@@ -35,6 +48,18 @@ enum Command {
     Man { dir: std::path::PathBuf },
 }
 
+/// haltd's command: `check-config` takes its file as `FILE`, not `--config FILE`.
+fn command() -> clap::Command {
+    Cli::command().mut_subcommand("check-config", |c| {
+        c.mut_arg("config", |a| {
+            a.long(None)
+                .index(1)
+                .value_name("FILE")
+                .help("The config file to check (default: HALTD_CONFIG)")
+        })
+    })
+}
+
 /// Says why haltd stops: `haltd: WHY` in text mode, an ERROR log object in JSON mode.
 fn fatal(format: LogFormat, why: &dyn Display) {
     match format {
@@ -43,12 +68,19 @@ fn fatal(format: LogFormat, why: &dyn Display) {
     }
 }
 
-/// Validates the flags, or says what is wrong (exit 2).
-fn validated(args: ServeArgs) -> Result<(haltd::config::Config, LogControl), ExitCode> {
+/// Validates the flags, or says what is wrong (exit 2), and where a bad value was set when
+/// not on the command line.
+fn validated(
+    args: ServeArgs,
+    layered: &Layered,
+) -> Result<(haltd::config::Config, LogControl), ExitCode> {
     let format = args.log_format;
     let log = haltd::logging::init(format);
     let cfg = args.validate().map_err(|e| {
-        fatal(format, &e);
+        match check::origin(&e, layered) {
+            Some(at) => fatal(format, &format_args!("{e} (from {at})")),
+            None => fatal(format, &e),
+        }
         ExitCode::from(2)
     })?;
     if let Err(e) = log.apply_file_level(cfg.log_level.as_deref()) {
@@ -58,16 +90,74 @@ fn validated(args: ServeArgs) -> Result<(haltd::config::Config, LogControl), Exi
     Ok((cfg, log))
 }
 
+/// The command line over the environment over the config file, or exit: 2 with every bad
+/// value and where it is.
+fn parse() -> Result<(Cli, Layered), ExitCode> {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let layered = match layers::parse(command(), &argv, &|var| std::env::var_os(var)) {
+        Ok(l) => l,
+        Err(LayerError::Clap(e)) => e.exit(),
+        Err(e) => {
+            let text = e.to_string();
+            for line in text.lines() {
+                eprintln!("haltd: {line}");
+            }
+            let n = text.lines().count();
+            eprintln!(
+                "haltd: configuration invalid ({n} error{})",
+                if n == 1 { "" } else { "s" }
+            );
+            return Err(ExitCode::from(2));
+        }
+    };
+    match Cli::from_arg_matches(&layered.matches) {
+        Ok(cli) => Ok((cli, layered)),
+        Err(e) => e.exit(),
+    }
+}
+
+/// `haltd check-config`: the report, exit 0 when valid, 2 when not.
+fn check_config(args: ServeArgs, layered: &Layered) -> ExitCode {
+    let shown = args
+        .config
+        .as_ref()
+        .map_or_else(String::new, |p| p.display().to_string());
+    let report = check::check(args, layered, std::env::vars_os().map(|(k, _)| k));
+    for w in &report.warnings {
+        eprintln!("haltd: warning: {w}");
+    }
+    for e in &report.errors {
+        eprintln!("haltd: {e}");
+    }
+    if !report.errors.is_empty() {
+        let n = report.errors.len();
+        eprintln!(
+            "haltd: {shown}: configuration invalid ({n} error{})",
+            if n == 1 { "" } else { "s" }
+        );
+        return ExitCode::from(2);
+    }
+    println!("haltd: {shown}: configuration ok");
+    for s in &report.settings {
+        println!("  {s}");
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, layered) = match parse() {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     match cli.command {
+        Command::CheckConfig(args) => check_config(args, &layered),
         Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut cmd = command();
             haltd::cli_docs::write_completions(&mut cmd, shell, &mut std::io::stdout());
             ExitCode::SUCCESS
         }
         Command::Man { dir } => {
-            let cmd = <Cli as clap::CommandFactory>::command();
+            let cmd = command();
             match haltd::cli_docs::write_man_pages(&cmd, &dir) {
                 Ok(pages) => {
                     pages.iter().for_each(|p| println!("{}", p.display()));
@@ -80,7 +170,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve(args) => {
-            let (cfg, log) = match validated(args) {
+            let (cfg, log) = match validated(args, &layered) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -100,7 +190,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckGate(args) => {
-            let (cfg, _log) = match validated(args) {
+            let (cfg, _log) = match validated(args, &layered) {
                 Ok(c) => c,
                 Err(code) => return code,
             };

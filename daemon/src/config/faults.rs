@@ -1,0 +1,52 @@
+//! `--fault`: the test-only faults a `fault-injection` build accepts; any other build refuses
+//! them.
+
+use std::time::Duration;
+
+use super::{err, ConfigError};
+
+/// Faults injected for tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// The emitter keeps sending tokens after a trip, so only the kernel stops it.
+    pub emitter_ignores_halt: bool,
+    /// The watchdog thread stops (heartbeats included) this long after start.
+    pub watchdog_stall_after: Option<Duration>,
+    /// A data-plane worker or the watchdog panics after N tokens ([`crate::crash`]).
+    pub panic: Option<crate::crash::PanicFault>,
+}
+
+pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
+    let mut out = Faults::default();
+    if faults.is_empty() {
+        return Ok(out);
+    }
+    if !cfg!(feature = "fault-injection") {
+        return Err(err("fault", "this build has no fault injection (build with the `fault-injection` feature, as `cargo xtask test` does)"));
+    }
+    for f in faults {
+        if f == "emitter-ignores-halt" {
+            out.emitter_ignores_halt = true;
+        } else if let Some(ms) = f.strip_prefix("watchdog-stall-after-ms=") {
+            let ms: u64 = ms.parse().map_err(|_| {
+                err(
+                    "fault",
+                    format!("{f:?}: N must be a whole number of milliseconds"),
+                )
+            })?;
+            out.watchdog_stall_after = Some(Duration::from_millis(ms));
+        } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
+            let fault = crate::crash::PanicFault::parse(spec)
+                .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
+            out.panic = Some(fault);
+        } else {
+            return Err(err(
+                "fault",
+                format!(
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
