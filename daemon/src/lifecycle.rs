@@ -12,9 +12,10 @@
 //! - **SIGHUP** reloads what can change without a restart: the detectors and SafetyCheck
 //!   (`[detectors.*]`, `[safety]` of `--config`) for turns that start afterwards, and the log
 //!   level (`[log] level`, unless `HALTD_LOG` is set). A file that does not validate changes
-//!   nothing. It also reopens an access log file (`--access-log FILE`, after logrotate moved
-//!   it). Either way a `lifecycle` record says what happened. (Sampling, listeners and every
-//!   flag stay as started.)
+//!   nothing. It also reopens the ledger: once it was moved aside (logrotate), a new segment at
+//!   `--ledger` continues the chain (`ledger` module doc, rotation); and an access log file
+//!   (`--access-log FILE`, after logrotate moved it). Either way a `lifecycle` record says what
+//!   happened. (Sampling, listeners and every flag stay as started.)
 
 use std::{
     sync::{atomic::Ordering::SeqCst, Arc},
@@ -79,6 +80,11 @@ pub fn reload_on_hangup(
     Ok(async move {
         while hup.recv().await.is_some() {
             notify(&[NotifyState::Reloading]);
+            // First the ledger, so that this reload's record opens the new segment's chain.
+            let core = Arc::clone(&shared);
+            let segment = tokio::task::spawn_blocking(move || reopen_ledger(&core))
+                .await
+                .unwrap_or_else(|e| format!("reopening the ledger: {e}"));
             let message = match reload(&shared, &log) {
                 Ok(done) => {
                     tracing::info!(detail = %done, "reloaded on SIGHUP");
@@ -89,6 +95,7 @@ pub fn reload_on_hangup(
                     format!("reload on SIGHUP failed, the running configuration stays: {why}")
                 }
             };
+            let message = format!("{message}; {segment}");
             let message = match shared.access_log.reopen_on_hangup() {
                 Some(reopened) => format!("{message}; {reopened}"),
                 None => message,
@@ -102,6 +109,32 @@ pub fn reload_on_hangup(
             notify(&[NotifyState::Ready]);
         }
     })
+}
+
+/// Rotation (logrotate's `postrotate`): once the ledger file was moved aside, a new segment at
+/// `--ledger` continues the chain, its first record a `lifecycle` record linked to the previous
+/// head. Blocking (the writer's fsyncs). Says what happened.
+fn reopen_ledger(shared: &HaltCore) -> String {
+    let path = shared.ledger.path().display().to_string();
+    let rec = Record {
+        kind: RecordKind::Lifecycle,
+        kernel_gate: shared.kernel_gate_label().into(),
+        message: Some(format!(
+            "ledger reopened on SIGHUP: a new segment at {path} continues the chain"
+        )),
+        ..Record::default()
+    };
+    match shared.ledger.reopen(rec) {
+        Ok(Some(seq)) => {
+            tracing::info!(path, seq, "ledger reopened on SIGHUP: a new segment");
+            format!("ledger reopened: a new segment at {path} from seq {seq}")
+        }
+        Ok(None) => format!("ledger {path} not moved aside: it stays the current segment"),
+        Err(e) => {
+            tracing::error!(path, error = %e, "reopening the ledger on SIGHUP failed");
+            format!("reopening the ledger {path} failed: {e}")
+        }
+    }
 }
 
 /// Reads `--config` again and applies it; says what it applied, or why it applied nothing.

@@ -169,13 +169,7 @@ impl Ledger {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(open_err)?;
+        let file = open_segment(path)?;
         lock(&file, path)?;
         let key = LedgerKey::load_or_create(cfg.state_dir).map_err(|e| LedgerError::Key {
             reason: e.to_string(),
@@ -341,6 +335,15 @@ impl Ledger {
         self.inner.shared.failed.load(Ordering::Acquire)
     }
 
+    /// Why the ledger failed (see [`Ledger::is_failed`]); `None` while it writes.
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .shared
+            .check_failed()
+            .err()
+            .map(|e| e.to_string())
+    }
+
     /// Records written by this handle's writer since open.
     pub fn records_written(&self) -> u64 {
         self.inner.shared.written.load(Ordering::Acquire)
@@ -350,6 +353,22 @@ impl Ledger {
     pub fn path(&self) -> &Path {
         &self.inner.shared.path
     }
+}
+
+/// Opens (or creates, mode 0600) the segment file at `path` for reading and appending: the
+/// ledger at start ([`Ledger::open`]) and the new segment of a rotation ([`Ledger::reopen`]).
+/// It is not locked yet: a rotation first checks it is a new file.
+fn open_segment(path: &Path) -> Result<File, LedgerError> {
+    OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| LedgerError::Open {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// Step 2 of the lifecycle: the end of the chain against its head. `Err`: tampering, recorded

@@ -3,9 +3,9 @@
 //! write and fsync the head.
 
 use std::{
-    fs::{File, OpenOptions},
+    fs::File,
     io::Write,
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    os::unix::fs::MetadataExt,
     sync::{
         atomic::Ordering,
         mpsc::{Receiver, SyncSender},
@@ -16,7 +16,7 @@ use std::{
 use super::{
     head::{Head, HeadFile},
     key::LedgerKey,
-    lock, sync_dir, LedgerError, Record, Shared,
+    lock, open_segment, sync_dir, LedgerError, Record, Shared,
 };
 use crate::clock::rfc3339_now;
 
@@ -108,12 +108,21 @@ impl Writer {
         }
     }
 
+    /// Runs one command's work unless the ledger already failed, and fails it on an error.
+    fn guarded<T>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        let result = self.shared().check_failed().and_then(|()| work(self));
+        self.fail_on(&result);
+        result
+    }
+
     pub(super) fn run(mut self, rx: Receiver<Cmd>) {
         for cmd in rx {
             match cmd {
                 Cmd::Append { rec, ack } => {
-                    let result = self.shared().check_failed().and_then(|()| self.write(*rec));
-                    self.fail_on(&result);
+                    let result = self.guarded(|w| w.write(*rec));
                     let ok = result.is_ok();
                     ack.answer(result);
                     if ok {
@@ -122,21 +131,16 @@ impl Writer {
                     }
                 }
                 Cmd::Flush { ack } => {
-                    let result = self.shared().check_failed().and_then(|()| {
-                        self.file.sync_data().map_err(|source| LedgerError::Flush {
-                            path: self.shared().path.clone(),
+                    let result = self.guarded(|w| {
+                        w.file.sync_data().map_err(|source| LedgerError::Flush {
+                            path: w.shared().path.clone(),
                             source,
                         })
                     });
-                    self.fail_on(&result);
                     let _ = ack.send(result);
                 }
                 Cmd::Reopen { rec, ack } => {
-                    let result = self
-                        .shared()
-                        .check_failed()
-                        .and_then(|()| self.reopen(*rec));
-                    self.fail_on(&result);
+                    let result = self.guarded(|w| w.reopen(*rec));
                     let _ = ack.send(result);
                 }
             }
@@ -205,13 +209,7 @@ impl Writer {
             path: path.clone(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(open_err)?;
+        let file = open_segment(&path)?;
         let (old, new) = (
             self.file.metadata().map_err(open_err)?,
             file.metadata().map_err(open_err)?,
