@@ -83,6 +83,27 @@ pub struct ServeArgs {
     /// How long an idle upstream connection stays pooled (ms); keep it below the upstream's own keep-alive timeout (uvicorn, so vLLM: 5 s).
     #[arg(long, default_value_t = 4_000)]
     pub upstream_pool_idle_timeout_ms: u64,
+    /// Upstream probe for `/readyz` (docs/operations.md, "Readiness"): the API path haltd GETs, below the upstream's base URL; `/v1/models` also lists the model ids.
+    #[arg(long, default_value = "/v1/models", value_name = "PATH")]
+    pub upstream_probe_path: String,
+    /// How often the upstream is probed (ms).
+    #[arg(long, default_value_t = 1_000)]
+    pub upstream_probe_interval_ms: u64,
+    /// Time one probe may take, connect to last byte (ms).
+    #[arg(long, default_value_t = 1_000)]
+    pub upstream_probe_timeout_ms: u64,
+    /// Failed probes in a row that make the upstream down (haltd not ready).
+    #[arg(long, default_value_t = 2)]
+    pub upstream_probe_failures: u32,
+    /// Successful probes in a row that make a down upstream up again.
+    #[arg(long, default_value_t = 1)]
+    pub upstream_probe_successes: u32,
+    /// Do not probe the upstream: `/readyz` then only checks that its name resolves.
+    #[arg(long)]
+    pub no_upstream_probe: bool,
+    /// How often the upstream's host name is resolved again (ms); also after each failed probe, and with backoff while it does not resolve.
+    #[arg(long, default_value_t = 30_000)]
+    pub upstream_resolve_interval_ms: u64,
     /// What a halt puts into degraded safe mode: the conversation's API key, or the whole node.
     #[arg(long, value_enum, default_value = "key")]
     pub degraded_scope: crate::modes::DegradedScope,
@@ -192,7 +213,7 @@ pub struct ConfigError {
     pub key: Option<String>,
 }
 
-fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn err(flag: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         flag,
         reason: reason.into(),
@@ -231,8 +252,11 @@ pub struct Config {
     pub client_idle_timeout: Duration,
     pub workers: usize,
     pub faults: Faults,
-    /// The resolved upstream of `--source openai`.
+    /// The upstream of `--source openai`, parsed (its name is resolved by
+    /// [`crate::upstream::watch`], at start and again while haltd runs).
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
+    /// How the upstream is watched: its probe and the re-resolution of its name.
+    pub upstream_watch: crate::upstream::watch::WatchSettings,
     /// The TLS configuration of an `https://` upstream (trust roots, SNI, ALPN).
     pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
     /// The key of `--upstream-api-key-file`, sent upstream instead of the client's.
@@ -323,6 +347,7 @@ impl ServeArgs {
         let upstream_tls = self.upstream_tls(upstream.as_ref())?;
         let upstream_api_key = self.upstream_api_key()?;
         self.check_upstream_timeouts()?;
+        let upstream_watch = crate::upstream::watch::WatchSettings::from_args(&self)?;
         let (
             sampling,
             Reloadable {
@@ -347,6 +372,7 @@ impl ServeArgs {
             workers,
             faults,
             upstream,
+            upstream_watch,
             upstream_tls,
             upstream_api_key,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
@@ -459,7 +485,7 @@ impl ServeArgs {
         Ok(())
     }
 
-    /// `--upstream`, parsed and resolved, for `--source openai`; `None` for the built-in
+    /// `--upstream`, parsed (not resolved: a name that does not resolve yet is retried), for `--source openai`; `None` for the built-in
     /// source.
     fn upstream_url(&self) -> Result<Option<crate::upstream::url::UpstreamUrl>, ConfigError> {
         let upstream = match (self.source, self.upstream.as_deref()) {
@@ -470,9 +496,7 @@ impl ServeArgs {
                 ))
             }
             (SourceKind::Openai, Some(u)) => {
-                let mut url = crate::upstream::url::UpstreamUrl::parse(u)
-                    .map_err(|e| err("upstream", format!("{u:?}: {e}")))?;
-                url.resolve()
+                let url = crate::upstream::url::UpstreamUrl::parse(u)
                     .map_err(|e| err("upstream", format!("{u:?}: {e}")))?;
                 Some(url)
             }
@@ -722,6 +746,49 @@ mod tests {
         assert_eq!(c.args.budget, 5);
         assert!(!c.args.no_kernel_gate);
         assert_eq!(c.faults, Faults::default());
+    }
+
+    #[test]
+    fn the_upstream_watch_settings_are_checked_and_an_unresolvable_name_is_no_error() {
+        let c = parse(&[
+            "--source",
+            "openai",
+            "--upstream",
+            "http://no-such-host.invalid:8000",
+        ])
+        .expect("a name that does not resolve yet is retried, not refused");
+        let probe = c.upstream_watch.probe.expect("probing by default");
+        assert_eq!(probe.path, "/v1/models");
+        assert_eq!((probe.failures, probe.successes), (2, 1));
+        assert_eq!(probe.interval, Duration::from_secs(1));
+        assert_eq!(c.upstream_watch.resolve_interval, Duration::from_secs(30));
+        let off = parse(&["--no-upstream-probe"]).expect("valid");
+        assert!(off.upstream_watch.probe.is_none());
+        for (args, flag) in [
+            (
+                &["--upstream-probe-failures", "0"][..],
+                "upstream-probe-failures",
+            ),
+            (
+                &["--upstream-probe-interval-ms", "0"][..],
+                "upstream-probe-interval-ms",
+            ),
+            (
+                &["--upstream-probe-path", "v1/models"][..],
+                "upstream-probe-path",
+            ),
+            (
+                &["--upstream-probe-path", "/a b"][..],
+                "upstream-probe-path",
+            ),
+            (
+                &["--upstream-resolve-interval-ms", "0"][..],
+                "upstream-resolve-interval-ms",
+            ),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert_eq!(e.flag, flag, "{args:?}: {e}");
+        }
     }
 
     #[test]

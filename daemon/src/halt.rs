@@ -77,6 +77,9 @@ pub struct HaltCore {
     pub node_secret: crate::identity::NodeSecret,
     /// One line per request (`--access-log`), reopened on SIGHUP.
     pub access_log: crate::access_log::AccessLog,
+    /// The upstream's addresses, probe verdict and model ids (`--source openai`; `None` with
+    /// the built-in source): `upstream/health.rs`, kept by `upstream/watch.rs`.
+    pub upstream_health: Option<crate::upstream::health::UpstreamHealth>,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn

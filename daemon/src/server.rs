@@ -167,6 +167,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
                 cfg.args.request_phase_share,
             ),
         ),
+        upstream_health: crate::upstream::health::UpstreamHealth::for_config(&cfg),
         cfg,
     });
     let source = match &shared.cfg.upstream {
@@ -177,6 +178,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .ledger
         .append_sync(start_record(&shared, &source))
         .map_err(StartError::Ledger)?;
+    crate::upstream::watch::start(&shared).map_err(io("starting the upstream watch thread"))?;
     watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;

@@ -127,6 +127,7 @@ impl Haltd {
             .arg(&ledger)
             .args(test_sampling(extra))
             .args(test_drain(extra))
+            .args(test_probe(extra))
             .args(state_dir_args(extra, &state_dir))
             .args(extra)
             .env("RUST_BACKTRACE", "1")
@@ -457,4 +458,18 @@ fn write_admin_token(dir: &Path) -> Result<PathBuf> {
         .with_context(|| format!("creating {}", path.display()))?;
     std::io::Write::write_all(&mut f, TEST_ADMIN_TOKEN.as_bytes())?;
     Ok(path)
+}
+
+/// `--no-upstream-probe` unless `extra` sets an `--upstream-probe-*` flag: the probe's
+/// `GET /v1/models` every second would land in the scripted upstream's request log, which the
+/// tests count (the readiness tests turn it on; production probes by default).
+pub fn test_probe(extra: &[&str]) -> &'static [&'static str] {
+    let own = extra
+        .iter()
+        .any(|a| a.starts_with("--upstream-probe") || *a == "--no-upstream-probe");
+    if own {
+        &[]
+    } else {
+        &["--no-upstream-probe"]
+    }
 }

@@ -18,6 +18,7 @@
 //! | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
 //! | `passthrough.rs` | what is answered without a turn: `/v1/models/{id}`, `/v1/embeddings` relayed |
+//! | `readiness.rs` | `/readyz`: the checks and the body that names the one that failed |
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
 //! | `score.rs` | the observe phase; a token parked while the external scorer answers |
@@ -52,6 +53,7 @@ mod op;
 mod passthrough;
 mod pipeline;
 mod pool;
+mod readiness;
 mod record;
 mod request;
 mod ring;

@@ -274,28 +274,9 @@ impl Worker {
         self.reply(key, code, "application/json", body.as_bytes())
     }
 
-    /// `/readyz`: whether this haltd should get new turns. Not ready while the heartbeat is
-    /// lost, the flight recorder failed or haltd drains (SIGTERM); each reason is listed.
+    /// `/readyz`: whether this haltd should get new turns (`readiness.rs`).
     pub(super) fn reply_ready(&mut self, key: usize) -> io::Result<()> {
-        let hb = self.shared.heartbeat_view(monotonic_ns());
-        let mut reasons = Vec::new();
-        if hb.state == HeartbeatState::Lost {
-            reasons.push("heartbeat_lost");
-        }
-        if self.shared.recorder_failed.load(SeqCst) {
-            reasons.push("recorder_failed");
-        }
-        if self.shared.draining.load(SeqCst) || self.shared.shutting_down.load(SeqCst) {
-            reasons.push("draining");
-        }
-        let ready = reasons.is_empty();
-        let body = serde_json::json!({
-            "status": if ready { "ready" } else { "not_ready" },
-            "reasons": reasons,
-            "kernel_gate": self.shared.kernel_gate_label(),
-            "heartbeat_state": hb.state,
-        })
-        .to_string();
+        let (ready, body) = super::readiness::check(&self.shared);
         self.reply(
             key,
             if ready { 200 } else { 503 },

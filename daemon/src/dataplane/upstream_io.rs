@@ -21,7 +21,7 @@
 //! every transport failure become 502, timeouts 504); after it began, a trip with
 //! `UPSTREAM_FAILURE` whose terminal event carries `upstream: {kind, message}`.
 
-use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
+use std::{io, net::SocketAddr, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use io_uring::{opcode, squeue, types};
 use serde_json::{json, Value};
@@ -292,7 +292,18 @@ impl Worker {
         }
         let tls = pooled.as_mut().and_then(|k| k.tls.take());
         let reused = pooled.is_some();
-        let fd = match pooled.map_or_else(|| upstream_socket(url.addrs[0]), |k| Ok(k.fd)) {
+        // A new connection goes to the latest resolution of the upstream's name.
+        let addr = match (&pooled, shared.upstream_health.as_ref().map(|h| h.addr())) {
+            (None, Some(Ok(addr))) => Some(addr),
+            (None, Some(Err(unresolved))) => return self.reply_error(key, &unresolved),
+            _ => None,
+        };
+        let fd = match (pooled, addr) {
+            (Some(k), _) => Ok(k.fd),
+            (None, Some(addr)) => upstream_socket(addr),
+            (None, None) => Err(io::ErrorKind::AddrNotAvailable.into()),
+        };
+        let fd = match fd {
             Ok(fd) => fd,
             Err(e) => {
                 return self.reply_error(
@@ -338,20 +349,19 @@ impl Worker {
             self.up_send(key, request, 0)?;
         } else {
             self.conns[key].up = Some(up);
-            self.up_connect(key)?;
+            self.up_connect(key, addr)?;
         }
         self.arm_watch(key)
     }
 
-    /// Connects the upstream socket (a new one) of connection `key`.
-    pub(super) fn up_connect(&mut self, key: usize) -> io::Result<()> {
+    /// Connects the upstream socket (a new one, made for `addr`) of connection `key`.
+    pub(super) fn up_connect(&mut self, key: usize, addr: Option<SocketAddr>) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        let (Some(url), Some(up)) = (shared.cfg.upstream.as_ref(), self.conns[key].up.as_ref())
-        else {
+        let (Some(addr), Some(up)) = (addr, self.conns[key].up.as_ref()) else {
             return Ok(());
         };
         shared.metrics.upstream.pool.opened.inc();
-        let addr = sockaddr(url.addrs[0]);
+        let addr = sockaddr(addr);
         let addr_ptr: *const libc::sockaddr = (&raw const addr.storage).cast();
         let connect = opcode::Connect::new(types::Fd(up.fd), addr_ptr, addr.len)
             .build()

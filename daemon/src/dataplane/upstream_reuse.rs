@@ -140,10 +140,10 @@ impl Worker {
         {
             return Ok(false);
         }
-        let Some(url) = shared.cfg.upstream.as_ref() else {
+        let Some(Ok(addr)) = shared.upstream_health.as_ref().map(|h| h.addr()) else {
             return Ok(false);
         };
-        let Ok(fd) = upstream_socket(url.addrs[0]) else {
+        let Ok(fd) = upstream_socket(addr) else {
             return Ok(false);
         };
         // SAFETY: no operation is in flight on the broken socket (checked above; this is
@@ -159,7 +159,7 @@ impl Worker {
         pool.discarded(DiscardReason::Broken);
         pool.retried.inc();
         tracing::debug!(stream_id = %conn.id, "pooled upstream connection was closed; retrying on a new one");
-        self.up_connect(key)?;
+        self.up_connect(key, Some(addr))?;
         Ok(true)
     }
 

@@ -3,7 +3,7 @@
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
-    metrics::{counter::Counter, family::Family},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
@@ -168,6 +168,10 @@ pub struct UpstreamMetrics {
     /// TLS handshakes with an `https://` upstream completed: one per new connection, none
     /// for a pooled one.
     pub tls_handshakes: Counter,
+    /// 1 while the upstream answers its probe (`upstream/watch.rs`), else 0.
+    pub up: Gauge,
+    pub probe_failures: Counter,
+    pub resolve_failures: Counter,
 }
 
 impl UpstreamMetrics {
@@ -193,6 +197,24 @@ impl UpstreamMetrics {
             "TLS handshakes completed with an https:// upstream (one per new connection; a pooled connection keeps its session)",
             tls_handshakes.clone(),
         );
+        let up = Gauge::default();
+        upstream.register(
+            "up",
+            "1 while the upstream answers its probe (--upstream-probe-*; without the probe: while its name resolves), else 0",
+            up.clone(),
+        );
+        let probe_failures = Counter::default();
+        upstream.register(
+            "probe_failures",
+            "Upstream probes (GET --upstream-probe-path) that failed: refused, timed out, unresolved or not 2xx",
+            probe_failures.clone(),
+        );
+        let resolve_failures = Counter::default();
+        upstream.register(
+            "resolve_failures",
+            "Resolutions of the upstream's host name that failed (the last addresses, if any, stay in use)",
+            resolve_failures.clone(),
+        );
         let pool = PoolMetrics::register(upstream);
         let tool_calls = Family::<ToolCallLabels, Counter>::default();
         reg.register(
@@ -215,6 +237,9 @@ impl UpstreamMetrics {
             tool_calls,
             pool,
             tls_handshakes,
+            up,
+            probe_failures,
+            resolve_failures,
         }
     }
 

@@ -18,6 +18,10 @@
 //!                       ──framing──► how the text is cut into frames, one token each
 //! ```
 //!
+//! Between turns, `watch.rs` keeps the upstream's name resolved and probes it (`probe.rs`, on
+//! blocking sockets of its own thread), publishing both in `health.rs` for the data plane's
+//! connects and for `/readyz`.
+//!
 //! haltd always streams from the upstream, even for a client's batch request, so that the
 //! detectors see every token as it is generated and a trip can cancel the generation by
 //! closing the upstream connection (vLLM aborts a request whose connection closes).
@@ -31,11 +35,14 @@ pub mod api_key;
 pub mod chunk;
 pub mod failure;
 pub mod framing;
+pub mod health;
+pub mod probe;
 pub mod request;
 pub mod response;
 pub mod sse;
 pub mod tls;
 pub mod url;
+pub mod watch;
 
 #[cfg(test)]
 pub(crate) mod alloc_tests;

@@ -162,6 +162,12 @@ impl UpstreamTls {
         &self.roots
     }
 
+    /// A new blocking client session with the same trust roots, name and ALPN as the data
+    /// plane's (the upstream probe's, over a std socket).
+    pub fn client_connection(&self) -> Result<ClientConnection, rustls::Error> {
+        ClientConnection::new(Arc::clone(&self.config), self.server_name.clone())
+    }
+
     /// A new connection's TLS session, its handshake not begun.
     pub fn link(&self) -> Result<TlsLink, rustls::Error> {
         let mut conn = ClientConnection::new(Arc::clone(&self.config), self.server_name.clone())?;

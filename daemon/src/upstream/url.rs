@@ -71,8 +71,6 @@ pub struct UpstreamUrl {
     pub port: u16,
     /// Path prefix without the trailing `/v1` and without a trailing slash: `""` or `/prefix`.
     pub base_path: String,
-    /// Filled by [`UpstreamUrl::resolve`]; empty until then.
-    pub addrs: Vec<SocketAddr>,
 }
 
 /// Short, printable excerpt of operator input for an error message.
@@ -227,15 +225,14 @@ impl UpstreamUrl {
             host,
             port,
             base_path,
-            addrs: Vec::new(),
         })
     }
 
-    /// Resolves the host with the system resolver into [`UpstreamUrl::addrs`].
+    /// Resolves the host with the system resolver.
     ///
-    /// Blocking (it may query DNS): call it at startup or on a config reload, never on the
-    /// data plane.
-    pub fn resolve(&mut self) -> Result<(), UrlError> {
+    /// Blocking (it may query DNS): the upstream's watch thread calls it (`watch.rs`), never
+    /// the data plane.
+    pub fn resolve(&self) -> Result<Vec<SocketAddr>, UrlError> {
         let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
             .to_socket_addrs()
             .map_err(|source| UrlError::Resolve {
@@ -248,8 +245,16 @@ impl UpstreamUrl {
                 host: self.host.clone(),
             });
         }
-        self.addrs = addrs;
-        Ok(())
+        Ok(addrs)
+    }
+
+    /// `host:port`, as messages name the upstream (`[v6]:port` for an IPv6 address).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 
     /// The request target for an API path such as `/v1/chat/completions`.
@@ -309,7 +314,6 @@ mod tests {
         assert_eq!(u.host, "127.0.0.1");
         assert_eq!(u.port, 8000);
         assert_eq!(u.base_path, "");
-        assert!(u.addrs.is_empty());
         assert_eq!(u.path_for("/v1/chat/completions"), "/v1/chat/completions");
         assert_eq!(u.host_header(), "127.0.0.1:8000");
         assert_eq!(u.to_string(), "http://127.0.0.1:8000");
@@ -483,20 +487,25 @@ mod tests {
 
     #[test]
     fn resolve_literal_addresses() {
-        let mut u = ok("http://127.0.0.1:8000/v1");
-        u.resolve().expect("literal v4");
-        assert_eq!(u.addrs, vec!["127.0.0.1:8000".parse().expect("addr")]);
-        let mut u = ok("http://[::1]:9000");
-        u.resolve().expect("literal v6");
-        assert_eq!(u.addrs, vec!["[::1]:9000".parse().expect("addr")]);
+        let u = ok("http://127.0.0.1:8000/v1");
+        assert_eq!(
+            u.resolve().expect("literal v4"),
+            vec!["127.0.0.1:8000".parse().expect("addr")]
+        );
+        assert_eq!(u.authority(), "127.0.0.1:8000");
+        let u = ok("http://[::1]:9000");
+        assert_eq!(
+            u.resolve().expect("literal v6"),
+            vec!["[::1]:9000".parse().expect("addr")]
+        );
+        assert_eq!(u.authority(), "[::1]:9000");
     }
 
     #[test]
     fn resolve_failure_names_the_host() {
-        let mut u = ok("http://no-such-host.invalid:8000");
+        let u = ok("http://no-such-host.invalid:8000");
         let e = u.resolve().expect_err(".invalid never resolves");
         assert!(e.to_string().contains("no-such-host.invalid"), "{e}");
-        assert!(u.addrs.is_empty());
     }
 
     proptest::proptest! {

@@ -33,6 +33,7 @@ mod namespaces;
 mod ops_pack;
 mod privileges;
 mod proxy;
+mod readiness;
 mod reload;
 mod upstream_pool;
 mod upstream_tls;
