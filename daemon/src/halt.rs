@@ -125,7 +125,7 @@ impl KernelTrip for GateTrip<'_> {
             pre_trip_frames: p.frames,
             egress_ceiling: p.bytes + allowance + terminal_len as u64,
             terminal_len: u32::try_from(terminal_len).unwrap_or(u32::MAX),
-            _pad: 0,
+            framing: haltd_common::framing::PLAIN,
             nonce: nonce_hex(p.nonce),
             stream_tag: stream_tag(id),
         };

@@ -86,6 +86,11 @@ pub struct Config {
     pub emitter: Emitter,
     pub heartbeat: Heartbeat,
     pub mistake: Option<Mistake>,
+    /// Client TLS (`--tls-cert`): every frame is one record, sealed with the next sequence
+    /// number when userspace counts it; the trip write seals the terminal record first and
+    /// keys the allowance by its ciphertext prefix ([`crate::kernel::record_prefix`]), which a
+    /// record of any other sequence number does not carry.
+    pub tls: bool,
 }
 
 impl Config {
@@ -110,6 +115,7 @@ impl Config {
             emitter,
             heartbeat,
             mistake: None,
+            tls: false,
         }
     }
 
@@ -142,6 +148,12 @@ impl Config {
             max_stream: max_event + budget * max_event + terminal_len + 1,
             ..Config::adversarial(budget, heartbeat)
         }
+    }
+
+    /// The same configuration over client TLS (frames are records, the allowance keyed by the
+    /// terminal record's ciphertext prefix).
+    pub fn over_tls(self) -> Config {
+        Config { tls: true, ..self }
     }
 
     /// The same configuration with a mistake injected.

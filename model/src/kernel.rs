@@ -17,6 +17,27 @@ pub const DEADLINE_NS: u64 = 100;
 /// The trip's nonce, as userspace writes it into the policy and the terminal frame carries it.
 pub const NONCE: [u8; NONCE_LEN] = *b"00c0ffee00c0ffee";
 
+/// TLS: the first 16 ciphertext bytes of the record sealed with sequence number `seq` (a
+/// stand-in for AEAD output: distinct for distinct sequence numbers, never all zero).
+pub fn record_prefix(seq: u8) -> [u8; NONCE_LEN] {
+    let mut p = [0x5a; NONCE_LEN];
+    p[0] = seq;
+    p
+}
+
+/// What a message carries where the send check looks for the nonce: the terminal frame the
+/// trip's nonce (plain) or its record's prefix (TLS); a token frame its record's prefix (TLS)
+/// or nothing like a nonce (plain, or bytes no frame declared).
+pub fn message_prefix(cfg: &Config, s: &State, terminal: bool) -> [u8; NONCE_LEN] {
+    match (cfg.tls, terminal) {
+        (false, true) => NONCE,
+        (false, false) => [0; NONCE_LEN],
+        (true, true) => record_prefix(s.terminal_seq),
+        (true, false) if s.pending > 0 => record_prefix(s.cur_seq),
+        (true, false) => [0; NONCE_LEN],
+    }
+}
+
 /// The `HEARTBEAT` map value for a fresh or a stale heartbeat.
 pub fn heartbeat_value(fresh: bool) -> Heartbeat {
     Heartbeat {
@@ -40,8 +61,17 @@ pub fn turn_start_policy(cfg: &Config) -> SockPolicy {
     }
 }
 
-/// The policy userspace writes at the trip: `F` and the ceiling from its own counters.
-pub fn trip_policy(cfg: &Config, s: &State) -> SockPolicy {
+/// The policy userspace writes at the trip: `F` and the ceiling from its own counters. Under
+/// TLS the terminal record is sealed first (the next sequence number) and its prefix is the
+/// nonce.
+pub fn trip_policy(cfg: &Config, s: &mut State) -> SockPolicy {
+    let (nonce, framing) = if cfg.tls {
+        s.sealed += 1;
+        s.terminal_seq = s.sealed;
+        (record_prefix(s.terminal_seq), haltd_common::framing::TLS)
+    } else {
+        (NONCE, haltd_common::framing::PLAIN)
+    };
     // The bytes of every frame handed to the kernel, the whole frame in progress included
     // (userspace counts a frame before its first send). The mistake counts only what the
     // kernel accepted so far.
@@ -58,7 +88,8 @@ pub fn trip_policy(cfg: &Config, s: &State) -> SockPolicy {
             + u64::from(cfg.token_allowance())
             + u64::from(cfg.terminal_len),
         terminal_len: u32::from(cfg.terminal_len),
-        nonce: NONCE,
+        framing,
+        nonce,
         ..turn_start_policy(cfg)
     }
 }
@@ -91,7 +122,8 @@ fn note_drop(cfg: &Config, s: &mut State) {
 }
 
 /// The send check on one send, with the injected mistakes wrapped around it.
-fn send_check(cfg: &Config, s: &mut State, size: u8, carries_nonce: bool, lost: bool) -> u32 {
+fn send_check(cfg: &Config, s: &mut State, size: u8, terminal: bool, lost: bool) -> u32 {
+    let prefix = message_prefix(cfg, s, terminal);
     let mut policy = s.policy;
     if cfg.has(Mistake::PreTripOffByOne) && policy.tripped != 0 {
         policy.pre_trip_frames += 1;
@@ -107,14 +139,14 @@ fn send_check(cfg: &Config, s: &mut State, size: u8, carries_nonce: bool, lost: 
     }
     let without_nonce = cfg.has(Mistake::TerminalWithoutNonce);
     decide::send_verdict(&mut s.sock, Some(&policy), view, |nonce| {
-        without_nonce || (carries_nonce && *nonce == NONCE)
+        without_nonce || *nonce == prefix
     })
 }
 
-/// One send call of `size` bytes (`carries_nonce`: it is the whole terminal frame), of which the
+/// One send call of `size` bytes (`terminal`: it is the halter's terminal frame), of which the
 /// kernel accepts `accept` if it passes (backpressure decides how many). Returns the bytes
 /// accepted, or `None` when the send fails with `EACCES`.
-pub fn send(cfg: &Config, s: &mut State, size: u8, carries_nonce: bool, accept: u8) -> Option<u8> {
+pub fn send(cfg: &Config, s: &mut State, size: u8, terminal: bool, accept: u8) -> Option<u8> {
     match s.eval {
         Eval::Drop => return None,
         Eval::Pass => {}
@@ -123,7 +155,7 @@ pub fn send(cfg: &Config, s: &mut State, size: u8, carries_nonce: bool, accept: 
             if lost {
                 observe_heartbeat_lost(s);
             }
-            let v = send_check(cfg, s, size, carries_nonce, lost);
+            let v = send_check(cfg, s, size, terminal, lost);
             if v == verdict::PASS_POST_TRIP {
                 s.post_trip_passes = s.post_trip_passes.saturating_add(1).min(15);
             }

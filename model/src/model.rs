@@ -45,6 +45,9 @@ pub mod prop {
     pub const TERMINAL_DELIVERED: &str = "S1 the terminal can reach the peer";
     pub const POST_TRIP_FRAME_DELIVERED: &str = "S2 a post-trip frame can reach the peer";
     pub const ALL_DELIVERED: &str = "S3 every frame can reach the peer untripped";
+    /// Trivially true without TLS.
+    pub const TLS_IN_ORDER: &str =
+        "P4 honest emitter over TLS: records leave in sealing order, the terminal included";
 }
 
 impl GateModel {
@@ -144,6 +147,17 @@ impl GateModel {
             return;
         }
         let end_bit = 1 << (s.accepted - 1);
+        if self.cfg.tls {
+            let seq = if s.cur_terminal {
+                s.terminal_seq
+            } else {
+                s.cur_seq
+            };
+            if seq < s.last_seq_sent {
+                s.out_of_order = true;
+            }
+            s.last_seq_sent = s.last_seq_sent.max(seq);
+        }
         if s.cur_terminal {
             s.terminal_end = s.accepted;
         } else if self.disciplined() {
@@ -196,6 +210,11 @@ impl Model for GateModel {
             terminal_end: 0,
             drop_before_trip: false,
             honest_drop: false,
+            sealed: 0,
+            cur_seq: 0,
+            terminal_seq: 0,
+            last_seq_sent: 0,
+            out_of_order: false,
         }]
     }
 
@@ -251,6 +270,11 @@ impl Model for GateModel {
         let mut s = last.clone();
         match action {
             Action::Begin(size) => {
+                if cfg.tls {
+                    // Counted and sealed in one hold of the session's lock.
+                    s.sealed += 1;
+                    s.cur_seq = s.sealed;
+                }
                 s.frames_counted += 1;
                 s.bytes_counted += size;
                 s.pending = size;
@@ -263,7 +287,7 @@ impl Model for GateModel {
                 self.emitter_step(&mut s, cfg.terminal_len, accept, true);
             }
             Action::Trip => {
-                s.policy = kernel::trip_policy(cfg, &s);
+                s.policy = kernel::trip_policy(cfg, &mut s);
                 s.user_tripped = true;
                 let mark = TripMark {
                     accepted: s.accepted,
@@ -336,6 +360,10 @@ impl Model for GateModel {
             props.push(Property::always(
                 prop::HONEST_NO_DROP,
                 |_: &GateModel, s: &State| !s.honest_drop,
+            ));
+            props.push(Property::always(
+                prop::TLS_IN_ORDER,
+                |_: &GateModel, s: &State| !s.out_of_order,
             ));
         }
         if cfg.emitter == Emitter::Disciplined && cfg.budget > 0 {

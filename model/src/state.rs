@@ -54,6 +54,12 @@ pub struct State {
     pub user_tripped: bool,
     /// The watchdog's heartbeat is fresh.
     pub hb_fresh: bool,
+    /// TLS: records sealed so far (the last sequence number used); 0 without TLS.
+    pub sealed: u8,
+    /// TLS: the sequence number of the frame in progress (0: none, or not TLS).
+    pub cur_seq: u8,
+    /// TLS: the terminal record's sequence number, fixed when it is sealed (0: not yet).
+    pub terminal_seq: u8,
 
     // ---- kernel ----
     pub eval: Eval,
@@ -92,6 +98,10 @@ pub struct State {
     /// A check dropped something of an honest emitter while no program had seen the heartbeat
     /// lost.
     pub honest_drop: bool,
+    /// TLS: the sequence number of the last record wholly accepted by the kernel.
+    pub last_seq_sent: u8,
+    /// TLS: a record was wholly accepted after one sealed later (the client could not open it).
+    pub out_of_order: bool,
 }
 
 impl State {
@@ -131,6 +141,14 @@ impl Hash for State {
             self.hb_fresh,
         )
             .hash(h);
+        (
+            self.sealed,
+            self.cur_seq,
+            self.terminal_seq,
+            self.last_seq_sent,
+            self.out_of_order,
+        )
+            .hash(h);
         self.eval.hash(h);
         let s = &self.sock;
         (
@@ -154,7 +172,7 @@ impl Hash for State {
             p.pre_trip_frames,
             p.egress_ceiling,
             p.terminal_len,
-            p._pad,
+            p.framing,
             p.nonce,
             p.stream_tag,
         )

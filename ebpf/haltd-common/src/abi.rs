@@ -69,9 +69,13 @@ pub struct SockPolicy {
     pub egress_ceiling: u64,
     /// Exact length of this trip's terminal frame (set at the trip).
     pub terminal_len: u32,
-    pub _pad: u32,
-    /// ASCII hex nonce a terminal frame must carry at [`crate::NONCE_OFFSET`]; all zero until
-    /// tripped.
+    /// How the stream is framed on the wire, one of [`framing`]: where a terminal frame
+    /// carries [`SockPolicy::nonce`]. Set at the trip (0, plain, before).
+    pub framing: u32,
+    /// What a terminal frame must carry: plain framing, the ASCII hex nonce at
+    /// [`crate::NONCE_OFFSET`]; TLS framing, the first 16 ciphertext bytes of the sealed
+    /// terminal record, at [`crate::TLS_NONCE_OFFSET`]. All zero until tripped (never
+    /// matches).
     pub nonce: [u8; NONCE_LEN],
     /// The daemon's stream id (`generation << 32 | slot`), for halt events; 0 before the turn.
     pub stream_tag: u64,
@@ -130,6 +134,16 @@ pub struct HaltEvent {
     pub cause: u32,
     pub _pad: u32,
     pub ts_ns: u64,
+}
+
+/// How a governed stream is framed on the wire ([`SockPolicy::framing`]).
+pub mod framing {
+    /// Plain HTTP: a terminal frame carries the ASCII nonce at [`crate::NONCE_OFFSET`].
+    pub const PLAIN: u32 = 0;
+    /// TLS records sealed in userspace: every frame is sent as its records in one send, and a
+    /// terminal frame starts with the terminal record, whose first 16 ciphertext bytes (at
+    /// [`crate::TLS_NONCE_OFFSET`], after the record header) are the nonce.
+    pub const TLS: u32 = 1;
 }
 
 /// Why the gate treats a stream as tripped.

@@ -81,7 +81,18 @@ pub const MAX_GOVERNED_PORTS: u32 = 64;
 /// * SSE, headers already sent: `": haltd-halt" + spaces` (31 bytes), nonce, `"\n"`, events.
 /// * whole HTTP response: `"HTTP/1.1 200 OK\r\n"` (17) + `"x-haltd-halt: "` (14), nonce, ...
 pub const NONCE_OFFSET: usize = 31;
-/// Length of the nonce in bytes (16 lowercase hex digits of a random `u64`).
+/// TLS framing ([`framing::TLS`]): byte offset of the nonce in a terminal frame, the first
+/// byte after the terminal record's 5-byte header. The 16 bytes there are ciphertext of the
+/// record: AEAD output under the session's key at that record's sequence number (TLS 1.3, and
+/// TLS 1.2 ChaCha20-Poly1305), or the record's 8-byte explicit nonce, unique per record of
+/// the connection, then 8 bytes of AEAD output (TLS 1.2 AES-GCM). haltd seals the terminal
+/// before it writes the trip and stores them; a token record (another sequence number, and
+/// sealed with them after the trip only by an emitter that ignores it) does not carry them.
+pub const TLS_NONCE_OFFSET: usize = 5;
+/// Bytes of a TLS-framed frame the gate must see to recognise a terminal frame.
+pub const TLS_TERMINAL_PREFIX_LEN: usize = TLS_NONCE_OFFSET + NONCE_LEN;
+/// Length of the nonce in bytes (16 lowercase hex digits of a random `u64`, or 16 ciphertext
+/// bytes under TLS framing).
 pub const NONCE_LEN: usize = 16;
 /// Bytes of a frame the gate must see to recognise a terminal frame.
 pub const TERMINAL_PREFIX_LEN: usize = NONCE_OFFSET + NONCE_LEN;

@@ -38,8 +38,9 @@ use aya_ebpf::{
 };
 use haltd_common::{
     decide::{self, SegmentView, SendView},
-    trip_reason, verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState,
+    framing, trip_reason, verdict, EgressState, HaltEvent, Heartbeat, SockPolicy, SockState,
     DEFAULT_MAX_SOCKETS, MAX_GOVERNED_PORTS, NONCE_LEN, NONCE_OFFSET, TERMINAL_PREFIX_LEN,
+    TLS_NONCE_OFFSET, TLS_TERMINAL_PREFIX_LEN,
 };
 
 /// Governed sockets by socket cookie. `halt_gate` is attached to this map.
@@ -153,7 +154,14 @@ pub fn halt_gate(ctx: SkMsgContext) -> u32 {
         heartbeat_lost: heartbeat_lost(now_ns),
         egress_latched,
     };
-    let v = decide::send_verdict(st, policy, view, |nonce| carries_nonce(&ctx, nonce));
+    let tls = policy.is_some_and(|p| p.framing == framing::TLS);
+    let v = decide::send_verdict(st, policy, view, |nonce| {
+        if tls {
+            carries_tls_nonce(&ctx, nonce)
+        } else {
+            carries_nonce(&ctx, nonce)
+        }
+    });
     count(v);
     if verdict::passes(v) {
         return SK_PASS;
@@ -207,6 +215,36 @@ fn carries_nonce(ctx: &SkMsgContext, nonce: &[u8; NONCE_LEN]) -> bool {
         // SAFETY: `data + NONCE_OFFSET + i < data + TERMINAL_PREFIX_LEN <= data_end`, checked
         // above in the form the verifier tracks.
         diff |= unsafe { *((data + NONCE_OFFSET + i) as *const u8) } ^ *b;
+    }
+    diff == 0
+}
+
+/// TLS framing: whether the message has the trip's nonce (the first 16 ciphertext bytes of
+/// the sealed terminal record) at `TLS_NONCE_OFFSET`, after the record header. The same
+/// checks as [`carries_nonce`], at fixed offsets the verifier tracks.
+#[inline(always)]
+fn carries_tls_nonce(ctx: &SkMsgContext, nonce: &[u8; NONCE_LEN]) -> bool {
+    let mut any = 0u8;
+    for b in nonce {
+        any |= *b;
+    }
+    if any == 0 || ctx.size() < TLS_TERMINAL_PREFIX_LEN as u32 {
+        return false;
+    }
+    // SAFETY: `ctx.msg` is the program's context.
+    if unsafe { bpf_msg_pull_data(ctx.msg, 0, TLS_TERMINAL_PREFIX_LEN as u32, 0) } != 0 {
+        return false;
+    }
+    let data = ctx.data();
+    let data_end = ctx.data_end();
+    if data + TLS_TERMINAL_PREFIX_LEN > data_end {
+        return false;
+    }
+    let mut diff = 0u8;
+    for (i, b) in nonce.iter().enumerate() {
+        // SAFETY: `data + TLS_NONCE_OFFSET + i < data + TLS_TERMINAL_PREFIX_LEN <= data_end`,
+        // checked above in the form the verifier tracks.
+        diff |= unsafe { *((data + TLS_NONCE_OFFSET + i) as *const u8) } ^ *b;
     }
     diff == 0
 }

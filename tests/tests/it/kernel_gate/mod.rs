@@ -89,7 +89,7 @@ fn trip_policy(f: u64, f_bytes: u64, b: u32, e: u32, t: u32) -> SockPolicy {
         pre_trip_frames: f,
         egress_ceiling: f_bytes + u64::from(b) * u64::from(e) + u64::from(t),
         terminal_len: t,
-        _pad: 0,
+        framing: haltd_common::framing::PLAIN,
         nonce: *NONCE,
         stream_tag: TAG,
     }
