@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first) for TLS on `--listen` (with `--tls-key`; both or neither). Clients then speak HTTPS: TLS 1.3 and 1.2, ALPN `http/1.1`; reloaded on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
     /// Time to connect to the upstream (ms); past it the turn fails with UPSTREAM_FAILURE (connect_timeout).
     #[arg(long, default_value_t = 5_000)]
     pub upstream_connect_timeout_ms: u64,
@@ -261,6 +267,8 @@ pub struct Config {
     pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
     /// The key of `--upstream-api-key-file`, sent upstream instead of the client's.
     pub upstream_api_key: Option<crate::upstream::UpstreamApiKey>,
+    /// TLS for clients (`--tls-cert`, `--tls-key`), reloaded on SIGHUP.
+    pub client_tls: Option<std::sync::Arc<crate::client_tls::ClientTlsConfig>>,
     /// The token of `--admin-token-file`: a TCP admin listener has one.
     pub admin_token: Option<crate::admin::AdminToken>,
     pub upstream_connect_timeout: Duration,
@@ -346,6 +354,7 @@ impl ServeArgs {
         let upstream = self.upstream_url()?;
         let upstream_tls = self.upstream_tls(upstream.as_ref())?;
         let upstream_api_key = self.upstream_api_key()?;
+        let client_tls = self.client_tls()?;
         self.check_upstream_timeouts()?;
         let upstream_watch = crate::upstream::watch::WatchSettings::from_args(&self)?;
         let (
@@ -375,6 +384,7 @@ impl ServeArgs {
             upstream_watch,
             upstream_tls,
             upstream_api_key,
+            client_tls,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
             upstream_first_token_timeout: Duration::from_millis(
                 self.upstream_first_token_timeout_ms,
@@ -528,6 +538,20 @@ impl ServeArgs {
                 "is only used with an https:// --upstream",
             )),
             _ => Ok(None),
+        }
+    }
+
+    /// TLS for clients: `--tls-cert` and `--tls-key` together, or neither.
+    fn client_tls(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::client_tls::ClientTlsConfig>>, ConfigError> {
+        match (self.tls_cert.as_deref(), self.tls_key.as_deref()) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => crate::client_tls::ClientTlsConfig::load(cert, key)
+                .map(|c| Some(std::sync::Arc::new(c)))
+                .map_err(|e| err("tls-cert", e.to_string())),
+            (Some(_), None) => Err(err("tls-key", "is required with --tls-cert")),
+            (None, Some(_)) => Err(err("tls-cert", "is required with --tls-key")),
         }
     }
 

@@ -97,6 +97,12 @@ pub struct TurnMeta {
     pub terminal: Option<PreparedTerminal>,
     /// The request's id (`x-request-id`), echoed by a terminal that is a whole response.
     pub request_id: Option<Arc<str>>,
+    /// The connection's client TLS session (`--tls-cert`): a trip seals the terminal record
+    /// with it.
+    pub client_tls: Option<crate::client_tls::SharedTls>,
+    /// TLS: the terminal frame as sealed at the trip (its record, then `close_notify`); empty
+    /// when none could be sealed (the stream then ends without one).
+    pub sealed_terminal: Option<Vec<u8>>,
 }
 
 struct GateTrip<'a> {
@@ -110,7 +116,8 @@ impl KernelTrip for GateTrip<'_> {
         // The terminal frame is encoded now, once, at its final length: the gate lets through
         // exactly one frame of exactly this length with this nonce.
         let terminal = self.shared.prepare_terminal(&slot.snapshot(id.slot));
-        let terminal_len = terminal.bytes.len();
+        let (terminal_len, nonce, framing) =
+            crate::halt_tls::seal_at_trip(self.shared, id, &terminal, nonce_hex(p.nonce));
         self.shared.meta(id.slot).terminal = Some(terminal);
         let max_event = slot.max_event_bytes.load(SeqCst);
         let allowance = u64::from(p.budget) * u64::from(max_event);
@@ -125,8 +132,8 @@ impl KernelTrip for GateTrip<'_> {
             pre_trip_frames: p.frames,
             egress_ceiling: p.bytes + allowance + terminal_len as u64,
             terminal_len: u32::try_from(terminal_len).unwrap_or(u32::MAX),
-            framing: haltd_common::framing::PLAIN,
-            nonce: nonce_hex(p.nonce),
+            framing,
+            nonce,
             stream_tag: stream_tag(id),
         };
         // The slot's socket is open: a stream in TRIPPING cannot be closed by its worker

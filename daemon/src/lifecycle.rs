@@ -11,11 +11,12 @@
 //!   halts are recorded. A second signal during the drain ends it at once.
 //! - **SIGHUP** reloads what can change without a restart: the detectors and SafetyCheck
 //!   (`[detectors.*]`, `[safety]` of `--config`) for turns that start afterwards, and the log
-//!   level (`[log] level`, unless `HALTD_LOG` is set). A file that does not validate changes
-//!   nothing. It also reopens the ledger: once it was moved aside (logrotate), a new segment at
-//!   `--ledger` continues the chain (`ledger` module doc, rotation); and an access log file
-//!   (`--access-log FILE`, after logrotate moved it). Either way a `lifecycle` record says what
-//!   happened. (Sampling, listeners and every flag stay as started.)
+//!   level (`[log] level`, unless `HALTD_LOG` is set), and the client TLS certificate and key
+//!   (`--tls-cert`, `--tls-key`) for connections accepted afterwards. A file that does not
+//!   validate changes nothing. It also reopens the ledger: once it was moved aside (logrotate),
+//!   a new segment at `--ledger` continues the chain (`ledger` module doc, rotation); and an
+//!   access log file (`--access-log FILE`, after logrotate moved it). Either way a `lifecycle`
+//!   record says what happened. (Sampling, listeners and every flag stay as started.)
 
 use std::{
     sync::{atomic::Ordering::SeqCst, Arc},
@@ -142,6 +143,11 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
     let next = shared.cfg.args.reloadable().map_err(|e| e.to_string())?;
     let detectors =
         Detectors::reloaded(next.detectors, &shared.detectors.load()).map_err(|e| e.to_string())?;
+    // Read before anything is applied: a broken pair changes nothing, as a broken file does.
+    let tls = match &shared.cfg.client_tls {
+        Some(cfg) => Some(cfg.reread().map_err(|e| e.to_string())?),
+        None => None,
+    };
     let level = log.apply_file_level(next.log_level.as_deref())?;
     let file = shared
         .cfg
@@ -155,7 +161,11 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
         detectors.cfg.safety.boundaries.len(),
     );
     shared.detectors.store(Arc::new(detectors));
-    Ok(what)
+    let tls = match (&shared.cfg.client_tls, tls) {
+        (Some(cfg), Some(next)) => format!(", {}", cfg.install(next)),
+        _ => String::new(),
+    };
+    Ok(what + &tls)
 }
 
 /// SIGTERM and SIGINT, as one stream of stop requests.

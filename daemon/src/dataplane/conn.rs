@@ -41,6 +41,8 @@ pub(super) enum SendKind {
     /// An interim `100 Continue` to a client that half-closed while its proxied turn waits on
     /// the upstream (see `watch::on_watch`).
     Probe,
+    /// A TLS handshake flight (`client_tls.rs`).
+    Handshake,
 }
 
 #[derive(Debug)]
@@ -115,6 +117,18 @@ pub(super) struct Conn {
     pub(super) route: Route,
     /// The status the response head said (0: no response went out).
     pub(super) status: u16,
+    /// The client TLS session (`--tls-cert`), shared with whoever trips this connection's
+    /// stream (`client_tls.rs`); `None` for plain HTTP.
+    pub(super) tls: Option<crate::client_tls::SharedTls>,
+    /// TLS: the ciphertext receive buffer; `None` while a receive owns it.
+    pub(super) tls_in: Option<Vec<u8>>,
+    /// TLS: the frame's records, sealed when the frame was counted, for the next send.
+    pub(super) sealed: Option<Vec<u8>>,
+    /// TLS: a spent send buffer, for the next records.
+    pub(super) tls_out: Option<Vec<u8>>,
+    /// TLS: what the last receive opened into, for the HTTP side once the handshake flight it
+    /// provoked went out (`Some(0)`: the client ended the TLS stream).
+    pub(super) tls_plain_ready: Option<usize>,
 }
 
 /// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
@@ -143,6 +157,7 @@ impl Conn {
         peer: Option<std::net::IpAddr>,
         accepted_ns: u64,
         cfg: &crate::config::Config,
+        tls: Option<crate::client_tls::SharedTls>,
     ) -> Self {
         Conn {
             fd,
@@ -181,6 +196,11 @@ impl Conn {
             traceparent: None,
             route: Route::Other,
             status: 0,
+            tls,
+            tls_in: None,
+            sealed: None,
+            tls_out: None,
+            tls_plain_ready: None,
         }
     }
 
@@ -230,6 +250,17 @@ impl Worker {
             self.refuse(fd, &refusal_error(why));
             return;
         }
+        let tls = match shared.cfg.client_tls.as_ref().map(|c| c.session()) {
+            None => None,
+            Some(Ok(t)) => Some(Arc::new(std::sync::Mutex::new(t))),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "starting a client TLS session failed; refusing the connection");
+                shared.admission.leave_request();
+                shared.admission.release(peer);
+                self.refuse(fd, &at_capacity());
+                return;
+            }
+        };
         let accepted_ns = monotonic_ns();
         let Some(id) = shared
             .table
@@ -244,7 +275,7 @@ impl Worker {
         shared.watch_new_slot();
         // The slot's per-turn facts start empty: a terminal prepared for the stream that had
         // the slot before must never be sent for this one.
-        *shared.meta(id.slot) = crate::halt::TurnMeta::default();
+        *shared.meta(id.slot) = crate::halt::TurnMeta::for_connection(tls.clone());
         if let Some(gate) = &shared.gate {
             // SAFETY: `fd` is open for the duration of this call.
             let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -273,7 +304,7 @@ impl Worker {
             }
         }
         shared.metrics.dataplane.streams_active.inc();
-        let conn = Conn::new(fd, id, serial, peer, accepted_ns, &shared.cfg);
+        let conn = Conn::new(fd, id, serial, peer, accepted_ns, &shared.cfg, tls);
         let key = self.conns.insert(conn);
         if let Err(e) = self.arm_recv(key) {
             tracing::error!(error = %e, "arming recv failed");
@@ -304,15 +335,21 @@ impl Worker {
         let request_id = crate::wire::trace::generate_request_id();
         self.summarize_refusal(&request_id, err.status);
         let mut out = Vec::new();
-        http::write_error_response(&mut out, err, None, Some(&request_id));
+        // A TLS client cannot read a plain answer, and sealing one needs a handshake first:
+        // it is only closed.
+        if shared.cfg.client_tls.is_none() {
+            http::write_error_response(&mut out, err, None, Some(&request_id));
+        }
         // SAFETY: plain non-blocking write and close of the socket we just accepted.
         unsafe {
-            libc::send(
-                fd,
-                out.as_ptr().cast(),
-                out.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            );
+            if !out.is_empty() {
+                libc::send(
+                    fd,
+                    out.as_ptr().cast(),
+                    out.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
+            }
             libc::close(fd);
         }
     }
@@ -383,6 +420,7 @@ impl Worker {
             // the FIN behind them for ever. Reset the connection instead.
             let _ = crate::gate::selftest::set_linger_zero(&fd);
         }
+        self.tls_close_notify(key);
         let mut conn = self.conns.remove(key);
         conn.leave_request_phase(&shared.admission);
         shared.admission.release(conn.peer);

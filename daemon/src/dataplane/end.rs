@@ -158,7 +158,9 @@ impl Worker {
                 (persist, rid),
             );
         }
-        if slot.begin_final(out.len()) {
+        let len = self.wire_len(key);
+        let slot = shared.table.slot(self.conns[key].id.slot);
+        if slot.begin_final(len) {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);
             }

@@ -123,7 +123,14 @@ impl Worker {
             return self.halt_done(key, false);
         }
         let snap = shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
-        shared.terminal_frame(&snap, frame(&mut conn.wbuf));
+        if conn.tls.is_some() {
+            // Its records as sealed at the trip: `send` sends them as they are.
+            let mut out = conn.tls_out.take().unwrap_or_default();
+            shared.terminal_wire(&snap, &mut out);
+            conn.sealed = Some(out);
+        } else {
+            shared.terminal_frame(&snap, frame(&mut conn.wbuf));
+        }
         self.send(key, SendKind::Terminal)
     }
 

@@ -134,7 +134,7 @@ impl Worker {
         else {
             return false;
         };
-        *shared.meta(id.slot) = crate::halt::TurnMeta::default();
+        *shared.meta(id.slot) = crate::halt::TurnMeta::for_connection(conn.tls.clone());
         let mut governed = Ok(());
         if let Some(gate) = &shared.gate {
             let policy = SockPolicy {

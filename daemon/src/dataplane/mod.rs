@@ -15,6 +15,7 @@
 //! | `ring.rs` | the io_uring driver: the loop, submission, completion dispatch |
 //! | `op.rs` | operations that own their buffers while the kernel has them |
 //! | `conn.rs` | a client connection: accept and govern, its state, closing |
+//! | `client_tls.rs` | TLS on client connections (`--tls-cert`): handshake, records, the frame window |
 //! | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
 //! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
 //! | `passthrough.rs` | what is answered without a turn: `/v1/models/{id}`, `/v1/embeddings` relayed |
@@ -43,6 +44,7 @@ use slab::Slab;
 
 use crate::halt::HaltCore;
 
+mod client_tls;
 mod conn;
 mod deadline;
 mod end;

@@ -26,7 +26,7 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 use serde_json::Value;
 
 use super::{
-    conn::{frame, frame_len, SendKind},
+    conn::{frame, SendKind},
     hold::{Pending, PendingKind},
     keepalive::KeepAlive,
     op::{OpBuf, OpKind},
@@ -468,9 +468,10 @@ impl Worker {
                 http::chunk_in_place(buf, 0);
             }
         }
-        if !slot.begin_frame(true, ignore_halt, frame_len(&conn.wbuf)) {
+        if !self.begin_frame_on(key, true, ignore_halt) {
             return self.halt(key);
         }
+        let conn = &mut self.conns[key];
         if let Some(turn) = conn.turn.as_mut() {
             turn.inflight_token = index + 1;
         }

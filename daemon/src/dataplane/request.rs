@@ -7,7 +7,7 @@ use std::{io, sync::atomic::Ordering::SeqCst};
 use io_uring::{opcode, squeue, types};
 
 use super::{
-    conn::{frame, frame_len, SendKind, RECV_CHUNK},
+    conn::{frame, SendKind, RECV_CHUNK},
     keepalive::KeepAlive,
     op::{OpBuf, OpKind},
     timespec, Worker,
@@ -45,13 +45,24 @@ impl Worker {
             }
             return self.request_too_slow(key);
         };
-        let mut buf = conn.rbuf.take().unwrap_or_default();
-        if buf.len() >= max {
-            conn.rbuf = Some(buf);
+        if conn.rbuf.as_ref().is_some_and(|b| b.len() >= max) {
             return Ok(());
         }
-        buf.reserve(RECV_CHUNK.min(max - buf.len()));
-        let want = (buf.capacity() - buf.len()).min(max - buf.len());
+        let (buf, want) = if conn.tls.is_some() {
+            // Ciphertext into the session's own buffer; its plaintext is appended to the
+            // request (`client_tls.rs`).
+            let mut buf = conn.tls_in.take().unwrap_or_default();
+            buf.clear();
+            buf.reserve(RECV_CHUNK);
+            let want = buf.capacity();
+            (buf, want)
+        } else {
+            let mut buf = conn.rbuf.take().unwrap_or_default();
+            buf.reserve(RECV_CHUNK.min(max - buf.len()));
+            let want = (buf.capacity() - buf.len()).min(max - buf.len());
+            (buf, want)
+        };
+        let mut buf = buf;
         let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
         let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32)
             .build()
@@ -141,11 +152,7 @@ impl Worker {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
                 frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if self.shared.table.slot(conn.id.slot).begin_frame(
-                    false,
-                    false,
-                    frame_len(&conn.wbuf),
-                ) {
+                if self.begin_frame_on(key, false, false) {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
                     return self.send(key, SendKind::Continue100);
@@ -343,13 +350,9 @@ impl Worker {
     /// Sends the reply in the connection's frame buffer as the final frame (counted in the
     /// trip's frame window; a trip that came first halts instead).
     fn send_reply(&mut self, key: usize) -> io::Result<()> {
+        let len = self.wire_len(key);
         let conn = &self.conns[key];
-        if self
-            .shared
-            .table
-            .slot(conn.id.slot)
-            .begin_final(frame_len(&conn.wbuf))
-        {
+        if self.shared.table.slot(conn.id.slot).begin_final(len) {
             self.send(key, SendKind::Reply)
         } else {
             self.halt(key)

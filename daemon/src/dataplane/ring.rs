@@ -195,6 +195,9 @@ impl Worker {
         match (kind, buf) {
             (OpKind::Recv, OpBuf::Recv(b)) => {
                 conn.recv_op = None;
+                if conn.tls.is_some() {
+                    return self.on_tls_recv(key, res, b);
+                }
                 conn.rbuf = Some(b);
                 self.on_recv(key, res)
             }

@@ -25,14 +25,40 @@ impl Worker {
         let conn = &mut self.conns[key];
         // Every caller checks that no send is in flight: one frame at a time.
         debug_assert!(conn.sending.is_none(), "second send while one is in flight");
-        let buf = conn.wbuf.take().unwrap_or_default();
+        let buf = match conn.tls.as_ref() {
+            None => conn.wbuf.take().unwrap_or_default(),
+            // Sealed when it was counted (`begin_frame_on`), or now: a final frame, a reply
+            // (no trip can come after `begin_final`), the terminal (sealed at the trip).
+            Some(tls) => conn.sealed.take().unwrap_or_else(|| {
+                let mut out = conn.tls_out.take().unwrap_or_default();
+                crate::client_tls::lock(tls)
+                    .seal(conn.wbuf.as_deref().unwrap_or_default(), &mut out);
+                out
+            }),
+        };
         conn.sending = Some(kind);
         self.shared
             .table
             .slot(conn.id.slot)
             .send_inflight
             .store(true, SeqCst);
+        if buf.is_empty() {
+            // TLS with nothing to send: a reply while the handshake is under way, or a
+            // terminal that could not be sealed. The connection ends without it.
+            return self.on_send(key, -libc::ENOTCONN, buf, 0);
+        }
         self.submit_send(key, buf, 0)
+    }
+
+    /// A send buffer back from the kernel: the frame buffer again, or on TLS the spare one
+    /// for the next records.
+    fn recycle(&mut self, key: usize, buf: Vec<u8>) {
+        let conn = &mut self.conns[key];
+        if conn.tls.is_some() {
+            conn.tls_out = Some(buf);
+        } else {
+            conn.wbuf = Some(buf);
+        }
     }
 
     /// Submits the send of `buf[off..]`.
@@ -58,7 +84,7 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let Some(kind) = conn.sending else {
-            conn.wbuf = Some(buf);
+            self.recycle(key, buf);
             return Ok(());
         };
         let slot = shared.table.slot(conn.id.slot);
@@ -73,7 +99,8 @@ impl Worker {
             return self.submit_send(key, buf, off + res as usize);
         }
         // The frame buffer is the connection's again, for the next frame.
-        conn.wbuf = Some(buf);
+        self.recycle(key, buf);
+        let conn = &mut self.conns[key];
         if conn.short_write {
             conn.short_write = false;
             resync_frames(&shared, conn.fd, slot);
@@ -97,6 +124,7 @@ impl Worker {
         }
         match kind {
             SendKind::Continue100 => self.arm_recv(key),
+            SendKind::Handshake => self.tls_read_on(key),
             SendKind::Probe => self.probe_sent(key),
             SendKind::Head => self.step(key),
             SendKind::Token => self.schedule_next(key),

@@ -388,7 +388,6 @@ impl Worker {
     /// The response head of a streaming turn, sent before its first token.
     pub(super) fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        let slot = self.shared.table.slot(conn.id.slot);
         let out = frame(&mut conn.wbuf);
         let persist = conn.keep.persist();
         let rid = conn.request_id.as_deref().unwrap_or_default();
@@ -401,7 +400,8 @@ impl Worker {
             &[("x-request-id", rid)],
             persist,
         );
-        if slot.begin_frame(false, false, out.len()) {
+        if self.begin_frame_on(key, false, false) {
+            let slot = self.shared.table.slot(self.conns[key].id.slot);
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);
         }
@@ -538,6 +538,14 @@ impl Worker {
             max_event + http::chunk_overhead(max_event)
         } else {
             max_event
+        };
+        // On TLS, the record it is sealed into (one record: far below 16 KiB).
+        let max_event = match conn.tls.as_ref() {
+            Some(tls) => {
+                let sealed = crate::client_tls::lock(tls).sealed_len(max_event as usize);
+                u32::try_from(sealed).unwrap_or(u32::MAX)
+            }
+            None => max_event,
         };
         slot.max_event_bytes.store(max_event, SeqCst);
         let Some(gate) = &shared.gate else {

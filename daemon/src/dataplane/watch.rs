@@ -82,7 +82,8 @@ impl Worker {
             let len = buf.capacity() as u32;
             // On a kept connection, bytes after the request are the next request (answered in
             // order): the watch only peeks at them.
-            let flags = if conn.keep == KeepAlive::Keep {
+            // On TLS, every byte is part of the session's record stream: only peeked at.
+            let flags = if conn.keep == KeepAlive::Keep || conn.tls.is_some() {
                 libc::MSG_PEEK
             } else {
                 0
@@ -126,7 +127,7 @@ impl Worker {
             }
             let out = frame(&mut conn.wbuf);
             out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !slot.begin_frame(false, false, out.len()) {
+            if !self.begin_frame_on(key, false, false) {
                 return self.halt(key);
             }
             return self.send(key, SendKind::Probe);

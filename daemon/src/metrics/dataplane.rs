@@ -121,6 +121,9 @@ pub struct DataPlaneMetrics {
     pub ring_events: Family<RingEventLabels, Counter>,
     /// Requests that arrived on a kept connection (its second request and later).
     pub keepalive_turns: Counter,
+    /// `--tls-cert`: client TLS handshakes completed, and those that failed.
+    pub client_tls_handshakes: Counter,
+    pub client_tls_handshake_failures: Counter,
     pub keepalive_closes: Family<KeepAliveCloseLabels, Counter>,
 }
 
@@ -182,7 +185,21 @@ impl DataPlaneMetrics {
         for reason in KeepAliveClose::ALL {
             drop(keepalive_closes.get_or_create(&KeepAliveCloseLabels { reason }));
         }
+        let client_tls_handshakes = Counter::default();
+        reg.register(
+            "client_tls_handshakes",
+            "Client TLS handshakes completed (--tls-cert)",
+            client_tls_handshakes.clone(),
+        );
+        let client_tls_handshake_failures = Counter::default();
+        reg.register(
+            "client_tls_handshake_failures",
+            "Client TLS handshakes that failed (a bad ClientHello, no common version or suite, no http/1.1 in ALPN, an alert from the client, garbage); each ends only its own connection",
+            client_tls_handshake_failures.clone(),
+        );
         DataPlaneMetrics {
+            client_tls_handshakes,
+            client_tls_handshake_failures,
             keepalive_turns,
             keepalive_closes,
             streams_active,

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | watchdog and halts | [`halts`] | `halt_tokens_post_trip`, `halt_latency_seconds`, `watchdog_trips`, `halts`, `heartbeat_age_seconds` |
 //! | kernel gate | [`gate`] | `kernel_frames`, `kernel_segments`, `kernel_adoptions`, `kernel_halt_events`, `kernel_gate_enabled`, `gate_errors`, `ungovernable_connections` |
-//! | data plane | [`dataplane`] | `streams_active`, `streams`, `requests_rejected`, `tokens_emitted`, `token_overhead_seconds`, `ring_events`, `keepalive_turns`, `keepalive_closes` |
+//! | data plane | [`dataplane`] | `streams_active`, `streams`, `requests_rejected`, `tokens_emitted`, `token_overhead_seconds`, `ring_events`, `keepalive_turns`, `keepalive_closes`, `client_tls_handshakes`, `client_tls_handshake_failures` |
 //! | flight recorder | [`ledger`] | `ledger_errors`, `ledger_records`, `turn_records`, `crashes_recovered` |
 //! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
 //! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |

@@ -235,16 +235,20 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
         );
         let _ = shared.record_durable(rec);
         if !send_stuck {
-            shared.terminal_frame(&slot.snapshot(idx), buf);
+            shared.terminal_wire(&slot.snapshot(idx), buf);
             // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
             // after the slot left HALTING, which only this thread can do now.
-            let n = unsafe {
-                libc::send(
-                    fd,
-                    buf.as_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
+            let n = if buf.is_empty() {
+                -1 // TLS, and no terminal could be sealed
+            } else {
+                unsafe {
+                    libc::send(
+                        fd,
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                }
             };
             if n < 0 || n as usize != buf.len() {
                 tracing::info!(stream_id = %slot.snapshot(idx).id, "watchdog: terminal event not delivered (socket closed or dropped by the kernel gate)");

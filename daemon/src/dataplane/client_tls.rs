@@ -1,0 +1,164 @@
+//! TLS on client connections (`--tls-cert`), on the same io_uring as everything else: the
+//! connection's session (`client_tls::ClientTls`, rustls sans I/O) sits between the ring's
+//! buffers and the HTTP side, with no blocking call and no extra thread, as the upstream's does
+//! (`upstream_tls.rs`).
+//!
+//! - **Receives** take ciphertext into the connection's own buffer; what it opens into is
+//!   appended to the request buffer, and the HTTP side reads on as if it had come off the
+//!   socket. The handshake rides on the request's deadline (`--request-timeout-ms` from
+//!   accept). A failed handshake (or a bad record) ends that connection only, counted in
+//!   `haltd_client_tls_handshake_failures_total`.
+//! - **Sends** carry records: the handshake's flights as they are, every frame sealed into
+//!   records and sent in one send. A frame is counted in the slot's frame window at its length
+//!   on the wire ([`Worker::begin_frame_on`]), and sealed in the same hold of the session's lock,
+//!   so a trip (which seals the terminal record under that lock, `halt.rs` `GateTrip`) always
+//!   falls between two records: every record sealed before the terminal was counted before
+//!   the trip and goes out before it, and no record is sealed for a frame the trip refused.
+//! - **Close**: `close_notify` before closing a connection whose stream did not halt; a
+//!   halted stream's terminal frame carries it (`client_tls.rs` `seal_terminal`).
+
+use std::{io, sync::Arc};
+
+use super::{
+    conn::{frame_len, SendKind},
+    Worker,
+};
+use crate::{
+    client_tls::{lock, Opened},
+    stream::Outcome,
+};
+
+impl Worker {
+    /// Counts the frame in the frame buffer in the slot's frame window (`Slot::begin_frame`)
+    /// at its length on the wire, and on a TLS connection seals it in the same hold of the
+    /// session's lock. Returns false when the stream is tripped (nothing sealed, nothing
+    /// counted). One uncontended lock per frame on a TLS connection: the tripper of another
+    /// thread must seal the terminal after exactly the records counted before the trip.
+    pub(super) fn begin_frame_on(&mut self, key: usize, is_token: bool, ignore_halt: bool) -> bool {
+        let conn = &mut self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        let plain = frame_len(&conn.wbuf);
+        let Some(tls) = conn.tls.as_ref() else {
+            return slot.begin_frame(is_token, ignore_halt, plain);
+        };
+        let mut session = lock(tls);
+        if !slot.begin_frame(is_token, ignore_halt, session.sealed_len(plain)) {
+            return false;
+        }
+        let mut out = conn.tls_out.take().unwrap_or_default();
+        session.seal(conn.wbuf.as_deref().unwrap_or_default(), &mut out);
+        conn.sealed = Some(out);
+        true
+    }
+
+    /// The length the frame buffer's frame has on the wire (sealed, on a TLS connection).
+    pub(super) fn wire_len(&self, key: usize) -> usize {
+        let conn = &self.conns[key];
+        let plain = frame_len(&conn.wbuf);
+        conn.tls
+            .as_ref()
+            .map_or(plain, |t| lock(t).sealed_len(plain))
+    }
+
+    /// A receive of a TLS connection brought `res` bytes of ciphertext in `cipher` (or ended):
+    /// open them into the request buffer and read on as the HTTP side would; send what the
+    /// session has to send (a handshake flight) first.
+    pub(super) fn on_tls_recv(&mut self, key: usize, res: i32, cipher: Vec<u8>) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let Some(tls) = conn.tls.clone() else {
+            return Ok(());
+        };
+        let Ok(n @ 1..) = usize::try_from(res) else {
+            conn.tls_in = Some(cipher);
+            return self.on_recv(key, res);
+        };
+        if conn.closing {
+            conn.tls_in = Some(cipher);
+            return Ok(());
+        }
+        let mut out = conn.tls_out.take().unwrap_or_default();
+        out.clear();
+        let (opened, was_handshaking) = {
+            let mut session = lock(&tls);
+            let was = session.is_handshaking();
+            let opened = session.open(&cipher[..n.min(cipher.len())], false);
+            if let Ok(Opened::Data(len)) = opened {
+                let rbuf = conn.rbuf.get_or_insert_with(Vec::new);
+                rbuf.extend_from_slice(&session.plain_mut()[..len]);
+            }
+            session.pending(&mut out);
+            if was && !session.is_handshaking() && opened.is_ok() {
+                shared.metrics.dataplane.client_tls_handshakes.inc();
+            }
+            (opened, was)
+        };
+        conn.tls_in = Some(cipher);
+        let opened = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                conn.tls_out = Some(out);
+                if was_handshaking {
+                    shared.metrics.dataplane.client_tls_handshake_failures.inc();
+                }
+                tracing::debug!(stream_id = %conn.id, error = %e, handshake = was_handshaking, "client TLS failed; closing its connection");
+                conn.outcome = Outcome::ClientGone;
+                self.begin_close(key);
+                return Ok(());
+            }
+        };
+        conn.tls_plain_ready = match opened {
+            Opened::Data(len) => Some(len),
+            Opened::Eof { .. } => Some(0),
+            Opened::Nothing => None,
+        };
+        if out.is_empty() {
+            conn.tls_out = Some(out);
+            return self.tls_read_on(key);
+        }
+        // A handshake flight: counted like any frame the gate sees, sent as it is.
+        let slot = shared.table.slot(conn.id.slot);
+        if !slot.begin_frame(false, false, out.len()) {
+            conn.tls_out = Some(out);
+            return self.halt(key);
+        }
+        conn.sealed = Some(out);
+        self.send(key, SendKind::Handshake)
+    }
+
+    /// After a receive was opened (and its flight sent): the plaintext goes to the HTTP side,
+    /// or another receive is armed.
+    pub(super) fn tls_read_on(&mut self, key: usize) -> io::Result<()> {
+        match self.conns[key].tls_plain_ready.take() {
+            Some(len) => self.on_recv(key, len as i32),
+            None => self.arm_recv(key),
+        }
+    }
+
+    /// A client TLS connection that ends without a halt says `close_notify` first: a
+    /// non-blocking send of one small record, whose failure only means the client is gone.
+    pub(super) fn tls_close_notify(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let Some(tls) = conn.tls.as_ref() else {
+            return;
+        };
+        if !matches!(conn.outcome, Outcome::Completed | Outcome::Rejected) {
+            return;
+        }
+        let mut out = conn.tls_out.take().unwrap_or_default();
+        lock(tls).close_notify(&mut out);
+        if !out.is_empty() {
+            // SAFETY: a send from a live buffer on the connection's open socket, never
+            // blocking.
+            unsafe {
+                libc::send(
+                    conn.fd,
+                    out.as_ptr().cast(),
+                    out.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+        }
+        conn.tls_out = Some(out);
+    }
+}
