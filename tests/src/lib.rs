@@ -51,6 +51,7 @@ pub mod rig;
 pub mod seq_ttfb;
 pub mod sse;
 pub mod tls;
+pub mod tls_client;
 pub mod upstream;
 
 pub use clients::{curl, openai_sdk, openai_sdk_keepalive};

@@ -243,7 +243,7 @@ impl StreamOutcome {
 
 impl StreamOutcome {
     /// An outcome with the response head read and nothing of the body yet.
-    fn new(
+    pub(crate) fn new(
         status: u16,
         stream_id: String,
         content_type: Option<String>,
@@ -273,7 +273,7 @@ impl StreamOutcome {
     }
 
     /// Counts one event into the totals (before it is stored).
-    fn count(&mut self, ev: &SseEvent) {
+    pub(crate) fn count(&mut self, ev: &SseEvent) {
         if self.done_at.is_some() {
             self.events_after_done += 1;
         }

@@ -19,6 +19,7 @@ mod admin;
 mod adversarial;
 mod api_surface;
 mod build_info;
+mod client_tls;
 mod config;
 mod crash;
 mod detectors;
