@@ -80,7 +80,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::Rng;
 use serde_json::{json, Value};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
     sync::{oneshot, Notify, Semaphore},
 };
@@ -149,6 +149,10 @@ struct Args {
     /// `--ledger-no-fsync`, as its published figures do.
     #[arg(long)]
     ledger_fsync: bool,
+    /// Clients speak TLS to haltd (`--tls-cert`/`--tls-key` with a certificate made for the
+    /// run): the gate then judges records, and the terminal allowance matches ciphertext.
+    #[arg(long)]
+    tls: bool,
     /// Skip the gate cost per send (`bench-gate-send`).
     #[arg(long)]
     no_gate_send: bool,
@@ -168,6 +172,8 @@ struct RunSpec {
     scenario: Scenario,
     /// haltd fsyncs its ledger (`--ledger-fsync`).
     ledger_fsync: bool,
+    /// Clients speak TLS (`--tls`).
+    tls: bool,
     budget: u32,
     /// Streams open at once.
     concurrency: usize,
@@ -184,8 +190,9 @@ struct RunSpec {
 impl RunSpec {
     fn label(&self) -> String {
         format!(
-            "{} B={} N={}",
+            "{}{} B={} N={}",
             self.scenario.name(),
+            if self.tls { " tls" } else { "" },
             self.budget,
             self.concurrency
         )
@@ -250,6 +257,8 @@ struct StreamResult {
     ledger_cause: Option<String>,
     done: bool,
     end: Option<Instant>,
+    /// `--tls`: the read error that ended the TLS stream, if it did not end cleanly.
+    tls_end: Option<String>,
     /// Anything that should not happen: connect or read errors, a bad head.
     failure: Option<String>,
 }
@@ -290,6 +299,8 @@ impl StreamResult {
 #[derive(Debug)]
 struct Campaign {
     spec: RunSpec,
+    /// `--tls`: the clients' TLS configuration (trusting the run's test CA).
+    tls: Option<Arc<rustls::ClientConfig>>,
     api: SocketAddr,
     admin: SocketAddr,
     /// Streams that got a permit so far (the first N are the first wave).
@@ -402,6 +413,12 @@ async fn drive_stream(
             Ok(n) => n,
             // The gate or the watchdog may reset the connection after the budget.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+            // TLS: a close without close_notify, or records an emitter that ignored the halt
+            // sealed after the terminal (they do not open): the stream ended for the client.
+            Err(e) if c.spec.tls => {
+                r.tls_end = Some(e.to_string());
+                0
+            }
             Err(e) => return Err(e).context("reading the stream"),
         };
         if n == 0 {
@@ -420,7 +437,15 @@ async fn drive_stream(
 
 /// Opens stream `i`: sends its request, reads the response head into `r` (status, stream id)
 /// and fails unless it is 200; returns the connection and what was read past the head.
-async fn open_stream(c: &Campaign, i: usize, r: &mut StreamResult) -> Result<(TcpStream, Vec<u8>)> {
+/// A client connection: TCP, or TLS over it (`--tls`).
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+async fn open_stream(
+    c: &Campaign,
+    i: usize,
+    r: &mut StreamResult,
+) -> Result<(Box<dyn Io>, Vec<u8>)> {
     let body = json!({
         "model": "builtin",
         "messages": [{"role": "user", "content": format!("halt slo bench, stream {i}")}],
@@ -430,10 +455,21 @@ async fn open_stream(c: &Campaign, i: usize, r: &mut StreamResult) -> Result<(Tc
         "max_tokens": 1_000_000,
     })
     .to_string();
-    let mut s = TcpStream::connect(c.api)
+    let tcp = TcpStream::connect(c.api)
         .await
         .with_context(|| format!("connecting to {}", c.api))?;
-    s.set_nodelay(true)?;
+    tcp.set_nodelay(true)?;
+    let mut s: Box<dyn Io> = match &c.tls {
+        Some(cfg) => {
+            let name = rustls::pki_types::ServerName::try_from("localhost")?;
+            let tls = tokio_rustls::TlsConnector::from(Arc::clone(cfg))
+                .connect(name, tcp)
+                .await
+                .context("TLS handshake")?;
+            Box::new(tls)
+        }
+        None => Box::new(tcp),
+    };
     // A key of its own per stream: a halt puts its key in degraded safe mode, whose streams
     // are held to the end, and the next stream must not inherit that.
     let req = format!(
@@ -646,13 +682,26 @@ fn note_incidents(ledger: &[Value], streams: &mut [StreamResult]) {
 
 fn run_one(spec: RunSpec, progress: &Progress) -> Result<RunResult> {
     let pair = NetPair::new()?;
-    let extra = haltd_args(&spec);
+    let pki = haltd_tests::tls::TestPki::new("halt-slo", &["localhost"])?;
+    let mut extra = haltd_args(&spec);
+    let tls = if spec.tls {
+        extra.extend([
+            "--tls-cert".into(),
+            pki.cert.display().to_string(),
+            "--tls-key".into(),
+            pki.key.display().to_string(),
+        ]);
+        Some(haltd_tests::tls_client::client_config(&pki.ca)?)
+    } else {
+        None
+    };
     let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut haltd = Haltd::start(&pair, &extra_ref).with_context(|| spec.label())?;
     let pid = haltd.pid().context("haltd has no pid")?;
     let rss_idle_kib = rss_kib(pid).unwrap_or(0);
     let campaign = Arc::new(Campaign {
         spec,
+        tls,
         api: haltd.api,
         admin: haltd.admin,
         started: AtomicUsize::new(0),
@@ -918,6 +967,7 @@ fn summarise(r: &RunResult) -> (Value, Vec<String>) {
     };
     let summary = json!({
         "scenario": spec.scenario.name(),
+        "tls": spec.tls,
         "budget": spec.budget,
         "concurrency": spec.concurrency,
         "streams": r.streams.len(),
@@ -1556,6 +1606,7 @@ fn run_specs(args: &Args) -> Vec<RunSpec> {
                 specs.push(RunSpec {
                     scenario,
                     ledger_fsync: args.ledger_fsync,
+                    tls: args.tls,
                     budget,
                     concurrency: n,
                     total: n.max(args.min_trips),

@@ -10,7 +10,7 @@
 //!     [--tokens T] [--pace-ms 20] [--workers W] [--max-streams 8192] [--out FILE]
 //!     [--nginx /usr/sbin/nginx | --no-nginx]
 //!     [--stall-streams 100] [--scorer-deadline-us 2000] [--stall-us US] [--no-scorer-stall]
-//!     [--ttfb-requests 200] [--upstream-tls [--tls-streams 1,100]]
+//!     [--ttfb-requests 200] [--upstream-tls] [--client-tls] [--tls-streams 1,100]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
@@ -66,7 +66,9 @@
 //! With `--upstream-tls`, last, the cost of TLS to the upstream: haltd in front of a TLS twin
 //! of the upstream against haltd in front of the plain one, in the same run (CPU per token,
 //! latency, time to first byte with a warm pool and with a new connection per turn); see
-//! [`upstream_tls`] and docs/bench.md.
+//! [`upstream_tls`] and docs/bench.md. With `--client-tls`, the cost of TLS for clients:
+//! haltd serving TLS (`--tls-cert`) against haltd serving plain HTTP, to the same load in the
+//! same run (CPU per token, per-token latency, time to first byte); see [`client_tls`].
 //!
 //! Per N, the report takes the median over the rounds of each figure and prints tables with
 //! PASS or MISS against the targets, and writes the same as JSON to
@@ -166,7 +168,11 @@ struct Args {
     /// Also measure TLS to the upstream against plain HTTP (see `upstream_tls`).
     #[arg(long)]
     upstream_tls: bool,
-    /// Concurrent stream counts of the `--upstream-tls` comparison, comma-separated.
+    /// Also measure TLS for clients (`--tls-cert`) against plain HTTP (see `client_tls`).
+    #[arg(long)]
+    client_tls: bool,
+    /// Concurrent stream counts of the `--upstream-tls` and `--client-tls` comparisons,
+    /// comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
     tls_streams: Vec<usize>,
 }
@@ -318,6 +324,7 @@ fn main() -> Result<()> {
     };
     let tls_ctx = (&args, &bins, dir.0.as_path(), cpu_clock, machine.nproc);
     let tls_report = run_upstream_tls(tls_ctx, &rig.upstream);
+    let client_tls_report = run_client_tls(tls_ctx, &rig.upstream);
 
     let report = json!({
         "bench": "proxy_overhead",
@@ -342,6 +349,7 @@ fn main() -> Result<()> {
         "runs": runs.iter().map(|r| run_json(&runs, r)).collect::<Vec<_>>(),
         "scorer_stall": stall_report,
         "upstream_tls": tls_report,
+        "client_tls": client_tls_report,
         "sequential_ttfb": SeqTtfb::report(seq_ttfb.as_ref(), args.ttfb_requests),
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
@@ -716,6 +724,28 @@ fn run_upstream_tls(
     })
 }
 
+/// The client TLS scenario's report (`--client-tls`), its error as a problem, or why it was
+/// skipped.
+fn run_client_tls(
+    (args, bins, dir, cpu_clock, nproc): (&Args, &Bins, &Path, CpuClock, usize),
+    upstream: &Upstream,
+) -> Value {
+    if !args.client_tls {
+        return json!({"skipped": "no --client-tls"});
+    }
+    let ctx = client_tls::Context {
+        args,
+        bins,
+        dir,
+        cpu_clock,
+        nproc,
+    };
+    client_tls::run(&ctx, upstream).unwrap_or_else(|e| {
+        eprintln!("bench-proxy-overhead: client TLS scenario failed: {e:#}");
+        json!({"problems": [format!("{e:#}")]})
+    })
+}
+
 /// Fails when a run went wrong: stream errors, no tokens, a scorer-stall run that did not
 /// hold, or a problem of the upstream TLS scenario.
 fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
@@ -743,6 +773,10 @@ fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
     let tls_problems = report["upstream_tls"]["problems"].as_array();
     for p in tls_problems.into_iter().flatten() {
         bad.push(format!("upstream TLS: {}", p.as_str().unwrap_or_default()));
+    }
+    let client_tls_problems = report["client_tls"]["problems"].as_array();
+    for p in client_tls_problems.into_iter().flatten() {
+        bad.push(format!("client TLS: {}", p.as_str().unwrap_or_default()));
     }
     ensure!(
         bad.is_empty(),
@@ -1498,9 +1532,28 @@ fn run_client(
     pace_ms: u64,
     align: bool,
 ) -> Result<ClientReport> {
+    run_client_with(
+        bin,
+        url,
+        streams,
+        tokens,
+        pace_ms,
+        if align { &["--align"] } else { &[] },
+    )
+}
+
+/// [`run_client`] with extra `bench-proxy` arguments (`--align`, `--tls-ca FILE`).
+fn run_client_with(
+    bin: &Path,
+    url: &str,
+    streams: usize,
+    tokens: usize,
+    pace_ms: u64,
+    extra: &[&str],
+) -> Result<ClientReport> {
     let out = Command::new(bin)
         .args(["--url", url, "--json"])
-        .args(align.then_some("--align"))
+        .args(extra)
         .args(["--streams", &streams.to_string()])
         .args(["--tokens", &tokens.to_string()])
         .args(["--pace-ms", &pace_ms.to_string()])
@@ -2144,6 +2197,9 @@ fn start_nginx(
 /// of the deadline the answers come in time, and haltd waits that long per victim token.
 #[path = "bench-proxy-overhead/upstream_tls.rs"]
 mod upstream_tls;
+
+#[path = "bench-proxy-overhead/client_tls.rs"]
+mod client_tls;
 
 mod stall {
     use std::{

@@ -46,7 +46,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, ValueEnum};
 use serde_json::json;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
@@ -87,6 +87,27 @@ struct Args {
     /// Also print the result as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Speak TLS to the server (its `--tls-cert`), trusting the CA certificates of this PEM
+    /// file; SNI `localhost`. The time to first byte then counts from the TCP connect, so it
+    /// includes the handshake.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+}
+
+/// `--tls-ca`: the client configuration (ALPN `http/1.1`, the `ring` provider).
+fn tls_config(ca: &std::path::Path) -> Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 /// Errors described on stderr, at most.
@@ -102,6 +123,7 @@ fn main() -> Result<()> {
     // One socket per stream: a thousand streams pass the usual soft limit of 1024.
     raise_nofile_limit();
     let (host, addr) = parse_url(&args.url)?;
+    let tls = args.tls_ca.as_deref().map(tls_config).transpose()?;
     let request: Arc<[u8]> = build_request(&args, &host).into();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -122,6 +144,7 @@ fn main() -> Result<()> {
             .map(|_| {
                 tokio::spawn(worker(
                     addr,
+                    tls.clone(),
                     Arc::clone(&request),
                     args.tokens,
                     deadline,
@@ -255,7 +278,8 @@ fn monotonic_ns() -> u64 {
 fn parse_url(url: &str) -> Result<(String, SocketAddr)> {
     let rest = url
         .strip_prefix("http://")
-        .with_context(|| format!("--url {url:?} must start with http://"))?;
+        .or_else(|| url.strip_prefix("https://"))
+        .with_context(|| format!("--url {url:?} must start with http:// or https://"))?;
     let host = rest.trim_end_matches('/');
     ensure!(
         !host.is_empty() && !host.contains('/'),
@@ -314,6 +338,7 @@ struct WorkerResult {
 /// One of the N concurrent streams: runs it once, or again and again until `deadline`.
 async fn worker(
     addr: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
     request: Arc<[u8]>,
     tokens: usize,
     deadline: Option<Instant>,
@@ -327,10 +352,12 @@ async fn worker(
     let mut conn = Conn::default();
     loop {
         res.requests += 1;
-        let outcome =
-            tokio::time::timeout(timeout, conn.stream(addr, &request, tokens, &mut res.lat))
-                .await
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("no end within {timeout:?}")));
+        let outcome = tokio::time::timeout(
+            timeout,
+            conn.stream(addr, tls.as_ref(), &request, tokens, &mut res.lat),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no end within {timeout:?}")));
         // Also for a stream that failed later: its start was measured all the same.
         if let Some(sent) = conn.sent {
             if let Some(b) = conn.first_byte {
@@ -379,7 +406,7 @@ struct Seen {
 impl Conn {
     /// Reads the response head into `self.head` (noting when its first byte came); returns
     /// the status, how the body is framed and the head's length.
-    async fn read_head(&mut self, s: &mut TcpStream) -> Result<(u16, Body, usize)> {
+    async fn read_head<S: AsyncRead + Unpin>(&mut self, s: &mut S) -> Result<(u16, Body, usize)> {
         self.head.clear();
         loop {
             self.head.reserve(4096);
@@ -418,6 +445,7 @@ impl Conn {
     async fn stream(
         &mut self,
         addr: SocketAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
         request: &[u8],
         tokens: usize,
         lat: &mut Vec<u64>,
@@ -425,12 +453,33 @@ impl Conn {
         self.seen = Seen::default();
         self.sent = None;
         self.first_byte = None;
-        let mut s = TcpStream::connect(addr)
+        let s = TcpStream::connect(addr)
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         // Small requests and no pipelining, but keep the kernel from holding anything back.
         s.set_nodelay(true).context("TCP_NODELAY")?;
         self.sent = Some(monotonic_ns());
+        match tls {
+            None => self.exchange(s, request, tokens, lat).await,
+            Some(cfg) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost")?;
+                let s = tokio_rustls::TlsConnector::from(Arc::clone(cfg))
+                    .connect(name, s)
+                    .await
+                    .context("TLS handshake")?;
+                self.exchange(s, request, tokens, lat).await
+            }
+        }
+    }
+
+    /// The request and its response on a connected stream (TCP, or TLS over it).
+    async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        mut s: S,
+        request: &[u8],
+        tokens: usize,
+        lat: &mut Vec<u64>,
+    ) -> Result<()> {
         s.write_all(request).await.context("sending the request")?;
 
         let (status, mut body, head_len) = self.read_head(&mut s).await?;
@@ -459,7 +508,12 @@ impl Conn {
             self.read.resize(16 * 1024, 0);
         }
         while !ended {
-            let n = s.read(&mut self.read).await.context("reading the body")?;
+            let n = match s.read(&mut self.read).await {
+                Ok(n) => n,
+                // TLS: a close without close_notify reads as an error; the framing judges it.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+                Err(e) => return Err(e).context("reading the body"),
+            };
             if n == 0 {
                 ensure!(
                     matches!(body, Body::Close),
