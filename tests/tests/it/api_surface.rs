@@ -32,14 +32,22 @@ fn get(haltd: &Haltd, path: &str) -> Result<(u16, Value)> {
     in_netns(&haltd.client_ns, move || get_here(&url))
 }
 
-/// The upstream's logged requests to `path` that ended.
-fn upstream_requests(rig: &Rig, path: &str) -> Result<Vec<Value>> {
-    Ok(rig
-        .up
-        .requests()?
-        .into_iter()
-        .filter(|r| r.get("event").is_none() && r["path"] == path)
-        .collect())
+/// The upstream's logged requests to `path` that ended, once there are `n` of them (the
+/// upstream logs a request after its answer went out, so a client can be faster than the log).
+fn upstream_requests(rig: &Rig, path: &str, n: usize) -> Result<Vec<Value>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let ended: Vec<Value> = rig
+            .up
+            .requests()?
+            .into_iter()
+            .filter(|r| r.get("event").is_none() && r["path"] == path)
+            .collect();
+        if ended.len() >= n || std::time::Instant::now() > deadline {
+            return Ok(ended);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Embeddings: relayed as they came, both ways, with haltd's key; the upstream's refusal is
@@ -53,7 +61,7 @@ fn embeddings_are_relayed_with_haltd_s_key(rig: &Rig, node_auth: &str) -> Result
             && answer["data"][1]["embedding"] == json!([3.0, 120.0, 122.0, 1.0]),
         "{answer}"
     );
-    let sent = upstream_requests(rig, "/v1/embeddings")?;
+    let sent = upstream_requests(rig, "/v1/embeddings", 1)?;
     let sent = sent.first().context("no embeddings request upstream")?;
     ensure!(sent["body"] == body, "the body changed on the way: {sent}");
     ensure!(
@@ -98,7 +106,7 @@ fn models_by_id_and_embeddings_reach_the_upstream_with_haltd_s_own_key() -> Resu
         status == 404 && err["error"]["code"] == "model_not_found",
         "{status} {err}"
     );
-    let listed = upstream_requests(&rig, "/v1/models")?;
+    let listed = upstream_requests(&rig, "/v1/models", 2)?;
     ensure!(
         listed.len() == 2,
         "the upstream's list was asked {} times",
@@ -121,7 +129,7 @@ fn models_by_id_and_embeddings_reach_the_upstream_with_haltd_s_own_key() -> Resu
         |_, _| {},
     )?;
     ensure!(o.status == 200 && o.tokens == 4, "{o:?}");
-    let turn = upstream_requests(&rig, "/v1/chat/completions")?;
+    let turn = upstream_requests(&rig, "/v1/chat/completions", 1)?;
     ensure!(
         turn.first()
             .is_some_and(|r| r["headers"]["authorization"] == node_auth.as_str()),
