@@ -295,6 +295,20 @@ impl Metrics {
         }
     }
 
+    /// Sum over the samples `name` whose labels include all of `labels` (0 when none does):
+    /// for a counter split by a label the test does not care about, such as a trip's
+    /// `initiator`.
+    pub fn sum_where(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples(name)
+            .filter(|s| {
+                labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).is_some_and(|x| x == v))
+            })
+            .map(|s| s.value)
+            .sum()
+    }
+
     /// Sum over every sample with this exact name.
     pub fn sum(&self, name: &str) -> f64 {
         self.samples(name).map(|s| s.value).sum()
