@@ -68,8 +68,9 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
     let status = first.wait_exit(Duration::from_secs(5))?;
     // (c) the documented exit status, not a signal.
     check_exit(&first, status)?;
-    // (d) the crash file, one line for this panic.
-    let (crash, crash_file) = read_crash_line(&first, pid, thread)?;
+    // (d) the crash file, one line for this panic (or one per thread that panicked before
+    // the process ended: two workers can reach the faulted token count in the same instant).
+    let (crash, panics, crash_file) = read_crash_lines(&first, pid, thread)?;
     let crashed_thread = crash["thread"].as_str().unwrap_or_default();
     let panic_ns = crash["unix_ns"].as_u64().context("unix_ns")?;
     let panic_wall = UNIX_EPOCH + Duration::from_nanos(panic_ns);
@@ -80,7 +81,7 @@ fn panic_fails_closed(thread: &str) -> Result<()> {
     check_closes(&outcomes, &closes)?;
 
     // (e) the next haltd on this ledger records the crash once and keeps the chain.
-    check_recovery(&pair, &first, &crash_file, &crash)
+    check_recovery(&pair, &first, &crash_file, &crash, panics)
 }
 
 /// haltd with `--fault panic-after-tokens=N,thread=THREAD`.
@@ -139,15 +140,35 @@ fn check_exit(first: &Haltd, status: std::process::ExitStatus) -> Result<()> {
     Ok(())
 }
 
-/// The crash file holds one line for this panic, from `pid` and the faulted thread; returns
-/// the line and the file's path.
-fn read_crash_line(first: &Haltd, pid: u32, thread: &str) -> Result<(Value, std::path::PathBuf)> {
+/// The crash file holds a line for this panic, from `pid` and the faulted thread: one, or one
+/// per faulted thread that panicked before the process ended (each checked, each in a thread
+/// of the faulted kind). Returns the first line, the number of lines and the file's path.
+fn read_crash_lines(
+    first: &Haltd,
+    pid: u32,
+    thread: &str,
+) -> Result<(Value, usize, std::path::PathBuf)> {
     let crash_file = haltd::crash::file_for(&first.ledger);
     let text = fs::read_to_string(&crash_file)
         .with_context(|| format!("reading the crash file {}", crash_file.display()))?;
     let lines: Vec<&str> = text.lines().collect();
-    ensure!(lines.len() == 1, "crash file: {text}");
-    let crash: Value = serde_json::from_str(lines[0]).context("crash line")?;
+    let most = if thread == "worker" { STREAMS } else { 1 };
+    ensure!(
+        (1..=most).contains(&lines.len()),
+        "crash file ({} lines, at most {most}): {text}",
+        lines.len()
+    );
+    let mut crashes = Vec::new();
+    for line in &lines {
+        crashes.push(check_crash_line(line, pid, thread)?);
+    }
+    Ok((crashes.swap_remove(0), lines.len(), crash_file))
+}
+
+/// One crash line: this pid, the documented exit code, a thread of the faulted kind, the
+/// fault's message.
+fn check_crash_line(line: &str, pid: u32, thread: &str) -> Result<Value> {
+    let crash: Value = serde_json::from_str(line).context("crash line")?;
     ensure!(
         crash["pid"] == pid,
         "crash line pid {} != {pid}",
@@ -166,7 +187,7 @@ fn read_crash_line(first: &Haltd, pid: u32, thread: &str) -> Result<(Value, std:
             .is_some_and(|m| m.starts_with("fault injection")),
         "{crash}"
     );
-    Ok((crash, crash_file))
+    Ok(crash)
 }
 
 /// What each client saw around the crash.
@@ -256,13 +277,15 @@ fn check_closes(outcomes: &[StreamOutcome], closes: &[Close]) -> Result<()> {
     Ok(())
 }
 
-/// The next haltd on the same ledger records the crash once, right before its own start,
-/// counts it, logs it, removes the crash file and keeps a chain that verifies.
+/// The next haltd on the same ledger records each crash line once (`panics` of them), right
+/// before its own start, counts them, logs them, removes the crash file and keeps a chain
+/// that verifies.
 fn check_recovery(
     pair: &NetPair,
     first: &Haltd,
     crash_file: &std::path::Path,
     crash: &Value,
+    panics: usize,
 ) -> Result<()> {
     let pid = crash["pid"].clone();
     let crashed_thread = crash["thread"].as_str().unwrap_or_default();
@@ -279,7 +302,7 @@ fn check_recovery(
         .enumerate()
         .filter(|(_, r)| r["kind"] == "crash")
         .collect();
-    ensure!(crashes.len() == 1, "crash records: {crashes:?}");
+    ensure!(crashes.len() == panics, "crash records: {crashes:?}");
     let (at, rec) = crashes[0];
     ensure!(
         at == before,
@@ -293,13 +316,15 @@ fn check_recovery(
         "crash record {rec} does not match the crash line {crash}"
     );
     ensure!(
-        records.get(at + 1).is_some_and(|r| r["kind"] == "lifecycle"
-            && r["message"].as_str().is_some_and(|m| m.contains("started"))),
+        records
+            .get(at + panics)
+            .is_some_and(|r| r["kind"] == "lifecycle"
+                && r["message"].as_str().is_some_and(|m| m.contains("started"))),
         "no start record right after the crash record"
     );
     let recovered = second.metrics()?.sum("haltd_crashes_recovered_total");
     ensure!(
-        recovered == 1.0,
+        recovered == panics as f64,
         "haltd_crashes_recovered_total = {recovered}"
     );
     ensure!(
