@@ -309,6 +309,19 @@ pub fn stream(
     stream_with(url, body, &[("authorization", &key)], timeout, on_event)
 }
 
+/// An `on_event` callback that sends the stream's id once, at its first event: how a test
+/// learns which stream to trip while the stream runs on another thread.
+pub fn report_stream_id(
+    tx: std::sync::mpsc::Sender<String>,
+) -> impl FnMut(&Progress<'_>, &SseEvent) {
+    let mut sent = false;
+    move |p, _| {
+        if !sent {
+            sent = tx.send(p.stream_id.to_owned()).is_ok();
+        }
+    }
+}
+
 /// A new API key: every request made without one is its own conversation, so a trip in one
 /// test stream puts only that key into degraded safe mode, not the streams that follow.
 pub fn fresh_key() -> String {

@@ -209,12 +209,12 @@ fn tcp_admin_needs_the_token_and_json() -> Result<()> {
     let url = format!("{}/v1/chat/completions", haltd.api_url());
     let streamer = spawn_in_netns(&pair.cli, move || {
         let body = sse::chat_body("admin access", 400, true);
-        let mut sent = false;
-        sse::stream(&url, &body, Duration::from_secs(30), |p, _| {
-            if !sent {
-                sent = tx.send(p.stream_id.to_owned()).is_ok();
-            }
-        })
+        sse::stream(
+            &url,
+            &body,
+            Duration::from_secs(30),
+            sse::report_stream_id(tx),
+        )
     });
     let id = rx.recv_timeout(Duration::from_secs(10))?;
     let trip = format!("{}/admin/streams/{id}/trip", haltd.admin_url());

@@ -304,17 +304,12 @@ fn trip_key(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Resu
     let headers = Headers::new(auth, extra);
     let streamer = spawn_in_netns(ns, move || {
         let h = headers.borrowed();
-        let mut sent = false;
         sse::stream_with(
             &url,
             &sse::chat_body("victim", 400, true),
             &h,
             Duration::from_secs(30),
-            |p, _| {
-                if !sent {
-                    sent = tx.send(p.stream_id.to_owned()).is_ok();
-                }
-            },
+            sse::report_stream_id(tx),
         )
     });
     let id = rx.recv_timeout(Duration::from_secs(10))?;

@@ -19,16 +19,11 @@ fn tripped_turn(haltd: &Haltd, ns: &str) -> Result<String> {
     let (tx, rx) = mpsc::channel();
     let url = format!("{}/v1/chat/completions", haltd.api_url());
     let streamer = spawn_in_netns(ns, move || {
-        let mut sent = false;
         sse::stream(
             &url,
             &sse::chat_body("ledger cli", 400, true),
             Duration::from_secs(30),
-            |p, _| {
-                if !sent {
-                    sent = tx.send(p.stream_id.to_owned()).is_ok();
-                }
-            },
+            sse::report_stream_id(tx),
         )
     });
     let id = rx.recv_timeout(Duration::from_secs(10))?;

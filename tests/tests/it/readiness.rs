@@ -13,22 +13,27 @@ use anyhow::{ensure, Context, Result};
 use haltd_tests::{
     in_netns, raw_exchange, require_root,
     rig::{chat, Rig},
-    wait_for, Haltd, NetPair, ScriptedUpstream, PORT_UPSTREAM,
+    wait_for, Haltd, NetPair, RawResponse, ScriptedUpstream, PORT_UPSTREAM,
 };
 use serde_json::Value;
 
 use crate::UPSTREAM_BIN;
 
 /// `/readyz`: its status and JSON body.
-fn readyz(haltd: &Haltd) -> Result<(u16, Value)> {
+/// One raw request to haltd's API from the client namespace.
+fn exchange(haltd: &Haltd, request: &'static [u8], timeout: Duration) -> Result<RawResponse> {
     let addr = haltd.api;
-    let r = in_netns(&haltd.client_ns, move || {
-        raw_exchange(
-            addr,
-            b"GET /readyz HTTP/1.1\r\nhost: haltd\r\n\r\n",
-            Duration::from_secs(5),
-        )
-    })?;
+    in_netns(&haltd.client_ns, move || {
+        raw_exchange(addr, request, timeout)
+    })
+}
+
+fn readyz(haltd: &Haltd) -> Result<(u16, Value)> {
+    let r = exchange(
+        haltd,
+        b"GET /readyz HTTP/1.1\r\nhost: haltd\r\n\r\n",
+        Duration::from_secs(5),
+    )?;
     let body = serde_json::from_slice(&r.body).context("the /readyz body is JSON")?;
     Ok((r.status, body))
 }
@@ -198,14 +203,11 @@ fn a_name_that_does_not_resolve_at_start_is_retried_until_it_does() -> Result<()
         "{status} {body}"
     );
     println!("/readyz before the name resolves: {status} {body}");
-    let addr = haltd.api;
-    let turn = in_netns(&haltd.client_ns, move || {
-        raw_exchange(
-            addr,
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\ncontent-type: application/json\r\ncontent-length: 63\r\n\r\n{\"model\":\"scripted\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
-            Duration::from_secs(10),
-        )
-    })?;
+    let turn = exchange(
+        &haltd,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\ncontent-type: application/json\r\ncontent-length: 63\r\n\r\n{\"model\":\"scripted\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        Duration::from_secs(10),
+    )?;
     let text = String::from_utf8_lossy(&turn.body);
     ensure!(
         turn.status == 503 && text.contains("upstream_unresolved") && text.contains(&name),
