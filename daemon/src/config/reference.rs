@@ -170,4 +170,55 @@ mod tests {
             "{PATH} is stale: regenerate it with `UPDATE_DOCS=1 cargo test -p haltd config::reference` and commit it"
         );
     }
+
+    /// The flag table of docs/operations.md repeats each flag's default, with more words than
+    /// the reference: a default written there as one code span is the flag's real one.
+    #[test]
+    fn operations_md_defaults_are_the_flags_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+        let text = std::fs::read_to_string(&path).expect("docs/operations.md");
+        let cmd = crate::config::ServeArgs::command();
+        let mut checked = 0;
+        for line in text.lines() {
+            // `| `--flag VALUE` | `default` | meaning |`
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let (Some(flag_cell), Some(default_cell)) = (cells.first(), cells.get(1)) else {
+                continue;
+            };
+            let Some(flag) = flag_cell.strip_prefix("| `--") else {
+                continue;
+            };
+            let name = flag.split([' ', '`', '[']).next().unwrap_or_default();
+            let Some(arg) = cmd.get_arguments().find(|a| a.get_long() == Some(name)) else {
+                continue;
+            };
+            let written = default_cell.trim();
+            let one_span = written.len() > 2
+                && written.starts_with('`')
+                && written.ends_with('`')
+                && written.matches('`').count() == 2;
+            if !one_span {
+                continue;
+            }
+            let real: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if real.is_empty() {
+                // No default in the flag itself (an `Option` the code resolves later).
+                continue;
+            }
+            assert_eq!(
+                real.join(","),
+                written.trim_matches('`'),
+                "docs/operations.md gives --{name} the default {written}"
+            );
+            checked += 1;
+        }
+        assert!(
+            checked >= 20,
+            "only {checked} defaults found in docs/operations.md's flag table"
+        );
+    }
 }
