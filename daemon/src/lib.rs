@@ -35,12 +35,15 @@
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
+//! * [`circuit`] is TokenCircuit (spec 002): the tool-call failure state machine, as a
+//!   library the proxy does not enforce yet.
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod build_info;
 pub mod calibrate;
+pub mod circuit;
 pub mod cli_docs;
 pub mod client_tls;
 pub mod clock;

@@ -1,0 +1,110 @@
+//! Rebuilding a conversation's circuit from a request's own transcript.
+//!
+//! Every chat request carries the whole history: the assistant messages with their
+//! `tool_calls` and the `role: "tool"` results with their `tool_call_id`. Replaying it
+//! through the state machine gives the circuit's state with no store, so it survives a
+//! restart. What the transcript does not carry is time: haltd keeps a [`Timeline`] (when a
+//! call went out, when its failed result arrived) in memory for the backoff clock; without
+//! it, past retries are charged one unit each.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::machine::{Circuit, ToolCall};
+use super::policy::CircuitPolicy;
+
+/// The backoff clock: instants haltd saw, by tool-call id.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    /// When haltd let a call out to the client.
+    pub emitted: HashMap<String, Instant>,
+    /// When a request carrying a call's result arrived.
+    pub arrived: HashMap<String, Instant>,
+}
+
+/// A transcript haltd cannot replay.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TranscriptError {
+    #[error("message {index}: a tool call has no {field}")]
+    ToolCallField { index: usize, field: &'static str },
+    #[error("message {index}: a tool result has no string tool_call_id")]
+    ToolCallId { index: usize },
+}
+
+/// Replays `messages` (a chat request's `messages` array) into a circuit.
+pub fn rebuild(
+    policy: Arc<CircuitPolicy>,
+    messages: &[Value],
+    timeline: &Timeline,
+) -> Result<Circuit, TranscriptError> {
+    let mut circuit = Circuit::new(policy);
+    for (index, message) in messages.iter().enumerate() {
+        match message.get("role").and_then(Value::as_str) {
+            Some("assistant") => {
+                let calls = message.get("tool_calls").and_then(Value::as_array);
+                for call in calls.into_iter().flatten() {
+                    let call = tool_call(call, index)?;
+                    circuit.record_call(call, timeline.emitted.get(call.id).copied());
+                }
+            }
+            Some("tool") => {
+                let id = message
+                    .get("tool_call_id")
+                    .and_then(Value::as_str)
+                    .ok_or(TranscriptError::ToolCallId { index })?;
+                let content = content_text(message.get("content"));
+                // The client executed the call and sent its id back: it was dispatched.
+                circuit.record_result(id, &content, timeline.arrived.get(id).copied(), true);
+            }
+            _ => {}
+        }
+    }
+    Ok(circuit)
+}
+
+/// A tool call of an assistant message (`{id, type, function: {name, arguments}}`).
+pub fn tool_call(call: &Value, index: usize) -> Result<ToolCall<'_>, TranscriptError> {
+    fn field<'a>(
+        v: Option<&'a Value>,
+        index: usize,
+        field: &'static str,
+    ) -> Result<&'a str, TranscriptError> {
+        v.and_then(Value::as_str)
+            .ok_or(TranscriptError::ToolCallField { index, field })
+    }
+    let function = call.get("function");
+    Ok(ToolCall {
+        id: field(call.get("id"), index, "id")?,
+        name: field(function.and_then(|f| f.get("name")), index, "function.name")?,
+        arguments: function
+            .and_then(|f| f.get("arguments"))
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+    })
+}
+
+/// A message's content as text: a string, or the text parts of a content array.
+pub fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The ids of the tool calls the transcript's results answer (the calls the client
+/// dispatched).
+pub fn answered_ids(messages: &[Value]) -> Vec<&str> {
+    messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+        .filter_map(|m| m.get("tool_call_id").and_then(Value::as_str))
+        .collect()
+}
