@@ -33,10 +33,14 @@ pub enum FailureCode {
     /// haltd stopped (SIGTERM/SIGINT) and the stream was still open when the drain timeout
     /// ran out. Nothing was breached: it degrades nobody.
     ServiceShutdown = 16,
+    /// TokenCircuit (spec 002): the model emitted a tool call its equivalence key's budget
+    /// forbids; the call never reached the client. Not a breach: it degrades nobody (the
+    /// circuit, not the conversation, is open).
+    ToolCircuitOpen = 17,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 16] = [
+    pub const ALL: [FailureCode; 17] = [
         FailureCode::TigBreach,
         FailureCode::IoIntegrityAlert,
         FailureCode::ExfilAlert,
@@ -53,6 +57,7 @@ impl FailureCode {
         FailureCode::RecorderFailure,
         FailureCode::DetectorFailure,
         FailureCode::ServiceShutdown,
+        FailureCode::ToolCircuitOpen,
     ];
 
     /// The code as written on the wire and in records.
@@ -74,6 +79,7 @@ impl FailureCode {
             FailureCode::RecorderFailure => "RECORDER_FAILURE",
             FailureCode::DetectorFailure => "DETECTOR_FAILURE",
             FailureCode::ServiceShutdown => "SERVICE_SHUTDOWN",
+            FailureCode::ToolCircuitOpen => "TOOL_CIRCUIT_OPEN",
         }
     }
 
@@ -95,7 +101,7 @@ impl fmt::Display for FailureCode {
 
 /// Error for a failure-code name that is not one of [`FailureCode::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE, SERVICE_SHUTDOWN)")]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE, SERVICE_SHUTDOWN, TOOL_CIRCUIT_OPEN)")]
 pub struct UnknownFailureCode(pub String);
 
 impl std::str::FromStr for FailureCode {

@@ -57,7 +57,7 @@ pub struct ServeArgs {
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
-    /// Config file (TOML): any of these settings at its top (`listen = "127.0.0.1:8080"`; a flag or HALTD_* variable wins over it), then the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md), the flight recorder's sampling (`[flight_recorder]`) and `[log] level`. Without it every detector runs with its defaults.
+    /// Config file (TOML): any of these settings at its top (`listen = "127.0.0.1:8080"`; a flag or HALTD_* variable wins over it), then the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md), the flight recorder's sampling (`[flight_recorder]`), TokenCircuit (`[tool_circuit]`, docs/tokencircuit.md) and `[log] level`. Without it every detector runs with its defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` or `https://api.example.com/v1` (TLS, verified; a trailing `/v1` is accepted).
@@ -287,7 +287,13 @@ pub struct Config {
     pub sampling: crate::sampling::SamplingPolicy,
     /// `--user` and `--group`, resolved.
     pub account: Option<crate::privs::Account>,
+    /// TokenCircuit (`[tool_circuit]` of the config file, fixed at start): the policy the
+    /// proxy enforces on chat turns, `None` when disabled.
+    pub tool_circuit: Option<std::sync::Arc<crate::circuit::CircuitPolicy>>,
 }
+
+/// TokenCircuit's policy as configured: `None` when disabled.
+pub type ToolCircuit = Option<std::sync::Arc<crate::circuit::CircuitPolicy>>;
 
 /// Most B accepted: a larger budget is no halt budget.
 pub const MAX_BUDGET: u32 = 1000;
@@ -306,6 +312,7 @@ impl ServeArgs {
         let upstream_watch = crate::upstream::watch::WatchSettings::from_args(&self)?;
         let (
             sampling,
+            tool_circuit,
             Reloadable {
                 detectors,
                 log_level,
@@ -341,6 +348,7 @@ impl ServeArgs {
             detectors,
             log_level,
             sampling,
+            tool_circuit,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
@@ -358,8 +366,10 @@ impl ServeArgs {
     /// Reads `--config` again for SIGHUP: what can change without a restart.
     pub fn reloadable(&self) -> Result<Reloadable, ConfigError> {
         let mut file = self.read_config_file()?;
-        // Sampling is fixed at start (the ledger's records of it stay true).
+        // Sampling is fixed at start (the ledger's records of it stay true), and so is
+        // TokenCircuit's policy.
         file.as_mut().map(|t| t.remove("flight_recorder"));
+        file.as_mut().map(|t| t.remove("tool_circuit"));
         self.reloadable_of(file)
     }
 
@@ -437,11 +447,15 @@ impl ServeArgs {
     pub fn file_settings(
         &self,
         mut file: Option<toml::Table>,
-    ) -> Result<(crate::sampling::SamplingPolicy, Reloadable), ConfigError> {
-        // `[flight_recorder]` is read here; the rest of the file is what SIGHUP reloads.
+    ) -> Result<(crate::sampling::SamplingPolicy, ToolCircuit, Reloadable), ConfigError> {
+        // `[flight_recorder]` and `[tool_circuit]` are read here; the rest of the file is
+        // what SIGHUP reloads.
         let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
         let sampling = self.sampling_policy(recorder)?;
-        Ok((sampling, self.reloadable_of(file)?))
+        let circuit = file.as_mut().and_then(|t| t.remove("tool_circuit"));
+        let circuit = crate::circuit::config::ToolCircuitSection::load(circuit)
+            .map_err(|e| err("config", format!("config {e}")).at(e.key.clone()))?;
+        Ok((sampling, circuit, self.reloadable_of(file)?))
     }
 
     /// The flight recorder's sampling policy: the flags, else `[flight_recorder]` of the
@@ -733,7 +747,7 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("nope"), "{e}");
         assert!(
             e.reason
-                .contains("[detectors.*], [safety], [flight_recorder], [log]"),
+                .contains("[detectors.*], [safety], [flight_recorder], [tool_circuit], [log]"),
             "{e}"
         );
     }

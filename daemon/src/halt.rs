@@ -94,6 +94,8 @@ pub struct TurnMeta {
     pub upstream_failure: Option<UpstreamFailure>,
     /// The detector that tripped the stream and what it measured.
     pub detector_trip: Option<(DetectorId, String)>,
+    /// TokenCircuit's diagnostic artifact of a `TOOL_CIRCUIT_OPEN` halt (JSON).
+    pub tool_circuit: Option<serde_json::Value>,
     /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
     pub terminal: Option<PreparedTerminal>,
     /// The request's id (`x-request-id`), echoed by a terminal that is a whole response.

@@ -35,8 +35,8 @@
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
-//! * [`circuit`] is TokenCircuit (spec 002): the tool-call failure state machine, as a
-//!   library the proxy does not enforce yet.
+//! * [`circuit`] is TokenCircuit (spec 002): the tool-call failure state machine, which the
+//!   data plane enforces on proxied chat turns with `[tool_circuit] enabled`.
 
 pub mod access_log;
 pub mod admin;

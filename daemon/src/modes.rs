@@ -83,9 +83,14 @@ pub enum ScopeSel {
 }
 
 /// Whether a halt of this cause degrades its scope. Safety and integrity breaches do; an
-/// upstream failure (the backend broke, nothing unsafe was seen) and a shutdown do not.
+/// upstream failure (the backend broke, nothing unsafe was seen) and a shutdown do not, nor
+/// does an open tool circuit (`TOOL_CIRCUIT_OPEN`: one tool's key is open, not the
+/// conversation).
 pub fn cause_degrades(cause: FailureCode) -> bool {
-    !matches!(cause, FailureCode::UpstreamFailure)
+    !matches!(
+        cause,
+        FailureCode::UpstreamFailure | FailureCode::ToolCircuitOpen
+    )
 }
 
 /// Why a scope is degraded.

@@ -53,13 +53,14 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
 
 /// Causes only haltd itself raises: an operator claiming one would forge a record of a
 /// failure of haltd's own machinery.
-const RESERVED_CAUSES: [FailureCode; 6] = [
+const RESERVED_CAUSES: [FailureCode; 7] = [
     FailureCode::HeartbeatLost,
     FailureCode::RecorderFailure,
     FailureCode::WatchdogTrip,
     FailureCode::UpstreamFailure,
     FailureCode::DetectorFailure,
     FailureCode::ServiceShutdown,
+    FailureCode::ToolCircuitOpen,
 ];
 
 /// Writes the `admin` record of one action (what, by whom, with what outcome) and waits until

@@ -24,6 +24,7 @@ pub mod artifact;
 pub mod canonical;
 pub mod class;
 pub mod classify;
+pub mod config;
 pub mod evidence;
 pub mod key;
 pub mod machine;

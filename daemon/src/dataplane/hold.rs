@@ -232,12 +232,26 @@ impl Hold {
         started: &[Value],
         arrived_ns: u64,
     ) {
+        let scanned = self.scanned;
+        self.push_tool_calls_ending(parts, tokens, started, arrived_ns, scanned);
+    }
+
+    /// [`Self::push_tool_calls`] for a delta whose text ended at `scanned` (earlier than
+    /// `self.scanned` when TokenCircuit held the delta back while later text was scanned).
+    pub fn push_tool_calls_ending(
+        &mut self,
+        parts: Vec<ToolCallPart>,
+        tokens: Vec<UpToken>,
+        started: &[Value],
+        arrived_ns: u64,
+        scanned: usize,
+    ) {
         let split = framing::tool_arguments_split(&parts, &tokens);
         let text_len: usize = parts
             .iter()
             .map(|p| p.name.as_ref().map_or(0, String::len) + p.arguments.len())
             .sum();
-        let mut end = self.scanned - text_len;
+        let mut end = scanned - text_len;
         let mut tokens = Some(tokens);
         for p in parts {
             let index = p.index;

@@ -23,6 +23,7 @@
 //! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
 //! | `score.rs` | the observe phase; a token parked while the external scorer answers |
+//! | `circuit.rs` | TokenCircuit: tool calls held until judged, `TOOL_CIRCUIT_OPEN` |
 //! | `hold.rs` | the exfiltration hold-back queue, which also frames proxied text |
 //! | `send.rs` | client sends and what their completion means |
 //! | `halt.rs` | the emitter's side of a halt |
@@ -44,6 +45,7 @@ use slab::Slab;
 
 use crate::halt::HaltCore;
 
+mod circuit;
 mod client_tls;
 mod conn;
 mod deadline;

@@ -212,7 +212,7 @@ impl Worker {
                 Polled::Pending => return self.up_arm_recv(key),
                 Polled::End => {
                     self.source_ended(key);
-                    if !self.govern_end(key)? {
+                    if !self.circuit_at_end(key)? || !self.govern_end(key)? {
                         return Ok(());
                     }
                     // Drain what the scanner released, then finish (at once, paced or not).
@@ -384,6 +384,11 @@ impl Worker {
             .unwrap_or_default();
         if slot.mode() == Mode::Batch {
             slot.tokens_submitted.fetch_add(frames, SeqCst);
+            return Ok(Next::Poll);
+        }
+        if let Some(circuit) = turn.circuit.as_mut() {
+            // TokenCircuit: held until the turn's calls are complete and judged (`circuit.rs`).
+            circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
             return Ok(Next::Poll);
         }
         // Emitted through the queue (in order behind any held frame).

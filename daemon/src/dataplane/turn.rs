@@ -167,6 +167,8 @@ pub(super) struct Turn {
     pub(super) recorded: bool,
     /// What the request metrics need (`summary.rs`).
     pub(super) obs: TurnObs,
+    /// TokenCircuit (`circuit.rs`): proxied chat turns with `[tool_circuit] enabled`.
+    pub(super) circuit: Option<Box<super::circuit::TurnCircuit>>,
 }
 
 impl Turn {
@@ -212,6 +214,7 @@ impl Turn {
             parked: None,
             recorded: false,
             obs: TurnObs::default(),
+            circuit: None,
         }
     }
 
@@ -242,16 +245,37 @@ impl Turn {
 
 /// The client's request, parsed once, prepared for the upstream, with SafetyCheck's inputs
 /// taken from the same parsed request (the URLs it cites, its system prompt).
+/// With TokenCircuit enabled, a chat turn (not degraded: that emits no tool calls) also
+/// gets its conversation's circuit, rebuilt from the request's transcript.
 fn prepare_proxied(
     endpoint: Endpoint,
     body: &[u8],
     degraded: bool,
-) -> Result<(upstream::UpstreamTurn, BTreeSet<String>, String), HttpError> {
-    let req = ClientRequest::parse(endpoint, body)?;
+    circuit: Option<&Arc<crate::circuit::CircuitPolicy>>,
+) -> Result<Proxied, HttpError> {
+    let mut req = ClientRequest::parse(endpoint, body)?;
     let urls = crate::safety::request_sources(req.json());
     let system_prompt = crate::safety::system_prompt(req.json());
-    Ok((upstream::prepare_turn(req, degraded)?, urls, system_prompt))
+    let circuit = match circuit {
+        Some(policy) if endpoint == Endpoint::Chat && !degraded => {
+            let c = super::circuit::TurnCircuit::of_request(policy, req.json())?;
+            // An exhausted budget: answered here, or forwarded without the tool.
+            c.apply_exhausted(req.json_mut())?;
+            Some(Box::new(c))
+        }
+        _ => None,
+    };
+    let up = upstream::prepare_turn(req, degraded)?;
+    Ok((up, urls, system_prompt, circuit))
 }
+
+/// A proxied turn's upstream request, SafetyCheck inputs and circuit.
+type Proxied = (
+    upstream::UpstreamTurn,
+    BTreeSet<String>,
+    String,
+    Option<Box<super::circuit::TurnCircuit>>,
+);
 
 impl Worker {
     /// The checks and slot set-up every turn starts with: refuse while shutting down or
@@ -318,6 +342,7 @@ impl Worker {
             meta.model = Some(model);
             meta.upstream_failure = None;
             meta.detector_trip = None;
+            meta.tool_circuit = None;
             meta.request_id.clone_from(&conn.request_id);
         }
         Ok(Some((degraded, mode)))
@@ -470,10 +495,15 @@ impl Worker {
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);
-        let (up, request_urls, system_prompt) = match prepare_proxied(endpoint, body, degraded) {
-            Ok(v) => v,
-            Err(e) => return self.reply_error(key, &e),
-        };
+        let policy = self.shared.cfg.tool_circuit.as_ref();
+        let (up, request_urls, system_prompt, circuit) =
+            match prepare_proxied(endpoint, body, degraded, policy) {
+                Ok(v) => v,
+                Err(e) => {
+                    super::circuit::count_answer(&self.shared.metrics, &e);
+                    return self.reply_error(key, &e);
+                }
+            };
         let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, _mode)) =
             self.open_turn(key, endpoint, up.ask.stream, key_id, Arc::clone(&model))?
@@ -496,6 +526,7 @@ impl Worker {
             detectors,
         );
         turn.request_urls = request_urls;
+        turn.circuit = circuit;
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conns[key].turn = Some(Box::new(turn));
         self.observe_turn(key);

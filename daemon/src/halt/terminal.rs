@@ -90,6 +90,9 @@ impl HaltCore {
                     serde_json::json!({"kind": f.kind.as_str(), "message": f.message}),
                 ));
             }
+            if let Some(artifact) = &meta.tool_circuit {
+                detail.push(("tool_circuit", artifact.clone()));
+            }
             if let Some((name, what)) = &meta.detector_trip {
                 detail.push((
                     "detector",

@@ -103,11 +103,16 @@ impl HaltMetrics {
         );
         // Every series exists from the start, so dashboards and alerts see zeros, not gaps.
         // Each cause with the initiator it normally has, and a detector's cause also with the
-        // operator, who may give one (other pairs appear when they happen).
+        // operator, who may give one (other pairs appear when they happen). DETECTOR_FAILURE
+        // and TOOL_CIRCUIT_OPEN are haltd's own: an operator cannot give them.
         for cause in FailureCode::ALL {
             let initiator = Initiator::of(cause);
             drop(watchdog_trips.get_or_create(&CauseLabels { cause, initiator }));
-            if initiator == Initiator::Detector && cause != FailureCode::DetectorFailure {
+            let own = matches!(
+                cause,
+                FailureCode::DetectorFailure | FailureCode::ToolCircuitOpen
+            );
+            if initiator == Initiator::Detector && !own {
                 let initiator = Initiator::Operator;
                 drop(watchdog_trips.get_or_create(&CauseLabels { cause, initiator }));
             }

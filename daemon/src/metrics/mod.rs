@@ -13,6 +13,7 @@
 //! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
 //! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
 //! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
+//! | TokenCircuit | [`circuit`] | `tool_circuit_trips` |
 //! | requests | [`requests`] | `requests`, `time_to_first_token_seconds`, `inter_token_latency_seconds`, `request_duration_seconds`, `client_errors` (model labels bounded by [`models`]) |
 //! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
@@ -30,6 +31,7 @@ use prometheus_client::{
 
 use crate::build_info;
 
+pub mod circuit;
 pub mod dataplane;
 pub mod detectors;
 pub mod gate;
@@ -58,6 +60,7 @@ pub struct Metrics {
     pub upstream: upstream::UpstreamMetrics,
     pub detectors: detectors::DetectorMetrics,
     pub requests: requests::RequestMetrics,
+    pub circuit: circuit::CircuitMetrics,
 }
 
 impl Metrics {
@@ -75,9 +78,11 @@ impl Metrics {
             detectors::DetectorMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         let requests =
             requests::RequestMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let circuit = circuit::CircuitMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
             requests,
+            circuit,
             registry,
             halts,
             gate,

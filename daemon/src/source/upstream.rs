@@ -204,6 +204,11 @@ impl UpstreamSource {
     pub fn merge_tool_calls(&mut self, delta: &Value) -> Vec<Value> {
         merge_tool_calls(&mut self.tools, delta)
     }
+
+    /// The turn's tool calls so far, merged (`{id, type, function: {name, arguments}}`).
+    pub fn tool_calls(&self) -> &[Value] {
+        &self.tools
+    }
 }
 
 impl TokenSource for UpstreamSource {

@@ -90,7 +90,8 @@ impl Initiator {
             | FailureCode::CoherenceBelowThreshold
             | FailureCode::SurpriseThreshold
             | FailureCode::SafetyBoundaryViolated
-            | FailureCode::DetectorFailure => Initiator::Detector,
+            | FailureCode::DetectorFailure
+            | FailureCode::ToolCircuitOpen => Initiator::Detector,
         }
     }
 }

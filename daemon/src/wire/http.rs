@@ -64,6 +64,8 @@ pub struct HttpError {
     pub allow: Option<&'static str>,
     /// For a 503 worth retrying soon: the `retry-after` header, in seconds.
     pub retry_after: Option<&'static str>,
+    /// An extra member of the error object (TokenCircuit's `tool_circuit` artifact).
+    pub detail: Option<(&'static str, Box<serde_json::Value>)>,
 }
 
 impl HttpError {
@@ -75,6 +77,7 @@ impl HttpError {
             message: message.into(),
             allow: None,
             retry_after: None,
+            detail: None,
         }
     }
     /// 405 for `method` on a path that only takes `allow`.
@@ -100,6 +103,12 @@ impl HttpError {
     /// Says `retry-after: SECONDS`.
     pub fn with_retry_after(mut self, seconds: &'static str) -> Self {
         self.retry_after = Some(seconds);
+        self
+    }
+
+    /// Adds the member `name` to the error object.
+    pub fn with_detail(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.detail = Some((name, Box::new(value)));
         self
     }
 }
@@ -483,15 +492,18 @@ pub fn write_error_response(
     stream_id: Option<StreamId>,
     request_id: Option<&str>,
 ) {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "error": {
             "message": err.message,
             "type": err.kind,
             "param": null,
             "code": err.code,
         }
-    })
-    .to_string();
+    });
+    if let Some((name, value)) = &err.detail {
+        body["error"][*name] = (**value).clone();
+    }
+    let body = body.to_string();
     let extra = [
         ("allow", err.allow),
         ("retry-after", err.retry_after),

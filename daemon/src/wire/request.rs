@@ -68,6 +68,11 @@ impl ClientRequest {
         &self.json
     }
 
+    /// The body, to edit before it is forwarded (TokenCircuit removes exhausted tools).
+    pub fn json_mut(&mut self) -> &mut Value {
+        &mut self.json
+    }
+
     /// The body, for a source that forwards it (and edits what haltd owns).
     pub fn into_json(self) -> Value {
         self.json

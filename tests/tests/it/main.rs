@@ -36,5 +36,6 @@ mod privileges;
 mod proxy;
 mod readiness;
 mod reload;
+mod tool_circuit;
 mod upstream_pool;
 mod upstream_tls;
