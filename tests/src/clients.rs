@@ -24,6 +24,13 @@ pub fn openai_sdk_keepalive(ns: &str, args: &[&str]) -> Result<Value> {
     python_sdk(ns, &script.display().to_string(), args)
 }
 
+/// Runs `tests/py/openai_agent.py` (an agent loop with the SDK's tool calling, its tool
+/// always failing) in namespace `ns`; returns its one JSON line.
+pub fn openai_agent(ns: &str, args: &[&str]) -> Result<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/openai_agent.py");
+    python_sdk(ns, &script.display().to_string(), args)
+}
+
 /// Runs a Python script of `tests/py` with the venv's interpreter in namespace `ns`; returns
 /// the JSON of its last line.
 fn python_sdk(ns: &str, script: &str, args: &[&str]) -> Result<Value> {

@@ -54,7 +54,7 @@ pub mod tls;
 pub mod tls_client;
 pub mod upstream;
 
-pub use clients::{curl, openai_sdk, openai_sdk_keepalive};
+pub use clients::{curl, openai_agent, openai_sdk, openai_sdk_keepalive};
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
 };

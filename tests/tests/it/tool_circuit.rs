@@ -9,12 +9,13 @@
 //! (validation with changed arguments, a success) streams its call as usual; an exhausted
 //! budget is answered by haltd without the model (permission/auth) or forwarded without the
 //! tool and with a system note (validation after its repair failed); with the section
-//! disabled nothing is judged.
+//! disabled nothing is judged; and two agent loops written with the official `openai`
+//! SDK's tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run.
 
 use std::{fs, path::PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use haltd_tests::{rig::Rig, temp_dir, StreamOutcome};
+use haltd_tests::{openai_agent, rig::Rig, temp_dir, StreamOutcome};
 use serde_json::{json, Value};
 
 use crate::UPSTREAM_BIN;
@@ -220,5 +221,51 @@ fn without_the_section_nothing_is_judged() -> Result<()> {
     );
     let o = rig.stream(CHAT, &b, None, |_, _| {})?;
     ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+    Ok(())
+}
+
+/// haltd's error `code` in what the SDK kept as the error's body (the error object, or the
+/// whole body with it under `error`).
+fn sdk_code(r: &Value) -> &Value {
+    let body = &r["error"]["body"];
+    match body.get("code") {
+        Some(code) => code,
+        None => &body["error"]["code"],
+    }
+}
+
+#[test]
+fn agent_loops_of_the_official_openai_sdk_are_stopped() -> Result<()> {
+    let (rig, _dir) = rig_with("[tool_circuit]\nenabled = true\n")?;
+    let base = format!("{}/v1", rig.haltd.api_url());
+    let ns = rig.pair.cli.clone();
+    let agent = |args: &[&str]| -> Result<Value> {
+        let mut all = vec!["--base-url", base.as_str()];
+        all.extend_from_slice(args);
+        openai_agent(&ns, &all)
+    };
+
+    // permission/auth: the tool fails once; the agent's next request is answered by haltd
+    // without the model (409, ConflictError in the SDK).
+    let before = upstream_chats(&rig)?.len();
+    let r = agent(&[
+        "--tool-error",
+        "PermissionError: principal analyst may not read weather",
+    ])?;
+    ensure!(r["turns"].as_array().map(Vec::len) == Some(1), "{r}");
+    ensure!(r["tools_executed"] == 1, "{r}");
+    ensure!(r["error"]["status_code"] == 409, "{r}");
+    ensure!(sdk_code(&r) == "TOOL_CIRCUIT_OPEN", "{r}");
+    ensure!(
+        upstream_chats(&rig)?.len() == before + 1,
+        "the model was called again"
+    );
+
+    // validation: the model retries with the arguments that failed: the stream halts before
+    // the call reaches the agent (APIError), so the tool runs once.
+    let r = agent(&["--tool-error", "ValidationError: unit must be C or F"])?;
+    ensure!(r["tools_executed"] == 1, "{r}");
+    ensure!(r["error"]["class"] == "APIError", "{r}");
+    ensure!(sdk_code(&r) == "TOOL_CIRCUIT_OPEN", "{r}");
     Ok(())
 }

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""A real agent loop with the official OpenAI Python SDK's tool calling, against haltd with
+TokenCircuit on; prints one JSON line.
+
+The tool `get_weather` is executed here, by the agent, and always fails with the error
+given by --tool-error, so the loop is the one spec 002 is about: the model keeps calling a
+tool that keeps failing. The model is the scripted upstream: every tool result carries
+--next (a `[[script:...]]` directive) so that the model calls the tool again. The loop
+stops when the model answers without a tool call, when the SDK raises (haltd's halt in the
+stream, or its answer without the model), or after --max-turns.
+
+Usage:
+
+    openai_agent.py --base-url http://198.18.1.1:8080/v1 \
+        --tool-error "PermissionError: ..." [--next "[[script:tool_call tokens=1]]"] \
+        [--stream/--no-stream] [--max-turns 6]
+
+Output, one line of JSON:
+
+    {"turns": [{"tool_calls": [{"id", "name", "arguments"}], "content": str,
+                "finish_reason": str|null}],      # each answer the model gave
+     "tools_executed": int,                         # tool calls the agent ran
+     "error": {"class", "status_code", "body", "message"}|null}   # what ended the loop
+
+Exit status: 0 whenever the line was printed; 1 for a crash.
+"""
+
+import argparse
+import json
+import sys
+
+try:
+    import openai
+    from openai import OpenAI
+except ImportError as e:  # pragma: no cover - environment problem
+    sys.stderr.write("openai_agent.py: cannot import the openai SDK (%s)\n" % e)
+    sys.exit(1)
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+    },
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", default="scripted")
+    p.add_argument("--tool-error", required=True, help="what every get_weather call returns")
+    p.add_argument("--next", default="[[script:tool_call tokens=1]]",
+                   help="directive appended to each tool result (the model's next answer)")
+    p.add_argument("--first", default="[[script:tool_call tokens=1]]",
+                   help="the user's message (the model's first answer)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-turns", type=int, default=6)
+    return p.parse_args(argv)
+
+
+def one_turn(client, args, messages):
+    """One model answer: (content, tool calls as dicts, finish_reason)."""
+    kw = dict(model=args.model, messages=messages, tools=[WEATHER_TOOL], timeout=30)
+    if not args.stream:
+        r = client.chat.completions.create(**kw)
+        msg = r.choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in (msg.tool_calls or [])]
+        return msg.content or "", calls, r.choices[0].finish_reason
+    content, calls, finish = [], {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        if ch.delta.content:
+            content.append(ch.delta.content)
+        for tc in ch.delta.tool_calls or []:
+            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            if tc.id:
+                c["id"] = tc.id
+            if tc.function and tc.function.name:
+                c["name"] += tc.function.name
+            if tc.function and tc.function.arguments:
+                c["arguments"] += tc.function.arguments
+        if ch.finish_reason:
+            finish = ch.finish_reason
+    return "".join(content), [calls[i] for i in sorted(calls)], finish
+
+
+def main(argv):
+    args = parse_args(argv)
+    client = OpenAI(base_url=args.base_url, api_key="sk-agent", max_retries=0)
+    messages = [{"role": "user", "content": args.first}]
+    out = {"turns": [], "tools_executed": 0, "error": None}
+    try:
+        for _ in range(args.max_turns):
+            content, calls, finish = one_turn(client, args, messages)
+            out["turns"].append({"tool_calls": calls, "content": content,
+                                 "finish_reason": finish})
+            if not calls:
+                break
+            messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            for c in calls:
+                out["tools_executed"] += 1
+                messages.append({"role": "tool", "tool_call_id": c["id"],
+                                 "content": "%s %s" % (args.tool_error, args.next)})
+    except openai.APIError as e:
+        out["error"] = {"class": type(e).__name__,
+                        "status_code": getattr(e, "status_code", None),
+                        "body": getattr(e, "body", None), "message": str(e)}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
