@@ -20,6 +20,9 @@ pub enum EventKind {
     /// A chunk with non-empty `choices[0].delta.content` (chat) or `choices[0].text`
     /// (completions) and no `finish_reason`.
     Token(String),
+    /// A chat chunk with non-empty `choices[0].delta.reasoning_content` and no content or
+    /// `finish_reason`: a reasoning token frame.
+    Reasoning(String),
     /// A chunk with a non-null `finish_reason`; `content` is whatever content it carried.
     Final {
         finish_reason: String,
@@ -144,8 +147,10 @@ pub fn classify(data: &str) -> EventKind {
             content: content.map(str::to_owned),
         };
     }
-    match content {
-        Some(text) if !text.is_empty() => EventKind::Token(text.to_owned()),
+    let reasoning = choice["delta"]["reasoning_content"].as_str();
+    match (content, reasoning) {
+        (Some(text), _) if !text.is_empty() => EventKind::Token(text.to_owned()),
+        (_, Some(text)) if !text.is_empty() => EventKind::Reasoning(text.to_owned()),
         _ => EventKind::Other(v),
     }
 }
@@ -167,9 +172,12 @@ pub struct StreamOutcome {
     pub stream_id: String,
     pub content_type: Option<String>,
     pub events: Vec<SseEvent>,
-    /// Token events received.
+    /// Token events received (content; reasoning frames are counted apart).
     pub tokens: usize,
     pub text: String,
+    /// Reasoning token events (`delta.reasoning_content`) received, and their text.
+    pub reasoning_tokens: usize,
+    pub reasoning: String,
     pub finish_reason: Option<String>,
     /// Content the final chunk carried.
     pub final_content: Option<String>,
@@ -258,6 +266,8 @@ impl StreamOutcome {
             events: Vec::new(),
             tokens: 0,
             text: String::new(),
+            reasoning_tokens: 0,
+            reasoning: String::new(),
             finish_reason: None,
             final_content: None,
             error: None,
@@ -281,6 +291,10 @@ impl StreamOutcome {
             EventKind::Token(t) => {
                 self.tokens += 1;
                 self.text.push_str(t);
+            }
+            EventKind::Reasoning(t) => {
+                self.reasoning_tokens += 1;
+                self.reasoning.push_str(t);
             }
             EventKind::Final {
                 finish_reason,

@@ -7,7 +7,11 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::{json, Value};
 
-use super::{conn::frame, turn::Turn, Worker};
+use super::{
+    conn::frame,
+    turn::{HeldToken, Turn},
+    Worker,
+};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
@@ -16,7 +20,7 @@ use crate::{
     stream::Mode,
     wire::{
         http::{self, Persist},
-        StreamId, Token,
+        Channel, StreamId, Token,
     },
 };
 
@@ -54,7 +58,8 @@ fn encode_batch(
     let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
     if turn.stream {
         // Degraded mode serves a stream request as batch, still as SSE so that streaming
-        // clients read it: one content event, the final events, [DONE].
+        // clients read it: the reasoning event (if any), one content event, the final
+        // events, [DONE].
         http::write_head_persist(
             out,
             200,
@@ -65,9 +70,20 @@ fn encode_batch(
             persist,
         );
         let body = out.len();
-        if !turn.held_text.is_empty() || toks.is_empty() {
-            turn.enc
-                .content_event(out, &turn.held_text, &toks, &offsets, true);
+        let mut first = true;
+        for (channel, text) in [
+            (Channel::Reasoning, &turn.held_reasoning),
+            (Channel::Content, &turn.held_text),
+        ] {
+            let of = |t: &HeldToken| t.channel == channel;
+            let toks: Vec<Token<'_>> = filtered(&toks, &turn.held_tokens, of);
+            let offsets: Vec<usize> = filtered(&offsets, &turn.held_tokens, of);
+            let empty_answer = channel == Channel::Content && first && toks.is_empty();
+            if !text.is_empty() || empty_answer {
+                turn.enc
+                    .content_event(out, text, &toks, &offsets, first, channel);
+                first = false;
+            }
         }
         turn.enc
             .finish_events(out, reason, turn.include_usage.then_some(usage));
@@ -76,9 +92,10 @@ fn encode_batch(
             out.extend_from_slice(http::LAST_CHUNK);
         }
     } else {
+        let texts = (turn.held_text.as_str(), turn.held_reasoning.as_str());
         let body = turn
             .enc
-            .batch_body(&turn.held_text, &toks, &offsets, reason, usage, tool_calls);
+            .batch_body(texts, &toks, &offsets, reason, usage, tool_calls);
         http::write_head_persist(
             out,
             200,
@@ -90,6 +107,16 @@ fn encode_batch(
         );
         out.extend_from_slice(&body);
     }
+}
+
+/// The entries of `items` (one per held token) whose token `keep` accepts.
+fn filtered<T: Copy>(items: &[T], held: &[HeldToken], keep: impl Fn(&HeldToken) -> bool) -> Vec<T> {
+    items
+        .iter()
+        .zip(held)
+        .filter(|(_, t)| keep(t))
+        .map(|(i, _)| *i)
+        .collect()
 }
 
 impl Worker {

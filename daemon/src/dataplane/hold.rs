@@ -17,9 +17,12 @@ use std::collections::VecDeque;
 
 use serde_json::Value;
 
-use crate::upstream::{
-    framing::{self, Split, ToolCallPart},
-    UpToken,
+use crate::{
+    upstream::{
+        framing::{self, Split, ToolCallPart},
+        UpToken,
+    },
+    wire::Channel,
 };
 
 /// What a held frame carries.
@@ -58,6 +61,9 @@ pub struct ToolHeader {
 pub struct Pending {
     pub text: String,
     pub kind: PendingKind,
+    /// The answer or the reasoning (content and character frames; a tool call's is
+    /// [`Channel::Content`]).
+    pub channel: Channel,
     /// Bytes of `text` earlier frames carried.
     pub pos: usize,
     /// Byte offset in the turn's scanned text where this entry's text ends.
@@ -130,6 +136,7 @@ impl Pending {
         let frame = Pending {
             text: self.text[self.pos..self.pos + n].to_owned(),
             kind,
+            channel: self.channel,
             pos: 0,
             end,
             offset: self.offset + self.pos,
@@ -181,7 +188,7 @@ impl Hold {
     pub fn push_text(
         &mut self,
         text: String,
-        split: Split,
+        (split, channel): (Split, Channel),
         token: Option<UpToken>,
         offset: usize,
         arrived_ns: u64,
@@ -192,7 +199,7 @@ impl Hold {
         let first = token.map_or((f32::NEG_INFINITY, Vec::new()), |t| {
             (t.logprob.unwrap_or(f32::NEG_INFINITY), t.top)
         });
-        self.push_content(text, split, first, offset, arrived_ns);
+        self.push_content(text, (split, channel), first, offset, arrived_ns);
     }
 
     /// Queues text (already scanned up to `self.scanned`) as frames cut by `split`: one token
@@ -200,7 +207,7 @@ impl Hold {
     pub fn push_content(
         &mut self,
         text: String,
-        split: Split,
+        (split, channel): (Split, Channel),
         (logprob, top): (f32, Vec<(String, f32)>),
         offset: usize,
         arrived_ns: u64,
@@ -215,6 +222,7 @@ impl Hold {
         self.queue.push_back(Pending {
             text,
             kind,
+            channel,
             pos: 0,
             end: self.scanned,
             offset,
@@ -275,6 +283,7 @@ impl Hold {
                     header,
                     split,
                 },
+                channel: Channel::Content,
                 pos: 0,
                 end,
                 offset: 0,
@@ -328,7 +337,13 @@ mod tests {
         let mut hold = Hold::default();
         let text = "ab".repeat(50); // 100 bytes: 64 + 36
         hold.scanned = 7 + text.len();
-        hold.push_text(text.clone(), Split::Token, Some(token(&text, -1.5)), 7, 42);
+        hold.push_text(
+            text.clone(),
+            (Split::Token, Channel::Content),
+            Some(token(&text, -1.5)),
+            7,
+            42,
+        );
         let frames = drain(&mut hold);
         assert_eq!(frames.len(), 2);
         assert_eq!(frame_text(&frames[0]), &text[..64]);
@@ -356,8 +371,14 @@ mod tests {
     #[test]
     fn an_empty_token_is_one_empty_frame_and_empty_chars_are_none() {
         let mut hold = Hold::default();
-        hold.push_text(String::new(), Split::Token, Some(token("", -0.1)), 0, 0);
-        hold.push_text(String::new(), Split::Chars, None, 0, 0);
+        hold.push_text(
+            String::new(),
+            (Split::Token, Channel::Content),
+            Some(token("", -0.1)),
+            0,
+            0,
+        );
+        hold.push_text(String::new(), (Split::Chars, Channel::Content), None, 0, 0);
         let frames = drain(&mut hold);
         assert_eq!(frames.len(), 1);
         assert_eq!(frame_text(&frames[0]), "");
@@ -368,7 +389,13 @@ mod tests {
         let mut hold = Hold::default();
         let text = "aé𝄞";
         hold.scanned = text.len();
-        hold.push_text(text.to_owned(), Split::Chars, None, 0, 0);
+        hold.push_text(
+            text.to_owned(),
+            (Split::Chars, Channel::Reasoning),
+            None,
+            0,
+            0,
+        );
         // Nothing released: nothing goes out.
         assert!(hold.pop_released().is_none());
         // The first character released: exactly it.
@@ -376,12 +403,18 @@ mod tests {
         let f = hold.pop_released().expect("released");
         assert_eq!(frame_text(&f), "a");
         assert!(matches!(f.kind, PendingKind::Chars));
+        assert_eq!(
+            f.channel,
+            Channel::Reasoning,
+            "a frame keeps its entry's channel"
+        );
         assert!(hold.pop_released().is_none(), "é is not released yet");
         hold.release(2);
         assert_eq!(frame_text(&hold.pop_released().expect("é")), "é");
         let rest = drain(&mut hold);
         assert_eq!(rest.len(), 1);
         assert_eq!(frame_text(&rest[0]), "𝄞");
+        assert_eq!(rest[0].channel, Channel::Reasoning);
         assert_eq!(rest[0].offset + rest[0].pos, 3);
     }
 

@@ -42,7 +42,7 @@ use crate::{
     source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
     stream::{Mode, SlotState},
     upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
-    wire::{http, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+    wire::{http, Channel, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
 
 /// Alternatives of one token frame, on the stack.
@@ -120,20 +120,25 @@ fn encode_token(turn: &Turn, out: &mut Vec<u8>, t: &Produced, offset: usize) {
         top: &tops[..n],
     };
     turn.enc
-        .token_event(out, tok, offset, !turn.first_frame_sent);
+        .token_event(out, tok, offset, !turn.first_frame_sent, t.channel);
 }
 
 /// A batch turn keeps its tokens for the final frame. (Allocates per token: the batch path
 /// keeps every token for the final body.)
 fn hold_for_batch(turn: &mut Turn, t: Produced, offset: usize) {
-    turn.held_text.push_str(&t.text);
+    match t.channel {
+        Channel::Content => turn.held_text.push_str(&t.text),
+        Channel::Reasoning => turn.held_reasoning.push_str(&t.text),
+    }
     turn.note_output(&t.text);
+    let channel = t.channel;
     match t.tokens {
         Tokens::Builtin { logprob, top } => turn.held_tokens.push(HeldToken {
             text: t.text.into_owned(),
             logprob,
             top: owned_top(top.as_slice()),
             offset,
+            channel,
         }),
         Tokens::Upstream(toks) => {
             let mut off = offset;
@@ -144,6 +149,7 @@ fn hold_for_batch(turn: &mut Turn, t: Produced, offset: usize) {
                     logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
                     top: t.top,
                     offset: off,
+                    channel,
                 });
                 off += len;
             }
@@ -304,15 +310,16 @@ impl Worker {
         }
         // The scanner holds text, or the text makes several frames: they go out through
         // the hold queue, one per step, in order (an upstream's text moves in, no copy).
-        let (text, split, arrived) = (t.text.into_owned(), t.split, t.arrived_ns);
+        let (text, arrived) = (t.text.into_owned(), t.arrived_ns);
+        let how = (t.split, t.channel);
         match t.tokens {
             Tokens::Builtin { logprob, top } => {
                 let first = (logprob, owned_top(top.as_slice()));
-                turn.hold.push_content(text, split, first, offset, arrived);
+                turn.hold.push_content(text, how, first, offset, arrived);
             }
             Tokens::Upstream(toks) => {
                 let token = toks.into_iter().next();
-                turn.hold.push_text(text, split, token, offset, arrived);
+                turn.hold.push_text(text, how, token, offset, arrived);
             }
         }
         Ok(Next::Poll)
@@ -436,9 +443,9 @@ impl Worker {
                     logprob,
                     top: &tops[..n],
                 };
-                turn.enc.token_event(out, tok, offset, first);
+                turn.enc.token_event(out, tok, offset, first, p.channel);
             }
-            PendingKind::Chars => turn.enc.text_event(out, text, first),
+            PendingKind::Chars => turn.enc.text_event(out, text, first, p.channel),
             PendingKind::ToolCall {
                 index, ref header, ..
             } => {

@@ -32,7 +32,10 @@ use crate::{
     },
     stream::{Initiator, Mode},
     upstream,
-    wire::{http, Ask, BuiltinTurn, ChunkEncoder, ClientRequest, Endpoint, HttpError, RequestHead},
+    wire::{
+        http, Ask, BuiltinTurn, Channel, ChunkEncoder, ClientRequest, Endpoint, HttpError,
+        RequestHead,
+    },
 };
 use haltd_common::SockPolicy;
 
@@ -47,6 +50,7 @@ pub(super) struct HeldToken {
     pub(super) logprob: f32,
     pub(super) top: Vec<(String, f32)>,
     pub(super) offset: usize,
+    pub(super) channel: Channel,
 }
 
 /// What the request metrics need of a turn: its model label and inter-token histogram,
@@ -148,8 +152,10 @@ pub(super) struct Turn {
     pub(super) enc: ChunkEncoder,
     /// Bytes of completion text so far (for `text_offset`).
     pub(super) text_len: usize,
-    /// Batch mode: the response held until the turn completes.
+    /// Batch mode: the response held until the turn completes (the answer, and the
+    /// reasoning that goes in `message.reasoning_content`).
     pub(super) held_text: String,
+    pub(super) held_reasoning: String,
     pub(super) held_tokens: Vec<HeldToken>,
     pub(super) prompt_tokens: u64,
     /// Token index of the token frame in flight (1-based).
@@ -203,6 +209,7 @@ impl Turn {
             enc,
             text_len: 0,
             held_text: String::new(),
+            held_reasoning: String::new(),
             held_tokens: Vec::new(),
             prompt_tokens: 0,
             inflight_token: 0,
@@ -390,13 +397,14 @@ impl Worker {
         }
     }
 
-    /// The turn's encoder: what every frame of it is written with.
+    /// The turn's encoder: what every frame of it is written with. `tool_calls` and
+    /// `reasoning`: the frames it may carry besides content (a proxied chat turn).
     pub(super) fn encoder(
         &self,
         key: usize,
         ask: &Ask,
         model: Arc<str>,
-        tool_calls: bool,
+        (tool_calls, reasoning): (bool, bool),
     ) -> ChunkEncoder {
         let id = self.conns[key].id;
         ChunkEncoder {
@@ -407,6 +415,7 @@ impl Worker {
             logprobs: ask.logprobs,
             top_logprobs: ask.top_logprobs,
             tool_calls,
+            reasoning,
         }
     }
 
@@ -459,7 +468,7 @@ impl Worker {
                 0
             },
         });
-        let enc = self.encoder(key, ask, MODEL_NAME.into(), false);
+        let enc = self.encoder(key, ask, MODEL_NAME.into(), (false, false));
         let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
@@ -514,7 +523,9 @@ impl Worker {
         let ((gov, mut detector_refs), failed) = self.turn_governor(key, &detectors);
         detector_refs.push("upstream:integrity".to_owned());
         // Degraded mode emits no tool calls (a degraded stream is batch anyway).
-        let enc = self.encoder(key, &up.ask, model, endpoint == Endpoint::Chat && !degraded);
+        let chat = endpoint == Endpoint::Chat;
+        // Reasoning is forwarded in degraded mode too (it is text); tool calls are not.
+        let enc = self.encoder(key, &up.ask, model, (chat && !degraded, chat));
         let source = TurnSource::Upstream(UpstreamSource::new(degraded));
         let mut turn = Turn::new(
             source,

@@ -33,7 +33,7 @@ use std::fmt;
 use std::sync::LazyLock;
 
 use super::{Ending, Peek, Polled, Produced, TokenSource, Tokens};
-use crate::{clock::monotonic_ns, upstream::framing::Split};
+use crate::{clock::monotonic_ns, upstream::framing::Split, wire::Channel};
 
 /// The model name reported in responses (`"model": "builtin"`).
 pub const MODEL_NAME: &str = "builtin";
@@ -563,6 +563,7 @@ impl TokenSource for BuiltinSource {
                     top: tok.top,
                 },
                 split: Split::Token,
+                channel: Channel::Content,
                 arrived_ns: monotonic_ns(),
             }),
             None => Polled::End,

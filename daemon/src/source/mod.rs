@@ -23,7 +23,10 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use crate::upstream::{framing::Split, UpToken, UpstreamFailureKind};
+use crate::{
+    upstream::{framing::Split, UpToken, UpstreamFailureKind},
+    wire::Channel,
+};
 
 pub mod builtin;
 pub mod upstream;
@@ -102,6 +105,9 @@ pub struct Produced {
     /// How the text is cut into frames: per token, or per character when its tokens do not
     /// spell it.
     pub split: Split,
+    /// The answer or the model's reasoning (`reasoning_content`, an upstream's chat only):
+    /// governed alike, forwarded each in its own field.
+    pub channel: Channel,
     /// When it reached haltd (`haltd_token_overhead_seconds` runs from here).
     pub arrived_ns: u64,
 }

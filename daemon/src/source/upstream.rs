@@ -14,7 +14,9 @@
 //! ([`crate::upstream::SseParser::next_event_ref`]). An item's text and tokens are not copied
 //! out of the chunk: the chunk's buffers are swapped for spare ones from a small [`Spares`]
 //! pool, which the pipeline refills once a token's frame is encoded
-//! ([`TokenSource::recycle`]). Once the pool and the reader's buffers have grown, a plain token
+//! ([`TokenSource::recycle`]). A chunk's `reasoning_content` becomes items of its own channel
+//! ([`Channel::Reasoning`]), ahead of its content, taken exactly as content is: the detectors
+//! and the scanner see reasoning tokens as they see any. Once the pool and the reader's buffers have grown, a plain token
 //! (one token per chunk, spelled by its text) allocates nothing here. A tool-call delta, a
 //! chunk of several tokens and text the scanner holds back still allocate.
 
@@ -26,10 +28,10 @@ use super::{Ending, Polled, Produced, SourceFailure, TokenSource, Tokens};
 use crate::{
     metrics::upstream::ToolCallKind,
     upstream::{
-        framing::Split, ChunkReader, FinishReason, Parsed, SseEventRef, UpToken, UpstreamChunk,
-        UpstreamError, UpstreamFailureKind,
+        chunk::tokens_spell, framing::Split, ChunkReader, FinishReason, Parsed, SseEventRef,
+        UpToken, UpstreamChunk, UpstreamError, UpstreamFailureKind,
     },
-    wire::{self, Endpoint},
+    wire::{self, Channel, Endpoint},
 };
 
 /// Items parsed but not yet taken before haltd stops reading the upstream (TCP then pushes
@@ -79,6 +81,7 @@ enum Item {
         text: String,
         tokens: Vec<UpToken>,
         split: Split,
+        channel: Channel,
         arrived_ns: u64,
     },
     /// A tool-call delta, with the logprobs of its tokens (scored like content) and its
@@ -222,12 +225,14 @@ impl TokenSource for UpstreamSource {
                     text,
                     tokens,
                     split,
+                    channel,
                     arrived_ns,
                 } => {
                     return Polled::Text(Produced {
                         text: Cow::Owned(text),
                         tokens: Tokens::Upstream(tokens),
                         split,
+                        channel,
                         arrived_ns,
                     })
                 }
@@ -317,27 +322,66 @@ pub fn count_suppressed(metrics: &crate::metrics::Metrics, delta: &Value) {
     metrics.upstream.tool_calls(ToolCallKind::Suppressed, n);
 }
 
-fn content(text: String, tokens: Vec<UpToken>, split: Split, arrived_ns: u64) -> Item {
+fn content(
+    text: String,
+    tokens: Vec<UpToken>,
+    (split, channel): (Split, Channel),
+    arrived_ns: u64,
+) -> Item {
     Item::Content {
         text,
         tokens,
         split,
+        channel,
         arrived_ns,
     }
 }
 
-/// Splits an upstream chunk into items ([`crate::upstream::framing`]): one per token when the
-/// tokens spell the content exactly (vLLM may put several tokens in one chunk), else one for
-/// the content, framed per character; a tool-call delta is its own item. Every item arrived at
-/// `arrived_ns` (the receive that completed the chunk's event). The text and tokens leave the
-/// reader's chunk by a swap with spare buffers, not a copy.
+/// Splits an upstream chunk into items ([`crate::upstream::framing`]): its reasoning first
+/// (`reasoning_content`, framed as content is, in its own channel), then its content, one
+/// item per token when the tokens spell the text exactly (vLLM may put several tokens in one
+/// chunk), else one item for the text, framed per character; a tool-call delta is its own
+/// item. Every item arrived at `arrived_ns` (the receive that completed the chunk's event).
+/// The text and tokens leave the reader's chunk by a swap with spare buffers, not a copy.
 fn push_chunk(
     items: &mut VecDeque<Item>,
     spares: &mut Spares,
     c: &mut UpstreamChunk,
     arrived_ns: u64,
 ) {
-    let spelled = c.tokens_match_content();
+    if !c.reasoning.is_empty() && c.content.is_empty() && c.tool_calls.is_none() {
+        // A reasoning chunk (the usual shape): its tokens are the reasoning's. The two
+        // buffers trade places, so the reasoning is taken as content is.
+        std::mem::swap(&mut c.content, &mut c.reasoning);
+        let (text, tokens) = take_text(spares, c);
+        push_text(
+            items,
+            spares,
+            (text, tokens),
+            Channel::Reasoning,
+            arrived_ns,
+        );
+    } else {
+        if !c.reasoning.is_empty() {
+            push_leading_reasoning(items, spares, c, arrived_ns);
+        }
+        push_content(items, spares, c, arrived_ns);
+    }
+    if let Some(r) = c.finish_reason.take() {
+        items.push_back(Item::Finish(r));
+    }
+    if let Some(u) = c.usage.take() {
+        items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
+    }
+}
+
+/// The chunk's content and tool calls (its reasoning is taken).
+fn push_content(
+    items: &mut VecDeque<Item>,
+    spares: &mut Spares,
+    c: &mut UpstreamChunk,
+    arrived_ns: u64,
+) {
     match c.tool_calls.take() {
         // A tool-call chunk: its logprobs belong to the call's tokens.
         Some(calls) if c.content.is_empty() => {
@@ -345,23 +389,9 @@ fn push_chunk(
             items.push_back(Item::ToolCalls(calls, tokens, arrived_ns));
         }
         calls => {
-            if spelled && c.tokens.len() == 1 {
-                // The common case: the content is the token's text, swapped out, not copied.
-                let text = std::mem::replace(&mut c.content, spares.text());
-                let tokens = std::mem::replace(&mut c.tokens, spares.tokens());
-                items.push_back(content(text, tokens, Split::Token, arrived_ns));
-            } else if spelled {
-                // Several tokens in one chunk (rarer): one item each. Allocates the lists.
-                for t in c.tokens.drain(..) {
-                    let mut text = spares.text();
-                    text.clear();
-                    text.push_str(&t.text);
-                    items.push_back(content(text, vec![t], Split::Token, arrived_ns));
-                }
-            } else if !c.content.is_empty() || !c.tokens.is_empty() {
-                let text = std::mem::replace(&mut c.content, spares.text());
-                let tokens = std::mem::replace(&mut c.tokens, spares.tokens());
-                items.push_back(content(text, tokens, Split::Chars, arrived_ns));
+            if !c.content.is_empty() || !c.tokens.is_empty() {
+                let (text, tokens) = take_text(spares, c);
+                push_text(items, spares, (text, tokens), Channel::Content, arrived_ns);
             }
             // Content and a tool call in one chunk (rare): the call after the text, its
             // arguments per character.
@@ -370,12 +400,71 @@ fn push_chunk(
             }
         }
     }
-    if let Some(r) = c.finish_reason.take() {
-        items.push_back(Item::Finish(r));
+}
+
+/// The chunk's content and tokens, swapped out for spare buffers.
+fn take_text(spares: &mut Spares, c: &mut UpstreamChunk) -> (String, Vec<UpToken>) {
+    (
+        std::mem::replace(&mut c.content, spares.text()),
+        std::mem::replace(&mut c.tokens, spares.tokens()),
+    )
+}
+
+/// Queues one channel's text: per token when its tokens spell it (one item per token),
+/// else one item framed per character that keeps the tokens for the detectors.
+fn push_text(
+    items: &mut VecDeque<Item>,
+    spares: &mut Spares,
+    (text, mut tokens): (String, Vec<UpToken>),
+    channel: Channel,
+    arrived_ns: u64,
+) {
+    let spelled = tokens_spell(&tokens, &text);
+    if spelled && tokens.len() == 1 {
+        // The common case: the text is the token's text, moved, not copied.
+        items.push_back(content(text, tokens, (Split::Token, channel), arrived_ns));
+    } else if spelled {
+        // Several tokens in one chunk (rarer): one item each. Allocates the lists.
+        for t in tokens.drain(..) {
+            let mut piece = spares.text();
+            piece.clear();
+            piece.push_str(&t.text);
+            items.push_back(content(piece, vec![t], (Split::Token, channel), arrived_ns));
+        }
+        spares.put(text, tokens);
+    } else {
+        items.push_back(content(text, tokens, (Split::Chars, channel), arrived_ns));
     }
-    if let Some(u) = c.usage.take() {
-        items.push_back(Item::Usage(u.prompt_tokens, u.completion_tokens));
-    }
+}
+
+/// Reasoning that shares its chunk with content or a tool call (rare: the turn from
+/// thinking to answering inside one chunk). The leading tokens whose texts fit in the
+/// reasoning's length are its own; the rest stay for what follows. (Allocates the split.)
+fn push_leading_reasoning(
+    items: &mut VecDeque<Item>,
+    spares: &mut Spares,
+    c: &mut UpstreamChunk,
+    arrived_ns: u64,
+) {
+    let mut len = 0;
+    let k = c
+        .tokens
+        .iter()
+        .take_while(|t| {
+            len += t.text.len();
+            len <= c.reasoning.len()
+        })
+        .count();
+    let rest = c.tokens.split_off(k);
+    let tokens = std::mem::replace(&mut c.tokens, rest);
+    let text = std::mem::replace(&mut c.reasoning, spares.text());
+    push_text(
+        items,
+        spares,
+        (text, tokens),
+        Channel::Reasoning,
+        arrived_ns,
+    );
 }
 
 /// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
@@ -418,6 +507,14 @@ mod tests {
     use crate::upstream::SseParser;
 
     fn chat_chunk(content: &str, tokens: &[&str]) -> String {
+        delta_chunk(&json!({ "content": content }), tokens)
+    }
+
+    fn reasoning_chunk(reasoning: &str, tokens: &[&str]) -> String {
+        delta_chunk(&json!({ "reasoning_content": reasoning }), tokens)
+    }
+
+    fn delta_chunk(delta: &Value, tokens: &[&str]) -> String {
         let lp: Vec<Value> = tokens
             .iter()
             .map(|t| json!({"token": t, "logprob": -0.5, "top_logprobs": [{"token": t, "logprob": -0.5}, {"token": "zz", "logprob": -3.0}]}))
@@ -427,8 +524,64 @@ mod tests {
         } else {
             json!({ "content": lp })
         };
-        let c = json!({"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"content": content}, "logprobs": logprobs, "finish_reason": null}]});
+        let c = json!({"id": "c", "model": "m", "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null}]});
         format!("data: {c}\n\n")
+    }
+
+    /// Feeds `events` and polls everything: (channel, text, token texts, split) per item.
+    fn channels(events: &[String]) -> Vec<(Channel, String, Vec<String>, Split)> {
+        let mut sse = SseParser::new(1 << 16);
+        let mut src = UpstreamSource::new(false);
+        let mut out = Vec::new();
+        for ev in events {
+            sse.push(ev.as_bytes());
+            while let Some(e) = sse.next_event_ref().expect("valid SSE") {
+                assert!(src.push_event(Endpoint::Chat, e, 1));
+            }
+            while let Polled::Text(p) = src.poll() {
+                let Tokens::Upstream(toks) = &p.tokens else {
+                    unreachable!("upstream tokens")
+                };
+                let toks = toks.iter().map(|t| t.text.clone()).collect();
+                out.push((p.channel, p.text.to_string(), toks, p.split));
+                src.recycle(p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn reasoning_is_its_own_channel_ahead_of_the_answer() {
+        let s = |v: &[&str]| v.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
+        let (r, c) = (Channel::Reasoning, Channel::Content);
+        let mixed = delta_chunk(
+            &json!({"reasoning_content": " so", "content": "Yes"}),
+            &[" so", "Yes"],
+        );
+        // Ollama's (and newer vLLM's) `reasoning` is the same channel.
+        let ollama = delta_chunk(&json!({"reasoning": " hm", "content": ""}), &[" hm"]);
+        let got = channels(&[
+            reasoning_chunk("Let", &["Let"]),
+            reasoning_chunk(" me think", &[" me", " think"]),
+            reasoning_chunk("é", &[]),
+            ollama,
+            mixed,
+            chat_chunk(" it", &[" it"]),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                (r, "Let".to_owned(), s(&["Let"]), Split::Token),
+                (r, " me".to_owned(), s(&[" me"]), Split::Token),
+                (r, " think".to_owned(), s(&[" think"]), Split::Token),
+                (r, "é".to_owned(), s(&[]), Split::Chars),
+                (r, " hm".to_owned(), s(&[" hm"]), Split::Token),
+                // One chunk with both: the reasoning's tokens first, then the answer's.
+                (r, " so".to_owned(), s(&[" so"]), Split::Token),
+                (c, "Yes".to_owned(), s(&["Yes"]), Split::Token),
+                (c, " it".to_owned(), s(&[" it"]), Split::Token),
+            ]
+        );
     }
 
     /// Polls everything queued, recycling each text as the pipeline does; (text, token texts,
@@ -492,10 +645,16 @@ mod tests {
     #[test]
     fn a_plain_token_allocates_nothing_once_warm() {
         const WORDS: &[&str] = &[" The", " river", " x", " é", " 東京", " runs", ".", " 42"];
+        // Runs of reasoning and answer tokens: a reasoning token swaps buffers as a content
+        // token does, and allocates nothing either.
         let events: Vec<String> = (0..400)
             .map(|i| {
                 let w = WORDS[i % WORDS.len()];
-                chat_chunk(w, &[w])
+                if (i / 7) % 2 == 0 {
+                    reasoning_chunk(w, &[w])
+                } else {
+                    chat_chunk(w, &[w])
+                }
             })
             .collect();
         let mut sse = SseParser::new(1 << 16);

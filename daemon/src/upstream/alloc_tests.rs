@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::{
     upstream::{framing::Split, ChunkReader, Parsed, SseParser},
-    wire::{ChunkEncoder, Endpoint, StreamId, Token, MAX_TOP_LOGPROBS},
+    wire::{Channel, ChunkEncoder, Endpoint, StreamId, Token, MAX_TOP_LOGPROBS},
 };
 
 struct Counting;
@@ -115,14 +115,18 @@ fn run(endpoint: Endpoint, pieces: &[Vec<u8>], parts: &mut Parts) -> u64 {
                         logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
                         top: &tops[..n],
                     };
-                    parts.enc.token_event(&mut parts.out, tok, 0, false);
+                    parts
+                        .enc
+                        .token_event(&mut parts.out, tok, 0, false, Channel::Content);
                     frames += 1;
                 }
             }
             if c.tokens.is_empty() {
                 for piece in Split::Chars.pieces(&c.content) {
                     parts.out.clear();
-                    parts.enc.text_event(&mut parts.out, piece, false);
+                    parts
+                        .enc
+                        .text_event(&mut parts.out, piece, false, Channel::Content);
                     frames += 1;
                 }
             }
@@ -161,6 +165,7 @@ fn the_per_token_path_allocates_nothing_once_warm() {
                 logprobs,
                 top_logprobs: 5,
                 tool_calls: false,
+                reasoning: false,
             },
             out: Vec::new(),
         };

@@ -45,6 +45,32 @@ pub struct Token<'a> {
     pub top: &'a [(&'a str, f32)],
 }
 
+/// Which field of a chat delta a token's text goes in.
+///
+/// Reasoning models (vLLM with a reasoning parser, Ollama, DeepSeek-R1 and Qwen3 servers)
+/// stream their thinking as `delta.reasoning_content` before the answer's `delta.content`.
+/// haltd governs both alike (observed, scanned, counted, halted within B) and forwards each in
+/// its own field, so a token carries its channel from the source to the encoder. Completions
+/// have only `text`: the channel is always [`Channel::Content`] there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Channel {
+    /// `delta.content` (chat), `text` (completions).
+    #[default]
+    Content,
+    /// `delta.reasoning_content` (chat only).
+    Reasoning,
+}
+
+impl Channel {
+    /// The chat delta's key and colon, as written.
+    fn delta_key(self) -> &'static [u8] {
+        match self {
+            Channel::Content => b"\"content\":",
+            Channel::Reasoning => b"\"reasoning_content\":",
+        }
+    }
+}
+
 /// One call's part of a chat tool-call delta, as a frame carries it: a header (`id` and
 /// `type`, the function's `name`, empty `arguments`) or a piece of the arguments.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +154,9 @@ pub struct ChunkEncoder {
     /// The stream may carry tool-call frames (a proxied chat turn outside degraded mode):
     /// [`ChunkEncoder::max_event_bytes`] covers them too.
     pub tool_calls: bool,
+    /// The stream may carry reasoning frames (a proxied chat turn): the bound is measured on
+    /// a `reasoning_content` delta, whose key is the longer.
+    pub reasoning: bool,
 }
 
 impl ChunkEncoder {
@@ -166,20 +195,27 @@ impl ChunkEncoder {
 
     /// One SSE event carrying one token (a token frame): its text, at most
     /// [`MAX_TOKEN_TEXT_BYTES`], and its logprobs when asked. `text_offset` is the token's byte
-    /// offset in the completion text; `first` adds the chat role. At most
-    /// [`ChunkEncoder::max_event_bytes`] bytes.
-    pub fn token_event(&self, out: &mut Vec<u8>, tok: Token<'_>, text_offset: usize, first: bool) {
+    /// offset in the completion text; `first` adds the chat role; `channel` names the chat
+    /// delta's field. At most [`ChunkEncoder::max_event_bytes`] bytes.
+    pub fn token_event(
+        &self,
+        out: &mut Vec<u8>,
+        tok: Token<'_>,
+        text_offset: usize,
+        first: bool,
+        channel: Channel,
+    ) {
         debug_assert!(
             tok.text.len() <= MAX_TOKEN_TEXT_BYTES,
             "token frames are split"
         );
-        self.content_event(out, tok.text, &[tok], &[text_offset], first);
+        self.content_event(out, tok.text, &[tok], &[text_offset], first, channel);
     }
 
     /// One SSE event carrying text whose token is not known (a frame of the one-token-per-
     /// character rule): `logprobs` is `null` even when the client asked for them. At most
     /// [`ChunkEncoder::max_event_bytes`] bytes for a text of at most [`MAX_TOKEN_TEXT_BYTES`].
-    pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool) {
+    pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool, channel: Channel) {
         debug_assert!(text.len() <= MAX_TOKEN_TEXT_BYTES, "text frames are split");
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
@@ -189,7 +225,7 @@ impl ChunkEncoder {
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
                 }
-                out.extend_from_slice(b"\"content\":");
+                out.extend_from_slice(channel.delta_key());
                 write_str(out, text);
                 out.extend_from_slice(b"},\"logprobs\":null");
             }
@@ -203,9 +239,10 @@ impl ChunkEncoder {
     }
 
     /// One SSE event carrying `text`, made of `toks` (whose logprobs it carries when asked;
-    /// `offsets` are their byte offsets in the completion text). `first` adds the chat role.
-    /// With one token of at most [`MAX_TOKEN_TEXT_BYTES`] this is a token frame; with more
-    /// (a batch response served as SSE) it is not bounded.
+    /// `offsets` are their byte offsets in the completion text). `first` adds the chat role;
+    /// `channel` names the chat delta's field. With one token of at most
+    /// [`MAX_TOKEN_TEXT_BYTES`] this is a token frame; with more (a batch response served as
+    /// SSE) it is not bounded.
     pub fn content_event(
         &self,
         out: &mut Vec<u8>,
@@ -213,6 +250,7 @@ impl ChunkEncoder {
         toks: &[Token<'_>],
         offsets: &[usize],
         first: bool,
+        channel: Channel,
     ) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
@@ -222,7 +260,7 @@ impl ChunkEncoder {
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
                 }
-                out.extend_from_slice(b"\"content\":");
+                out.extend_from_slice(channel.delta_key());
                 write_str(out, text);
                 out.extend_from_slice(b"},\"logprobs\":");
                 if self.logprobs {
@@ -380,10 +418,11 @@ impl ChunkEncoder {
         out.extend_from_slice(b"data: [DONE]\n\n");
     }
 
-    /// A whole batch (`stream: false`) response body.
+    /// A whole batch (`stream: false`) response body. `reasoning` is the chat message's
+    /// `reasoning_content` (left out when empty).
     pub fn batch_body(
         &self,
-        text: &str,
+        (text, reasoning): (&str, &str),
         toks: &[Token<'_>],
         offsets: &[usize],
         finish_reason: &str,
@@ -412,6 +451,9 @@ impl ChunkEncoder {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut message = json!({"role": "assistant", "content": text});
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = reasoning.into();
+                }
                 if let Some(calls) = tool_calls {
                     message["tool_calls"] = calls.clone();
                 }
@@ -458,6 +500,7 @@ mod tests {
             logprobs,
             top_logprobs: 2,
             tool_calls: false,
+            reasoning: false,
         }
     }
 
@@ -518,6 +561,7 @@ mod tests {
             },
             0,
             true,
+            Channel::Content,
         );
         let v = event_json(&out);
         assert_eq!(v["object"], "chat.completion.chunk");
@@ -545,6 +589,7 @@ mod tests {
             },
             17,
             false,
+            Channel::Content,
         );
         let v = event_json(&out);
         assert_eq!(v["choices"][0]["text"], "a");
@@ -571,14 +616,14 @@ mod tests {
         // The cut falls inside `é` (bytes 63..65): it is dropped whole.
         let cut = "x".repeat(MAX_TOKEN_TEXT_BYTES - 1);
         let mut out = Vec::new();
-        enc(Endpoint::Chat, true).token_event(&mut out, tok, 0, false);
+        enc(Endpoint::Chat, true).token_event(&mut out, tok, 0, false, Channel::Content);
         let v = event_json(&out);
         let alts = &v["choices"][0]["logprobs"]["content"][0]["top_logprobs"];
         assert_eq!(alts[0]["token"], cut.as_str());
         assert_eq!(alts[1]["token"], cut.as_str());
         assert_eq!(alts[0]["bytes"].as_array().map(Vec::len), Some(cut.len()));
         out.clear();
-        enc(Endpoint::Completion, true).token_event(&mut out, tok, 0, false);
+        enc(Endpoint::Completion, true).token_event(&mut out, tok, 0, false, Channel::Content);
         let v = event_json(&out);
         let keys = v["choices"][0]["logprobs"]["top_logprobs"][0]
             .as_object()
@@ -592,7 +637,7 @@ mod tests {
     fn text_events_carry_null_logprobs_even_when_asked() {
         for endpoint in [Endpoint::Chat, Endpoint::Completion] {
             let mut out = Vec::new();
-            enc(endpoint, true).text_event(&mut out, "é", true);
+            enc(endpoint, true).text_event(&mut out, "é", true, Channel::Content);
             let v = event_json(&out);
             assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
             let text = match endpoint {
@@ -604,6 +649,49 @@ mod tests {
             };
             assert_eq!(text, "é");
         }
+    }
+
+    #[test]
+    fn reasoning_frames_write_reasoning_content_and_keep_their_logprobs() {
+        let top = [("Let", -0.1f32)];
+        let tok = Token {
+            text: "Let",
+            logprob: -0.1,
+            top: &top,
+        };
+        let mut out = Vec::new();
+        enc(Endpoint::Chat, true).token_event(&mut out, tok, 0, true, Channel::Reasoning);
+        let v = event_json(&out);
+        let delta = &v["choices"][0]["delta"];
+        assert_eq!(delta["role"], "assistant");
+        assert_eq!(delta["reasoning_content"], "Let");
+        assert!(delta.get("content").is_none(), "{v}");
+        assert_eq!(v["choices"][0]["logprobs"]["content"][0]["token"], "Let");
+        out.clear();
+        enc(Endpoint::Chat, true).text_event(&mut out, "é", false, Channel::Reasoning);
+        let v = event_json(&out);
+        assert_eq!(v["choices"][0]["delta"]["reasoning_content"], "é");
+        assert!(v["choices"][0]["delta"].get("content").is_none(), "{v}");
+        // A batch message carries the reasoning beside the answer, and leaves it out when
+        // there was none.
+        let body = |reasoning| {
+            let b = enc(Endpoint::Chat, false).batch_body(
+                ("4", reasoning),
+                &[],
+                &[],
+                "stop",
+                (1, 2),
+                None,
+            );
+            serde_json::from_slice::<Value>(&b).expect("valid JSON")
+        };
+        let v = body("2+2 is 4");
+        assert_eq!(v["choices"][0]["message"]["content"], "4");
+        assert_eq!(v["choices"][0]["message"]["reasoning_content"], "2+2 is 4");
+        let v = body("");
+        assert!(v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none());
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod trace;
 
 pub use encode::{
     bound::{LONGEST_LOGPROB, MAX_LOGPROB_BYTES},
-    ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
+    Channel, ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
     MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
 };
 pub use endpoint::Endpoint;

@@ -63,6 +63,7 @@ impl Halt {
             logprobs: false,
             top_logprobs: 0,
             tool_calls: false,
+            reasoning: false,
         };
         enc.final_chunk(out, "content_filter");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));

@@ -57,7 +57,7 @@ use haltd::{
         framing::{self, Split},
         parse_event, ChunkReader, Parsed, SseParser, UpToken, UpstreamChunk, UpstreamEvent,
     },
-    wire::{ChunkEncoder, Endpoint, StreamId, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+    wire::{Channel, ChunkEncoder, Endpoint, StreamId, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
 use serde_json::{json, Value};
 
@@ -299,6 +299,7 @@ fn encoder(s: &Stream) -> ChunkEncoder {
         logprobs: s.logprobs,
         top_logprobs: s.top_logprobs,
         tool_calls: s.tool_calls,
+        reasoning: false,
     }
 }
 
@@ -322,7 +323,7 @@ fn encode_token(
             logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
             top: &tops[..n],
         };
-        enc.token_event(out, tok, state.0, state.1);
+        enc.token_event(out, tok, state.0, state.1, Channel::Content);
         black_box(&*out);
         state.0 += piece.len();
         state.1 = false;
@@ -393,7 +394,7 @@ fn encode_chunk(
     let mut frames = 0;
     for piece in Split::Chars.pieces(&c.content) {
         out.clear();
-        enc.text_event(out, piece, state.1);
+        enc.text_event(out, piece, state.1, Channel::Content);
         black_box(&*out);
         state.0 += piece.len();
         state.1 = false;

@@ -57,7 +57,10 @@
 //! whenever each began; `drop_reused=1`, a request that arrives on a kept-alive connection
 //! (not its first) is read and then left unanswered, its connection closed at once (logged
 //! `dropped`), as when an upstream's keep-alive timeout closes the connection just as a
-//! request goes out. Other tokens have logprob ln 0.9 and are their own
+//! request goes out; `reasoning=N` (chat), the first `N` of the `tokens` go out as
+//! `delta.reasoning_content` (batch: `message.reasoning_content`), as a reasoning model's
+//! thinking does under vLLM's reasoning parser, with logprobs like any token (a chunk of
+//! `per_chunk` never mixes the two). Other tokens have logprob ln 0.9 and are their own
 //! top alternative; the other alternatives are made up deterministically.
 //!
 //! | script | after the `tokens` content tokens |
@@ -962,6 +965,9 @@ struct Script {
     align: bool,
     /// A request on a kept-alive connection (not its first) is left unanswered.
     drop_reused: bool,
+    /// The first this many of the `tokens` are the model's reasoning (chat
+    /// `delta.reasoning_content`, batch `message.reasoning_content`).
+    reasoning: usize,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -1142,6 +1148,7 @@ impl Script {
             token_ids: k.flag("token_ids")?,
             align: k.flag("align")?,
             drop_reused: k.flag("drop_reused")?,
+            reasoning: k.count("reasoning", 0)?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1368,6 +1375,9 @@ impl Plan {
         let script = Script::new(&name, keys)?;
         if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
             return Err("tool_call needs /v1/chat/completions".into());
+        }
+        if script.reasoning > 0 && endpoint == Endpoint::Completions {
+            return Err("reasoning needs /v1/chat/completions".into());
         }
         let lp = match endpoint {
             _ if script.no_logprobs => Lp::None,
@@ -1710,8 +1720,9 @@ impl<'p> Gen<'p> {
         write_logprobs(&mut self.sse, self.p, &self.texts, &self.toks, self.offset);
     }
 
-    /// A chunk carrying the loaded tokens for choice `idx`.
-    fn content(&mut self, idx: usize, role: bool) {
+    /// A chunk carrying the loaded tokens for choice `idx` (chat: as `reasoning_content`
+    /// when `reasoning`).
+    fn content(&mut self, idx: usize, role: bool, reasoning: bool) {
         self.begin(idx);
         match self.p.endpoint {
             Endpoint::Chat => {
@@ -1719,7 +1730,11 @@ impl<'p> Gen<'p> {
                 if role {
                     self.sse.push(',');
                 }
-                self.sse.push_str(r#""content":"#);
+                self.sse.push_str(if reasoning {
+                    r#""reasoning_content":"#
+                } else {
+                    r#""content":"#
+                });
                 esc(&mut self.sse, &self.texts);
                 self.sse.push('}');
             }
@@ -1888,7 +1903,11 @@ async fn emit_content(
     let s = &g.p.script;
     let mut i = range.start;
     while i < range.end {
-        let end = (i + s.per_chunk).min(range.end);
+        let mut end = (i + s.per_chunk).min(range.end);
+        if i < s.reasoning {
+            // A chunk is all reasoning or all answer.
+            end = end.min(s.reasoning);
+        }
         if s.align {
             pause_aligned(s.pace).await;
         } else {
@@ -1897,7 +1916,7 @@ async fn emit_content(
         g.load_tokens(i..end);
         let role = g.take_role();
         for idx in 0..g.p.n {
-            g.content(idx, role);
+            g.content(idx, role, i < s.reasoning);
             out.part(g.sse.as_bytes()).await?;
         }
         g.offset += g.texts.chars().count();
@@ -2044,13 +2063,19 @@ fn batch_body(p: &Plan, tool_calls: Vec<Value>, completion_tokens: usize) -> Str
     // Written by the same code as the streamed chunks, so the shapes cannot drift apart.
     let logprobs: Value = serde_json::from_str(&lp).unwrap_or(Value::Null);
     let finish = p.finish_reason();
+    // The first `reasoning` tokens are the reasoning, the rest the answer.
+    let cut = g.toks.get(s.reasoning).map_or(g.texts.len(), |t| t.start);
+    let (reasoning, answer) = g.texts.split_at(cut);
     let choices: Vec<Value> = (0..p.n)
         .map(|idx| match p.endpoint {
             Endpoint::Chat => {
-                let mut message = json!({"role": "assistant", "content": g.texts});
+                let mut message = json!({"role": "assistant", "content": answer});
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = reasoning.into();
+                }
                 if !tool_calls.is_empty() {
                     message["tool_calls"] = Value::Array(tool_calls.clone());
-                    if g.texts.is_empty() {
+                    if answer.is_empty() {
                         message["content"] = Value::Null;
                     }
                 }

@@ -1,11 +1,12 @@
 //! The OpenAI API around the governed turns: `GET /v1/models/{id}`, `POST /v1/embeddings`
-//! passed through without governance, and `--upstream-api-key-file` (haltd's own upstream
-//! credential instead of the client's).
+//! passed through without governance, `--upstream-api-key-file` (haltd's own upstream
+//! credential instead of the client's), and a reasoning model's `reasoning_content`,
+//! forwarded and governed like any text.
 
 use std::{fs, os::unix::fs::PermissionsExt, time::Duration};
 
 use anyhow::{ensure, Context, Result};
-use haltd_tests::{agent, in_netns, rig::chat, rig::Rig, temp_dir, Haltd, NetPair};
+use haltd_tests::{agent, in_netns, rig::chat, rig::Rig, sse, temp_dir, EventKind, Haltd, NetPair};
 use serde_json::{json, Value};
 
 use crate::UPSTREAM_BIN;
@@ -204,6 +205,125 @@ fn an_upstream_key_file_others_can_read_is_a_configuration_error() -> Result<()>
         out.status.code() == Some(2) && stderr.contains("chmod 600"),
         "{:?}: {stderr}",
         out.status
+    );
+    Ok(())
+}
+
+/// A reasoning model's thinking (`delta.reasoning_content`) goes out in its own field,
+/// streamed and batch, with its logprobs, and counts as token frames.
+fn reasoning_is_forwarded_in_its_own_field(rig: &Rig) -> Result<()> {
+    let script = "[[script:normal tokens=6 reasoning=3 words=\"Let, me, think, The, answer, .\"]]";
+    let mut body = chat(script, true);
+    body["logprobs"] = json!(true);
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &body,
+        Some(&sse::fresh_key()),
+        |_, _| {},
+    )?;
+    ensure!(
+        o.finish_reason.as_deref() == Some("stop") && o.error.is_none(),
+        "{o:?}"
+    );
+    ensure!(
+        (o.reasoning.as_str(), o.reasoning_tokens) == ("Let me think", 3),
+        "reasoning {:?} in {} frames",
+        o.reasoning,
+        o.reasoning_tokens
+    );
+    ensure!((o.text.as_str(), o.tokens) == (" The answer .", 3), "{o:?}");
+    // The first frame is a reasoning one: it carries the role, and its token's logprobs.
+    let first = o
+        .events
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::Reasoning(_)))
+        .context("no reasoning frame")?;
+    let v: Value = serde_json::from_str(&first.data)?;
+    let choice = &v["choices"][0];
+    ensure!(
+        choice["delta"]["role"] == "assistant"
+            && choice["delta"].get("content").is_none()
+            && choice["logprobs"]["content"][0]["token"] == "Let",
+        "{v}"
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(rec["tokens_emitted"] == 6, "six token frames: {rec}");
+
+    let (status, _, v) = rig.post(
+        "/v1/chat/completions",
+        &chat(script, false),
+        Some(&sse::fresh_key()),
+    )?;
+    let message = &v["choices"][0]["message"];
+    ensure!(
+        status == 200
+            && message["content"] == " The answer ."
+            && message["reasoning_content"] == "Let me think",
+        "{status} {v}"
+    );
+    Ok(())
+}
+
+/// Reasoning is governed like text: a trip on a reasoning token halts within B (the failing
+/// token never goes out), and a secret in the reasoning never reaches the client.
+#[test]
+fn reasoning_is_forwarded_and_governed_like_text() -> Result<()> {
+    let rig = Rig::start(UPSTREAM_BIN, &["--hard-limit", "0.05"])?;
+    reasoning_is_forwarded_in_its_own_field(&rig)?;
+
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat(
+            "[[script:normal tokens=40 pace_ms=10 reasoning=20 neginf_at=5]]",
+            true,
+        ),
+        Some(&sse::fresh_key()),
+        |_, _| {},
+    )?;
+    o.halted_cleanly("COHERENCE_BELOW_THRESHOLD")
+        .with_context(|| format!("events: {:?}", o.events))?;
+    ensure!(
+        (o.reasoning_tokens, o.tokens) == (5, 0),
+        "the failing 6th reasoning token is never emitted: {} reasoning, {} content",
+        o.reasoning_tokens,
+        o.tokens
+    );
+    let err = o.error.clone().unwrap_or_default();
+    ensure!(
+        err["post_trip_tokens"].as_u64().unwrap_or(99) <= 5,
+        "more than B tokens after the trip: {err}"
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(
+        rec["trip_token_index"] == 5 && rec["turn_status"] == "failed",
+        "{rec}"
+    );
+    // The third turn upstream (after the stream and the batch above).
+    let turns = upstream_requests(&rig, "/v1/chat/completions", 3)?;
+    let up = turns
+        .get(2)
+        .context("the halted turn did not end upstream")?;
+    ensure!(
+        up["outcome"] == "cancelled",
+        "generation not cancelled: {up}"
+    );
+
+    // The exfiltration scanner reads the reasoning as it reads the answer.
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat(
+            "[[script:normal tokens=12 reasoning=12 words=\"The, access, key, is, AKIA,IOSF,ODNN,7EXA,MPLE, and, more, text\"]]",
+            true,
+        ),
+        Some(&sse::fresh_key()),
+        |_, _| {},
+    )?;
+    o.halted_cleanly("EXFIL_ALERT")
+        .with_context(|| format!("events: {:?}", o.events))?;
+    ensure!(
+        !o.reasoning.contains("AKIA") && o.tokens == 0,
+        "part of the secret was emitted: {:?}",
+        o.reasoning
     );
     Ok(())
 }

@@ -37,8 +37,8 @@
 //! With `H` the head (`data: ` up to `"choices":[`: 107 + digits of `created` + escaped model
 //! for chat, 97 + … for completions) and `L` = 48, `F - H` is 94 (chat, logprobs off), 62
 //! (completions, logprobs off), 156 + L + k(35 + L) − [k > 0] (chat, logprobs on) and
-//! 150 + L + k(4 + L) − [k > 0] (completions, logprobs on); a test checks these against the
-//! measured template.
+//! 150 + L + k(4 + L) − [k > 0] (completions, logprobs on), each chat figure 10 more with
+//! `reasoning`; a test checks these against the measured template.
 //!
 //! Tool-call frames (chat streams with `tool_calls`): a header frame carries the id (at most
 //! [`MAX_TOOL_CALL_ID_BYTES`]) and name (at most [`MAX_TOOL_NAME_BYTES`]) with empty
@@ -53,7 +53,7 @@
 
 use crate::wire::{
     encode::{
-        ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
+        Channel, ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
         MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
     },
     endpoint::Endpoint,
@@ -122,8 +122,15 @@ impl ChunkEncoder {
             logprob: LONGEST_LOGPROB,
             top: &top[..k],
         };
+        // A reasoning delta's key is the longer one: a stream that may carry reasoning is
+        // bounded on it.
+        let channel = if self.reasoning && self.endpoint == Endpoint::Chat {
+            Channel::Reasoning
+        } else {
+            Channel::Content
+        };
         let mut out = Vec::with_capacity(1024);
-        self.token_event(&mut out, tok, usize::MAX, true);
+        self.token_event(&mut out, tok, usize::MAX, true, channel);
         out.len() - key_bytes
     }
 

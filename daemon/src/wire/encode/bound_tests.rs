@@ -30,12 +30,22 @@ fn encoder(
         logprobs,
         top_logprobs,
         tool_calls,
+        reasoning: false,
+    }
+}
+
+/// The channel a worst-case frame of `enc` uses: reasoning where the stream may carry it.
+fn longest_channel(enc: &ChunkEncoder) -> Channel {
+    if enc.reasoning && enc.endpoint == Endpoint::Chat {
+        Channel::Reasoning
+    } else {
+        Channel::Content
     }
 }
 
 fn token_len(enc: &ChunkEncoder, tok: Token<'_>, offset: usize, first: bool) -> usize {
     let mut out = Vec::new();
-    enc.token_event(&mut out, tok, offset, first);
+    enc.token_event(&mut out, tok, offset, first, longest_channel(enc));
     assert_valid_event(&out);
     out.len()
 }
@@ -105,13 +115,22 @@ fn the_fixed_part_is_the_documented_formula() {
                 (Endpoint::Chat, true, 107, 156 + l + k * (35 + l) - some),
                 (Endpoint::Completion, true, 97, 150 + l + k * (4 + l) - some),
             ] {
-                let enc = encoder(endpoint, lp, k as u32, model, false);
-                assert_eq!(enc.head_bytes(), head + 10 + escaped, "{endpoint:?}");
-                assert_eq!(
-                    enc.token_event_fixed_bytes() - enc.head_bytes(),
-                    fixed,
-                    "{endpoint:?} logprobs {lp} k {k}"
-                );
+                for reasoning in [false, true] {
+                    let mut enc = encoder(endpoint, lp, k as u32, model, false);
+                    enc.reasoning = reasoning;
+                    // `"reasoning_content":` is 10 bytes longer than `"content":`.
+                    let more = if reasoning && endpoint == Endpoint::Chat {
+                        10
+                    } else {
+                        0
+                    };
+                    assert_eq!(enc.head_bytes(), head + 10 + escaped, "{endpoint:?}");
+                    assert_eq!(
+                        enc.token_event_fixed_bytes() - enc.head_bytes(),
+                        fixed + more,
+                        "{endpoint:?} logprobs {lp} k {k} reasoning {reasoning}"
+                    );
+                }
             }
         }
         let enc = encoder(Endpoint::Chat, false, 0, model, true);
@@ -137,6 +156,10 @@ fn example_bounds() {
     // A proxied chat turn that may carry tool calls: the header frame is the larger.
     assert_eq!(e(Endpoint::Chat, false, 0, "scripted", true), 1460);
     assert_eq!(e(Endpoint::Chat, true, 5, "scripted", true), 4585);
+    // And reasoning: 10 bytes more on a token frame.
+    let mut proxied = encoder(Endpoint::Chat, true, 5, "scripted", true);
+    proxied.reasoning = true;
+    assert_eq!(proxied.max_event_bytes(), 4595);
 }
 
 /// Characters whose JSON escape is `\u00XX` (6 bytes).
@@ -161,8 +184,9 @@ fn worst_case_events_reach_the_bound() {
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
         for lp in [false, true] {
             for k in 0..=MAX_TOP_LOGPROBS {
-                for tools in [false, true] {
-                    let enc = encoder(endpoint, lp, k, "m\u{1}\"", tools);
+                for (tools, reasoning) in [(false, false), (true, false), (true, true)] {
+                    let mut enc = encoder(endpoint, lp, k, "m\u{1}\"", tools);
+                    enc.reasoning = reasoning;
                     let top: Vec<(&str, f32)> = match endpoint {
                         Endpoint::Chat => vec![(worst.as_str(), LONGEST_LOGPROB); k as usize],
                         Endpoint::Completion => distinct
@@ -268,10 +292,17 @@ fn any_encoder() -> impl Strategy<Value = ChunkEncoder> {
         prop_oneof![0u32..=MAX_TOP_LOGPROBS, Just(MAX_TOP_LOGPROBS + 5)],
         text(48),
         (any::<u32>(), any::<u32>(), any::<u64>()),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
     )
         .prop_map(
-            |(chat, logprobs, top_logprobs, model, (slot, generation, created), tool_calls)| {
+            |(
+                chat,
+                logprobs,
+                top_logprobs,
+                model,
+                (slot, generation, created),
+                (tool_calls, reasoning),
+            )| {
                 ChunkEncoder {
                     endpoint: if chat {
                         Endpoint::Chat
@@ -284,6 +315,7 @@ fn any_encoder() -> impl Strategy<Value = ChunkEncoder> {
                     logprobs,
                     top_logprobs,
                     tool_calls,
+                    reasoning,
                 }
             },
         )
@@ -346,11 +378,17 @@ fn every_event_fits_the_bound() {
             };
             let mut most = token_len(&c.enc, tok, c.offset, c.first);
             prop_assert!(most <= c.enc.max_token_event_bytes());
-            let mut out = Vec::new();
-            c.enc.text_event(&mut out, &c.text, c.first);
-            assert_valid_event(&out);
-            prop_assert!(out.len() <= c.enc.max_token_event_bytes());
-            most = most.max(out.len());
+            // Content frames fit too where reasoning is the longer template.
+            for channel in [Channel::Content, longest_channel(&c.enc)] {
+                let mut out = Vec::new();
+                c.enc.token_event(&mut out, tok, c.offset, c.first, channel);
+                prop_assert!(out.len() <= c.enc.max_token_event_bytes());
+                out.clear();
+                c.enc.text_event(&mut out, &c.text, c.first, channel);
+                assert_valid_event(&out);
+                prop_assert!(out.len() <= c.enc.max_token_event_bytes());
+                most = most.max(out.len());
+            }
             if c.enc.tool_calls && c.enc.endpoint == Endpoint::Chat {
                 let (index, id, name, args) = &c.call;
                 let header = ToolCallDelta {

@@ -733,7 +733,7 @@ fn terminal_frame_scattered_or_http_form_is_recognised() -> Result<()> {
 /// reads nothing of it, and a single event of the same stream would still have fitted.
 #[test]
 fn eighty_events_in_one_send_are_dropped() -> Result<()> {
-    use haltd::wire::{ChunkEncoder, Endpoint, StreamId, Token};
+    use haltd::wire::{Channel, ChunkEncoder, Endpoint, StreamId, Token};
     let enc = ChunkEncoder {
         endpoint: Endpoint::Chat,
         stream_id: StreamId {
@@ -745,6 +745,7 @@ fn eighty_events_in_one_send_are_dropped() -> Result<()> {
         logprobs: false,
         top_logprobs: 0,
         tool_calls: false,
+        reasoning: false,
     };
     let e = enc.max_event_bytes();
     let event = |out: &mut Vec<u8>, i: usize| {
@@ -753,7 +754,7 @@ fn eighty_events_in_one_send_are_dropped() -> Result<()> {
             logprob: -0.25,
             top: &[],
         };
-        enc.token_event(out, tok, i * 6, i == 0);
+        enc.token_event(out, tok, i * 6, i == 0, Channel::Content);
     };
     let mut one = Vec::new();
     event(&mut one, 3);
