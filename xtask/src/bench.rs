@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: a release haltd with fault injection, then the benches in [`BENCHES`].
+//! `cargo xtask bench`: a release haltd with fault injection, then the benches in [`BENCHES`],
+//! then the ops checks (the Debian package and the container image, [`ops`]).
 
 use std::ffi::OsString;
 
@@ -8,7 +9,7 @@ use clap::Args;
 use crate::{
     build::{self, Built},
     ctx::Ctx,
-    fuzz, setup,
+    dist, fuzz, setup,
     util::run,
 };
 
@@ -36,6 +37,10 @@ pub(crate) struct Options {
     /// default, printing progress), with this many kills.
     #[arg(long, value_name = "KILLS", num_args = 0..=1, default_missing_value = "1000")]
     kill_loop: Option<u32>,
+    /// Run only the ops checks (`ops-package`: the Debian package and the container image,
+    /// built, installed, started and stopped), not the benches.
+    #[arg(long)]
+    ops_only: bool,
     /// After the benches, fuzz every target for this many seconds (`cargo xtask fuzz
     /// --seconds N`); 0 skips it.
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -48,6 +53,9 @@ pub(crate) struct Options {
 
 pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
     setup::setup(ctx)?;
+    if opts.ops_only {
+        return ops(ctx);
+    }
     let built = build::build(ctx, true, &["fault-injection".to_owned()])?;
     if let Some(kills) = opts.kill_loop {
         build_package_bins(ctx, "haltd-tests", &built)?;
@@ -71,10 +79,33 @@ pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
         ran += 1;
     }
     println!("bench: {ran} of {} benches ran", BENCHES.len());
+    // After the benches: the production build replaces their fault-injection binary.
+    ops(ctx)?;
     if opts.fuzz_seconds > 0 {
         fuzz::fuzz(ctx, &fuzz::Options::short(opts.fuzz_seconds))?;
     }
     Ok(())
+}
+
+/// The ops checks, which need a Debian mirror (or the cached base), root and podman, so they
+/// run here and not in the CI suite: `cargo xtask dist`, then `ops-package` on its package
+/// (tests/src/bin/ops-package.rs: the install in a throwaway root, the container image).
+fn ops(ctx: &Ctx) -> Result<()> {
+    let (built, deb) = dist::package(ctx)?;
+    println!("[bench] ops-package: {}", deb.display());
+    let mut c = ctx.cargo_with_gate(&built.object);
+    c.args([
+        "run",
+        "--release",
+        "-p",
+        "haltd-tests",
+        "--bin",
+        "ops-package",
+        "--",
+    ])
+    .arg("--deb")
+    .arg(&deb);
+    run(&mut c).context("the ops checks failed")
 }
 
 /// `cargo run --bin` builds only that binary; the siblings it runs must be current.

@@ -10,7 +10,11 @@
 //! version the binaries use (`objdump -T`). The debug files stay next to the package; they are
 //! not in it.
 
-use std::{fs, path::Path, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context, Result};
 
@@ -33,6 +37,16 @@ const BINARIES: [&str; 2] = ["haltd", "haltctl"];
 
 pub(crate) fn dist(ctx: &Ctx, opts: &Options) -> Result<()> {
     setup::setup(ctx)?;
+    release(ctx, opts).map(drop)
+}
+
+/// The release tree and the package (`cargo xtask bench`'s ops checks install it): the
+/// production build and the package's path.
+pub(crate) fn package(ctx: &Ctx) -> Result<(build::Built, PathBuf)> {
+    release(ctx, &Options { no_deb: false })
+}
+
+fn release(ctx: &Ctx, opts: &Options) -> Result<(build::Built, PathBuf)> {
     let built = build::build(ctx, true, &[])?;
     let out = ctx.target_dir.join("dist");
     let root = out.join(format!("haltd_{VERSION}_amd64"));
@@ -56,17 +70,17 @@ pub(crate) fn dist(ctx: &Ctx, opts: &Options) -> Result<()> {
     }
     install_files(ctx, &root)?;
     println!("[dist] release tree: {}", root.display());
-    if opts.no_deb {
-        return Ok(());
-    }
     let deb = out.join(format!("haltd_{VERSION}_amd64.deb"));
+    if opts.no_deb {
+        return Ok((built, deb));
+    }
     build_deb(&root, &bin_dir, &deb)?;
     println!(
         "[dist] package: {} ({})",
         deb.display(),
         mib(fs::metadata(&deb)?.len())
     );
-    Ok(())
+    Ok((built, deb))
 }
 
 fn mib(bytes: u64) -> String {

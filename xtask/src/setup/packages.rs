@@ -39,6 +39,18 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "nginx",
         "the plain reverse proxy `cargo xtask bench` sets beside haltd (bench-proxy-overhead)",
     ),
+    (
+        "debootstrap",
+        "the Debian base of the container image (deploy/container, `cargo xtask bench` ops checks)",
+    ),
+    (
+        "podman",
+        "building and running the container image in the `cargo xtask bench` ops checks",
+    ),
+    (
+        "runc",
+        "podman's runtime there (crun refuses the hybrid cgroup layout)",
+    ),
 ];
 
 type Package = (&'static str, &'static str);
