@@ -35,10 +35,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use rustls::{
-    pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer},
-    ServerConfig, ServerConnection,
-};
+use rustls::{ServerConfig, ServerConnection};
 
 pub use crate::upstream::tls::Opened;
 
@@ -56,14 +53,8 @@ pub const MAX_RECORD_OVERHEAD: usize = 29;
 /// the running one).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientTlsError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("{path} holds no PEM certificate")]
-    NoCert { path: PathBuf },
+    #[error(transparent)]
+    Pem(#[from] crate::pem::PemError),
     #[error("certificate {cert} and key {key} do not make a server configuration: {source}")]
     Rustls {
         cert: PathBuf,
@@ -75,20 +66,8 @@ pub enum ClientTlsError {
 
 /// The certificate chain and key of `cert` and `key` as a server configuration.
 fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, ClientTlsError> {
-    let read = |path: &Path| {
-        let path = path.to_owned();
-        move |source| ClientTlsError::Read { path, source }
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(read(cert))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(read(cert))?;
-    if chain.is_empty() {
-        return Err(ClientTlsError::NoCert {
-            path: cert.to_owned(),
-        });
-    }
-    let private = PrivateKeyDer::from_pem_file(key).map_err(read(key))?;
+    let chain = crate::pem::certificates(cert)?;
+    let private = crate::pem::private_key(key)?;
     let rustls_err = |source| ClientTlsError::Rustls {
         cert: cert.to_owned(),
         key: key.to_owned(),

@@ -158,7 +158,7 @@ fn a_broken_pair_is_refused_and_a_reload_of_one_keeps_the_running_configuration(
     ));
     assert!(matches!(
         ClientTlsConfig::load(&f.key, &f.key),
-        Err(ClientTlsError::NoCert { .. })
+        Err(ClientTlsError::Pem(crate::pem::PemError::NoCert { .. }))
     ));
     let cfg = ClientTlsConfig::load(&f.cert, &f.key).expect("load");
     std::fs::write(&f.key, "not a key").expect("break");

@@ -64,6 +64,7 @@ pub mod logging;
 pub mod metrics;
 pub mod modes;
 pub mod monitor;
+pub mod pem;
 pub mod privs;
 pub mod safety;
 pub mod sampling;

@@ -25,10 +25,7 @@ use std::{
     sync::Arc,
 };
 
-use rustls::{
-    pki_types::{pem::PemObject as _, CertificateDer, ServerName},
-    ClientConfig, ClientConnection, RootCertStore,
-};
+use rustls::{pki_types::ServerName, ClientConfig, ClientConnection, RootCertStore};
 
 use super::url::UpstreamUrl;
 
@@ -38,14 +35,8 @@ pub const ALPN_HTTP11: &[u8] = b"http/1.1";
 /// Why the upstream's TLS configuration cannot be built (haltd refuses to start).
 #[derive(Debug, thiserror::Error)]
 pub enum TlsConfigError {
-    #[error("cannot read {path}: {source}")]
-    ReadCa {
-        path: PathBuf,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("{path} holds no PEM certificate")]
-    NoCaCerts { path: PathBuf },
+    #[error(transparent)]
+    Pem(#[from] crate::pem::PemError),
     #[error("{path}: certificate {index} is not a usable trust anchor: {source}")]
     BadCa {
         path: PathBuf,
@@ -83,19 +74,7 @@ impl fmt::Debug for UpstreamTls {
 
 /// The certificates of a PEM file, as trust roots.
 fn roots_from_file(path: &Path) -> Result<RootCertStore, TlsConfigError> {
-    let read = |source| TlsConfigError::ReadCa {
-        path: path.to_owned(),
-        source,
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(read)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(read)?;
-    if certs.is_empty() {
-        return Err(TlsConfigError::NoCaCerts {
-            path: path.to_owned(),
-        });
-    }
+    let certs = crate::pem::certificates(path)?;
     let mut roots = RootCertStore::empty();
     for (index, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|source| TlsConfigError::BadCa {

@@ -228,11 +228,17 @@ fn configuration_refusals() {
     std::fs::create_dir_all(&dir).expect("dir");
     let missing = dir.join("missing.pem");
     let e = UpstreamTls::load(&url, Some(&missing)).expect_err("missing");
-    assert!(matches!(e, TlsConfigError::ReadCa { .. }), "{e}");
+    assert!(
+        matches!(e, TlsConfigError::Pem(crate::pem::PemError::Read { .. })),
+        "{e}"
+    );
     let empty = dir.join("empty.pem");
     std::fs::write(&empty, "not a certificate\n").expect("write");
     let e = UpstreamTls::load(&url, Some(&empty)).expect_err("empty");
-    assert!(matches!(e, TlsConfigError::NoCaCerts { .. }), "{e}");
+    assert!(
+        matches!(e, TlsConfigError::Pem(crate::pem::PemError::NoCert { .. })),
+        "{e}"
+    );
     let good = dir.join("ca.pem");
     std::fs::write(&good, pki(&["upstream.test"]).ca_pem).expect("write");
     let tls = UpstreamTls::load(&url, Some(&good)).expect("ca file");
