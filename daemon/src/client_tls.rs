@@ -286,6 +286,13 @@ impl ClientTls {
     /// Seals `plain` into `out` (cleared first): the records of the frame, with whatever the
     /// session had waiting before them. Empty while the handshake is under way (the frame
     /// then waits in the session).
+    ///
+    /// Allocates once per record (the hot path's one allocation on a TLS connection): rustls
+    /// 0.23's buffered API has its `ring` encrypter seal each record into a `Vec` of its own
+    /// (`PrefixedPayload::with_capacity`), queues it, and `write_tls` copies it into `out`
+    /// (reused, no allocation once grown) and frees it. Sealing into our buffer without that
+    /// `Vec` needs rustls's unbuffered API (`UnbufferedServerConnection`), a different state
+    /// machine for the handshake too; measured cost: docs/bench.md "TLS for clients".
     pub fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) {
         out.clear();
         // No buffer limit (`session`): writing into the session cannot fail or stop short.
