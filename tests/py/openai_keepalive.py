@@ -9,13 +9,15 @@ Usage:
 
     openai_keepalive.py --base-url http://198.18.1.1:8080/v1 --turns 50 \
         [--trip-turn 30 --trip-after 3 --admin-url http://198.18.1.1:8081 \
-         --admin-token-file FILE] [--max-tokens 8]
+         --admin-token-file FILE] [--max-tokens 8] [--ca-file CA.pem]
 
 Every turn is a streamed chat turn of the built-in model (`ignore_eos`, so it produces
 --max-tokens tokens; the tripped turn asks for 100000, so it is still running when the trip
 lands). On turn --trip-turn the script POSTs {admin-url}/admin/streams/{id}/trip after
 --trip-after token chunks. The SDK client is made once, with the SDK's own HTTP client and
-max_retries=0, so a turn that needed a retry shows as an error.
+max_retries=0, so a turn that needed a retry shows as an error. With an `https://` base URL,
+--ca-file is the CA the client trusts (haltd's test certificate, `--tls-cert`), instead of
+the system's.
 
 It uses the SDK's async client: after `[DONE]` it reads the rest of an HTTP/1.1 response
 ("HTTP/1.1 needs the remaining body consumed for connection reuse", openai/_streaming.py), so
@@ -36,6 +38,7 @@ Output, one line of JSON:
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -56,6 +59,7 @@ def parse_args(argv):
     p.add_argument("--admin-url", default=None)
     p.add_argument("--admin-token-file", default=None)
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--ca-file", default=None)
     a = p.parse_args(argv)
     if a.trip_turn is not None and not a.admin_url:
         p.error("--trip-turn needs --admin-url")
@@ -119,12 +123,15 @@ async def one_turn(args, client, n):
 
 
 async def run(args):
+    http = {"trust_env": False}
+    if args.ca_file:
+        http["verify"] = ssl.create_default_context(cafile=args.ca_file)
     client = AsyncOpenAI(
         base_url=args.base_url,
         api_key="sk-keepalive",
         timeout=args.timeout,
         max_retries=0,  # a turn that needed a retry shows as an error
-        http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+        http_client=openai.DefaultAsyncHttpxClient(**http),
     )
     async with client:
         return [await one_turn(args, client, n) for n in range(1, args.turns + 1)]

@@ -14,6 +14,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
 use crate::{
+    api::{ApiClient, ServedTls, Transport},
     http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN},
     ledger::read_ledger,
     metrics::Metrics,
@@ -72,6 +73,8 @@ pub struct Haltd {
     pub client_ns: String,
     /// Its `--state-dir` (the node secret).
     pub state_dir: PathBuf,
+    /// The certificate its API serves, when started over [`Transport::Tls`].
+    tls: Option<ServedTls>,
 }
 
 impl Haltd {
@@ -83,6 +86,49 @@ impl Haltd {
     /// samples at 5 % by default.
     pub fn start(pair: &NetPair, extra: &[&str]) -> Result<Self> {
         Self::start_with_ledger(pair, None, extra)
+    }
+
+    /// Like [`Haltd::start`], its API served over `transport`: with [`Transport::Tls`], a
+    /// certificate made for the test (`--tls-cert`/`--tls-key` before `extra`), which
+    /// [`Haltd::client`] trusts.
+    pub fn start_over(pair: &NetPair, transport: Transport, extra: &[&str]) -> Result<Self> {
+        let Transport::Tls = transport else {
+            return Self::start(pair, extra);
+        };
+        let tls = ServedTls::new(pair.srv_ip.into())?;
+        let mut args = tls.haltd_args();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut haltd = Self::start(pair, &args)?;
+        haltd.tls = Some(tls);
+        Ok(haltd)
+    }
+
+    /// The base URL of its API as a client names it: `http://ADDR`, or `https://ADDR` when
+    /// started over TLS (its certificate names the address).
+    pub fn api_base(&self) -> String {
+        match self.tls {
+            Some(_) => format!("https://{}", self.api),
+            None => self.api_url(),
+        }
+    }
+
+    /// The CA that signed the certificate its API serves, when started over TLS.
+    pub fn api_ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(ServedTls::ca_file)
+    }
+
+    /// A client of this instance's API, over the transport it was started with.
+    pub fn client(&self) -> ApiClient {
+        match &self.tls {
+            Some(tls) => ApiClient::Tls {
+                addr: self.api,
+                cfg: tls.client_config(),
+            },
+            None => ApiClient::Plain {
+                base: self.api_url(),
+            },
+        }
     }
 
     /// Like [`Haltd::start`], on an existing ledger file (e.g. one a killed instance left).
@@ -145,6 +191,7 @@ impl Haltd {
             ledger,
             client_ns: pair.cli.clone(),
             state_dir,
+            tls: None,
         };
         haltd
             .wait_ready(Duration::from_secs(20))

@@ -18,6 +18,8 @@
 //! - [`daemon`]: the haltd process harness ([`Haltd`]) and the binaries under test;
 //! - [`upstream`]: the scripted upstream process; [`rig`]: haltd in front of it; [`tls`]: test
 //!   certificates for a TLS upstream;
+//! - [`api`]: the API client over plain HTTP or TLS ([`api::Transport`]), for the halt tests
+//!   that run over both;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
 //! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI SDK;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
@@ -37,6 +39,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 pub mod adversary;
+pub mod api;
 pub mod clients;
 pub mod daemon;
 pub mod gate;
@@ -54,6 +57,7 @@ pub mod tls;
 pub mod tls_client;
 pub mod upstream;
 
+pub use api::{ApiClient, Transport};
 pub use clients::{curl, openai_agent, openai_sdk, openai_sdk_keepalive};
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,

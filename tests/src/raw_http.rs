@@ -1,9 +1,11 @@
 //! A raw HTTP/1.1 exchange over a plain TCP connection, for requests a real client would
-//! refuse to send (bad input) and for requests sent at the same instant.
+//! refuse to send (bad input) and for requests sent at the same instant; and a connection kept
+//! from request to request ([`KeptConn`]), in plain TCP or TLS ([`Wire`]).
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{SocketAddr, TcpStream},
+    sync::Arc,
     time::Duration,
 };
 
@@ -31,7 +33,7 @@ pub fn raw_exchange_on(mut s: TcpStream, request: &[u8], timeout: Duration) -> R
 
 /// Reads one response from `r`: its head, then its body by `content-length`, chunked framing
 /// or (with `to_close`, else an error) until the connection closes.
-pub fn read_response(r: &mut BufReader<TcpStream>, to_close: bool) -> Result<RawResponse> {
+pub fn read_response(r: &mut impl BufRead, to_close: bool) -> Result<RawResponse> {
     let (status, headers) = read_head(r)?;
     let body = read_body(r, &headers, to_close)?;
     Ok(RawResponse {
@@ -42,7 +44,7 @@ pub fn read_response(r: &mut BufReader<TcpStream>, to_close: bool) -> Result<Raw
 }
 
 /// A response's status and headers (names in lower case).
-pub fn read_head(r: &mut BufReader<TcpStream>) -> Result<(u16, Vec<(String, String)>)> {
+pub fn read_head(r: &mut impl BufRead) -> Result<(u16, Vec<(String, String)>)> {
     let mut status_line = String::new();
     r.read_line(&mut status_line)
         .context("reading the status line")?;
@@ -72,7 +74,7 @@ pub fn read_head(r: &mut BufReader<TcpStream>) -> Result<(u16, Vec<(String, Stri
 
 /// The body of a response whose head was read.
 fn read_body(
-    r: &mut BufReader<TcpStream>,
+    r: &mut impl BufRead,
     headers: &[(String, String)],
     to_close: bool,
 ) -> Result<Vec<u8>> {
@@ -131,6 +133,60 @@ pub fn dechunk_lenient(mut raw: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What a [`KeptConn`] runs over: TCP, or TLS over it (rustls, SNI `localhost`).
+#[derive(Debug)]
+pub enum Wire {
+    Tcp(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Wire {
+    /// The TCP connection under it.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Wire::Tcp(s) => s,
+            Wire::Tls(t) => &t.sock,
+        }
+    }
+
+    /// TLS over `s`, the handshake done before it returns (so that a caller can time it).
+    pub fn tls(s: TcpStream, cfg: &Arc<rustls::ClientConfig>) -> Result<Self> {
+        let conn = rustls::ClientConnection::new(Arc::clone(cfg), "localhost".try_into()?)?;
+        let mut t = rustls::StreamOwned::new(conn, s);
+        while t.conn.is_handshaking() {
+            t.conn
+                .complete_io(&mut t.sock)
+                .context("the TLS handshake")?;
+        }
+        Ok(Wire::Tls(Box::new(t)))
+    }
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Tcp(s) => s.read(buf),
+            Wire::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Tcp(s) => s.write(buf),
+            Wire::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Wire::Tcp(s) => s.flush(),
+            Wire::Tls(t) => t.flush(),
+        }
+    }
+}
+
 impl Read for KeptConn {
     /// Raw bytes of the connection, after what the response readers took.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -142,7 +198,7 @@ impl Read for KeptConn {
 /// of haltd's persistent connections.
 #[derive(Debug)]
 pub struct KeptConn {
-    r: BufReader<TcpStream>,
+    r: BufReader<Wire>,
 }
 
 impl KeptConn {
@@ -156,17 +212,51 @@ impl KeptConn {
 
     /// A kept connection on a stream the caller opened.
     pub fn on(s: TcpStream, timeout: Duration) -> Result<Self> {
+        Self::over(s, None, timeout)
+    }
+
+    /// Like [`KeptConn::connect`], in TLS trusting `cfg`'s roots (haltd with `--tls-cert`).
+    pub fn connect_tls(
+        addr: SocketAddr,
+        cfg: &Arc<rustls::ClientConfig>,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let s = TcpStream::connect_timeout(&addr, timeout)
+            .with_context(|| format!("connecting to {addr}"))?;
+        Self::over(s, Some(cfg), timeout)
+    }
+
+    /// A kept connection on `s`, in TLS when `tls` is given (the handshake done when it
+    /// returns).
+    pub fn over(
+        s: TcpStream,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+        timeout: Duration,
+    ) -> Result<Self> {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
+        let wire = match tls {
+            Some(cfg) => Wire::tls(s, cfg)?,
+            None => Wire::Tcp(s),
+        };
         Ok(KeptConn {
-            r: BufReader::new(s),
+            r: BufReader::new(wire),
         })
     }
 
     /// The client's port of the connection.
     pub fn local_port(&self) -> Result<u16> {
-        Ok(self.r.get_ref().local_addr()?.port())
+        Ok(self.tcp().local_addr()?.port())
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        self.r.get_ref().tcp()
+    }
+
+    /// Whether the connection is TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.r.get_ref(), Wire::Tls(_))
     }
 
     /// Writes `bytes` (one request, several pipelined, or part of one).
@@ -193,9 +283,10 @@ impl KeptConn {
         read_body(&mut self.r, headers, false)
     }
 
-    /// Every byte until the connection closes (EOF, a reset, or `wait` without a byte).
+    /// Every byte until the connection closes (EOF, a reset, under TLS a close without
+    /// `close_notify`, or `wait` without a byte).
     pub fn rest(&mut self, wait: Duration) -> Result<Vec<u8>> {
-        self.r.get_ref().set_read_timeout(Some(wait))?;
+        self.tcp().set_read_timeout(Some(wait))?;
         let mut out = Vec::new();
         let mut buf = [0u8; 16 * 1024];
         loop {
@@ -206,6 +297,7 @@ impl KeptConn {
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::UnexpectedEof
                             | std::io::ErrorKind::WouldBlock
                             | std::io::ErrorKind::TimedOut
                     ) =>
@@ -228,14 +320,22 @@ impl KeptConn {
         Ok((ttfb, self.response()?))
     }
 
-    /// Whether haltd closed the connection: a read sees EOF (or a reset) within `wait`.
+    /// Whether haltd closed the connection: a read sees EOF (or a reset) within `wait`; under
+    /// TLS, `close_notify` or a TCP close without it.
     pub fn closed_within(&mut self, wait: Duration) -> Result<bool> {
-        self.r.get_ref().set_read_timeout(Some(wait))?;
+        self.tcp().set_read_timeout(Some(wait))?;
         let mut byte = [0u8; 1];
         match self.r.read(&mut byte) {
             Ok(0) => Ok(true),
             Ok(_) => Err(anyhow!("unexpected bytes on an idle kept connection")),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                Ok(true)
+            }
             Err(e)
                 if matches!(
                     e.kind(),

@@ -203,20 +203,27 @@ pub fn tls_stream(
         if tls_error.is_some() {
             continue;
         }
+        // Every byte goes into the session, and what it opens comes out at once: rustls
+        // refuses more ciphertext while its opened plaintext is not read (a flood of small
+        // records fills it), and a byte left out would misalign every record after it.
         let mut rd = &buf[..n];
-        while !rd.is_empty() {
-            if tls.read_tls(&mut rd).is_err() {
-                break;
-            }
-            if let Err(e) = tls.process_new_packets() {
+        while !rd.is_empty() && tls_error.is_none() && !close_notify {
+            if let Err(e) = tls.read_tls(&mut rd) {
+                tls_error = Some(format!("read_tls: {e}"));
+            } else if let Err(e) = tls.process_new_packets() {
                 tls_error = Some(e.to_string());
-                continue 'read;
+            } else {
+                close_notify = tls.reader().read_to_end(&mut resp.plain).is_ok();
             }
         }
-        close_notify = tls.reader().read_to_end(&mut resp.plain).is_ok();
         resp.take(&mut on_event);
     }
-    let mut outcome = resp.out.context("no response head arrived")?;
+    let mut outcome = resp.out.with_context(|| {
+        format!(
+            "no response head arrived ({} bytes, TLS error {tls_error:?}, close_notify {close_notify})",
+            count.bytes
+        )
+    })?;
     outcome.comments = resp.parser.comments;
     outcome.ended = Instant::now();
     outcome.read_error = tls_error.clone();

@@ -3,7 +3,8 @@
 //! one after a trip; raw clients check the idle timeout, the turn cap, pipelining, that a
 //! tripped connection is closed, that an idle kept connection holds no request-phase place,
 //! that the kernel bound holds for a turn on a reused connection, and that proxied turns keep
-//! their connection too.
+//! their connection too. The SDK's turns, pipelining and the close after a trip run over
+//! client TLS too (`*_over_tls`: `--tls-cert`, the same assertions on what the client opens).
 
 use std::{
     net::SocketAddr,
@@ -15,7 +16,7 @@ use haltd_tests::{
     in_netns, openai_sdk_keepalive,
     rig::Rig,
     sse::{classify, fresh_key, EventKind, SseParser},
-    trip_here, Haltd, KeptConn, NetPair, RawResponse,
+    trip_here, Haltd, KeptConn, NetPair, RawResponse, Transport,
 };
 use serde_json::{json, Value};
 
@@ -75,35 +76,52 @@ fn ensure_kept_turn(r: &RawResponse, max_tokens: usize) -> Result<String> {
 /// admin trip of turn 30 closes it, turns 31..=50 share a new one.
 #[test]
 fn the_official_sdk_reuses_one_connection_and_recovers_after_a_trip() -> Result<()> {
+    sdk_keeps_one_connection(Transport::Plain)
+}
+
+/// The same over client TLS: the SDK (httpx, trusting the test CA) keeps one TLS session for
+/// turns 1..=30; the trip's terminal record and `close_notify` end it.
+#[test]
+fn the_official_sdk_reuses_one_connection_and_recovers_after_a_trip_over_tls() -> Result<()> {
+    sdk_keeps_one_connection(Transport::Tls)
+}
+
+fn sdk_keeps_one_connection(transport: Transport) -> Result<()> {
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "1000"])?;
-    let base = format!("{}/v1", haltd.api_url());
+    let haltd = Haltd::start_over(&pair, transport, &["--builtin-token-interval-us", "1000"])?;
+    let base = format!("{}/v1", haltd.api_base());
     let admin = haltd.admin_url();
     let token = haltd.admin_token_file().display().to_string();
-    let out = openai_sdk_keepalive(
-        &haltd.client_ns,
-        &[
-            "--base-url",
-            &base,
-            "--turns",
-            "50",
-            "--trip-turn",
-            "30",
-            "--trip-after",
-            "3",
-            "--admin-url",
-            &admin,
-            "--admin-token-file",
-            &token,
-        ],
-    )?;
+    let mut args = vec![
+        "--base-url",
+        &base,
+        "--turns",
+        "50",
+        "--trip-turn",
+        "30",
+        "--trip-after",
+        "3",
+        "--admin-url",
+        &admin,
+        "--admin-token-file",
+        &token,
+    ];
+    let ca = haltd.api_ca_file().map(|p| p.display().to_string());
+    if let Some(ca) = &ca {
+        args.extend(["--ca-file", ca.as_str()]);
+    }
+    let started = Instant::now();
+    let out = openai_sdk_keepalive(&haltd.client_ns, &args)?;
+    let took = started.elapsed();
     let turns = out["turns"].as_array().context("turns")?;
     ensure!(turns.len() == 50, "{out}");
     let port = |t: &Value| t["local_port"].as_u64();
     let first = port(&turns[0]).context("no local port")?;
     let second = port(&turns[30]).context("no local port")?;
     println!(
-        "SDK keep-alive: turns 1-30 on client port {first}, turns 31-50 on client port {second}"
+        "SDK keep-alive ({}): turns 1-30 on client port {first}, turns 31-50 on client port {second}, 50 turns in {:.2} s",
+        transport.name(),
+        took.as_secs_f64()
     );
     for (i, t) in turns.iter().enumerate() {
         let n = i + 1;
@@ -141,6 +159,14 @@ fn the_official_sdk_reuses_one_connection_and_recovers_after_a_trip() -> Result<
         "haltd_keepalive_turns_total = {}",
         m.value("haltd_keepalive_turns_total", &[])?
     );
+    if transport == Transport::Tls {
+        // Two connections, two handshakes: no turn paid one of its own.
+        let shakes = m.value_or_zero("haltd_client_tls_handshakes_total", &[])?;
+        ensure!(
+            shakes == 2.0,
+            "{shakes} TLS handshakes for 50 turns on 2 connections"
+        );
+    }
     Ok(())
 }
 
@@ -239,11 +265,21 @@ fn the_turn_cap_and_the_idle_timeout_close_kept_connections() -> Result<()> {
 /// after the body are refused (400) as before.
 #[test]
 fn pipelined_requests_are_answered_in_order() -> Result<()> {
+    pipelined(Transport::Plain)
+}
+
+/// The same over client TLS: the three requests arrive in one record.
+#[test]
+fn pipelined_requests_are_answered_in_order_over_tls() -> Result<()> {
+    pipelined(Transport::Tls)
+}
+
+fn pipelined(transport: Transport) -> Result<()> {
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "500"])?;
-    let api = haltd.api;
+    let haltd = Haltd::start_over(&pair, transport, &["--builtin-token-interval-us", "500"])?;
+    let (api, client) = (haltd.api, haltd.client());
     in_netns(&haltd.client_ns, move || -> Result<()> {
-        let mut c = KeptConn::connect(api, TIMEOUT)?;
+        let mut c = client.kept(TIMEOUT)?;
         let mut three = chat_request(api, 4, true);
         three.extend_from_slice(&chat_request(api, 6, true));
         three.extend_from_slice(&chat_request(api, 2, true));
@@ -260,7 +296,9 @@ fn pipelined_requests_are_answered_in_order() -> Result<()> {
 
         let mut two = chat_request(api, 2, false);
         two.extend_from_slice(&chat_request(api, 2, false));
-        let r = haltd_tests::raw_exchange(api, &two, TIMEOUT)?;
+        let mut once = client.kept(TIMEOUT)?;
+        once.send(&two)?;
+        let r = once.response()?;
         ensure!(
             r.status == 400 && r.header("connection") == Some("close"),
             "pipelining without keep-alive: {} {:?}",
@@ -275,13 +313,32 @@ fn pipelined_requests_are_answered_in_order() -> Result<()> {
 /// body, and is closed.
 #[test]
 fn a_tripped_kept_connection_is_closed() -> Result<()> {
+    tripped_kept_closed(Transport::Plain, 1)
+}
+
+/// Over client TLS, after 40 kept turns on one session (each whole, in order): the 41st is
+/// tripped, its terminal record opens, and `close_notify` closes the connection.
+#[test]
+fn a_tripped_kept_connection_is_closed_over_tls() -> Result<()> {
+    tripped_kept_closed(Transport::Tls, 40)
+}
+
+fn tripped_kept_closed(transport: Transport, kept_turns: usize) -> Result<()> {
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "2000"])?;
-    let (api, admin) = (haltd.api, haltd.admin_url());
-    in_netns(&haltd.client_ns, move || -> Result<()> {
-        let mut c = KeptConn::connect(api, TIMEOUT)?;
-        c.send(&chat_request(api, 3, true))?;
-        ensure_kept_turn(&c.response()?, 3)?;
+    let haltd = Haltd::start_over(&pair, transport, &["--builtin-token-interval-us", "2000"])?;
+    let (api, admin, client) = (haltd.api, haltd.admin_url(), haltd.client());
+    let took = in_netns(&haltd.client_ns, move || -> Result<Duration> {
+        let mut c = client.kept(TIMEOUT)?;
+        let started = Instant::now();
+        let mut ids = Vec::with_capacity(kept_turns);
+        for _ in 0..kept_turns {
+            c.send(&chat_request(api, 3, true))?;
+            ids.push(ensure_kept_turn(&c.response()?, 3)?);
+        }
+        let took = started.elapsed();
+        ids.sort_unstable();
+        ids.dedup();
+        ensure!(ids.len() == kept_turns, "a stream id came twice: {ids:?}");
         c.send(&chat_request(api, 100_000, true))?;
         let (status, headers) = c.head()?;
         let id = header(&headers, "x-haltd-stream-id")?;
@@ -301,8 +358,27 @@ fn a_tripped_kept_connection_is_closed() -> Result<()> {
             c.closed_within(Duration::from_secs(2))?,
             "the tripped connection stayed open"
         );
-        Ok(())
-    })
+        Ok(took)
+    })?;
+    println!(
+        "{kept_turns} kept turns ({}) of 3 tokens on one connection in {:.1} ms, then a trip closed it",
+        transport.name(),
+        took.as_secs_f64() * 1e3
+    );
+    let m = haltd.metrics()?;
+    let kept = m.value("haltd_keepalive_turns_total", &[])?;
+    ensure!(
+        kept == kept_turns as f64,
+        "haltd_keepalive_turns_total = {kept}, {kept_turns} turns after the first"
+    );
+    if transport == Transport::Tls {
+        let shakes = m.value_or_zero("haltd_client_tls_handshakes_total", &[])?;
+        ensure!(
+            shakes == 1.0,
+            "{shakes} TLS handshakes on one kept connection"
+        );
+    }
+    Ok(())
 }
 
 fn header(headers: &[(String, String)], name: &str) -> Result<String> {

@@ -1,6 +1,10 @@
 //! Root-only scenario tests: haltd in one network namespace, clients in another, measured at
 //! the client. Run serially (`cargo xtask test` passes `--test-threads=1`): they share kernel
 //! state (BPF maps and programs, namespaces).
+//!
+//! The halt scenarios (operator trips, the kernel alone, a stalled watchdog) also run over
+//! client TLS (`*_over_tls`: haltd with `--tls-cert`, [`Transport::Tls`]), checked against the
+//! same bounds by the same code: the client counts what it can open.
 
 use std::{
     collections::BTreeMap,
@@ -19,7 +23,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use haltd_tests::{
     agent, checked, in_netns, netns_exists, quantile, raw_exchange, spawn_in_netns,
     sse::{self, chat_body},
-    trip_here, verify_ledger, EventKind, Haltd, Metrics, NetPair, StreamOutcome,
+    trip_here, verify_ledger, EventKind, Haltd, Metrics, NetPair, StreamOutcome, Transport,
 };
 use rand::Rng;
 use serde_json::{json, Value};
@@ -265,7 +269,7 @@ const UNTIL_TRIPPED_MAX_TOKENS: u32 = 1_000_000;
 /// Streams `streams` chat completions (cycling through `cands`) and trips most of them after a
 /// random k received tokens. Untripped streams always use the candidate's natural length.
 fn campaign(haltd: &Haltd, cands: Vec<Candidate>, streams: usize, length: Length) -> Vec<Run> {
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let api = haltd.client();
     let admin = haltd.admin_url();
     pool(&haltd.client_ns, streams, CONCURRENCY, move |i| {
         let cand = &cands[i % cands.len()];
@@ -281,7 +285,8 @@ fn campaign(haltd: &Haltd, cands: Vec<Candidate>, streams: usize, length: Length
             body["max_tokens"] = json!(UNTIL_TRIPPED_MAX_TOKENS);
         }
         let mut trip = None;
-        let outcome = sse::stream(&url, &body, Duration::from_secs(120), |p, ev| {
+        let path = "/v1/chat/completions";
+        let outcome = api.stream(path, &body, Duration::from_secs(120), |p, ev| {
             if trip.is_none() && matches!(ev.kind, EventKind::Token(_)) && Some(p.tokens) == k {
                 let sent = Instant::now();
                 let (status, body) = trip_here(
@@ -564,26 +569,28 @@ fn fail_if_any(what: &str, failures: &[String], haltd_log: &str) -> Result<()> {
     )
 }
 
-/// (a) + (f): operator trips at random token indices, B = 5 and B = 0, paced at 2 ms/token.
-fn trip_random(budget: u32) -> Result<()> {
+/// (a) + (f): operator trips at random token indices, B = 5 and B = 0, paced at 2 ms/token;
+/// the clients speak `transport` (under TLS the same bounds, on records the client opens).
+fn trip_random(budget: u32, transport: Transport) -> Result<()> {
     let pair = NetPair::new()?;
     let b = budget.to_string();
-    let haltd = Haltd::start(
+    let haltd = Haltd::start_over(
         &pair,
+        transport,
         &["--budget", &b, "--builtin-token-interval-us", "2000"],
     )?;
     let t = Instant::now();
     // k + B + 10 tokens at 2 ms/token leave the trip 20 ms to land before the natural end.
-    let cands = candidates(K_MAX + 10 + budget as usize)?;
+    // A TLS client reads further behind haltd (it opens every record): 40 ms more.
+    let margin = 10 + budget as usize + if transport == Transport::Tls { 20 } else { 0 };
+    let cands = candidates(K_MAX + margin)?;
     let runs = campaign(
         &haltd,
         cands,
         campaign_streams(),
-        Length::Natural {
-            margin: 10 + budget as usize,
-        },
+        Length::Natural { margin },
     );
-    let name = format!("trip_random_b{budget}");
+    let name = format!("trip_random_b{budget}_{}", transport.name());
     report(&name, u64::from(budget), &runs);
     println!(
         "  {} streams in {:.1}s",
@@ -607,12 +614,22 @@ fn trip_random(budget: u32) -> Result<()> {
 
 #[test]
 fn trip_random_budget_5() -> Result<()> {
-    trip_random(5)
+    trip_random(5, Transport::Plain)
 }
 
 #[test]
 fn trip_random_budget_0() -> Result<()> {
-    trip_random(0)
+    trip_random(0, Transport::Plain)
+}
+
+#[test]
+fn trip_random_budget_5_over_tls() -> Result<()> {
+    trip_random(5, Transport::Tls)
+}
+
+#[test]
+fn trip_random_budget_0_over_tls() -> Result<()> {
+    trip_random(0, Transport::Tls)
 }
 
 /// (b): the emitter ignores the userspace halt, so the kernel gate alone holds the budget.
@@ -623,11 +640,14 @@ fn trip_random_budget_0() -> Result<()> {
 /// naturally. The client reads everything the kernel let through.
 const KERNEL_ONLY_INTERVAL_US: &str = "0";
 
-fn kernel_only(budget: u32) -> Result<()> {
+/// Under TLS (`transport`) the emitter seals its post-trip tokens after the terminal record,
+/// so the client cannot open them: it counts at most τ tokens, within the same bound.
+fn kernel_only(budget: u32, transport: Transport) -> Result<()> {
     let pair = NetPair::new()?;
     let b = budget.to_string();
-    let haltd = Haltd::start(
+    let haltd = Haltd::start_over(
         &pair,
+        transport,
         &[
             "--budget",
             &b,
@@ -640,7 +660,7 @@ fn kernel_only(budget: u32) -> Result<()> {
     let t = Instant::now();
     let cands = candidates(1)?;
     let runs = campaign(&haltd, cands, campaign_streams(), Length::UntilTripped);
-    let name = format!("kernel_only_b{budget}");
+    let name = format!("kernel_only_b{budget}_{}", transport.name());
     report(&name, u64::from(budget), &runs);
     println!(
         "  {} streams in {:.1}s",
@@ -679,25 +699,45 @@ fn kernel_only(budget: u32) -> Result<()> {
 
 #[test]
 fn kernel_only_budget_5() -> Result<()> {
-    kernel_only(5)
+    kernel_only(5, Transport::Plain)
 }
 
 #[test]
 fn kernel_only_budget_0() -> Result<()> {
-    kernel_only(0)
+    kernel_only(0, Transport::Plain)
+}
+
+#[test]
+fn kernel_only_budget_5_over_tls() -> Result<()> {
+    kernel_only(5, Transport::Tls)
+}
+
+#[test]
+fn kernel_only_budget_0_over_tls() -> Result<()> {
+    kernel_only(0, Transport::Tls)
 }
 
 /// (c): the watchdog stops heartbeating 500 ms after start; with a 200 ms deadline the gate
 /// treats the stale heartbeat as a trip. Tokens come every 20 ms.
 #[test]
 fn watchdog_stall_halts_stream() -> Result<()> {
+    watchdog_stall(Transport::Plain)
+}
+
+#[test]
+fn watchdog_stall_halts_stream_over_tls() -> Result<()> {
+    watchdog_stall(Transport::Tls)
+}
+
+fn watchdog_stall(transport: Transport) -> Result<()> {
     const STALL_MS: u64 = 500;
     const DEADLINE_MS: u64 = 200;
     const INTERVAL_MS: u64 = 20;
     const BUDGET: u64 = 5;
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(
+    let haltd = Haltd::start_over(
         &pair,
+        transport,
         &[
             "--budget",
             &BUDGET.to_string(),
@@ -712,10 +752,10 @@ fn watchdog_stall_halts_stream() -> Result<()> {
     // The watchdog starts before haltd reports ready, so it stalls at the latest STALL_MS
     // after that.
     let stall_at = Instant::now() + Duration::from_millis(STALL_MS);
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let api = haltd.client();
     let outcome = in_netns(&haltd.client_ns, move || {
-        sse::stream(
-            &url,
+        api.stream(
+            "/v1/chat/completions",
             &chat_body("Tell me about rivers", 1000, true),
             Duration::from_secs(30),
             |_, _| {},
@@ -731,7 +771,8 @@ fn watchdog_stall_halts_stream() -> Result<()> {
     // the stall instant, one for the heartbeat period (5 ms) and deadline check granularity.
     let bound = (DEADLINE_MS / INTERVAL_MS + BUDGET + 2) as usize;
     println!(
-        "watchdog stall: {} tokens in total, {after} after the stall (bound {bound}), finish {:?}, error {:?}, ended {:.0} ms after the stall",
+        "watchdog stall ({}): {} tokens in total, {after} after the stall (bound {bound}), finish {:?}, error {:?}, ended {:.0} ms after the stall",
+        transport.name(),
         outcome.tokens,
         outcome.finish_reason,
         outcome.error,
