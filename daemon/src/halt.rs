@@ -215,18 +215,15 @@ impl HaltCore {
         }
     }
 
-    /// Whether the egress check is holding back bytes of this socket (it dropped a segment
-    /// beyond the stream's ceiling): closing it gracefully would leave it hanging.
+    /// Whether the egress check holds, or will hold, bytes of this socket back for good
+    /// (`gate/held.rs`): closing it gracefully would leave it hanging.
     pub fn kernel_held_bytes(&self, fd: RawFd) -> bool {
         let Some(gate) = &self.gate else {
             return false;
         };
         // SAFETY: callers pass the stream's open socket; it is closed only after they return.
         let sock = unsafe { BorrowedFd::borrow_raw(fd) };
-        gate.socket(sock)
-            .ok()
-            .and_then(|v| v.egress)
-            .is_some_and(|eg| eg.dropped_segments > 0)
+        gate.holds_back(sock, || !self.heartbeat_fresh(monotonic_ns()))
     }
 
     /// Rings a worker's eventfd.

@@ -416,8 +416,9 @@ impl Worker {
         }
         let fd = self.conns[key].fd;
         if shared.kernel_held_bytes(fd) {
-            // The egress check holds bytes of this stream back: a graceful close would queue
-            // the FIN behind them for ever. Reset the connection instead.
+            // The egress check holds bytes of this stream back, or will once TCP tries to
+            // send them (`gate/held.rs`): a graceful close would queue the FIN behind them for
+            // ever. Reset the connection instead.
             let _ = crate::gate::selftest::set_linger_zero(&fd);
         }
         self.tls_close_notify(key);
