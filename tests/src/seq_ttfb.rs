@@ -5,11 +5,14 @@
 //! queueing of a loaded run.
 //!
 //! [`keepalive_probe`] compares, on one route in one run, a request on a new client connection
-//! with one on a kept connection (HTTP keep-alive, `connection: keep-alive` on both).
+//! with one on a kept connection (HTTP keep-alive, `connection: keep-alive` on both);
+//! [`keepalive_probe_over`] does the same in TLS (haltd with `--tls-cert`), where a new
+//! connection also pays the handshake.
 
 use std::{
     io::{Read, Write},
     net::TcpStream,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -90,9 +93,11 @@ pub fn probe(
 /// What [`keepalive_probe`] measured, each sorted.
 #[derive(Debug, Default)]
 pub struct KeepAliveTimes {
-    /// New connection: from the start of the connect to the first response byte.
+    /// New connection: from the start of the connect to the first response byte (in TLS the
+    /// handshake included).
     pub new_from_connect: Vec<Duration>,
-    /// New connection: from the request's write (after the connect) to the first byte.
+    /// New connection: from the request's write (after the connect and any handshake) to the
+    /// first byte.
     pub new_from_write: Vec<Duration>,
     /// Kept connection (its earlier request answered in full): from the write to the first byte.
     pub reused: Vec<Duration>,
@@ -108,9 +113,22 @@ pub fn keepalive_probe(
     warmup: usize,
     tokens: usize,
 ) -> Result<KeepAliveTimes> {
+    keepalive_probe_over(addr, None, requests, warmup, tokens)
+}
+
+/// [`keepalive_probe`], in TLS trusting `tls`'s roots when given (SNI `localhost`).
+pub fn keepalive_probe_over(
+    addr: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    requests: usize,
+    warmup: usize,
+    tokens: usize,
+) -> Result<KeepAliveTimes> {
+    use crate::raw_http::KeptConn;
     let sa: std::net::SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
     let req = request(addr, tokens, "keep-alive");
-    let mut kept = crate::raw_http::KeptConn::connect(sa, READ_TIMEOUT)?;
+    let s = TcpStream::connect(sa).with_context(|| format!("connecting to {addr}"))?;
+    let mut kept = KeptConn::over(s, tls, READ_TIMEOUT)?;
     let (_, first) = kept.exchange_timed(req.as_bytes())?;
     ensure!(
         first.status == 200 && first.header("connection") == Some("keep-alive"),
@@ -122,8 +140,8 @@ pub fn keepalive_probe(
     for i in 0..warmup + requests {
         let t0 = Instant::now();
         let s = TcpStream::connect(sa).with_context(|| format!("connecting to {addr}"))?;
+        let mut fresh = KeptConn::over(s, tls, READ_TIMEOUT)?;
         let connect = t0.elapsed();
-        let mut fresh = crate::raw_http::KeptConn::on(s, READ_TIMEOUT)?;
         let (new, r) = fresh.exchange_timed(req.as_bytes())?;
         ensure!(r.status == 200, "new connection {i}: {}", r.status);
         drop(fresh);

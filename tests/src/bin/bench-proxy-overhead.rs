@@ -711,7 +711,7 @@ fn run_upstream_tls(
     if !args.upstream_tls {
         return json!({"skipped": "no --upstream-tls"});
     }
-    let ctx = upstream_tls::Context {
+    let ctx = tls_compare::Context {
         args,
         bins,
         dir,
@@ -733,7 +733,7 @@ fn run_client_tls(
     if !args.client_tls {
         return json!({"skipped": "no --client-tls"});
     }
-    let ctx = client_tls::Context {
+    let ctx = tls_compare::Context {
         args,
         bins,
         dir,
@@ -2200,6 +2200,9 @@ mod upstream_tls;
 
 #[path = "bench-proxy-overhead/client_tls.rs"]
 mod client_tls;
+
+#[path = "bench-proxy-overhead/tls_compare.rs"]
+mod tls_compare;
 
 mod stall {
     use std::{

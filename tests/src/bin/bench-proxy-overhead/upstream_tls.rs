@@ -25,36 +25,10 @@ use std::ffi::OsStr;
 use haltd_tests::{seq_ttfb, tls::TestPki};
 
 use super::{
-    children_cpu_us, default_tokens, json, machine_busy_us, median, round1, run_client, show,
-    start_haltd, start_upstream, thread, Args, Bins, ClientReport, CpuClock, Haltd, Instant, Path,
-    Pct, Result, Upstream, Value, IDLE_WINDOW, SETTLE, TTFB_WARMUP,
+    json, round1, show, start_haltd, start_upstream, tls_compare, Haltd, Pct, Result, Upstream,
+    Value, TTFB_WARMUP,
 };
-
-/// What the scenario needs from the bench.
-pub(super) struct Context<'a> {
-    pub(super) args: &'a Args,
-    pub(super) bins: &'a Bins,
-    pub(super) dir: &'a Path,
-    pub(super) cpu_clock: CpuClock,
-    pub(super) nproc: usize,
-}
-
-/// One haltd of the comparison.
-struct Side {
-    haltd: Haltd,
-    /// Its CPU rate with nothing open, µs/s.
-    idle_us_per_s: f64,
-}
-
-/// One client run through one side.
-struct Run {
-    streams: usize,
-    tls: bool,
-    client: ClientReport,
-    /// That haltd's CPU time over the run less its idle rate over the window, µs.
-    net_cpu_us: f64,
-    others_pct: f64,
-}
+use tls_compare::{Context, Run};
 
 /// Runs the scenario against `plain` (the bench's upstream) and a TLS twin of it.
 pub(super) fn run(ctx: &Context<'_>, plain: &Upstream) -> Result<Value> {
@@ -69,18 +43,12 @@ pub(super) fn run(ctx: &Context<'_>, plain: &Upstream) -> Result<Value> {
         start_haltd(&ctx.bins.haltd, ctx.dir, name, url, ctx.args, extra)
     };
     let sides = [
-        side(ctx, start("haltd-plain", &plain_url, &[])?)?,
-        side(ctx, start("haltd-tls", &tls_url, &ca)?)?,
+        tls_compare::side(ctx, start("haltd-plain", &plain_url, &[])?)?,
+        tls_compare::side(ctx, start("haltd-tls", &tls_url, &ca)?)?,
     ];
-    let mut runs = Vec::new();
-    for &n in &ctx.args.tls_streams {
-        for round in 0..ctx.args.rounds {
-            for k in 0..2 {
-                let tls = (k + round) % 2 == 1;
-                runs.push(run_once(ctx, &sides[usize::from(tls)], n, round, tls)?);
-            }
-        }
-    }
+    let runs = tls_compare::runs(ctx, "upstream TLS", &sides, |_, side| {
+        (format!("http://{}", side.haltd.listen), Vec::new())
+    })?;
     let pooled = seq_probe(ctx, &sides[0].haltd, &sides[1].haltd, "pool warm")?;
     drop(sides);
     let pool0 = ["--upstream-pool-idle".as_ref(), "0".as_ref()];
@@ -98,58 +66,6 @@ pub(super) fn run(ctx: &Context<'_>, plain: &Upstream) -> Result<Value> {
     Ok(report)
 }
 
-/// A started haltd and its idle CPU rate.
-fn side(ctx: &Context<'_>, haltd: Haltd) -> Result<Side> {
-    let pid = haltd.proc.pid();
-    let (c0, t0) = (ctx.cpu_clock.read_us(pid)?, Instant::now());
-    thread::sleep(IDLE_WINDOW);
-    let idle_us_per_s = (ctx.cpu_clock.read_us(pid)? - c0) / t0.elapsed().as_secs_f64();
-    Ok(Side {
-        haltd,
-        idle_us_per_s,
-    })
-}
-
-fn run_once(ctx: &Context<'_>, side: &Side, n: usize, round: usize, tls: bool) -> Result<Run> {
-    let args = ctx.args;
-    let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
-    let name = if tls { "tls" } else { "plain" };
-    let tag = format!(
-        "[upstream TLS: N={n} round {}/{} {name}]",
-        round + 1,
-        args.rounds
-    );
-    let url = format!("http://{}", side.haltd.listen);
-    let pid = side.haltd.proc.pid();
-    let (all0, kids0) = (machine_busy_us(), children_cpu_us());
-    let (cpu0, t0) = (ctx.cpu_clock.read_us(pid)?, Instant::now());
-    let client = run_client(&ctx.bins.client, &url, n, tokens, args.pace_ms, false)?;
-    thread::sleep(SETTLE);
-    let window_s = t0.elapsed().as_secs_f64();
-    let cpu_us = ctx.cpu_clock.read_us(pid)? - cpu0;
-    let capacity_us = window_s * 1e6 * ctx.nproc.max(1) as f64;
-    let ours = cpu_us + children_cpu_us() - kids0;
-    let others_pct = ((machine_busy_us() - all0 - ours) / capacity_us * 100.0).max(0.0);
-    let net_cpu_us = cpu_us - side.idle_us_per_s * window_s;
-    eprintln!(
-        "{tag} {} tokens, {} errors; haltd CPU {:.1} µs/token net; latency µs p50 {} p99 {}; \
-         first byte µs p50 {}; others {others_pct:.0}% of the CPUs",
-        client.tokens,
-        client.errors,
-        net_cpu_us / client.tokens.max(1) as f64,
-        show(client.p50_us),
-        show(client.p99_us),
-        show(client.ttfb_p50_us),
-    );
-    Ok(Run {
-        streams: n,
-        tls,
-        client,
-        net_cpu_us,
-        others_pct,
-    })
-}
-
 /// Sequential time to first byte through `plain` and `tls`, taking turns.
 fn seq_probe(ctx: &Context<'_>, plain: &Haltd, tls: &Haltd, what: &str) -> Result<[Pct; 2]> {
     let requests = ctx.args.ttfb_requests.max(20);
@@ -163,98 +79,25 @@ fn seq_probe(ctx: &Context<'_>, plain: &Haltd, tls: &Haltd, what: &str) -> Resul
     Ok([pct(&times[0]), pct(&times[1])])
 }
 
-/// Medians over the rounds of one side at one stream count.
-fn medians(runs: &[Run], n: usize, tls: bool) -> Value {
-    let mine: Vec<&Run> = runs
-        .iter()
-        .filter(|r| r.streams == n && r.tls == tls)
-        .collect();
-    let med = |f: &dyn Fn(&Run) -> Option<f64>| {
-        median(mine.iter().filter_map(|r| f(r)).collect()).map(round1)
-    };
-    json!({
-        "cpu_us_per_token": med(&|r| Some(r.net_cpu_us / r.client.tokens.max(1) as f64)),
-        "latency_p50_us": med(&|r| r.client.p50_us),
-        "latency_p99_us": med(&|r| r.client.p99_us),
-        "ttfb_p50_us": med(&|r| r.client.ttfb_p50_us),
-        "others_pct": med(&|r| Some(r.others_pct)),
-        "runs": mine.len(),
-    })
-}
-
 fn summarize(ctx: &Context<'_>, runs: &[Run], pooled: [Pct; 2], cold: [Pct; 2]) -> Value {
-    let ratio = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
-        (Some(a), Some(b)) if b > 0.0 => Some((a / b * 100.0).round() / 100.0),
-        _ => None,
-    };
-    let results: Vec<Value> = ctx
-        .args
-        .tls_streams
-        .iter()
-        .map(|&n| {
-            let (p, t) = (medians(runs, n, false), medians(runs, n, true));
-            let cpu_ratio = ratio(&t["cpu_us_per_token"], &p["cpu_us_per_token"]);
-            json!({"streams": n, "plain": p, "tls": t, "tls_over_plain_cpu": cpu_ratio})
-        })
-        .collect();
     let pct = |p: Pct| json!({"p50_us": p.p50.map(round1), "p99_us": p.p99.map(round1)});
-    let problems: Vec<String> = runs
-        .iter()
-        .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
-        .map(|r| {
-            let side = if r.tls { "tls" } else { "plain" };
-            format!(
-                "N={} {side}: {} errors, {} tokens",
-                r.streams, r.client.errors, r.client.tokens
-            )
-        })
-        .collect();
     json!({
-        "results": results,
+        "results": tls_compare::results(ctx, runs),
         "sequential_ttfb": {
             "requests_per_side": ctx.args.ttfb_requests.max(20),
             "pool_warm": {"plain": pct(pooled[0]), "tls": pct(pooled[1])},
             "new_connection": {"plain": pct(cold[0]), "tls": pct(cold[1])},
         },
-        "problems": problems,
+        "problems": tls_compare::problems(runs),
     })
 }
 
 fn print(report: &Value) {
     let s = |v: &Value| show(v.as_f64());
-    println!(
-        "\nTLS to the upstream: haltd in front of a plain and a TLS upstream, medians over the \
-         rounds (CPU µs/token net of idle; latency and first byte µs)"
+    tls_compare::print_table(
+        "TLS to the upstream: haltd in front of a plain and a TLS upstream",
+        report,
     );
-    println!(
-        "{:>7} | {:>9} {:>9} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9}",
-        "streams",
-        "cpu plain",
-        "cpu tls",
-        "ratio",
-        "p50 plain",
-        "p50 tls",
-        "p99 plain",
-        "p99 tls",
-        "ttfb pl",
-        "ttfb tls"
-    );
-    for r in report["results"].as_array().into_iter().flatten() {
-        let (p, t) = (&r["plain"], &r["tls"]);
-        println!(
-            "{:>7} | {:>9} {:>9} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9}",
-            r["streams"],
-            s(&p["cpu_us_per_token"]),
-            s(&t["cpu_us_per_token"]),
-            s(&r["tls_over_plain_cpu"]),
-            s(&p["latency_p50_us"]),
-            s(&t["latency_p50_us"]),
-            s(&p["latency_p99_us"]),
-            s(&t["latency_p99_us"]),
-            s(&p["ttfb_p50_us"]),
-            s(&t["ttfb_p50_us"]),
-        );
-    }
     let q = &report["sequential_ttfb"];
     for key in ["pool_warm", "new_connection"] {
         println!(
