@@ -4,7 +4,9 @@
 //! what is present and installs only what is missing, so `cargo xtask run` and
 //! `cargo xtask test` work on a fresh Debian machine with rustup (stable + nightly). Setup also
 //! keeps a Python virtual environment with the official `openai` SDK at
-//! `~/.local/share/haltd/venv`, which the integration tests use as a real client.
+//! `~/.local/share/haltd/venv`, which the integration tests use as a real client; `setup` and
+//! `test` also put llama.cpp's OpenAI server (`llama-cpp-python`, pinned) in that venv and make
+//! the tiny model it serves, the tests' real inference server.
 //!
 //! Nested cargo runs inherit stdio, so their progress shows as it happens.
 
@@ -40,7 +42,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what is missing: Debian packages, nightly rust-src, bpf-linker, the openai SDK
-    /// venv; mount bpffs.
+    /// venv, llama.cpp's server in it and the tiny model it serves; mount bpffs.
     Setup,
     /// Build the BPF halt gate (nightly, bpfel-unknown-none, with BTF).
     BuildEbpf,
@@ -68,7 +70,7 @@ enum Task {
 fn main() {
     let cli = Cli::parse();
     let result = Ctx::new().and_then(|ctx| match cli.task {
-        Task::Setup => setup::setup(&ctx),
+        Task::Setup => setup::setup_with(&ctx, setup::RealBackend::Install),
         Task::BuildEbpf => build::build_ebpf(&ctx).map(drop),
         Task::Build(opts) => build::build_task(&ctx, &opts),
         Task::Run(opts) => run::run(&ctx, opts),

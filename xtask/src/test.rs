@@ -64,7 +64,7 @@ pub(crate) fn test(ctx: &Ctx, opts: &Options) -> Result<()> {
         bail!("`cargo xtask test` must run as root: the integration tests create network namespaces and load the BPF gate (try `sudo -E env PATH=$PATH cargo xtask test`)");
     }
     let t0 = Instant::now();
-    setup::setup(ctx)?;
+    setup::setup_with(ctx, setup::RealBackend::Install)?;
     let t_setup = t0.elapsed();
     let t = Instant::now();
     // The production build first: both land on target/<profile>/haltd, and the fault-injection
@@ -146,7 +146,9 @@ fn integration_tests(
     .env("HALTCTL_BIN", &built.haltctl)
     // The official OpenAI SDK as a client: setup made the venv.
     .env("HALTD_PYTHON", setup::venv_python(ctx))
-    .env("HALTD_OPENAI_CLIENT", ctx.root.join(OPENAI_CLIENT_SCRIPT));
+    .env("HALTD_OPENAI_CLIENT", ctx.root.join(OPENAI_CLIENT_SCRIPT))
+    // The real backend's model (`real_backend::`), which setup made; the same venv serves it.
+    .env("HALTD_LLAMA_MODEL", setup::llama_model_path(ctx)?);
     if let Some(production) = production {
         c.env("HALTD_PRODUCTION_BIN", production);
     }

@@ -60,7 +60,7 @@ const ENV_NAMES: [(&str, &str); 1] = [
 
 /// `HALTD_*` variables that are not settings: no setting may take one of these names (a
 /// test checks), and `haltd check-config` does not call them unknown.
-pub const OTHER_ENV: [&str; 13] = [
+pub const OTHER_ENV: [&str; 14] = [
     "HALTD_LOG", // the log level (an EnvFilter directive), over `[log] level`
     "HALTD_BPF_OBJECT",
     "HALTD_FEATURES",
@@ -70,6 +70,7 @@ pub const OTHER_ENV: [&str; 13] = [
     "HALTD_PRODUCTION_BIN",
     "HALTD_PYTHON",
     "HALTD_OPENAI_CLIENT",
+    "HALTD_LLAMA_MODEL", // the real-backend tests' model (`cargo xtask test`)
     "HALTD_TEST_STREAMS",
     "HALTD_SCORER_SOCKET",
     "HALTD_CRASH_HOOK_CHILD",

@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: installs what is missing, idempotently, and says what was present or
 //! installed. Each sub-step checks first and fails with what to do when it cannot install.
 
+mod llama;
 mod packages;
 mod python;
 mod toolchain;
@@ -9,7 +10,7 @@ use std::{fs, path::Path, process::Command};
 
 use anyhow::Result;
 
-pub(crate) use self::python::venv_python;
+pub(crate) use self::{llama::model_path as llama_model_path, python::venv_python};
 use crate::{ctx::Ctx, util::is_root};
 
 /// What setup found present and what it installed, for its summary line.
@@ -44,12 +45,30 @@ impl Report {
     }
 }
 
+/// Whether setup also installs the real inference server (llama.cpp's, compiled by pip: about
+/// 10 minutes the first time) and makes its model: `cargo xtask setup` and `test` do, since
+/// the integration tests serve it; building, running or benching haltd does not need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RealBackend {
+    Install,
+    Skip,
+}
+
+/// Setup without the real inference server.
 pub(crate) fn setup(ctx: &Ctx) -> Result<()> {
+    setup_with(ctx, RealBackend::Skip)
+}
+
+pub(crate) fn setup_with(ctx: &Ctx, real_backend: RealBackend) -> Result<()> {
     let mut report = Report::default();
     packages::ensure(ctx, &mut report)?;
     let sysroot = toolchain::ensure_nightly(ctx, &mut report)?;
     toolchain::ensure_bpf_linker(ctx, &sysroot, &mut report)?;
     python::ensure_openai_sdk(ctx, &mut report)?;
+    if real_backend == RealBackend::Install {
+        llama::ensure_server(ctx, &mut report)?;
+        llama::ensure_model(ctx, &mut report)?;
+    }
     ensure_bpffs(&mut report);
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         println!(
