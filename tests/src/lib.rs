@@ -16,8 +16,8 @@
 //! Modules, one per concern:
 //! - [`netns`]: the namespace pair and running code inside a namespace;
 //! - [`daemon`]: the haltd process harness ([`Haltd`]) and the binaries under test;
-//! - [`upstream`]: the scripted upstream process; [`rig`]: haltd in front of it; [`tls`]: test
-//!   certificates for a TLS upstream;
+//! - [`upstream`]: the scripted upstream process; [`llama`]: llama.cpp's server, the real one;
+//!   [`rig`]: haltd in front of either; [`tls`]: test certificates for a TLS upstream;
 //! - [`api`]: the API client over plain HTTP or TLS ([`api::Transport`]), for the halt tests
 //!   that run over both;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
@@ -46,6 +46,7 @@ pub mod gate;
 pub mod http;
 pub mod kill_loop;
 pub mod ledger;
+pub mod llama;
 pub mod metrics;
 pub mod netns;
 pub mod proc_cpu;

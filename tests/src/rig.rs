@@ -1,6 +1,6 @@
-//! haltd with `--source openai` in front of the scripted upstream, both in the server
-//! namespace of one pair, clients in the client namespace: the set-up of the proxy and
-//! detector tests.
+//! haltd with `--source openai` in front of the scripted upstream (or llama.cpp's server),
+//! both in the server namespace of one pair, clients in the client namespace: the set-up of
+//! the proxy and detector tests.
 
 use std::{fs, path::PathBuf, time::Duration};
 
@@ -16,11 +16,12 @@ use crate::{
     upstream::ScriptedUpstream,
 };
 
-/// haltd, its upstream and their namespaces; dropped in this order.
+/// haltd, its upstream and their namespaces; dropped in this order. The upstream is the
+/// scripted one, or llama.cpp's server ([`crate::llama::LlamaServer`]).
 #[derive(Debug)]
-pub struct Rig {
+pub struct Rig<U = ScriptedUpstream> {
     pub haltd: Haltd,
-    pub up: ScriptedUpstream,
+    pub up: U,
     pub pair: NetPair,
     /// The directory of haltd's config file, if it was given one (kept, like a failed
     /// test's logs).
@@ -117,7 +118,9 @@ impl Rig {
             config_dir: Some(dir),
         })
     }
+}
 
+impl<U> Rig<U> {
     /// `http://<haltd's API><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.haltd.api_url())
