@@ -6,8 +6,8 @@
 //! and load the gate themselves. They share kernel state (BPF programs and maps, namespaces,
 //! cgroups) and one process, so they run serially: `cargo xtask test` runs
 //! `cargo test -p haltd-tests --features haltd/fault-injection -- --test-threads=1 --nocapture`
-//! with `HALTD_BIN`, `HALTD_PRODUCTION_BIN`, `HALTCTL_BIN`, `HALTD_BPF_OBJECT`, `HALTD_PYTHON` and
-//! `HALTD_OPENAI_CLIENT` set. A test's name is `topic::name`; one topic runs with e.g.
+//! with `HALTD_BIN`, `HALTD_PRODUCTION_BIN`, `HALTCTL_BIN`, `HALTD_BPF_OBJECT`, `HALTD_PYTHON`,
+//! `HALTD_OPENAI_CLIENT` and `HALTD_LLAMA_MODEL` (the real backend's model) set. A test's name is `topic::name`; one topic runs with e.g.
 //! `cargo xtask test --no-unit -- kernel_gate::`.
 
 /// The scripted OpenAI-compatible upstream, this crate's `scripted-upstream` binary.
@@ -35,6 +35,7 @@ mod ops_pack;
 mod privileges;
 mod proxy;
 mod readiness;
+mod real_backend;
 mod reload;
 mod tool_circuit;
 mod upstream_pool;
