@@ -27,20 +27,8 @@ const WATCH_BYTES: usize = 16;
 /// Whether the connection was reset or closed by the peer (TCP state `CLOSE`): a client that
 /// closed for good answers the interim response haltd sends after its FIN with a reset.
 fn peer_reset(fd: RawFd) -> bool {
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `info`, a live tcp_info.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast(),
-            &mut len,
-        )
-    };
     // TCP_CLOSE is 7; an error reading the state counts as gone.
-    rc != 0 || info.tcpi_state == 7
+    crate::gate::held::tcp_info(fd).is_none_or(|info| info.tcpi_state == 7)
 }
 
 impl Worker {

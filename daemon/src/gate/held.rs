@@ -20,6 +20,24 @@ use haltd_common::{decide, EgressState};
 
 use super::KernelGate;
 
+/// The kernel's `TCP_INFO` of socket `fd`; `None` if it cannot be read.
+pub fn tcp_info(fd: std::os::fd::RawFd) -> Option<libc::tcp_info> {
+    // SAFETY: a zeroed tcp_info is a valid value of the plain C struct.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, a live tcp_info.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(info)
+}
+
 /// The socket's send queue as stream offsets (those of the egress check: bytes since the
 /// connection began, `tcpi_bytes_acked` at `snd_una`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,22 +52,10 @@ impl SendQueue {
     /// The queue of `sock` (`TCP_INFO` and `SIOCOUTQ`); `None` if either cannot be read.
     pub fn of(sock: BorrowedFd<'_>) -> Option<Self> {
         let fd = sock.as_raw_fd();
-        // SAFETY: a zeroed tcp_info is a valid value of the plain C struct.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `info`, a live tcp_info.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&raw mut info).cast(),
-                &mut len,
-            )
-        };
+        let info = tcp_info(fd)?;
         let mut outq: libc::c_int = 0;
         // SAFETY: SIOCOUTQ writes one int (for TCP: write_seq − snd_una, the bytes not acked).
-        if rc != 0 || unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut outq) } != 0 {
+        if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut outq) } != 0 {
             return None;
         }
         let end = info
