@@ -35,6 +35,7 @@
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
 //!   spec 001, and [`detect`] every detector; [`clock`] the daemon's clocks.
+//! * [`grounding`] is the grounding round of spec 003 (surprise-gated intervention).
 //! * [`circuit`] is TokenCircuit (spec 002): the tool-call failure state machine, which the
 //!   data plane enforces on proxied chat turns with `[tool_circuit] enabled`.
 
@@ -55,6 +56,7 @@ pub mod detect;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod gate;
+pub mod grounding;
 pub mod halt;
 pub mod halt_tls;
 pub mod identity;
