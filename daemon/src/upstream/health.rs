@@ -174,17 +174,25 @@ impl UpstreamHealth {
         }
     }
 
-    /// The upstream's part of `/readyz`.
+    /// The upstream's part of `/readyz`. `ok` comes from the same snapshot as the counters
+    /// it is shown with (the verdict, or without the probe the resolution), never from the
+    /// `up` flag read apart: a probe landing between two reads would otherwise give a
+    /// `/readyz` whose status disagrees with its own `consecutive_failures`.
     pub fn readiness(&self) -> Readiness {
         let resolved = self.resolved.load();
+        let verdict = Verdict::clone(&self.verdict.load());
         Readiness {
-            ok: self.is_up(),
+            ok: if self.probing {
+                verdict.up
+            } else {
+                !resolved.addrs.is_empty()
+            },
             upstream: self.host.clone(),
             addresses: resolved.addrs.iter().map(ToString::to_string).collect(),
             resolve_error: resolved.error.clone(),
             probing: self.probing,
             models: self.models.load().len(),
-            verdict: Verdict::clone(&self.verdict.load()),
+            verdict,
         }
     }
 }
@@ -224,5 +232,39 @@ mod tests {
         h.set_resolution(Ok(vec!["127.0.0.1:8000".parse().expect("addr")]));
         assert!(h.is_up());
         assert!(h.readiness().ok);
+    }
+
+    #[test]
+    fn readiness_ok_always_agrees_with_the_counters_it_shows() {
+        // A reader racing the prober: every snapshot must be self-consistent.
+        let h = Arc::new(UpstreamHealth::new("127.0.0.1:9".to_owned(), true));
+        h.set_verdict(Verdict {
+            up: true,
+            consecutive_successes: 1,
+            ..Verdict::default()
+        });
+        let writer = {
+            let h = Arc::clone(&h);
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    let up = i % 3 != 0;
+                    h.set_verdict(Verdict {
+                        up,
+                        consecutive_failures: u32::from(!up) * 2,
+                        consecutive_successes: u32::from(up),
+                        last_error: None,
+                    });
+                }
+            })
+        };
+        let mut seen = 0u32;
+        while !writer.is_finished() {
+            let r = h.readiness();
+            assert_eq!(r.ok, r.verdict.up, "{r:?}");
+            assert_eq!(r.ok, r.verdict.consecutive_failures == 0, "{r:?}");
+            seen += 1;
+        }
+        writer.join().expect("writer");
+        assert!(seen > 0);
     }
 }
