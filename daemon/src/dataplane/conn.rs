@@ -83,6 +83,10 @@ pub(super) struct Conn {
     pub(super) short_write: bool,
     pub(super) reading: bool,
     pub(super) pending_terminal: bool,
+    /// The final frame is written and recorded, and waits for the upstream exchange to
+    /// settle (its body drained and the connection pooled) before it goes out
+    /// (`upstream_reuse.rs`, [`Worker::send_final`]).
+    pub(super) final_waits_upstream: bool,
     pub(super) closing: bool,
     pub(super) outcome: Outcome,
     pub(super) turn: Option<Box<Turn>>,
@@ -180,6 +184,7 @@ impl Conn {
             short_write: false,
             reading: true,
             pending_terminal: false,
+            final_waits_upstream: false,
             closing: false,
             outcome: Outcome::Open,
             turn: None,

@@ -166,7 +166,7 @@ impl Worker {
             let sent = match after {
                 super::AfterRecord::Terminal => self.send_terminal(key),
                 super::AfterRecord::Final if self.conns[key].closing => Ok(()),
-                super::AfterRecord::Final => self.send(key, SendKind::Final),
+                super::AfterRecord::Final => self.send_final(key),
             };
             if let Err(e) = sent {
                 tracing::error!(error = %e, "sending an answer after its record failed");

@@ -188,6 +188,7 @@ impl Worker {
         conn.continue_sent = false;
         conn.short_write = false;
         conn.pending_terminal = false;
+        conn.final_waits_upstream = false;
         conn.frame_arrived_ns = 0;
         conn.idle_since_ns = Some(monotonic_ns());
         conn.rbuf = Some(std::mem::take(&mut conn.pipelined));

@@ -20,11 +20,7 @@ use std::{
     },
 };
 
-use super::{
-    conn::{Conn, SendKind},
-    turn::Turn,
-    Worker,
-};
+use super::{conn::Conn, turn::Turn, Worker};
 
 impl Worker {
     /// The turn's record at the close of its connection, unless it was written before the
@@ -57,7 +53,7 @@ impl Worker {
             turn.recorded = true;
         }
         let Some(rec) = rec else {
-            return self.send(key, SendKind::Final);
+            return self.send_final(key);
         };
         let on_disk = Arc::new(AtomicBool::new(false));
         let (flag, waker) = (Arc::clone(&on_disk), self.shared.waker(self.id));

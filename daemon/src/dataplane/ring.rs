@@ -161,6 +161,7 @@ impl Worker {
                 };
                 conn.ops -= 1;
                 self.conn_op(key, kind, op.into_buf(res), res)?;
+                self.send_waiting_final(key)?;
                 self.maybe_finish_close(key);
                 Ok(())
             }

@@ -18,6 +18,7 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 use io_uring::opcode;
 
 use super::{
+    conn::SendKind,
     op::{OpBuf, OpKind},
     pool::Kept,
     upstream_io::Upstream,
@@ -99,6 +100,70 @@ impl Worker {
             return self.up_arm_recv(key);
         }
         Ok(())
+    }
+
+    /// After any completion of the connection's operations: a final frame waiting for its
+    /// upstream exchange goes out once that has settled (a drain that completed or failed,
+    /// the cancelled receive back, a TLS error after the end).
+    pub(super) fn send_waiting_final(&mut self, key: usize) -> io::Result<()> {
+        let waiting = self
+            .conns
+            .get(key)
+            .is_some_and(|c| c.final_waits_upstream && !c.closing);
+        if waiting && self.settle_upstream(key) {
+            self.conns[key].final_waits_upstream = false;
+            return self.send(key, SendKind::Final);
+        }
+        Ok(())
+    }
+
+    /// Sends a completed turn's final frame (written, counted and recorded) once its upstream
+    /// exchange has settled: the rest of the body drained and the connection back in the
+    /// pool. A client that sees the end of its answer and sends the next request at once (on
+    /// this connection or another) then finds the connection pooled, instead of racing the
+    /// drain and connecting anew. The wait is at most the drain's deadline
+    /// (`DRAIN_TIMEOUT_NS`); usually the chunked terminator came with `[DONE]` and there is no
+    /// wait at all.
+    pub(super) fn send_final(&mut self, key: usize) -> io::Result<()> {
+        if self.settle_upstream(key) {
+            return self.send(key, SendKind::Final);
+        }
+        self.conns[key].final_waits_upstream = true;
+        // The body's end may not be read yet by anything: a receive held back while the
+        // source had tokens queued is not re-armed once the text is complete. Arm the drain
+        // now (a no-op when a receive or its linked timeout is in flight; the latter arms it
+        // when it completes), so the wait ends by the drain's deadline at the latest.
+        self.up_arm_recv(key)
+    }
+
+    /// Whether the connection's upstream exchange (if any) has settled; one whose response
+    /// ended cleanly, with nothing in flight on its socket, is given back to the pool here.
+    fn settle_upstream(&mut self, key: usize) -> bool {
+        let conn = &mut self.conns[key];
+        let Some(up) = conn.up.as_mut() else {
+            return true;
+        };
+        let idle = up.recv_op.is_none()
+            && up.send_op.is_none()
+            && up.connect_op.is_none()
+            && up.links == 0;
+        match up.reuse {
+            // Shut down, or never to be pooled: closed with the connection, nothing to wait for.
+            Reuse::No => true,
+            Reuse::Draining => false,
+            Reuse::Ready if !idle => false,
+            Reuse::Ready => {
+                let Some(mut up) = conn.up.take() else {
+                    return true;
+                };
+                let kept = Kept {
+                    fd: up.fd(),
+                    tls: up.tls.take(),
+                };
+                self.release_upstream(kept, Reuse::Ready, Outcome::Completed);
+                true
+            }
+        }
     }
 
     /// The source ended while a receive with the turn's (long) deadline is still armed on a
