@@ -106,6 +106,14 @@ fn request(
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
+    // One request per connection, read to the close (`close_notify`, then EOF): say so, or
+    // haltd keeps the connection for the next request, as HTTP/1.1 does by default.
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("connection"))
+    {
+        req.push_str("connection: close\r\n");
+    }
     req.push_str("\r\n");
     let mut out = req.into_bytes();
     out.extend_from_slice(&payload);

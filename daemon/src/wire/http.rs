@@ -2,8 +2,9 @@
 //! into the connection's own buffer.
 //!
 //! A connection is kept for the next request only after a turn that ended normally, and only
-//! when the client asked for it (`connection: keep-alive`, [`RequestHead::keep_alive`]); every
-//! other response says `connection: close` ([`Persist`]). A kept streaming response is sent
+//! when the client did not say `connection: close` (HTTP/1.1 connections persist unless one
+//! side says otherwise, RFC 9112 §9.3; [`RequestHead::keep_alive`]); every other response says
+//! `connection: close` ([`Persist`]). A kept streaming response is sent
 //! with chunked framing, one chunk per frame ([`chunk_in_place`]), so that its end is not the
 //! end of the connection (docs/wire-format.md "Persistent connections").
 
@@ -25,8 +26,8 @@ pub struct RequestHead {
     pub head_len: usize,
     pub content_length: usize,
     pub expect_continue: bool,
-    /// The client asked to keep the connection: a `connection` header with the
-    /// `keep-alive` option and without `close`.
+    /// The client lets haltd keep the connection: no `connection` header with the `close`
+    /// option (HTTP/1.1's default).
     pub keep_alive: bool,
     /// The `Authorization` value, passed through to an upstream and never logged (its
     /// `Debug` is redacted).
@@ -176,7 +177,9 @@ pub fn parse_head_with(
         .transpose()?
         .flatten();
     let (expect_continue, authorization) = (fields.expect_continue, fields.authorization);
-    let keep_alive = fields.keep_alive && !fields.close;
+    // HTTP/1.1 (the only version served) persists unless the client says `close`; an
+    // explicit `keep-alive` option changes nothing.
+    let keep_alive = !fields.close;
     let content_length = fields.content_length.unwrap_or(0);
     if content_length > max_body {
         return Err(HttpError::new(
@@ -232,8 +235,7 @@ fn identity_value(
 struct HeadFields {
     content_length: Option<usize>,
     expect_continue: bool,
-    /// `connection` options seen (in any of its headers).
-    keep_alive: bool,
+    /// The `connection` header (any of them) has the `close` option.
     close: bool,
     authorization: Option<Secret>,
     /// `x-request-id` and `traceparent`: `Some(None)` once one was seen that is not accepted
@@ -307,7 +309,6 @@ impl HeadFields {
             } else if h.name.eq_ignore_ascii_case("connection") {
                 for option in h.value.split(|&b| b == b',') {
                     let option = option.trim_ascii();
-                    f.keep_alive |= option.eq_ignore_ascii_case(b"keep-alive");
                     f.close |= option.eq_ignore_ascii_case(b"close");
                 }
             } else if h.name.eq_ignore_ascii_case("expect") {
@@ -533,14 +534,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keep_alive_is_what_the_connection_header_asks_for() {
+    fn http_1_1_keeps_the_connection_unless_the_client_says_close() {
         let head = |conn: &str| {
             let req = format!("GET / HTTP/1.1\r\nhost: x\r\n{conn}\r\n");
             parse_head(req.as_bytes(), 10)
                 .expect("valid")
                 .expect("complete")
         };
-        assert!(!head("").keep_alive);
+        assert!(head("").keep_alive);
+        assert!(head("connection: upgrade\r\n").keep_alive);
         assert!(head("connection: keep-alive\r\n").keep_alive);
         assert!(head("Connection: Upgrade, Keep-Alive\r\n").keep_alive);
         assert!(!head("connection: close\r\n").keep_alive);

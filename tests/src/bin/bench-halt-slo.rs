@@ -471,9 +471,10 @@ async fn open_stream(
         None => Box::new(tcp),
     };
     // A key of its own per stream: a halt puts its key in degraded safe mode, whose streams
-    // are held to the end, and the next stream must not inherit that.
+    // are held to the end, and the next stream must not inherit that. One request per
+    // connection (`close`): the body is read as plain SSE to the end of the connection.
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.context("sending")?;

@@ -263,6 +263,44 @@ fn the_turn_cap_and_the_idle_timeout_close_kept_connections() -> Result<()> {
 
 /// Pipelined requests are answered in order on a kept connection; without keep-alive, bytes
 /// after the body are refused (400) as before.
+/// HTTP/1.1's default: a request with no `connection` header at all (as curl and most
+/// gateways send) keeps its connection; `connection: close` is answered as the only request.
+#[test]
+fn a_request_without_a_connection_header_keeps_its_connection() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "500"])?;
+    let api = haltd.api;
+    in_netns(&haltd.client_ns, move || -> Result<()> {
+        let bare = |max_tokens: u32| -> Vec<u8> {
+            let with = String::from_utf8(chat_request(api, max_tokens, true)).expect("ascii");
+            with.replace("connection: keep-alive\r\n", "").into_bytes()
+        };
+        let mut c = KeptConn::connect(api, TIMEOUT)?;
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            c.send(&bare(4))?;
+            ids.push(ensure_kept_turn(&c.response()?, 4)?);
+        }
+        ids.dedup();
+        ensure!(
+            ids.len() == 3,
+            "one stream per turn on one connection: {ids:?}"
+        );
+        c.send(&chat_request(api, 4, false))?;
+        let last = c.response()?;
+        ensure!(
+            last.status == 200 && last.header("connection") == Some("close"),
+            "a request that says close: {:?}",
+            last.headers
+        );
+        ensure!(
+            c.closed_within(Duration::from_secs(2))?,
+            "still open after connection: close"
+        );
+        Ok(())
+    })
+}
+
 #[test]
 fn pipelined_requests_are_answered_in_order() -> Result<()> {
     pipelined(Transport::Plain)
