@@ -30,6 +30,12 @@ pub struct ScriptedUpstream {
 }
 
 impl ScriptedUpstream {
+    /// The upstream's process (`ip netns exec` execs it), for its CPU time; `None` once
+    /// stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_scripted-upstream")`) in `pair.srv` and waits
     /// until it listens.
     pub fn start(pair: &NetPair, bin: &str, extra: &[&str]) -> Result<Self> {

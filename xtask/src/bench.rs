@@ -29,6 +29,8 @@ const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-upstream-path"),
     // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
     ("haltd-tests", "bench-kill-loop"),
+    // Issue 17: haltd in front of llama.cpp's server, beside the scripted upstream.
+    ("haltd-tests", "bench-real-backend"),
 ];
 
 #[derive(Debug, Args)]
@@ -52,10 +54,17 @@ pub(crate) struct Options {
 }
 
 pub(crate) fn bench(ctx: &Ctx, opts: &Options) -> Result<()> {
-    setup::setup(ctx)?;
     if opts.ops_only {
+        setup::setup(ctx)?;
         return ops(ctx);
     }
+    // `bench-real-backend` serves llama.cpp's server: setup installs it (once) and its model.
+    let real_backend = if opts.kill_loop.is_some() {
+        setup::RealBackend::Skip
+    } else {
+        setup::RealBackend::Install
+    };
+    setup::setup_with(ctx, real_backend)?;
     let built = build::build(ctx, true, &["fault-injection".to_owned()])?;
     if let Some(kills) = opts.kill_loop {
         build_package_bins(ctx, "haltd-tests", &built)?;
@@ -123,6 +132,8 @@ fn run_bench(ctx: &Ctx, pkg: &str, bin: &str, args: &[OsString], built: &Built) 
         c.arg("--").args(args);
     }
     c.env("HALTD_BIN", &built.haltd)
-        .env("HALTCTL_BIN", &built.haltctl);
+        .env("HALTCTL_BIN", &built.haltctl)
+        .env("HALTD_PYTHON", setup::venv_python(ctx))
+        .env("HALTD_LLAMA_MODEL", setup::llama_model_path(ctx)?);
     run(&mut c).with_context(|| format!("bench {bin} failed"))
 }
