@@ -175,6 +175,15 @@ struct Args {
     /// comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
     tls_streams: Vec<usize>,
+    /// Idle upstream connections each haltd worker keeps (`haltd serve --upstream-pool-idle`):
+    /// by default as many as each nginx worker keeps (`keepalive`), the same configuration
+    /// for both relays. haltd's own default is 32.
+    #[arg(long, default_value_t = NGINX_KEEPALIVE)]
+    haltd_pool_idle: usize,
+    /// How long haltd keeps an idle upstream connection (`--upstream-pool-idle-timeout-ms`):
+    /// by default nginx's `keepalive_timeout` here (600 s). haltd's own default is 4 s.
+    #[arg(long, default_value_t = NGINX_KEEPALIVE_TIMEOUT_S * 1000)]
+    haltd_pool_idle_timeout_ms: u64,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -335,13 +344,7 @@ fn main() -> Result<()> {
         "pace_ms": args.pace_ms,
         "rounds": args.rounds,
         "machine": {"nproc": machine.nproc, "kernel": machine.kernel, "cpu": machine.cpu},
-        "haltd": {
-            "bin": fs::canonicalize(&bins.haltd).unwrap_or_else(|_| bins.haltd.clone()).display().to_string(),
-            "workers": args.workers,
-            "workers_effective": workers,
-            "max_streams": args.max_streams,
-            "idle_cpu_us_per_s": round1(idle.haltd),
-        },
+        "haltd": haltd_json(&args, &bins.haltd, workers, &idle),
         "nginx": nginx_json,
         "upstream_idle_cpu_us_per_s": round1(idle.upstream),
         "cpu_clock": cpu_clock.name(),
@@ -355,6 +358,19 @@ fn main() -> Result<()> {
     });
     write_report(&out, &report)?;
     check_runs(&runs, &report)
+}
+
+/// The report's `haltd` part: its build and the settings the bench gave it.
+fn haltd_json(args: &Args, bin: &Path, workers: usize, idle: &Idle) -> Value {
+    json!({
+        "bin": fs::canonicalize(bin).unwrap_or_else(|_| bin.to_path_buf()).display().to_string(),
+        "workers": args.workers,
+        "workers_effective": workers,
+        "max_streams": args.max_streams,
+        "upstream_pool_idle": args.haltd_pool_idle,
+        "upstream_pool_idle_timeout_ms": args.haltd_pool_idle_timeout_ms,
+        "idle_cpu_us_per_s": round1(idle.haltd),
+    })
 }
 
 /// The report's `nginx` part: the relay's build and settings, or why it did not run.
@@ -1908,6 +1924,15 @@ fn start_haltd(
         // caps (a defence against hostile clients) would refuse most of them.
         .args(["--max-conns-per-addr", "0", "--request-phase-share", "100"])
         .args(extra);
+    // The pool as nginx's (see `Args::haltd_pool_idle`), unless the run sets its own (the
+    // TLS comparison's `--upstream-pool-idle 0`).
+    if !extra.iter().any(|a| *a == "--upstream-pool-idle") {
+        cmd.args(["--upstream-pool-idle", &args.haltd_pool_idle.to_string()])
+            .args([
+                "--upstream-pool-idle-timeout-ms",
+                &args.haltd_pool_idle_timeout_ms.to_string(),
+            ]);
+    }
     if let Some(w) = args.workers {
         cmd.args(["--workers", &w.to_string()]);
     }
@@ -1953,6 +1978,8 @@ struct Idle {
 /// Idle upstream connections each nginx worker keeps (`keepalive` of the `upstream` block):
 /// more than a thousand streams' worth, so that every stream of a later run can reuse one.
 const NGINX_KEEPALIVE: usize = 1024;
+/// How long nginx keeps an idle upstream connection (`keepalive_timeout`), in seconds.
+const NGINX_KEEPALIVE_TIMEOUT_S: u64 = 600;
 
 /// nginx as a plain streaming reverse proxy to the upstream: the third route.
 #[derive(Debug)]
@@ -2081,7 +2108,7 @@ http {{
         server {upstream};
         keepalive {NGINX_KEEPALIVE};
         keepalive_requests 1000000;
-        keepalive_timeout 600s;
+        keepalive_timeout {NGINX_KEEPALIVE_TIMEOUT_S}s;
     }}
 
     server {{
