@@ -11,11 +11,41 @@
 //! snippets in context, or resumes unmodified when the round found nothing.
 //!
 //! This module holds the types both sides share; the arms and the router implement
-//! [`Grounder`], the data plane runs it off the worker thread.
+//! [`Grounder`], the data plane runs it off the worker thread. [`Grounding::from_config`]
+//! builds haltd's grounder from `[grounding]` ([`config`]): the [`router::Router`] over the
+//! [`memory`], [`tool`] and [`web`] arms (docs/grounding.md).
+//!
+//! | module | job |
+//! |---|---|
+//! | [`scan`] | the span as tokens |
+//! | [`classify`] | the span's class ([`SpanClass`]) |
+//! | [`check`] | what the evaluator can check in a span |
+//! | [`evaluator`] | fend runs a check (confidence 1.0) |
+//! | [`arm`] | the [`arm::Arm`] trait, evidence capping |
+//! | [`memory`], [`tool`], [`web`] | the arms |
+//! | [`http`] | the arms' HTTP client |
+//! | [`router`] | arm order, deadlines, the round |
+//! | [`config`] | `[grounding]` |
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+pub mod arm;
+pub mod check;
+pub mod classify;
+pub mod config;
+pub mod evaluator;
+pub mod http;
+pub mod memory;
+pub mod router;
+pub mod scan;
+#[cfg(test)]
+mod test_server;
+pub mod tool;
+pub mod web;
+
+pub use config::GroundingConfig;
 
 /// How the router classifies a high-surprise span (spec 003, "Arbitration").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -30,7 +60,7 @@ pub enum SpanClass {
 }
 
 /// One grounding arm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ArmKind {
     /// The operator's local document store (Remember).
@@ -107,3 +137,55 @@ pub struct Round {
 pub trait Grounder: Send + Sync {
     fn ground(&self, query: &SpanQuery, deadline: Instant) -> Round;
 }
+
+/// Why haltd's grounder could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GroundingError {
+    /// The memory store could not be indexed.
+    #[error("grounding.memory.dir: {0}")]
+    Memory(#[from] memory::MemoryError),
+    /// An HTTP tool's pattern does not compile.
+    #[error("grounding.tool.http.{0}")]
+    Pattern(#[from] tool::PatternError),
+}
+
+/// Builds haltd's grounder.
+#[derive(Debug)]
+pub struct Grounding;
+
+impl Grounding {
+    /// The router over the arms `cfg` configures (validated by [`GroundingConfig::load`]),
+    /// counting its attempts on `metrics` (`None`: uncounted). Indexes the memory store, so
+    /// it reads the disk: call it at start, not per round.
+    pub fn from_config(
+        cfg: &GroundingConfig,
+        metrics: Option<crate::metrics::grounding::GroundingMetrics>,
+    ) -> Result<Arc<dyn Grounder>, GroundingError> {
+        let mut arms = router::Arms::default();
+        if let Some(dir) = &cfg.memory.dir {
+            let memory = memory::MemoryArm::open(dir, cfg.memory.floor, cfg.memory.max_results)?;
+            tracing::info!(dir = %dir.display(), passages = memory.passages(), "grounding memory indexed");
+            arms.memory = Some(Arc::new(memory));
+        }
+        if let Some(tool) = tool::ToolArm::new(&cfg.tool, http::agent())? {
+            arms.tool = Some(Arc::new(tool));
+        }
+        if let Some(endpoint) = &cfg.web.endpoint {
+            arms.web = Some(Arc::new(web::WebArm::new(
+                endpoint,
+                cfg.web.max_results,
+                http::agent(),
+            )));
+        }
+        let policy = router::Policy {
+            arm_deadline: cfg.arm_deadline(),
+            round_deadline: cfg.round_deadline(),
+            order_computable: cfg.order_computable.clone(),
+            order_other: cfg.order_other.clone(),
+        };
+        Ok(Arc::new(router::Router::new(arms, policy, metrics)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -14,6 +14,7 @@
 //! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
 //! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
 //! | TokenCircuit | [`circuit`] | `tool_circuit_trips` |
+//! | grounding | [`grounding`] | `grounding_rounds`, `grounding_arm_seconds` |
 //! | requests | [`requests`] | `requests`, `time_to_first_token_seconds`, `inter_token_latency_seconds`, `request_duration_seconds`, `client_errors` (model labels bounded by [`models`]) |
 //! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
@@ -35,6 +36,7 @@ pub mod circuit;
 pub mod dataplane;
 pub mod detectors;
 pub mod gate;
+pub mod grounding;
 pub mod halts;
 pub mod histogram;
 pub mod ledger;
@@ -61,6 +63,7 @@ pub struct Metrics {
     pub detectors: detectors::DetectorMetrics,
     pub requests: requests::RequestMetrics,
     pub circuit: circuit::CircuitMetrics,
+    pub grounding: grounding::GroundingMetrics,
 }
 
 impl Metrics {
@@ -79,10 +82,13 @@ impl Metrics {
         let requests =
             requests::RequestMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         let circuit = circuit::CircuitMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let grounding =
+            grounding::GroundingMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
             requests,
             circuit,
+            grounding,
             registry,
             halts,
             gate,

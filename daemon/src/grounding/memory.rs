@@ -1,0 +1,292 @@
+//! The memory arm (spec 003's Remember): the operator's local document store, a directory
+//! of `.txt` and `.md` files, indexed at start with tantivy (BM25) in RAM.
+//!
+//! Each file is cut into passages (paragraphs, split again past [`PASSAGE_CHARS`]) and each
+//! passage is one indexed document, so a hit's evidence is the passage that scored, not the
+//! whole file. A passage is evidence only when its BM25 score reaches the operator's floor
+//! (`[grounding.memory] floor`); its snippet's source is the file's path and the passage's
+//! first line (`notes/rivers.md:12`), and its confidence is `score / (score + floor)`: 0.5 at
+//! the floor, towards 1 above it (a ranking, not a probability).
+//!
+//! The span is searched as plain terms (its words through the index's own analyzer, one
+//! term query each, any may match), never through a query parser: text from the model cannot
+//! use query syntax.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use tantivy::{
+    collector::TopDocs,
+    doc,
+    query::{BooleanQuery, Occur, Query, TermQuery},
+    schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED},
+    tokenizer::{LowerCaser, RemoveLongFilter, SimpleTokenizer, StopWordFilter, TextAnalyzer},
+    Index, IndexReader, TantivyDocument, Term,
+};
+
+use super::arm::{cap_evidence, Arm, ArmError};
+use super::classify::focus;
+use super::{ArmKind, Snippet, SpanClass, SpanQuery};
+
+/// A passage longer than this (characters) is split.
+pub const PASSAGE_CHARS: usize = 1000;
+/// Files larger than this (bytes) are skipped: the store holds notes, not dumps.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+/// Most files indexed.
+pub const MAX_FILES: usize = 20_000;
+/// The body's tokenizer: words, lower case, without English stop words (Lucene's list, the
+/// one tantivy ships), so "the" and "in" do not lift an unrelated passage over the floor.
+const TOKENIZER: &str = "haltd_en";
+const STOP_WORDS: [&str; 33] = [
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
+    "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these",
+    "they", "this", "to", "was", "will", "with",
+];
+
+/// The index writer's memory budget (tantivy's minimum is 15 MB per thread).
+const WRITER_BYTES: usize = 32 << 20;
+
+/// Why the store could not be indexed.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{dir}: more than {MAX_FILES} files")]
+    TooMany { dir: PathBuf },
+    #[error("indexing {dir}: {source}")]
+    Index {
+        dir: PathBuf,
+        #[source]
+        source: tantivy::TantivyError,
+    },
+}
+
+/// The memory arm: an index of the store, searched per round.
+pub struct MemoryArm {
+    index: Index,
+    reader: IndexReader,
+    path: Field,
+    body: Field,
+    floor: f32,
+    max_results: usize,
+    passages: usize,
+}
+
+impl std::fmt::Debug for MemoryArm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryArm")
+            .field("passages", &self.passages)
+            .field("floor", &self.floor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `.txt` and `.md` files under `dir`, sorted (a stable index order).
+fn documents(dir: &Path) -> Result<Vec<PathBuf>, MemoryError> {
+    let read = |p: &Path| {
+        std::fs::read_dir(p).map_err(|source| MemoryError::Read {
+            path: p.to_owned(),
+            source,
+        })
+    };
+    let (mut files, mut todo) = (Vec::new(), vec![dir.to_owned()]);
+    while let Some(d) = todo.pop() {
+        for entry in read(&d)? {
+            let entry = entry.map_err(|source| MemoryError::Read {
+                path: d.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let ext = path.extension().and_then(|e| e.to_str());
+            if kind.is_dir() {
+                todo.push(path);
+            } else if kind.is_file() && matches!(ext, Some("txt" | "md")) {
+                if entry.metadata().is_ok_and(|m| m.len() <= MAX_FILE_BYTES) {
+                    files.push(path);
+                }
+                if files.len() > MAX_FILES {
+                    return Err(MemoryError::TooMany {
+                        dir: dir.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A file's passages: (first line, 1-based; text).
+fn passages(text: &str) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut first = 1u64;
+    for (n, line) in (1u64..).zip(text.lines()) {
+        let line = line.trim();
+        if !line.is_empty() {
+            if current.is_empty() {
+                first = n;
+            } else {
+                current.push(' ');
+            }
+            current.push_str(line);
+        }
+        if (line.is_empty() || current.chars().count() >= PASSAGE_CHARS) && !current.is_empty() {
+            out.push((first, std::mem::take(&mut current)));
+        }
+    }
+    if !current.is_empty() {
+        out.push((first, current));
+    }
+    out
+}
+
+impl MemoryArm {
+    /// Indexes the store under `dir` (in RAM).
+    pub fn open(dir: &Path, floor: f32, max_results: usize) -> Result<Self, MemoryError> {
+        let index_err = |source| MemoryError::Index {
+            dir: dir.to_owned(),
+            source,
+        };
+        let mut schema = Schema::builder();
+        let path = schema.add_text_field("path", STORED);
+        let indexing = TextFieldIndexing::default()
+            .set_tokenizer(TOKENIZER)
+            .set_index_option(IndexRecordOption::WithFreqsAndPositions);
+        let body_options = TextOptions::default()
+            .set_indexing_options(indexing)
+            .set_stored();
+        let body = schema.add_text_field("body", body_options);
+        let index = Index::create_in_ram(schema.build());
+        index.tokenizers().register(
+            TOKENIZER,
+            TextAnalyzer::builder(SimpleTokenizer::default())
+                .filter(RemoveLongFilter::limit(40))
+                .filter(LowerCaser)
+                .filter(StopWordFilter::remove(STOP_WORDS.map(str::to_owned)))
+                .build(),
+        );
+        let mut writer = index
+            .writer_with_num_threads::<TantivyDocument>(1, WRITER_BYTES)
+            .map_err(index_err)?;
+        let mut count = 0;
+        for file in documents(dir)? {
+            // A file that is not UTF-8 is not a note: skipped.
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            let shown = file
+                .strip_prefix(dir)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            for (line, passage) in passages(&text) {
+                writer
+                    .add_document(doc!(path => format!("{shown}:{line}"), body => passage))
+                    .map_err(index_err)?;
+                count += 1;
+            }
+        }
+        writer.commit().map_err(index_err)?;
+        let reader = index.reader().map_err(index_err)?;
+        Ok(MemoryArm {
+            index,
+            reader,
+            path,
+            body,
+            floor,
+            max_results,
+            passages: count,
+        })
+    }
+
+    /// How many passages are indexed.
+    pub fn passages(&self) -> usize {
+        self.passages
+    }
+
+    /// Scored passages for `text`, best first, with the floor applied.
+    fn hits(&self, text: &str) -> Result<Vec<(f32, String, String)>, tantivy::TantivyError> {
+        // The span's words through the body's own analyzer, as plain terms: no query
+        // syntax, and nothing to search when only stop words are left.
+        let mut analyzer = self.index.tokenizer_for_field(self.body)?;
+        let mut stream = analyzer.token_stream(text);
+        let mut terms: Vec<String> = Vec::new();
+        while let Some(token) = stream.next() {
+            if !terms.contains(&token.text) {
+                terms.push(token.text.clone());
+            }
+        }
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let clauses: Vec<(Occur, Box<dyn Query>)> = terms
+            .iter()
+            .map(|t| {
+                let term = Term::from_field_text(self.body, t);
+                let q: Box<dyn Query> =
+                    Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
+                (Occur::Should, q)
+            })
+            .collect();
+        let query = BooleanQuery::new(clauses);
+        let searcher = self.reader.searcher();
+        let top = searcher.search(
+            &query,
+            &TopDocs::with_limit(self.max_results).order_by_score(),
+        )?;
+        let mut out = Vec::new();
+        for (score, address) in top {
+            if score < self.floor {
+                continue;
+            }
+            let doc: TantivyDocument = searcher.doc(address)?;
+            let field = |f| {
+                doc.get_first(f)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            out.push((score, field(self.path), field(self.body)));
+        }
+        Ok(out)
+    }
+}
+
+impl Arm for MemoryArm {
+    fn kind(&self) -> ArmKind {
+        ArmKind::Memory
+    }
+
+    /// In-memory search: it does no I/O and finishes in milliseconds, so it ignores the
+    /// deadline (the router's wait still bounds it).
+    fn search(
+        &self,
+        query: &SpanQuery,
+        _class: SpanClass,
+        _deadline: Instant,
+    ) -> Result<Vec<Snippet>, ArmError> {
+        let hits = self.hits(&focus(query))?;
+        Ok(hits
+            .into_iter()
+            .map(|(score, source, passage)| Snippet {
+                claim: cap_evidence(&query.span),
+                evidence: cap_evidence(&passage),
+                confidence: score / (score + self.floor.max(f32::EPSILON)),
+                source,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

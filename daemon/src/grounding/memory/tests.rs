@@ -1,0 +1,119 @@
+use std::time::Duration;
+
+use super::*;
+
+/// A store of three notes in a fresh directory.
+pub(crate) fn store() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "haltd-grounding-memory-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("rivers")).expect("test dir");
+    std::fs::write(
+        dir.join("rivers/danube.md"),
+        "# The Danube\n\nThe Danube flows through ten countries and is 2850 km long.\n\
+         It rises in the Black Forest.\n\nUnrelated paragraph about boats.\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("haltd.txt"),
+        "haltd halts a token stream within B tokens after a trip.\n",
+    )
+    .expect("write");
+    std::fs::write(dir.join("ignored.json"), "{\"Danube\": \"ignored\"}").expect("write");
+    dir
+}
+
+fn query(span: &str) -> SpanQuery {
+    SpanQuery {
+        span: span.into(),
+        context: String::new(),
+        prompt: String::new(),
+    }
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(5)
+}
+
+#[test]
+fn files_become_passages_with_their_first_line() {
+    assert_eq!(
+        passages("a\nb\n\n\nc\n"),
+        [(1, "a b".to_owned()), (5, "c".to_owned())]
+    );
+    let long = "word ".repeat(PASSAGE_CHARS / 5 + 10);
+    let cut = passages(&format!("{long}\n{long}\n"));
+    assert_eq!(cut.len(), 2, "a passage past PASSAGE_CHARS is split");
+}
+
+#[test]
+fn finds_the_passage_with_its_path() {
+    let dir = store();
+    let arm = MemoryArm::open(&dir, 0.5, 3).expect("indexed");
+    assert_eq!(arm.passages(), 4, "the .json file is not indexed");
+    let got = arm
+        .search(
+            &query("the Danube is 2850 km long"),
+            SpanClass::EntityShaped,
+            soon(),
+        )
+        .expect("searched");
+    assert!(!got.is_empty());
+    assert_eq!(got[0].source, "rivers/danube.md:3");
+    assert!(got[0]
+        .evidence
+        .starts_with("The Danube flows through ten countries"));
+    assert_eq!(got[0].claim, "the Danube is 2850 km long");
+    assert!(got[0].confidence > 0.5 && got[0].confidence < 1.0);
+    assert!(got.windows(2).all(|w| w[0].confidence >= w[1].confidence));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_floor_keeps_weak_matches_out() {
+    let dir = store();
+    let low = MemoryArm::open(&dir, 0.0, 3).expect("indexed");
+    let high = MemoryArm::open(&dir, 1000.0, 3).expect("indexed");
+    let q = query("boats");
+    assert!(!low
+        .search(&q, SpanClass::Other, soon())
+        .expect("searched")
+        .is_empty());
+    assert!(high
+        .search(&q, SpanClass::Other, soon())
+        .expect("searched")
+        .is_empty());
+    for unrelated in ["quantum chromodynamics", "it is in the and of the"] {
+        assert!(
+            low.search(&query(unrelated), SpanClass::Other, soon())
+                .expect("searched")
+                .is_empty(),
+            "{unrelated}: stop words are not evidence"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn query_syntax_in_the_span_is_plain_text() {
+    let dir = store();
+    let arm = MemoryArm::open(&dir, 0.0, 3).expect("indexed");
+    for span in ["body:Danube AND (", "\"unclosed", "-haltd +[x TO", ""] {
+        arm.search(&query(span), SpanClass::Other, soon())
+            .expect("no query error");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_missing_store_is_an_error() {
+    let e = MemoryArm::open(Path::new("/nonexistent/haltd-store"), 1.0, 3).expect_err("no dir");
+    assert!(
+        e.to_string()
+            .starts_with("reading /nonexistent/haltd-store"),
+        "{e}"
+    );
+}
