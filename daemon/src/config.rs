@@ -57,7 +57,7 @@ pub struct ServeArgs {
     /// Token source.
     #[arg(long, value_enum, default_value = "builtin")]
     pub source: SourceKind,
-    /// Config file (TOML): any of these settings at its top (`listen = "127.0.0.1:8080"`; a flag or HALTD_* variable wins over it), then the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md), the flight recorder's sampling (`[flight_recorder]`), TokenCircuit (`[tool_circuit]`, docs/tokencircuit.md) and `[log] level`. Without it every detector runs with its defaults.
+    /// Config file (TOML): any of these settings at its top (`listen = "127.0.0.1:8080"`; a flag or HALTD_* variable wins over it), then the detector and SafetyCheck settings (`[detectors.*]`, `[safety]`; see docs/detectors.md), the flight recorder's sampling (`[flight_recorder]`), TokenCircuit (`[tool_circuit]`, docs/tokencircuit.md), grounding (`[grounding]`, docs/grounding.md) and `[log] level`. Without it every detector runs with its defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Upstream base URL for `--source openai`, e.g. `http://127.0.0.1:8000` or `https://api.example.com/v1` (TLS, verified; a trailing `/v1` is accepted).
@@ -290,10 +290,22 @@ pub struct Config {
     /// TokenCircuit (`[tool_circuit]` of the config file, fixed at start): the policy the
     /// proxy enforces on chat turns, `None` when disabled.
     pub tool_circuit: Option<std::sync::Arc<crate::circuit::CircuitPolicy>>,
+    /// Grounding (`[grounding]` of the config file, fixed at start, validated): how a
+    /// grounding round grounds a span ([`crate::grounding::Grounding::from_config`]).
+    pub grounding: crate::grounding::GroundingConfig,
 }
 
 /// TokenCircuit's policy as configured: `None` when disabled.
 pub type ToolCircuit = Option<std::sync::Arc<crate::circuit::CircuitPolicy>>;
+
+/// What [`ServeArgs::file_settings`] reads: the sampling policy, TokenCircuit, grounding
+/// (all fixed at start) and what SIGHUP reloads.
+pub type FileSettings = (
+    crate::sampling::SamplingPolicy,
+    ToolCircuit,
+    crate::grounding::GroundingConfig,
+    Reloadable,
+);
 
 /// Most B accepted: a larger budget is no halt budget.
 pub const MAX_BUDGET: u32 = 1000;
@@ -313,6 +325,7 @@ impl ServeArgs {
         let (
             sampling,
             tool_circuit,
+            grounding,
             Reloadable {
                 detectors,
                 log_level,
@@ -349,6 +362,7 @@ impl ServeArgs {
             log_level,
             sampling,
             tool_circuit,
+            grounding,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
@@ -366,10 +380,11 @@ impl ServeArgs {
     /// Reads `--config` again for SIGHUP: what can change without a restart.
     pub fn reloadable(&self) -> Result<Reloadable, ConfigError> {
         let mut file = self.read_config_file()?;
-        // Sampling is fixed at start (the ledger's records of it stay true), and so is
-        // TokenCircuit's policy.
+        // Sampling is fixed at start (the ledger's records of it stay true), and so are
+        // TokenCircuit's policy and grounding (its memory store is indexed at start).
         file.as_mut().map(|t| t.remove("flight_recorder"));
         file.as_mut().map(|t| t.remove("tool_circuit"));
+        file.as_mut().map(|t| t.remove("grounding"));
         self.reloadable_of(file)
     }
 
@@ -447,15 +462,18 @@ impl ServeArgs {
     pub fn file_settings(
         &self,
         mut file: Option<toml::Table>,
-    ) -> Result<(crate::sampling::SamplingPolicy, ToolCircuit, Reloadable), ConfigError> {
-        // `[flight_recorder]` and `[tool_circuit]` are read here; the rest of the file is
-        // what SIGHUP reloads.
+    ) -> Result<FileSettings, ConfigError> {
+        // `[flight_recorder]`, `[tool_circuit]` and `[grounding]` are read here; the rest of
+        // the file is what SIGHUP reloads.
         let recorder = file.as_mut().and_then(|t| t.remove("flight_recorder"));
         let sampling = self.sampling_policy(recorder)?;
         let circuit = file.as_mut().and_then(|t| t.remove("tool_circuit"));
         let circuit = crate::circuit::config::ToolCircuitSection::load(circuit)
             .map_err(|e| err("config", format!("config {e}")).at(e.key.clone()))?;
-        Ok((sampling, circuit, self.reloadable_of(file)?))
+        let grounding = file.as_mut().and_then(|t| t.remove("grounding"));
+        let grounding = crate::grounding::GroundingConfig::load(grounding)
+            .map_err(|e| err("config", format!("config {e}")).at(e.key.clone()))?;
+        Ok((sampling, circuit, grounding, self.reloadable_of(file)?))
     }
 
     /// The flight recorder's sampling policy: the flags, else `[flight_recorder]` of the
@@ -746,8 +764,9 @@ mod tests {
         let e = parse(&["--config", f.arg()]).expect_err("unknown section");
         assert_eq!(e.key.as_deref(), Some("nope"), "{e}");
         assert!(
-            e.reason
-                .contains("[detectors.*], [safety], [flight_recorder], [tool_circuit], [log]"),
+            e.reason.contains(
+                "[detectors.*], [safety], [flight_recorder], [tool_circuit], [grounding], [log]"
+            ),
             "{e}"
         );
     }

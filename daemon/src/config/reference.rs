@@ -39,7 +39,8 @@ the same settings) can be given in four places. The first that gives it wins:
 - `--listen` and `--metrics` take `IP:PORT` or `HOST:PORT`; a name is resolved once, at start.
 - The file's sections: `[detectors.*]` and `[safety]` ([detectors.md](detectors.md)),
   `[flight_recorder]`, `[tool_circuit]` (TokenCircuit on proxied chat turns, off unless
-  `enabled = true`: [tokencircuit.md](tokencircuit.md)) and `[log]` (`level`, an
+  `enabled = true`: [tokencircuit.md](tokencircuit.md)), `[grounding]` (the arms, deadlines
+  and arm orders of a grounding round: [grounding.md](grounding.md)) and `[log]` (`level`, an
   `EnvFilter` directive; the variable `HALTD_LOG` wins over it). [deploy/haltd.toml](../deploy/haltd.toml) is a full example. An
   unknown key or section stops haltd with an error naming its line.
 - SIGHUP re-reads `[detectors.*]`, `[safety]` and `[log]`; the settings at the top of the

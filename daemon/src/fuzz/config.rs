@@ -44,7 +44,7 @@ pub fn config_file(data: &[u8]) {
     };
     exfil_off(&mut table);
     let args = default_args();
-    let Ok((sampling, _circuit, _detectors)) = args.file_settings(Some(table)) else {
+    let Ok((sampling, _circuit, _grounding, _detectors)) = args.file_settings(Some(table)) else {
         return;
     };
     assert!(
