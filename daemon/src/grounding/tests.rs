@@ -78,3 +78,47 @@ fn a_store_that_cannot_be_read_is_an_error() {
         "{e}"
     );
 }
+
+/// One item of `tests/grounding/prompts.jsonl`.
+#[derive(Debug, serde::Deserialize)]
+struct Labelled {
+    id: String,
+    answer: String,
+    span: String,
+    arm: ArmKind,
+    source: String,
+}
+
+#[test]
+fn the_ab_prompt_set_is_grounded_as_labelled() {
+    let set = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/grounding");
+    let cfg = GroundingConfig {
+        memory: config::MemoryConfig {
+            dir: Some(set.join("memory")),
+            ..config::MemoryConfig::default()
+        },
+        ..GroundingConfig::default()
+    };
+    let g = Grounding::from_config(&cfg, None).expect("built");
+    let text = std::fs::read_to_string(set.join("prompts.jsonl")).expect("the set");
+    let mut count = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let item: Labelled = serde_json::from_str(line).expect("an item");
+        let round = g.ground(
+            &query(&item.span, ""),
+            Instant::now() + Duration::from_secs(5),
+        );
+        let grounded = round.attempts.last().expect("an attempt");
+        assert_eq!(
+            (grounded.arm, grounded.outcome),
+            (item.arm, ArmOutcome::Grounded),
+            "{}: {round:?}",
+            item.id
+        );
+        let top = &round.snippets[0];
+        assert!(top.source.starts_with(&item.source), "{}: {top:?}", item.id);
+        assert!(top.evidence.contains(&item.answer), "{}: {top:?}", item.id);
+        count += 1;
+    }
+    assert_eq!(count, 12);
+}
