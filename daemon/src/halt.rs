@@ -67,6 +67,9 @@ pub struct HaltCore {
     pub shutting_down: AtomicBool,
     /// Degraded safe mode and committed conversation state.
     pub modes: Modes,
+    /// TokenCircuit's per-conversation memory: the backoff clock and the intervention
+    /// artifacts (`circuit::store`); unused without `[tool_circuit] enabled`.
+    pub circuits: crate::circuit::store::ConversationStore,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
     /// The detectors a new turn is governed by: built from the configuration at start, swapped

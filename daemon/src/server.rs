@@ -110,11 +110,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     warn_about_exposed_listeners(&cfg);
     // Every listener is bound before the first stream is served: a busy admin or metrics port
     // fails the start, and a client that sees /healthz answer can also scrape /metrics.
-    let control = ControlListeners {
-        admin: admin::bind_admin(&cfg.args.admin, cfg.args.admin_group.as_deref())
-            .map_err(io("admin listener"))?,
-        metrics: admin::bind(cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
-    };
+    let control = bind_control(&cfg)?;
     // From here on as --user, without capabilities: the ledger, the state directory and every
     // thread started below.
     let watchdog = drop_privileges(&cfg)?;
@@ -151,6 +147,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
+        circuits: crate::circuit::store::ConversationStore::for_policy(cfg.tool_circuit.as_deref()),
         detectors: arc_swap::ArcSwap::from_pointee(
             crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
                 .map_err(|e| StartError::Config(e.to_string()))?,
@@ -186,6 +183,15 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
     tracing::debug!(threads, "no thread holds a capability");
     serve_control_plane(shared, control, source, log)
+}
+
+/// The admin and metrics listeners.
+fn bind_control(cfg: &Config) -> Result<ControlListeners, StartError> {
+    Ok(ControlListeners {
+        admin: admin::bind_admin(&cfg.args.admin, cfg.args.admin_group.as_deref())
+            .map_err(io("admin listener"))?,
+        metrics: admin::bind(cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
+    })
 }
 
 /// The daemon's metrics: the gate's state, and the model names `--metric-models` fixes.

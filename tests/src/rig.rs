@@ -135,13 +135,29 @@ impl<U> Rig<U> {
         auth: Option<&str>,
         on_event: impl FnMut(&sse::Progress<'_>, &sse::SseEvent) + Send,
     ) -> Result<StreamOutcome> {
+        let headers: Vec<(&str, &str)> =
+            auth.map(|a| vec![("authorization", a)]).unwrap_or_default();
+        self.stream_headers(path, body, &headers, on_event)
+    }
+
+    /// [`Rig::stream`] with any request headers.
+    pub fn stream_headers(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+        on_event: impl FnMut(&sse::Progress<'_>, &sse::SseEvent) + Send,
+    ) -> Result<StreamOutcome> {
         let (url, body) = (self.url(path), body.clone());
-        let auth = auth.map(str::to_owned);
+        let owned: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         in_netns(&self.haltd.client_ns, move || {
-            let headers: Vec<(&str, &str)> = auth
-                .as_deref()
-                .map(|a| vec![("authorization", a)])
-                .unwrap_or_default();
+            let headers: Vec<(&str, &str)> = owned
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             sse::stream_with(&url, &body, &headers, Duration::from_secs(30), on_event)
         })
     }

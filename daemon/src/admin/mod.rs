@@ -307,6 +307,37 @@ fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {
     Json(json!({"changed": changes, "mode": shared.modes.degraded_view()})).into_response()
 }
 
+/// `GET /admin/circuit`: TokenCircuit's conversations (`circuit::store`), most recently
+/// used first.
+async fn circuit_all(State(shared): State<Arc<HaltCore>>) -> Response {
+    circuit_view(&shared, None)
+}
+
+/// `GET /admin/circuit/{id}`: the conversations named `id` (a header value or a prefix
+/// digest; one per key fingerprint that used it); 404 when none is kept.
+async fn circuit_one(State(shared): State<Arc<HaltCore>>, Path(id): Path<String>) -> Response {
+    circuit_view(&shared, Some(&id))
+}
+
+fn circuit_view(shared: &HaltCore, id: Option<&str>) -> Response {
+    let conversations = shared.circuits.view(id, std::time::Instant::now());
+    let (kept, evicted) = shared.circuits.counts();
+    if let (Some(id), true) = (id, conversations.is_empty()) {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no conversation {id:?} is kept (never seen, or evicted)"),
+        );
+    }
+    Json(json!({
+        "enabled": shared.cfg.tool_circuit.is_some(),
+        "kept": kept,
+        "evicted": evicted,
+        "conversations": conversations,
+    }))
+    .into_response()
+}
+
 /// `GET /admin/conversations`: committed per-conversation state (TURN-ACID).
 async fn conversations(State(shared): State<Arc<HaltCore>>) -> Response {
     Json(json!({"conversations": shared.modes.conversations_view()})).into_response()
@@ -362,6 +393,8 @@ pub async fn serve(
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))
         .route("/admin/conversations", get(conversations))
+        .route("/admin/circuit", get(circuit_all))
+        .route("/admin/circuit/{id}", get(circuit_one))
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.

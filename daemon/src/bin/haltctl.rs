@@ -57,6 +57,11 @@ enum Command {
     },
     /// Committed per-conversation state (turns that ended cleanly).
     Conversations,
+    /// TokenCircuit (docs/tokencircuit.md): the conversations' tool circuits.
+    Circuit {
+        #[command(subcommand)]
+        command: CircuitCommand,
+    },
     /// Flight-recorder tools.
     Ledger {
         #[command(subcommand)]
@@ -177,6 +182,20 @@ struct LedgerView {
     json: bool,
 }
 
+#[derive(Subcommand)]
+enum CircuitCommand {
+    /// The open keys (class, budget left, receipts) and haltd's last interventions of a
+    /// conversation (its `x-haltd-conversation-id`, or the digest this shows), or of every
+    /// conversation haltd keeps, most recently used first.
+    Show {
+        /// The conversation; without it, every one kept.
+        conversation: Option<String>,
+        /// Print the admin API's JSON as it came.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// `--kind`: the record kinds of docs/fhr-schema.md §1.
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum KindArg {
@@ -185,6 +204,9 @@ enum KindArg {
     Lifecycle,
     Crash,
     Admin,
+    /// TokenCircuit's interventions (`tool_circuit`).
+    #[value(name = "tool_circuit")]
+    ToolCircuit,
 }
 
 impl From<KindArg> for haltd::ledger::RecordKind {
@@ -196,6 +218,7 @@ impl From<KindArg> for haltd::ledger::RecordKind {
             KindArg::Lifecycle => K::Lifecycle,
             KindArg::Crash => K::Crash,
             KindArg::Admin => K::Admin,
+            KindArg::ToolCircuit => K::ToolCircuit,
         }
     }
 }
@@ -359,6 +382,50 @@ fn admin_call(cli: &Cli, method: Method, path: &str, body: Option<serde_json::Va
     }
 }
 
+/// `haltctl circuit show`: `GET /admin/circuit[/{id}]`, as text or as the JSON.
+fn circuit_show(cli: &Cli, conversation: Option<&str>, json: bool) -> ExitCode {
+    let path = match conversation {
+        // A header value is any visible ASCII: every byte but [A-Za-z0-9-_.~] is escaped.
+        Some(id) => format!(
+            "/admin/circuit/{}",
+            id.bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                        char::from(b).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect::<String>()
+        ),
+        None => "/admin/circuit".to_owned(),
+    };
+    if json {
+        return admin_call(cli, Method::GET, &path, None);
+    }
+    let client = match AdminClient::new(&cli.admin, cli.admin_token_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("haltctl: --admin {}: {e}", cli.admin);
+            return ExitCode::from(2);
+        }
+    };
+    match client.request(Method::GET, &path, None) {
+        Ok((status, body)) if status.is_success() => {
+            let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            print!("{}", haltd::circuit::show::render(&view));
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!("haltctl: haltd answered {status}: {}", body.trim_end());
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("haltctl: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// `haltctl calibrate`: offline, it never talks to haltd.
 fn calibrate(args: CalibrateArgs) -> ExitCode {
     use haltd::calibrate as cal;
@@ -493,6 +560,9 @@ fn main() -> ExitCode {
             Some(serde_json::json!({ "mode": mode, "scope": scope })),
         ),
         Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
+        Command::Circuit {
+            command: CircuitCommand::Show { conversation, json },
+        } => circuit_show(&cli, conversation.as_deref(), *json),
         Command::Calibrate(args) => calibrate(args.clone()),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

@@ -6,6 +6,7 @@
 //! enabled = true
 //! budgets = { transient = 2, validation = 1, missing_resource = 1, ambiguous_effect = 1 }
 //! backoff = { base_ms = 500, cap_ms = 30000 }
+//! conversations = 4096
 //!
 //! [tool_circuit.tools.run_sql]
 //! resource_class = "sql_namespace"
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use super::policy::{Backoff, Budgets, CircuitPolicy};
 use super::registry::{AuthScopeSource, ToolRegistry};
+use super::store::{DEFAULT_CONVERSATIONS, MAX_CONVERSATIONS};
 
 /// The most retries a budget may allow: a larger one is no budget.
 pub const MAX_BUDGET: u32 = 100;
@@ -26,7 +28,7 @@ pub const MAX_BUDGET: u32 = 100;
 pub const MAX_BACKOFF_MS: u64 = 600_000;
 
 /// The section as written.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolCircuitSection {
     /// Enforce TokenCircuit on proxied chat turns (default: off).
@@ -37,6 +39,21 @@ pub struct ToolCircuitSection {
     pub backoff: Backoff,
     /// The operator's tool registry, by tool name.
     pub tools: ToolRegistry,
+    /// Conversations whose backoff clock and artifacts are kept in memory (default 4096;
+    /// the least recently used is evicted).
+    pub conversations: usize,
+}
+
+impl Default for ToolCircuitSection {
+    fn default() -> Self {
+        ToolCircuitSection {
+            enabled: false,
+            budgets: Budgets::default(),
+            backoff: Backoff::default(),
+            tools: ToolRegistry::default(),
+            conversations: DEFAULT_CONVERSATIONS,
+        }
+    }
 }
 
 /// A bad `[tool_circuit]` value, with the key it is at.
@@ -72,6 +89,7 @@ impl ToolCircuitSection {
                 budgets: section.budgets,
                 backoff: section.backoff,
                 registry: section.tools,
+                conversations: section.conversations,
             })
         }))
     }
@@ -91,6 +109,12 @@ impl ToolCircuitSection {
                     format!("{v} is more than {MAX_BUDGET}"),
                 ));
             }
+        }
+        if self.conversations == 0 || self.conversations > MAX_CONVERSATIONS {
+            return Err(bad(
+                "tool_circuit.conversations",
+                format!("need 1 to {MAX_CONVERSATIONS}, got {}", self.conversations),
+            ));
         }
         let o = &self.backoff;
         if o.base_ms == 0 || o.base_ms > o.cap_ms || o.cap_ms > MAX_BACKOFF_MS {
@@ -163,6 +187,7 @@ mod tests {
         assert_eq!(p.budgets.transient, 3);
         assert_eq!(p.budgets.validation, 1);
         assert_eq!(p.backoff, Backoff::default());
+        assert_eq!(p.conversations, DEFAULT_CONVERSATIONS);
         assert!(p.registry.0.contains_key("create_order"));
     }
 
@@ -190,6 +215,10 @@ mod tests {
                 "tool_circuit.tools.a.verifier",
             ),
             ("[tool_circuit]\nenable = true\n", "tool_circuit"),
+            (
+                "[tool_circuit]\nconversations = 0\n",
+                "tool_circuit.conversations",
+            ),
             (
                 "[tool_circuit.tools.a]\nmethod = \"FETCH\"\n",
                 "tool_circuit",

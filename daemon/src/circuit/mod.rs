@@ -19,6 +19,8 @@
 //!   [`CircuitError`] carrying it.
 //! * [`machine`]: the per-target state machine ([`Circuit`]); [`transcript`] rebuilds it
 //!   from a request's messages.
+//! * [`store`]: what the transcript cannot carry (the backoff clock, the intervention
+//!   artifacts), per conversation, bounded, in memory; [`show`] prints its admin view.
 
 pub mod artifact;
 pub mod canonical;
@@ -30,6 +32,8 @@ pub mod key;
 pub mod machine;
 pub mod policy;
 pub mod registry;
+pub mod show;
+pub mod store;
 pub mod transcript;
 
 pub use artifact::{CircuitError, DiagnosticArtifact};

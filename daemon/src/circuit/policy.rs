@@ -83,11 +83,24 @@ impl Backoff {
 }
 
 /// Everything the state machine judges with.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CircuitPolicy {
     pub budgets: Budgets,
     pub backoff: Backoff,
     pub registry: ToolRegistry,
+    /// Conversations the in-memory store keeps (`store.rs`).
+    pub conversations: usize,
+}
+
+impl Default for CircuitPolicy {
+    fn default() -> Self {
+        CircuitPolicy {
+            budgets: Budgets::default(),
+            backoff: Backoff::default(),
+            registry: ToolRegistry::default(),
+            conversations: super::store::DEFAULT_CONVERSATIONS,
+        }
+    }
 }
 
 /// The values in force, as recorded in every artifact.

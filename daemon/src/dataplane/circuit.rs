@@ -1,25 +1,29 @@
 //! TokenCircuit in the turn pipeline (spec 002, docs/tokencircuit.md).
 //!
 //! A proxied chat turn with `[tool_circuit] enabled` starts with its conversation's circuit,
-//! rebuilt from the request's own transcript (`circuit::transcript`). The model's tool-call
-//! deltas are observed and scanned like any output, then held here instead of queued for
-//! the client: only when the turn's text is complete is every call whole and judged. A call
-//! its key's budget forbids halts the stream with `TOOL_CIRCUIT_OPEN` and the diagnostic
-//! artifact in the error object, through the same trip as any other halt (kernel-enforced,
-//! the incident recorded), before a byte of any held call reached the client; otherwise the
-//! held deltas go out in order, framed as they would have been.
+//! rebuilt from the request's own transcript (`circuit::transcript`) and its conversation's
+//! backoff clock (`circuit::store`). The model's tool-call deltas are observed and scanned
+//! like any output, then held here instead of queued for the client, per call: a call is
+//! whole once a later call starts (calls stream in index order) or the turn's text ends,
+//! and is judged then. A call its key's budget forbids halts the stream with
+//! `TOOL_CIRCUIT_OPEN` and the diagnostic artifact in the error object, through the same
+//! trip as any other halt (kernel-enforced, the incident recorded), before a byte of it
+//! reached the client; an allowed call's held deltas go out at once, in order, framed as
+//! they would have been.
 
-use std::{io, sync::Arc};
+use std::{io, sync::Arc, time::Instant};
 
 use serde_json::Value;
 
 use super::Worker;
 use crate::{
     circuit::{
-        transcript::{rebuild, tool_call, Timeline},
+        store::{ConversationId, ConversationStore},
+        transcript::{answered_ids, rebuild, tool_call},
         Circuit, CircuitPolicy, Verdict,
     },
     codes::FailureCode,
+    modes::KeyId,
     stream::Initiator,
     upstream::{framing::ToolCallPart, UpToken},
     wire::HttpError,
@@ -34,30 +38,62 @@ struct HeldDelta {
     arrived_ns: u64,
     /// Where its text ended in the scanned output.
     scanned: usize,
+    /// The highest call index among its parts: it goes out once that call is judged.
+    last_call: u32,
 }
 
 /// A turn's circuit and the deltas it holds.
 #[derive(Debug)]
 pub(super) struct TurnCircuit {
     circuit: Circuit,
-    held: Vec<HeldDelta>,
+    conversation: ConversationId,
+    /// Held deltas, in order (released from the front).
+    held: std::collections::VecDeque<HeldDelta>,
+    /// Calls judged and let out so far (by index: calls `0..judged_calls`).
+    judged_calls: usize,
+    /// The highest call index seen: every call below it is complete (calls stream in order).
+    newest_call: usize,
+    /// The end of the turn was judged.
     judged: bool,
 }
 
+/// A request's arrival, as the conversation store needs it.
+pub(super) struct Arrival<'a> {
+    pub store: &'a ConversationStore,
+    /// The client's `x-haltd-conversation-id`.
+    pub header: Option<&'a str>,
+    pub key: KeyId,
+    pub now: Instant,
+}
+
 impl TurnCircuit {
-    /// The circuit of a chat request's conversation, rebuilt from its `messages`. A
-    /// transcript haltd cannot replay (a tool call without an id or name, a tool result
-    /// without a `tool_call_id`) is refused: its calls could not be judged.
-    pub(super) fn of_request(policy: &Arc<CircuitPolicy>, json: &Value) -> Result<Self, HttpError> {
+    /// The circuit of a chat request's conversation, rebuilt from its `messages` with the
+    /// conversation's backoff clock (the results it carries for the first time arrived
+    /// now). A transcript haltd cannot replay (a tool call without an id or name, a tool
+    /// result without a `tool_call_id`) is refused: its calls could not be judged.
+    pub(super) fn of_request(
+        policy: &Arc<CircuitPolicy>,
+        json: &Value,
+        at: &Arrival<'_>,
+    ) -> Result<Self, HttpError> {
         let messages = json
             .get("messages")
             .and_then(Value::as_array)
             .map_or(&[][..], Vec::as_slice);
-        let circuit = rebuild(Arc::clone(policy), messages, &Timeline::default())
+        let conversation = ConversationId::of(at.header, &at.key.fingerprint(), messages);
+        let timeline = at
+            .store
+            .arrive(&conversation, &answered_ids(messages), at.now);
+        let circuit = rebuild(Arc::clone(policy), messages, &timeline)
             .map_err(|e| HttpError::bad_request(format!("messages: {e}")))?;
+        at.store
+            .observe(&conversation, circuit.open_artifacts(), at.now);
         Ok(TurnCircuit {
             circuit,
-            held: Vec::new(),
+            conversation,
+            held: std::collections::VecDeque::new(),
+            judged_calls: 0,
+            newest_call: 0,
             judged: false,
         })
     }
@@ -68,13 +104,21 @@ impl TurnCircuit {
     /// summary the model can read as the message). Any other class: the turn is forwarded
     /// with the exhausted tools removed from `tools` (and from `tool_choice` when it names
     /// one) and a system message saying why, so the model can summarize instead of retrying.
-    pub(super) fn apply_exhausted(&self, body: &mut Value) -> Result<(), HttpError> {
+    pub(super) fn apply_exhausted(
+        &self,
+        body: &mut Value,
+        at: &Arrival<'_>,
+    ) -> Result<(), Box<Refusal>> {
         let exhausted = self.circuit.exhausted();
         if let Some(a) = exhausted.iter().find(|a| a.failure_class.fails_closed()) {
+            at.store.intervened(&self.conversation, a.clone(), at.now);
             let artifact = serde_json::to_value(a).unwrap_or(Value::Null);
-            return Err(HttpError::new(409, "tool_circuit_open", a.summary())
-                .with_code("TOOL_CIRCUIT_OPEN")
-                .with_detail("tool_circuit", artifact));
+            return Err(Box::new(Refusal {
+                error: HttpError::new(409, "tool_circuit_open", a.summary())
+                    .with_code("TOOL_CIRCUIT_OPEN")
+                    .with_detail("tool_circuit", artifact),
+                answered: Some(Box::new((self.conversation.clone(), a.clone()))),
+            }));
         }
         if exhausted.is_empty() {
             return Ok(());
@@ -109,8 +153,8 @@ impl TurnCircuit {
         Ok(())
     }
 
-    /// Holds an observed, scanned tool-call delta (allocates per delta: the deltas of the
-    /// turn's tool calls are kept until its end).
+    /// Holds an observed, scanned tool-call delta (allocates per delta: a call's deltas are
+    /// kept until it is complete and judged).
     pub(super) fn hold(
         &mut self,
         parts: Vec<ToolCallPart>,
@@ -119,27 +163,57 @@ impl TurnCircuit {
         arrived_ns: u64,
         scanned: usize,
     ) {
-        self.held.push(HeldDelta {
+        let last_call = parts.iter().map(|p| p.index).max().unwrap_or(0);
+        self.newest_call = self.newest_call.max(last_call as usize);
+        self.held.push_back(HeldDelta {
             parts,
             tokens,
             started,
             arrived_ns,
             scanned,
+            last_call,
         });
     }
 
-    /// Judges the turn's merged calls in order; the first denial, if any.
-    fn judge(&mut self, calls: &[Value]) -> Option<Verdict> {
+    /// The calls complete but not judged yet: those below the newest call seen, or, at the
+    /// end of the turn (`all`), every one left.
+    fn complete(&self, merged: &[Value], all: bool) -> std::ops::Range<usize> {
+        let end = if all {
+            merged.len()
+        } else {
+            self.newest_call.min(merged.len())
+        };
+        self.judged_calls.min(end)..end
+    }
+
+    /// The held deltas whose calls are all judged (`all`: every call is), in order.
+    fn releasable(&mut self, all: bool) -> Vec<HeldDelta> {
+        let mut out = Vec::new();
+        while self
+            .held
+            .front()
+            .is_some_and(|d| all || (d.last_call as usize) < self.judged_calls)
+        {
+            out.extend(self.held.pop_front());
+        }
+        out
+    }
+
+    /// Judges the turn's merged calls in order, emitted at `now` (a transient retry before
+    /// its backoff elapsed is charged double); the first denial, if any. `calls` are the
+    /// calls from index `judged_calls` on.
+    fn judge(&mut self, calls: &[Value], now: Instant) -> Option<Verdict> {
         for (index, call) in calls.iter().enumerate() {
             // A call without an id or name cannot be judged: fail closed.
             let Ok(call) = tool_call(call, index) else {
                 return Some(Verdict::Deny(Box::new(self.unjudgeable(call))));
             };
-            let verdict = self.circuit.judge(call, None);
+            let verdict = self.circuit.judge(call, Some(now));
             if let Verdict::Deny(_) = verdict {
                 return Some(verdict);
             }
-            self.circuit.record_call(call, None);
+            self.circuit.record_call(call, Some(now));
+            self.judged_calls += 1;
         }
         None
     }
@@ -168,42 +242,85 @@ impl TurnCircuit {
     }
 }
 
-/// Counts a request TokenCircuit answered without the model (its 409), by class.
-pub(super) fn count_answer(metrics: &crate::metrics::Metrics, e: &HttpError) {
-    if e.code != Some("TOOL_CIRCUIT_OPEN") {
-        return;
+/// A request refused before the model was called: an invalid request, or one TokenCircuit
+/// answered itself (with the conversation and the artifact).
+#[derive(Debug)]
+pub(super) struct Refusal {
+    pub error: HttpError,
+    pub answered: Option<Box<(ConversationId, crate::circuit::DiagnosticArtifact)>>,
+}
+
+impl From<HttpError> for Box<Refusal> {
+    fn from(error: HttpError) -> Self {
+        Box::new(Refusal {
+            error,
+            answered: None,
+        })
     }
-    let class = e
-        .detail
-        .as_ref()
-        .and_then(|(_, a)| serde_json::from_value(a["failure_class"].clone()).ok());
-    if let Some(class) = class {
-        metrics.circuit.tripped(class);
+}
+
+impl Refusal {
+    /// Counts and records a request TokenCircuit answered without the model (its 409), by
+    /// class; the error to answer.
+    pub(super) fn settle(self, shared: &crate::halt::HaltCore, stream_id: String) -> HttpError {
+        if let Some((conv, artifact)) = self.answered.as_deref() {
+            shared.metrics.circuit.tripped(artifact.failure_class);
+            let action = super::circuit_record::Action::Answered;
+            super::circuit_record::record(shared, conv, action, artifact, Some(stream_id));
+        }
+        self.error
     }
 }
 
 impl Worker {
-    /// At the end of the turn's text: judge every call; a forbidden one halts the stream
-    /// (returns false), else the held deltas are queued for the client.
+    /// After a held tool-call delta: the calls it shows complete (a later call started) are
+    /// judged, and the held deltas of judged calls go out, so a call streams as soon as it
+    /// is whole. A forbidden call halts the stream (returns false) before any of it is sent.
+    pub(super) fn circuit_release(&mut self, key: usize) -> io::Result<bool> {
+        self.circuit_judge(key, false)
+    }
+
+    /// At the end of the turn's text: judge every call left; a forbidden one halts the
+    /// stream (returns false), else the held deltas are queued for the client.
     pub(super) fn circuit_at_end(&mut self, key: usize) -> io::Result<bool> {
+        self.circuit_judge(key, true)
+    }
+
+    fn circuit_judge(&mut self, key: usize, at_end: bool) -> io::Result<bool> {
+        let stream_id = self.conns[key].id;
         let Some(turn) = self.conns[key].turn.as_mut() else {
             return Ok(false);
         };
         let Some(tc) = turn.circuit.as_mut().filter(|c| !c.judged) else {
             return Ok(true);
         };
-        tc.judged = true;
-        let calls = turn
-            .source
-            .upstream()
-            .map(|s| s.tool_calls().to_vec())
-            .unwrap_or_default();
-        if let Some(Verdict::Deny(artifact)) = tc.judge(&calls) {
+        tc.judged = at_end;
+        let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
+        let range = tc.complete(merged, at_end);
+        if range.is_empty() && !at_end {
+            return Ok(true);
+        }
+        let calls = merged[range].to_vec();
+        let now = Instant::now();
+        let store = &self.shared.circuits;
+        let denied = tc.judge(&calls, now);
+        store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
+        if let Some(Verdict::Deny(artifact)) = denied {
             tc.held.clear();
+            tc.judged = true;
+            store.intervened(&tc.conversation, (*artifact).clone(), now);
+            let action = super::circuit_record::Action::Halted;
+            let id = Some(stream_id.to_string());
+            super::circuit_record::record(&self.shared, &tc.conversation, action, &artifact, id);
             self.circuit_trip(key, &artifact)?;
             return Ok(false);
         }
-        for d in std::mem::take(&mut tc.held) {
+        // Let out now: the instant the backoff clock measures the next retry from.
+        let ids = calls
+            .iter()
+            .filter_map(|c| c.get("id").and_then(Value::as_str));
+        store.emitted(&tc.conversation, ids, now);
+        for d in tc.releasable(at_end) {
             turn.hold.push_tool_calls_ending(
                 d.parts,
                 d.tokens,
@@ -258,11 +375,22 @@ mod tests {
         })
     }
 
+    fn arrival(store: &ConversationStore) -> Arrival<'_> {
+        Arrival {
+            store,
+            header: None,
+            key: KeyId(7),
+            now: Instant::now(),
+        }
+    }
+
     fn apply(result: &str) -> (Result<(), HttpError>, Value) {
         let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let at = arrival(&store);
         let mut b = body(result);
-        let c = TurnCircuit::of_request(&policy, &b).expect("replayable");
-        (c.apply_exhausted(&mut b), b)
+        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
+        (c.apply_exhausted(&mut b, &at).map_err(|r| r.error), b)
     }
 
     #[test]
@@ -301,18 +429,90 @@ mod tests {
     #[test]
     fn open_but_not_exhausted_changes_nothing() {
         let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let at = arrival(&store);
         let mut b = body("HTTP 503");
         let before = b.clone();
-        let c = TurnCircuit::of_request(&policy, &b).expect("replayable");
-        assert_eq!(c.apply_exhausted(&mut b), Ok(()));
+        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
+        assert!(c.apply_exhausted(&mut b, &at).is_ok());
         assert_eq!(b, before);
+    }
+
+    /// The conversation of `body` after `n` failed `search` calls (ids `c0`..), all `HTTP 503`.
+    fn transient_body(n: usize) -> Value {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "find it"})];
+        for i in 0..n {
+            let id = format!("c{i}");
+            messages.push(serde_json::json!({"role": "assistant", "tool_calls": [
+                {"id": id, "type": "function",
+                 "function": {"name": "search", "arguments": "{}"}}]}));
+            messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
+                                             "content": "HTTP 503"}));
+        }
+        serde_json::json!({"model": "m", "messages": messages})
+    }
+
+    fn search(id: &str) -> Value {
+        serde_json::json!({"id": id, "type": "function",
+                           "function": {"name": "search", "arguments": "{}"}})
+    }
+
+    #[test]
+    fn the_backoff_clock_is_kept_between_requests() {
+        // A minute of backoff: every retry below comes before it elapsed.
+        let policy = Arc::new(CircuitPolicy {
+            budgets: crate::circuit::Budgets {
+                transient: 3,
+                ..Default::default()
+            },
+            backoff: crate::circuit::Backoff {
+                base_ms: 60_000,
+                cap_ms: 60_000,
+            },
+            ..CircuitPolicy::default()
+        });
+        let ms = std::time::Duration::from_millis;
+        let store = ConversationStore::new(4);
+        let t0 = Instant::now();
+        let at = |now| Arrival {
+            store: &store,
+            header: Some("conv-1"),
+            key: KeyId(7),
+            now,
+        };
+        // Request 1: c0 failed; the model retries (c1) at once: premature, 2 units.
+        let mut tc = TurnCircuit::of_request(&policy, &transient_body(1), &at(t0)).expect("ok");
+        assert_eq!(tc.judge(&[search("c1")], t0 + ms(10)), None);
+        store.emitted(&tc.conversation, ["c1"], t0 + ms(10));
+        // Request 2: c1 failed too. Its 2 units are rebuilt from the transcript and the
+        // clock; another premature retry (2 more) would pass the budget of 3.
+        let mut tc =
+            TurnCircuit::of_request(&policy, &transient_body(2), &at(t0 + ms(20))).expect("ok");
+        let Some(Verdict::Deny(a)) = tc.judge(&[search("c2")], t0 + ms(30)) else {
+            panic!("a premature retry past the budget is denied");
+        };
+        assert_eq!((a.retry_count, a.budget), (2, 3));
+        // Without the clock (another conversation) c1 is charged one unit, and the retry
+        // (premature, 2 units) fits: the clock is what made the difference.
+        let other = Arrival {
+            header: Some("conv-2"),
+            ..at(t0 + ms(20))
+        };
+        let mut tc = TurnCircuit::of_request(&policy, &transient_body(2), &other).expect("ok");
+        assert_eq!(tc.judge(&[search("c2")], t0 + ms(30)), None);
+        let views = store.view(Some("conv-1"), t0 + ms(40));
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].open[0].retry_count, 2);
+        assert_eq!(views[0].calls_timed, 1);
     }
 
     #[test]
     fn a_transcript_that_cannot_be_replayed_is_refused() {
         let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
         let b = serde_json::json!({"messages": [{"role": "tool", "content": "x"}]});
-        let e = TurnCircuit::of_request(&policy, &b).expect_err("no tool_call_id");
+        let e =
+            TurnCircuit::of_request(&policy, &b, &arrival(&store)).expect_err("no tool_call_id");
         assert_eq!(e.status, 400);
     }
 }

@@ -24,6 +24,7 @@
 //! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
 //! | `score.rs` | the observe phase; a token parked while the external scorer answers |
 //! | `circuit.rs` | TokenCircuit: tool calls held until judged, `TOOL_CIRCUIT_OPEN` |
+//! | `circuit_record.rs` | TokenCircuit's ledger records (severity `page` for invariant_violation) |
 //! | `hold.rs` | the exfiltration hold-back queue, which also frames proxied text |
 //! | `send.rs` | client sends and what their completion means |
 //! | `halt.rs` | the emitter's side of a halt |
@@ -46,6 +47,7 @@ use slab::Slab;
 use crate::halt::HaltCore;
 
 mod circuit;
+mod circuit_record;
 mod client_tls;
 mod conn;
 mod deadline;

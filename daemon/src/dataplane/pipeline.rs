@@ -394,9 +394,13 @@ impl Worker {
             return Ok(Next::Poll);
         }
         if let Some(circuit) = turn.circuit.as_mut() {
-            // TokenCircuit: held until the turn's calls are complete and judged (`circuit.rs`).
+            // TokenCircuit: held until its call is complete and judged (`circuit.rs`).
             circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
-            return Ok(Next::Poll);
+            return Ok(if self.circuit_release(key)? {
+                Next::Poll
+            } else {
+                Next::Stop
+            });
         }
         // Emitted through the queue (in order behind any held frame).
         turn.hold

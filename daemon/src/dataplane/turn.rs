@@ -258,16 +258,19 @@ fn prepare_proxied(
     endpoint: Endpoint,
     body: &[u8],
     degraded: bool,
-    circuit: Option<&Arc<crate::circuit::CircuitPolicy>>,
-) -> Result<Proxied, HttpError> {
+    circuit: Option<(
+        &Arc<crate::circuit::CircuitPolicy>,
+        super::circuit::Arrival<'_>,
+    )>,
+) -> Result<Proxied, Box<super::circuit::Refusal>> {
     let mut req = ClientRequest::parse(endpoint, body)?;
     let urls = crate::safety::request_sources(req.json());
     let system_prompt = crate::safety::system_prompt(req.json());
     let circuit = match circuit {
-        Some(policy) if endpoint == Endpoint::Chat && !degraded => {
-            let c = super::circuit::TurnCircuit::of_request(policy, req.json())?;
+        Some((policy, at)) if endpoint == Endpoint::Chat && !degraded => {
+            let c = super::circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
             // An exhausted budget: answered here, or forwarded without the tool.
-            c.apply_exhausted(req.json_mut())?;
+            c.apply_exhausted(req.json_mut(), &at)?;
             Some(Box::new(c))
         }
         _ => None,
@@ -505,11 +508,17 @@ impl Worker {
         self.shared.expire_degraded();
         let degraded = self.shared.modes.is_degraded(key_id);
         let policy = self.shared.cfg.tool_circuit.as_ref();
+        let arrival = super::circuit::Arrival {
+            store: &self.shared.circuits,
+            header: head.conversation_id.as_deref(),
+            key: key_id,
+            now: std::time::Instant::now(),
+        };
         let (up, request_urls, system_prompt, circuit) =
-            match prepare_proxied(endpoint, body, degraded, policy) {
+            match prepare_proxied(endpoint, body, degraded, policy.map(|p| (p, arrival))) {
                 Ok(v) => v,
-                Err(e) => {
-                    super::circuit::count_answer(&self.shared.metrics, &e);
+                Err(r) => {
+                    let e = (*r).settle(&self.shared, self.conns[key].id.to_string());
                     return self.reply_error(key, &e);
                 }
             };

@@ -24,6 +24,11 @@ pub enum RecordKind {
     /// An action through the admin API (a trip, the end of degraded mode): what, by whom
     /// (`admin.actor`: the socket peer's uid and pid, or the TCP peer), and its outcome.
     Admin,
+    /// A TokenCircuit intervention (a halt with `TOOL_CIRCUIT_OPEN`, or a request answered
+    /// without the model) with its diagnostic artifact; `severity: "page"` for an
+    /// invariant_violation.
+    #[serde(rename = "tool_circuit")]
+    ToolCircuit,
 }
 
 /// One flight-recorder record. `seq`, `prev_hash` and `hash` are filled by the ledger; `ts`
@@ -122,6 +127,9 @@ pub struct Record {
     /// before haltd answered, so a crash or power loss may have lost the ones after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_fsync: Option<bool>,
+    /// TokenCircuit records: the action, its severity, the conversation and the artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_circuit: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -171,6 +179,7 @@ impl Default for Record {
             segment: None,
             recovery: None,
             no_fsync: None,
+            tool_circuit: None,
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct RequestHead {
     pub request_id: Option<String>,
     /// The client's `traceparent`, if one came in the W3C format: passed to the upstream.
     pub traceparent: Option<String>,
+    /// The client's `x-haltd-conversation-id` (TokenCircuit's conversation identity,
+    /// `circuit::store`): 1 to 128 visible ASCII bytes.
+    pub conversation_id: Option<String>,
 }
 
 impl RequestHead {
@@ -199,6 +202,7 @@ pub fn parse_head_with(
         identity,
         request_id: fields.request_id.flatten(),
         traceparent: fields.traceparent.flatten(),
+        conversation_id: fields.conversation_id,
     }))
 }
 
@@ -242,6 +246,7 @@ struct HeadFields {
     /// (malformed, or a second one), which stays not accepted.
     request_id: Option<Option<String>>,
     traceparent: Option<Option<String>>,
+    conversation_id: Option<String>,
 }
 
 /// A correlation header: the first well-formed one is kept, a second one voids it.
@@ -253,6 +258,21 @@ fn correlate(slot: &mut Option<Option<String>>, value: Option<String>) {
 }
 
 impl HeadFields {
+    /// `x-haltd-conversation-id`: it names whose backoff clock a turn is judged by, so one
+    /// that cannot be used is refused, not ignored.
+    fn conversation(&mut self, value: &[u8]) -> Result<(), HttpError> {
+        if self.conversation_id.is_some() {
+            return Err(HttpError::bad_request(
+                "more than one x-haltd-conversation-id header",
+            ));
+        }
+        let v = crate::wire::trace::accept_request_id(value.trim_ascii()).ok_or_else(|| {
+            HttpError::bad_request("x-haltd-conversation-id must be 1 to 128 visible ASCII bytes")
+        })?;
+        self.conversation_id = Some(v);
+        Ok(())
+    }
+
     /// Reads them from a parsed head, refusing what haltd does not serve.
     fn read(headers: &[httparse::Header<'_>]) -> Result<Self, HttpError> {
         let mut f = HeadFields::default();
@@ -278,6 +298,12 @@ impl HeadFields {
                     &mut f.request_id,
                     crate::wire::trace::accept_request_id(h.value.trim_ascii()),
                 );
+                continue;
+            }
+            if h.name
+                .eq_ignore_ascii_case(crate::circuit::store::CONVERSATION_HEADER)
+            {
+                f.conversation(h.value)?;
                 continue;
             }
             if h.name.eq_ignore_ascii_case("traceparent") {
@@ -547,6 +573,31 @@ mod tests {
         assert!(head("Connection: Upgrade, Keep-Alive\r\n").keep_alive);
         assert!(!head("connection: close\r\n").keep_alive);
         assert!(!head("connection: keep-alive\r\nconnection: close\r\n").keep_alive);
+    }
+
+    #[test]
+    fn the_conversation_header_is_kept_or_refused() {
+        let head = |h: &str| {
+            let req = format!("GET / HTTP/1.1\r\nhost: x\r\n{h}\r\n");
+            parse_head(req.as_bytes(), 10).map(|h| h.expect("complete").conversation_id)
+        };
+        assert_eq!(head(""), Ok(None));
+        assert_eq!(
+            head("X-Haltd-Conversation-Id:  c-42 \r\n"),
+            Ok(Some("c-42".to_owned()))
+        );
+        let refused = |h: &str| head(h).expect_err(h).status;
+        assert_eq!(refused("x-haltd-conversation-id: \r\n"), 400);
+        assert_eq!(refused("x-haltd-conversation-id: a b\r\n"), 400);
+        let long = "x".repeat(129);
+        assert_eq!(
+            refused(&format!("x-haltd-conversation-id: {long}\r\n")),
+            400
+        );
+        assert_eq!(
+            refused("x-haltd-conversation-id: a\r\nx-haltd-conversation-id: a\r\n"),
+            400
+        );
     }
 
     #[test]

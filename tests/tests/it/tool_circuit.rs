@@ -9,7 +9,14 @@
 //! (validation with changed arguments, a success) streams its call as usual; an exhausted
 //! budget is answered by haltd without the model (permission/auth) or forwarded without the
 //! tool and with a system note (validation after its repair failed); with the section
-//! disabled nothing is judged; and two agent loops written with the official `openai`
+//! disabled nothing is judged; the spec's transient (retries with backoff, then success, or
+//! the small budget used up), ambiguous/empty (the verifier tells a valid empty answer from
+//! a wrong query) and side-effect uncertainty (no retry of a write until the verifier says
+//! it did not happen) cases; every intervention has a `tool_circuit` ledger record, an
+//! invariant_violation's at severity page; a call is let out as soon as it is whole and judged, not at
+//! the end of the turn; a transient retry emitted before its backoff elapsed is
+//! charged two units in the next request too (the conversation's clock, named by its opening
+//! messages or by `x-haltd-conversation-id`); and two agent loops written with the official `openai`
 //! SDK's tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run.
 
 use std::{fs, path::PathBuf};
@@ -68,6 +75,51 @@ fn circuit_halt(o: &StreamOutcome) -> Result<Value> {
     );
     ensure!(o.mode_header.is_none(), "{:?}", o.mode_header);
     Ok(err["tool_circuit"].clone())
+}
+
+/// `haltctl ARGS` against the rig's haltd, over the TCP admin listener with its token (the
+/// admin plane's auth), from the client namespace; its standard output.
+fn haltctl(rig: &Rig, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &rig.pair.cli])
+        .arg(haltd_tests::haltctl_bin()?)
+        .arg("--admin")
+        .arg(rig.haltd.admin.to_string())
+        .arg("--admin-token-file")
+        .arg(rig.haltd.admin_token_file())
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "haltctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The id of the first tool call the stream sent.
+fn first_call_id(o: &StreamOutcome) -> Result<String> {
+    o.events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+        .find_map(|v| {
+            v.pointer("/choices/0/delta/tool_calls/0/id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .with_context(|| format!("no tool call id in {:?}", o.events))
+}
+
+/// `conversation`, then the model's call `id` (the Paris arguments) and its `result`.
+fn then_call(mut b: Value, id: &str, result: &str) -> Result<Value> {
+    let messages = b["messages"].as_array_mut().context("messages")?;
+    messages.push(
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+        "id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": PARIS}}]}),
+    );
+    messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+    Ok(b)
 }
 
 const PARIS: &str = r#"{"location": "Paris, France", "unit": "celsius"}"#;
@@ -267,5 +319,343 @@ fn agent_loops_of_the_official_openai_sdk_are_stopped() -> Result<()> {
     ensure!(r["tools_executed"] == 1, "{r}");
     ensure!(r["error"]["class"] == "APIError", "{r}");
     ensure!(sdk_code(&r) == "TOOL_CIRCUIT_OPEN", "{r}");
+    Ok(())
+}
+
+#[test]
+fn a_premature_transient_retry_is_charged_across_requests() -> Result<()> {
+    // A minute of backoff: every retry the scripted model emits comes before it elapsed.
+    let (rig, _dir) = rig_with(
+        "[tool_circuit]\nenabled = true\nbudgets = { transient = 3 }\n\
+         backoff = { base_ms = 60000, cap_ms = 60000 }\n",
+    )?;
+    let directive = "[[script:tool_call tokens=2]]";
+    let failed = "HTTP 503 Service Unavailable";
+
+    // Turn 1: call_prev came back 503 and the model retries at once: premature, two units
+    // of three, allowed.
+    let b = conversation(PARIS, failed, directive);
+    let o = rig.stream(CHAT, &b, None, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+    let retry = first_call_id(&o)?;
+
+    // Turn 2, no header: the same opening messages name the same conversation, whose clock
+    // says the retry came early. Its two units are rebuilt; another premature retry (two
+    // more) would pass the budget: halted.
+    let b = then_call(
+        conversation(PARIS, failed, ""),
+        &retry,
+        &format!("{failed} {directive}"),
+    )?;
+    let o = rig.stream(CHAT, &b, None, |_, _| {})?;
+    let a = circuit_halt(&o)?;
+    ensure!(a["failure_class"] == "transient", "{a}");
+    ensure!(a["retry_count"] == 2 && a["budget"] == 3, "{a}");
+    ensure!(
+        a["safety_justification"]
+            .as_str()
+            .is_some_and(|s| s.contains("backoff")),
+        "{a}"
+    );
+
+    // The same transcript named as another conversation has no clock for the retry: one
+    // unit charged, and the next premature retry (two) fits the budget.
+    let other = [("x-haltd-conversation-id", "another-conversation")];
+    let o = rig.stream_headers(CHAT, &b, &other, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+
+    // The operator's view (`haltctl circuit show`): both conversations, the named one by its
+    // header, the other by its digest, with the halt among its interventions.
+    let v = rig.get_admin("/admin/circuit")?;
+    ensure!(v["enabled"] == true && v["kept"] == 2, "{v}");
+    let named = rig.get_admin("/admin/circuit/another-conversation")?;
+    let c = &named["conversations"][0];
+    ensure!(
+        c["source"] == "header" && c["open"][0]["retry_count"] == 3,
+        "{named}"
+    );
+    let digest = v["conversations"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["source"] == "digest"))
+        .context("the digest-named conversation")?;
+    ensure!(digest["artifacts"][0]["retry_count"] == 2, "{digest}");
+    ensure!(digest["calls_timed"] == 1, "{digest}");
+    let text = haltctl(&rig, &["circuit", "show"])?;
+    ensure!(
+        text.contains("conversation another-conversation (header)")
+            && text.contains("class=transient"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_judged_call_streams_before_the_turn_ends() -> Result<()> {
+    let (rig, _dir) = rig_with("[tool_circuit]\nenabled = true\n")?;
+    // Two calls, 150 ms between deltas: call 0 is whole once call 1 starts, ~600 ms before
+    // call 1 is whole (its header and three argument pieces).
+    let b = conversation(
+        PARIS,
+        r#"{"temp_c": 14}"#,
+        "[[script:tool_call tokens=2 calls=2 pace_ms=150]]",
+    );
+    let mut seen: Vec<(std::time::Instant, u64)> = Vec::new();
+    let o = rig.stream(CHAT, &b, None, |_, e| {
+        let index = serde_json::from_str::<Value>(&e.data)
+            .ok()
+            .and_then(|v| v.pointer("/choices/0/delta/tool_calls/0/index")?.as_u64());
+        if let Some(i) = index {
+            seen.push((std::time::Instant::now(), i));
+        }
+    })?;
+    ensure!(o.error.is_none(), "{:?}", o.error);
+    ensure!(o.finish_reason.as_deref() == Some("tool_calls"), "{o:?}");
+    let first = |call| seen.iter().find(|(_, i)| *i == call).map(|(t, _)| *t);
+    let (Some(t0), Some(t1)) = (first(0), first(1)) else {
+        anyhow::bail!("both calls streamed: {seen:?}");
+    };
+    // Held per turn, both would come out together at its end.
+    let gap = t1.saturating_duration_since(t0);
+    ensure!(
+        gap >= std::time::Duration::from_millis(300),
+        "call 0 went out {gap:?} before call 1: held to the end of the turn?"
+    );
+    Ok(())
+}
+
+#[test]
+fn interventions_are_recorded_and_an_invariant_violation_pages() -> Result<()> {
+    let (rig, _dir) = rig_with("[tool_circuit]\nenabled = true\n")?;
+    let directive = "[[script:tool_call tokens=2]]";
+
+    // invariant_violation: answered without the model, recorded at severity page.
+    let b = conversation(
+        PARIS,
+        "IntegrityError: duplicate key value violates unique constraint",
+        directive,
+    );
+    let (status, headers, v) = rig.post(CHAT, &b, None)?;
+    ensure!(status == 409, "{status} {v}");
+    ensure!(
+        v["error"]["tool_circuit"]["failure_class"] == "invariant_violation",
+        "{v}"
+    );
+    let page = rig.wait_record("a page-level tool_circuit record", |r| {
+        r["kind"] == "tool_circuit" && r["tool_circuit"]["severity"] == "page"
+    })?;
+    let tc = &page["tool_circuit"];
+    ensure!(tc["action"] == "answered", "{page}");
+    ensure!(
+        tc["artifact"]["failure_class"] == "invariant_violation",
+        "{page}"
+    );
+    ensure!(tc["conversation"]["source"] == "digest", "{page}");
+    ensure!(page["stream_id"] == headers["x-haltd-stream-id"], "{page}");
+    let receipt = tc["artifact"]["sample_receipts"][0].as_str().unwrap_or("");
+    ensure!(
+        receipt.starts_with("[withheld: "),
+        "tool output is withheld: {page}"
+    );
+    ensure!(
+        page["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("PAGE: ")),
+        "{page}"
+    );
+    let m = rig.haltd.metrics()?;
+    let pages = m.value(
+        "haltd_tool_circuit_trips_total",
+        &[("class", "invariant_violation")],
+    )?;
+    ensure!(pages == 1.0, "{pages}");
+
+    // A halt in the stream: recorded next to its incident, at severity info.
+    let failed = r#"{"unit": "celsius", "location": "Paris, France"}"#;
+    let b = conversation(failed, "ValidationError: unit must be C or F", directive);
+    let o = rig.stream(CHAT, &b, None, |_, _| {})?;
+    circuit_halt(&o)?;
+    let rec = rig.record("tool_circuit", &o.stream_id)?;
+    ensure!(rec["tool_circuit"]["action"] == "halted", "{rec}");
+    ensure!(rec["tool_circuit"]["severity"] == "info", "{rec}");
+    ensure!(
+        rec["tool_circuit"]["artifact"]["failure_class"] == "validation",
+        "{rec}"
+    );
+    Ok(())
+}
+
+/// A conversation in which the model called `name` with `args` and got `result`; then
+/// `more` (assistant calls and results); a last user message holds the scripted model's
+/// `directive`, so that the tool results stay as a tool would write them.
+fn calls(
+    name: &str,
+    args: &str,
+    result: &str,
+    more: &[(&str, &str, &str)],
+    directive: &str,
+) -> Value {
+    let mut messages = vec![
+        json!({"role": "user", "content": "Do the thing."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_prev", "type": "function",
+            "function": {"name": name, "arguments": args}}]}),
+        json!({"role": "tool", "tool_call_id": "call_prev", "content": result}),
+    ];
+    for (i, (name, args, result)) in more.iter().enumerate() {
+        let id = format!("call_more_{i}");
+        messages.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": id, "type": "function",
+            "function": {"name": name, "arguments": args}}]}),
+        );
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+    }
+    messages.push(json!({"role": "user", "content": directive}));
+    json!({"model": "scripted", "stream": true, "messages": messages,
+           "tools": [{"type": "function", "function": {"name": name,
+                      "parameters": {"type": "object"}}}]})
+}
+
+#[test]
+fn transient_failures_retry_with_backoff_then_succeed_within_a_small_budget() -> Result<()> {
+    // A 1 ms backoff: the scripted model's retries come after it (not premature: 1 unit).
+    let (rig, _dir) = rig_with(
+        "[tool_circuit]\nenabled = true\nbudgets = { transient = 2 }\n\
+         backoff = { base_ms = 1, cap_ms = 1 }\n",
+    )?;
+    let directive = "[[script:tool_call tokens=2]]";
+    let conv = [("x-haltd-conversation-id", "transient-ok")];
+    let b = conversation(PARIS, "HTTP 503 Service Unavailable", directive);
+    let o = rig.stream_headers(CHAT, &b, &conv, |_, _| {})?;
+    ensure!(
+        o.error.is_none() && tool_call_deltas(&o) >= 2,
+        "retry 1: {o:?}"
+    );
+    let r1 = first_call_id(&o)?;
+    let b = then_call(
+        conversation(PARIS, "HTTP 503 Service Unavailable", ""),
+        &r1,
+        &format!("504 Gateway Timeout {directive}"),
+    )?;
+    let o = rig.stream_headers(CHAT, &b, &conv, |_, _| {})?;
+    ensure!(
+        o.error.is_none() && tool_call_deltas(&o) >= 2,
+        "retry 2: {o:?}"
+    );
+    let r2 = first_call_id(&o)?;
+    let v = rig.get_admin("/admin/circuit/transient-ok")?;
+    let open = &v["conversations"][0]["open"][0];
+    ensure!(
+        open["failure_class"] == "transient" && open["retry_count"] == 2,
+        "two retries charged one unit each: {v}"
+    );
+
+    // The second retry succeeds: the circuit closes and the next call goes out.
+    // (The directive in a user message after it: the result stays valid JSON.)
+    let mut ok = then_call(b.clone(), &r2, r#"{"temp_c": 14}"#)?;
+    ok["messages"]
+        .as_array_mut()
+        .context("messages")?
+        .push(json!({"role": "user", "content": directive}));
+    let o = rig.stream_headers(CHAT, &ok, &conv, |_, _| {})?;
+    ensure!(
+        o.error.is_none() && tool_call_deltas(&o) >= 2,
+        "after success: {o:?}"
+    );
+    let v = rig.get_admin("/admin/circuit/transient-ok")?;
+    ensure!(
+        v["conversations"][0]["open"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "closed after the success: {v}"
+    );
+
+    // Had it failed a third time, the budget of 2 is used up: the turn goes to the model
+    // without the tool, for a summary.
+    let failed = then_call(b, &r2, "HTTP 503 Service Unavailable")?;
+    let o = rig.stream_headers(CHAT, &failed, &conv, |_, _| {})?;
+    ensure!(o.error.is_none(), "{o:?}");
+    let sent = upstream_chats(&rig)?.last().cloned().context("forwarded")?;
+    ensure!(sent["body"].get("tools").is_none(), "{sent}");
+    Ok(())
+}
+
+#[test]
+fn an_empty_result_is_told_apart_by_the_verifier() -> Result<()> {
+    let (rig, _dir) = rig_with(
+        "[tool_circuit]\nenabled = true\n\
+         [tool_circuit.tools.get_weather]\nverifier = \"list_stations\"\n",
+    )?;
+    let directive = "[[script:tool_call tokens=2]]";
+    let empty = r#"{"rows": []}"#;
+
+    // An empty answer and no verifier result yet: a retry could be right or wrong; halted.
+    let b = calls("get_weather", PARIS, empty, &[], directive);
+    let a = circuit_halt(&rig.stream(CHAT, &b, None, |_, _| {})?)?;
+    ensure!(a["failure_class"] == "ambiguous_effect", "{a}");
+    ensure!(a["equivalence_key"]["side_effect_boundary"] == false, "{a}");
+    ensure!(a["next_action"] == "verify_effect", "{a}");
+
+    // The verifier finds data: the query was probably wrong; one retry goes out.
+    let found = [(
+        "list_stations",
+        "{}",
+        r#"{"stations": ["Paris-Montsouris"]}"#,
+    )];
+    let b = calls("get_weather", PARIS, empty, &found, directive);
+    let o = rig.stream(CHAT, &b, None, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+
+    // The verifier finds nothing either: the empty answer is valid; no retry.
+    let none = [("list_stations", "{}", "[]")];
+    let b = calls("get_weather", PARIS, empty, &none, directive);
+    let a = circuit_halt(&rig.stream(CHAT, &b, None, |_, _| {})?)?;
+    ensure!(
+        a["safety_justification"]
+            .as_str()
+            .is_some_and(|s| s.contains("valid")),
+        "{a}"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_uncertain_write_waits_for_the_verifier_and_is_never_duplicated() -> Result<()> {
+    let (rig, _dir) = rig_with(
+        "[tool_circuit]\nenabled = true\n\
+         [tool_circuit.tools.create_order]\nmethod = \"POST\"\nverifier = \"get_order\"\n",
+    )?;
+    let directive = "[[script:tool_call tokens=2 name=create_order]]";
+    let timeout = "urllib3.exceptions.ReadTimeoutError: read timed out";
+
+    // The write timed out after it was dispatched: it may have happened. Its retry is
+    // halted before it reaches the agent.
+    let b = calls("create_order", PARIS, timeout, &[], directive);
+    let a = circuit_halt(&rig.stream(CHAT, &b, None, |_, _| {})?)?;
+    ensure!(a["failure_class"] == "ambiguous_effect", "{a}");
+    ensure!(a["equivalence_key"]["side_effect_boundary"] == true, "{a}");
+    ensure!(
+        a["safety_justification"]
+            .as_str()
+            .is_some_and(|s| s.contains("may have happened")),
+        "{a}"
+    );
+
+    // The verifier finds the order: a retry would duplicate it; halted again.
+    let found = [("get_order", "{}", r#"{"order_id": "o-9"}"#)];
+    let b = calls("create_order", PARIS, timeout, &found, directive);
+    let a = circuit_halt(&rig.stream(CHAT, &b, None, |_, _| {})?)?;
+    ensure!(
+        a["safety_justification"]
+            .as_str()
+            .is_some_and(|s| s.contains("duplicate")),
+        "{a}"
+    );
+
+    // The verifier finds no order: the write did not happen; one retry goes out.
+    let absent = [("get_order", "{}", "[]")];
+    let b = calls("create_order", PARIS, timeout, &absent, directive);
+    let o = rig.stream(CHAT, &b, None, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
     Ok(())
 }

@@ -1,0 +1,366 @@
+//! What TokenCircuit remembers per conversation: only what the transcript cannot carry.
+//!
+//! The circuit's state is rebuilt from each request's own transcript (`transcript.rs`), so
+//! it is right after a restart with no store at all. Two things are not in a transcript:
+//! time (when haltd let a call out to the client, when a request carrying a call's result
+//! arrived: the backoff clock) and the artifacts of haltd's interventions (the operator's
+//! view, `haltctl circuit show`). This store keeps them, in memory only:
+//!
+//! * a conversation is named by [`ConversationId`]: the client's `x-haltd-conversation-id`
+//!   header, else a digest of the transcript's stable prefix (the messages before the first
+//!   assistant message), both under the caller's key fingerprint;
+//! * at most `capacity` conversations (`[tool_circuit] conversations`, default
+//!   [`DEFAULT_CONVERSATIONS`]); a new one evicts the one used least recently;
+//! * per conversation at most [`MAX_CALLS`] instants of each kind (the oldest dropped) and
+//!   the last [`MAX_ARTIFACTS`] intervention artifacts.
+//!
+//! A conversation evicted or lost in a restart loses its clock: its past retries are then
+//! charged one unit each, never the premature-retry surcharge (its artifacts stay in the
+//! ledger). One mutex, taken when a request arrives and when a turn's calls are judged, never
+//! per token.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::artifact::DiagnosticArtifact;
+use super::transcript::Timeline;
+
+/// The request header that names a conversation.
+pub const CONVERSATION_HEADER: &str = "x-haltd-conversation-id";
+/// Conversations kept by default.
+pub const DEFAULT_CONVERSATIONS: usize = 4096;
+/// The most conversations `[tool_circuit] conversations` may ask for.
+pub const MAX_CONVERSATIONS: usize = 1_000_000;
+/// Instants kept per conversation and kind (emitted, arrived).
+pub const MAX_CALLS: usize = 512;
+/// Intervention artifacts kept per conversation.
+pub const MAX_ARTIFACTS: usize = 8;
+
+/// Where a conversation's name came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdSource {
+    /// The client's `x-haltd-conversation-id`.
+    Header,
+    /// The digest of the transcript's stable prefix.
+    Digest,
+}
+
+/// A conversation: its name, scoped by the caller's key fingerprint (two tenants choosing
+/// the same header value are two conversations).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ConversationId {
+    /// The key fingerprint (`KeyId::fingerprint`).
+    pub key: String,
+    /// The header's value, or 32 hex digits of the prefix digest.
+    pub id: String,
+    pub source: IdSource,
+}
+
+impl ConversationId {
+    /// The conversation of a chat request: the header's value if the client sent one, else
+    /// the digest of its `messages` before the first assistant message, with `key`.
+    pub fn of(header: Option<&str>, key: &str, messages: &[Value]) -> Self {
+        if let Some(h) = header {
+            return ConversationId {
+                key: key.to_owned(),
+                id: h.to_owned(),
+                source: IdSource::Header,
+            };
+        }
+        let mut d = Sha256::new();
+        d.update(key.as_bytes());
+        let prefix = messages
+            .iter()
+            .take_while(|m| m.get("role").and_then(Value::as_str) != Some("assistant"));
+        for m in prefix {
+            d.update([0]);
+            d.update(m.to_string().as_bytes());
+        }
+        let id = d.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        ConversationId {
+            key: key.to_owned(),
+            id,
+            source: IdSource::Digest,
+        }
+    }
+}
+
+/// One conversation's memory.
+#[derive(Debug)]
+struct Entry {
+    timeline: Timeline,
+    /// haltd's interventions (halts, answers without the model), oldest first.
+    artifacts: VecDeque<DiagnosticArtifact>,
+    /// The open keys as of the last request or judged turn.
+    open: Vec<DiagnosticArtifact>,
+    last_seen: Instant,
+    tick: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tick: u64,
+    map: HashMap<ConversationId, Entry>,
+    /// Least recently used first.
+    lru: BTreeMap<u64, ConversationId>,
+    evicted: u64,
+}
+
+/// The operator's view of one conversation.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConversationView {
+    #[serde(flatten)]
+    pub id: ConversationId,
+    /// Seconds since its last request or judged turn.
+    pub idle_s: f64,
+    /// Its open keys: class, budget, units charged, receipts.
+    pub open: Vec<DiagnosticArtifact>,
+    /// haltd's last interventions in it, oldest first.
+    pub artifacts: Vec<DiagnosticArtifact>,
+    /// Calls haltd let out whose instant it keeps (the backoff clock).
+    pub calls_timed: usize,
+}
+
+/// The bounded in-memory store.
+#[derive(Debug)]
+pub struct ConversationStore {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+impl Default for ConversationStore {
+    fn default() -> Self {
+        ConversationStore::new(DEFAULT_CONVERSATIONS)
+    }
+}
+
+/// Inserts an instant, dropping the oldest one past [`MAX_CALLS`].
+fn note(map: &mut HashMap<String, Instant>, id: &str, at: Instant) {
+    if map.contains_key(id) {
+        return;
+    }
+    if map.len() >= MAX_CALLS {
+        let oldest = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            map.remove(&k);
+        }
+    }
+    map.insert(id.to_owned(), at);
+}
+
+impl ConversationStore {
+    /// The store `[tool_circuit]` asks for (the default size without one).
+    pub fn for_policy(policy: Option<&super::CircuitPolicy>) -> Self {
+        ConversationStore::new(policy.map_or(DEFAULT_CONVERSATIONS, |p| p.conversations))
+    }
+
+    pub fn new(capacity: usize) -> Self {
+        ConversationStore {
+            capacity: capacity.max(1),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Runs `f` on the conversation's entry, created (evicting the least recently used one
+    /// when full) if absent, and marks it used.
+    fn with<R>(&self, conv: &ConversationId, now: Instant, f: impl FnOnce(&mut Entry) -> R) -> R {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = &mut *inner;
+        inner.tick += 1;
+        let tick = inner.tick;
+        if !inner.map.contains_key(conv) {
+            while inner.map.len() >= self.capacity {
+                let Some((_, victim)) = inner.lru.pop_first() else {
+                    break;
+                };
+                inner.map.remove(&victim);
+                inner.evicted += 1;
+            }
+            inner.map.insert(
+                conv.clone(),
+                Entry {
+                    timeline: Timeline::default(),
+                    artifacts: VecDeque::new(),
+                    open: Vec::new(),
+                    last_seen: now,
+                    tick,
+                },
+            );
+        }
+        let entry = inner.map.get_mut(conv).expect("present: inserted above");
+        inner.lru.remove(&entry.tick);
+        inner.lru.insert(tick, conv.clone());
+        entry.tick = tick;
+        entry.last_seen = entry.last_seen.max(now);
+        f(entry)
+    }
+
+    /// A request arrived at `now` carrying the results `answered`: each one not seen before
+    /// arrived now. Returns the conversation's clock to rebuild its circuit with.
+    pub fn arrive(&self, conv: &ConversationId, answered: &[&str], now: Instant) -> Timeline {
+        self.with(conv, now, |e| {
+            for id in answered {
+                note(&mut e.timeline.arrived, id, now);
+            }
+            e.timeline.clone()
+        })
+    }
+
+    /// haltd let the calls `ids` out to the client at `now`.
+    pub fn emitted<'a>(
+        &self,
+        conv: &ConversationId,
+        ids: impl IntoIterator<Item = &'a str>,
+        now: Instant,
+    ) {
+        self.with(conv, now, |e| {
+            for id in ids {
+                note(&mut e.timeline.emitted, id, now);
+            }
+        });
+    }
+
+    /// The conversation's open keys now.
+    pub fn observe(&self, conv: &ConversationId, open: Vec<DiagnosticArtifact>, now: Instant) {
+        self.with(conv, now, |e| e.open = open);
+    }
+
+    /// haltd intervened (a halt, or an answer without the model).
+    pub fn intervened(&self, conv: &ConversationId, artifact: DiagnosticArtifact, now: Instant) {
+        self.with(conv, now, |e| {
+            if e.artifacts.len() >= MAX_ARTIFACTS {
+                e.artifacts.pop_front();
+            }
+            e.artifacts.push_back(artifact);
+        });
+    }
+
+    /// The conversations whose id (header value or digest) is `id`, or all with `None`,
+    /// most recently used first. Does not mark them used.
+    pub fn view(&self, id: Option<&str>, now: Instant) -> Vec<ConversationView> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .lru
+            .values()
+            .rev()
+            .filter(|c| id.is_none_or(|id| c.id == id))
+            .filter_map(|c| inner.map.get(c).map(|e| (c, e)))
+            .map(|(c, e)| ConversationView {
+                id: c.clone(),
+                idle_s: now.saturating_duration_since(e.last_seen).as_secs_f64(),
+                open: e.open.clone(),
+                artifacts: e.artifacts.iter().cloned().collect(),
+                calls_timed: e.timeline.emitted.len(),
+            })
+            .collect()
+    }
+
+    /// Conversations kept, and evicted so far.
+    pub fn counts(&self) -> (usize, u64) {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        (inner.map.len(), inner.evicted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn conv(id: &str) -> ConversationId {
+        ConversationId::of(Some(id), "k", &[])
+    }
+
+    #[test]
+    fn the_header_names_the_conversation_else_the_prefix_digest() {
+        let first = [
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": "weather?"}),
+        ];
+        let mut later = first.to_vec();
+        later.push(json!({"role": "assistant", "tool_calls": []}));
+        later.push(json!({"role": "tool", "tool_call_id": "a", "content": "x"}));
+        later.push(json!({"role": "user", "content": "and tomorrow?"}));
+        let a = ConversationId::of(None, "k1", &first);
+        assert_eq!(a.source, IdSource::Digest);
+        assert_eq!(a.id.len(), 32);
+        assert_eq!(
+            a,
+            ConversationId::of(None, "k1", &later),
+            "prefix is stable"
+        );
+        assert_ne!(a, ConversationId::of(None, "k2", &first), "scoped by key");
+        let other = [json!({"role": "user", "content": "weather in Rome?"})];
+        assert_ne!(a, ConversationId::of(None, "k1", &other));
+        let h = ConversationId::of(Some("c-1"), "k1", &first);
+        assert_eq!((h.id.as_str(), h.source), ("c-1", IdSource::Header));
+        assert_ne!(h, ConversationId::of(Some("c-1"), "k2", &first));
+    }
+
+    #[test]
+    fn an_arrival_is_kept_from_the_first_request_that_carried_it() {
+        let s = ConversationStore::new(4);
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(3);
+        let c = conv("c");
+        assert_eq!(s.arrive(&c, &["a"], t0).arrived["a"], t0);
+        let t = s.arrive(&c, &["a", "b"], t1);
+        assert_eq!((t.arrived["a"], t.arrived["b"]), (t0, t1));
+        s.emitted(&c, ["x"], t1);
+        assert_eq!(s.arrive(&c, &[], t1).emitted["x"], t1);
+        assert!(s.arrive(&conv("other"), &[], t1).emitted.is_empty());
+    }
+
+    #[test]
+    fn the_least_recently_used_conversation_is_evicted() {
+        let s = ConversationStore::new(2);
+        let now = Instant::now();
+        s.emitted(&conv("a"), ["1"], now);
+        s.emitted(&conv("b"), ["2"], now);
+        // `a` used again: `b` is now the least recently used.
+        s.arrive(&conv("a"), &[], now);
+        s.arrive(&conv("c"), &[], now);
+        assert_eq!(s.counts(), (2, 1));
+        let ids: Vec<String> = s.view(None, now).into_iter().map(|v| v.id.id).collect();
+        assert_eq!(ids, ["c", "a"]);
+        assert!(
+            s.arrive(&conv("b"), &[], now).emitted.is_empty(),
+            "b forgotten"
+        );
+        assert_eq!(
+            s.arrive(&conv("a"), &[], now).emitted.len(),
+            0,
+            "a evicted by b"
+        );
+    }
+
+    #[test]
+    fn per_conversation_memory_is_bounded() {
+        let s = ConversationStore::new(1);
+        let c = conv("c");
+        let t0 = Instant::now();
+        for i in 0..MAX_CALLS + 10 {
+            s.emitted(
+                &c,
+                [format!("call{i}").as_str()],
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        let t = s.arrive(&c, &[], t0);
+        assert_eq!(t.emitted.len(), MAX_CALLS);
+        assert!(!t.emitted.contains_key("call0"), "the oldest dropped");
+        assert!(t.emitted.contains_key(&format!("call{}", MAX_CALLS + 9)));
+    }
+}
