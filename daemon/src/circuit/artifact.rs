@@ -32,6 +32,11 @@ pub struct DiagnosticArtifact {
     pub safety_justification: String,
     /// The budgets and backoff the judgment used.
     pub policy: PolicyInForce,
+    /// haltd answered without the model: the tokens it did not generate, estimated as the
+    /// conversation's mean tokens per turn that haltd streamed (absent when not answered,
+    /// or when no earlier turn of the conversation is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_saved: Option<u64>,
 }
 
 impl DiagnosticArtifact {

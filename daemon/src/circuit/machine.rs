@@ -349,6 +349,7 @@ impl Circuit {
             sample_receipts: state.receipts.iter().cloned().collect(),
             safety_justification: why,
             policy: self.policy.in_force(),
+            tokens_saved: None,
         }
     }
 

@@ -68,12 +68,13 @@ pub fn render(view: &Value) -> String {
     for c in convs {
         let _ = writeln!(
             out,
-            "\nconversation {} ({}), key {}, idle {:.1} s, {} call(s) timed",
+            "\nconversation {} ({}), key {}, idle {:.1} s, {} call(s) timed, {} token(s) saved",
             text(&c["id"]),
             text(&c["source"]),
             text(&c["key"]),
             c["idle_s"].as_f64().unwrap_or(0.0),
             text(&c["calls_timed"]),
+            text(&c["tokens_saved"]),
         );
         for (title, field) in [("open keys", "open"), ("interventions", "artifacts")] {
             let list = c[field].as_array().unwrap_or(&empty);
@@ -104,14 +105,15 @@ mod tests {
         });
         let view = json!({"enabled": true, "kept": 1, "evicted": 0, "conversations": [
             {"key": "00000000000000aa", "id": "c-1", "source": "header", "idle_s": 2.0,
-             "calls_timed": 3, "open": [a], "artifacts": []}]});
+             "calls_timed": 3, "tokens_saved": 40, "open": [a], "artifacts": []}]});
         let s = render(&view);
         assert!(
             s.contains("1 conversation(s) shown; 1 kept, 0 evicted"),
             "{s}"
         );
         assert!(
-            s.contains("conversation c-1 (header), key 00000000000000aa"),
+            s.contains("conversation c-1 (header), key 00000000000000aa")
+                && s.contains("3 call(s) timed, 40 token(s) saved"),
             "{s}"
         );
         assert!(

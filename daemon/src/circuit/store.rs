@@ -104,6 +104,11 @@ struct Entry {
     open: Vec<DiagnosticArtifact>,
     last_seen: Instant,
     tick: u64,
+    /// Turns haltd streamed in it, and their generated tokens (the tokens-saved estimate).
+    turns: u64,
+    tokens: u64,
+    /// Tokens not generated because haltd answered without the model.
+    tokens_saved: u64,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +133,8 @@ pub struct ConversationView {
     pub artifacts: Vec<DiagnosticArtifact>,
     /// Calls haltd let out whose instant it keeps (the backoff clock).
     pub calls_timed: usize,
+    /// Tokens not generated because haltd answered without the model (an estimate).
+    pub tokens_saved: u64,
 }
 
 /// The bounded in-memory store.
@@ -193,6 +200,9 @@ impl ConversationStore {
                     open: Vec::new(),
                     last_seen: now,
                     tick,
+                    turns: 0,
+                    tokens: 0,
+                    tokens_saved: 0,
                 },
             );
         }
@@ -229,6 +239,24 @@ impl ConversationStore {
         });
     }
 
+    /// A turn of it generated `tokens` (its text and tool calls).
+    pub fn generated(&self, conv: &ConversationId, tokens: u64, now: Instant) {
+        self.with(conv, now, |e| {
+            e.turns += 1;
+            e.tokens += tokens;
+        });
+    }
+
+    /// haltd answers a request of it without the model: the tokens that saves, estimated as
+    /// its mean tokens per turn so far (`None` before its first turn), added to its total.
+    pub fn answered(&self, conv: &ConversationId, now: Instant) -> Option<u64> {
+        self.with(conv, now, |e| {
+            let saved = e.tokens.checked_div(e.turns)?;
+            e.tokens_saved += saved;
+            Some(saved)
+        })
+    }
+
     /// The conversation's open keys now.
     pub fn observe(&self, conv: &ConversationId, open: Vec<DiagnosticArtifact>, now: Instant) {
         self.with(conv, now, |e| e.open = open);
@@ -260,6 +288,7 @@ impl ConversationStore {
                 open: e.open.clone(),
                 artifacts: e.artifacts.iter().cloned().collect(),
                 calls_timed: e.timeline.emitted.len(),
+                tokens_saved: e.tokens_saved,
             })
             .collect()
     }
@@ -344,6 +373,18 @@ mod tests {
             0,
             "a evicted by b"
         );
+    }
+
+    #[test]
+    fn tokens_saved_are_the_mean_tokens_per_turn() {
+        let s = ConversationStore::new(2);
+        let (c, now) = (conv("c"), Instant::now());
+        assert_eq!(s.answered(&c, now), None, "no turn known yet");
+        s.generated(&c, 10, now);
+        s.generated(&c, 20, now);
+        assert_eq!(s.answered(&c, now), Some(15));
+        assert_eq!(s.answered(&c, now), Some(15));
+        assert_eq!(s.view(Some("c"), now)[0].tokens_saved, 30);
     }
 
     #[test]

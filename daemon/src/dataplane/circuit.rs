@@ -111,6 +111,9 @@ impl TurnCircuit {
     ) -> Result<(), Box<Refusal>> {
         let exhausted = self.circuit.exhausted();
         if let Some(a) = exhausted.iter().find(|a| a.failure_class.fails_closed()) {
+            let mut a = a.clone();
+            a.tokens_saved = at.store.answered(&self.conversation, at.now);
+            let a = &a;
             at.store.intervened(&self.conversation, a.clone(), at.now);
             let artifact = serde_json::to_value(a).unwrap_or(Value::Null);
             return Err(Box::new(Refusal {
@@ -238,6 +241,7 @@ impl TurnCircuit {
                                    it cannot be judged, so it is not sent"
                 .to_owned(),
             policy: self.circuit.policy().in_force(),
+            tokens_saved: None,
         }
     }
 }
@@ -265,6 +269,10 @@ impl Refusal {
     pub(super) fn settle(self, shared: &crate::halt::HaltCore, stream_id: String) -> HttpError {
         if let Some((conv, artifact)) = self.answered.as_deref() {
             shared.metrics.circuit.tripped(artifact.failure_class);
+            shared
+                .metrics
+                .circuit
+                .saved(artifact.tokens_saved.unwrap_or(0));
             let action = super::circuit_record::Action::Answered;
             super::circuit_record::record(shared, conv, action, artifact, Some(stream_id));
         }
@@ -305,6 +313,10 @@ impl Worker {
         let store = &self.shared.circuits;
         let denied = tc.judge(&calls, now);
         store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
+        if at_end || denied.is_some() {
+            // The turn's generation is over: its tokens feed the tokens-saved estimate.
+            store.generated(&tc.conversation, turn.tokens_generated, now);
+        }
         if let Some(Verdict::Deny(artifact)) = denied {
             tc.held.clear();
             tc.judged = true;

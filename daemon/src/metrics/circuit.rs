@@ -23,6 +23,8 @@ pub struct ClassLabels {
 #[derive(Clone, Debug)]
 pub struct CircuitMetrics {
     trips: Family<ClassLabels, Counter>,
+    /// `haltd_tool_circuit_tokens_saved_total`.
+    tokens_saved: Counter,
 }
 
 impl CircuitMetrics {
@@ -37,7 +39,21 @@ impl CircuitMetrics {
         for class in FailureClass::ALL {
             drop(trips.get_or_create(&ClassLabels { class }));
         }
-        CircuitMetrics { trips }
+        let tokens_saved = Counter::default();
+        reg.register(
+            "tool_circuit_tokens_saved",
+            "Tokens the model did not generate because TokenCircuit answered a looping conversation's request without it (estimate: the conversation's mean tokens per turn)",
+            tokens_saved.clone(),
+        );
+        CircuitMetrics {
+            trips,
+            tokens_saved,
+        }
+    }
+
+    /// Tokens saved by one answer without the model.
+    pub fn saved(&self, tokens: u64) {
+        self.tokens_saved.inc_by(tokens);
     }
 
     /// One intervention (once per turn, never per token).

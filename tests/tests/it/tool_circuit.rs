@@ -4,25 +4,26 @@
 //! then calls `get_weather` again (with `{"location": "Paris, France", "unit": "celsius"}`).
 //!
 //! Covered: a retry the key's rule forbids (validation, the failed arguments reordered and
-//! re-spaced) halts the stream with `TOOL_CIRCUIT_OPEN` and the artifact in the error object
-//! before any of the call reaches the client, and does not degrade the key; an allowed retry
-//! (validation with changed arguments, a success) streams its call as usual; an exhausted
-//! budget is answered by haltd without the model (permission/auth) or forwarded without the
-//! tool and with a system note (validation after its repair failed); with the section
-//! disabled nothing is judged; the spec's transient (retries with backoff, then success, or
-//! the small budget used up), ambiguous/empty (the verifier tells a valid empty answer from
-//! a wrong query) and side-effect uncertainty (no retry of a write until the verifier says
-//! it did not happen) cases; every intervention has a `tool_circuit` ledger record, an
-//! invariant_violation's at severity page; a call is let out as soon as it is whole and judged, not at
-//! the end of the turn; a transient retry emitted before its backoff elapsed is
-//! charged two units in the next request too (the conversation's clock, named by its opening
-//! messages or by `x-haltd-conversation-id`); and two agent loops written with the official `openai`
-//! SDK's tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run.
+//! re-spaced) halts the stream with `TOOL_CIRCUIT_OPEN` and the artifact in the error
+//! object before any of the call reaches the client, and does not degrade the key; an
+//! allowed retry (validation with changed arguments, a success) streams its call as usual;
+//! an exhausted budget is answered by haltd without the model (permission/auth) or
+//! forwarded without the tool and with a system note (validation after its repair failed);
+//! with the section disabled nothing is judged; the spec's transient (retries with backoff,
+//! then success, or the small budget used up), ambiguous/empty (the verifier tells a valid
+//! empty answer from a wrong query) and side-effect uncertainty (no retry of a write until
+//! the verifier says it did not happen) cases; the tokens saved by an answer without the
+//! model; every intervention has a `tool_circuit` ledger record, an invariant_violation's
+//! at severity page; a call is let out as soon as it is whole and judged, not at the end of
+//! the turn; a transient retry emitted before its backoff elapsed is charged two units in
+//! the next request too (the conversation's clock, named by its opening messages or by
+//! `x-haltd-conversation-id`); and two agent loops written with the official `openai` SDK's
+//! tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run.
 
 use std::{fs, path::PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use haltd_tests::{openai_agent, rig::Rig, temp_dir, StreamOutcome};
+use haltd_tests::{agent, in_netns, openai_agent, rig::Rig, temp_dir, StreamOutcome};
 use serde_json::{json, Value};
 
 use crate::UPSTREAM_BIN;
@@ -657,5 +658,51 @@ fn an_uncertain_write_waits_for_the_verifier_and_is_never_duplicated() -> Result
     let b = calls("create_order", PARIS, timeout, &absent, directive);
     let o = rig.stream(CHAT, &b, None, |_, _| {})?;
     ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+    Ok(())
+}
+
+#[test]
+fn an_answer_without_the_model_counts_the_tokens_saved() -> Result<()> {
+    let (rig, _dir) = rig_with("[tool_circuit]\nenabled = true\n")?;
+    let conv = [("x-haltd-conversation-id", "saved")];
+    // Turn 1 streams: 5 text tokens and a call (its deltas count as generated tokens too).
+    let b = conversation(
+        PARIS,
+        "HTTP 503 Service Unavailable",
+        "[[script:tool_call tokens=5]]",
+    );
+    let o = rig.stream_headers(CHAT, &b, &conv, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+    let retry = first_call_id(&o)?;
+
+    // Its retry fails on permission: haltd answers turn 2 itself; the model would have
+    // generated about a turn's worth, the mean of the one turn known.
+    let b = then_call(
+        conversation(PARIS, "HTTP 503 Service Unavailable", ""),
+        &retry,
+        "PermissionError: principal analyst may not read weather",
+    )?;
+    let url = rig.url(CHAT);
+    let (status, v) = in_netns(&rig.pair.cli, move || -> Result<(u16, Value)> {
+        let mut resp = agent(std::time::Duration::from_secs(30))
+            .post(&url)
+            .header("x-haltd-conversation-id", "saved")
+            .send_json(&b)?;
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string()?)?;
+        Ok((resp.status().as_u16(), body))
+    })?;
+    ensure!(status == 409, "{status} {v}");
+    let saved = v["error"]["tool_circuit"]["tokens_saved"]
+        .as_u64()
+        .context("tokens_saved in the artifact")?;
+    ensure!(
+        saved >= 5 + 2,
+        "5 text tokens and the call's deltas: {saved}"
+    );
+    let m = rig.haltd.metrics()?;
+    let total = m.value("haltd_tool_circuit_tokens_saved_total", &[])?;
+    ensure!(total == saved as f64, "{total} != {saved}");
+    let view = rig.get_admin("/admin/circuit/saved")?;
+    ensure!(view["conversations"][0]["tokens_saved"] == saved, "{view}");
     Ok(())
 }
