@@ -55,6 +55,9 @@ pub(super) struct TurnCircuit {
     newest_call: usize,
     /// The end of the turn was judged.
     judged: bool,
+    /// A delta added to a call already judged (calls must stream in index order): what was
+    /// judged is not what would go out, so the turn fails closed.
+    out_of_order: bool,
 }
 
 /// A request's arrival, as the conversation store needs it.
@@ -95,6 +98,7 @@ impl TurnCircuit {
             judged_calls: 0,
             newest_call: 0,
             judged: false,
+            out_of_order: false,
         })
     }
 
@@ -167,6 +171,14 @@ impl TurnCircuit {
         scanned: usize,
     ) {
         let last_call = parts.iter().map(|p| p.index).max().unwrap_or(0);
+        // An empty piece changes nothing: some servers close a call with one.
+        let late = |p: &ToolCallPart| p.has_header() || !p.arguments.is_empty();
+        if parts
+            .iter()
+            .any(|p| (p.index as usize) < self.judged_calls && late(p))
+        {
+            self.out_of_order = true;
+        }
         self.newest_call = self.newest_call.max(last_call as usize);
         self.held.push_back(HeldDelta {
             parts,
@@ -209,7 +221,10 @@ impl TurnCircuit {
         for (index, call) in calls.iter().enumerate() {
             // A call without an id or name cannot be judged: fail closed.
             let Ok(call) = tool_call(call, index) else {
-                return Some(Verdict::Deny(Box::new(self.unjudgeable(call))));
+                let name = call["function"]["name"].as_str().unwrap_or("");
+                let why = "the model emitted a tool call without an id or a name: it cannot \
+                           be judged, so it is not sent";
+                return Some(Verdict::Deny(Box::new(self.unjudgeable(name, why))));
             };
             let verdict = self.circuit.judge(call, Some(now));
             if let Verdict::Deny(_) = verdict {
@@ -221,11 +236,11 @@ impl TurnCircuit {
         None
     }
 
-    fn unjudgeable(&self, call: &Value) -> crate::circuit::DiagnosticArtifact {
-        let name = call["function"]["name"].as_str().unwrap_or("").to_owned();
+    /// The artifact of a call that cannot be judged: fail closed, as an invariant violation.
+    fn unjudgeable(&self, name: &str, why: &str) -> crate::circuit::DiagnosticArtifact {
         crate::circuit::DiagnosticArtifact {
             equivalence_key: crate::circuit::EquivalenceKey {
-                tool_name: name,
+                tool_name: name.to_owned(),
                 resource_class: None,
                 auth_scope: None,
                 error_class: crate::circuit::FailureClass::InvariantViolation,
@@ -237,9 +252,7 @@ impl TurnCircuit {
             budget_exhausted: true,
             retry_count: 0,
             sample_receipts: Vec::new(),
-            safety_justification: "the model emitted a tool call without an id or a name: \
-                                   it cannot be judged, so it is not sent"
-                .to_owned(),
+            safety_justification: why.to_owned(),
             policy: self.circuit.policy().in_force(),
             tokens_saved: None,
         }
@@ -305,13 +318,21 @@ impl Worker {
         tc.judged = at_end;
         let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
         let range = tc.complete(merged, at_end);
-        if range.is_empty() && !at_end {
+        if range.is_empty() && !at_end && !tc.out_of_order {
             return Ok(true);
         }
+        // Per judged call (never per token): the calls are copied out and the store's lock
+        // taken.
         let calls = merged[range].to_vec();
         let now = Instant::now();
         let store = &self.shared.circuits;
-        let denied = tc.judge(&calls, now);
+        let denied = if tc.out_of_order {
+            let why = "the model added to a tool call after a later call had started: the \
+                       call was judged as it stood, so the rest is not sent";
+            Some(Verdict::Deny(Box::new(tc.unjudgeable("", why))))
+        } else {
+            tc.judge(&calls, now)
+        };
         store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
         if at_end || denied.is_some() {
             // The turn's generation is over: its tokens feed the tokens-saved estimate.
@@ -516,6 +537,34 @@ mod tests {
         assert_eq!(views.len(), 1);
         assert_eq!(views[0].open[0].retry_count, 2);
         assert_eq!(views[0].calls_timed, 1);
+    }
+
+    fn part(index: u32) -> ToolCallPart {
+        ToolCallPart {
+            index,
+            id: None,
+            name: None,
+            arguments: "x".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_delta_for_a_judged_call_fails_closed() {
+        let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let mut tc = TurnCircuit::of_request(&policy, &body("ok"), &arrival(&store)).expect("ok");
+        tc.hold(vec![part(0)], Vec::new(), Vec::new(), 0, 1);
+        tc.hold(vec![part(1)], Vec::new(), Vec::new(), 0, 2);
+        assert_eq!(tc.complete(&[search("c0"), search("c1")], false), 0..1);
+        assert_eq!(tc.judge(&[search("c0")], Instant::now()), None);
+        assert_eq!(tc.releasable(false).len(), 1, "call 0's delta goes out");
+        tc.hold(vec![part(1)], Vec::new(), Vec::new(), 0, 3);
+        assert!(!tc.out_of_order, "call 1 is still open");
+        tc.hold(vec![part(0)], Vec::new(), Vec::new(), 0, 4);
+        assert!(
+            tc.out_of_order,
+            "call 0 was judged: a late piece fails closed"
+        );
     }
 
     #[test]
