@@ -9,8 +9,12 @@
 //! are sequential: concurrency would only queue them. All clients run in the server's
 //! namespace, so both routes are local connections (haltd's address there is its own).
 //!
-//! - The llama request asks for `--tokens` tokens with greedy decoding (`temperature: 0`,
-//!   logprobs on), so every request generates the same text on both routes.
+//! - Both routes get the same request body, as haltd forwards it (`logprobs: true`,
+//!   `top_logprobs: 0`, `stream_options.include_usage`; docs/wire-format.md), so the server
+//!   does the same work for each: left to its default, llama.cpp's server computes top
+//!   alternatives the forwarded request does not ask for, and the direct route costs it more.
+//! - The llama request asks for `--tokens` tokens with greedy decoding (`temperature: 0`), so
+//!   every request generates the same text on both routes.
 //! - The scripted upstream streams as many tokens at the pace llama.cpp's server showed (the
 //!   median gap between its tokens on the direct route, rounded to whole milliseconds, at
 //!   least 1), so the two backends give haltd the same work at the same rate.
@@ -251,6 +255,8 @@ fn llama_body(tokens: u32) -> Value {
         "max_tokens": tokens,
         "temperature": 0.0,
         "logprobs": true,
+        "top_logprobs": 0,
+        "stream_options": {"include_usage": true},
         "messages": [{"role": "user", "content": "Tell me about rivers."}],
     })
 }
@@ -259,6 +265,9 @@ fn scripted_body(tokens: u32, pace_ms: u64) -> Value {
     json!({
         "model": "scripted",
         "stream": true,
+        "logprobs": true,
+        "top_logprobs": 0,
+        "stream_options": {"include_usage": true},
         "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens} pace_ms={pace_ms}]]")}],
     })
 }
