@@ -84,6 +84,10 @@ pub struct HaltCore {
     /// The upstream's addresses, probe verdict and model ids (`--source openai`; `None` with
     /// the built-in source): `upstream/health.rs`, kept by `upstream/watch.rs`.
     pub upstream_health: Option<crate::upstream::health::UpstreamHealth>,
+    /// Grounding rounds for turns whose surprise detector runs in `intervene` mode (spec
+    /// 003): the grounder, the round limit and deadline, the upstream's continuation. `None`:
+    /// no grounder configured, and an intervene-mode breach is only recorded.
+    pub grounding: Option<crate::grounding::plan::GroundPlan>,
 }
 
 /// Per-turn facts the terminal frame needs that do not fit in an atomic: written at turn

@@ -171,6 +171,14 @@ pub fn always_reason(rec: &Record) -> Option<&'static str> {
     {
         return Some("tool_calls");
     }
+    if rec
+        .grounding
+        .as_ref()
+        .and_then(|g| g["rounds"].as_array())
+        .is_some_and(|r| !r.is_empty())
+    {
+        return Some("grounding");
+    }
     if rec.tig_breach || rec.rts_mode == "breach" || detectors_found_something(rec) {
         return Some("detector");
     }

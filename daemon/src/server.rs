@@ -115,11 +115,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     // thread started below.
     let watchdog = drop_privileges(&cfg)?;
     warn_about_sampling(&cfg);
-    let gate_label = if gate.is_some() {
-        "enforcing"
-    } else {
-        "disabled"
-    };
+    let gate_label = gate.as_ref().map_or("disabled", |_| "enforcing");
     let ledger = open_ledger(&cfg, gate_label)?;
     let metrics = new_metrics(&cfg, gate.is_some());
     // An earlier haltd on this ledger that panicked left a crash file: record it before this
@@ -165,6 +161,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
             ),
         ),
         upstream_health: crate::upstream::health::UpstreamHealth::for_config(&cfg),
+        grounding: None,
         cfg,
     });
     let source = match &shared.cfg.upstream {

@@ -206,6 +206,10 @@ impl Worker {
             return Ok(true);
         }
         turn.hold.ending = true;
+        if let Some(back) = turn.hold.back.as_mut() {
+            // The text is complete: nothing more can be rewound, the held tokens may go.
+            back.open();
+        }
         match turn.gov.on_end(monotonic_ns()) {
             Gate::Trip(t) => {
                 self.detector_trip(key, t)?;

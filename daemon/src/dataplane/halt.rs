@@ -43,6 +43,14 @@ impl Worker {
     /// Halts a tripped stream from the emitter's side: claim the halt, then send the terminal
     /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
     pub(super) fn halt(&mut self, key: usize) -> io::Result<()> {
+        if let Some(g) = self.conns[key]
+            .turn
+            .as_mut()
+            .and_then(|t| t.grounding.as_mut())
+        {
+            // A halt wins over grounding: the round in flight is cancelled (`ground.rs`).
+            g.cancel();
+        }
         if self.shared.table.slot(self.conns[key].id.slot).is_tripped() {
             // A tripped turn's generation is cancelled at once (spec: no work for nothing,
             // and vLLM frees the sequence).

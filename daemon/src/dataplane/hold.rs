@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 
 use serde_json::Value;
 
+use super::holdback::HoldBack;
 use crate::{
     upstream::{
         framing::{self, Split, ToolCallPart},
@@ -157,6 +158,8 @@ pub struct Hold {
     pub released: usize,
     /// The source ended (and the scanner decided everything): drain, then finish.
     pub ending: bool,
+    /// Intervene mode: the last W tokens held back for a possible rewind (`holdback.rs`).
+    pub back: Option<HoldBack>,
 }
 
 impl Hold {
@@ -164,13 +167,21 @@ impl Hold {
     pub fn release(&mut self, n: usize) {
         self.released = self.released.saturating_add(n).min(self.scanned);
     }
+    /// Text up to this offset may go out: what the scanner released, within the hold-back
+    /// window's limit.
+    pub fn out_limit(&self) -> usize {
+        self.back
+            .as_ref()
+            .map_or(self.released, |b| self.released.min(b.limit()))
+    }
     /// The next frame that may go out: the queue's first entry when it is one frame, else
     /// that entry's next frame, split off.
     pub fn pop_released(&mut self) -> Option<Pending> {
+        let limit = self.out_limit();
         let front = self.queue.front_mut()?;
         let n = front.next_len();
         let frame_end = front.end - (front.text.len() - front.pos - n);
-        if frame_end > self.released {
+        if frame_end > limit {
             return None;
         }
         if front.is_last(n) {
@@ -180,7 +191,18 @@ impl Hold {
     }
     /// Whether a frame whose text ends at `end` may skip the queue.
     pub fn passes(&self, end: usize) -> bool {
-        self.queue.is_empty() && end <= self.released
+        self.queue.is_empty() && end <= self.out_limit()
+    }
+
+    /// Drops every queued entry whose text ends after `keep` (the held tokens of a rewind;
+    /// none of them went out) and takes the scan positions back to `keep`. Returns the
+    /// entries dropped, oldest first.
+    pub fn rewind(&mut self, keep: usize) -> Vec<Pending> {
+        let at = self.queue.iter().position(|p| p.end > keep);
+        let dropped = at.map_or_else(Vec::new, |i| self.queue.split_off(i).into());
+        self.scanned = keep;
+        self.released = self.released.min(keep);
+        dropped
     }
 
     /// Queues a proxied chunk's text (already scanned up to `self.scanned`) as frames cut by

@@ -52,8 +52,10 @@ mod client_tls;
 mod conn;
 mod deadline;
 mod end;
+mod ground;
 mod halt;
 mod hold;
+mod holdback;
 mod keepalive;
 mod op;
 mod passthrough;
@@ -110,6 +112,7 @@ pub fn spawn_workers(
                         sweep: deadline::Sweep::default(),
                         sq_dropped_seen: 0,
                         awaiting_records: Vec::new(),
+                        grounding: None,
                     };
                     if let Err(e) = w.run() {
                         // A dead worker cannot police its streams: stop the daemon (fail closed).
@@ -146,6 +149,8 @@ struct Worker {
     /// Answers waiting for their record to reach the disk, by connection key and serial: the
     /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
     awaiting_records: Vec<(usize, u64, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
+    /// The worker's grounding thread, started at its first round (`ground.rs`).
+    grounding: Option<ground::GroundRunner>,
 }
 
 /// What goes out once a record is on disk.

@@ -195,8 +195,9 @@ impl Worker {
             let Some(turn) = conn.turn.as_mut() else {
                 return Ok(());
             };
-            if turn.parked.is_some() {
-                // A token waits for its score (`score.rs`): nothing goes past it.
+            if turn.parked.is_some() || turn.grounding_wait() {
+                // A token waits for its score (`score.rs`), or the turn for a grounding round
+                // (`ground.rs`): nothing goes past it.
                 return Ok(());
             }
             // Release: a frame the scanner let go of goes out first, in order.
@@ -260,7 +261,14 @@ impl Worker {
         match judged {
             Judged::Later => Ok(Next::Stop),
             Judged::Trip(trip) => self.observed_trip(key, trip).map(|()| Next::Stop),
-            Judged::Clear(Item::Text(t)) => self.release_text(key, t, now),
+            Judged::Clear(Item::Text(t)) => {
+                let next = self.release_text(key, t, now)?;
+                if self.maybe_ground(key)? {
+                    // Parked until the round answers (`ground.rs`).
+                    return Ok(Next::Stop);
+                }
+                Ok(next)
+            }
             Judged::Clear(Item::ToolCalls {
                 delta,
                 tokens,
@@ -279,6 +287,11 @@ impl Worker {
         };
         if let Err(trip) = scan(turn, &t.text) {
             return self.detector_trip(key, trip).map(|()| Next::Stop);
+        }
+        if let Some(back) = turn.hold.back.as_mut() {
+            // Intervene mode: the token joins the hold-back window (one store, no
+            // allocation); it goes out once W newer tokens came, or at the end.
+            back.push(turn.hold.scanned);
         }
         if turn.last_token_ns != 0 {
             turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);

@@ -88,6 +88,7 @@ impl Worker {
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
         record_detectors(shared, turn, &mut rec);
+        rec.grounding = super::ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
         commit_turn(shared, conn, turn, snap, outcome, &mut rec);
         let policy = shared.cfg.sampling;
         if let Some(p) = &conn.up {

@@ -183,6 +183,7 @@ impl Worker {
             }
             (OpKind::Wake, OpBuf::Word(w)) => {
                 self.scan_tripped();
+                self.take_grounded();
                 self.arm_wake(w)
             }
             (OpKind::Sweep, OpBuf::Time(ts)) => self.on_sweep(ts),

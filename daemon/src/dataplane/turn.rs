@@ -175,6 +175,8 @@ pub(super) struct Turn {
     pub(super) obs: TurnObs,
     /// TokenCircuit (`circuit.rs`): proxied chat turns with `[tool_circuit] enabled`.
     pub(super) circuit: Option<Box<super::circuit::TurnCircuit>>,
+    /// Intervene mode with a grounder: the turn's grounding rounds (`ground.rs`).
+    pub(super) grounding: Option<Box<super::ground::TurnGrounding>>,
 }
 
 impl Turn {
@@ -222,7 +224,13 @@ impl Turn {
             recorded: false,
             obs: TurnObs::default(),
             circuit: None,
+            grounding: None,
         }
+    }
+
+    /// Whether the turn waits for a grounding round: nothing goes past it.
+    pub(super) fn grounding_wait(&self) -> bool {
+        self.grounding.as_ref().is_some_and(|g| g.waiting.is_some())
     }
 
     /// Keeps emitted text for SafetyCheck (bounded).
@@ -470,6 +478,7 @@ impl Worker {
             } else {
                 0
             },
+            history: Default::default(),
         });
         let enc = self.encoder(key, ask, MODEL_NAME.into(), (false, false));
         let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
@@ -480,6 +489,16 @@ impl Worker {
         let identity = crate::safety::identity_digest(MODEL_NAME, "");
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);
+        if let Some(w) = self.intervene_window(&turn, mode) {
+            if let TurnSource::Builtin(b) = &mut turn.source {
+                b.history = crate::source::resume::History::with_capacity(w + 1);
+            }
+            turn.hold.back = Some(super::holdback::HoldBack::new(w, 0));
+            turn.grounding = Some(Box::new(super::ground::TurnGrounding {
+                prompt: req.prompt.clone(),
+                ..Default::default()
+            }));
+        }
         self.conns[key].turn = Some(Box::new(turn));
         self.observe_turn(key);
         if !self.arm_turn_policy(key) {
@@ -492,6 +511,14 @@ impl Worker {
             return self.send_stream_head(key);
         }
         self.step(key)
+    }
+
+    /// The hold-back window of a streamed turn whose surprise detector intervenes and that
+    /// a grounder can serve (`holdback.rs`); `None`: nothing is held back.
+    fn intervene_window(&self, turn: &Turn, mode: Mode) -> Option<usize> {
+        let on = self.shared.grounding.is_some() && mode == Mode::Stream;
+        (on && turn.gov.set.intervenes())
+            .then(|| turn.detectors.cfg.surprise.cfg.effective_hold_back())
     }
 
     /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.

@@ -1,7 +1,8 @@
 //! The detector part of the config file (`haltd serve --config FILE`, TOML): one table per
 //! detector under `[detectors.<name>]`.
 //!
-//! Every detector table takes three common keys: `mode` (`"hard"`, `"observe"` or `"off"`),
+//! Every detector table takes three common keys: `mode` (`"hard"`, `"observe"` or `"off"`;
+//! the surprise detector also `"intervene"`, spec 003),
 //! `debounce` (K consecutive breaching tokens before a hard trip, ≥ 1) and `deadline_us`
 //! (most time one check may take; over it is a `DETECTOR_FAILURE`; 0 = none). Every other
 //! key belongs to the detector and is checked by its own config type, which refuses keys it
@@ -60,6 +61,13 @@ pub fn entry<C: DeserializeOwned + Default>(
             Some("hard") => DetectorMode::Hard,
             Some("observe") => DetectorMode::Observe,
             Some("off") => DetectorMode::Off,
+            Some("intervene") if name == "surprise" => DetectorMode::Intervene,
+            _ if name == "surprise" => {
+                return Err(err(
+                    format!("{at}.mode"),
+                    format!("{v} is not one of \"hard\", \"observe\", \"intervene\", \"off\""),
+                ))
+            }
             _ => {
                 return Err(err(
                     format!("{at}.mode"),
@@ -153,6 +161,12 @@ mod tests {
             let e = entry::<Demo>(Some(&t), "demo", DetectorMode::Hard).expect_err(text);
             assert_eq!(e.at, at, "{text}: {e}");
         }
+        let t = parse("[demo]\nmode = \"intervene\"\n");
+        let e = entry::<Demo>(Some(&t), "demo", DetectorMode::Hard).expect_err("surprise only");
+        assert_eq!(e.at, "detectors.demo.mode");
+        let t = parse("[surprise]\nmode = \"intervene\"\n");
+        let e: Entry<Demo> = entry(Some(&t), "surprise", DetectorMode::Observe).expect("valid");
+        assert_eq!(e.policy.mode, DetectorMode::Intervene);
         let t = parse("[demo]\n[dmeo]\n");
         assert_eq!(
             check_names(Some(&t), &["demo"]).expect_err("typo").at,

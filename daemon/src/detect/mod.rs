@@ -118,8 +118,25 @@ pub enum DetectorMode {
     Hard,
     /// A breach is counted and recorded; the stream goes on.
     Observe,
+    /// A breach (after debounce) asks for a grounding round instead of a halt (spec 003,
+    /// the intervention; only the surprise detector takes it): the turn pauses, is grounded,
+    /// rewound and resumed ([`TurnDetectors::take_intervention`]). A failure (no logprobs)
+    /// is recorded as in `observe`: a backend without logprobs sees no change.
+    Intervene,
     /// The detector does not run.
     Off,
+}
+
+impl DetectorMode {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DetectorMode::Hard => "hard",
+            DetectorMode::Observe => "observe",
+            DetectorMode::Intervene => "intervene",
+            DetectorMode::Off => "off",
+        }
+    }
 }
 
 /// One token as the detectors see it, before it is emitted.
@@ -186,6 +203,9 @@ pub trait Detector: Send + fmt::Debug {
     fn summary(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// The turn's last tokens were dropped unsent (a grounding round rewound them): forget
+    /// what depends on them. Default: nothing (what was spent stays spent).
+    fn rewind(&mut self) {}
 }
 
 /// A detector's verdict on a token, or the wait it needs first.
@@ -256,6 +276,8 @@ pub struct TurnDetectors {
     armed: Vec<Armed>,
     /// Observe-mode breaches and failures seen this turn (for the record and metrics).
     observed: Vec<Trip>,
+    /// An intervene-mode breach not taken yet ([`TurnDetectors::take_intervention`]).
+    intervention: Option<Trip>,
     /// The token under way ([`TurnDetectors::begin`]): the next detector to judge it, the
     /// first hard trip so far, and when the waiting detector started (for its deadline).
     cursor: usize,
@@ -303,7 +325,8 @@ impl TurnDetectors {
             let t0 = if a.policy.deadline_ns > 0 { clock() } else { 0 };
             let finding = a.detector.observe(tok);
             let finding = Self::timed(a, finding, t0, &clock);
-            Self::record(a, finding, &mut trip, &mut self.observed);
+            let found = (&mut trip, &mut self.intervention);
+            Self::record(a, finding, found, &mut self.observed);
         }
         trip
     }
@@ -339,7 +362,8 @@ impl TurnDetectors {
                 }
             };
             let finding = Self::timed(a, finding, t0, &clock);
-            Self::record(a, finding, &mut self.trip, &mut self.observed);
+            let found = (&mut self.trip, &mut self.intervention);
+            Self::record(a, finding, found, &mut self.observed);
             self.cursor += 1;
         }
         self.cursor = 0;
@@ -369,17 +393,60 @@ impl TurnDetectors {
         finding
     }
 
-    /// Judges `finding`: a hard trip becomes `trip` unless one came first; an observe-mode
-    /// one is kept for the record.
-    fn record(a: &mut Armed, finding: Finding, trip: &mut Option<Trip>, observed: &mut Vec<Trip>) {
-        if let Some(t) = Self::judge(a, finding) {
-            if a.policy.mode == DetectorMode::Hard {
+    /// Judges `finding`: a hard trip becomes `trip` unless one came first; an intervene-mode
+    /// breach becomes the intervention asked for (and is kept for the record, as an
+    /// observe-mode one is).
+    fn record(
+        a: &mut Armed,
+        finding: Finding,
+        (trip, intervention): (&mut Option<Trip>, &mut Option<Trip>),
+        observed: &mut Vec<Trip>,
+    ) {
+        let Some(t) = Self::judge(a, finding) else {
+            return;
+        };
+        match a.policy.mode {
+            DetectorMode::Hard => {
                 if trip.is_none() {
                     *trip = Some(t);
                 }
-            } else if observed.len() < MAX_OBSERVED {
-                observed.push(t);
+                return;
             }
+            DetectorMode::Intervene if t.kind == TripKind::Breach => {
+                // Debounce again from zero: the next request needs `debounce` new breaches.
+                a.streak = 0;
+                if intervention.is_none() {
+                    *intervention = Some(t.clone());
+                }
+            }
+            _ => {}
+        }
+        if observed.len() < MAX_OBSERVED {
+            observed.push(t);
+        }
+    }
+
+    /// The intervene-mode breach of the tokens judged so far, once: the data plane pauses
+    /// the turn for a grounding round. A hard trip of the same token wins (the caller checks
+    /// the trip first and drops this).
+    pub fn take_intervention(&mut self) -> Option<Trip> {
+        self.intervention.take()
+    }
+
+    /// Whether any detector runs in intervene mode (the turn holds its last tokens back).
+    pub fn intervenes(&self) -> bool {
+        self.armed
+            .iter()
+            .any(|a| a.policy.mode == DetectorMode::Intervene)
+    }
+
+    /// The turn's text was rewound (its last, unsent tokens dropped): every detector forgets
+    /// what it can of them ([`Detector::rewind`]) and breach streaks start again.
+    pub fn rewound(&mut self) {
+        self.intervention = None;
+        for a in &mut self.armed {
+            a.streak = 0;
+            a.detector.rewind();
         }
     }
 
@@ -391,6 +458,7 @@ impl TurnDetectors {
             // End-of-turn findings are not debounced: there is no next token.
             a.streak = a.policy.debounce.saturating_sub(1);
             if let Some(t) = Self::judge(a, finding) {
+                // Intervene mode acts on tokens, not on the whole turn: recorded here.
                 if a.policy.mode == DetectorMode::Hard {
                     trip = trip.or(Some(t));
                 } else if self.observed.len() < MAX_OBSERVED {
@@ -437,14 +505,9 @@ impl TurnDetectors {
 
     /// `detector_refs[]` entries: `name:mode`.
     pub fn refs(&self) -> impl Iterator<Item = String> + '_ {
-        self.armed.iter().map(|a| {
-            let mode = match a.policy.mode {
-                DetectorMode::Hard => "hard",
-                DetectorMode::Observe => "observe",
-                DetectorMode::Off => "off",
-            };
-            format!("{}:{mode}", a.detector.id())
-        })
+        self.armed
+            .iter()
+            .map(|a| format!("{}:{}", a.detector.id(), a.policy.mode.as_str()))
     }
 
     /// Per-detector summary for the turn record.
@@ -645,6 +708,60 @@ mod tests {
         }
         assert_eq!(d.observed().len(), 3);
         assert_eq!(d.summary()["surprise"]["breaches"], 2);
+    }
+
+    #[test]
+    fn intervene_mode_asks_for_a_round_instead_of_tripping_once_per_debounced_breach() {
+        let mut d = set(DetectorMode::Intervene, 2);
+        assert!(d.intervenes());
+        assert_eq!(d.observe(&tok("bad"), || 0), None);
+        assert_eq!(
+            d.take_intervention(),
+            None,
+            "debounced: one breach is not enough"
+        );
+        assert_eq!(d.observe(&tok("bad"), || 0), None, "never a trip");
+        let t = d.take_intervention().expect("two in a row ask for a round");
+        assert_eq!(
+            (t.detector, t.kind),
+            (DetectorId::Surprise, TripKind::Breach)
+        );
+        assert_eq!(d.take_intervention(), None, "taken once");
+        // The streak starts again after a request.
+        assert_eq!(d.observe(&tok("bad"), || 0), None);
+        assert_eq!(d.take_intervention(), None);
+        assert_eq!(d.refs().collect::<Vec<_>>(), ["surprise:intervene"]);
+        assert_eq!(
+            d.observed().len(),
+            1,
+            "recorded like an observe-mode breach"
+        );
+    }
+
+    #[test]
+    fn an_intervene_mode_failure_is_recorded_and_changes_nothing() {
+        // A backend without logprobs: the surprise detector fails on every token; in
+        // intervene mode that neither trips nor asks for a round (spec 003's no-op).
+        let mut d = set(DetectorMode::Intervene, 1);
+        for _ in 0..3 {
+            assert_eq!(d.observe(&tok("err"), || 0), None);
+        }
+        assert_eq!(d.take_intervention(), None);
+        assert_eq!(d.observed().len(), 3);
+        assert_eq!(d.summary()["surprise"]["failures"], 3);
+    }
+
+    #[test]
+    fn a_rewind_drops_a_pending_request_and_the_streak() {
+        let mut d = set(DetectorMode::Intervene, 2);
+        assert_eq!(d.observe(&tok("bad"), || 0), None);
+        d.rewound();
+        assert_eq!(d.observe(&tok("bad"), || 0), None);
+        assert_eq!(
+            d.take_intervention(),
+            None,
+            "the streak began again at the rewind"
+        );
     }
 
     #[test]

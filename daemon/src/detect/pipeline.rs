@@ -455,6 +455,17 @@ impl TurnGovernor {
             .map_or(0, |(scanner, _)| scanner.look_ahead(next))
     }
 
+    /// The turn's last tokens were dropped unsent (a grounding round's rewind): the
+    /// detectors forget them, and the scanner, which saw them too, starts over on `held`,
+    /// the kept text it had not released yet. What it says about `held` is the answer.
+    pub fn rewound(&mut self, held: &str) -> Gate {
+        self.set.rewound();
+        if let Some((scanner, _)) = self.exfil.as_mut() {
+            scanner.reset();
+        }
+        self.scan(held)
+    }
+
     /// The end of the turn's text: everything still held is decided.
     pub fn on_end(&mut self, now_ns: u64) -> Gate {
         if let Some(t) = self.set.end_of_turn(now_ns) {

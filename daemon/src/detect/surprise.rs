@@ -108,6 +108,7 @@ impl std::str::FromStr for Statistic {
 /// statistic = "mean"      # "mean" | "p90"
 /// threshold_bits = 10.0   # breach when the statistic is above this
 /// min_tokens = 8          # surprises in the window before it can breach (default W/2)
+/// hold_back = 16          # intervene mode: tokens held before the client sees them (default W)
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -122,6 +123,10 @@ pub struct SurpriseConfig {
     /// `max(1, window / 2)`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_tokens: Option<usize>,
+    /// Intervene mode: the last tokens held back before the client sees them, so that a
+    /// grounding round can rewind them unseen, 1..=[`MAX_WINDOW`]; absent means `window`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_back: Option<usize>,
 }
 
 impl Default for SurpriseConfig {
@@ -131,6 +136,7 @@ impl Default for SurpriseConfig {
             statistic: Statistic::Mean,
             threshold_bits: DEFAULT_THRESHOLD_BITS,
             min_tokens: None,
+            hold_back: None,
         }
     }
 }
@@ -142,6 +148,8 @@ pub enum SurpriseConfigError {
     Window { window: usize, max: usize },
     #[error("detectors.surprise.min_tokens = {min_tokens}: must be 1..=window ({window})")]
     MinTokens { min_tokens: usize, window: usize },
+    #[error("detectors.surprise.hold_back = {hold_back}: must be 1..={max}")]
+    HoldBack { hold_back: usize, max: usize },
     #[error("detectors.surprise.threshold_bits = {threshold}: must be a finite number")]
     Threshold { threshold: f64 },
     #[error("detectors.surprise.statistic = {value:?}: must be \"mean\" or \"p90\"")]
@@ -160,12 +168,25 @@ impl SurpriseConfig {
                 });
             }
         }
+        if let Some(h) = self.hold_back {
+            if h == 0 || h > MAX_WINDOW {
+                return Err(SurpriseConfigError::HoldBack {
+                    hold_back: h,
+                    max: MAX_WINDOW,
+                });
+            }
+        }
         if !self.threshold_bits.is_finite() {
             return Err(SurpriseConfigError::Threshold {
                 threshold: self.threshold_bits,
             });
         }
         Ok(self)
+    }
+
+    /// `hold_back`, or its default: the window W.
+    pub fn effective_hold_back(&self) -> usize {
+        self.hold_back.unwrap_or(self.window)
     }
 
     /// `min_tokens`, or its default `max(1, window / 2)`.
@@ -550,6 +571,11 @@ impl Detector for SurpriseDetector {
             "min_tokens": self.min_tokens,
         })
     }
+
+    /// The rewound tokens' surprises leave the window: the resumed text is judged afresh.
+    fn rewind(&mut self) {
+        self.window.clear();
+    }
 }
 
 #[cfg(test)]
@@ -585,6 +611,7 @@ mod tests {
             statistic,
             threshold_bits: threshold,
             min_tokens: None,
+            hold_back: None,
         }
     }
 

@@ -38,6 +38,7 @@ pub mod config;
 pub mod evaluator;
 pub mod http;
 pub mod memory;
+pub mod plan;
 pub mod router;
 pub mod scan;
 #[cfg(test)]

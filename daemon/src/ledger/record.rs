@@ -130,6 +130,11 @@ pub struct Record {
     /// TokenCircuit records: the action, its severity, the conversation and the artifact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_circuit: Option<serde_json::Value>,
+    /// Turn records of an intervene-mode turn (spec 003): the threshold, window, hold-back
+    /// and arm order in force, and one convergence record per grounding round
+    /// (docs/fhr-schema.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grounding: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -180,6 +185,7 @@ impl Default for Record {
             recovery: None,
             no_fsync: None,
             tool_circuit: None,
+            grounding: None,
         }
     }
 }

@@ -543,6 +543,23 @@ impl BuiltinStream {
     pub fn tokens_generated(&self) -> u32 {
         self.generated
     }
+
+    /// The model's context (its last two tokens): where the next token is sampled from.
+    pub fn context(&self) -> (u32, u32) {
+        self.ctx
+    }
+
+    /// Continues as if the stream had returned only `generated` tokens, the last two of
+    /// which make `ctx` ([`context`](Self::context) taken then), with its random draws from
+    /// now on mixed with `salt` (a grounding round's evidence, `source/resume.rs`): the same
+    /// prefix and salt always continue alike, a different salt differently.
+    pub fn resume_at(&mut self, ctx: (u32, u32), generated: u32, salt: u64) {
+        self.ctx = ctx;
+        self.generated = generated;
+        self.finish = None;
+        self.rng.0 ^= salt.rotate_left(17);
+        self.rng.0 = self.rng.next_u64();
+    }
 }
 
 /// A built-in stream as the data plane's [`TokenSource`]: one token per poll, with the
@@ -551,10 +568,15 @@ impl BuiltinStream {
 pub struct BuiltinSource {
     pub stream: BuiltinStream,
     pub top_n: usize,
+    /// The model's context before each of the last tokens, for a rewind (intervene mode);
+    /// empty otherwise.
+    pub history: super::resume::History,
 }
 
 impl TokenSource for BuiltinSource {
     fn poll(&mut self) -> Polled {
+        self.history
+            .push(self.stream.context(), self.stream.tokens_generated());
         match self.stream.next_token(self.top_n) {
             Some(tok) => Polled::Text(Produced {
                 text: Cow::Borrowed(tok.text),
@@ -593,6 +615,30 @@ impl TokenSource for BuiltinSource {
             tools: Vec::new(),
         }
     }
+}
+
+impl BuiltinSource {
+    /// Continuation with grounding in context (issue 16): the last `dropped` tokens are taken
+    /// back and the generation goes on from the kept prefix, its draws mixed with the
+    /// grounding (`salt`). `false` when the history does not reach that far back.
+    pub fn resume(&mut self, dropped: usize, salt: u64) -> bool {
+        let now = self.stream.tokens_generated();
+        let Some(target) = now.checked_sub(dropped as u32) else {
+            return false;
+        };
+        match self.history.before(target) {
+            Some(ctx) => {
+                self.stream.resume_at(ctx, target, salt);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The FNV-1a hash (for the resume salt of a grounding round, `source/resume.rs`).
+pub(crate) fn hash(bytes: &[u8]) -> u64 {
+    fnv1a(bytes)
 }
 
 /// splitmix64: small, fast, and fixed forever, so seeded output never changes with a crate
@@ -670,6 +716,7 @@ mod tests {
             let mut src = BuiltinSource {
                 stream: stream(),
                 top_n: 5,
+                history: Default::default(),
             };
             // The peek as owned text (`None`: the end).
             let peek = |src: &mut BuiltinSource| match src.peek() {

@@ -29,6 +29,7 @@ use crate::{
 };
 
 pub mod builtin;
+pub mod resume;
 pub mod upstream;
 
 /// A source of tokens for one turn.
