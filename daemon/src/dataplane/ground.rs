@@ -123,6 +123,10 @@ pub(super) struct TurnGrounding {
     pub(super) waiting: Option<Waiting>,
     /// The user's last message, for the query's context.
     pub(super) prompt: String,
+    /// A proxied turn: what its request is re-issued from (`ground_upstream.rs`).
+    pub(super) seed: Option<super::ground_upstream::ResumeSeed>,
+    /// The continuation request, waiting until the old upstream socket is idle.
+    pub(super) reissue: Option<Vec<u8>>,
 }
 
 impl TurnGrounding {
@@ -140,7 +144,7 @@ impl TurnGrounding {
 /// Text of the hold queue's content entries between byte offsets `from` and `to` of the
 /// turn's scanned text; `None` when a tool call lies there (a span with a tool call in it is
 /// not rewound).
-fn queued_text(turn: &Turn, from: usize, to: usize) -> Option<String> {
+pub(super) fn queued_text(turn: &Turn, from: usize, to: usize) -> Option<String> {
     let mut out = String::new();
     for p in &turn.hold.queue {
         let start = p.end - (p.text.len() - p.pos);
@@ -307,6 +311,8 @@ impl Worker {
         {
             g.records.push(rec);
         }
+        // A proxied turn's continuation goes out once its old socket is idle.
+        self.maybe_reissue(key)?;
         self.step(key)
     }
 
@@ -363,7 +369,7 @@ impl Worker {
         };
         match &mut turn.source {
             super::turn::TurnSource::Builtin(b) => b.resume(dropped, resume::salt(&round.snippets)),
-            super::turn::TurnSource::Upstream(_) => false,
+            super::turn::TurnSource::Upstream(_) => self.resume_upstream(key, dropped, round),
         }
     }
 }

@@ -84,6 +84,14 @@ fn look_ahead(turn: &mut Turn) {
     turn.hold.release(n);
 }
 
+/// Whether the first token of a produced text came with a logprob.
+fn has_logprob(tokens: &Tokens) -> bool {
+    match tokens {
+        Tokens::Builtin { .. } => true,
+        Tokens::Upstream(toks) => toks.first().is_some_and(|t| t.logprob.is_some()),
+    }
+}
+
 /// Copies up to `limit` alternatives into `tops`; how many.
 fn fill_top<'a>(
     tops: &mut Tops<'a>,
@@ -290,8 +298,12 @@ impl Worker {
         }
         if let Some(back) = turn.hold.back.as_mut() {
             // Intervene mode: the token joins the hold-back window (one store, no
-            // allocation); it goes out once W newer tokens came, or at the end.
+            // allocation); it goes out once W newer tokens came, or at the end. A stream
+            // without logprobs can never breach: nothing is held (spec 003's no-op).
             back.push(turn.hold.scanned);
+            if turn.tokens_generated == 0 && !has_logprob(&t.tokens) {
+                back.open();
+            }
         }
         if turn.last_token_ns != 0 {
             turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);

@@ -160,8 +160,18 @@ impl Worker {
                     return Ok(());
                 };
                 conn.ops -= 1;
+                let reissue = conn
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.grounding.as_ref())
+                    .is_some_and(|g| g.reissue.is_some());
                 self.conn_op(key, kind, op.into_buf(res), res)?;
                 self.send_waiting_final(key)?;
+                if reissue {
+                    // A grounded continuation waits for the old upstream socket
+                    // (`ground_upstream.rs`).
+                    self.maybe_reissue(key)?;
+                }
                 self.maybe_finish_close(key);
                 Ok(())
             }

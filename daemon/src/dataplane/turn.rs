@@ -287,6 +287,21 @@ fn prepare_proxied(
     Ok((up, urls, system_prompt, circuit))
 }
 
+/// The text of the last user message (chat) or the prompt (completions) of an upstream
+/// request body: a grounding round's context. Once per turn, with intervene mode only.
+fn last_user_text(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if let Some(p) = v["prompt"].as_str() {
+        return p.to_owned();
+    }
+    v["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// A proxied turn's upstream request, SafetyCheck inputs and circuit.
 type Proxied = (
     upstream::UpstreamTurn,
@@ -574,6 +589,30 @@ impl Worker {
         );
         turn.request_urls = request_urls;
         turn.circuit = circuit;
+        let path = match endpoint {
+            Endpoint::Chat => upstream::CHAT_PATH,
+            Endpoint::Completion => upstream::COMPLETIONS_PATH,
+        };
+        let resumable = self
+            .shared
+            .grounding
+            .as_ref()
+            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+        let mode = self.shared.table.slot(self.conns[key].id.slot).mode();
+        if let Some(w) = self.intervene_window(&turn, mode).filter(|_| resumable) {
+            turn.hold.back = Some(super::holdback::HoldBack::new(w, 0));
+            turn.grounding = Some(Box::new(super::ground::TurnGrounding {
+                prompt: last_user_text(&up.body),
+                seed: Some(super::ground_upstream::ResumeSeed {
+                    body: up.body.clone(),
+                    endpoint,
+                    api_path: path,
+                    authorization: auth.clone(),
+                    system_prompt: system_prompt.clone(),
+                }),
+                ..Default::default()
+            }));
+        }
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conns[key].turn = Some(Box::new(turn));
         self.observe_turn(key);
@@ -583,10 +622,6 @@ impl Worker {
         if let Some(trip) = failed {
             return self.detector_trip(key, trip);
         }
-        let path = match endpoint {
-            Endpoint::Chat => upstream::CHAT_PATH,
-            Endpoint::Completion => upstream::COMPLETIONS_PATH,
-        };
         let request = super::upstream_io::UpstreamRequest {
             purpose: Purpose::Turn,
             api_path: path,

@@ -95,8 +95,11 @@ impl Worker {
                     .is_some_and(UpstreamSource::has_items);
                 let idle = conn.sending.is_none();
                 tracing::trace!(stream_id = %id, res, queued, idle, "upstream bytes");
-                if !had_head && shared.table.slot(id.slot).mode() == Mode::Stream {
-                    // The upstream accepted the turn: the client's response begins now.
+                let slot = shared.table.slot(id.slot);
+                let resumed = slot.headers_sent.load(std::sync::atomic::Ordering::SeqCst);
+                if !had_head && slot.mode() == Mode::Stream && !resumed {
+                    // The upstream accepted the turn: the client's response begins now. (A
+                    // grounded continuation's response continues the client's, `ground.rs`.)
                     if idle {
                         self.send_stream_head(key)?;
                     }

@@ -39,6 +39,7 @@ pub mod evaluator;
 pub mod http;
 pub mod memory;
 pub mod plan;
+pub mod resume_request;
 pub mod router;
 pub mod scan;
 #[cfg(test)]

@@ -158,6 +158,15 @@ impl UpstreamSource {
         self.items.clear();
     }
 
+    /// A new response continues the turn (a grounded continuation, `dataplane/ground.rs`):
+    /// nothing queued, and its own end, finish reason and usage to come.
+    pub fn restart(&mut self) {
+        self.items.clear();
+        self.saw_done = false;
+        self.finish = None;
+        self.usage = None;
+    }
+
     /// Queues what one SSE event says. Returns `false` when the stream broke (nothing after
     /// it is read).
     pub fn push_event(&mut self, endpoint: Endpoint, ev: SseEventRef<'_>, arrived_ns: u64) -> bool {

@@ -76,6 +76,14 @@
 //! | `slow_head` | (before the head) wait `head_ms=` (default 2000), then as `normal` |
 //! | `bench` | as `normal`, token texts ` t<NS>`: CLOCK_MONOTONIC ns read just before the write |
 //!
+//! **Continuations** (haltd's grounded resume, issue 16): a chat request whose last message is
+//! the assistant's is continued, in vLLM's shape (`continue_final_message: true`,
+//! `add_generation_prompt: false`) or llama.cpp's (a prefill: neither flag; a mix is a 400).
+//! Its directive is read from the last user message; it gets `resume=N` tokens (6), none of
+//! them unlikely, whose texts are the words of the evidence in the request's `[grounding]`
+//! segment (system messages, one `[claim, evidence, confidence, source]` line per snippet),
+//! each with a leading space; the script's `words` without a segment.
+//!
 //! An unknown script or key, or a bad value, gets a 400 whose message says what was wrong, so a
 //! typo in a test fails loudly instead of running the default script.
 //!
@@ -968,6 +976,8 @@ struct Script {
     /// The first this many of the `tokens` are the model's reasoning (chat
     /// `delta.reasoning_content`, batch `message.reasoning_content`).
     reasoning: usize,
+    /// Tokens a continuation request gets (`resume=N`).
+    resume: usize,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -1149,6 +1159,7 @@ impl Script {
             align: k.flag("align")?,
             drop_reused: k.flag("drop_reused")?,
             reasoning: k.count("reasoning", 0)?,
+            resume: k.count("resume", 6)?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1174,6 +1185,17 @@ impl Script {
             ));
         }
         Ok(s)
+    }
+
+    /// A continuation request: `resume` tokens, the grounding's words when it has any,
+    /// none of them unlikely.
+    fn continue_with(&mut self, words: Vec<String>) {
+        self.tokens = self.resume;
+        self.low_at.clear();
+        self.neginf_at.clear();
+        if !words.is_empty() {
+            self.words = Some(words);
+        }
     }
 
     fn class(&self, index: usize) -> TokClass {
@@ -1370,9 +1392,16 @@ impl Plan {
         let body = body
             .and_then(Value::as_object)
             .ok_or("request body is not a JSON object")?;
-        let text = request_text(endpoint, body);
+        let continued = continuation(endpoint, body)?;
+        let text = match continued {
+            Some(_) => last_user_text(body),
+            None => request_text(endpoint, body),
+        };
         let (name, keys) = parse_directive(&text)?;
-        let script = Script::new(&name, keys)?;
+        let mut script = Script::new(&name, keys)?;
+        if continued.is_some() {
+            script.continue_with(grounding_words(body));
+        }
         if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
             return Err("tool_call needs /v1/chat/completions".into());
         }
@@ -1457,6 +1486,73 @@ fn count_field(body: &Map<String, Value>, key: &str) -> usize {
         .and_then(Value::as_u64)
         .and_then(|v| usize::try_from(v).ok())
         .unwrap_or(0)
+}
+
+/// Whether a chat request continues its last, assistant message, and in which shape: vLLM's
+/// (`continue_final_message: true` with `add_generation_prompt: false`) or llama.cpp's
+/// (a last assistant message, its prefill, without either flag). A mix is refused, as vLLM
+/// refuses `continue_final_message` with `add_generation_prompt`.
+fn continuation(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+) -> Result<Option<&'static str>, String> {
+    let last_role = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str);
+    if endpoint != Endpoint::Chat || last_role != Some("assistant") {
+        return Ok(None);
+    }
+    let cont = body.get("continue_final_message");
+    let gen = body.get("add_generation_prompt");
+    match (cont, gen) {
+        (Some(Value::Bool(true)), Some(Value::Bool(false))) => Ok(Some("vllm")),
+        (None, None) => Ok(Some("llama_cpp")),
+        _ => Err("continue_final_message needs add_generation_prompt: false (vLLM), or neither for a prefill (llama.cpp)".into()),
+    }
+}
+
+/// The last user message's text (a continuation's directive is there).
+fn last_user_text(body: &Map<String, Value>) -> String {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| {
+            m.iter()
+                .rev()
+                .find(|m| m.get("role") == Some(&json!("user")))
+        })
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The words of the evidence in a continuation's `[grounding]` segment (system messages,
+/// lines `[claim, evidence, confidence, source]`), each with a leading space: the tokens the
+/// continuation says, so a test can see the grounding reached the model.
+fn grounding_words(body: &Map<String, Value>) -> Vec<String> {
+    let mut words = Vec::new();
+    let systems = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|m| m.get("role") == Some(&json!("system")))
+        .filter_map(|m| m.get("content").and_then(Value::as_str));
+    for text in systems {
+        let Some(seg) = text.split("[grounding]\n").nth(1) else {
+            continue;
+        };
+        for line in seg.lines().take_while(|l| *l != "[/grounding]") {
+            if let Ok(Value::Array(t)) = serde_json::from_str::<Value>(line) {
+                let evidence = t.get(1).and_then(Value::as_str).unwrap_or_default();
+                words.extend(evidence.split_whitespace().map(|w| format!(" {w}")));
+            }
+        }
+    }
+    words
 }
 
 /// The text a directive is looked for in.
@@ -2140,5 +2236,37 @@ mod tests {
             decode_chunked(&wire[..wire.len() - 1]).expect("valid"),
             None
         );
+    }
+
+    #[test]
+    fn continuations_in_both_shapes_speak_the_grounding() {
+        let seg = "[grounding]\n[\"c\",\"river Nile\",1.0,\"doc\"]\n[/grounding]";
+        let msgs = json!([{"role": "system", "content": seg},
+            {"role": "user", "content": "[[script:normal tokens=20 low_at=3]]"},
+            {"role": "assistant", "content": "The kept"}]);
+        let vllm = json!({"messages": msgs, "continue_final_message": true,
+            "add_generation_prompt": false, "stream": true});
+        let llama = json!({"messages": msgs, "stream": true});
+        for (body, shape) in [(&vllm, "vllm"), (&llama, "llama_cpp")] {
+            let obj = body.as_object().expect("object");
+            assert_eq!(continuation(Endpoint::Chat, obj), Ok(Some(shape)));
+            let plan = Plan::new(Endpoint::Chat, Some(body), 1, Framing::Chunked).expect("plan");
+            assert_eq!(plan.script.tokens, 6, "resume=6 by default");
+            assert!(
+                plan.script.low_at.is_empty(),
+                "a continuation is not unlikely"
+            );
+            let mut text = String::new();
+            for i in 0..3 {
+                plan.script.push_token(i, &mut text);
+            }
+            assert_eq!(text, " river Nile river");
+        }
+        let mixed = json!({"messages": msgs, "continue_final_message": true});
+        let obj = mixed.as_object().expect("object");
+        assert!(continuation(Endpoint::Chat, obj).is_err());
+        let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let obj = plain.as_object().expect("object");
+        assert_eq!(continuation(Endpoint::Chat, obj), Ok(None));
     }
 }
