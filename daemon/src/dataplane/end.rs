@@ -167,6 +167,10 @@ impl Worker {
         let out = frame(&mut conn.wbuf);
         let persist = conn.keep.persist();
         if slot.mode() == Mode::Stream {
+            if let Some(a) = turn.grounding.as_ref().and_then(|g| g.annotation.as_ref()) {
+                // The post-hoc fallback's evidence, after the reply (`ground_post_hoc.rs`).
+                turn.enc.annotation_event(out, "haltd_grounding", a);
+            }
             turn.enc
                 .finish_events(out, reason, turn.include_usage.then_some(usage));
             if persist == Persist::KeepAlive {

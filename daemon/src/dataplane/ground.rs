@@ -127,6 +127,12 @@ pub(super) struct TurnGrounding {
     pub(super) seed: Option<super::ground_upstream::ResumeSeed>,
     /// The continuation request, waiting until the old upstream socket is idle.
     pub(super) reissue: Option<Vec<u8>>,
+    /// No continuation: the post-hoc fallback (`ground_post_hoc.rs`). Nothing is held; the
+    /// first breach's span is grounded once the text is complete.
+    pub(super) post_hoc: bool,
+    pub(super) post_hoc_span: Option<String>,
+    /// The post-hoc round's evidence, sent after the reply.
+    pub(super) annotation: Option<Value>,
 }
 
 impl TurnGrounding {
@@ -191,7 +197,6 @@ impl Worker {
             return Ok(false);
         };
         let conn = &mut self.conns[key];
-        let serial = conn.serial;
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(false);
         };
@@ -201,6 +206,11 @@ impl Worker {
         let (Some(g), Some(back)) = (turn.grounding.as_mut(), turn.hold.back.as_ref()) else {
             return Ok(false);
         };
+        if g.post_hoc {
+            // No continuation: the span is grounded after the reply (`ground_post_hoc.rs`).
+            super::ground_post_hoc::note_span(turn);
+            return Ok(false);
+        }
         if g.rounds >= plan.max_rounds || g.waiting.is_some() || back.held() == 0 {
             return Ok(false);
         }
@@ -213,8 +223,27 @@ impl Worker {
         };
         let mut context = turn.out_text.clone();
         context.push_str(&kept);
+        tracing::debug!(stream = %conn.id, detail = %intervention.detail, "grounding round");
+        self.start_round(key, span, context)?;
+        Ok(true)
+    }
+
+    /// Parks the turn and hands a round about `span` to the worker's grounding thread.
+    pub(super) fn start_round(
+        &mut self,
+        key: usize,
+        span: String,
+        context: String,
+    ) -> io::Result<()> {
+        let Some(plan) = self.shared.grounding.clone() else {
+            return Ok(());
+        };
+        let conn = &mut self.conns[key];
+        let serial = conn.serial;
+        let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) else {
+            return Ok(());
+        };
         let cancel = Arc::new(AtomicBool::new(false));
-        let g = turn.grounding.as_mut().expect("checked above");
         g.rounds += 1;
         let query = SpanQuery {
             span: span.clone(),
@@ -226,7 +255,6 @@ impl Worker {
             span,
             started: Instant::now(),
         });
-        tracing::debug!(stream = %conn.id, detail = %intervention.detail, "grounding round");
         if self.grounding.is_none() {
             let waker = self.shared.waker(self.id);
             self.grounding = Some(GroundRunner::start(&plan, self.id, waker)?);
@@ -242,7 +270,7 @@ impl Worker {
             // The thread only ends with the worker: a send cannot fail while it runs.
             let _ = r.jobs.send(job);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The worker's eventfd rang: the rounds that answered are applied (after the trip scan,
@@ -292,7 +320,12 @@ impl Worker {
             ));
             return self.step(key);
         };
-        let outcome = outcome_of(&round, took, plan.round_deadline);
+        let mut outcome = outcome_of(&round, took, plan.round_deadline);
+        if g.post_hoc && outcome == RoundOutcome::Rewound {
+            // Nothing to rewind: the evidence goes after the reply.
+            outcome = RoundOutcome::Annotated;
+            g.annotation = Some(super::ground_post_hoc::annotation(&round));
+        }
         let mut rec = RoundRecord::of(&w.span, &round, took, outcome);
         if outcome == RoundOutcome::Rewound {
             match self.rewind(key, &round)? {

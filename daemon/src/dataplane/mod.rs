@@ -53,6 +53,7 @@ mod conn;
 mod deadline;
 mod end;
 mod ground;
+mod ground_post_hoc;
 mod ground_upstream;
 mod halt;
 mod hold;

@@ -213,7 +213,11 @@ impl Worker {
                 return self.emit_pending(key, p);
             }
             if turn.hold.ending {
-                // The text is complete and nothing is held any more.
+                // The text is complete and nothing is held any more: the post-hoc grounding
+                // round, if one is due (`ground_post_hoc.rs`), then the final frame.
+                if self.post_hoc_round(key)? {
+                    return Ok(());
+                }
                 return self.finish(key);
             }
             let paced = turn.source.get().paced();

@@ -528,6 +528,28 @@ impl Worker {
         self.step(key)
     }
 
+    /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
+    /// or, without continuation, the post-hoc fallback (nothing held).
+    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: super::ground_upstream::ResumeSeed) {
+        let resumable = self
+            .shared
+            .grounding
+            .as_ref()
+            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+        let mut back = super::holdback::HoldBack::new(w, 0);
+        if !resumable {
+            // The post-hoc fallback: token ends are kept for the span, nothing is held.
+            back.open();
+        }
+        turn.hold.back = Some(back);
+        turn.grounding = Some(Box::new(super::ground::TurnGrounding {
+            post_hoc: !resumable,
+            prompt: last_user_text(&seed.body),
+            seed: Some(seed),
+            ..Default::default()
+        }));
+    }
+
     /// The hold-back window of a streamed turn whose surprise detector intervenes and that
     /// a grounder can serve (`holdback.rs`); `None`: nothing is held back.
     fn intervene_window(&self, turn: &Turn, mode: Mode) -> Option<usize> {
@@ -593,25 +615,16 @@ impl Worker {
             Endpoint::Chat => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
         };
-        let resumable = self
-            .shared
-            .grounding
-            .as_ref()
-            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
         let mode = self.shared.table.slot(self.conns[key].id.slot).mode();
-        if let Some(w) = self.intervene_window(&turn, mode).filter(|_| resumable) {
-            turn.hold.back = Some(super::holdback::HoldBack::new(w, 0));
-            turn.grounding = Some(Box::new(super::ground::TurnGrounding {
-                prompt: last_user_text(&up.body),
-                seed: Some(super::ground_upstream::ResumeSeed {
-                    body: up.body.clone(),
-                    endpoint,
-                    api_path: path,
-                    authorization: auth.clone(),
-                    system_prompt: system_prompt.clone(),
-                }),
-                ..Default::default()
-            }));
+        if let Some(w) = self.intervene_window(&turn, mode) {
+            let seed = super::ground_upstream::ResumeSeed {
+                body: up.body.clone(),
+                endpoint,
+                api_path: path,
+                authorization: auth.clone(),
+                system_prompt: system_prompt.clone(),
+            };
+            self.ground_proxied(&mut turn, w, seed);
         }
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conns[key].turn = Some(Box::new(turn));

@@ -403,6 +403,19 @@ impl ChunkEncoder {
         out.extend_from_slice(b"}]}\n\n");
     }
 
+    /// A chunk with no choices that carries `value` under `field` (haltd's annotations after
+    /// a reply, e.g. `haltd_grounding`): shaped like the usage chunk, so OpenAI clients take
+    /// it as one more chunk with nothing to show.
+    pub fn annotation_event(&self, out: &mut Vec<u8>, field: &str, value: &serde_json::Value) {
+        out.extend_from_slice(b"data: ");
+        self.chunk_head(out);
+        out.extend_from_slice(b"],");
+        write_str(out, field);
+        out.push(b':');
+        let _ = serde_json::to_writer(&mut *out, value);
+        out.extend_from_slice(b"}\n\n");
+    }
+
     /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
     pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
         self.final_chunk(out, finish_reason);
@@ -511,6 +524,29 @@ mod tests {
             .and_then(|t| t.strip_suffix("\n\n"))
             .expect("one SSE event");
         serde_json::from_str(data).expect("valid JSON")
+    }
+
+    #[test]
+    fn an_annotation_is_a_chunk_without_choices() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+            let mut out = Vec::new();
+            let note = serde_json::json!({"revision": "post_hoc", "evidence": [{"claim": "a\"b"}]});
+            enc(endpoint, false).annotation_event(&mut out, "haltd_grounding", &note);
+            let v = event_json(&out);
+            assert_eq!(v["choices"], serde_json::json!([]));
+            assert_eq!(v["haltd_grounding"], note);
+            assert_eq!(
+                v["id"],
+                "chatcmpl-hs_0000000900000003".replace(
+                    "chatcmpl-",
+                    if endpoint == Endpoint::Chat {
+                        "chatcmpl-"
+                    } else {
+                        "cmpl-"
+                    },
+                )
+            );
+        }
     }
 
     #[test]
