@@ -367,6 +367,10 @@ impl Worker {
             return;
         }
         conn.closing = true;
+        if let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) {
+            // A round in flight is dropped with the connection (`ground.rs`).
+            g.cancel();
+        }
         let targets = [conn.timer_op, conn.recv_op, conn.watch_op, conn.score_op];
         let owner = conn.owner(key);
         let up_reason = if conn.outcome == Outcome::ClientGone {

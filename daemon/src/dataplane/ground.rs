@@ -193,14 +193,15 @@ impl Worker {
     /// After a text item went into the hold queue: an intervene-mode breach pauses the turn
     /// for a grounding round (`Next::Stop`), unless it had its rounds already.
     pub(super) fn maybe_ground(&mut self, key: usize) -> io::Result<bool> {
-        let Some(plan) = self.shared.grounding.clone() else {
-            return Ok(false);
-        };
         let conn = &mut self.conns[key];
-        let Some(turn) = conn.turn.as_mut() else {
+        // Per token: two branches unless a breach asks for a round.
+        let Some(turn) = conn.turn.as_mut().filter(|t| t.grounding.is_some()) else {
             return Ok(false);
         };
         let Some(intervention) = turn.gov.set.take_intervention() else {
+            return Ok(false);
+        };
+        let Some(max_rounds) = self.shared.grounding.as_ref().map(|p| p.max_rounds) else {
             return Ok(false);
         };
         let (Some(g), Some(back)) = (turn.grounding.as_mut(), turn.hold.back.as_ref()) else {
@@ -211,7 +212,7 @@ impl Worker {
             super::ground_post_hoc::note_span(turn);
             return Ok(false);
         }
-        if g.rounds >= plan.max_rounds || g.waiting.is_some() || back.held() == 0 {
+        if g.rounds >= max_rounds || g.waiting.is_some() || back.held() == 0 {
             return Ok(false);
         }
         let start = back.start();
