@@ -462,3 +462,53 @@ pub(super) fn receipt(shared: &HaltCore, turn: &Turn, record_text: bool) -> Opti
     }
     Some(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grounding::{ArmKind, Attempt, Snippet, SpanClass};
+
+    fn round(outcomes: &[ArmOutcome], snippets: usize) -> Round {
+        Round {
+            class: SpanClass::Other,
+            attempts: outcomes
+                .iter()
+                .map(|&outcome| Attempt {
+                    arm: ArmKind::Memory,
+                    outcome,
+                    took_ms: 1,
+                    detail: String::new(),
+                })
+                .collect(),
+            snippets: (0..snippets)
+                .map(|_| Snippet {
+                    claim: "c".into(),
+                    evidence: "e".into(),
+                    confidence: 0.5,
+                    source: "s".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_round_rewinds_only_with_evidence_in_time() {
+        let ms = Duration::from_millis;
+        let grounded = round(&[ArmOutcome::Empty, ArmOutcome::Grounded], 1);
+        assert_eq!(outcome_of(&grounded, ms(5), ms(100)), RoundOutcome::Rewound);
+        assert_eq!(
+            outcome_of(&grounded, ms(101), ms(100)),
+            RoundOutcome::Timeout,
+            "an answer past the round's deadline is not used"
+        );
+        let nothing = round(&[ArmOutcome::Empty, ArmOutcome::Failed], 0);
+        assert_eq!(outcome_of(&nothing, ms(5), ms(100)), RoundOutcome::Empty);
+        let timed_out = round(&[ArmOutcome::Skipped, ArmOutcome::Timeout], 0);
+        assert_eq!(
+            outcome_of(&timed_out, ms(5), ms(100)),
+            RoundOutcome::Timeout
+        );
+        let skipped = round(&[ArmOutcome::Skipped], 0);
+        assert_eq!(outcome_of(&skipped, ms(5), ms(100)), RoundOutcome::Empty);
+    }
+}

@@ -391,6 +391,40 @@ mod tests {
     }
 
     #[test]
+    fn a_rewind_drops_the_held_tokens_and_keeps_the_rest_in_order() {
+        let mut hold = Hold {
+            back: Some(HoldBack::new(2, 0)),
+            ..Hold::default()
+        };
+        for (i, t) in ["a", "bb", "c", "dd"].into_iter().enumerate() {
+            hold.scanned += t.len();
+            let offset = hold.scanned - t.len();
+            hold.push_text(
+                t.to_owned(),
+                (Split::Token, Channel::Content),
+                Some(token(t, -0.1)),
+                offset,
+                i as u64,
+            );
+            if let Some(b) = hold.back.as_mut() {
+                b.push(hold.scanned);
+            }
+        }
+        hold.release(usize::MAX);
+        // The window holds "c" and "dd": only "a" and "bb" may go out.
+        assert_eq!(hold.out_limit(), 3);
+        let keep = hold.back.as_mut().map(HoldBack::rewind).expect("window");
+        let dropped = hold.rewind(keep);
+        let texts: Vec<&str> = dropped.iter().map(frame_text).collect();
+        assert_eq!(texts, ["c", "dd"]);
+        assert_eq!((hold.scanned, hold.released), (3, 3));
+        let rest: Vec<String> = std::iter::from_fn(|| hold.pop_released())
+            .map(|p| frame_text(&p).to_owned())
+            .collect();
+        assert_eq!(rest, ["a", "bb"], "the kept prefix goes out, nothing else");
+    }
+
+    #[test]
     fn an_empty_token_is_one_empty_frame_and_empty_chars_are_none() {
         let mut hold = Hold::default();
         hold.push_text(
