@@ -130,6 +130,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let node_secret = crate::identity::NodeSecret::load_or_create(&cfg.args.state_dir)
         .map_err(StartError::Identity)?;
     let wakers = worker_wakers(cfg.workers)?;
+    let grounding = grounding_plan(&cfg, &metrics)?;
     let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -161,7 +162,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
             ),
         ),
         upstream_health: crate::upstream::health::UpstreamHealth::for_config(&cfg),
-        grounding: None,
+        grounding,
         cfg,
     });
     let source = match &shared.cfg.upstream {
@@ -189,6 +190,21 @@ fn bind_control(cfg: &Config) -> Result<ControlListeners, StartError> {
             .map_err(io("admin listener"))?,
         metrics: admin::bind(cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
     })
+}
+
+/// The grounder and its plan (spec 003's intervention): built when the surprise detector
+/// starts in `intervene` mode (indexing the memory store takes the start's time, not a
+/// turn's), else `None`.
+fn grounding_plan(
+    cfg: &Config,
+    metrics: &Metrics,
+) -> Result<Option<crate::grounding::plan::GroundPlan>, StartError> {
+    if cfg.detectors.surprise.policy.mode != crate::detect::DetectorMode::Intervene {
+        return Ok(None);
+    }
+    crate::grounding::plan::GroundPlan::from_config(&cfg.grounding, Some(metrics.grounding.clone()))
+        .map(Some)
+        .map_err(|e| StartError::Config(e.to_string()))
 }
 
 /// The daemon's metrics: the gate's state, and the model names `--metric-models` fixes.

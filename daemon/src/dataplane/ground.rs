@@ -444,11 +444,11 @@ pub(super) fn receipt(shared: &HaltCore, turn: &Turn, record_text: bool) -> Opti
         "window": s.cfg.window,
         "hold_back": turn.hold.back.as_ref().map(|_| s.cfg.effective_hold_back()),
         "debounce": s.policy.debounce,
-        "arm_order": {
-            "computable": ["memory", "tool", "web"],
-            "entity_shaped": ["memory", "web", "tool"],
-            "other": ["memory", "web", "tool"],
-        },
+        "arm_order": plan.map(|p| json!({
+            "computable": p.order_computable,
+            "entity_shaped": p.order_other,
+            "other": p.order_other,
+        })),
         "max_rounds": plan.map(|p| p.max_rounds),
         "round_deadline_ms": plan.map(|p| p.round_deadline.as_millis() as u64),
         "continuation": plan.map(|p| p.continuation.as_str()),

@@ -25,6 +25,9 @@
 //!
 //! [grounding.web]
 //! endpoint = "http://127.0.0.1:8888"
+//!
+//! # how a proxied reply is resumed after a rewind: "vllm" | "llama_cpp" | "none"
+//! # (set at the top of [grounding], with max_rounds)
 //! ```
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
@@ -60,6 +63,9 @@ pub struct GroundingConfig {
     pub tool: ToolConfig,
     /// The web arm: off without `endpoint`.
     pub web: WebConfig,
+    /// How a proxied reply is resumed after a rewind: `"vllm"`, `"llama_cpp"` or `"none"`
+    /// (default: the post-hoc fallback; docs/wire-format.md "Grounded continuation").
+    pub continuation: super::plan::Continuation,
 }
 
 impl Default for GroundingConfig {
@@ -73,6 +79,7 @@ impl Default for GroundingConfig {
             memory: MemoryConfig::default(),
             tool: ToolConfig::default(),
             web: WebConfig::default(),
+            continuation: super::plan::Continuation::None,
         }
     }
 }

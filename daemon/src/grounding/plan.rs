@@ -9,15 +9,15 @@
 
 use std::{fmt, str::FromStr, sync::Arc, time::Duration};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::{ArmKind, Attempt, Grounder, Round, Snippet, SpanClass};
+use super::{ArmKind, Attempt, Grounder, GroundingConfig, Round, Snippet, SpanClass};
 
 /// Default rounds per reply (spec 003: "Max N intervention rounds per reply (default 2)").
 pub const DEFAULT_MAX_ROUNDS: u32 = 2;
 
 /// How an upstream continues a reply whose end was rewound (issue 16 point 3).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Continuation {
     /// vLLM: the kept prefix as the last, assistant message, with
@@ -75,6 +75,28 @@ pub struct GroundPlan {
     pub round_deadline: Duration,
     /// How a proxied reply is continued (the built-in source always can).
     pub continuation: Continuation,
+    /// The arm orders in force (for the receipt): computable spans, the others.
+    pub order_computable: Vec<ArmKind>,
+    pub order_other: Vec<ArmKind>,
+}
+
+impl GroundPlan {
+    /// haltd's grounder over the arms `cfg` configures ([`super::Grounding::from_config`]:
+    /// indexes the memory store, so at start only), with the round limit, deadline,
+    /// continuation and orders of `cfg`.
+    pub fn from_config(
+        cfg: &GroundingConfig,
+        metrics: Option<crate::metrics::grounding::GroundingMetrics>,
+    ) -> Result<Self, super::GroundingError> {
+        Ok(GroundPlan {
+            grounder: super::Grounding::from_config(cfg, metrics)?,
+            max_rounds: cfg.max_rounds,
+            round_deadline: cfg.round_deadline(),
+            continuation: cfg.continuation,
+            order_computable: cfg.order_computable.clone(),
+            order_other: cfg.order_other.clone(),
+        })
+    }
 }
 
 impl fmt::Debug for GroundPlan {
