@@ -26,6 +26,7 @@ mod detectors;
 mod drain;
 mod guarantee;
 mod hostile;
+mod intervene;
 mod keepalive;
 mod kernel_gate;
 mod ledger_cli;
