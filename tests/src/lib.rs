@@ -54,6 +54,7 @@ pub mod raw_http;
 pub mod rig;
 pub mod seq_ttfb;
 pub mod sse;
+pub mod stats;
 pub mod tls;
 pub mod tls_client;
 pub mod upstream;

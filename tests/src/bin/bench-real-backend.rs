@@ -188,18 +188,7 @@ fn us(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    })
-}
+use haltd_tests::stats::median;
 
 fn med(s: &[Sample], f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
     median(s.iter().filter_map(f).collect())
