@@ -513,11 +513,16 @@ impl HaltCore {
     /// must not outrun them. A failure is counted and logged and fails the daemon closed.
     /// Blocks for one fsync: not for the data plane's threads.
     pub fn record_durable(&self, rec: Record) -> Result<u64, crate::ledger::LedgerError> {
-        self.ledger.append_sync(rec).inspect_err(|e| {
-            self.metrics.ledger.errors.inc();
-            tracing::error!(error = %e, "flight recorder write failed");
-            self.recorder_failed();
-        })
+        self.ledger
+            .append_sync(rec)
+            .inspect_err(|e| self.record_failed(e))
+    }
+
+    /// A record could not be written: counted, logged, and the daemon fails closed.
+    pub fn record_failed(&self, e: &crate::ledger::LedgerError) {
+        self.metrics.ledger.errors.inc();
+        tracing::error!(error = %e, "flight recorder write failed");
+        self.recorder_failed();
     }
 
     /// After the drain: refuse new turns and halt every open stream (SERVICE_SHUTDOWN), so

@@ -274,6 +274,7 @@ fn open_ledger(cfg: &Config, gate_label: &'static str) -> Result<Ledger, StartEr
         state_dir: &cfg.args.state_dir,
         fsync: !cfg.args.ledger_no_fsync,
         kernel_gate: gate_label,
+        slow_write: cfg.faults.ledger_slow_write,
     })
     .map_err(StartError::Ledger)
 }

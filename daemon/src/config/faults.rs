@@ -14,6 +14,8 @@ pub struct Faults {
     pub watchdog_stall_after: Option<Duration>,
     /// A data-plane worker or the watchdog panics after N tokens ([`crate::crash`]).
     pub panic: Option<crate::crash::PanicFault>,
+    /// Every ledger record takes this much longer to write (a busy disk).
+    pub ledger_slow_write: Option<Duration>,
 }
 
 pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
@@ -35,6 +37,14 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 )
             })?;
             out.watchdog_stall_after = Some(Duration::from_millis(ms));
+        } else if let Some(ms) = f.strip_prefix("ledger-slow-write-ms=") {
+            let ms: u64 = ms.parse().map_err(|_| {
+                err(
+                    "fault",
+                    format!("{f:?}: N must be a whole number of milliseconds"),
+                )
+            })?;
+            out.ledger_slow_write = Some(Duration::from_millis(ms));
         } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
             let fault = crate::crash::PanicFault::parse(spec)
                 .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
@@ -43,7 +53,7 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
                 ),
             ));
         }

@@ -84,6 +84,9 @@ pub struct LedgerConfig<'a> {
     pub fsync: bool,
     /// `kernel_gate` of the records the ledger writes itself (a recovery).
     pub kernel_gate: &'static str,
+    /// Test-only fault (`--fault ledger-slow-write-ms=N`): every record takes this much
+    /// longer to write, as on a busy disk.
+    pub slow_write: Option<std::time::Duration>,
 }
 
 /// State shared between the handles and the writer.
@@ -206,7 +209,8 @@ impl Ledger {
             sync_dir(path).map_err(open_err)?;
         }
         tracing::info!(path = %path.display(), records = scan.next_seq, "ledger opened");
-        let writer = Writer::new(file, cfg.fsync, end, scan.len, head_file, key);
+        let writer = Writer::new(file, cfg.fsync, end, scan.len, head_file, key)
+            .with_slow_write(cfg.slow_write);
         let ledger = Self::start(path, writer)?;
         if let Some(t) = torn {
             ledger.append_sync(recovery_record(path, &t, cfg.kernel_gate))?;
@@ -527,6 +531,7 @@ pub(crate) mod testing {
             state_dir: &state_dir(path),
             fsync,
             kernel_gate: "enforcing",
+            slow_write: None,
         })
     }
 

@@ -65,6 +65,8 @@ pub(super) struct Writer {
     head: HeadFile,
     key: LedgerKey,
     shared: Option<Arc<Shared>>,
+    /// Test-only fault: a pause after every record's write ([`super::LedgerConfig`]).
+    slow_write: Option<std::time::Duration>,
 }
 
 impl Writer {
@@ -84,7 +86,13 @@ impl Writer {
             head,
             key,
             shared: None,
+            slow_write: None,
         }
+    }
+
+    pub(super) fn with_slow_write(mut self, slow_write: Option<std::time::Duration>) -> Self {
+        self.slow_write = slow_write;
+        self
     }
 
     pub(super) fn with_shared(mut self, shared: Arc<Shared>) -> Self {
@@ -181,6 +189,9 @@ impl Writer {
                 seq,
                 source,
             })?;
+        }
+        if let Some(pause) = self.slow_write {
+            std::thread::sleep(pause);
         }
         self.len += line.len() as u64;
         self.end = Head {

@@ -4,9 +4,11 @@
 //! 1. writes the heartbeat to the kernel gate and to the in-process copy (a lost heartbeat
 //!    makes the gate and the emitters treat every stream as tripped: fail closed);
 //! 2. looks at every tripped stream and halts, itself, any whose emitter has not: the kernel
-//!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed. It writes the
-//!    terminal frame with a plain non-blocking `send`, shuts the socket down and records the
-//!    halt, so a blocked or stuck emitter cannot keep a tripped stream open. It walks the open
+//!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed. It claims the
+//!    halt, queues the incident record, and once that is on disk ([`pending`]: it never waits
+//!    for the disk itself) writes the terminal frame with a plain non-blocking `send` and
+//!    shuts the socket down, so a blocked or stuck emitter cannot keep a tripped stream open.
+//!    It walks the open
 //!    streams only ([`crate::stream::StreamTable::live`], an active-slot bitmap), so a round
 //!    with nothing open costs the same whatever `--max-streams` is;
 //! 3. folds kernel halt events into metrics.
@@ -31,8 +33,10 @@ use crate::{
     stream::{Halter, SlotState},
 };
 
+pub mod pending;
 pub mod pulse;
 
+use pending::{Claimed, Pending};
 pub use pulse::Pulse;
 use pulse::Sleep;
 
@@ -98,7 +102,7 @@ fn run(shared: &HaltCore) {
     shared.pulse.register_watchdog();
     let started = Instant::now();
     let interval = shared.cfg.heartbeat_interval;
-    let mut buf = Vec::with_capacity(4096);
+    let mut pending = Pending::new();
     let mut last_busy = monotonic_ns();
     let mut planned = interval;
     loop {
@@ -115,7 +119,7 @@ fn run(shared: &HaltCore) {
         // Before the clock is read: the beat below is stamped after every kick it answers.
         let kicked = shared.pulse.take_kick();
         let now = monotonic_ns();
-        round(shared, now, planned, &mut buf);
+        round(shared, now, planned, &mut pending);
         if kicked {
             shared.pulse.answer();
         }
@@ -130,9 +134,9 @@ fn run(shared: &HaltCore) {
     }
 }
 
-/// One round at `now`, after a sleep of `planned`: the gap check, the beat, the halts due, the
-/// gate's events.
-fn round(shared: &HaltCore, now: u64, planned: Duration, buf: &mut Vec<u8>) {
+/// One round at `now`, after a sleep of `planned`: the gap check, the beat, the halts due and
+/// those whose incident is on disk, the gate's events.
+fn round(shared: &HaltCore, now: u64, planned: Duration, pending: &mut Pending) {
     let last = shared.heartbeat_ns.load(SeqCst);
     let cfg = &shared.cfg;
     if let Some(gap) = pulse::overdue(
@@ -152,7 +156,8 @@ fn round(shared: &HaltCore, now: u64, planned: Duration, buf: &mut Vec<u8>) {
         shared.recorder_failed();
     }
     crate::crash::watchdog_pass(cfg.faults.panic, &shared.table);
-    enforce(shared, now, buf);
+    enforce(shared, now, pending);
+    pending.finish_written(shared);
     if let Some(gate) = &shared.gate {
         let mut events = 0u64;
         if let Err(e) = gate.drain_halt_events(&mut |ev| {
@@ -195,7 +200,7 @@ fn beat(shared: &HaltCore, now: u64) {
     shared.heartbeat_ns.store(now, SeqCst);
 }
 
-fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
+fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending) {
     let grace = shared.cfg.halt_grace.as_nanos() as u64;
     for (idx, slot) in shared.table.live() {
         if slot.state() != SlotState::Tripped {
@@ -219,9 +224,8 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
         }
         let fd = slot.fd.load(SeqCst);
         slot.note_halt(Halter::Watchdog, monotonic_ns());
-        // The incident is on disk before the client can see the halt (issue 13, point 5): one
-        // fsync on this thread, for a halt the emitter failed to make. A failure fails every
-        // stream closed (RECORDER_FAILURE); this one still gets its terminal event.
+        // The incident is on disk before the client can see the halt (issue 13, point 5); a
+        // failure fails every stream closed (RECORDER_FAILURE), and this one still ends.
         let terminal = if send_stuck {
             "stream halted by the watchdog; no terminal event (a send was stuck in the socket)"
         } else {
@@ -233,32 +237,12 @@ fn enforce(shared: &HaltCore, now: u64, buf: &mut Vec<u8>) {
             vec!["watchdog".to_owned()],
             terminal.to_owned(),
         );
-        let _ = shared.record_durable(rec);
-        if !send_stuck {
-            shared.terminal_wire(&slot.snapshot(idx), buf);
-            // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
-            // after the slot left HALTING, which only this thread can do now.
-            let n = if buf.is_empty() {
-                -1 // TLS, and no terminal could be sealed
-            } else {
-                unsafe {
-                    libc::send(
-                        fd,
-                        buf.as_ptr().cast(),
-                        buf.len(),
-                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                    )
-                }
-            };
-            if n < 0 || n as usize != buf.len() {
-                tracing::info!(stream_id = %slot.snapshot(idx).id, "watchdog: terminal event not delivered (socket closed or dropped by the kernel gate)");
-            }
-        }
-        // SAFETY: as above; shutdown (not close) ends the stream and wakes pending I/O.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        shared.halt_completed(&slot.snapshot(idx));
-        slot.publish_halted();
-        shared.wake(slot.worker.load(SeqCst));
+        let claim = Claimed {
+            idx,
+            fd,
+            send_stuck,
+        };
+        pending.queue(shared, claim, rec);
     }
 }
 
