@@ -41,12 +41,14 @@ pub fn state_dir_for(ledger: &Path) -> PathBuf {
         .join("state")
 }
 
-/// Runs `haltctl ledger verify --state-dir <state_dir_for(PATH)> PATH`; Ok if it exits 0.
+/// Runs `HALTD_STATE_DIR=<state_dir_for(PATH)> haltctl ledger verify PATH`; Ok if it exits 0.
 pub fn verify_ledger(path: &Path) -> Result<String> {
+    // The state directory by haltd's own variable, so that every verify also checks that
+    // haltctl reads it (without it, haltctl would look in /var/lib/haltd and fail).
     checked(
         Command::new(haltctl_bin()?)
-            .args(["ledger", "verify", "--state-dir"])
-            .arg(state_dir_for(path))
+            .args(["ledger", "verify"])
+            .env("HALTD_STATE_DIR", state_dir_for(path))
             .arg(path),
     )
 }

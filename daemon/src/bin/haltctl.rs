@@ -133,8 +133,9 @@ enum LedgerCommand {
     /// and its end against the head; says where it breaks. Needs the ledger key
     /// (`<state-dir>/ledger.key`, root-only). Exit status: 0 intact, 1 broken, 2 cannot check.
     Verify {
-        /// haltd's `--state-dir`: the key, and the head of the last segment.
-        #[arg(long, default_value = "/var/lib/haltd")]
+        /// haltd's `--state-dir`: the key, and the head of the last segment (the same
+        /// `HALTD_STATE_DIR` as haltd's).
+        #[arg(long, env = "HALTD_STATE_DIR", default_value = "/var/lib/haltd")]
         state_dir: PathBuf,
         /// The segments, oldest first; the last is the current ledger file.
         #[arg(required = true)]
