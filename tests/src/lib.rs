@@ -43,6 +43,7 @@ pub mod api;
 pub mod clients;
 pub mod daemon;
 pub mod gate;
+pub mod grounding_ab;
 pub mod http;
 pub mod kill_loop;
 pub mod ledger;

@@ -31,6 +31,8 @@ const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-kill-loop"),
     // Issue 17: haltd in front of llama.cpp's server, beside the scripted upstream.
     ("haltd-tests", "bench-real-backend"),
+    // Issue 16: grounding A/B, canary against intervene, on the stand-in and llama.cpp.
+    ("haltd-tests", "bench-grounding-ab"),
 ];
 
 #[derive(Debug, Args)]
