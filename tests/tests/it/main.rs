@@ -27,6 +27,7 @@ mod drain;
 mod guarantee;
 mod hostile;
 mod intervene;
+mod intervene_ab;
 mod keepalive;
 mod kernel_gate;
 mod ledger_cli;
