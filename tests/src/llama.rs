@@ -51,6 +51,37 @@ pub struct LlamaServer {
     pub pid: u32,
 }
 
+/// What follows `python -m llama_cpp.server`: the model, its alias, the address, the context
+/// window, one thread (a 2-core CI machine keeps a core for haltd and the client), and
+/// `--interrupt_requests False`. By default the server interrupts the generation it is running
+/// whenever another request arrives, `GET /v1/models` included: haltd's upstream probe (every
+/// second) then cut replies short, with no error (measured by the grounding A/B harness: half
+/// the replies differed between two identical runs). docs/operations.md tells operators the
+/// same.
+pub fn server_args(model: &std::path::Path, port: u16, n_ctx: usize) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
+    let (port, n_ctx) = (port.to_string(), n_ctx.to_string());
+    for a in [
+        "--model_alias",
+        LLAMA_MODEL_ALIAS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--n_ctx",
+        &n_ctx,
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--interrupt_requests",
+        "False",
+    ] {
+        args.push(a.into());
+    }
+    args
+}
+
 /// The model file `cargo xtask setup` made (`HALTD_LLAMA_MODEL`).
 pub fn llama_model() -> Result<PathBuf> {
     let path = PathBuf::from(env::var_os("HALTD_LLAMA_MODEL").context(
@@ -75,8 +106,6 @@ impl LlamaServer {
         let log = dir.join("server.log");
         let out = fs::File::create(&log).context("creating server.log")?;
         let err = out.try_clone().context("cloning the log's handle")?;
-        let port = PORT_UPSTREAM.to_string();
-        let n_ctx = LLAMA_N_CTX.to_string();
         let child = Command::new("ip")
             .args([
                 "netns",
@@ -87,12 +116,7 @@ impl LlamaServer {
                 "-m",
                 "llama_cpp.server",
             ])
-            .arg("--model")
-            .arg(&model)
-            .args(["--model_alias", LLAMA_MODEL_ALIAS])
-            .args(["--host", "127.0.0.1", "--port", &port, "--n_ctx", &n_ctx])
-            // One thread: a 2-core CI machine keeps a core for haltd and the client.
-            .args(["--n_threads", "1", "--n_threads_batch", "1"])
+            .args(server_args(&model, PORT_UPSTREAM, LLAMA_N_CTX))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(out)

@@ -118,7 +118,18 @@ impl<U> Bench<U> {
         })?;
         let wall_ns = t0.elapsed().as_nanos() as u64;
         let (h1, s1) = (cpu(haltd_pid)?, cpu(self.server_pid)?);
-        sample(&o, route, h1 - h0, s1 - s0, wall_ns)
+        let s = sample(&o, route, h1 - h0, s1 - s0, wall_ns)?;
+        // The tiny model never ends early (no EOS): fewer frames than asked is a reply cut
+        // short, which would make the two routes' figures incomparable.
+        let asked = self.body["max_tokens"].as_u64().unwrap_or_default() as usize;
+        ensure!(
+            s.tokens >= asked,
+            "{route:?}: the reply was cut short, {} token frames of the {asked} asked \
+             (llama_cpp.server interrupts its generation on any new request unless started \
+             with --interrupt_requests False)",
+            s.tokens
+        );
+        Ok(s)
     }
 
     /// `warmup` then `n` requests per route, alternating.

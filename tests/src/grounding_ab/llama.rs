@@ -4,14 +4,17 @@
 //! assistant prefill, for the harness to run against beside the stand-in. Its random weights
 //! answer nothing right; the harness reports what it measures all the same.
 //!
-//! It runs with `--interrupt_requests False` (see [`start_if_set_up`]).
+//! It runs with `--interrupt_requests False` ([`crate::llama::server_args`]).
 
 use std::{env, path::Path, process::Command};
 
 use anyhow::{Context, Result};
 
 use super::{free_port, Backend, Continuation, Proc};
-use crate::{get_json_here, llama::LLAMA_MODEL_ALIAS};
+use crate::{
+    get_json_here,
+    llama::{server_args, LLAMA_MODEL_ALIAS},
+};
 
 /// The server, killed on drop, and the backend it is.
 #[derive(Debug)]
@@ -32,23 +35,8 @@ pub fn start_if_set_up(dir: &Path) -> Result<Option<LlamaBackend>> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
     let mut cmd = Command::new(python);
-    cmd.args(["-u", "-m", "llama_cpp.server", "--model"])
-        .arg(model)
-        .args(["--model_alias", LLAMA_MODEL_ALIAS])
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args([
-            "--n_ctx",
-            "2048",
-            "--n_threads",
-            "1",
-            "--n_threads_batch",
-            "1",
-        ])
-        // By default the server interrupts the generation it is running whenever another
-        // request arrives, `GET /v1/models` included: haltd's upstream probe (every second)
-        // then cut replies short, each at a different point in the two modes. Measured here:
-        // with the default, half the replies differed between the modes without any round.
-        .args(["--interrupt_requests", "False"]);
+    cmd.args(["-u", "-m", "llama_cpp.server"])
+        .args(server_args(Path::new(&model), port, 2048));
     let probe = format!("{url}/v1/models");
     let proc = Proc::spawn(cmd, dir, "llama", |_| get_json_here(&probe).is_ok())
         .context("starting llama_cpp.server")?;
