@@ -3,10 +3,12 @@
 //! these tests run) says so at start, in the ready line, in the start record and on
 //! `/metrics`. Both name their commit and features in `--version`.
 
-use std::{path::Path, process::Command};
+use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::{ensure, Context, Result};
-use haltd_tests::{daemon::production_haltd_bin, haltd_bin, require_root, Haltd, NetPair};
+use haltd_tests::{
+    daemon::production_haltd_bin, haltd_bin, require_root, wait_for, Haltd, NetPair,
+};
 
 /// `haltd --version`'s one line.
 fn version_of(bin: &Path) -> Result<String> {
@@ -64,16 +66,22 @@ fn a_test_build_says_so() -> Result<()> {
     let commit = commit_in(&version)?;
     let pair = NetPair::new()?;
     let haltd = Haltd::start(&pair, &[])?;
+    // `Haltd::start` returns once `/healthz` answers, which can be just before the ready line
+    // is printed: wait for the line.
+    let ready = wait_for(Duration::from_secs(5), "the ready line", || {
+        Ok(haltd
+            .log_tail(100)
+            .lines()
+            .find(|l| l.starts_with("haltd ready"))
+            .map(str::to_owned))
+    })
+    .with_context(|| format!("no ready line:\n{}", haltd.log_tail(100)))?;
     let log = haltd.log_tail(100);
     ensure!(
         log.lines()
             .any(|l| l.contains("WARN") && l.contains("TEST build with fault injection")),
         "no WARN line at start:\n{log}"
     );
-    let ready = log
-        .lines()
-        .find(|l| l.starts_with("haltd ready"))
-        .with_context(|| format!("no ready line:\n{log}"))?;
     ensure!(
         ready.ends_with(&format!(" commit={commit} features=fault-injection")),
         "{ready}"
