@@ -1,10 +1,12 @@
 //! What TokenCircuit remembers per conversation: only what the transcript cannot carry.
 //!
 //! The circuit's state is rebuilt from each request's own transcript (`transcript.rs`), so
-//! it is right after a restart with no store at all. Two things are not in a transcript:
+//! it is right after a restart with no store at all. Three things are not in a transcript:
 //! time (when haltd let a call out to the client, when a request carrying a call's result
-//! arrived: the backoff clock) and the artifacts of haltd's interventions (the operator's
-//! view, `haltctl circuit show`). This store keeps them, in memory only:
+//! arrived: the backoff clock), which of the calls it let out the kernel accepted (a call
+//! halted before its first frame was delivered was never dispatched), and the artifacts of
+//! haltd's interventions (the operator's view, `haltctl circuit show`). This store keeps
+//! them, in memory only:
 //!
 //! * a conversation is named by [`ConversationId`]: the client's `x-haltd-conversation-id`
 //!   header, else a digest of the transcript's stable prefix (the messages before the first
@@ -16,7 +18,8 @@
 //!
 //! A conversation evicted or lost in a restart loses its clock: its past retries are then
 //! charged one unit each, never the premature-retry surcharge (its artifacts stay in the
-//! ledger). One mutex, taken when a request arrives and when a turn's calls are judged, never
+//! ledger), and every call of it counts as dispatched (fails closed:
+//! [`Timeline::dispatched`]). One mutex, taken when a request arrives and when a turn's calls are judged, never
 //! per token.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -150,18 +153,21 @@ impl Default for ConversationStore {
     }
 }
 
-/// Inserts an instant, dropping the oldest one past [`MAX_CALLS`].
-fn note(map: &mut HashMap<String, Instant>, id: &str, at: Instant) {
+/// Inserts an instant, dropping the oldest one past [`MAX_CALLS`]; the id dropped, if any.
+fn note(map: &mut HashMap<String, Instant>, id: &str, at: Instant) -> Option<String> {
     if map.contains_key(id) {
-        return;
+        return None;
     }
+    let mut dropped = None;
     if map.len() >= MAX_CALLS {
         let oldest = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone());
         if let Some(k) = oldest {
             map.remove(&k);
+            dropped = Some(k);
         }
     }
     map.insert(id.to_owned(), at);
+    dropped
 }
 
 impl ConversationStore {
@@ -219,7 +225,7 @@ impl ConversationStore {
     pub fn arrive(&self, conv: &ConversationId, answered: &[&str], now: Instant) -> Timeline {
         self.with(conv, now, |e| {
             for id in answered {
-                note(&mut e.timeline.arrived, id, now);
+                let _ = note(&mut e.timeline.arrived, id, now);
             }
             e.timeline.clone()
         })
@@ -234,7 +240,28 @@ impl ConversationStore {
     ) {
         self.with(conv, now, |e| {
             for id in ids {
-                note(&mut e.timeline.emitted, id, now);
+                // A call forgotten is no longer known delivered either: it fails closed.
+                if let Some(old) = note(&mut e.timeline.emitted, id, now) {
+                    e.timeline.delivered.remove(&old);
+                }
+            }
+        });
+    }
+
+    /// The kernel accepted the frame that started the calls `ids` (the turn's dispatched
+    /// calls): they reached the client. Only calls haltd let out count (the others are
+    /// unknown, and count as dispatched anyway).
+    pub fn delivered<'a>(
+        &self,
+        conv: &ConversationId,
+        ids: impl IntoIterator<Item = &'a str>,
+        now: Instant,
+    ) {
+        self.with(conv, now, |e| {
+            for id in ids {
+                if e.timeline.emitted.contains_key(id) && !e.timeline.delivered.contains(id) {
+                    e.timeline.delivered.insert(id.to_owned());
+                }
             }
         });
     }
@@ -353,6 +380,26 @@ mod tests {
     }
 
     #[test]
+    fn only_a_call_released_and_never_accepted_is_known_undelivered() {
+        let s = ConversationStore::new(4);
+        let (c, now) = (conv("c"), Instant::now());
+        s.emitted(&c, ["sent", "halted"], now);
+        s.delivered(&c, ["sent", "never-released"], now);
+        let t = s.arrive(&c, &[], now);
+        assert!(t.dispatched("sent"), "released and accepted");
+        assert!(
+            !t.dispatched("halted"),
+            "released, its frame never accepted"
+        );
+        assert!(t.dispatched("unknown"), "never seen here: fails closed");
+        assert!(
+            !t.delivered.contains("never-released"),
+            "only released calls are kept"
+        );
+        assert!(s.arrive(&conv("other"), &[], now).dispatched("halted"));
+    }
+
+    #[test]
     fn the_least_recently_used_conversation_is_evicted() {
         let s = ConversationStore::new(2);
         let now = Instant::now();
@@ -399,9 +446,15 @@ mod tests {
                 t0 + Duration::from_millis(i as u64),
             );
         }
+        // call10 is the oldest kept; a new call drops it, and its delivery with it.
+        s.delivered(&c, ["call0", "call10", "call11"], t0);
+        s.emitted(&c, ["late"], t0 + Duration::from_secs(1));
         let t = s.arrive(&c, &[], t0);
         assert_eq!(t.emitted.len(), MAX_CALLS);
         assert!(!t.emitted.contains_key("call0"), "the oldest dropped");
+        assert!(t.delivered.len() == 1 && t.delivered.contains("call11"));
+        assert!(t.dispatched("call10"), "forgotten: fails closed");
+        assert!(!t.dispatched("late"), "released, not accepted");
         assert!(t.emitted.contains_key(&format!("call{}", MAX_CALLS + 9)));
     }
 }

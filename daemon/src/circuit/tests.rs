@@ -253,6 +253,45 @@ fn the_circuit_is_rebuilt_from_the_transcript() {
     assert!(rebuild(policy(""), &bad, &Timeline::default()).is_err());
 }
 
+/// A write's timeout is ambiguous only if the call reached the client: one released but
+/// halted before the kernel accepted its frame is known undelivered (transient); one haltd
+/// never saw (a restart, another instance) fails closed, as dispatched.
+#[test]
+fn a_write_halted_before_delivery_is_not_ambiguous() {
+    let messages = vec![
+        json!({"role": "user", "content": "order it"}),
+        assistant(&[("w1", "create_order", json!({"sku": "a"}))]),
+        tool("w1", "urllib3.exceptions.ReadTimeoutError: read timed out"),
+    ];
+    let class_with = |timeline: &Timeline| {
+        let c = rebuild(policy(SQL), &messages, timeline).expect("test input");
+        let open = c.open_artifacts();
+        assert_eq!(open.len(), 1);
+        (
+            open[0].failure_class,
+            open[0].equivalence_key.side_effect_boundary,
+        )
+    };
+    let mut timeline = Timeline::default();
+    assert_eq!(
+        class_with(&timeline),
+        (FailureClass::AmbiguousEffect, true),
+        "unknown to haltd: dispatched"
+    );
+    timeline.emitted.insert("w1".into(), Instant::now());
+    assert_eq!(
+        class_with(&timeline),
+        (FailureClass::Transient, false),
+        "released, its frame never accepted"
+    );
+    timeline.delivered.insert("w1".into());
+    assert_eq!(
+        class_with(&timeline),
+        (FailureClass::AmbiguousEffect, true),
+        "delivered and answered"
+    );
+}
+
 #[test]
 fn configured_budgets_are_in_force_and_recorded() {
     let p = Arc::new(CircuitPolicy {

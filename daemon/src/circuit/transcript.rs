@@ -5,9 +5,10 @@
 //! through the state machine gives the circuit's state with no store, so it survives a
 //! restart. What the transcript does not carry is time: haltd keeps a [`Timeline`] (when a
 //! call went out, when its failed result arrived) in memory for the backoff clock; without
-//! it, past retries are charged one unit each.
+//! it, past retries are charged one unit each. Nor does it say whether a call reached the
+//! client: the timeline keeps which released calls the kernel accepted ([`Timeline::dispatched`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,13 +17,27 @@ use serde_json::Value;
 use super::machine::{Circuit, ToolCall};
 use super::policy::CircuitPolicy;
 
-/// The backoff clock: instants haltd saw, by tool-call id.
+/// The backoff clock: instants haltd saw, by tool-call id; and which calls reached the
+/// client.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
-    /// When haltd let a call out to the client.
+    /// When haltd let a call out to the client (released it from its hold, after judging it).
     pub emitted: HashMap<String, Instant>,
     /// When a request carrying a call's result arrived.
     pub arrived: HashMap<String, Instant>,
+    /// The calls of `emitted` whose first frame the kernel accepted (the TURN-ACID record's
+    /// dispatched calls, `dataplane/send.rs`): always a subset of `emitted`.
+    pub delivered: HashSet<String>,
+}
+
+impl Timeline {
+    /// Whether call `id` counts as dispatched when its result comes back. Only a call haltd
+    /// released but whose frame the kernel never accepted (the stream was halted first) is
+    /// known undelivered; one haltd does not know (never released here: another instance,
+    /// a restart, an evicted conversation) counts as dispatched, failing closed.
+    pub fn dispatched(&self, id: &str) -> bool {
+        !self.emitted.contains_key(id) || self.delivered.contains(id)
+    }
 }
 
 /// A transcript haltd cannot replay.
@@ -56,8 +71,9 @@ pub fn rebuild(
                     .and_then(Value::as_str)
                     .ok_or(TranscriptError::ToolCallId { index })?;
                 let content = content_text(message.get("content"));
-                // The client executed the call and sent its id back: it was dispatched.
-                circuit.record_result(id, &content, timeline.arrived.get(id).copied(), true);
+                // Its id came back: dispatched if it was delivered too (or haltd cannot tell).
+                let arrived = timeline.arrived.get(id).copied();
+                circuit.record_result(id, &content, arrived, timeline.dispatched(id));
             }
             _ => {}
         }
@@ -99,8 +115,7 @@ pub fn content_text(content: Option<&Value>) -> String {
     }
 }
 
-/// The ids of the tool calls the transcript's results answer (the calls the client
-/// dispatched).
+/// The ids of the tool calls the transcript's results answer.
 pub fn answered_ids(messages: &[Value]) -> Vec<&str> {
     messages
         .iter()

@@ -29,6 +29,20 @@ use crate::{
     wire::HttpError,
 };
 
+/// The kernel accepted the frame (streaming) or the response (batch) that carried the tool
+/// calls `calls` (`{index, id, name}`, the TURN-ACID record's dispatched calls): they
+/// reached the client. A call released but never noted here was halted before it was
+/// delivered; its result, if one ever comes back, is not a dispatched call's.
+pub(super) fn delivered(store: &ConversationStore, circuit: Option<&TurnCircuit>, calls: &[Value]) {
+    let Some(tc) = circuit else {
+        return;
+    };
+    let ids = calls
+        .iter()
+        .filter_map(|c| c.get("id").and_then(Value::as_str));
+    store.delivered(&tc.conversation, ids, Instant::now());
+}
+
 /// A tool-call delta held until its turn's calls are judged.
 #[derive(Debug)]
 struct HeldDelta {
@@ -348,7 +362,8 @@ impl Worker {
             self.circuit_trip(key, &artifact)?;
             return Ok(false);
         }
-        // Let out now: the instant the backoff clock measures the next retry from.
+        // Let out now: the instant the backoff clock measures the next retry from. Delivered
+        // once the kernel accepts the frame that starts it (`delivered`).
         let ids = calls
             .iter()
             .filter_map(|c| c.get("id").and_then(Value::as_str));

@@ -210,15 +210,21 @@ impl Worker {
         if published && index > slot.trip_token_index.load(SeqCst) {
             slot.post_trip_delivered.fetch_add(1, SeqCst);
         }
-        // The tool calls the frame started are dispatched now.
+        // The tool calls the frame started are dispatched now (TokenCircuit notes it: per
+        // frame that starts a call, never per token, its store's lock is taken).
         if let Some(turn) = conn.turn.as_mut() {
+            if !turn.tools_in_flight.is_empty() {
+                let circuit = turn.circuit.as_deref();
+                super::circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
+            }
             turn.tool_calls.append(&mut turn.tools_in_flight);
         }
     }
 }
 
 /// A batch turn's whole response was delivered: its tokens reached the client now, all at
-/// once (`haltd_tokens_emitted_total`, its time to first token).
+/// once (`haltd_tokens_emitted_total`, its time to first token), and its tool calls with
+/// them.
 fn batch_delivered(shared: &HaltCore, turn: Option<&mut super::turn::Turn>) {
     let Some(turn) = turn else {
         return;
@@ -230,6 +236,10 @@ fn batch_delivered(shared: &HaltCore, turn: Option<&mut super::turn::Turn>) {
         .inc_by(turn.tokens_generated);
     if turn.tokens_generated > 0 && turn.obs.first_token_ns == 0 {
         turn.obs.first_token_ns = monotonic_ns();
+    }
+    if !turn.tool_calls.is_empty() {
+        let circuit = turn.circuit.as_deref();
+        super::circuit::delivered(&shared.circuits, circuit, &turn.tool_calls);
     }
 }
 
