@@ -35,8 +35,9 @@
 //!
 //! # Scripts
 //!
-//! The request's text (chat: the last message's `content`, a string or `{type:"text"}` parts;
-//! completions: `prompt`) selects a script with a directive; without one the script is `normal`:
+//! The request's text (chat: the last message's `content`, a string or `{type:"text"}` parts,
+//! trailing system messages without a directive skipped; completions: `prompt`) selects a
+//! script with a directive; without one the script is `normal`:
 //!
 //! ```text
 //! [[script:NAME key=value key="value with spaces" ...]]
@@ -66,7 +67,7 @@
 //! | script | after the `tokens` content tokens |
 //! |---|---|
 //! | `normal` | final chunk, usage chunk (if `stream_options.include_usage`), `[DONE]` |
-//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`), then as `normal` |
+//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`, `args=` the first call's arguments, JSON written with `'` for `"`; `needs_tool=1`: as `normal` when the request's `tools` do not offer `name`, as a model cannot call a tool it was not given), then as `normal` |
 //! | `error_event` | `data: {"error":{..}}` (`code=` (default 400), `msg=`, `object=1` adds vLLM's `"object":"error","param":null`), `[DONE]` |
 //! | `llama_error` | `error: {"code":..,"message":..,"type":..}` and a blank line (`code=` (default 500), `msg=`), end |
 //! | `garbage` | `data: {this is not json`, then `after=` (default 4) more tokens and a normal end |
@@ -957,6 +958,10 @@ struct Script {
     fn_name: String,
     args_chunks: usize,
     calls: usize,
+    /// The first call's arguments (`args=`), else `TOOL_ARGS`.
+    args: Option<String>,
+    /// Answer as `normal` when the request does not offer the tool.
+    needs_tool: bool,
     code: u16,
     msg: Option<String>,
     error_object: bool,
@@ -1098,6 +1103,8 @@ impl Script {
                 }
                 s.args_chunks = k.count("args_chunks", 3)?.max(1);
                 s.calls = k.count("calls", 1)?;
+                s.args = k.take::<String>("args")?.map(|a| a.replace('\'', "\""));
+                s.needs_tool = k.flag("needs_tool")?;
                 if !(1..=2).contains(&s.calls) {
                     return Err("calls must be 1 or 2".into());
                 }
@@ -1167,6 +1174,8 @@ impl Script {
             fn_name: "get_weather".into(),
             args_chunks: 3,
             calls: 1,
+            args: None,
+            needs_tool: false,
             code: 500,
             msg: None,
             error_object: false,
@@ -1405,6 +1414,9 @@ impl Plan {
         if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
             return Err("tool_call needs /v1/chat/completions".into());
         }
+        if script.kind == Kind::ToolCall && script.needs_tool && !offers(body, &script.fn_name) {
+            script.kind = Kind::Normal;
+        }
         if script.reasoning > 0 && endpoint == Endpoint::Completions {
             return Err("reasoning needs /v1/chat/completions".into());
         }
@@ -1561,10 +1573,17 @@ fn request_text(endpoint: Endpoint, body: &Map<String, Value>) -> String {
         parts.collect::<Vec<_>>().join("\n")
     }
     match endpoint {
+        // A trailing system message without a directive (a proxy's note, like haltd's
+        // TokenCircuit note) is skipped: the directive is the conversation's.
         Endpoint::Chat => match body
             .get("messages")
             .and_then(Value::as_array)
-            .and_then(|m| m.last())
+            .and_then(|m| {
+                let note = |m: &&Value| {
+                    m.get("role") == Some(&json!("system")) && !m.to_string().contains("[[script:")
+                };
+                m.iter().rev().find(|m| !note(m)).or(m.last())
+            })
             .and_then(|m| m.get("content"))
         {
             Some(Value::String(s)) => s.clone(),
@@ -2022,9 +2041,24 @@ async fn emit_content(
     Ok(())
 }
 
+/// Whether a chat request's `tools` offer a function named `name`.
+fn offers(body: &Map<String, Value>, name: &str) -> bool {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == name))
+}
+
+/// The calls' arguments: `args=` for the first if given, else `TOOL_ARGS`.
+fn call_args(s: &Script) -> impl Iterator<Item = (usize, &str)> {
+    (0..s.calls).map(move |call| match (&s.args, call) {
+        (Some(a), 0) => (call, a.as_str()),
+        _ => (call, TOOL_ARGS[call]),
+    })
+}
+
 async fn emit_tools(g: &mut Gen<'_>, out: &mut Out<'_>, prog: &Progress) -> io::Result<()> {
     let s = &g.p.script;
-    for (call, args) in TOOL_ARGS.iter().enumerate().take(s.calls) {
+    for (call, args) in call_args(s) {
         pause(s.pace).await;
         g.load_piece(&s.fn_name);
         let role = g.take_role();
@@ -2119,7 +2153,7 @@ async fn run_batch(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<O
     }
     let mut tool_calls = Vec::new();
     if s.kind == Kind::ToolCall {
-        for (call, args) in TOOL_ARGS.iter().enumerate().take(s.calls) {
+        for (call, args) in call_args(s) {
             for _ in 0..=s.args_chunks {
                 pause(s.pace).await;
                 prog.tokens.fetch_add(1, Ordering::Relaxed);
