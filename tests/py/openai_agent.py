@@ -22,6 +22,20 @@ Output, one line of JSON:
      "tools_executed": int,                         # tool calls the agent ran
      "error": {"class", "status_code", "body", "message"}|null}   # what ended the loop
 
+With --scenario FILE (the loops of `bench-tool-circuit`) the tools and the model's moves
+come from a JSON file instead:
+
+    {"tools": {"NAME": [RESULT, ...]},   # what each call of NAME returns, in order (the
+                                         # last one repeats); RESULT is a string, or
+                                         # {"content": str, "effect": bool}: the call
+                                         # changed something (an order was created)
+     "model": [DIRECTIVE, ...]}          # the model's move per turn (the last repeats)
+
+The first directive is the user's message; after each turn's tool results the agent adds a
+user message with the next one, so the results stay as the tool wrote them. The output then
+also has "executed" and "effects" ({NAME: count}); --conversation-id sends
+`x-haltd-conversation-id`.
+
 Exit status: 0 whenever the line was printed; 1 for a crash.
 """
 
@@ -50,7 +64,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--model", default="scripted")
-    p.add_argument("--tool-error", required=True, help="what every get_weather call returns")
+    p.add_argument("--tool-error", help="what every get_weather call returns")
+    p.add_argument("--scenario", help="JSON file: the tools' results and the model's moves")
+    p.add_argument("--conversation-id", help="sent as x-haltd-conversation-id")
     p.add_argument("--next", default="[[script:tool_call tokens=1]]",
                    help="directive appended to each tool result (the model's next answer)")
     p.add_argument("--first", default="[[script:tool_call tokens=1]]",
@@ -60,9 +76,9 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def one_turn(client, args, messages):
+def one_turn(client, args, messages, tools=(WEATHER_TOOL,)):
     """One model answer: (content, tool calls as dicts, finish_reason)."""
-    kw = dict(model=args.model, messages=messages, tools=[WEATHER_TOOL], timeout=30)
+    kw = dict(model=args.model, messages=messages, tools=list(tools), timeout=30)
     if not args.stream:
         r = client.chat.completions.create(**kw)
         msg = r.choices[0].message
@@ -89,9 +105,60 @@ def one_turn(client, args, messages):
     return "".join(content), [calls[i] for i in sorted(calls)], finish
 
 
+def nth(items, i):
+    """The i-th item, the last one past the end."""
+    return items[min(i, len(items) - 1)]
+
+
+def run_scenario(client, args):
+    """The loop of a --scenario file (see the module's doc)."""
+    with open(args.scenario) as f:
+        sc = json.load(f)
+    tools = [{"type": "function", "function": {
+        "name": name, "description": "A tool of the scenario.",
+        "parameters": {"type": "object"}}} for name in sc["tools"]]
+    messages = [{"role": "user", "content": sc["model"][0]}]
+    out = {"turns": [], "tools_executed": 0, "executed": {}, "effects": {}, "error": None}
+    try:
+        for turn in range(args.max_turns):
+            content, calls, finish = one_turn(client, args, messages, tools)
+            out["turns"].append({"tool_calls": calls, "content": content,
+                                 "finish_reason": finish})
+            if not calls:
+                break
+            messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            for c in calls:
+                n = out["executed"].get(c["name"], 0)
+                result = nth(sc["tools"].get(c["name"]) or ["unknown tool"], n)
+                if isinstance(result, str):
+                    result = {"content": result}
+                out["executed"][c["name"]] = n + 1
+                out["tools_executed"] += 1
+                if result.get("effect"):
+                    out["effects"][c["name"]] = out["effects"].get(c["name"], 0) + 1
+                messages.append({"role": "tool", "tool_call_id": c["id"],
+                                 "content": result["content"]})
+            messages.append({"role": "user", "content": nth(sc["model"], turn + 1)})
+    except openai.APIError as e:
+        out["error"] = {"class": type(e).__name__,
+                        "status_code": getattr(e, "status_code", None),
+                        "body": getattr(e, "body", None), "message": str(e)}
+    return out
+
+
 def main(argv):
     args = parse_args(argv)
-    client = OpenAI(base_url=args.base_url, api_key="sk-agent", max_retries=0)
+    headers = {"x-haltd-conversation-id": args.conversation_id} if args.conversation_id else None
+    client = OpenAI(base_url=args.base_url, api_key="sk-agent", max_retries=0,
+                    default_headers=headers)
+    if args.scenario:
+        print(json.dumps(run_scenario(client, args)))
+        return 0
+    if args.tool_error is None:
+        sys.stderr.write("openai_agent.py: --tool-error or --scenario is needed\n")
+        return 2
     messages = [{"role": "user", "content": args.first}]
     out = {"turns": [], "tools_executed": 0, "error": None}
     try:
