@@ -22,6 +22,7 @@
 //!   that run over both;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
 //! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI SDK;
+//!   [`circuit_loops`]: spec 002's tool-call loops with and without haltd;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
 //! - [`gate`]: the kernel gate loaded in the test process, cgroups, socket options;
 //! - [`adversary`]: the raw adversarial sender.
@@ -40,6 +41,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 pub mod adversary;
 pub mod api;
+pub mod circuit_loops;
 pub mod clients;
 pub mod daemon;
 pub mod gate;

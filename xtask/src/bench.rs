@@ -33,6 +33,8 @@ const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-real-backend"),
     // Issue 16: grounding A/B, canary against intervene, on the stand-in and llama.cpp.
     ("haltd-tests", "bench-grounding-ab"),
+    // Issue 15: spec 002's tool-call loops with and without TokenCircuit.
+    ("haltd-tests", "bench-tool-circuit"),
 ];
 
 #[derive(Debug, Args)]

@@ -40,5 +40,6 @@ mod readiness;
 mod real_backend;
 mod reload;
 mod tool_circuit;
+mod tool_circuit_loops;
 mod upstream_pool;
 mod upstream_tls;
