@@ -17,8 +17,11 @@
 //! at severity page; a call is let out as soon as it is whole and judged, not at the end of
 //! the turn; a transient retry emitted before its backoff elapsed is charged two units in
 //! the next request too (the conversation's clock, named by its opening messages or by
-//! `x-haltd-conversation-id`); and two agent loops written with the official `openai` SDK's
-//! tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run.
+//! `x-haltd-conversation-id`); two agent loops written with the official `openai` SDK's
+//! tool calling (`tests/py/openai_agent.py`), stopped after one failed tool run; and a write
+//! let out but halted (by the exfiltration scanner) before its frames reached the client,
+//! whose timeout is then transient, not ambiguous (in a conversation haltd does not know,
+//! the same transcript fails closed).
 
 use std::{fs, path::PathBuf};
 
@@ -704,5 +707,92 @@ fn an_answer_without_the_model_counts_the_tokens_saved() -> Result<()> {
     ensure!(total == saved as f64, "{total} != {saved}");
     let view = rig.get_admin("/admin/circuit/saved")?;
     ensure!(view["conversations"][0]["tokens_saved"] == saved, "{view}");
+    Ok(())
+}
+
+/// A chat request for `QQorder` whose model answers with `directive`, after `history`.
+fn order_chat(history: &[Value], directive: &str) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Order it."})];
+    messages.extend_from_slice(history);
+    messages.push(json!({"role": "user", "content": directive}));
+    json!({"model": "scripted", "stream": true, "messages": messages,
+           "tools": [{"type": "function", "function": {"name": "QQorder",
+                      "parameters": {"type": "object"}}}]})
+}
+
+#[test]
+fn a_write_halted_before_it_reached_the_client_is_not_ambiguous() -> Result<()> {
+    // The exfiltration scanner holds back everything from `QQ` on while `Japan` may still
+    // follow, and trips when it does: in the second call's arguments (Tokyo). By then the
+    // first call was whole (the second had started), judged and let out, but its frames are
+    // still held behind the scanner: the halt keeps them from the client.
+    // The breach degrades the key for a second only: the retry below is on the same key.
+    let dir = temp_dir("tool-circuit")?;
+    let path = dir.join("haltd.toml");
+    fs::write(
+        &path,
+        "[tool_circuit]\nenabled = true\n\
+         [tool_circuit.tools.QQorder]\nmethod = \"POST\"\n\
+         [detectors.exfil]\nmode = \"hard\"\n\
+         extra_patterns = ['QQ[a-z]{1,16}[ -~]{0,200}Japan']\n",
+    )?;
+    let config = path.to_string_lossy().into_owned();
+    let rig = Rig::start(
+        UPSTREAM_BIN,
+        &["--config", &config, "--degraded-for-s", "1"],
+    )?;
+    let conv = [("x-haltd-conversation-id", "halted-write")];
+    let b = order_chat(&[], "[[script:tool_call name=QQorder calls=2 tokens=1]]");
+    let o = rig.stream_headers(CHAT, &b, &conv, |_, _| {})?;
+    let err = o.error.as_ref().context("the scanner halts the stream")?;
+    ensure!(err["code"] != "TOOL_CIRCUIT_OPEN", "{err}");
+    ensure!(tool_call_deltas(&o) == 0, "a call leaked: {:?}", o.events);
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(
+        rec["trip_cause"] == "EXFIL_ALERT"
+            && rec["tool_calls"].as_array().is_none_or(Vec::is_empty),
+        "no call dispatched: {rec}"
+    );
+    let v = rig.get_admin("/admin/circuit/halted-write")?;
+    ensure!(
+        v["conversations"][0]["calls_timed"] == 1,
+        "call 0 was let out: {v}"
+    );
+    let seq = upstream_chats(&rig)?
+        .last()
+        .and_then(|r| r["seq"].as_u64())
+        .context("the model's request")?;
+
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+
+    // The client sends a result for call 0 anyway (it could only have guessed it): the
+    // write's timeout is transient, since haltd knows the call never reached the client,
+    // and the retry goes out.
+    let id = format!("call_{seq}_0");
+    let history = [
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": id, "type": "function",
+            "function": {"name": "QQorder", "arguments": PARIS}}]}),
+        json!({"role": "tool", "tool_call_id": id,
+               "content": "urllib3.exceptions.ReadTimeoutError: read timed out"}),
+    ];
+    let b = order_chat(&history, "[[script:tool_call name=QQorder tokens=1]]");
+    let o = rig.stream_headers(CHAT, &b, &conv, |_, _| {})?;
+    ensure!(o.error.is_none() && tool_call_deltas(&o) >= 2, "{o:?}");
+    let v = rig.get_admin("/admin/circuit/halted-write")?;
+    let open = &v["conversations"][0]["open"][0];
+    ensure!(open["failure_class"] == "transient", "{v}");
+    ensure!(
+        open["equivalence_key"]["side_effect_boundary"] == false,
+        "{v}"
+    );
+
+    // The same transcript in a conversation haltd knows nothing of: the call may have been
+    // dispatched (fail closed), so the timeout is ambiguous and the retry is halted.
+    let other = [("x-haltd-conversation-id", "unknown-write")];
+    let o = rig.stream_headers(CHAT, &b, &other, |_, _| {})?;
+    let a = circuit_halt(&o)?;
+    ensure!(a["failure_class"] == "ambiguous_effect", "{a}");
+    ensure!(a["equivalence_key"]["side_effect_boundary"] == true, "{a}");
     Ok(())
 }
