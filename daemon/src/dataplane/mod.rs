@@ -12,7 +12,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `ring.rs` | the io_uring driver: the loop, submission, completion dispatch |
+//! | `ring.rs` | the io_uring driver: the ring's setup, the loop, submission, completion dispatch |
 //! | `op.rs` | operations that own their buffers while the kernel has them |
 //! | `conn.rs` | a client connection: accept and govern, its state, closing |
 //! | `client_tls.rs` | TLS on client connections (`--tls-cert`): handshake, records, the frame window |
@@ -80,8 +80,6 @@ mod watch;
 
 use conn::Conn;
 
-const RING_ENTRIES: u32 = 1024;
-
 /// Starts the data-plane workers on `listener`.
 pub fn spawn_workers(
     shared: &Arc<HaltCore>,
@@ -91,7 +89,7 @@ pub fn spawn_workers(
     for worker in 0..shared.cfg.workers {
         let listener = listener.try_clone()?;
         let shared = Arc::clone(shared);
-        let ring = IoUring::new(RING_ENTRIES)?;
+        let (ring, ring_setup) = ring::RingSetup::build()?;
         handles.push(
             std::thread::Builder::new()
                 .name(format!("haltd-dp-{worker}"))
@@ -103,6 +101,7 @@ pub fn spawn_workers(
                     let mut w = Worker {
                         id: worker as u32,
                         ring,
+                        ring_setup,
                         conns: Slab::new(),
                         listener,
                         shared,
@@ -131,6 +130,8 @@ pub fn spawn_workers(
 struct Worker {
     id: u32,
     ring: IoUring,
+    /// How the ring was set up (`ring.rs`).
+    ring_setup: ring::RingSetup,
     conns: Slab<Conn>,
     listener: TcpListener,
     shared: Arc<HaltCore>,

@@ -2,15 +2,74 @@
 //! submission ring is full) of operations that own their buffers (`op.rs`), and the dispatch
 //! of each completion, with its buffer handed back, to the connection that submitted it.
 
-use std::{io, os::fd::AsRawFd, time::Duration};
+use std::{
+    io,
+    os::fd::{AsRawFd, RawFd},
+    time::Duration,
+};
 
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{
     op::{Op, OpBuf, OpKind, Owner},
     Worker,
 };
 use crate::metrics::dataplane::RingEvent;
+
+/// Submission (and completion) ring size of each worker.
+const RING_ENTRIES: u32 = 1024;
+
+/// `IORING_RECVSEND_POLL_FIRST` (Linux 5.19), in a receive's `ioprio`.
+const RECV_POLL_FIRST: u16 = 1;
+
+/// How a worker's ring was set up: what the kernel does for each completion.
+///
+/// Every token costs at least two completions (the upstream receive, the client send). On a
+/// plain ring, the kernel half of a completion (a receive's copy once its poll fired) is task
+/// work that interrupts the worker wherever it runs (`TWA_SIGNAL`), one interruption per
+/// completion. A ring built with `DEFER_TASKRUN` and `SINGLE_ISSUER` (Linux 6.1) keeps that
+/// work until the worker itself waits for completions, and then runs it all in one go in
+/// `io_uring_enter`: no interruption, and the batch shares one kernel entry. It may only be
+/// entered by the thread that enabled it, which each worker's own ring is (`run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RingSetup {
+    /// `DEFER_TASKRUN` and `SINGLE_ISSUER`, created disabled and enabled by the worker's
+    /// thread when it starts.
+    Deferred,
+    /// A kernel that refused those flags (before 6.1): a plain ring.
+    Plain,
+}
+
+impl RingSetup {
+    /// Builds a worker's ring: deferred task work when the kernel has it, else plain.
+    pub(super) fn build() -> io::Result<(IoUring, Self)> {
+        let deferred = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_r_disabled()
+            .build(RING_ENTRIES);
+        match deferred {
+            Ok(ring) => Ok((ring, RingSetup::Deferred)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Ok((IoUring::new(RING_ENTRIES)?, RingSetup::Plain))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A receive into `len` bytes at `ptr` on a socket that is most likely empty (its last
+    /// receive took what was there): on a deferred ring (so Linux 6.1, past 5.19) it waits
+    /// for data first (`POLL_FIRST`) instead of trying a receive that finds nothing.
+    pub(super) fn recv_when_ready(self, fd: RawFd, ptr: *mut u8, len: usize) -> squeue::Entry {
+        let ioprio = match self {
+            RingSetup::Deferred => RECV_POLL_FIRST,
+            RingSetup::Plain => 0,
+        };
+        opcode::Recv::new(types::Fd(fd), ptr, len as u32)
+            .ioprio(ioprio)
+            .build()
+    }
+}
 
 impl Worker {
     /// Counts `n` ring events of `kind` (`haltd_ring_events_total`; rare, never per token).
@@ -91,6 +150,10 @@ impl Worker {
     }
 
     pub(super) fn run(&mut self) -> io::Result<()> {
+        if self.ring_setup == RingSetup::Deferred {
+            // Created disabled in the spawning thread: this thread becomes its one issuer.
+            self.ring.submitter().register_enable_rings()?;
+        }
         self.arm_accept()?;
         self.arm_wake(Box::new(0))?;
         loop {

@@ -566,7 +566,7 @@ impl Worker {
             // read, whether or not a FIN follows; a no-op completes as the end of stream.
             opcode::Nop::new().build()
         } else {
-            opcode::Recv::new(types::Fd(up.fd), ptr, buf.capacity() as u32).build()
+            self.ring_setup.recv_when_ready(up.fd, ptr, buf.capacity())
         };
         up.recv_deadline_ns = deadline;
         up.recv_cancelled = false;
