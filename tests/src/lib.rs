@@ -41,6 +41,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 pub mod adversary;
 pub mod api;
+pub mod bench_files;
 pub mod circuit_loops;
 pub mod clients;
 pub mod daemon;

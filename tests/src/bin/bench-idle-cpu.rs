@@ -32,6 +32,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
+use haltd_tests::bench_files::default_out;
 use haltd_tests::proc_cpu::{proc_stat_ticks, process_cpu_ns};
 use haltd_tests::{Haltd, NetPair};
 use serde_json::json;
@@ -259,7 +260,7 @@ fn report(args: &Args, rounds: &[Round]) -> Result<()> {
     });
     let out = match &args.out {
         Some(p) => p.clone(),
-        None => default_out()?,
+        None => default_out("idle-cpu.json")?,
     };
     if let Some(dir) = out.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -278,18 +279,4 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
-}
-
-/// `target/bench/idle-cpu.json` when this binary lies in `target/<profile>/`.
-fn default_out() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let target = exe
-        .parent()
-        .filter(|d| {
-            d.file_name()
-                .is_some_and(|n| n == "release" || n == "debug")
-        })
-        .and_then(Path::parent)
-        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
-    Ok(target.join("bench").join("idle-cpu.json"))
 }

@@ -36,14 +36,11 @@
 //! (`cargo xtask bench` sets them). Reports, never fails on a figure; fails if a request
 //! fails or a process exits.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    time::Instant,
-};
+use std::{fs, path::PathBuf, time::Instant};
 
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
+use haltd_tests::bench_files::{default_out, sibling};
 use haltd_tests::{
     in_netns, llama::LLAMA_MODEL_ALIAS, proc_cpu::process_cpu_ns, rig::Rig, sse, StreamOutcome,
 };
@@ -319,7 +316,7 @@ fn main() -> Result<()> {
     print_table(&out);
     let path = match args.out {
         Some(p) => p,
-        None => default_out()?,
+        None => default_out("real-backend.json")?,
     };
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -357,26 +354,4 @@ fn print_table(out: &Value) {
         );
     }
     println!("(µs; ttft from before the connect to the first token event, end to [DONE]; added = via − direct)");
-}
-
-/// A binary of this package, next to this executable.
-fn sibling(name: &str) -> Result<String> {
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let path = exe.with_file_name(name);
-    ensure!(
-        path.is_file(),
-        "{} is missing: build the package's binaries",
-        path.display()
-    );
-    Ok(path.display().to_string())
-}
-
-/// `target/bench/real-backend.json` when this binary lies in `target/<profile>/`.
-fn default_out() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("this executable has no target directory")?;
-    Ok(target.join("bench").join("real-backend.json"))
 }

@@ -12,13 +12,11 @@
 //! Needs root (namespaces, the gate) and `HALTD_PYTHON` (the venv with the `openai` SDK;
 //! `cargo xtask bench` sets it). Reports; fails only if a loop cannot run.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{fs, path::PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
+use haltd_tests::bench_files::{default_out, sibling};
 use haltd_tests::{
     circuit_loops::{self, Arm, Case},
     quantile,
@@ -80,7 +78,7 @@ fn main() -> Result<()> {
     print_table(&out);
     let path = match args.out {
         Some(p) => p,
-        None => default_out()?,
+        None => default_out("tool-circuit.json")?,
     };
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -186,26 +184,4 @@ fn print_table(out: &Value) {
     for r in out["cases"].as_array().into_iter().flatten() {
         println!("- {}", r["summary"].as_str().unwrap_or(""));
     }
-}
-
-/// A binary of this package, next to this executable.
-fn sibling(name: &str) -> Result<String> {
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let path = exe.with_file_name(name);
-    ensure!(
-        path.is_file(),
-        "{} is missing: build the package's binaries",
-        path.display()
-    );
-    Ok(path.display().to_string())
-}
-
-/// `target/bench/tool-circuit.json` when this binary lies in `target/<profile>/`.
-fn default_out() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating this executable")?;
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("this executable has no target directory")?;
-    Ok(target.join("bench").join("tool-circuit.json"))
 }
