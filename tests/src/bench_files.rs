@@ -30,3 +30,19 @@ pub fn default_out(file: &str) -> Result<PathBuf> {
         .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
     Ok(target.join("bench").join(file))
 }
+
+/// Writes `report` as pretty JSON to `out`, or to [`default_out`]`(file)` without one
+/// (creating its directory), and says where on stderr.
+pub fn write_report(out: Option<PathBuf>, file: &str, report: &serde_json::Value) -> Result<()> {
+    let path = match out {
+        Some(p) => p,
+        None => default_out(file)?,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("report: {}", path.display());
+    Ok(())
+}

@@ -36,11 +36,11 @@
 //! (`cargo xtask bench` sets them). Reports, never fails on a figure; fails if a request
 //! fails or a process exits.
 
-use std::{fs, path::PathBuf, time::Instant};
+use std::{path::PathBuf, time::Instant};
 
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
-use haltd_tests::bench_files::{default_out, sibling};
+use haltd_tests::bench_files::{sibling, write_report};
 use haltd_tests::{
     in_netns, llama::LLAMA_MODEL_ALIAS, proc_cpu::process_cpu_ns, rig::Rig, sse, StreamOutcome,
 };
@@ -314,17 +314,7 @@ fn main() -> Result<()> {
         "results": [llama_report, scripted_report],
     });
     print_table(&out);
-    let path = match args.out {
-        Some(p) => p,
-        None => default_out("real-backend.json")?,
-    };
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("report: {}", path.display());
-    Ok(())
+    write_report(args.out, "real-backend.json", &out)
 }
 
 fn print_table(out: &Value) {

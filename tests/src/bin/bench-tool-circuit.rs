@@ -12,11 +12,11 @@
 //! Needs root (namespaces, the gate) and `HALTD_PYTHON` (the venv with the `openai` SDK;
 //! `cargo xtask bench` sets it). Reports; fails only if a loop cannot run.
 
-use std::{fs, path::PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use clap::Parser;
-use haltd_tests::bench_files::{default_out, sibling};
+use haltd_tests::bench_files::{sibling, write_report};
 use haltd_tests::{
     circuit_loops::{self, Arm, Case},
     quantile,
@@ -76,17 +76,7 @@ fn main() -> Result<()> {
         "total": totals(&results),
     });
     print_table(&out);
-    let path = match args.out {
-        Some(p) => p,
-        None => default_out("tool-circuit.json")?,
-    };
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("report: {}", path.display());
-    Ok(())
+    write_report(args.out, "tool-circuit.json", &out)
 }
 
 /// The median of each metric over the runs, and how the middle run ended.
