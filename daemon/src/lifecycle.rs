@@ -35,6 +35,7 @@ use crate::{
     halt::HaltCore,
     ledger::{Record, RecordKind},
     logging::LogControl,
+    stream::SlotState,
     watchdog::pulse::HeartbeatState,
 };
 
@@ -213,12 +214,7 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
         halted_streams = halted,
         "drain over; halting what is still open with SERVICE_SHUTDOWN and stopping"
     );
-    // The halts' emitters (and, failing them, the watchdog) send the terminal events and
-    // record the halts.
-    let deadline = Instant::now() + 4 * shared.cfg.halt_grace + Duration::from_millis(200);
-    while shared.table.active_count() > 0 && Instant::now() < deadline {
-        sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_halts(shared).await;
     let left = shared.table.active_count();
     let how = if drained.interrupted {
         "cut short by a second signal"
@@ -240,6 +236,35 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
     let _ = shared.ledger.append_sync(rec);
     let _ = shared.ledger.flush();
     std::process::exit(0);
+}
+
+/// How long the shutdown waits, past the emitters' and the watchdog's time to claim the
+/// halts, for halts that are under way: their incident record is queued and its terminal
+/// event goes out once the record is on disk, which takes what the disk takes (hundreds of ms
+/// on a busy one). Well under systemd's `TimeoutStopSec` in deploy/systemd (45 s).
+const RECORD_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits for the shutdown halts: their emitters (and, failing them, the watchdog) claim them
+/// within 4 × `--halt-grace-ms` + 200 ms, then each waits for its incident record to be on
+/// disk before its terminal event goes out. Past the claim deadline the wait goes on, up to
+/// [`RECORD_WAIT`], only while some halt is under way (`HALTING`, or `HALTED` and closing):
+/// exiting then would cut a client whose halt is recorded a moment later.
+async fn wait_for_halts(shared: &HaltCore) {
+    let claimed_by = Instant::now() + 4 * shared.cfg.halt_grace + Duration::from_millis(200);
+    let recorded_by = claimed_by + RECORD_WAIT;
+    let under_way = || {
+        shared
+            .table
+            .live()
+            .any(|(_, s)| matches!(s.state(), SlotState::Halting | SlotState::Halted))
+    };
+    while shared.table.active_count() > 0 {
+        let now = Instant::now();
+        if now >= recorded_by || (now >= claimed_by && !under_way()) {
+            break;
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Refuses new turns and waits, up to `--drain-timeout-ms`, for the open ones to end.

@@ -296,6 +296,9 @@ fn check_shutdown_records(haltd: &Haltd, streams: usize) -> Result<()> {
 /// SIGTERM with streams open that outlast the drain: each client gets the typed terminal event
 /// (SERVICE_SHUTDOWN) within the budget instead of a cut connection, haltd exits 0, the ledger
 /// ends with a lifecycle record saying how many streams it halted, and nobody is degraded.
+/// The disk is slow (every ledger write takes 300 ms more): the three incident records take
+/// longer than the 400 ms the emitters have to claim the halts, and haltd still waits for
+/// them before it exits (a busy CI disk once cut these clients).
 #[test]
 fn sigterm_halts_open_streams() -> Result<()> {
     const STREAMS: usize = 3;
@@ -307,6 +310,8 @@ fn sigterm_halts_open_streams() -> Result<()> {
             "2000",
             "--drain-timeout-ms",
             "300",
+            "--fault",
+            "ledger-slow-write-ms=300",
         ],
     )?;
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
