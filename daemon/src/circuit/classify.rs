@@ -11,8 +11,9 @@
 //! 5. 404/410 or a not-found signal → `missing_resource`;
 //! 6. a timeout, lost connection, unparseable reply, 408, 429 or 5xx, or a rate-limit or
 //!    unavailable signal → `transient`, except for a side-effecting tool whose call was
-//!    dispatched: there it is `ambiguous_effect` (the effect may have happened), unless the
-//!    reply proves a rejection before any effect (429, or a `Retry-After`);
+//!    dispatched: there it is `ambiguous_effect` (the effect may have happened), unless a
+//!    reply that came back whole (no timeout, lost connection or unparseable part) proves a
+//!    rejection before any effect (429, a rate-limit signal or a `Retry-After`);
 //! 7. anything else that failed: `invariant_violation` on a side-effecting tool (an unknown
 //!    error after a possible mutation fails closed), `transient` on an idempotent one.
 //!
@@ -76,8 +77,14 @@ pub fn classify(ev: &Evidence, profile: &ToolProfile, dispatched: bool) -> Outco
     .iter()
     .any(|s| ev.has(*s));
     if transient_signal || matches!(status, 408 | 429 | 500..=599) {
-        let rejected_first =
-            status == 429 || ev.has(Signal::RateLimited) || ev.retry_after.is_some();
+        // A reply that timed out, was cut or cannot be read says nothing about whether the
+        // call acted, whatever else it carries: a rejection is proved only by a reply that
+        // came back whole.
+        let outcome_unknown = [Signal::Timeout, Signal::ConnectionLost, Signal::Unparseable]
+            .iter()
+            .any(|s| ev.has(*s));
+        let rejected_first = !outcome_unknown
+            && (status == 429 || ev.has(Signal::RateLimited) || ev.retry_after.is_some());
         return if mutated_maybe && !rejected_first {
             fail(FailureClass::AmbiguousEffect, true)
         } else {
@@ -177,6 +184,18 @@ mod tests {
             class_of(r#"{"status": 429}"#, &write, true),
             failure(FailureClass::Transient, false)
         );
+        // A timeout stays ambiguous even when the reply also asks to retry later: only a
+        // whole reply proves the rejection.
+        for content in [
+            r#"{"status": 429, "error": "ReadTimeout: timed out"}"#,
+            r#"{"error": "connection reset by peer", "retry_after": 5}"#,
+        ] {
+            assert_eq!(
+                class_of(content, &write, true),
+                failure(FailureClass::AmbiguousEffect, true),
+                "{content}"
+            );
+        }
         // An unknown error after a possible mutation fails closed.
         assert_eq!(
             class_of(r#"{"error": "weird"}"#, &write, true),

@@ -104,6 +104,41 @@ fn validation_allows_one_structurally_changed_repair() {
     assert_eq!(c.exhausted()[0].failure_class, FailureClass::Validation);
 }
 
+/// missing_resource: the same call is refused until a discovery step (another tool's
+/// successful result since the failure) may have resolved the identifier; then one retry,
+/// and no more.
+#[test]
+fn missing_resource_allows_one_retry_after_discovery() {
+    let mut c = Circuit::new(policy(""));
+    let read = r#"{"path":"/srv/report.txt"}"#;
+    c.record_call(call("1", "read_file", read), None);
+    c.record_result("1", r#"{"status":404,"error":"no such file"}"#, None, true);
+    let blind = denied(&c.judge(call("2", "read_file", read), None)).clone();
+    assert_eq!(blind.failure_class, FailureClass::MissingResource);
+    assert!(
+        blind.safety_justification.contains("discovery"),
+        "{}",
+        blind.safety_justification
+    );
+    // A failed discovery resolves nothing.
+    c.record_call(call("2", "list_files", r#"{"dir":"/srv"}"#), None);
+    c.record_result("2", "PermissionError: /srv", None, true);
+    assert!(matches!(
+        c.judge(call("3", "read_file", read), None),
+        Verdict::Deny(_)
+    ));
+    c.record_call(call("3", "list_files", r#"{"dir":"/srv/reports"}"#), None);
+    c.record_result("3", r#"["report.txt"]"#, None, true);
+    assert_eq!(
+        c.record_call(call("4", "read_file", read), None),
+        Verdict::Allow { cost: 1 }
+    );
+    c.record_result("4", r#"{"status":404}"#, None, true);
+    let a = denied(&c.judge(call("5", "read_file", read), None)).clone();
+    assert_eq!((a.retry_count, a.budget), (1, 1));
+    assert!(a.budget_exhausted);
+}
+
 /// Case 3: 5xx and timeouts with backoff and a small budget; a premature retry costs 2.
 #[test]
 fn transient_retries_follow_the_backoff_and_the_budget() {
