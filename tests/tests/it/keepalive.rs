@@ -261,8 +261,6 @@ fn the_turn_cap_and_the_idle_timeout_close_kept_connections() -> Result<()> {
     Ok(())
 }
 
-/// Pipelined requests are answered in order on a kept connection; without keep-alive, bytes
-/// after the body are refused (400) as before.
 /// HTTP/1.1's default: a request with no `connection` header at all (as curl and most
 /// gateways send) keeps its connection; `connection: close` is answered as the only request.
 #[test]
@@ -301,6 +299,8 @@ fn a_request_without_a_connection_header_keeps_its_connection() -> Result<()> {
     })
 }
 
+/// Pipelined requests are answered in order on a kept connection; a request that says
+/// `connection: close` and has bytes after its body is refused (400).
 #[test]
 fn pipelined_requests_are_answered_in_order() -> Result<()> {
     pipelined(Transport::Plain)

@@ -874,16 +874,58 @@ fn check_degraded_safe(v: &Value, id: &str) -> Result<()> {
 /// (d): a batch request (`stream: false`) tripped mid-way gets the degraded-safe response.
 #[test]
 fn batch_trip_degraded_safe() -> Result<()> {
+    batch_trip(Transport::Plain)
+}
+
+/// The same over client TLS: the degraded-safe body is sealed like any other response.
+#[test]
+fn batch_trip_degraded_safe_over_tls() -> Result<()> {
+    batch_trip(Transport::Tls)
+}
+
+/// A batch request over `client`'s transport to haltd at `api`: (status,
+/// `x-haltd-stream-id`, body text).
+fn batch_post_with(
+    api: std::net::SocketAddr,
+    client: &haltd_tests::ApiClient,
+    body: &Value,
+) -> Result<(u16, String, String)> {
+    let json = body.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {api}\r\nauthorization: {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{json}",
+        sse::fresh_key(),
+        json.len()
+    );
+    let mut conn = client.kept(Duration::from_secs(30))?;
+    conn.send(request.as_bytes())?;
+    let r = conn.response()?;
+    let id = r.header("x-haltd-stream-id").unwrap_or_default().to_owned();
+    Ok((r.status, id, String::from_utf8_lossy(&r.body).into_owned()))
+}
+
+fn batch_trip(transport: Transport) -> Result<()> {
     let pair = NetPair::new()?;
-    let haltd = Haltd::start(&pair, &["--builtin-token-interval-us", "20000"])?;
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let client = spawn_in_netns(&pair.cli, move || {
-        sse::post(
-            &url,
-            &chat_body("Tell me about rivers", 100, false),
-            Duration::from_secs(30),
-        )
-    });
+    let haltd = Haltd::start_over(&pair, transport, &["--builtin-token-interval-us", "20000"])?;
+    let client = match transport {
+        Transport::Plain => {
+            let url = format!("{}/v1/chat/completions", haltd.api_url());
+            spawn_in_netns(&pair.cli, move || {
+                sse::post(
+                    &url,
+                    &chat_body("Tell me about rivers", 100, false),
+                    Duration::from_secs(30),
+                )
+            })
+        }
+        Transport::Tls => {
+            let (api, tls) = (haltd.api, haltd.client());
+            spawn_in_netns(&pair.cli, move || {
+                let body = chat_body("Tell me about rivers", 100, false);
+                batch_post_with(api, &tls, &body)
+            })
+        }
+    };
     // The client gets headers only with the whole response: find the stream on the admin API.
     let id = find_batch_stream(&haltd)?;
     let (status, trip) = haltd.trip(&id, None)?;

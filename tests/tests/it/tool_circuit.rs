@@ -390,6 +390,20 @@ fn a_premature_transient_retry_is_charged_across_requests() -> Result<()> {
             && text.contains("class=transient"),
         "{text}"
     );
+    // `--json` for one conversation is the admin endpoint's answer for it.
+    let json: Value = serde_json::from_str(&haltctl(
+        &rig,
+        &["circuit", "show", "another-conversation", "--json"],
+    )?)
+    .context("haltctl circuit show --json is JSON")?;
+    let c = &json["conversations"][0];
+    ensure!(
+        json["conversations"].as_array().map(Vec::len) == Some(1)
+            && c["source"] == "header"
+            && c["open"][0]["retry_count"] == 3
+            && c["open"] == named["conversations"][0]["open"],
+        "{json}"
+    );
     Ok(())
 }
 
