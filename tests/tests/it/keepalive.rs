@@ -172,7 +172,8 @@ fn sdk_keeps_one_connection(transport: Transport) -> Result<()> {
 
 /// `--max-turns-per-conn`: the last turn says `connection: close` and the connection closes;
 /// `--client-idle-timeout-ms`: a kept connection without a next request is closed, one whose
-/// next request comes in time is served; a request that does not ask is answered as before.
+/// next request comes in time is served; a request that says `connection: close` is answered
+/// alone, unchunked, and its connection closed.
 #[test]
 fn the_turn_cap_and_the_idle_timeout_close_kept_connections() -> Result<()> {
     let pair = NetPair::new()?;
@@ -233,14 +234,14 @@ fn the_turn_cap_and_the_idle_timeout_close_kept_connections() -> Result<()> {
         );
         println!("idle kept connection closed after {idle:?} (timeout 400 ms)");
 
-        // Not asked: today's one-shot behaviour.
+        // `connection: close`: one request, one unchunked response, then the close.
         let one = haltd_tests::raw_exchange(api, &chat_request(api, 3, false), TIMEOUT)?;
         ensure!(
             one.status == 200
                 && one.header("connection") == Some("close")
                 && one.header("transfer-encoding").is_none()
                 && tokens(&events(&one.body)) == 3,
-            "a request without keep-alive: {:?}",
+            "a request that says close: {:?}",
             one.headers
         );
         Ok(())
