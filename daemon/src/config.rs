@@ -132,6 +132,9 @@ pub struct ServeArgs {
     /// Pace of the built-in source: microseconds between tokens (0 = as fast as the socket takes them).
     #[arg(long, default_value_t = 20_000)]
     pub builtin_token_interval_us: u64,
+    /// The built-in model starts each reply by restating the request's last user message (a trailing `?` dropped), each word a confident token, then samples as usual. For the grounding A/B harness: the model's surprising text then follows the question, so a grounding round reads the question with it (docs/grounding.md, "The A/B harness"). The model knows nothing: a correct answer can only come from the evidence it reads after a rewind.
+    #[arg(long)]
+    pub builtin_restate_prompt: bool,
     /// Halt budget B: token frames that may still reach a client after the trip point.
     #[arg(long, default_value_t = 5)]
     pub budget: u32,

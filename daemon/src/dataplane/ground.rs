@@ -13,7 +13,7 @@
 //! - evidence found: the held tokens are dropped from the window start (none of them was
 //!   sent: `holdback.rs`), the exfiltration scanner starts over on the kept text it had not
 //!   released, and the source continues from the kept prefix with the evidence in context
-//!   (built-in: `source/resume.rs`; an upstream with continuation: the request re-issued,
+//!   (built-in: it reads the evidence, then samples on, `source/resume.rs`; an upstream with continuation: the request re-issued,
 //!   `ground_upstream.rs`). The client's text is the kept prefix plus the resumed text.
 //! - nothing found, or past the deadline: the turn goes on unmodified, held tokens and all.
 //!
@@ -48,7 +48,6 @@ use crate::{
         ArmOutcome, Round, SpanQuery,
     },
     halt::HaltCore,
-    source::resume,
 };
 
 /// A round for the grounding thread.
@@ -402,7 +401,7 @@ impl Worker {
             return false;
         };
         match &mut turn.source {
-            super::turn::TurnSource::Builtin(b) => b.resume(dropped, resume::salt(&round.snippets)),
+            super::turn::TurnSource::Builtin(b) => b.resume(dropped, &round.snippets),
             super::turn::TurnSource::Upstream(_) => self.resume_upstream(key, dropped, round),
         }
     }

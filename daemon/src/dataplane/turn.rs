@@ -484,17 +484,8 @@ impl Worker {
         let detectors = self.shared.detectors.load_full();
         let (gov, failed) = self.turn_governor(key, &detectors);
         let model = BuiltinModel::get();
-        let source = TurnSource::Builtin(BuiltinSource {
-            stream: model
-                .stream(&req.prompt, req.seed, req.max_tokens)
-                .with_ignore_eos(req.ignore_eos),
-            top_n: if ask.logprobs {
-                ask.top_logprobs as usize
-            } else {
-                0
-            },
-            history: Default::default(),
-        });
+        let restate = self.shared.cfg.args.builtin_restate_prompt;
+        let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, restate));
         let enc = self.encoder(key, ask, MODEL_NAME.into(), (false, false));
         let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;

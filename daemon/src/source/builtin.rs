@@ -560,10 +560,22 @@ impl BuiltinStream {
         self.rng.0 ^= salt.rotate_left(17);
         self.rng.0 = self.rng.next_u64();
     }
+
+    /// Counts a token the source said without sampling it (a word it reads,
+    /// `source/resume.rs`): `false`, and nothing counted, once the stream has ended or
+    /// reached `max_tokens` (its next [`next_token`](Self::next_token) then ends it).
+    pub fn count_read(&mut self) -> bool {
+        if self.finish.is_some() || self.generated >= self.max_tokens {
+            return false;
+        }
+        self.generated += 1;
+        true
+    }
 }
 
 /// A built-in stream as the data plane's [`TokenSource`]: one token per poll, with the
-/// `top_n` alternatives the client asked for; no allocation.
+/// `top_n` alternatives the client asked for; no allocation, except for the words it reads
+/// ([`super::resume::Reading`]: after a grounding round, or a restated question when asked).
 #[derive(Debug)]
 pub struct BuiltinSource {
     pub stream: BuiltinStream,
@@ -571,12 +583,17 @@ pub struct BuiltinSource {
     /// The model's context before each of the last tokens, for a rewind (intervene mode);
     /// empty otherwise.
     pub history: super::resume::History,
+    /// Words said before sampling goes on: the restated question, a round's evidence.
+    pub reading: super::resume::Reading,
 }
 
 impl TokenSource for BuiltinSource {
     fn poll(&mut self) -> Polled {
         self.history
             .push(self.stream.context(), self.stream.tokens_generated());
+        if let Some(read) = self.reading.poll(&mut self.stream, self.top_n) {
+            return read;
+        }
         match self.stream.next_token(self.top_n) {
             Some(tok) => Polled::Text(Produced {
                 text: Cow::Borrowed(tok.text),
@@ -594,6 +611,9 @@ impl TokenSource for BuiltinSource {
 
     /// [`BuiltinStream::peek_text`]: the next poll's token, sampled on a copy of the stream.
     fn peek(&mut self) -> Peek<'_> {
+        if let Some(word) = self.reading.peek(&self.stream) {
+            return Peek::Text(word);
+        }
         match self.stream.peek_text() {
             Some(text) => Peek::Text(text),
             None => Peek::End,
@@ -613,25 +633,6 @@ impl TokenSource for BuiltinSource {
             ),
             usage: None,
             tools: Vec::new(),
-        }
-    }
-}
-
-impl BuiltinSource {
-    /// Continuation with grounding in context (issue 16): the last `dropped` tokens are taken
-    /// back and the generation goes on from the kept prefix, its draws mixed with the
-    /// grounding (`salt`). `false` when the history does not reach that far back.
-    pub fn resume(&mut self, dropped: usize, salt: u64) -> bool {
-        let now = self.stream.tokens_generated();
-        let Some(target) = now.checked_sub(dropped as u32) else {
-            return false;
-        };
-        match self.history.before(target) {
-            Some(ctx) => {
-                self.stream.resume_at(ctx, target, salt);
-                true
-            }
-            None => false,
         }
     }
 }
@@ -717,6 +718,7 @@ mod tests {
                 stream: stream(),
                 top_n: 5,
                 history: Default::default(),
+                reading: Default::default(),
             };
             // The peek as owned text (`None`: the end).
             let peek = |src: &mut BuiltinSource| match src.peek() {

@@ -49,10 +49,22 @@ pub struct BuiltinTurn {
     pub ask: Ask,
     /// The text the model continues: the messages' texts, or the prompt.
     pub prompt: String,
+    /// Where in `prompt` the question is: the last user message's text (chat), the whole
+    /// prompt (completions). See [`BuiltinTurn::question`].
+    pub question: std::ops::Range<usize>,
     pub max_tokens: u32,
     pub seed: Option<u64>,
     /// vLLM's `ignore_eos`: generate exactly `max_tokens` tokens.
     pub ignore_eos: bool,
+}
+
+impl BuiltinTurn {
+    /// The question the request asks: its last user message (empty when it has none), or
+    /// a completion's prompt. The built-in model restates it with
+    /// `--builtin-restate-prompt`.
+    pub fn question(&self) -> &str {
+        self.prompt.get(self.question.clone()).unwrap_or_default()
+    }
 }
 
 impl ClientRequest {
@@ -221,12 +233,18 @@ fn builtin_chat(b: ChatBody, served_model: &str) -> Result<BuiltinTurn, HttpErro
             "top_logprobs requires logprobs: true",
         ));
     }
-    let prompt = b
-        .messages
-        .iter()
-        .map(|m| text_of(&m.content))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let mut prompt = String::new();
+    let mut question = 0..0;
+    for (i, m) in b.messages.iter().enumerate() {
+        if i > 0 {
+            prompt.push('\n');
+        }
+        let start = prompt.len();
+        prompt.push_str(&text_of(&m.content));
+        if m.role == "user" {
+            question = start..prompt.len();
+        }
+    }
     Ok(BuiltinTurn {
         ask: Ask {
             endpoint: Endpoint::Chat,
@@ -236,6 +254,7 @@ fn builtin_chat(b: ChatBody, served_model: &str) -> Result<BuiltinTurn, HttpErro
             include_usage: b.stream_options.is_some_and(|o| o.include_usage),
         },
         prompt,
+        question,
         max_tokens: check_max_tokens(
             b.max_completion_tokens.or(b.max_tokens),
             DEFAULT_CHAT_MAX_TOKENS,
@@ -272,6 +291,7 @@ fn builtin_completion(b: CompletionBody, served_model: &str) -> Result<BuiltinTu
             top_logprobs: lp,
             include_usage: b.stream_options.is_some_and(|o| o.include_usage),
         },
+        question: 0..prompt.len(),
         prompt,
         max_tokens: check_max_tokens(b.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?,
         seed: b.seed,
@@ -297,6 +317,7 @@ mod tests {
     fn parse_turn_validates_fields() {
         let ok = parse_turn(Endpoint::Chat, br#"{"model":"builtin","messages":[{"role":"user","content":"hi"}],"stream":true,"logprobs":true,"top_logprobs":3}"#, "builtin").expect("valid");
         assert!(ok.ask.stream && ok.ask.logprobs && ok.ask.top_logprobs == 3 && ok.prompt == "hi");
+        assert_eq!(ok.question(), "hi");
         let err = |e: Endpoint, b: &[u8]| parse_turn(e, b, "builtin").expect_err("invalid");
         assert_eq!(err(Endpoint::Chat, b"{").status, 400);
         assert_eq!(err(Endpoint::Chat, br#"{"messages":[]}"#).status, 400);
@@ -328,6 +349,21 @@ mod tests {
         assert_eq!(err(Endpoint::Completion, br#"{"prompt":5}"#).status, 400);
         let c = parse_turn(Endpoint::Completion, br#"{"prompt":"x"}"#, "builtin").expect("valid");
         assert_eq!(c.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
+        assert_eq!(c.question(), "x");
+    }
+
+    #[test]
+    fn the_question_is_the_last_user_message() {
+        let t = parse_turn(Endpoint::Chat, br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"first?"},{"role":"assistant","content":"yes"},{"role":"user","content":[{"type":"text","text":"What is"},{"type":"text","text":"2 + 2?"}]},{"role":"assistant","content":"It is"}]}"#, "builtin").expect("valid");
+        assert_eq!(t.prompt, "be brief\nfirst?\nyes\nWhat is 2 + 2?\nIt is");
+        assert_eq!(t.question(), "What is 2 + 2?");
+        let none = parse_turn(
+            Endpoint::Chat,
+            br#"{"messages":[{"role":"system","content":"hi"}]}"#,
+            "builtin",
+        )
+        .expect("valid");
+        assert_eq!((none.prompt.as_str(), none.question()), ("hi", ""));
     }
 
     proptest::proptest! {

@@ -1,8 +1,8 @@
 //! Root-only tests of the surprise detector's intervene mode (issue 16, spec 003): a
 //! high-surprise span is held back, grounded, rewound unseen and resumed, through the real
-//! proxy: the built-in source (its continuation re-seeded by the evidence) and the scripted
-//! upstream in vLLM's and llama.cpp's continuation shapes. The grounder is haltd's own, with a
-//! memory store of documents each test writes.
+//! proxy: the built-in source (its continuation reads the evidence, then samples re-seeded by
+//! it) and the scripted upstream in vLLM's and llama.cpp's continuation shapes. The grounder
+//! is haltd's own, with a memory store of documents each test writes.
 //!
 //! The built-in tests compute the expected reply in-process with the same model
 //! (`haltd::source`): the unmodified reply, and the resumed one from the round's kept bytes,
@@ -16,7 +16,7 @@ use haltd::{
     grounding::Snippet,
     source::{
         builtin::{BuiltinModel, BuiltinSource},
-        resume::{salt, History},
+        resume::{History, Reading},
         Polled, TokenSource,
     },
 };
@@ -39,6 +39,7 @@ fn builtin() -> BuiltinSource {
             .with_ignore_eos(true),
         top_n: 0,
         history: History::with_capacity(64),
+        reading: Reading::default(),
     }
 }
 
@@ -57,7 +58,7 @@ fn baseline() -> Vec<String> {
 }
 
 /// The reply of one rewind: the tokens up to `kept` bytes and `rewound` more, then the
-/// continuation salted by `evidence`.
+/// continuation: `evidence`'s first snippet read, then the model salted by it.
 fn resumed(kept: usize, rewound: usize, evidence: &[Snippet]) -> Result<String> {
     let mut src = builtin();
     let mut text = String::new();
@@ -68,7 +69,7 @@ fn resumed(kept: usize, rewound: usize, evidence: &[Snippet]) -> Result<String> 
     for _ in 0..rewound {
         next(&mut src).context("the reply ended inside the rewound span")?;
     }
-    ensure!(src.resume(rewound, salt(evidence)), "history too short");
+    ensure!(src.resume(rewound, evidence), "history too short");
     while let Some(t) = next(&mut src) {
         text.push_str(&t);
     }
