@@ -3,10 +3,12 @@
 //! (`haltd_tests::grounding_ab`; definitions in docs/grounding.md, "The A/B harness").
 //!
 //! With `--backend URL --model NAME [--continuation vllm|llama_cpp|none]` it runs against that
-//! OpenAI-compatible server only. Without `--backend`: the stand-in model (the scripted
-//! upstream) resumed in vLLM's, llama.cpp's and no continuation shape, and llama.cpp's server
-//! with the tiny model when `HALTD_PYTHON` and `HALTD_LLAMA_MODEL` are set (`cargo xtask
-//! bench` sets them; `--no-llama` leaves it out).
+//! OpenAI-compatible server only; with `--backend builtin`, against haltd's built-in source
+//! only (restating the question, `--builtin-restate-prompt`). Without `--backend`: the
+//! stand-in model (the scripted upstream) resumed in vLLM's, llama.cpp's and no continuation
+//! shape, the built-in source, and llama.cpp's server with the tiny model when `HALTD_PYTHON`
+//! and `HALTD_LLAMA_MODEL` are set (`cargo xtask bench` sets them; `--no-llama` leaves it
+//! out).
 //!
 //! Prints a table and writes the reports as JSON (`--out`, default
 //! `target/bench/grounding-ab.json`). Needs no root: haltd runs on loopback without the kernel
@@ -27,9 +29,10 @@ use serde_json::json;
 #[derive(Debug, Parser)]
 #[command(about = "Grounding A/B: canary (observe) against intervene, per backend")]
 struct Args {
-    /// An OpenAI-compatible server (its base URL, without `/v1`); without it, the stand-in
+    /// An OpenAI-compatible server (its base URL, without `/v1`, with `--model`), or
+    /// `builtin` (haltd's built-in source); without it, the stand-in, the built-in source
     /// and (when set up) llama.cpp's server.
-    #[arg(long, requires = "model")]
+    #[arg(long)]
     backend: Option<String>,
     /// The model name to send to `--backend`.
     #[arg(long)]
@@ -61,7 +64,7 @@ struct Args {
     max_rounds: usize,
     #[arg(long, default_value_t = 64)]
     max_tokens: u32,
-    /// The stand-in's delay before each token, ms.
+    /// The stand-in's delay before each token, ms; the built-in source's token interval.
     #[arg(long, default_value_t = 5)]
     pace_ms: u64,
     /// The stand-in's reply length in tokens (its claim, then filler words).
@@ -101,14 +104,16 @@ fn main() -> Result<()> {
     };
     let dir = temp_dir("grounding-ab")?;
     let mut held_servers = Vec::new();
-    let backends = match (&args.backend, &args.model) {
+    let backends = match (args.backend.as_deref(), &args.model) {
+        (Some("builtin"), _) => vec![Backend::Builtin],
         (Some(url), Some(model)) => vec![Backend::Server {
-            name: url.clone(),
+            name: url.to_owned(),
             url: url.trim_end_matches('/').to_owned(),
             model: model.clone(),
             continuation: args.continuation,
         }],
-        _ => {
+        (Some(_), None) => anyhow::bail!("--backend URL needs --model"),
+        (None, _) => {
             let mut b: Vec<Backend> = [
                 Continuation::Vllm,
                 Continuation::LlamaCpp,
@@ -116,6 +121,7 @@ fn main() -> Result<()> {
             ]
             .map(Backend::StandIn)
             .into();
+            b.push(Backend::Builtin);
             if !args.no_llama {
                 if let Some(l) = llama::start_if_set_up(&dir)? {
                     b.push(l.backend.clone());

@@ -8,9 +8,12 @@
 //!
 //! Backends ([`Backend`]): any OpenAI-compatible server (a URL, a model name and the
 //! continuation shape haltd uses to resume it), llama.cpp's server started here
-//! ([`llama`]), or the **stand-in model** ([`standin`]): the scripted upstream, told per item
-//! what to say. The stand-in is not a model; it proves the plumbing and the metrics, not the
-//! quality of grounding on real replies (see `docs/grounding.md`, "The A/B harness").
+//! ([`llama`]), the **stand-in model** ([`standin`]): the scripted upstream, told per item
+//! what to say, or **haltd's built-in source** (no upstream): its trigram model, started
+//! with `--builtin-restate-prompt` so that each reply restates the question before its
+//! babble, and resumed after a rewind by reading the round's evidence. Neither knows
+//! anything; they prove the plumbing and the metrics, not the quality of grounding on real
+//! replies (see `docs/grounding.md`, "The A/B harness").
 //!
 //! haltd runs on loopback without the kernel gate (`--no-kernel-gate`): the harness measures
 //! what grounding does to replies, not halts, and needs no root or namespaces, so it can run
@@ -130,6 +133,9 @@ pub enum Backend {
         model: String,
         continuation: Continuation,
     },
+    /// haltd's built-in source, restating the question (`--builtin-restate-prompt`), one
+    /// token per [`Settings::pace_ms`]; it resumes itself (no continuation shape).
+    Builtin,
 }
 
 impl Backend {
@@ -137,13 +143,16 @@ impl Backend {
         match self {
             Backend::StandIn(c) => format!("stand-in ({c})"),
             Backend::Server { name, .. } => name.clone(),
+            Backend::Builtin => "built-in (restates the question)".to_owned(),
         }
     }
 
-    pub fn continuation(&self) -> Continuation {
+    /// How haltd resumes the backend; `None` for the built-in source (it resumes itself).
+    pub fn continuation(&self) -> Option<Continuation> {
         match self {
-            Backend::StandIn(c) => *c,
-            Backend::Server { continuation, .. } => *continuation,
+            Backend::StandIn(c) => Some(*c),
+            Backend::Server { continuation, .. } => Some(*continuation),
+            Backend::Builtin => None,
         }
     }
 }
@@ -162,7 +171,7 @@ pub struct Settings {
     pub hold_back: usize,
     pub max_rounds: usize,
     pub max_tokens: u32,
-    /// The stand-in's delay before each token, ms.
+    /// The stand-in's delay before each token, ms; the built-in source's token interval.
     pub pace_ms: u64,
     /// The stand-in's reply length: its claim, then filler words.
     pub reply_tokens: usize,
@@ -191,7 +200,7 @@ pub struct Pair {
 }
 
 /// `[detectors.surprise]` and `[grounding]` for one mode.
-fn config(s: &Settings, intervene: bool, continuation: Continuation) -> String {
+fn config(s: &Settings, intervene: bool, continuation: Option<Continuation>) -> String {
     let mode = if intervene { "intervene" } else { "observe" };
     let mut c = format!(
         "[detectors.surprise]\nmode = \"{mode}\"\nwindow = {}\nmin_tokens = {}\n\
@@ -199,8 +208,9 @@ fn config(s: &Settings, intervene: bool, continuation: Continuation) -> String {
         s.window, s.min_tokens, s.threshold_bits
     );
     if intervene {
+        let resume = continuation.map_or(String::new(), |c| format!("continuation = \"{c}\"\n"));
         c.push_str(&format!(
-            "hold_back = {}\n\n[grounding]\nmax_rounds = {}\ncontinuation = \"{continuation}\"\n\n\
+            "hold_back = {}\n\n[grounding]\nmax_rounds = {}\n{resume}\n\
              [grounding.memory]\ndir = {:?}\n",
             s.hold_back,
             s.max_rounds,
@@ -210,7 +220,8 @@ fn config(s: &Settings, intervene: bool, continuation: Continuation) -> String {
     c
 }
 
-/// A haltd on loopback in front of `upstream`, and its ledger.
+/// A haltd on loopback in front of `upstream` (`None`: the built-in source), and its
+/// ledger.
 #[derive(Debug)]
 struct Instance {
     proc: Proc,
@@ -222,7 +233,7 @@ fn start_haltd(
     s: &Settings,
     dir: &Path,
     name: &str,
-    upstream: &str,
+    upstream: Option<&str>,
     cfg: &str,
 ) -> Result<Instance> {
     let path = dir.join(format!("{name}.toml"));
@@ -244,9 +255,15 @@ fn start_haltd(
         .arg(dir.join(format!("{name}.state")))
         .arg("--ledger-no-fsync")
         .args(crate::TEST_SAMPLING)
-        .args(["--source", "openai", "--upstream", upstream])
         .arg("--config")
         .arg(&path);
+    match upstream {
+        Some(up) => cmd.args(["--source", "openai", "--upstream", up]),
+        None => cmd.arg("--builtin-restate-prompt").args([
+            "--builtin-token-interval-us",
+            &(s.pace_ms * 1000).to_string(),
+        ]),
+    };
     let proc = Proc::spawn(cmd, dir, name, |out| {
         out.lines().any(|l| l.starts_with("haltd ready"))
     })?;
@@ -265,6 +282,7 @@ fn body(backend: &Backend, s: &Settings, item: &Item, play: Option<standin::Play
             play.map_or_else(|| item.prompt.clone(), |p| standin::prompt(item, p, s)),
         ),
         Backend::Server { model, .. } => (model.clone(), item.prompt.clone()),
+        Backend::Builtin => ("builtin".to_owned(), item.prompt.clone()),
     };
     // Greedy, seeded: both modes get the same reply from a deterministic backend, so a
     // changed reply is the intervention's doing.
@@ -331,10 +349,11 @@ fn attach_receipts(ledger: &Path, turns: &mut [(String, &mut Turn)]) -> Result<(
 }
 
 /// Runs `items` through an observe and an intervene haltd in front of `upstream` (the URL
-/// the backend answers on), canary first for each item. `dir` holds the instances' files.
+/// the backend answers on; `None`: the built-in source), canary first for each item. `dir`
+/// holds the instances' files.
 pub fn run_pairs(
     backend: &Backend,
-    upstream: &str,
+    upstream: Option<&str>,
     s: &Settings,
     items: &[Item],
     dir: &Path,
@@ -371,7 +390,7 @@ pub fn run_pairs(
 }
 
 /// Runs `items` against `backend`: the stand-in's scripted upstream is started here (and
-/// stopped after); a server is used where it is.
+/// stopped after); a server is used where it is; the built-in source is haltd's own.
 pub fn run_backend(
     backend: &Backend,
     s: &Settings,
@@ -381,10 +400,11 @@ pub fn run_backend(
     match backend {
         Backend::StandIn(_) => {
             let mut up = standin::start(&s.upstream_bin, dir)?;
-            let pairs = run_pairs(backend, &up.url, s, items, dir)?;
+            let pairs = run_pairs(backend, Some(&up.url), s, items, dir)?;
             up.proc.check_alive()?;
             Ok(pairs)
         }
-        Backend::Server { url, .. } => run_pairs(backend, url, s, items, dir),
+        Backend::Server { url, .. } => run_pairs(backend, Some(url), s, items, dir),
+        Backend::Builtin => run_pairs(backend, None, s, items, dir),
     }
 }

@@ -23,7 +23,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Backend, Pair, Turn};
+use super::{Backend, Continuation, Pair, Turn};
 use crate::quantile;
 
 /// p50 and p99 of some milliseconds.
@@ -225,7 +225,9 @@ pub fn report(backend: &Backend, pairs: &[Pair]) -> BackendReport {
     let (arm_latency, round_latency) = latencies(pairs);
     BackendReport {
         backend: backend.name(),
-        continuation: backend.continuation().as_str(),
+        continuation: backend
+            .continuation()
+            .map_or("built-in (its own)", Continuation::as_str),
         items: per_item.len(),
         canary_correct: count(&|i| i.canary_correct),
         intervene_correct: count(&|i| i.intervene_correct),
