@@ -143,7 +143,7 @@ impl Backend {
         match self {
             Backend::StandIn(c) => format!("stand-in ({c})"),
             Backend::Server { name, .. } => name.clone(),
-            Backend::Builtin => "built-in (restates the question)".to_owned(),
+            Backend::Builtin => "built-in".to_owned(),
         }
     }
 
