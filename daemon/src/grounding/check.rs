@@ -327,6 +327,12 @@ fn operator(toks: &[Tok<'_>], i: usize) -> Option<(&'static str, usize)> {
         "percent" if toks.get(i + 1).is_some_and(|n| n.is("of")) => {
             return Some(("/ 100 *", 2));
         }
+        "to" if toks
+            .get(i + 1..i + 4)
+            .is_some_and(|w| w[0].is("the") && w[1].is("power") && w[2].is("of")) =>
+        {
+            return Some(("^", 4));
+        }
         _ => return None,
     };
     Some((op, 1))

@@ -125,16 +125,36 @@ fn documents(dir: &Path) -> Result<Vec<PathBuf>, MemoryError> {
     Ok(files)
 }
 
-/// A file's passages: (first line, 1-based; text).
+/// A file's passages: (first line, 1-based; text). A paragraph of Markdown headings alone
+/// (`# Title`) labels the passage of the paragraph under it (`Title: paragraph`) instead of
+/// being one: a heading states nothing, and as a short passage full of the document's names
+/// it would outrank the paragraph that holds the fact.
 fn passages(text: &str) -> Vec<(u64, String)> {
     let mut out = Vec::new();
     let mut current = String::new();
     let mut first = 1u64;
+    let mut heading: Option<(u64, String)> = None;
     for (n, line) in (1u64..).zip(text.lines()) {
         let line = line.trim();
+        if current.is_empty() && line.starts_with('#') {
+            let title = line.trim_start_matches('#').trim();
+            let (at, label) = heading.get_or_insert_with(|| (n, String::new()));
+            if !label.is_empty() {
+                label.push_str(" / ");
+            }
+            label.push_str(title);
+            first = *at;
+            continue;
+        }
         if !line.is_empty() {
             if current.is_empty() {
-                first = n;
+                if let Some((at, label)) = heading.take() {
+                    first = at;
+                    current.push_str(&label);
+                    current.push_str(": ");
+                } else {
+                    first = n;
+                }
             } else {
                 current.push(' ');
             }
@@ -146,6 +166,10 @@ fn passages(text: &str) -> Vec<(u64, String)> {
     }
     if !current.is_empty() {
         out.push((first, current));
+    }
+    if let Some((at, label)) = heading {
+        // Headings with nothing under them: the file's last words, kept as they are.
+        out.push((at, label));
     }
     out
 }

@@ -32,7 +32,7 @@ fn the_configured_router_grounds_from_memory_and_the_evaluator() {
     assert_eq!(round.class, SpanClass::EntityShaped);
     assert_eq!(round.attempts[0].arm, ArmKind::Memory);
     assert_eq!(round.attempts[0].outcome, ArmOutcome::Grounded);
-    assert_eq!(round.snippets[0].source, "rivers/danube.md:3");
+    assert_eq!(round.snippets[0].source, "rivers/danube.md:1");
 
     let round = g.ground(&query("= 400", "So 17 × 23"), deadline);
     assert_eq!(round.class, SpanClass::Computable);

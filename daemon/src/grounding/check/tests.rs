@@ -31,6 +31,13 @@ fn arithmetic_with_and_without_a_stated_value() {
         find("15% of 80 is 12").map(|c| c.expr),
         Some("15 / 100 * 80".into())
     );
+    let c = find("What is 2 to the power of 20").expect("a check");
+    assert_eq!(
+        (c.expr.as_str(), c.fragment.as_str()),
+        ("2 ^ 20", "2 to the power of 20")
+    );
+    // Not the phrase: "to the" alone is no operator.
+    assert_eq!(find("from 2 to the 20 floors"), None);
 }
 
 #[test]

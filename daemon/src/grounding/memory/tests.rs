@@ -44,6 +44,16 @@ fn files_become_passages_with_their_first_line() {
         passages("a\nb\n\n\nc\n"),
         [(1, "a b".to_owned()), (5, "c".to_owned())]
     );
+    // Headings label the passage of the paragraph under it; a heading line inside a
+    // paragraph stays where it is.
+    assert_eq!(
+        passages("# Title\n\n## Part\n\nThe fact.\n\nMore\n# not alone\n\n# End\n"),
+        [
+            (1, "Title / Part: The fact.".to_owned()),
+            (7, "More # not alone".to_owned()),
+            (10, "End".to_owned())
+        ]
+    );
     let long = "word ".repeat(PASSAGE_CHARS / 5 + 10);
     let cut = passages(&format!("{long}\n{long}\n"));
     assert_eq!(cut.len(), 2, "a passage past PASSAGE_CHARS is split");
@@ -53,7 +63,8 @@ fn files_become_passages_with_their_first_line() {
 fn finds_the_passage_with_its_path() {
     let dir = store();
     let arm = MemoryArm::open(&dir, 0.5, 3).expect("indexed");
-    assert_eq!(arm.passages(), 4, "the .json file is not indexed");
+    // Three passages: "# The Danube" opens the first; the .json file is not indexed.
+    assert_eq!(arm.passages(), 3);
     let got = arm
         .search(
             &query("the Danube is 2850 km long"),
@@ -62,10 +73,13 @@ fn finds_the_passage_with_its_path() {
         )
         .expect("searched");
     assert!(!got.is_empty());
-    assert_eq!(got[0].source, "rivers/danube.md:3");
+    assert_eq!(
+        got[0].source, "rivers/danube.md:1",
+        "the passage opens at its heading"
+    );
     assert!(got[0]
         .evidence
-        .starts_with("The Danube flows through ten countries"));
+        .starts_with("The Danube: The Danube flows through ten countries"));
     assert_eq!(got[0].claim, "the Danube is 2850 km long");
     assert!(got[0].confidence > 0.5 && got[0].confidence < 1.0);
     assert!(got.windows(2).all(|w| w[0].confidence >= w[1].confidence));
