@@ -60,7 +60,16 @@ fn baseline() -> Vec<String> {
 /// The reply of one rewind: the tokens up to `kept` bytes and `rewound` more, then the
 /// continuation: `evidence`'s first snippet read, then the model salted by it.
 fn resumed(kept: usize, rewound: usize, evidence: &[Snippet]) -> Result<String> {
-    let mut src = builtin();
+    resumed_from(builtin(), kept, rewound, evidence)
+}
+
+/// [`resumed`] for any built-in source `src` (with a history that reaches `rewound` back).
+pub(crate) fn resumed_from(
+    mut src: BuiltinSource,
+    kept: usize,
+    rewound: usize,
+    evidence: &[Snippet],
+) -> Result<String> {
     let mut text = String::new();
     while text.len() < kept {
         text.push_str(&next(&mut src).context("the reply ended before the kept prefix")?);
@@ -77,7 +86,7 @@ fn resumed(kept: usize, rewound: usize, evidence: &[Snippet]) -> Result<String> 
 }
 
 /// The snippets of a round record's `evidence`.
-fn evidence(round: &Value) -> Vec<Snippet> {
+pub(crate) fn evidence(round: &Value) -> Vec<Snippet> {
     round["evidence"]
         .as_array()
         .into_iter()

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use anyhow::{ensure, Context, Result};
 use haltd::{
     grounding::Snippet,
-    source::{builtin::BuiltinSource, resume::History, Polled, TokenSource},
+    source::{builtin::BuiltinSource, resume::History},
     wire::{ClientRequest, Endpoint},
 };
 use haltd_tests::{
@@ -23,7 +23,7 @@ use haltd_tests::{
     },
     haltd_bin, temp_dir,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::UPSTREAM_BIN;
 
@@ -169,38 +169,7 @@ fn builtin_resumed(
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let mut src = BuiltinSource::for_turn(&req, true);
     src.history = History::with_capacity(65);
-    let next = |src: &mut BuiltinSource| match src.poll() {
-        Polled::Text(t) => Some(t.text.into_owned()),
-        _ => None,
-    };
-    let mut text = String::new();
-    while text.len() < kept {
-        text.push_str(&next(&mut src).context("the reply ended before the kept prefix")?);
-    }
-    ensure!(text.len() == kept, "kept bytes {kept} split a token");
-    for _ in 0..rewound {
-        next(&mut src).context("the reply ended inside the rewound span")?;
-    }
-    ensure!(src.resume(rewound, evidence), "history too short");
-    while let Some(t) = next(&mut src) {
-        text.push_str(&t);
-    }
-    Ok(text)
-}
-
-/// The snippets of a round record's `evidence`.
-fn evidence(round: &Value) -> Vec<Snippet> {
-    round["evidence"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| Snippet {
-            claim: s["claim"].as_str().unwrap_or_default().to_owned(),
-            evidence: s["evidence"].as_str().unwrap_or_default().to_owned(),
-            confidence: s["confidence"].as_f64().unwrap_or_default() as f32,
-            source: s["source"].as_str().unwrap_or_default().to_owned(),
-        })
-        .collect()
+    crate::intervene::resumed_from(src, kept, rewound, evidence)
 }
 
 #[test]
@@ -261,7 +230,7 @@ fn the_ab_harness_grounds_the_built_in_source_through_its_rewind() -> Result<()>
         // the evidence's words, then the model salted by them.
         let kept = round["kept_bytes"].as_u64().context("kept_bytes")? as usize;
         let rewound = round["rewound_tokens"].as_u64().context("rewound")? as usize;
-        let snippets = evidence(round);
+        let snippets = crate::intervene::evidence(round);
         let expected = builtin_resumed(&pair.item.prompt, kept, rewound, &snippets)?;
         ensure!(
             pair.intervene.text == expected,
