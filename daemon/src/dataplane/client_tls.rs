@@ -34,15 +34,15 @@ impl Worker {
     /// session's lock. Returns false when the stream is tripped (nothing sealed, nothing
     /// counted). One uncontended lock per frame on a TLS connection: the tripper of another
     /// thread must seal the terminal after exactly the records counted before the trip.
-    pub(super) fn begin_frame_on(&mut self, key: usize, is_token: bool, ignore_halt: bool) -> bool {
+    pub(super) fn begin_frame_on(&mut self, key: usize, tokens: u64, ignore_halt: bool) -> bool {
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
         let plain = frame_len(&conn.wbuf);
         let Some(tls) = conn.tls.as_ref() else {
-            return slot.begin_frame(is_token, ignore_halt, plain);
+            return slot.begin_frame(tokens, ignore_halt, plain);
         };
         let mut session = lock(tls);
-        if !slot.begin_frame(is_token, ignore_halt, session.sealed_len(plain)) {
+        if !slot.begin_frame(tokens, ignore_halt, session.sealed_len(plain)) {
             return false;
         }
         let mut out = conn.tls_out.take().unwrap_or_default();
@@ -118,7 +118,7 @@ impl Worker {
         }
         // A handshake flight: counted like any frame the gate sees, sent as it is.
         let slot = shared.table.slot(conn.id.slot);
-        if !slot.begin_frame(false, false, out.len()) {
+        if !slot.begin_frame(0, false, out.len()) {
             conn.tls_out = Some(out);
             return self.halt(key);
         }

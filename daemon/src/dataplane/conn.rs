@@ -94,10 +94,14 @@ pub(super) struct Conn {
     pub(super) up: Option<Box<Upstream>>,
     /// The client half-closed (or closed) its side: EOF was read after the request.
     pub(super) peer_eof: bool,
-    /// When the token(s) of the token frame in flight reached haltd (the built-in source
-    /// produced it, or the upstream receive carrying it completed); 0 when no token frame is
-    /// in flight. Its send's completion observes `haltd_token_overhead_seconds`.
-    pub(super) frame_arrived_ns: u64,
+    /// The token events in the frame buffer: staged (encoded, not yet accounted: no send in
+    /// flight) or in the token frame in flight; 0 otherwise. At most [`STAGE_MAX`]; one
+    /// except when the upstream's receive held several tokens at once (`pipeline.rs`).
+    pub(super) frame_tokens: usize,
+    /// When each of those tokens reached haltd (the built-in source produced it, or the
+    /// upstream receive carrying it completed). The send's completion observes
+    /// `haltd_token_overhead_seconds` once per token.
+    pub(super) frame_arrivals: [u64; STAGE_MAX],
     /// The client's IP address, read at accept (what `--max-conns-per-addr` counts).
     pub(super) peer: Option<std::net::IpAddr>,
     /// When the request began: `--request-timeout-ms` counts from here. Accept for the first
@@ -147,6 +151,10 @@ pub(super) fn frame(wbuf: &mut Option<Vec<u8>>) -> &mut Vec<u8> {
     b
 }
 
+/// The most token events one send carries: tokens the upstream delivered together go out in
+/// one frame, up to this many (`pipeline.rs`, staging).
+pub(super) const STAGE_MAX: usize = 16;
+
 /// Bytes of the frame in the buffer.
 pub(super) fn frame_len(wbuf: &Option<Vec<u8>>) -> usize {
     wbuf.as_ref().map_or(0, Vec::len)
@@ -190,7 +198,8 @@ impl Conn {
             turn: None,
             up: None,
             peer_eof: false,
-            frame_arrived_ns: 0,
+            frame_tokens: 0,
+            frame_arrivals: [0; STAGE_MAX],
             peer,
             accepted_ns,
             keep: KeepAlive::Close,

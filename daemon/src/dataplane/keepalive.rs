@@ -189,7 +189,7 @@ impl Worker {
         conn.short_write = false;
         conn.pending_terminal = false;
         conn.final_waits_upstream = false;
-        conn.frame_arrived_ns = 0;
+        conn.frame_tokens = 0;
         conn.idle_since_ns = Some(monotonic_ns());
         conn.rbuf = Some(std::mem::take(&mut conn.pipelined));
         conn.request_id = None;

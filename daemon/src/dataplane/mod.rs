@@ -5,8 +5,8 @@
 //! the request, then runs the turn as a chain of completions. Every token, from either
 //! source, goes through one pipeline (`pipeline.rs`): observe (detectors) → release (the
 //! exfiltration hold-back) → encode → account (the slot's frame count) → send. Every send on
-//! a governed socket carries one frame (one SSE event, or one whole response), which is what
-//! the gate counts.
+//! a governed socket carries one frame (one SSE event; before a trip up to 16 token events an
+//! upstream delivered together; or one whole response), which is what the gate counts.
 //!
 //! The modules, one concern each:
 //!

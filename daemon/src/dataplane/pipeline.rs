@@ -12,10 +12,12 @@
 //!    already has its next token ([`crate::source::TokenSource::peek`]: the built-in model)
 //!    lets the scanner look at it ([`look_ahead`]): held text that the next token rules out
 //!    goes out with this token instead of one token later.
-//! 3. **encode**: one frame (one SSE event) per token ([`encode_token`]), straight from the
-//!    source when nothing is held; a batch turn keeps the tokens for its one final frame.
-//! 4. **account**: the slot counts the frame before it is sent (`Slot::begin_frame`, in the
-//!    trip's frame window: a trip that came first stops it); the kernel gate counts the same.
+//! 3. **encode**: one SSE event per token ([`encode_token`]), straight from the source when
+//!    nothing is held; a batch turn keeps the tokens for its one final frame. Tokens the
+//!    upstream delivered together are staged: their events share one frame ([`may_stage`]).
+//! 4. **account**: the slot counts the frame and its tokens before it is sent
+//!    (`Slot::begin_frame`, in the trip's frame window: a trip that came first stops it); the
+//!    kernel gate counts the same frames.
 //! 5. **send**: one send per frame (`send.rs`).
 //!
 //! At the end of the text the detectors and the scanner have their last word, the held frames
@@ -26,7 +28,7 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 use serde_json::Value;
 
 use super::{
-    conn::{frame, SendKind},
+    conn::{frame, SendKind, STAGE_MAX},
     hold::{Pending, PendingKind},
     keepalive::KeepAlive,
     op::{OpBuf, OpKind},
@@ -40,7 +42,7 @@ use crate::{
     codes::FailureCode,
     detect::{exfil::Ahead, pipeline::Gate, DetectorId, Trip, TripKind},
     source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
-    stream::{Mode, SlotState},
+    stream::{Mode, Slot, SlotState},
     upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
     wire::{http, Channel, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
 };
@@ -82,6 +84,24 @@ fn look_ahead(turn: &mut Turn) {
     };
     let n = turn.gov.look_ahead(next);
     turn.hold.release(n);
+}
+
+/// Whether the token event just encoded (the `n`th in the frame buffer) may wait there for
+/// the source's next ones, so that tokens the upstream delivered in one receive go out in one
+/// send, as a relay would send them. Only for a source paced by its upstream (the built-in's
+/// tokens come one per timer), below [`STAGE_MAX`] events, with nothing held back (intervene)
+/// and no TokenCircuit (its judgements answer between tokens), on a stream not tripped: after
+/// a trip every frame carries one token (the `emitter-ignores-halt` fault), so the kernel's
+/// per-frame budget stays a token budget. Staged events are not counted yet: the frame is
+/// accounted (`Slot::begin_frame`, all its tokens) when it goes, so a trip before that sends
+/// none of them. Not with the `panic-after-tokens` fault, whose panic comes after exactly N.
+fn may_stage(turn: &mut Turn, n: usize, slot: &Slot, panic_fault: bool) -> bool {
+    n < STAGE_MAX
+        && !panic_fault
+        && turn.hold.back.is_none()
+        && turn.circuit.is_none()
+        && !slot.is_tripped()
+        && !turn.source.get().paced()
 }
 
 /// Whether the first token of a produced text came with a logprob.
@@ -194,7 +214,29 @@ impl Worker {
 
     /// Takes what the source produced through the phases until one frame is on its way, the
     /// source has nothing (its I/O calls again), or a paced source waits for its timer.
+    /// Token events staged on the way ([`may_stage`]) never outlive it: they go out as one
+    /// frame before anything else would use the frame buffer, and at the latest here.
     pub(super) fn pump(&mut self, key: usize) -> io::Result<()> {
+        self.pump_phases(key)?;
+        self.send_staged(key)
+    }
+
+    /// Sends the staged token events, if any, as one frame (no send is in flight: staging
+    /// happens only then); the turn goes on when the send completes.
+    pub(super) fn send_staged(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        if conn.frame_tokens == 0 || conn.sending.is_some() {
+            return Ok(());
+        }
+        if conn.closing {
+            // Not accounted, never sent.
+            conn.frame_tokens = 0;
+            return Ok(());
+        }
+        self.account_and_send(key)
+    }
+
+    fn pump_phases(&mut self, key: usize) -> io::Result<()> {
         loop {
             let conn = &mut self.conns[key];
             if conn.sending.is_some() || conn.closing {
@@ -207,6 +249,10 @@ impl Worker {
                 // A token waits for its score (`score.rs`), or the turn for a grounding round
                 // (`ground.rs`): nothing goes past it.
                 return Ok(());
+            }
+            if conn.frame_tokens > 0 && (!turn.hold.queue.is_empty() || turn.hold.ending) {
+                // Staged events go first; the queue or the end waits for their send.
+                return self.send_staged(key);
             }
             // Release: a frame the scanner let go of goes out first, in order.
             if let Some(p) = turn.hold.pop_released() {
@@ -221,7 +267,12 @@ impl Worker {
                 return self.finish(key);
             }
             let paced = turn.source.get().paced();
-            let next = match turn.source.poll() {
+            let polled = turn.source.poll();
+            if !matches!(polled, Polled::Text(_)) {
+                // Only text joins staged events: they go out before anything else.
+                self.send_staged(key)?;
+            }
+            let next = match polled {
                 Polled::Text(t) => self.take_text(key, t)?,
                 Polled::ToolCalls {
                     delta,
@@ -271,12 +322,18 @@ impl Worker {
     /// After observe: a trip halts, a parked item waits, a clear one goes on to release.
     pub(super) fn judged(&mut self, key: usize, judged: Judged, now: u64) -> io::Result<Next> {
         match judged {
-            Judged::Later => Ok(Next::Stop),
-            Judged::Trip(trip) => self.observed_trip(key, trip).map(|()| Next::Stop),
+            Judged::Later => self.send_staged(key).map(|()| Next::Stop),
+            Judged::Trip(trip) => {
+                // Staged events were judged before this token: they go out as frames
+                // accounted before the trip.
+                self.send_staged(key)?;
+                self.observed_trip(key, trip).map(|()| Next::Stop)
+            }
             Judged::Clear(Item::Text(t)) => {
                 let next = self.release_text(key, t, now)?;
                 if self.maybe_ground(key)? {
                     // Parked until the round answers (`ground.rs`).
+                    self.send_staged(key)?;
                     return Ok(Next::Stop);
                 }
                 Ok(next)
@@ -298,6 +355,8 @@ impl Worker {
             return Ok(Next::Stop);
         };
         if let Err(trip) = scan(turn, &t.text) {
+            // Staged events were released before this text: accounted before the trip.
+            self.send_staged(key)?;
             return self.detector_trip(key, trip).map(|()| Next::Stop);
         }
         if let Some(back) = turn.hold.back.as_mut() {
@@ -328,14 +387,32 @@ impl Worker {
         }
         look_ahead(turn);
         if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
-            // The common case: nothing held, one frame, encoded from the source's text.
-            encode_token(turn, frame(&mut conn.wbuf), &t, offset);
+            // The common case: nothing held, one event, encoded from the source's text (after
+            // the events staged before it, if any).
+            let staged = conn.frame_tokens;
+            let out = if staged == 0 {
+                frame(&mut conn.wbuf)
+            } else {
+                conn.wbuf.get_or_insert_with(Vec::new)
+            };
+            encode_token(turn, out, &t, offset);
             turn.first_frame_sent = true;
             turn.note_output(&t.text);
-            let arrived = t.arrived_ns;
+            conn.frame_arrivals[staged] = t.arrived_ns;
+            conn.frame_tokens = staged + 1;
             // Encoded: the source may reuse the text's buffers for its next token.
             turn.source.get().recycle(t);
-            return self.account_and_send(key, arrived).map(|()| Next::Stop);
+            if may_stage(
+                turn,
+                conn.frame_tokens,
+                slot,
+                shared.cfg.faults.panic.is_some(),
+            ) {
+                // The source may hold more tokens already: they join this frame (the pump
+                // sends it as soon as the source has nothing ready, or anything else comes).
+                return Ok(Next::Poll);
+            }
+            return self.account_and_send(key).map(|()| Next::Stop);
         }
         // The scanner holds text, or the text makes several frames: they go out through
         // the hold queue, one per step, in order (an upstream's text moves in, no copy).
@@ -455,6 +532,10 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
+        debug_assert_eq!(
+            conn.frame_tokens, 0,
+            "staged events go out before a held frame"
+        );
         let out = frame(&mut conn.wbuf);
         let first = !turn.first_frame_sent;
         // The frame's text: the whole entry, or what is left of it after earlier frames.
@@ -496,12 +577,15 @@ impl Worker {
         if !started.is_empty() {
             turn.tools_in_flight = started;
         }
-        self.account_and_send(key, p.arrived_ns)
+        conn.frame_arrivals[0] = p.arrived_ns;
+        conn.frame_tokens = 1;
+        self.account_and_send(key)
     }
 
-    /// Account, then send: the frame in `wbuf` is counted in the slot's frame window (a trip
-    /// that came first halts instead) and goes out.
-    pub(super) fn account_and_send(&mut self, key: usize, arrived_ns: u64) -> io::Result<()> {
+    /// Account, then send: the frame in `wbuf`, with its `frame_tokens` token events, is
+    /// counted in the slot's frame window (a trip that came first halts instead, and none of
+    /// them goes out) and goes out.
+    pub(super) fn account_and_send(&mut self, key: usize) -> io::Result<()> {
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
@@ -513,14 +597,15 @@ impl Worker {
                 http::chunk_in_place(buf, 0);
             }
         }
-        if !self.begin_frame_on(key, true, ignore_halt) {
+        let tokens = conn.frame_tokens.max(1);
+        if !self.begin_frame_on(key, tokens as u64, ignore_halt) {
+            self.conns[key].frame_tokens = 0;
             return self.halt(key);
         }
         let conn = &mut self.conns[key];
         if let Some(turn) = conn.turn.as_mut() {
-            turn.inflight_token = index + 1;
+            turn.inflight_token = index + tokens as u64;
         }
-        conn.frame_arrived_ns = arrived_ns;
         self.send(key, SendKind::Token)
     }
 

@@ -152,7 +152,7 @@ impl Worker {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
                 frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if self.begin_frame_on(key, false, false) {
+                if self.begin_frame_on(key, 0, false) {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
                     return self.send(key, SendKind::Continue100);

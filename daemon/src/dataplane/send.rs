@@ -7,7 +7,7 @@ use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
 use io_uring::{opcode, types};
 
 use super::{
-    conn::SendKind,
+    conn::{SendKind, STAGE_MAX},
     op::{OpBuf, OpKind},
     Worker,
 };
@@ -112,6 +112,9 @@ impl Worker {
             return self.halt_done(key, ok);
         }
         if !ok {
+            if kind == SendKind::Token {
+                conn.frame_tokens = 0;
+            }
             return self.send_failed(key, res);
         }
         if kind == SendKind::Token {
@@ -177,38 +180,51 @@ impl Worker {
         Ok(())
     }
 
-    /// A token frame was delivered to the kernel: count it (post-trip too), observe its
-    /// overhead, dispatch the tool calls it started.
+    /// A token frame was delivered to the kernel: count its tokens (post-trip too), observe
+    /// their overhead, dispatch the tool calls it started.
     pub(super) fn token_delivered(&mut self, key: usize) {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        // Account the delivered token before anything else, halt included.
-        slot.tokens_delivered.fetch_add(1, SeqCst);
-        shared.metrics.dataplane.tokens_emitted.inc();
-        // Arrival to send completion, one lock-free observation per token frame.
+        // A token frame carries at least one token (an old frame counted as one).
+        let n = std::mem::take(&mut conn.frame_tokens).clamp(1, STAGE_MAX);
+        // Account the delivered tokens before anything else, halt included.
+        slot.tokens_delivered.fetch_add(n as u64, SeqCst);
+        shared.metrics.dataplane.tokens_emitted.inc_by(n as u64);
+        // Arrival to send completion, one lock-free observation per token.
         let now = monotonic_ns();
-        let arrived = std::mem::take(&mut conn.frame_arrived_ns);
-        if arrived != 0 {
-            shared
-                .metrics
-                .dataplane
-                .token_overhead
-                .observe_ns(now.saturating_sub(arrived));
+        for arrived in &mut conn.frame_arrivals[..n] {
+            let arrived = std::mem::take(arrived);
+            if arrived != 0 {
+                shared
+                    .metrics
+                    .dataplane
+                    .token_overhead
+                    .observe_ns(now.saturating_sub(arrived));
+            }
         }
         if let Some(turn) = conn.turn.as_mut() {
-            // Time to first token, and the gap since the last (the turn's own handle).
-            turn.obs.token_sent(now);
+            // Time to first token, and the gap since the last (the turn's own handle): the
+            // frame's tokens reached the client together.
+            for _ in 0..n {
+                turn.obs.token_sent(now);
+            }
         }
-        let index = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
+        // The frame's tokens are indices `last - n + 1 ..= last` (1-based).
+        let last = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
         // τ is published before TRIPPED; a token completing while the trip is still
         // TRIPPING was handed out before the trip, so it is not post-trip.
         let published = matches!(
             slot.state(),
             SlotState::Tripped | SlotState::Halting | SlotState::Halted
         );
-        if published && index > slot.trip_token_index.load(SeqCst) {
-            slot.post_trip_delivered.fetch_add(1, SeqCst);
+        if published {
+            let tau = slot.trip_token_index.load(SeqCst);
+            let first = last.saturating_sub(n as u64 - 1);
+            let post = (first..=last).filter(|&i| i > tau).count() as u64;
+            if post > 0 {
+                slot.post_trip_delivered.fetch_add(post, SeqCst);
+            }
         }
         // The tool calls the frame started are dispatched now (TokenCircuit notes it: per
         // frame that starts a call, never per token, its store's lock is taken).

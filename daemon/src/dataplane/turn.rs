@@ -460,7 +460,7 @@ impl Worker {
             &[("x-request-id", rid)],
             persist,
         );
-        if self.begin_frame_on(key, false, false) {
+        if self.begin_frame_on(key, 0, false) {
             let slot = self.shared.table.slot(self.conns[key].id.slot);
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);

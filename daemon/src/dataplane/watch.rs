@@ -115,7 +115,7 @@ impl Worker {
             }
             let out = frame(&mut conn.wbuf);
             out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !self.begin_frame_on(key, false, false) {
+            if !self.begin_frame_on(key, 0, false) {
                 return self.halt(key);
             }
             return self.send(key, SendKind::Probe);

@@ -129,26 +129,27 @@ impl Slot {
         self.state().is_tripped()
     }
 
-    /// Accounts one frame before it is handed to the kernel. Returns false (and counts
+    /// Accounts one frame before it is handed to the kernel, carrying `tokens` token events
+    /// (0 for a frame that is no token: a head, a final frame). Returns false (and counts
     /// nothing) when the stream is tripping or tripped: the caller must halt instead.
     ///
     /// `ignore_halt` is the `emitter-ignores-halt` fault: the frame is counted and sent anyway,
     /// so only the kernel gate stops it.
     /// `len` is the frame's length in bytes, all of it, however many sends it takes.
-    pub fn begin_frame(&self, is_token: bool, ignore_halt: bool, len: usize) -> bool {
+    pub fn begin_frame(&self, tokens: u64, ignore_halt: bool, len: usize) -> bool {
         loop {
             match self
                 .state
                 .compare_exchange_weak(SlotState::Streaming, SlotState::Emitting)
             {
                 Ok(_) => {
-                    self.count_frame(is_token, len);
+                    self.count_frame(tokens, len);
                     self.state.store(SlotState::Streaming);
                     return true;
                 }
                 Err(SlotState::Streaming) => continue, // spurious failure of the weak CAS
-                Err(SlotState::Tripped | SlotState::Halting) if ignore_halt && is_token => {
-                    self.count_frame(true, len);
+                Err(SlotState::Tripped | SlotState::Halting) if ignore_halt && tokens > 0 => {
+                    self.count_frame(tokens, len);
                     return true;
                 }
                 Err(_) => return false,
@@ -165,7 +166,7 @@ impl Slot {
                 .compare_exchange_weak(SlotState::Streaming, SlotState::Finishing)
             {
                 Ok(_) => {
-                    self.count_frame(false, len);
+                    self.count_frame(0, len);
                     return true;
                 }
                 Err(SlotState::Streaming) => continue,
@@ -174,13 +175,13 @@ impl Slot {
         }
     }
 
-    fn count_frame(&self, is_token: bool, len: usize) {
+    fn count_frame(&self, tokens: u64, len: usize) {
         // Order matters: tokens before frames here, frames before tokens in `trip`, so τ can
         // only be read too high relative to the frame limit (stricter), never too low. The
         // bytes are counted inside the same EMITTING window as the frame, so a trip never
         // reads a frame without its bytes.
-        if is_token {
-            self.tokens_submitted.fetch_add(1, SeqCst);
+        if tokens > 0 {
+            self.tokens_submitted.fetch_add(tokens, SeqCst);
         }
         self.bytes_submitted.fetch_add(len as u64, SeqCst);
         self.frames_submitted.fetch_add(1, SeqCst);
@@ -660,9 +661,9 @@ mod tests {
         let t = StreamTable::new(4);
         let id = t.alloc(0, -1, 5, 1).expect("free slot");
         let s = t.get(id).expect("live");
-        assert!(s.begin_frame(false, false, 100)); // response head
+        assert!(s.begin_frame(0, false, 100)); // response head
         for _ in 0..3 {
-            assert!(s.begin_frame(true, false, 10));
+            assert!(s.begin_frame(1, false, 10));
         }
         let k = RecordingKernel(AtomicU64::new(0));
         let info = t
@@ -670,8 +671,8 @@ mod tests {
             .expect("trips");
         assert_eq!(info.trip_token_index, 3);
         assert_eq!(k.0.load(SeqCst), 4 + 5);
-        assert!(!s.begin_frame(true, false, 10), "no frame after a trip");
-        assert!(s.begin_frame(true, true, 10), "the fault keeps sending");
+        assert!(!s.begin_frame(1, false, 10), "no frame after a trip");
+        assert!(s.begin_frame(1, true, 10), "the fault keeps sending");
         assert!(matches!(
             t.trip(id, FailureCode::ExfilAlert, Some(&k), 3),
             Err(TripError::AlreadyTripped {
@@ -709,8 +710,8 @@ mod tests {
         let t = StreamTable::new(2);
         let first = t.alloc(0, 7, 5, 1).expect("free slot");
         let s = t.get(first).expect("live");
-        assert!(s.begin_frame(false, false, 100));
-        assert!(s.begin_frame(true, false, 10));
+        assert!(s.begin_frame(0, false, 100));
+        assert!(s.begin_frame(1, false, 10));
         assert!(s.begin_final(50));
         let before = SentBefore {
             frames: s.frames_submitted.load(SeqCst),
@@ -728,8 +729,8 @@ mod tests {
         assert_ne!(next, first, "a new stream id for the next turn");
         let s = t.get(next).expect("live");
         assert_eq!(s.tokens_submitted.load(SeqCst), 0, "tokens count per turn");
-        assert!(s.begin_frame(false, false, 100));
-        assert!(s.begin_frame(true, false, 10));
+        assert!(s.begin_frame(0, false, 100));
+        assert!(s.begin_frame(1, false, 10));
         let k = PointKernel(Mutex::new(None));
         let info = t
             .trip(next, FailureCode::OperatorTrip, Some(&k), 3)
@@ -808,7 +809,7 @@ mod tests {
             let emitter = std::thread::spawn(move || {
                 let s = t2.get(id).expect("live");
                 let mut sent = 0u64;
-                while s.begin_frame(true, false, 1) {
+                while s.begin_frame(1, false, 1) {
                     sent += 1;
                 }
                 sent

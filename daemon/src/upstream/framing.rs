@@ -1,5 +1,6 @@
-//! How upstream text becomes frames: one token per frame (docs/architecture.md §6), so that
-//! the kernel gate's count of sends is a count of tokens, and every frame fits the stream's
+//! How upstream text becomes token events: one token per event (docs/architecture.md §6), so
+//! that after a trip, when every frame carries one event, the kernel gate's count of sends is a
+//! count of tokens, and every frame fits the stream's
 //! [`crate::wire::ChunkEncoder::max_event_bytes`].
 //!
 //! The rules (also in `docs/wire-format.md`, "Framing"):

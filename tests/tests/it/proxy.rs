@@ -9,8 +9,9 @@
 //! tool-call deltas, finish reasons, `n > 1`, Authorization pass-through (and never logged),
 //! every upstream failure mapped to a typed end and a record, upstream cancellation on a trip
 //! and on a client disconnect, degraded safe mode (scope, behaviour, operator and timer exits),
-//! turn atomicity, and framing: one token per frame (per token, long tokens in pieces of at
-//! most 64 bytes, per character when the tokens are not known).
+//! turn atomicity, and framing: one token per SSE event (per token, long tokens in pieces of
+//! at most 64 bytes, per character when the tokens are not known), tokens delivered together
+//! sharing a send.
 
 use std::{
     io::{Read, Write},
@@ -303,6 +304,64 @@ fn tool_calls_finish_reasons_and_refusals() -> Result<()> {
     // Malformed bodies stay 400s.
     let (status, _, v) = rig.post("/v1/chat/completions", &json!({"model": "x"}), None)?;
     ensure!(status == 400, "{status} {v}");
+    Ok(())
+}
+
+/// Tokens the upstream delivered together (written back to back, read in one receive) go out
+/// together: several SSE events, one per token as always, in one send of at most 16, as a
+/// relay sends what it read. By the gate's own count of the sends it passed, 400 tokens take
+/// fewer sends than tokens, and no fewer than 16 tokens to a send allows. A detector trip
+/// among them sends the tokens judged before it (accounted before the trip) and nothing after:
+/// the client has exactly the 300 tokens before the failing one.
+#[test]
+fn tokens_delivered_together_share_a_send_and_a_trip_among_them_is_exact() -> Result<()> {
+    let rig = rig(&["--hard-limit", "0.05"])?;
+    let sends = || -> Result<f64> {
+        let m = rig.haltd.metrics()?;
+        m.value_or_zero("haltd_kernel_frames_total", &[("verdict", "pass")])
+    };
+    let before = sends()?;
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=400]]", true),
+        None,
+        |_, _| {},
+    )?;
+    ended_normally(&o, "stop")?;
+    let sent = sends()? - before;
+    ensure!(
+        token_chunks(&o).len() == 400,
+        "{} token events",
+        token_chunks(&o).len()
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(rec["tokens_emitted"] == 400, "{rec}");
+    println!("400 tokens written back to back: {sent} sends (head and final included)");
+    // The head, 400 tokens in sends of at most 16, the final frame(s).
+    ensure!(
+        sent >= 2.0 + 25.0,
+        "{sent} sends: more than 16 tokens to a send"
+    );
+    ensure!(
+        sent < 300.0,
+        "{sent} sends for 400 tokens delivered back to back: not shared"
+    );
+
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=400 neginf_at=300]]", true),
+        None,
+        |_, _| {},
+    )?;
+    o.halted_cleanly("COHERENCE_BELOW_THRESHOLD")?;
+    ensure!(
+        o.tokens == 300,
+        "the 300 tokens before the failing one: got {}",
+        o.tokens
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(rec["trip_token_index"] == 300, "{rec}");
+    ensure!(rec["halt_tokens_post_trip"] == 0, "{rec}");
     Ok(())
 }
 
