@@ -241,11 +241,13 @@ pub fn surprise_bits(logprob: f32) -> Result<f32, InvalidLogprob> {
 
 /// The last W surprises with their mean and p90, updated in O(W) per token without
 /// allocating: a ring for eviction order, a sorted copy for the percentile, a running sum for
-/// the mean (re-summed from the ring once per W pushes so rounding cannot accumulate).
+/// the mean (re-summed from the ring once per W pushes so rounding cannot accumulate). Both
+/// are W long, allocated once per turn: every open stream carries one (issue 11's memory per
+/// stream; a fixed [`MAX_WINDOW`] array was 2 KiB of it).
 #[derive(Clone)]
 pub struct RollingSurprise {
-    ring: [f32; MAX_WINDOW],
-    sorted: [f32; MAX_WINDOW],
+    ring: Box<[f32]>,
+    sorted: Box<[f32]>,
     window: usize,
     len: usize,
     /// Next slot of `ring` to write.
@@ -271,8 +273,8 @@ impl RollingSurprise {
     pub fn new(window: usize) -> Result<Self, SurpriseConfigError> {
         check_window(window)?;
         Ok(Self {
-            ring: [0.0; MAX_WINDOW],
-            sorted: [0.0; MAX_WINDOW],
+            ring: vec![0.0; window].into_boxed_slice(),
+            sorted: vec![0.0; window].into_boxed_slice(),
             window,
             len: 0,
             head: 0,

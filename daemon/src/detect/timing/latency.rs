@@ -305,8 +305,9 @@ impl LogGapStats {
 const HIST_SUB: f64 = 8.0;
 /// log2 of the lowest bucket's lower edge (512 ns, below [`GAP_FLOOR_NS`]).
 const HIST_MIN_LOG2: f64 = 9.0;
-/// Buckets from 2^9 ns to 2^64 ns.
-const HIST_BUCKETS: usize = 441;
+/// Buckets from 2^9 ns to 2^41 ns (about 37 minutes, longer than any gap a turn can live
+/// through: longer gaps count in the top bucket). Every open stream carries one: 1 KiB.
+const HIST_BUCKETS: usize = 256;
 
 /// Fixed log-scale histogram of a turn's gaps: no allocation per token.
 #[derive(Clone)]
