@@ -3,10 +3,12 @@
 //!
 //! Each file is cut into passages (paragraphs, split again past [`PASSAGE_CHARS`]) and each
 //! passage is one indexed document, so a hit's evidence is the passage that scored, not the
-//! whole file. A passage is evidence only when its BM25 score reaches the operator's floor
-//! (`[grounding.memory] floor`); its snippet's source is the file's path and the passage's
-//! first line (`notes/rivers.md:12`), and its confidence is `score / (score + floor)`: 0.5 at
-//! the floor, towards 1 above it (a ranking, not a probability).
+//! whole file. A passage is evidence only when the BM25 score of the span's words reaches the
+//! operator's floor (`[grounding.memory] floor`); the span's numbers add to the score that
+//! ranks the passages, never to the one the floor is held against ([`is_number`]). Its
+//! snippet's source is the file's path and the passage's first line (`notes/rivers.md:12`),
+//! and its confidence is `score / (score + floor)`: 0.5 at the floor, towards 1 above it (a
+//! ranking, not a probability).
 //!
 //! The span is searched as plain terms (its words through the index's own analyzer, one
 //! term query each, any may match), never through a query parser: text from the model cannot
@@ -20,10 +22,10 @@ use std::{
 use tantivy::{
     collector::TopDocs,
     doc,
-    query::{BooleanQuery, Occur, Query, TermQuery},
+    query::{BooleanQuery, EnableScoring, Occur, Query, TermQuery},
     schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED},
     tokenizer::{LowerCaser, RemoveLongFilter, SimpleTokenizer, StopWordFilter, TextAnalyzer},
-    Index, IndexReader, TantivyDocument, Term,
+    DocSet, Index, IndexReader, TantivyDocument, Term,
 };
 
 use super::arm::{cap_evidence, Arm, ArmError};
@@ -238,7 +240,8 @@ impl MemoryArm {
         self.passages
     }
 
-    /// Scored passages for `text`, best first, with the floor applied.
+    /// Scored passages for `text`, best first, with the floor applied to the score of the
+    /// text's words alone ([`is_number`]: numbers rank hits but never make one).
     fn hits(&self, text: &str) -> Result<Vec<(f32, String, String)>, tantivy::TantivyError> {
         // The span's words through the body's own analyzer, as plain terms: no query
         // syntax, and nothing to search when only stop words are left.
@@ -250,27 +253,50 @@ impl MemoryArm {
                 terms.push(token.text.clone());
             }
         }
-        if terms.is_empty() {
+        let (numbers, words): (Vec<&String>, Vec<&String>) =
+            terms.iter().partition(|t| is_number(t));
+        if words.is_empty() {
             return Ok(Vec::new());
         }
-        let clauses: Vec<(Occur, Box<dyn Query>)> = terms
-            .iter()
-            .map(|t| {
-                let term = Term::from_field_text(self.body, t);
-                let q: Box<dyn Query> =
-                    Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
-                (Occur::Should, q)
-            })
-            .collect();
-        let query = BooleanQuery::new(clauses);
+        let any_of = |terms: &[&String]| -> Box<dyn Query> {
+            Box::new(BooleanQuery::new(
+                terms
+                    .iter()
+                    .map(|t| {
+                        let term = Term::from_field_text(self.body, t);
+                        let q: Box<dyn Query> =
+                            Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
+                        (Occur::Should, q)
+                    })
+                    .collect(),
+            ))
+        };
+        // A hit matches at least one word; its numbers add to its rank.
+        let on_words = any_of(&words);
+        let query: Box<dyn Query> = if numbers.is_empty() {
+            on_words.box_clone()
+        } else {
+            Box::new(BooleanQuery::new(vec![
+                (Occur::Must, on_words.box_clone()),
+                (Occur::Should, any_of(&numbers)),
+            ]))
+        };
         let searcher = self.reader.searcher();
         let top = searcher.search(
             &query,
             &TopDocs::with_limit(self.max_results).order_by_score(),
         )?;
+        let words_weight = on_words.weight(EnableScoring::enabled_from_searcher(&searcher))?;
         let mut out = Vec::new();
         for (score, address) in top {
-            if score < self.floor {
+            let mut scorer =
+                words_weight.scorer(searcher.segment_reader(address.segment_ord), 1.0)?;
+            let words_score = if scorer.seek(address.doc_id) == address.doc_id {
+                scorer.score()
+            } else {
+                0.0
+            };
+            if words_score < self.floor {
                 continue;
             }
             let doc: TantivyDocument = searcher.doc(address)?;
@@ -284,6 +310,15 @@ impl MemoryArm {
         }
         Ok(out)
     }
+}
+
+/// A term of digits alone (`45`; the analyzer cuts `07:45` and `2024-01-20` at their
+/// punctuation). A number names no topic: `45` in a question about 45 days matches the `45`
+/// of a timetable's 07:45, so a passage that shares only numbers with the span, or whose words
+/// alone score under the floor, is not evidence for it. Numbers still rank the passages that
+/// are (the right figure lifts its passage).
+fn is_number(term: &str) -> bool {
+    !term.is_empty() && term.bytes().all(|b| b.is_ascii_digit())
 }
 
 impl Arm for MemoryArm {

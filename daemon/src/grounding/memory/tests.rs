@@ -131,3 +131,68 @@ fn a_missing_store_is_an_error() {
         "{e}"
     );
 }
+
+/// A store with a timetable of two departures and a note on boats.
+fn timetable() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "haltd-grounding-timetable-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    std::fs::write(
+        dir.join("ferry.txt"),
+        "The ferry leaves the harbour at 07:45 every weekday.\n\n\
+         The ferry leaves the harbour at 09:10 on Sundays.\n\n\
+         Boats are moored in the harbour over the winter.\n",
+    )
+    .expect("write");
+    dir
+}
+
+#[test]
+fn numbers_alone_are_not_evidence() {
+    let dir = timetable();
+    let arm = MemoryArm::open(&dir, 0.0, 3).expect("indexed");
+    // The question shares only "45" (of 07:45) and "20" with the timetable.
+    for span in ["45 days after 2024-01-20", "What is 45 times 20?"] {
+        let got = arm
+            .search(&query(span), SpanClass::Computable, soon())
+            .expect("searched");
+        assert!(got.is_empty(), "{span}: {got:?}");
+    }
+    // Words find the passages; a matching number ranks its passage first.
+    let got = arm
+        .search(
+            &query("the ferry leaves the harbour at 09:10"),
+            SpanClass::EntityShaped,
+            soon(),
+        )
+        .expect("searched");
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[0].evidence.contains("09:10"), "{got:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_floor_is_reached_by_words_not_numbers() {
+    let dir = timetable();
+    let scores = |arm: &MemoryArm, text: &str| -> Vec<f32> {
+        let hits = arm.hits(text).expect("searched");
+        hits.iter().map(|h| h.0).collect()
+    };
+    let zero = MemoryArm::open(&dir, 0.0, 1).expect("indexed");
+    let words = scores(&zero, "sundays")[0];
+    let both = scores(&zero, "sundays 09 10")[0];
+    assert!(
+        both > words,
+        "the numbers add to the score: {both} > {words}"
+    );
+    // A floor between the two: the passage's words alone do not reach it.
+    let arm = MemoryArm::open(&dir, (words + both) / 2.0, 1).expect("indexed");
+    assert!(scores(&arm, "sundays 09 10").is_empty());
+    let arm = MemoryArm::open(&dir, words, 1).expect("indexed");
+    assert_eq!(scores(&arm, "sundays 09 10"), [both], "ranked by both");
+    let _ = std::fs::remove_dir_all(dir);
+}
