@@ -127,36 +127,71 @@ fn documents(dir: &Path) -> Result<Vec<PathBuf>, MemoryError> {
     Ok(files)
 }
 
+/// A Markdown heading on the path to a passage: its level (the number of `#`), its title,
+/// its line, and whether a passage has been labelled with it yet.
+struct Heading {
+    level: usize,
+    title: String,
+    line: u64,
+    used: bool,
+}
+
+/// The label of the passages under `stack`: its titles, outermost first (`Title / Part`).
+fn label(stack: &[Heading]) -> String {
+    let titles: Vec<&str> = stack.iter().map(|h| h.title.as_str()).collect();
+    titles.join(" / ")
+}
+
+/// Closes the sections of `stack` at `level` or deeper; a heading with nothing under it
+/// becomes a passage of its own (labelled with its path, which then counts as used).
+fn close(stack: &mut Vec<Heading>, level: usize, out: &mut Vec<(u64, String)>) {
+    while let Some(top) = stack.last() {
+        if top.level < level {
+            break;
+        }
+        if !top.used {
+            out.push((top.line, label(stack)));
+            stack.iter_mut().for_each(|h| h.used = true);
+        }
+        stack.pop();
+    }
+}
+
 /// A file's passages: (first line, 1-based; text). A paragraph of Markdown headings alone
-/// (`# Title`) labels the passage of the paragraph under it (`Title: paragraph`) instead of
-/// being one: a heading states nothing, and as a short passage full of the document's names
-/// it would outrank the paragraph that holds the fact.
+/// (`# Title`) is not a passage: it opens a section, and every passage in the section is
+/// labelled with the headings on its path (`Title / Part: paragraph`), until a heading of
+/// the same or a higher level closes it. A heading states nothing; as a short passage full
+/// of the document's names it would outrank the paragraph that holds the fact, and a
+/// paragraph without its heading loses its subject ("The observatory's founding director
+/// was ..." under `# Orrin Valley Observatory`). The first passage under a heading opens at
+/// the heading's line; a heading with nothing under it is a passage of its own.
 fn passages(text: &str) -> Vec<(u64, String)> {
     let mut out = Vec::new();
     let mut current = String::new();
     let mut first = 1u64;
-    let mut heading: Option<(u64, String)> = None;
+    let mut stack: Vec<Heading> = Vec::new();
     for (n, line) in (1u64..).zip(text.lines()) {
         let line = line.trim();
         if current.is_empty() && line.starts_with('#') {
-            let title = line.trim_start_matches('#').trim();
-            let (at, label) = heading.get_or_insert_with(|| (n, String::new()));
-            if !label.is_empty() {
-                label.push_str(" / ");
-            }
-            label.push_str(title);
-            first = *at;
+            let level = line.chars().take_while(|&c| c == '#').count();
+            close(&mut stack, level, &mut out);
+            let title = line.trim_start_matches('#').trim().to_owned();
+            stack.push(Heading {
+                level,
+                title,
+                line: n,
+                used: false,
+            });
             continue;
         }
         if !line.is_empty() {
             if current.is_empty() {
-                if let Some((at, label)) = heading.take() {
-                    first = at;
-                    current.push_str(&label);
+                first = stack.iter().find(|h| !h.used).map_or(n, |h| h.line);
+                if !stack.is_empty() {
+                    current.push_str(&label(&stack));
                     current.push_str(": ");
-                } else {
-                    first = n;
                 }
+                stack.iter_mut().for_each(|h| h.used = true);
             } else {
                 current.push(' ');
             }
@@ -169,10 +204,8 @@ fn passages(text: &str) -> Vec<(u64, String)> {
     if !current.is_empty() {
         out.push((first, current));
     }
-    if let Some((at, label)) = heading {
-        // Headings with nothing under them: the file's last words, kept as they are.
-        out.push((at, label));
-    }
+    // Headings with nothing under them at the end: the file's last words, kept.
+    close(&mut stack, 0, &mut out);
     out
 }
 

@@ -44,14 +44,25 @@ fn files_become_passages_with_their_first_line() {
         passages("a\nb\n\n\nc\n"),
         [(1, "a b".to_owned()), (5, "c".to_owned())]
     );
-    // Headings label the passage of the paragraph under it; a heading line inside a
-    // paragraph stays where it is.
+    // Headings label every passage of their section (the first one opens at the heading's
+    // line); a heading line inside a paragraph stays where it is.
     assert_eq!(
         passages("# Title\n\n## Part\n\nThe fact.\n\nMore\n# not alone\n\n# End\n"),
         [
             (1, "Title / Part: The fact.".to_owned()),
-            (7, "More # not alone".to_owned()),
+            (7, "Title / Part: More # not alone".to_owned()),
             (10, "End".to_owned())
+        ]
+    );
+    // A heading closes the sections of its level and deeper; one with nothing under it is
+    // a passage of its own.
+    assert_eq!(
+        passages("# A\n\n## B\n\none\n\n## C\n\n### D\n\n## E\n\ntwo\n\n# F\nthree\n"),
+        [
+            (1, "A / B: one".to_owned()),
+            (9, "A / C / D".to_owned()),
+            (11, "A / E: two".to_owned()),
+            (15, "F: three".to_owned())
         ]
     );
     let long = "word ".repeat(PASSAGE_CHARS / 5 + 10);
@@ -194,5 +205,39 @@ fn the_floor_is_reached_by_words_not_numbers() {
     assert!(scores(&arm, "sundays 09 10").is_empty());
     let arm = MemoryArm::open(&dir, words, 1).expect("indexed");
     assert_eq!(scores(&arm, "sundays 09 10"), [both], "ranked by both");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_passage_is_found_by_its_section_heading() {
+    let dir = std::env::temp_dir().join(format!(
+        "haltd-grounding-sections-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    std::fs::write(
+        dir.join("bridge.md"),
+        "# Harlow Bridge\n\nThe Harlow Bridge crosses the Teme at Ludford. The Harlow Bridge \
+         has three arches.\n\nIts chief engineer was Mary Pell.\n\n# Other\n\nThe engineer \
+         of the mill was Tom Hale.\n",
+    )
+    .expect("write");
+    let arm = MemoryArm::open(&dir, 0.0, 3).expect("indexed");
+    // The question names the bridge and the engineer: the paragraph about the bridge's
+    // engineer, not the one naming the bridge most, nor the other engineer.
+    let got = arm
+        .search(
+            &query("Who was the chief engineer of the Harlow Bridge"),
+            SpanClass::EntityShaped,
+            soon(),
+        )
+        .expect("searched");
+    assert_eq!(
+        got[0].evidence, "Harlow Bridge: Its chief engineer was Mary Pell.",
+        "{got:?}"
+    );
+    assert_eq!(got[0].source, "bridge.md:5");
     let _ = std::fs::remove_dir_all(dir);
 }
