@@ -135,7 +135,10 @@ pub fn find(text: &str) -> Option<Check> {
     let toks: Vec<Tok<'_>> = toks.into_iter().filter(|t| t.text != ",").collect();
     (0..toks.len())
         .find_map(|i| date_at(text, &toks, i))
-        .or_else(|| (0..toks.len()).find_map(|i| unit_at(text, &toks, i)))
+        .or_else(|| {
+            (0..toks.len())
+                .find_map(|i| unit_at(text, &toks, i).or_else(|| unit_question_at(text, &toks, i)))
+        })
         .or_else(|| (0..toks.len()).find_map(|i| arithmetic_at(text, &toks, i)))
 }
 
@@ -218,6 +221,32 @@ fn unit_at(text: &str, toks: &[Tok<'_>], i: usize) -> Option<Check> {
         expr,
         target: Some(target.clone()),
         stated: Some(stated),
+    })
+}
+
+/// The question form of a conversion: `how many km is 26.2 miles`, `how many feet are in
+/// 3 miles` (a reply that restates the question asks for the conversion it answers).
+fn unit_question_at(text: &str, toks: &[Tok<'_>], i: usize) -> Option<Check> {
+    let asks = toks.get(i..i + 2)?;
+    if !(asks[0].is("how") && (asks[1].is("many") || asks[1].is("much"))) {
+        return None;
+    }
+    let target = unit_name(toks.get(i + 2))?;
+    let mut at = i + 3;
+    while toks
+        .get(at)
+        .is_some_and(|t| t.is("is") || t.is("are") || t.is("in") || t.is("there"))
+    {
+        at += 1;
+    }
+    let n = toks.get(at).filter(|t| t.kind == Kind::Num)?;
+    let unit = unit_name(toks.get(at + 1))?;
+    Some(Check {
+        kind: CheckKind::Unit,
+        fragment: fragment(text, toks, i, at + 2),
+        expr: format!("{} {unit}", n.text.replace(',', "")),
+        target: Some(target),
+        stated: None,
     })
 }
 

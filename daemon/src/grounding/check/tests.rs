@@ -61,6 +61,23 @@ fn conversions() {
     assert_eq!(c.stated, num("8.05", Some("km")));
     assert_eq!(c.fragment, "5 miles is about 8.05 km");
 
+    // The question form: the conversion it asks for, nothing stated.
+    for (text, expr, target) in [
+        (
+            "How many kilometres is 26.2 miles?",
+            "26.2 miles",
+            "kilometres",
+        ),
+        ("how many feet are there in 3 miles", "3 miles", "feet"),
+        ("How much kg is 10 lb", "10 lb", "kg"),
+    ] {
+        let c = find(text).expect("a check");
+        assert_eq!(c.kind, CheckKind::Unit, "{text}");
+        assert_eq!((c.expr.as_str(), c.target.as_deref()), (expr, Some(target)));
+        assert_eq!(c.stated, None, "{text}");
+    }
+    assert_eq!(find("how many km is it to Oslo"), None);
+
     let c = find("100 fahrenheit in celsius").expect("a check");
     assert_eq!(
         (c.expr.as_str(), c.target.as_deref()),
