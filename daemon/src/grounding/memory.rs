@@ -38,14 +38,27 @@ pub const PASSAGE_CHARS: usize = 1000;
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 /// Most files indexed.
 pub const MAX_FILES: usize = 20_000;
-/// The body's tokenizer: words, lower case, without English stop words (Lucene's list, the
-/// one tantivy ships), so "the" and "in" do not lift an unrelated passage over the floor.
+/// The body's tokenizer: words, lower case, without English stop words, so that "the" and
+/// "has" do not lift an unrelated passage over the floor.
 const TOKENIZER: &str = "haltd_en";
+/// Lucene's English stop words (the list tantivy ships).
 const STOP_WORDS: [&str; 33] = [
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
     "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these",
     "they", "this", "to", "was", "will", "with",
 ];
+/// Function words Lucene's list leaves out: auxiliaries, pronouns, question words,
+/// quantifiers, prepositions, and what the analyzer leaves of clitics ("Kestrel's", "don't").
+/// A model's span is prose, full of them; a passage that shares "has" and "every" with it
+/// says nothing about it. ("may" stays out of the list, being also a month, and "m", a unit.)
+const FUNCTION_WORDS: &str =
+    "am were been being have has had having do does did doing can could would should shall \
+     might must i me my mine myself we our ours ourselves you your yours yourself yourselves he \
+     him his himself she her hers herself its itself them theirs themselves those what which \
+     who whom whose when where why how all any both each every few more most other some own \
+     same nor only so than too very about above after again against before below between down \
+     during from further off once out over through under until up upon while here because just \
+     also s t";
 
 /// The index writer's memory budget (tantivy's minimum is 15 MB per thread).
 const WRITER_BYTES: usize = 32 << 20;
@@ -231,7 +244,13 @@ impl MemoryArm {
             TextAnalyzer::builder(SimpleTokenizer::default())
                 .filter(RemoveLongFilter::limit(40))
                 .filter(LowerCaser)
-                .filter(StopWordFilter::remove(STOP_WORDS.map(str::to_owned)))
+                .filter(StopWordFilter::remove(
+                    STOP_WORDS
+                        .iter()
+                        .copied()
+                        .chain(FUNCTION_WORDS.split_whitespace())
+                        .map(str::to_owned),
+                ))
                 .build(),
         );
         let mut writer = index
