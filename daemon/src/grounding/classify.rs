@@ -9,7 +9,8 @@
 //!
 //! The span is the high-surprise window, which may start mid-sentence; the classifier reads
 //! it together with the sentence it continues ([`focus`]), so "17 × 23" in the prefix and
-//! "= 400" in the window make one computable claim.
+//! "= 400" in the window make one computable claim; when that sentence names nothing
+//! ([`SpanClass::Other`]), with the one before it too.
 
 use super::check::{self, Check};
 use super::scan::{scan, Kind, Tok};
@@ -51,25 +52,53 @@ const MONTHS: [&str; 12] = [
     "december",
 ];
 
-/// The text a span is classified (and checked) by: the sentence of the prefix it continues
-/// (at most [`FOCUS_PREFIX_BYTES`]), then the span.
+/// The text a span is classified (and checked, and searched) by: the sentence of the prefix
+/// it continues (at most [`FOCUS_PREFIX_BYTES`]), then the span. When that text holds nothing
+/// the classifier can name ([`SpanClass::Other`]: the model ended the claim's sentence and
+/// wandered on before the window), the sentence before it is read too, one sentence and at
+/// most [`FOCUS_PREFIX_BYTES`] more, if it makes the text classifiable: the uncertain words
+/// are about the claim just made ("What is 1806 divided by 43. The leaves" + "open slowly").
 pub fn focus(query: &SpanQuery) -> String {
     let ctx = query.context.as_str();
-    let mut from = [". ", "! ", "? ", "\n"]
+    let (from, after_an_end) = sentence_start(ctx, ctx.len());
+    let text = joined(&ctx[from..], &query.span);
+    if !after_an_end || classify(&text) != SpanClass::Other {
+        return text;
+    }
+    let (earlier, _) = sentence_start(ctx, ctx[..from].trim_end().len());
+    let wider = joined(&ctx[earlier..], &query.span);
+    if classify(&wider) == SpanClass::Other {
+        text
+    } else {
+        wider
+    }
+}
+
+/// Where the sentence of `ctx` that `ctx[..end]` ends in starts: after the last sentence end
+/// before `end`, at most [`FOCUS_PREFIX_BYTES`] back; and whether a sentence end is there
+/// (rather than the reply's start or the bound).
+fn sentence_start(ctx: &str, end: usize) -> (usize, bool) {
+    let head = &ctx[..end];
+    let after_end = [". ", "! ", "? ", "\n"]
         .iter()
-        .filter_map(|end| ctx.rfind(end).map(|i| i + end.len()))
+        .filter_map(|e| head.rfind(e).map(|i| i + e.len()))
         .max()
         .unwrap_or(0);
-    from = from.max(ctx.len().saturating_sub(FOCUS_PREFIX_BYTES));
+    let mut from = after_end.max(end.saturating_sub(FOCUS_PREFIX_BYTES));
     while !ctx.is_char_boundary(from) {
         from += 1;
     }
-    let sentence = ctx[from..].trim_start();
-    let joined = sentence.is_empty()
+    (from, after_end > 0 && from == after_end)
+}
+
+/// `sentence` (its leading space dropped), then `span`, one space between them when neither
+/// has one.
+fn joined(sentence: &str, span: &str) -> String {
+    let sentence = sentence.trim_start();
+    let joint = sentence.is_empty()
         || sentence.ends_with(char::is_whitespace)
-        || query.span.starts_with(char::is_whitespace);
-    let joint = if joined { "" } else { " " };
-    format!("{sentence}{joint}{}", query.span)
+        || span.starts_with(char::is_whitespace);
+    format!("{sentence}{}{span}", if joint { "" } else { " " })
 }
 
 /// The span's class, from its [`focus`] text.
@@ -188,6 +217,47 @@ mod tests {
         assert_eq!(focus(&q), "We multiplied: 17 × 23 = 400, as");
         assert_eq!(classify(&focus(&q)), SpanClass::Computable);
         assert_eq!(classify(&q.span), SpanClass::EntityShaped);
+    }
+
+    fn q(context: &str, span: &str) -> SpanQuery {
+        SpanQuery {
+            span: span.into(),
+            context: context.into(),
+            prompt: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_sentence_of_nothing_is_read_with_the_one_before() {
+        // The division is one sentence back: read, checked.
+        let f = focus(&q(
+            "Sure. What is 1806 divided by 43 Night falls over the valley. The leaves open",
+            " slowly, and that is fine.",
+        ));
+        assert_eq!(
+            f,
+            "What is 1806 divided by 43 Night falls over the valley. The leaves open slowly, \
+             and that is fine."
+        );
+        assert_eq!(classify(&f), SpanClass::Computable);
+        assert_eq!(check_of(&f).map(|c| c.expr), Some("1806 / 43".to_owned()));
+        // A sentence that names something is read alone.
+        let f = focus(&q("17 × 23 = 400. Then Oslo", " was rainy"));
+        assert_eq!(f, "Then Oslo was rainy");
+        // One sentence back at most, and only when it names something.
+        for context in [
+            "17 × 23 = 400. It rained. The leaves",
+            "It rained. The leaves",
+            "The leaves",
+        ] {
+            let f = focus(&q(context, " open slowly"));
+            assert_eq!(f, "The leaves open slowly", "{context}");
+            assert_eq!(classify(&f), SpanClass::Other);
+        }
+        // A sentence cut at the byte bound has no sentence before it to read.
+        let long = format!("17 × 23 = 400. {}", "and so on ".repeat(30));
+        let f = focus(&q(&long, "on"));
+        assert!(!f.contains("17"), "{f}");
     }
 
     #[test]
