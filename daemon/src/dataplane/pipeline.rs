@@ -40,6 +40,7 @@ use super::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
+    config::Faults,
     detect::{exfil::Ahead, pipeline::Gate, DetectorId, Trip, TripKind},
     source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
     stream::{Mode, Slot, SlotState},
@@ -94,10 +95,13 @@ fn look_ahead(turn: &mut Turn) {
 /// a trip every frame carries one token (the `emitter-ignores-halt` fault), so the kernel's
 /// per-frame budget stays a token budget. Staged events are not counted yet: the frame is
 /// accounted (`Slot::begin_frame`, all its tokens) when it goes, so a trip before that sends
-/// none of them. Not with the `panic-after-tokens` fault, whose panic comes after exactly N.
-fn may_stage(turn: &mut Turn, n: usize, slot: &Slot, panic_fault: bool) -> bool {
+/// none of them. Not with a fault that counts tokens (`panic-after-tokens`, whose panic comes
+/// after exactly N) or sends after a trip (`emitter-ignores-halt`: a trip that lands between
+/// staging and sending would otherwise send several tokens in one post-trip frame).
+fn may_stage(turn: &mut Turn, n: usize, slot: &Slot, faults: &Faults) -> bool {
     n < STAGE_MAX
-        && !panic_fault
+        && faults.panic.is_none()
+        && !faults.emitter_ignores_halt
         && turn.hold.back.is_none()
         && turn.circuit.is_none()
         && !slot.is_tripped()
@@ -402,12 +406,7 @@ impl Worker {
             conn.frame_tokens = staged + 1;
             // Encoded: the source may reuse the text's buffers for its next token.
             turn.source.get().recycle(t);
-            if may_stage(
-                turn,
-                conn.frame_tokens,
-                slot,
-                shared.cfg.faults.panic.is_some(),
-            ) {
+            if may_stage(turn, conn.frame_tokens, slot, &shared.cfg.faults) {
                 // The source may hold more tokens already: they join this frame (the pump
                 // sends it as soon as the source has nothing ready, or anything else comes).
                 return Ok(Next::Poll);
