@@ -2,14 +2,21 @@ use std::time::Duration;
 
 use super::*;
 
-/// A store of three notes in a fresh directory.
-pub(crate) fn store() -> PathBuf {
+/// An empty directory of this test's own (process and thread in its name).
+fn fresh_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
-        "haltd-grounding-memory-{}-{:?}",
+        "haltd-grounding-{name}-{}-{:?}",
         std::process::id(),
         std::thread::current().id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    dir
+}
+
+/// A store of three notes in a fresh directory.
+pub(crate) fn store() -> PathBuf {
+    let dir = fresh_dir("memory");
     std::fs::create_dir_all(dir.join("rivers")).expect("test dir");
     std::fs::write(
         dir.join("rivers/danube.md"),
@@ -151,13 +158,7 @@ fn a_missing_store_is_an_error() {
 
 /// A store with a timetable of two departures and a note on boats.
 fn timetable() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "haltd-grounding-timetable-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test dir");
+    let dir = fresh_dir("timetable");
     std::fs::write(
         dir.join("ferry.txt"),
         "The ferry leaves the harbour at 07:45 every weekday.\n\n\
@@ -216,13 +217,7 @@ fn the_floor_is_reached_by_words_not_numbers() {
 
 #[test]
 fn a_passage_is_found_by_its_section_heading() {
-    let dir = std::env::temp_dir().join(format!(
-        "haltd-grounding-sections-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test dir");
+    let dir = fresh_dir("sections");
     std::fs::write(
         dir.join("bridge.md"),
         "# Harlow Bridge\n\nThe Harlow Bridge crosses the Teme at Ludford. The Harlow Bridge \
