@@ -173,8 +173,13 @@ fn timetable() -> PathBuf {
 fn numbers_alone_are_not_evidence() {
     let dir = timetable();
     let arm = MemoryArm::open(&dir, 0.0, 3).expect("indexed");
-    // The question shares only "45" (of 07:45) and "20" with the timetable.
-    for span in ["45 days after 2024-01-20", "What is 45 times 20?"] {
+    // The question shares only "45" (of 07:45) and "20" with the timetable; a span of
+    // numbers alone finds nothing, even the passage that holds them.
+    for span in [
+        "45 days after 2024-01-20",
+        "What is 45 times 20?",
+        "07:45 = 07 45",
+    ] {
         let got = arm
             .search(&query(span), SpanClass::Computable, soon())
             .expect("searched");
