@@ -16,6 +16,10 @@ pub struct Faults {
     pub panic: Option<crate::crash::PanicFault>,
     /// Every ledger record takes this much longer to write (a busy disk).
     pub ledger_slow_write: Option<Duration>,
+    /// The client socket is shut down and its connection closed right after the release phase
+    /// of a turn's Nth text (the moment a trip, a failed send or a gone client can close it),
+    /// before the pipeline goes on with the same connection.
+    pub close_during_step: Option<u64>,
 }
 
 pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
@@ -45,6 +49,14 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 )
             })?;
             out.ledger_slow_write = Some(Duration::from_millis(ms));
+        } else if let Some(n) = f.strip_prefix("close-during-step=") {
+            let n: u64 = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                err(
+                    "fault",
+                    format!("{f:?}: N must be a whole number, at least 1"),
+                )
+            })?;
+            out.close_during_step = Some(n);
         } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
             let fault = crate::crash::PanicFault::parse(spec)
                 .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
@@ -53,7 +65,7 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog])"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N)"
                 ),
             ));
         }

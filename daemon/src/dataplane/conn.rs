@@ -399,7 +399,21 @@ impl Worker {
             // completed has its connection shut down, never pooled).
             self.up_cancel(key, up_reason);
         }
-        self.maybe_finish_close(key);
+        // Closed once this pass is over (`finish_closes`): the caller and the handlers above
+        // it may still look the connection up by its key.
+        let serial = self.conns[key].serial;
+        self.to_close.push((key, serial));
+    }
+
+    /// After each pass over the completions: the connections that began to close during it
+    /// are closed, those with nothing in flight at once (the others when their last
+    /// operation completes, `ring.rs` `complete`).
+    pub(super) fn finish_closes(&mut self) {
+        while let Some((key, serial)) = self.to_close.pop() {
+            if self.conns.get(key).is_some_and(|c| c.serial == serial) {
+                self.maybe_finish_close(key);
+            }
+        }
     }
 
     /// Closes a connection once nothing is in flight and nobody else holds its halt.

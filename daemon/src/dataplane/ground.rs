@@ -193,6 +193,10 @@ impl Worker {
     /// for a grounding round (`Next::Stop`), unless it had its rounds already.
     pub(super) fn maybe_ground(&mut self, key: usize) -> io::Result<bool> {
         let conn = &mut self.conns[key];
+        if conn.closing {
+            // The release phase closed it (a trip, a failed send): no round for it.
+            return Ok(false);
+        }
         // Per token: two branches unless a breach asks for a round.
         let Some(turn) = conn.turn.as_mut().filter(|t| t.grounding.is_some()) else {
             return Ok(false);

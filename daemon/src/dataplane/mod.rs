@@ -111,6 +111,7 @@ pub fn spawn_workers(
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
                         sweep: deadline::Sweep::default(),
+                        to_close: Vec::new(),
                         sq_dropped_seen: 0,
                         awaiting_records: Vec::new(),
                         grounding: None,
@@ -149,6 +150,10 @@ struct Worker {
     sq_dropped_seen: u32,
     /// The timer that enforces upstream receive deadlines (`deadline.rs`).
     sweep: deadline::Sweep,
+    /// Connections that began to close during the current pass, by key and serial: each is
+    /// closed (if nothing is in flight) once the pass is over, never in the middle of a
+    /// handler, so a handler's connection key stays valid until it returns.
+    to_close: Vec<(usize, u64)>,
     /// Answers waiting for their record to reach the disk, by connection key and serial: the
     /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
     awaiting_records: Vec<(usize, u64, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,

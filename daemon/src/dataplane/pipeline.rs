@@ -335,6 +335,7 @@ impl Worker {
             }
             Judged::Clear(Item::Text(t)) => {
                 let next = self.release_text(key, t, now)?;
+                self.fault_close_during_step(key);
                 if self.maybe_ground(key)? {
                     // Parked until the round answers (`ground.rs`).
                     self.send_staged(key)?;
@@ -348,6 +349,29 @@ impl Worker {
                 arrived_ns,
             }) => self.release_tool_calls(key, &delta, tokens, arrived_ns),
         }
+    }
+
+    /// The `close-during-step=N` fault: after the release phase of the turn's Nth text, the
+    /// client socket is shut down and the connection closed, as a trip, a failed send or a
+    /// gone client can close it there. Whatever the pipeline does next with the connection
+    /// must see it closing, never a removed key.
+    fn fault_close_during_step(&mut self, key: usize) {
+        let Some(n) = self.shared.cfg.faults.close_during_step else {
+            return;
+        };
+        let conn = &mut self.conns[key];
+        let nth = conn.turn.as_mut().is_some_and(|t| {
+            t.fault_texts += 1;
+            t.fault_texts == n
+        });
+        if !nth || conn.closing {
+            return;
+        }
+        tracing::warn!(stream_id = %conn.id, "fault injection: closing the client connection during a step");
+        conn.outcome = crate::stream::Outcome::ClientGone;
+        // SAFETY: the connection's open socket; it is closed only once the close finishes.
+        unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
+        self.begin_close(key);
     }
 
     /// Release, encode, account and send for observed text.

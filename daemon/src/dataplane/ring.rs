@@ -188,6 +188,7 @@ impl Worker {
                 self.complete(data, res)?;
             }
             self.cqes = cqes;
+            self.finish_closes();
         }
     }
 

@@ -171,6 +171,8 @@ pub(super) struct Turn {
     pub(super) parked: Option<super::score::Parked>,
     /// Its record was written before its final frame (`record.rs`): none at the close.
     pub(super) recorded: bool,
+    /// Texts the turn released so far, counted only under the `close-during-step` fault.
+    pub(super) fault_texts: u64,
     /// What the request metrics need (`summary.rs`).
     pub(super) obs: TurnObs,
     /// TokenCircuit (`circuit.rs`): proxied chat turns with `[tool_circuit] enabled`.
@@ -222,6 +224,7 @@ impl Turn {
             tools_in_flight: Vec::new(),
             parked: None,
             recorded: false,
+            fault_texts: 0,
             obs: TurnObs::default(),
             circuit: None,
             grounding: None,

@@ -390,3 +390,80 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 28: a connection that closes in the middle of a step (here by the
+/// `close-during-step=3` fault: right after the release phase of a turn's 3rd text, the client
+/// socket is shut down and the connection closed, before the pipeline looks the connection up
+/// again) never panics a worker. Under load: 8 clients, 30 requests each, streamed and batch.
+/// A paced batch turn has nothing in flight at its 3rd token (its timer just completed, no
+/// send), so before issue 28 its connection was removed there and the next lookup crashed the
+/// worker with `invalid key` at `dataplane/ground.rs`, as a worker crashed on a fresh machine
+/// (this test, run against that haltd, exits it with 101 at its first batch request). haltd
+/// must still run, every request must end, and each is counted as the `client_gone` it was.
+#[test]
+fn a_connection_closed_during_a_step_never_panics_a_worker() -> Result<()> {
+    const CLIENTS: usize = 8;
+    const EACH: usize = 30;
+    let pair = NetPair::new()?;
+    let mut haltd = Haltd::start(
+        &pair,
+        &[
+            "--fault",
+            "close-during-step=3",
+            "--builtin-token-interval-us",
+            "200",
+        ],
+    )?;
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let t = Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let url = url.clone();
+            spawn_in_netns(&pair.cli, move || -> Result<usize> {
+                let mut ended = 0;
+                for i in 0..EACH {
+                    let stream = (c + i) % 2 == 0;
+                    let mut body = long_chat(c * EACH + i);
+                    body["stream"] = json!(stream);
+                    body["max_tokens"] = json!(50);
+                    // A cut stream or a batch answer that never came: either way the request
+                    // ends (an answer, EOF or a reset), long before the client's timeout.
+                    let t = Instant::now();
+                    let _ = sse::post(&url, &body, Duration::from_secs(10));
+                    if t.elapsed() < Duration::from_secs(9) {
+                        ended += 1;
+                    }
+                }
+                Ok(ended)
+            })
+        })
+        .collect();
+    let mut ended = 0;
+    for c in clients {
+        ended += c.join().map_err(|_| anyhow!("a client panicked"))??;
+    }
+    println!(
+        "{} requests closed during a step in {:.1} s",
+        CLIENTS * EACH,
+        t.elapsed().as_secs_f64()
+    );
+    ensure!(
+        ended == CLIENTS * EACH,
+        "{} of {} requests did not end",
+        CLIENTS * EACH - ended,
+        CLIENTS * EACH
+    );
+    ensure!(haltd.is_running(), "haltd exited: {}", haltd.log_tail(30));
+    let log = haltd.log_tail(2000);
+    ensure!(!log.contains("panicked"), "a panic in the log: {log}");
+    let m = haltd.metrics()?;
+    let gone = m.value("haltd_streams_total", &[("outcome", "client_gone")])?;
+    ensure!(
+        gone == (CLIENTS * EACH) as f64,
+        "haltd_streams_total{{outcome=\"client_gone\"}} = {gone}, expected {}",
+        CLIENTS * EACH
+    );
+    let status = haltd.stop()?;
+    ensure!(status.success(), "haltd stopped with {status}");
+    Ok(())
+}
