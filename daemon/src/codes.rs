@@ -37,10 +37,14 @@ pub enum FailureCode {
     /// forbids; the call never reached the client. Not a breach: it degrades nobody (the
     /// circuit, not the conversation, is open).
     ToolCircuitOpen = 17,
+    /// The client stopped reading: bytes waited in its socket and it acknowledged none for
+    /// `--send-stall-timeout-ms`. Its connection is reset and its slot freed. Nothing was
+    /// breached: it degrades nobody.
+    ClientStalled = 18,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 17] = [
+    pub const ALL: [FailureCode; 18] = [
         FailureCode::TigBreach,
         FailureCode::IoIntegrityAlert,
         FailureCode::ExfilAlert,
@@ -58,6 +62,7 @@ impl FailureCode {
         FailureCode::DetectorFailure,
         FailureCode::ServiceShutdown,
         FailureCode::ToolCircuitOpen,
+        FailureCode::ClientStalled,
     ];
 
     /// The code as written on the wire and in records.
@@ -80,6 +85,7 @@ impl FailureCode {
             FailureCode::DetectorFailure => "DETECTOR_FAILURE",
             FailureCode::ServiceShutdown => "SERVICE_SHUTDOWN",
             FailureCode::ToolCircuitOpen => "TOOL_CIRCUIT_OPEN",
+            FailureCode::ClientStalled => "CLIENT_STALLED",
         }
     }
 
@@ -101,7 +107,7 @@ impl fmt::Display for FailureCode {
 
 /// Error for a failure-code name that is not one of [`FailureCode::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE, SERVICE_SHUTDOWN, TOOL_CIRCUIT_OPEN)")]
+#[error("unknown failure code {0:?} (expected one of TIG_BREACH, IO_INTEGRITY_ALERT, EXFIL_ALERT, WATCHDOG_TRIP, TIMING_COVERT_CHANNEL, TIMING_DISTRIBUTION_ANOMALY, COMPUTE_BUDGET_EXCEEDED, COHERENCE_BELOW_THRESHOLD, SURPRISE_THRESHOLD, SAFETY_BOUNDARY_VIOLATED, OPERATOR_TRIP, HEARTBEAT_LOST, UPSTREAM_FAILURE, RECORDER_FAILURE, DETECTOR_FAILURE, SERVICE_SHUTDOWN, TOOL_CIRCUIT_OPEN, CLIENT_STALLED)")]
 pub struct UnknownFailureCode(pub String);
 
 impl std::str::FromStr for FailureCode {

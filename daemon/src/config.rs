@@ -180,9 +180,18 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long open streams may finish (ms) while new turns get 503; then what is left halts with SERVICE_SHUTDOWN. 0 halts at once.
     #[arg(long, default_value_t = 30_000)]
     pub drain_timeout_ms: u64,
-    /// Most open connections from one source IP address (more get 429); 0 = no cap.
+    /// Most open connections from one source address group (more get 429); 0 = no cap. Addresses are grouped by --addr-prefix-v4 and --addr-prefix-v6.
     #[arg(long, default_value_t = 256)]
     pub max_conns_per_addr: u32,
+    /// Prefix length (bits, 1-32) that groups IPv4 client addresses for --max-conns-per-addr: 32 counts each address alone.
+    #[arg(long, default_value_t = 32)]
+    pub addr_prefix_v4: u8,
+    /// Prefix length (bits, 1-128) that groups IPv6 client addresses for --max-conns-per-addr: 64 counts a whole /64 (one host's usual share) as one.
+    #[arg(long, default_value_t = 64)]
+    pub addr_prefix_v6: u8,
+    /// A client that keeps bytes waiting in its socket and acknowledges none of them for this long (ms) is cut: its stream halts with CLIENT_STALLED, the connection is reset and its slot freed.
+    #[arg(long, default_value_t = 30_000)]
+    pub send_stall_timeout_ms: u64,
     /// Share of --max-streams (percent, 1-100) that connections still sending their request may hold (more get 503).
     #[arg(long, default_value_t = 50)]
     pub request_phase_share: u32,
@@ -260,6 +269,8 @@ pub struct Config {
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub client_idle_timeout: Duration,
+    /// `--send-stall-timeout-ms`.
+    pub send_stall_timeout: Duration,
     pub workers: usize,
     pub faults: Faults,
     /// The upstream of `--source openai`, parsed (its name is resolved by
@@ -348,6 +359,7 @@ impl ServeArgs {
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             client_idle_timeout: Duration::from_millis(self.client_idle_timeout_ms),
+            send_stall_timeout: Duration::from_millis(self.send_stall_timeout_ms),
             workers,
             faults,
             upstream,

@@ -240,6 +240,14 @@ impl HaltCore {
         }
     }
 
+    /// Rings every worker's eventfd (the drain began, or the shutdown: each worker looks at
+    /// its connections).
+    pub fn wake_all(&self) {
+        for fd in &self.wakers {
+            wake_fd(fd);
+        }
+    }
+
     /// A worker's eventfd, for a thread that wakes it without holding the core (the ledger
     /// writer, once a halt's record is on disk).
     pub fn waker(&self, worker: u32) -> Option<std::sync::Arc<OwnedFd>> {
@@ -530,7 +538,11 @@ impl HaltCore {
     /// were tripped.
     pub fn halt_all_for_shutdown(&self) -> usize {
         self.shutting_down.store(true, SeqCst);
-        self.trip_all(FailureCode::ServiceShutdown)
+        let tripped = self.trip_all(FailureCode::ServiceShutdown);
+        // Workers whose connections only drain are woken too: they cut them
+        // (`dataplane/drain.rs`), so nothing is left for a client to wait on after exit.
+        self.wake_all();
+        tripped
     }
 
     /// Trips every open stream that is not tripped yet; returns how many it tripped.

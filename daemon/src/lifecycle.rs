@@ -245,18 +245,22 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
 const RECORD_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits for the shutdown halts: their emitters (and, failing them, the watchdog) claim them
-/// within 4 × `--halt-grace-ms` + 200 ms, then each waits for its incident record to be on
-/// disk before its terminal event goes out. Past the claim deadline the wait goes on, up to
-/// [`RECORD_WAIT`], only while some halt is under way (`HALTING`, or `HALTED` and closing):
-/// exiting then would cut a client whose halt is recorded a moment later.
+/// within 4 × `--halt-grace-ms` + 200 ms, unless a send waits on a slow client, then each waits
+/// for its incident record to be on disk before its terminal event goes out, and its
+/// connection for its client to take its last bytes. Past the claim deadline the wait goes on,
+/// up to [`RECORD_WAIT`], only while some halt is under way (`TRIPPED` with a send in flight,
+/// `HALTING`, or `HALTED` and closing): exiting then would cut a client whose halt is recorded
+/// a moment later. Connections that only drained are cut by their workers at once
+/// (`HaltCore::halt_all_for_shutdown`).
 async fn wait_for_halts(shared: &HaltCore) {
     let claimed_by = Instant::now() + 4 * shared.cfg.halt_grace + Duration::from_millis(200);
     let recorded_by = claimed_by + RECORD_WAIT;
     let under_way = || {
-        shared
-            .table
-            .live()
-            .any(|(_, s)| matches!(s.state(), SlotState::Halting | SlotState::Halted))
+        shared.table.live().any(|(_, s)| match s.state() {
+            SlotState::Halting | SlotState::Halted => true,
+            SlotState::Tripped => s.send_inflight.load(SeqCst),
+            _ => false,
+        })
     };
     while shared.table.active_count() > 0 {
         let now = Instant::now();
@@ -271,6 +275,8 @@ async fn wait_for_halts(shared: &HaltCore) {
 async fn drain(shared: &HaltCore, signals: &mut StopSignals) -> Drained {
     let t0 = Instant::now();
     shared.draining.store(true, SeqCst);
+    // Each worker closes its idle kept connections now (with close_notify on TLS).
+    shared.wake_all();
     notify(&[NotifyState::Stopping]);
     let open_at_start = shared.table.active_count();
     tracing::info!(

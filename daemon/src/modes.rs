@@ -85,11 +85,11 @@ pub enum ScopeSel {
 /// Whether a halt of this cause degrades its scope. Safety and integrity breaches do; an
 /// upstream failure (the backend broke, nothing unsafe was seen) and a shutdown do not, nor
 /// does an open tool circuit (`TOOL_CIRCUIT_OPEN`: one tool's key is open, not the
-/// conversation).
+/// conversation), nor a client that stopped reading (`CLIENT_STALLED`).
 pub fn cause_degrades(cause: FailureCode) -> bool {
     !matches!(
         cause,
-        FailureCode::UpstreamFailure | FailureCode::ToolCircuitOpen
+        FailureCode::UpstreamFailure | FailureCode::ToolCircuitOpen | FailureCode::ClientStalled
     )
 }
 

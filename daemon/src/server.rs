@@ -156,6 +156,10 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         access_log: open_access_log(&cfg)?,
         admission: crate::admission::Admission::new(
             cfg.args.max_conns_per_addr,
+            crate::admission::AddrGroups {
+                v4: cfg.args.addr_prefix_v4,
+                v6: cfg.args.addr_prefix_v6,
+            },
             crate::admission::Admission::request_cap(
                 cfg.args.max_streams,
                 cfg.args.request_phase_share,

@@ -25,7 +25,8 @@
 //!   [`circuit_loops`]: spec 002's tool-call loops with and without haltd;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
 //! - [`gate`]: the kernel gate loaded in the test process, cgroups, socket options;
-//! - [`adversary`]: the raw adversarial sender.
+//! - [`adversary`]: the raw adversarial sender; [`slow_reader`]: a client that reads slowly
+//!   through a small receive buffer.
 
 use std::{
     env, fs,
@@ -57,6 +58,7 @@ pub mod proc_cpu;
 pub mod raw_http;
 pub mod rig;
 pub mod seq_ttfb;
+pub mod slow_reader;
 pub mod sse;
 pub mod stats;
 pub mod tls;
@@ -72,7 +74,7 @@ pub use http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN};
 pub use ledger::{copy_ledger, read_ledger, state_dir_for, verify_ledger};
 pub use metrics::Metrics;
 pub use netns::{connect_from, in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};
-pub use raw_http::{dechunk_lenient, raw_exchange, raw_exchange_on, KeptConn, RawResponse};
+pub use raw_http::{dechunk_lenient, raw_exchange, raw_exchange_on, Ending, KeptConn, RawResponse};
 pub use sse::{EventKind, SseEvent, StreamOutcome};
 pub use upstream::{ScriptedUpstream, PORT_UPSTREAM};
 

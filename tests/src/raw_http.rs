@@ -320,6 +320,39 @@ impl KeptConn {
         Ok((ttfb, self.response()?))
     }
 
+    /// How the connection ends within `wait`, with nothing more to read before: under TLS,
+    /// `close_notify` (and then the TCP close) or a bare TCP close.
+    pub fn ending(&mut self, wait: Duration) -> Result<Ending> {
+        self.tcp().set_read_timeout(Some(wait))?;
+        let tls = self.is_tls();
+        let mut byte = [0u8; 1];
+        match self.r.read(&mut byte) {
+            Ok(0) if tls => {
+                // close_notify came: the TCP close follows.
+                let mut rest = [0u8; 64];
+                match self.r.get_mut().tcp().read(&mut rest) {
+                    Ok(0) => Ok(Ending::CloseNotify),
+                    Ok(_) => Err(anyhow!("bytes after close_notify")),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(Ending::Reset),
+                    Err(e) => Err(anyhow!("no TCP close after close_notify: {e}")),
+                }
+            }
+            Ok(0) => Ok(Ending::Eof),
+            Ok(_) => Err(anyhow!("unexpected bytes on an idle kept connection")),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ending::Eof),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(Ending::Reset),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(Ending::Open)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Whether haltd closed the connection: a read sees EOF (or a reset) within `wait`; under
     /// TLS, `close_notify` or a TCP close without it.
     pub fn closed_within(&mut self, wait: Duration) -> Result<bool> {
@@ -347,6 +380,19 @@ impl KeptConn {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// How a kept connection ended ([`KeptConn::ending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// TLS: `close_notify`, then the TCP close.
+    CloseNotify,
+    /// A TCP close with nothing before it: plain HTTP's clean end, TLS's truncation.
+    Eof,
+    /// A TCP reset.
+    Reset,
+    /// Still open after the wait.
+    Open,
 }
 
 /// What [`raw_exchange`] read.

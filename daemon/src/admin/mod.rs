@@ -53,7 +53,7 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
 
 /// Causes only haltd itself raises: an operator claiming one would forge a record of a
 /// failure of haltd's own machinery.
-const RESERVED_CAUSES: [FailureCode; 7] = [
+const RESERVED_CAUSES: [FailureCode; 8] = [
     FailureCode::HeartbeatLost,
     FailureCode::RecorderFailure,
     FailureCode::WatchdogTrip,
@@ -61,6 +61,7 @@ const RESERVED_CAUSES: [FailureCode; 7] = [
     FailureCode::DetectorFailure,
     FailureCode::ServiceShutdown,
     FailureCode::ToolCircuitOpen,
+    FailureCode::ClientStalled,
 ];
 
 /// Writes the `admin` record of one action (what, by whom, with what outcome) and waits until

@@ -125,6 +125,18 @@ impl ServeArgs {
         if self.max_turns_per_conn == 0 {
             return Err(err("max-turns-per-conn", "must be at least 1"));
         }
+        if !(100..=3_600_000).contains(&self.send_stall_timeout_ms) {
+            return Err(err(
+                "send-stall-timeout-ms",
+                "must be between 100 (0.1 s) and 3600000 (an hour)",
+            ));
+        }
+        if !(1..=32).contains(&self.addr_prefix_v4) {
+            return Err(err("addr-prefix-v4", "must be between 1 and 32 (bits)"));
+        }
+        if !(1..=128).contains(&self.addr_prefix_v6) {
+            return Err(err("addr-prefix-v6", "must be between 1 and 128 (bits)"));
+        }
         if self.group.is_some() && self.user.is_none() {
             return Err(err("group", "is only used with --user"));
         }

@@ -14,8 +14,10 @@
 //!   so a trip (which seals the terminal record under that lock, `halt.rs` `GateTrip`) always
 //!   falls between two records: every record sealed before the terminal was counted before
 //!   the trip and goes out before it, and no record is sealed for a frame the trip refused.
-//! - **Close**: `close_notify` before closing a connection whose stream did not halt; a
-//!   halted stream's terminal frame carries it (`client_tls.rs` `seal_terminal`).
+//! - **Close**: `close_notify` before every close haltd makes of a connection whose stream
+//!   did not halt, sent on the ring behind what the client has not read yet
+//!   ([`Worker::say_close_notify`]); a halted stream's terminal frame carries it
+//!   (`client_tls.rs` `seal_terminal`).
 
 use std::{io, sync::Arc};
 
@@ -135,30 +137,60 @@ impl Worker {
         }
     }
 
-    /// A client TLS connection that ends without a halt says `close_notify` first: a
-    /// non-blocking send of one small record, whose failure only means the client is gone.
-    pub(super) fn tls_close_notify(&mut self, key: usize) {
+    /// A client TLS connection that haltd closes says `close_notify` first, as one more send
+    /// on the ring, so that it queues behind whatever the client has not read yet and the
+    /// close waits for it (a non-blocking send would fail on a full socket, and the client
+    /// would see a bare EOF): after a completed turn, an error reply, an idle kept connection,
+    /// the last turn of a connection, a drain. Not after a halt (the terminal frame carried
+    /// it, inside the gate's terminal allowance), nor to a client that left, nor on a cut
+    /// connection, nor during the handshake. Returns whether the send is in flight (the close
+    /// goes on at its completion); decided once per close.
+    pub(super) fn say_close_notify(&mut self, key: usize) -> bool {
+        let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
-        let Some(tls) = conn.tls.as_ref() else {
-            return;
+        let Some(tls) = conn.tls.clone() else {
+            return false;
         };
-        if !matches!(conn.outcome, Outcome::Completed | Outcome::Rejected) {
-            return;
+        if conn.notified {
+            return false;
+        }
+        conn.notified = true;
+        let tripped = shared.table.slot(conn.id.slot).trip_cause().is_some();
+        let left = matches!(
+            conn.outcome,
+            Outcome::Halted | Outcome::ClientGone | Outcome::ClientStalled
+        );
+        if tripped || left || conn.cut {
+            return false;
         }
         let mut out = conn.tls_out.take().unwrap_or_default();
-        lock(tls).close_notify(&mut out);
-        if !out.is_empty() {
-            // SAFETY: a send from a live buffer on the connection's open socket, never
-            // blocking.
-            unsafe {
-                libc::send(
-                    conn.fd,
-                    out.as_ptr().cast(),
-                    out.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
+        {
+            let mut session = lock(&tls);
+            if session.is_handshaking() {
+                conn.tls_out = Some(out);
+                return false;
+            }
+            session.close_notify(&mut out);
         }
-        conn.tls_out = Some(out);
+        if out.is_empty() {
+            conn.tls_out = Some(out);
+            return false;
+        }
+        conn.sealed = Some(out);
+        match self.send(key, SendKind::CloseNotify) {
+            Ok(()) => true,
+            Err(e) => {
+                // Not submitted: the close goes on without it.
+                tracing::warn!(error = %e, "sending close_notify failed; closing without it");
+                let conn = &mut self.conns[key];
+                conn.sending = None;
+                shared
+                    .table
+                    .slot(conn.id.slot)
+                    .send_inflight
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                false
+            }
+        }
     }
 }

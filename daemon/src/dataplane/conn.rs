@@ -43,6 +43,9 @@ pub(super) enum SendKind {
     Probe,
     /// A TLS handshake flight (`client_tls.rs`).
     Handshake,
+    /// TLS `close_notify` before haltd closes a connection whose stream did not halt
+    /// (`client_tls.rs`); the close goes on when it completes.
+    CloseNotify,
 }
 
 #[derive(Debug)]
@@ -137,6 +140,15 @@ pub(super) struct Conn {
     /// TLS: what the last receive opened into, for the HTTP side once the handshake flight it
     /// provoked went out (`Some(0)`: the client ended the TLS stream).
     pub(super) tls_plain_ready: Option<usize>,
+    /// TLS: the close said (or decided not to say) `close_notify` (`client_tls.rs`).
+    pub(super) notified: bool,
+    /// The client's progress at taking the bytes waiting in its socket (`drain.rs`).
+    pub(super) stall: super::drain::StallWatch,
+    /// Closing, the connection waits for its client to take its last bytes (`drain.rs`).
+    pub(super) drain: Option<super::drain::Drain>,
+    /// The connection is cut (its client stalled): it closes with a reset, without
+    /// `close_notify` or a drain.
+    pub(super) cut: bool,
 }
 
 /// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
@@ -215,6 +227,10 @@ impl Conn {
             sealed: None,
             tls_out: None,
             tls_plain_ready: None,
+            notified: false,
+            stall: super::drain::StallWatch::default(),
+            drain: None,
+            cut: false,
         }
     }
 
@@ -320,7 +336,8 @@ impl Worker {
         shared.metrics.dataplane.streams_active.inc();
         let conn = Conn::new(fd, id, serial, peer, accepted_ns, &shared.cfg, tls);
         let key = self.conns.insert(conn);
-        if let Err(e) = self.arm_recv(key) {
+        // Its client is watched for stalls while it is open (`drain.rs`).
+        if let Err(e) = self.arm_recv(key).and_then(|()| self.arm_scan()) {
             tracing::error!(error = %e, "arming recv failed");
             self.begin_close(key);
         }
@@ -442,8 +459,14 @@ impl Worker {
         if !slot.settle_for_close() {
             return;
         }
-        if self.next_turn(key) {
+        let conn = &self.conns[key];
+        let farewell_begun = conn.notified || conn.drain.is_some();
+        if !farewell_begun && self.next_turn(key) {
             // The connection is kept: the next request is read on it, under a new stream.
+            return;
+        }
+        // TLS: `close_notify` first (a send; the close goes on when it completes).
+        if self.say_close_notify(key) {
             return;
         }
         let fd = self.conns[key].fd;
@@ -451,10 +474,24 @@ impl Worker {
             // The egress check holds bytes of this stream back, or will once TCP tries to
             // send them (`gate/held.rs`): a graceful close would queue the FIN behind them for
             // ever. Reset the connection instead.
+            self.conns[key].cut = true;
             let _ = crate::gate::selftest::set_linger_zero(&fd);
         }
-        self.tls_close_notify(key);
+        // Bytes TCP has not sent yet: the connection waits for its client (`drain.rs`).
+        if self.drain_first(key) {
+            return;
+        }
+        self.close_now(key);
+    }
+
+    /// Closes the connection and frees its slot: its records, its metrics, its upstream
+    /// socket back to the pool or closed. A cut connection (`cut`) closes with a reset.
+    pub(super) fn close_now(&mut self, key: usize) {
+        let shared = Arc::clone(&self.shared);
         let mut conn = self.conns.remove(key);
+        if conn.cut {
+            let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
+        }
         conn.leave_request_phase(&shared.admission);
         shared.admission.release(conn.peer);
         // SAFETY: no operation on this descriptor is in flight and the watchdog is done
@@ -503,12 +540,15 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     }
 }
 
+/// The table is full: every slot holds a connection. Slots free as streams end (a client
+/// that stops reading within `--send-stall-timeout-ms`), so a retry after a second is sane.
 fn at_capacity() -> HttpError {
     HttpError::new(
         503,
         "server_error",
         "haltd is at --max-streams; retry later",
     )
+    .with_retry_after("1")
 }
 
 pub(super) fn refusal_error(why: Refusal) -> HttpError {
@@ -517,11 +557,13 @@ pub(super) fn refusal_error(why: Refusal) -> HttpError {
             429,
             "rate_limit_error",
             "too many open connections from this address (--max-conns-per-addr); retry later",
-        ),
+        )
+        .with_retry_after("1"),
         Refusal::RequestPhase => HttpError::new(
             503,
             "server_error",
             "too many connections are still sending their request (--request-phase-share); retry later",
-        ),
+        )
+        .with_retry_after("1"),
     }
 }

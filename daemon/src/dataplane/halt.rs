@@ -127,7 +127,9 @@ impl Worker {
     fn send_terminal(&mut self, key: usize) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
-        if conn.closing {
+        if conn.closing || conn.cut {
+            // Closing, or cut because its client stopped reading (its socket is shut down):
+            // the halt completes without the terminal frame.
             return self.halt_done(key, false);
         }
         let snap = shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
@@ -184,10 +186,17 @@ impl Worker {
     }
 
     /// After a wake-up: halt every tripped stream of this worker, and close the ones the
-    /// watchdog halted.
+    /// watchdog halted. During a drain, close the idle kept connections; at shutdown, cut the
+    /// connections still draining.
     pub(super) fn scan_tripped(&mut self) {
         if !self.awaiting_records.is_empty() {
             self.send_recorded_answers();
+        }
+        if self.shared.draining.load(Ordering::SeqCst) {
+            self.close_idle_for_drain();
+        }
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            self.cut_drains_for_exit();
         }
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
         let mut halt = Vec::new();

@@ -101,6 +101,14 @@ impl Worker {
         if conn.outcome != Outcome::Completed || shared.shutting_down.load(SeqCst) {
             return false;
         }
+        if shared.draining.load(SeqCst) && conn.keep == KeepAlive::Keep {
+            // Draining: the connection is not kept for a request that would only get 503.
+            shared
+                .metrics
+                .dataplane
+                .keepalive_closed(KeepAliveClose::Drain);
+            return false;
+        }
         match conn.keep {
             KeepAlive::Close => return false,
             KeepAlive::LastTurn => {
@@ -229,6 +237,25 @@ impl Worker {
         }
         conn.reading = true;
         Ok(true)
+    }
+
+    /// The drain began (SIGTERM/SIGINT): every kept connection waiting for its next request
+    /// closes now (with `close_notify` on TLS), rather than hold its slot until its idle
+    /// timeout or the end of the drain.
+    pub(super) fn close_idle_for_drain(&mut self) {
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.idle_since_ns.is_some() && !c.closing && c.turn.is_none())
+            .map(|(key, _)| key)
+            .collect();
+        for key in idle {
+            self.shared
+                .metrics
+                .dataplane
+                .keepalive_closed(KeepAliveClose::Drain);
+            self.begin_close(key);
+        }
     }
 
     /// No next request within `--client-idle-timeout-ms`: close the connection.

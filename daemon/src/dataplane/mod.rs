@@ -27,6 +27,7 @@
 //! | `circuit_record.rs` | TokenCircuit's ledger records (severity `page` for invariant_violation) |
 //! | `hold.rs` | the exfiltration hold-back queue, which also frames proxied text |
 //! | `send.rs` | client sends and what their completion means |
+//! | `drain.rs` | a closing connection waits for its client to take its last bytes; clients that stop reading are cut |
 //! | `halt.rs` | the emitter's side of a halt |
 //! | `record.rs` | the turn's flight-recorder record |
 //! | `summary.rs` | what a request leaves when it ends: the access log line and the request metrics |
@@ -51,6 +52,7 @@ mod circuit_record;
 mod client_tls;
 mod conn;
 mod deadline;
+mod drain;
 mod end;
 mod ground;
 mod ground_post_hoc;
@@ -111,6 +113,7 @@ pub fn spawn_workers(
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
                         sweep: deadline::Sweep::default(),
+                        tick: drain::Tick::default(),
                         to_close: Vec::new(),
                         sq_dropped_seen: 0,
                         awaiting_records: Vec::new(),
@@ -150,6 +153,9 @@ struct Worker {
     sq_dropped_seen: u32,
     /// The timer that enforces upstream receive deadlines (`deadline.rs`).
     sweep: deadline::Sweep,
+    /// The timers that watch sends waiting on their client and draining connections
+    /// (`drain.rs`).
+    tick: drain::Tick,
     /// Connections that began to close during the current pass, by key and serial: each is
     /// closed (if nothing is in flight) once the pass is over, never in the middle of a
     /// handler, so a handler's connection key stays valid until it returns.

@@ -42,6 +42,10 @@ pub(super) enum OpKind {
     Score,
     /// The scorer's deadline, linked to its poll.
     ScoreDeadline,
+    /// The worker's scan of sends waiting on their client (`drain.rs`).
+    Tick,
+    /// The worker's checks of draining connections (`drain.rs`).
+    DrainTick,
 }
 
 /// A socket address for `connect`, as the kernel reads it.

@@ -30,11 +30,7 @@ impl Worker {
             return; // not a turn (health checks, refused requests), or recorded already
         }
         let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
-        let outcome = if snap.trip_cause.is_some() {
-            Outcome::Halted
-        } else {
-            conn.outcome
-        };
+        let outcome = Outcome::of_turn(snap.trip_cause, conn.outcome);
         if let Some(rec) = self.turn_record(conn, &snap, outcome) {
             self.shared.record(rec);
         }

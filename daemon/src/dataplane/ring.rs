@@ -261,6 +261,8 @@ impl Worker {
                 self.arm_wake(w)
             }
             (OpKind::Sweep, OpBuf::Time(ts)) => self.on_sweep(ts),
+            (OpKind::Tick, OpBuf::Time(ts)) => self.on_scan_tick(ts),
+            (OpKind::DrainTick, OpBuf::Time(ts)) => self.on_drain_tick(ts),
             _ => Ok(()),
         }
     }

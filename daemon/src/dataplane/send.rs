@@ -111,6 +111,11 @@ impl Worker {
         if kind == SendKind::Terminal {
             return self.halt_done(key, ok);
         }
+        if kind == SendKind::CloseNotify {
+            // The close goes on (`ring.rs` `complete` finishes it); a failure only means the
+            // client is gone.
+            return Ok(());
+        }
         if !ok {
             if kind == SendKind::Token {
                 conn.frame_tokens = 0;
@@ -142,7 +147,7 @@ impl Worker {
                 self.begin_close(key);
                 Ok(())
             }
-            SendKind::Terminal => Ok(()),
+            SendKind::Terminal | SendKind::CloseNotify => Ok(()),
         }
     }
 
@@ -168,14 +173,17 @@ impl Worker {
             let _ = shared.trip_by(conn.id, cause, Initiator::Kernel);
             return self.halt(key);
         }
-        // The client went away. Make the stream untrippable, then close.
+        // The client went away (or stalled and was cut, `drain.rs`). Make the stream
+        // untrippable, then close.
         let _ = slot
             .state
             .compare_exchange(SlotState::Streaming, SlotState::Done);
         if slot.is_tripped() {
             return self.halt(key);
         }
-        conn.outcome = Outcome::ClientGone;
+        if !conn.cut {
+            conn.outcome = Outcome::ClientGone;
+        }
         self.begin_close(key);
         Ok(())
     }

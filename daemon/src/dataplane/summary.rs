@@ -36,7 +36,7 @@ impl Worker {
         let shared = &self.shared;
         let snap = shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
         let outcome = match conn.outcome {
-            _ if snap.trip_cause.is_some() => Outcome::Halted,
+            _ if snap.trip_cause.is_some() => Outcome::of_turn(snap.trip_cause, conn.outcome),
             // A reply that is not a turn (`/healthz`, `/v1/models`) and not an error.
             Outcome::Open if (200..400).contains(&conn.status) => Outcome::Completed,
             o => o,

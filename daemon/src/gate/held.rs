@@ -42,6 +42,8 @@ pub fn tcp_info(fd: std::os::fd::RawFd) -> Option<libc::tcp_info> {
 /// connection began, `tcpi_bytes_acked` at `snd_una`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendQueue {
+    /// The offset just past the last byte the client acknowledged (`tcpi_bytes_acked`).
+    pub acked: u64,
     /// The offset just past the last byte written to the socket.
     pub end: u64,
     /// The offset of the next byte TCP has not transmitted yet (`snd_nxt`).
@@ -62,9 +64,20 @@ impl SendQueue {
             .tcpi_bytes_acked
             .saturating_add(u64::try_from(outq).ok()?);
         Some(SendQueue {
+            acked: info.tcpi_bytes_acked,
             end,
             next_unsent: end.saturating_sub(u64::from(info.tcpi_notsent_bytes)),
         })
+    }
+
+    /// Bytes written and not yet acknowledged by the client.
+    pub fn queued(&self) -> u64 {
+        self.end.saturating_sub(self.acked)
+    }
+
+    /// Bytes written that TCP has not transmitted yet.
+    pub fn unsent(&self) -> u64 {
+        self.end.saturating_sub(self.next_unsent)
     }
 }
 
@@ -159,11 +172,13 @@ mod tests {
     fn a_queue_within_the_trip_ceiling_closes_gracefully_and_one_past_it_is_reset() {
         let p = tripped(1_000, 5, 100);
         let within = SendQueue {
+            acked: 0,
             end: 1_000,
             next_unsent: 600,
         };
         assert!(!holds_back(&inputs(Some(&p), false), within));
         let past = SendQueue {
+            acked: 0,
             end: 1_001,
             next_unsent: 600,
         };
@@ -179,6 +194,7 @@ mod tests {
             ..SockPolicy::default()
         };
         let q = |end| SendQueue {
+            acked: 0,
             end,
             next_unsent: 600,
         };
@@ -195,6 +211,7 @@ mod tests {
         let mut i = inputs(None, false);
         i.egress.dropped_segments = 1;
         let empty = SendQueue {
+            acked: 0,
             end: 0,
             next_unsent: 0,
         };
@@ -203,6 +220,7 @@ mod tests {
         let mut i = inputs(Some(&p), false);
         i.egress.latched_ceiling = 501; // latched at 500
         let q = |end| SendQueue {
+            acked: 0,
             end,
             next_unsent: end,
         };

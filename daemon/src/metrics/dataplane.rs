@@ -84,17 +84,58 @@ pub enum KeepAliveClose {
     IdleTimeout,
     /// The turn was the connection's `--max-turns-per-conn`-th: its reply said close.
     MaxTurns,
+    /// haltd began its drain (SIGTERM/SIGINT): an idle kept connection closes at once, and one
+    /// whose turn completes during the drain is not kept.
+    Drain,
 }
 
 impl KeepAliveClose {
-    pub const ALL: [KeepAliveClose; 2] = [KeepAliveClose::IdleTimeout, KeepAliveClose::MaxTurns];
+    pub const ALL: [KeepAliveClose; 3] = [
+        KeepAliveClose::IdleTimeout,
+        KeepAliveClose::MaxTurns,
+        KeepAliveClose::Drain,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
             KeepAliveClose::IdleTimeout => "idle_timeout",
             KeepAliveClose::MaxTurns => "max_turns",
+            KeepAliveClose::Drain => "drain",
         }
     }
+}
+
+/// Where a client stopped reading (`haltd_client_stalls_total`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum StallPhase {
+    /// While its stream was open (a send waited on the client): the stream halted with
+    /// `CLIENT_STALLED`.
+    Stream,
+    /// After its stream ended, while the connection waited for the client to take the bytes
+    /// still queued (the drain): nothing was left to halt.
+    Drain,
+}
+
+impl StallPhase {
+    pub const ALL: [StallPhase; 2] = [StallPhase::Stream, StallPhase::Drain];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StallPhase::Stream => "stream",
+            StallPhase::Drain => "drain",
+        }
+    }
+}
+
+impl EncodeLabelValue for StallPhase {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StallPhaseLabels {
+    pub phase: StallPhase,
 }
 
 impl EncodeLabelValue for KeepAliveClose {
@@ -125,6 +166,11 @@ pub struct DataPlaneMetrics {
     pub client_tls_handshakes: Counter,
     pub client_tls_handshake_failures: Counter,
     pub keepalive_closes: Family<KeepAliveCloseLabels, Counter>,
+    /// Connections whose stream ended and which wait for their client to take the bytes still
+    /// queued in the socket (`dataplane/drain.rs`).
+    pub connections_draining: Gauge,
+    /// Clients cut because they stopped reading (`--send-stall-timeout-ms`).
+    pub client_stalls: Family<StallPhaseLabels, Counter>,
 }
 
 impl DataPlaneMetrics {
@@ -170,21 +216,8 @@ impl DataPlaneMetrics {
         for kind in RingEvent::ALL {
             drop(ring_events.get_or_create(&RingEventLabels { kind }));
         }
-        let keepalive_turns = Counter::default();
-        reg.register(
-            "keepalive_turns",
-            "Requests read on a kept client connection (its second request and later)",
-            keepalive_turns.clone(),
-        );
-        let keepalive_closes = Family::<KeepAliveCloseLabels, Counter>::default();
-        reg.register(
-            "keepalive_closes",
-            "Kept client connections haltd closed itself, by reason: idle_timeout (no next request within --client-idle-timeout-ms), max_turns (the --max-turns-per-conn-th turn said connection: close)",
-            keepalive_closes.clone(),
-        );
-        for reason in KeepAliveClose::ALL {
-            drop(keepalive_closes.get_or_create(&KeepAliveCloseLabels { reason }));
-        }
+        let (keepalive_turns, keepalive_closes, connections_draining, client_stalls) =
+            register_connection_ends(reg);
         let client_tls_handshakes = Counter::default();
         reg.register(
             "client_tls_handshakes",
@@ -202,6 +235,8 @@ impl DataPlaneMetrics {
             client_tls_handshake_failures,
             keepalive_turns,
             keepalive_closes,
+            connections_draining,
+            client_stalls,
             streams_active,
             streams_total,
             requests_rejected,
@@ -225,6 +260,13 @@ impl DataPlaneMetrics {
             .inc();
     }
 
+    /// A client stopped reading and was cut.
+    pub fn client_stalled(&self, phase: StallPhase) {
+        self.client_stalls
+            .get_or_create(&StallPhaseLabels { phase })
+            .inc();
+    }
+
     /// A kept connection closed by haltd for `reason`.
     pub fn keepalive_closed(&self, reason: KeepAliveClose) {
         self.keepalive_closes
@@ -238,4 +280,52 @@ impl DataPlaneMetrics {
             .get_or_create(&RingEventLabels { kind })
             .inc_by(n);
     }
+}
+
+/// The series of how client connections end: `haltd_keepalive_*`,
+/// `haltd_connections_draining`, `haltd_client_stalls_total`.
+fn register_connection_ends(
+    reg: &mut Registry,
+) -> (
+    Counter,
+    Family<KeepAliveCloseLabels, Counter>,
+    Gauge,
+    Family<StallPhaseLabels, Counter>,
+) {
+    let keepalive_turns = Counter::default();
+    reg.register(
+        "keepalive_turns",
+        "Requests read on a kept client connection (its second request and later)",
+        keepalive_turns.clone(),
+    );
+    let keepalive_closes = Family::<KeepAliveCloseLabels, Counter>::default();
+    reg.register(
+        "keepalive_closes",
+        "Kept client connections haltd closed itself, by reason: idle_timeout (no next request within --client-idle-timeout-ms), max_turns (the --max-turns-per-conn-th turn said connection: close), drain (haltd began its SIGTERM/SIGINT drain)",
+        keepalive_closes.clone(),
+    );
+    for reason in KeepAliveClose::ALL {
+        drop(keepalive_closes.get_or_create(&KeepAliveCloseLabels { reason }));
+    }
+    let connections_draining = Gauge::default();
+    reg.register(
+        "connections_draining",
+        "Client connections whose stream ended and which wait, holding their stream slot, for the client to take the bytes still queued in the socket",
+        connections_draining.clone(),
+    );
+    let client_stalls = Family::<StallPhaseLabels, Counter>::default();
+    reg.register(
+        "client_stalls",
+        "Client connections reset because bytes waited in the socket and the client acknowledged none of them for --send-stall-timeout-ms, by phase: stream (the stream halted with CLIENT_STALLED), drain (the stream had ended; its last bytes were not taken)",
+        client_stalls.clone(),
+    );
+    for phase in StallPhase::ALL {
+        drop(client_stalls.get_or_create(&StallPhaseLabels { phase }));
+    }
+    (
+        keepalive_turns,
+        keepalive_closes,
+        connections_draining,
+        client_stalls,
+    )
 }

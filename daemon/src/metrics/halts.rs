@@ -79,7 +79,7 @@ impl HaltMetrics {
         let watchdog = reg.sub_registry_with_prefix("watchdog");
         watchdog.register(
             "trips",
-            "Streams halted, by trip cause and initiator (operator, detector, watchdog, kernel, shutdown, upstream, recorder) (WATCHDOG_TRIP events)",
+            "Streams halted, by trip cause and initiator (operator, detector, watchdog, kernel, shutdown, upstream, recorder, client) (WATCHDOG_TRIP events)",
             watchdog_trips.clone(),
         );
         let watchdog_idle = Gauge::default();

@@ -266,7 +266,7 @@ mod tests {
     /// order, and the families now come subsystem by subsystem): every name, label, HELP
     /// text, unit and type is unchanged. Families added since (`haltd_upstream_pool_*`) are
     /// in the golden file too; `haltd_build_info`'s series, whose labels change with every
-    /// commit, stands there as `haltd_build_info{BUILD} 1`.
+    /// commit, stands there as `haltd_build_info{BUILD} 1`. `UPDATE_DOCS=1` rewrites the file.
     #[test]
     fn the_exposition_is_unchanged_line_for_line() {
         let m = Metrics::new();
@@ -292,6 +292,13 @@ mod tests {
             })
             .collect();
         lines.sort();
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            // As docs/configuration.md: regenerate with `UPDATE_DOCS=1 cargo test -p haltd
+            // metrics::`, then read the diff.
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics/exposition.golden");
+            std::fs::write(path, lines.join("\n") + "\n").expect("writing the golden file");
+            return;
+        }
         let golden: Vec<&str> = include_str!("exposition.golden").lines().collect();
         assert_eq!(lines, golden);
     }

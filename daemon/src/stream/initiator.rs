@@ -30,11 +30,13 @@ pub enum Initiator {
     Upstream,
     /// The flight recorder failed.
     Recorder,
+    /// The client: it stopped reading (`CLIENT_STALLED`).
+    Client,
 }
 
 impl Initiator {
     /// Every initiator, in the order of their codes.
-    pub const ALL: [Initiator; 7] = [
+    pub const ALL: [Initiator; 8] = [
         Initiator::Operator,
         Initiator::Detector,
         Initiator::Watchdog,
@@ -42,6 +44,7 @@ impl Initiator {
         Initiator::Shutdown,
         Initiator::Upstream,
         Initiator::Recorder,
+        Initiator::Client,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -53,6 +56,7 @@ impl Initiator {
             Initiator::Shutdown => "shutdown",
             Initiator::Upstream => "upstream",
             Initiator::Recorder => "recorder",
+            Initiator::Client => "client",
         }
     }
 
@@ -66,6 +70,7 @@ impl Initiator {
             Initiator::Shutdown => 5,
             Initiator::Upstream => 6,
             Initiator::Recorder => 7,
+            Initiator::Client => 8,
         }
     }
 
@@ -81,6 +86,7 @@ impl Initiator {
             FailureCode::ServiceShutdown => Initiator::Shutdown,
             FailureCode::UpstreamFailure => Initiator::Upstream,
             FailureCode::RecorderFailure => Initiator::Recorder,
+            FailureCode::ClientStalled => Initiator::Client,
             FailureCode::TigBreach
             | FailureCode::IoIntegrityAlert
             | FailureCode::ExfilAlert

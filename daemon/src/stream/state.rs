@@ -216,9 +216,21 @@ pub enum Outcome {
     /// The upstream failed before the client's response began (answered 502/504 or the
     /// upstream's own error status).
     UpstreamFailed,
+    /// The client stopped reading (`--send-stall-timeout-ms`): its connection was reset.
+    ClientStalled,
 }
 
 impl Outcome {
+    /// How a turn ended, from its trip cause (if it tripped) and its connection's outcome: a
+    /// tripped turn halted, with `CLIENT_STALLED` as the `client_stalled` it is.
+    pub fn of_turn(trip_cause: Option<crate::codes::FailureCode>, conn: Outcome) -> Outcome {
+        match trip_cause {
+            Some(crate::codes::FailureCode::ClientStalled) => Outcome::ClientStalled,
+            Some(_) => Outcome::Halted,
+            None => conn,
+        }
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Outcome::Open => "open",
@@ -227,6 +239,7 @@ impl Outcome {
             Outcome::ClientGone => "client_gone",
             Outcome::Rejected => "rejected",
             Outcome::UpstreamFailed => "upstream_failed",
+            Outcome::ClientStalled => "client_stalled",
         }
     }
 }

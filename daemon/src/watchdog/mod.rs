@@ -4,7 +4,8 @@
 //! 1. writes the heartbeat to the kernel gate and to the in-process copy (a lost heartbeat
 //!    makes the gate and the emitters treat every stream as tripped: fail closed);
 //! 2. looks at every tripped stream and halts, itself, any whose emitter has not: the kernel
-//!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed. It claims the
+//!    write failed, the post-trip budget is spent, or `--halt-grace-ms` passed (an emitter
+//!    whose send waits on a client that still takes bytes is left to finish it, [`waits`]). It claims the
 //!    halt, queues the incident record, and once that is on disk ([`pending`]: it never waits
 //!    for the disk itself) writes the terminal frame with a plain non-blocking `send` and
 //!    shuts the socket down, so a blocked or stuck emitter cannot keep a tripped stream open.
@@ -35,13 +36,15 @@ use crate::{
 
 pub mod pending;
 pub mod pulse;
+pub mod waits;
 
 use pending::{Claimed, Pending};
 pub use pulse::Pulse;
 use pulse::Sleep;
+use waits::{SendWaits, Verdict};
 
-/// How long past the grace period the watchdog waits for an emitter's in-flight send before
-/// it closes the stream without a terminal frame (the client is not reading).
+/// How long past the grace period the watchdog waits for an emitter's in-flight send, at
+/// least; then for as long as the client takes bytes ([`waits`]).
 const SEND_STUCK_FACTOR: u32 = 4;
 
 /// The watchdog thread, started and without privileges, waiting for the core to watch.
@@ -103,6 +106,7 @@ fn run(shared: &HaltCore) {
     let started = Instant::now();
     let interval = shared.cfg.heartbeat_interval;
     let mut pending = Pending::new();
+    let mut waits = SendWaits::default();
     let mut last_busy = monotonic_ns();
     let mut planned = interval;
     loop {
@@ -119,7 +123,7 @@ fn run(shared: &HaltCore) {
         // Before the clock is read: the beat below is stamped after every kick it answers.
         let kicked = shared.pulse.take_kick();
         let now = monotonic_ns();
-        round(shared, now, planned, &mut pending);
+        round(shared, now, planned, (&mut pending, &mut waits));
         if kicked {
             shared.pulse.answer();
         }
@@ -136,7 +140,12 @@ fn run(shared: &HaltCore) {
 
 /// One round at `now`, after a sleep of `planned`: the gap check, the beat, the halts due and
 /// those whose incident is on disk, the gate's events.
-fn round(shared: &HaltCore, now: u64, planned: Duration, pending: &mut Pending) {
+fn round(
+    shared: &HaltCore,
+    now: u64,
+    planned: Duration,
+    (pending, waits): (&mut Pending, &mut SendWaits),
+) {
     let last = shared.heartbeat_ns.load(SeqCst);
     let cfg = &shared.cfg;
     if let Some(gap) = pulse::overdue(
@@ -156,7 +165,7 @@ fn round(shared: &HaltCore, now: u64, planned: Duration, pending: &mut Pending) 
         shared.recorder_failed();
     }
     crate::crash::watchdog_pass(cfg.faults.panic, &shared.table);
-    enforce(shared, now, pending);
+    enforce(shared, now, pending, waits);
     pending.finish_written(shared);
     if let Some(gate) = &shared.gate {
         let mut events = 0u64;
@@ -200,8 +209,10 @@ fn beat(shared: &HaltCore, now: u64) {
     shared.heartbeat_ns.store(now, SeqCst);
 }
 
-fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending) {
+fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending, waits: &mut SendWaits) {
     let grace = shared.cfg.halt_grace.as_nanos() as u64;
+    let window = waits::client_window(shared.cfg.halt_grace);
+    waits.begin_round();
     for (idx, slot) in shared.table.live() {
         if slot.state() != SlotState::Tripped {
             continue;
@@ -210,24 +221,35 @@ fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending) {
         let kernel_missing = shared.gate.is_some() && !slot.kernel_tripped.load(SeqCst);
         let budget_spent =
             slot.post_trip_delivered.load(SeqCst) >= u64::from(slot.budget.load(SeqCst));
+        let send_stuck = slot.send_inflight.load(SeqCst);
+        let fd = slot.fd.load(SeqCst);
+        // From the trip on: is the send in flight waiting on a client that takes bytes?
+        let waiting = send_stuck.then(|| {
+            let generation = slot.generation.load(SeqCst);
+            waits.look((idx, generation), fd, now, window)
+        });
         let due = kernel_missing || since_trip > grace || (budget_spent && since_trip > grace / 4);
         if !due {
             continue;
         }
-        let send_stuck = slot.send_inflight.load(SeqCst);
-        if send_stuck && since_trip <= grace * u64::from(SEND_STUCK_FACTOR) && !kernel_missing {
-            // The emitter's send will complete (or fail) soon; writing now could interleave.
-            continue;
+        if send_stuck && !kernel_missing {
+            // The emitter's send will complete (or fail); writing now could interleave. A send
+            // that waits on a client that takes bytes is left to it; one over an empty queue
+            // (a stuck emitter) or to a client that took nothing for the window is not.
+            if since_trip <= grace * u64::from(SEND_STUCK_FACTOR)
+                || waiting == Some(Verdict::ClientMoves)
+            {
+                continue;
+            }
         }
         if !slot.claim_halt() {
             continue;
         }
-        let fd = slot.fd.load(SeqCst);
         slot.note_halt(Halter::Watchdog, monotonic_ns());
         // The incident is on disk before the client can see the halt (issue 13, point 5); a
         // failure fails every stream closed (RECORDER_FAILURE), and this one still ends.
         let terminal = if send_stuck {
-            "stream halted by the watchdog; no terminal event (a send was stuck in the socket)"
+            "stream halted by the watchdog; no terminal event (a send was stuck in the socket: its client took nothing, or the emitter is stuck)"
         } else {
             "stream halted by the watchdog; terminal event sent after this record was on disk"
         };
@@ -244,6 +266,7 @@ fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending) {
         };
         pending.queue(shared, claim, rec);
     }
+    waits.end_round();
 }
 
 /// Asks for a real-time priority so a busy node cannot starve the heartbeat; without the

@@ -412,3 +412,207 @@ fn an_identity_header_names_the_conversation() -> Result<()> {
     );
     Ok(())
 }
+
+/// Opens a streaming request from `src` that runs long (`ignore_eos`) through a 4 KiB receive
+/// buffer and never reads it: a slot holder, as an attacker would open one.
+fn hog(src: Ipv4Addr, api: SocketAddr) -> Result<TcpStream> {
+    let mut s = haltd_tests::slow_reader::connect_with_rcvbuf(Some(src), api, 4096)?;
+    let mut body = sse::chat_body("hold a slot", 5_000, true);
+    body["ignore_eos"] = serde_json::json!(true);
+    let body = body.to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer hog-{src}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    Ok(s)
+}
+
+/// The status and `retry-after` of a short batch request from `src`.
+fn knock(src: Ipv4Addr, api: SocketAddr) -> Result<(u16, Option<String>)> {
+    let body = sse::chat_body("let me in", 3, false).to_string();
+    let mut s = connect_from(src, api)?;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer knocker\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let head = String::from_utf8_lossy(&out);
+    let retry = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("retry-after")
+            .then(|| v.trim().to_owned())
+    });
+    Ok((status_of(&out), retry))
+}
+
+/// Knocks from `src` every second until a 200, or until `limit` after `since`; each knock's
+/// time (from `since`), status and `retry-after`.
+fn knock_until_let_in(
+    src: Ipv4Addr,
+    api: SocketAddr,
+    since: Instant,
+    limit: Duration,
+) -> Result<Vec<(Duration, u16, Option<String>)>> {
+    let mut tries = Vec::new();
+    loop {
+        let (status, retry) = knock(src, api)?;
+        tries.push((since.elapsed(), status, retry));
+        if status == 200 || since.elapsed() > limit {
+            return Ok(tries);
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// How many of `held` end in a reset (after whatever bytes they had).
+fn resets(held: Vec<TcpStream>) -> usize {
+    held.into_iter()
+        .filter(|s| {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+                }
+            }
+        })
+        .count()
+}
+
+/// What haltd made of `n` stalled clients: counted, halted with `CLIENT_STALLED` (an incident
+/// and a `client_stalled` turn record each), nobody degraded.
+fn check_stalls_recorded(haltd: &Haltd, n: f64) -> Result<()> {
+    let m = haltd.metrics()?;
+    let stalls = m.value("haltd_client_stalls_total", &[("phase", "stream")])?;
+    ensure!(
+        stalls == n,
+        "haltd_client_stalls_total{{phase=\"stream\"}} = {stalls}"
+    );
+    let trips = m.value(
+        "haltd_watchdog_trips_total",
+        &[("cause", "CLIENT_STALLED"), ("initiator", "client")],
+    )?;
+    ensure!(trips == n, "CLIENT_STALLED trips counted: {trips}");
+    let outcome = m.value("haltd_streams_total", &[("outcome", "client_stalled")])?;
+    ensure!(outcome == n, "outcome client_stalled: {outcome}");
+    let records = haltd.ledger_records()?;
+    let incidents = records
+        .iter()
+        .filter(|r| {
+            r["kind"] == "incident"
+                && r["failure_codes"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c == "CLIENT_STALLED"))
+        })
+        .count() as f64;
+    ensure!(
+        incidents == n,
+        "{incidents} CLIENT_STALLED incidents recorded"
+    );
+    let turns = records
+        .iter()
+        .filter(|r| r["kind"] == "turn" && r["outcome"] == "client_stalled")
+        .count() as f64;
+    ensure!(
+        turns == n,
+        "{turns} turn records with outcome client_stalled"
+    );
+    // Nobody is degraded: a stall is no breach.
+    ensure!(
+        records.iter().all(|r| r["mode_change"].is_null()),
+        "a stall changed a runtime mode"
+    );
+    Ok(())
+}
+
+/// Issue 28's attack: 6 addresses open `--max-conns-per-addr` streams each, filling
+/// `--max-streams`, and never read them. Each is cut once it took none of its queued bytes for
+/// `--send-stall-timeout-ms`: halted with `CLIENT_STALLED` (recorded, counted, no degraded
+/// mode), reset, its slot freed. A client of a 7th address that retries every second (after
+/// the 503 with `retry-after` that the full table answers) gets a 200 within the stall
+/// timeout + 2 s.
+#[test]
+fn clients_that_stop_reading_are_cut_and_free_their_slots() -> Result<()> {
+    const STALL_MS: u64 = 3_000;
+    let pair = NetPair::new()?;
+    let hogs: Vec<Ipv4Addr> = (0..6)
+        .map(|i| pair.add_client_addr(10 + i))
+        .collect::<Result<_>>()?;
+    let knocker = pair.add_client_addr(30)?;
+    let stall = STALL_MS.to_string();
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--max-streams",
+            "24",
+            "--max-conns-per-addr",
+            "4",
+            "--send-stall-timeout-ms",
+            &stall,
+            "--builtin-token-interval-us",
+            "1000",
+        ],
+    )?;
+    let api = haltd.api;
+    let (held, full_at) = in_netns(&pair.cli, move || -> Result<(Vec<TcpStream>, Instant)> {
+        let mut held = Vec::new();
+        for &src in &hogs {
+            for _ in 0..4 {
+                held.push(hog(src, api)?);
+            }
+        }
+        Ok((held, Instant::now()))
+    })?;
+    // Every slot holds a hog: the table is full.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while haltd.list_streams()?["streams"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < 24
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the hogs never held all 24 slots"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let limit = Duration::from_millis(STALL_MS) * 4;
+    let tries = in_netns(&pair.cli, move || {
+        knock_until_let_in(knocker, api, full_at, limit)
+    })?;
+    for (at, status, retry) in &tries {
+        println!(
+            "  knock at {:.1} s: {status} (retry-after {retry:?})",
+            at.as_secs_f64()
+        );
+    }
+    let (first, status, retry) = tries.first().cloned().context("no knock")?;
+    ensure!(
+        status == 503 && retry.as_deref() == Some("1"),
+        "the full table answered {status} (retry-after {retry:?}) at {first:?}"
+    );
+    let (got, status, _) = tries.last().cloned().context("no knock")?;
+    let bound = Duration::from_millis(STALL_MS) + Duration::from_secs(2);
+    ensure!(
+        status == 200 && got <= bound,
+        "the 7th address got {status} after {got:?} (bound {bound:?}); haltd's log:\n{}",
+        haltd.log_tail(120)
+    );
+    println!(
+        "a 7th address got 200 after {:.1} s (send-stall timeout {:.1} s + 2 s = {:.1} s)",
+        got.as_secs_f64(),
+        STALL_MS as f64 / 1e3,
+        bound.as_secs_f64()
+    );
+    // Every hog was cut: reset (after the bytes it had), its stream halted, recorded, counted.
+    let reset = in_netns(&pair.cli, move || resets(held));
+    ensure!(reset == 24, "{reset} of 24 hogs saw a reset");
+    check_stalls_recorded(&haltd, 24.0)
+}

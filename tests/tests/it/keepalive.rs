@@ -597,3 +597,97 @@ fn proxied_turns_keep_their_client_connection_until_a_trip() -> Result<()> {
     ensure!(m.value("haltd_keepalive_turns_total", &[])? == 3.0);
     Ok(())
 }
+
+/// The TLS client configuration that trusts `haltd`'s test certificate.
+fn tls_config(haltd: &Haltd) -> Result<std::sync::Arc<rustls::ClientConfig>> {
+    match haltd.client() {
+        haltd_tests::ApiClient::Tls { cfg, .. } => Ok(cfg),
+        haltd_tests::ApiClient::Plain { .. } => anyhow::bail!("haltd was not started over TLS"),
+    }
+}
+
+/// Issue 28 point 5: every close haltd makes of a TLS connection says `close_notify` first:
+/// the idle close of a kept connection, the close after the `--max-turns-per-conn`-th turn,
+/// and the SIGTERM drain, which closes an idle kept connection at once instead of at its idle
+/// timeout.
+#[test]
+fn every_close_haltd_makes_over_tls_says_close_notify() -> Result<()> {
+    use haltd_tests::Ending;
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start_over(
+        &pair,
+        Transport::Tls,
+        &[
+            "--builtin-token-interval-us",
+            "500",
+            "--client-idle-timeout-ms",
+            "400",
+            "--max-turns-per-conn",
+            "2",
+        ],
+    )?;
+    let (api, cfg) = (haltd.api, tls_config(&haltd)?);
+    in_netns(&haltd.client_ns, move || -> Result<()> {
+        // Idle close.
+        let mut c = KeptConn::connect_tls(api, &cfg, TIMEOUT)?;
+        c.send(&chat_request(api, 5, true))?;
+        ensure_kept_turn(&c.response()?, 5)?;
+        let idle = c.ending(Duration::from_secs(3))?;
+        ensure!(idle == Ending::CloseNotify, "the idle close ended {idle:?}");
+        // The turn cap: the second turn says close, and the close says close_notify.
+        let mut c = KeptConn::connect_tls(api, &cfg, TIMEOUT)?;
+        c.send(&chat_request(api, 5, true))?;
+        ensure_kept_turn(&c.response()?, 5)?;
+        c.send(&chat_request(api, 5, true))?;
+        let last = c.response()?;
+        ensure!(
+            last.status == 200 && last.header("connection") == Some("close"),
+            "the capped turn: {} {:?}",
+            last.status,
+            last.headers
+        );
+        let capped = c.ending(Duration::from_secs(3))?;
+        ensure!(
+            capped == Ending::CloseNotify,
+            "the turn cap's close ended {capped:?}"
+        );
+        Ok(())
+    })?;
+    drop(haltd);
+
+    // The drain: an idle kept connection closes at the signal, long before its idle timeout.
+    let mut haltd = Haltd::start_over(
+        &pair,
+        Transport::Tls,
+        &[
+            "--builtin-token-interval-us",
+            "500",
+            "--client-idle-timeout-ms",
+            "60000",
+        ],
+    )?;
+    let (api, cfg) = (haltd.api, tls_config(&haltd)?);
+    let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
+    let (ending, after) = in_netns(&haltd.client_ns, move || -> Result<(Ending, Duration)> {
+        let mut c = KeptConn::connect_tls(api, &cfg, TIMEOUT)?;
+        c.send(&chat_request(api, 5, true))?;
+        ensure_kept_turn(&c.response()?, 5)?;
+        let t = Instant::now();
+        // SAFETY: kill(2) on the haltd child this test started and has not reaped.
+        ensure!(unsafe { libc::kill(pid, libc::SIGTERM) } == 0, "kill");
+        let ending = c.ending(Duration::from_secs(10))?;
+        Ok((ending, t.elapsed()))
+    })?;
+    println!("an idle kept TLS connection ended {ending:?} {after:?} after SIGTERM");
+    ensure!(
+        ending == Ending::CloseNotify,
+        "the drain's close ended {ending:?}"
+    );
+    ensure!(
+        after < Duration::from_secs(2),
+        "the drain closed the idle connection only after {after:?}"
+    );
+    let status = haltd.wait_exit(Duration::from_secs(10))?;
+    ensure!(status.success(), "haltd exited with {status}");
+    Ok(())
+}

@@ -39,6 +39,7 @@ mod proxy;
 mod readiness;
 mod real_backend;
 mod reload;
+mod slow_readers;
 mod tool_circuit;
 mod tool_circuit_loops;
 mod upstream_pool;

@@ -192,8 +192,10 @@ fn drain(pair: &NetPair, silent: std::net::TcpStream) -> Result<(Vec<u8>, Durati
     })
 }
 
-/// The watchdog stopped the blocked stream within 4 × the grace (a send is stuck) plus a
-/// scheduling margin, by its own clock (`halt_latency_ms` of the incident: trip → halt claimed),
+/// The watchdog stopped the blocked stream once its client had taken nothing for the client
+/// window since the trip (4 × the grace, at least 1 s: `watchdog/waits.rs`; a client that still
+/// takes bytes keeps its send, so a slow reader gets its terminal) plus a scheduling margin, by
+/// its own clock (`halt_latency_ms` of the incident: trip → halt claimed),
 /// and shut the connection down one durable write of that incident later (the record is on
 /// disk before the client can see the halt; docs/fhr-schema.md). The write is the disk's time,
 /// not haltd's (a busy CI disk took 430 ms; this test's fault adds 300 ms to every record), so
@@ -212,7 +214,8 @@ fn check_closed_in_time(
         .as_f64()
         .with_context(|| format!("halt_latency_ms of {incident}"))?;
     let halted = Duration::from_secs_f64(halted_ms / 1e3);
-    let bound = Duration::from_millis(4 * grace_ms + 250);
+    let window = (4 * Duration::from_millis(grace_ms)).max(Duration::from_secs(1));
+    let bound = window + Duration::from_millis(250);
     println!(
         "blocked emitter: the watchdog halted it {halted_ms:.0} ms after the trip (bound \
          {bound:?}); the connection closed {:.0} ms after the trip",
