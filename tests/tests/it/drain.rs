@@ -231,3 +231,90 @@ fn systemd_hears_ready_a_watchdog_that_stops_with_the_heartbeat_and_stopping() -
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// Issue 28: a connection whose stream ended while its client still had bytes to read keeps
+/// its slot (it drains) while haltd drains too, and is reset, not left behind, when the drain
+/// timeout runs out: after haltd exits nobody would keep the kernel's heartbeat fresh for
+/// those bytes. The client never reads; at exit it sees a reset, and haltd exits 0 with
+/// nothing left open.
+#[test]
+fn a_connection_still_draining_when_haltd_stops_is_reset() -> Result<()> {
+    use std::io::{Read, Write};
+    require_root()?;
+    let pair = NetPair::new()?;
+    let mut haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "500",
+            "--drain-timeout-ms",
+            "500",
+            "--send-stall-timeout-ms",
+            "60000",
+        ],
+    )?;
+    let api = haltd.api;
+    let mut body = sse::chat_body("a long answer nobody reads", 600, true);
+    body["ignore_eos"] = serde_json::json!(true);
+    let body = body.to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut client = in_netns(&haltd.client_ns, move || -> Result<std::net::TcpStream> {
+        let mut s = haltd_tests::slow_reader::connect_with_rcvbuf(None, api, 4096)?;
+        s.write_all(req.as_bytes())?;
+        Ok(s)
+    })?;
+    wait_for(
+        Duration::from_secs(10),
+        "the turn to end and its connection to drain",
+        || {
+            let m = haltd.metrics()?;
+            Ok((m.value("haltd_connections_draining", &[])? == 1.0).then_some(()))
+        },
+    )?;
+    let t = Instant::now();
+    signal(&haltd, libc::SIGTERM)?;
+    let status = haltd.wait_exit(Duration::from_secs(15))?;
+    println!(
+        "a draining connection at SIGTERM: haltd exited {status} {} ms later",
+        t.elapsed().as_millis()
+    );
+    ensure!(status.success(), "haltd exited {status}");
+    client.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0usize;
+    let end = loop {
+        match client.read(&mut buf) {
+            Ok(0) => break "EOF",
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break "hang",
+            Err(_) => break "error",
+        }
+    };
+    println!("the client read {got} bytes, then a {end}");
+    ensure!(
+        end == "reset",
+        "the draining client's connection ended with {end}"
+    );
+    let records = haltd.ledger_records()?;
+    let stop = records
+        .iter()
+        .rev()
+        .find(|r| {
+            r["kind"] == "lifecycle"
+                && r["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("stopping on signal"))
+        })
+        .context("no stop record")?;
+    ensure!(
+        stop["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("0 still open at exit")),
+        "{stop}"
+    );
+    Ok(())
+}
