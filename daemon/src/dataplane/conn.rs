@@ -474,6 +474,7 @@ impl Worker {
             // The egress check holds bytes of this stream back, or will once TCP tries to
             // send them (`gate/held.rs`): a graceful close would queue the FIN behind them for
             // ever. Reset the connection instead.
+            note_held_reset(&shared, self.conns[key].id, fd);
             self.conns[key].cut = true;
             let _ = crate::gate::selftest::set_linger_zero(&fd);
         }
@@ -511,6 +512,27 @@ impl Worker {
         self.record_turn(&conn);
         shared.table.release(conn.id);
     }
+}
+
+/// Logs why a closing connection is reset for bytes the egress check holds back: the socket's
+/// queue, its gate state and the heartbeat's age (a rare path: a few syscalls).
+fn note_held_reset(shared: &crate::halt::HaltCore, id: StreamId, fd: RawFd) {
+    // SAFETY: the connection's open socket; it is closed only after this returns.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let queue = crate::gate::held::SendQueue::of(sock);
+    let view = shared.gate.as_ref().and_then(|g| g.socket(sock).ok());
+    let egress = view.as_ref().and_then(|v| v.egress);
+    let policy = view.as_ref().and_then(|v| v.policy);
+    tracing::info!(
+        stream_id = %id,
+        queue = ?queue,
+        egress_latched = egress.map(|e| e.latched_ceiling),
+        egress_dropped = egress.map(|e| e.dropped_segments),
+        trip_ceiling = policy.map(|p| p.egress_ceiling),
+        terminal_len = policy.map(|p| p.terminal_len),
+        heartbeat_age_ms = shared.heartbeat_age_s(monotonic_ns()) * 1e3,
+        "the egress check holds back bytes of this connection: closing it with a reset"
+    );
 }
 
 /// The peer's IP address, if the socket has one (it is read once, at accept).

@@ -50,8 +50,19 @@ pub struct SendQueue {
     pub next_unsent: u64,
 }
 
+/// TCP states (`tcpi_state`) in which the socket's own FIN is queued or sent but not yet
+/// acknowledged: it takes a sequence number, which `SIOCOUTQ` and `tcpi_notsent_bytes` count
+/// as if it were a byte.
+const FIN_UNACKED: [u8; 3] = [
+    4,  // TCP_FIN_WAIT1
+    9,  // TCP_LAST_ACK
+    11, // TCP_CLOSING
+];
+
 impl SendQueue {
-    /// The queue of `sock` (`TCP_INFO` and `SIOCOUTQ`); `None` if either cannot be read.
+    /// The queue of `sock` (`TCP_INFO` and `SIOCOUTQ`); `None` if either cannot be read. A
+    /// FIN haltd queued (a socket it shut down) is not a byte of the stream: it is left out,
+    /// so that a queue ending exactly at a ceiling is not taken for one past it.
     pub fn of(sock: BorrowedFd<'_>) -> Option<Self> {
         let fd = sock.as_raw_fd();
         let info = tcp_info(fd)?;
@@ -60,14 +71,36 @@ impl SendQueue {
         if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut outq) } != 0 {
             return None;
         }
-        let end = info
-            .tcpi_bytes_acked
-            .saturating_add(u64::try_from(outq).ok()?);
-        Some(SendQueue {
-            acked: info.tcpi_bytes_acked,
+        let outq = u64::try_from(outq).ok()?;
+        let fin = FIN_UNACKED.contains(&info.tcpi_state) && outq > 0;
+        Some(Self::from_counts(
+            info.tcpi_bytes_acked,
+            outq,
+            u64::from(info.tcpi_notsent_bytes),
+            fin,
+        ))
+    }
+
+    /// The queue from the kernel's counts: bytes acknowledged, `SIOCOUTQ`, not sent, and
+    /// whether a FIN of the socket is among them (counted by the kernel as one more byte).
+    fn from_counts(acked: u64, outq: u64, notsent: u64, fin: bool) -> Self {
+        let raw_end = acked.saturating_add(outq);
+        let raw_next = raw_end.saturating_sub(notsent);
+        if !fin {
+            return SendQueue {
+                acked,
+                end: raw_end,
+                next_unsent: raw_next,
+            };
+        }
+        // The FIN is the last sequence number: unsent, it is counted in both; sent, only in
+        // SIOCOUTQ.
+        let end = raw_end - 1;
+        SendQueue {
+            acked,
             end,
-            next_unsent: end.saturating_sub(u64::from(info.tcpi_notsent_bytes)),
-        })
+            next_unsent: raw_next.min(end),
+        }
     }
 
     /// Bytes written and not yet acknowledged by the client.
@@ -166,6 +199,47 @@ mod tests {
             send_latched: false,
             heartbeat_lost,
         }
+    }
+
+    #[test]
+    fn a_queued_fin_is_no_byte_of_the_stream() {
+        // 1,000 bytes written, 600 acked, 100 unsent, no FIN.
+        let q = SendQueue::from_counts(600, 400, 100, false);
+        assert_eq!((q.end, q.next_unsent), (1_000, 900));
+        // The same after shutdown, the FIN unsent: both counts hold it.
+        let q = SendQueue::from_counts(600, 401, 101, true);
+        assert_eq!((q.end, q.next_unsent), (1_000, 900));
+        // Every byte and the FIN sent, none of it acked.
+        let q = SendQueue::from_counts(600, 401, 0, true);
+        assert_eq!((q.end, q.next_unsent, q.unsent()), (1_000, 1_000, 0));
+    }
+
+    /// On a real socket: after `shutdown`, the queue still ends at the last byte written (the
+    /// watchdog shuts down the sockets of the streams it halts; counting the FIN as a byte put
+    /// a halted queue one byte past its ceiling, and reset the client).
+    #[test]
+    fn a_real_socket_shut_down_ends_its_queue_at_its_last_byte() {
+        use std::io::Write as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (mut server, _) = listener.accept().expect("accept");
+        server.set_nonblocking(true).expect("nonblocking");
+        let mut written = 0u64;
+        let chunk = [7u8; 4096];
+        // Fill the socket: the client does not read.
+        while let Ok(n) = server.write(&chunk) {
+            written += n as u64;
+        }
+        let before = SendQueue::of(std::os::fd::AsFd::as_fd(&server)).expect("queue");
+        assert_eq!(before.end, written);
+        server
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
+        let after = SendQueue::of(std::os::fd::AsFd::as_fd(&server)).expect("queue");
+        assert_eq!(after.end, written, "the FIN counted as a byte: {after:?}");
+        assert!(after.next_unsent <= after.end);
+        drop(client);
     }
 
     #[test]
