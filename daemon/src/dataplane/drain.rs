@@ -13,8 +13,8 @@
 //! ceiling the check could latch later, so their retransmissions pass whatever the heartbeat
 //! does then. The check is a `TCP_INFO` read, at 2 ms after the drain began, then at doubling
 //! intervals up to [`DRAIN_POLL_MAX`]. A draining client that takes nothing is cut (below):
-//! after `--send-stall-timeout-ms`, or, for a halted stream, which is over, after the
-//! watchdog's client window (4 × `--halt-grace-ms`, at least 1 s) from the drain's start or its
+//! after `--send-stall-timeout-ms`, or, for a halted stream, which is over, after 3 s (or the
+//! watchdog's client window, 4 × `--halt-grace-ms`, if longer) from the drain's start or its
 //! last acknowledged byte.
 //!
 //! **Stall.** A connection is *stalled* when bytes wait in its socket and the client
@@ -56,6 +56,13 @@ const DRAIN_POLL_MIN: Duration = Duration::from_millis(2);
 /// follows its last byte.
 const DRAIN_POLL_MAX: Duration = Duration::from_millis(64);
 
+/// How long the client of a halted stream's drain may take nothing, at least: the stream is
+/// over, its slot held only for its last bytes. Longer than the watchdog's client window
+/// (`watchdog/waits.rs`): TCP itself can go a second or two without a byte to an honest slow
+/// client (a zero window waits for the client's window update, or for the persist timer's
+/// probe, which backs off from 200 ms).
+const HALTED_DRAIN_STALL: Duration = Duration::from_secs(3);
+
 /// How often the connections are looked at: 1/32 of the stall timeout, between 10 ms and 1 s.
 /// A stall is seen at most two periods after the timeout ran out.
 pub(super) fn scan_period(stall_timeout: Duration) -> Duration {
@@ -95,7 +102,7 @@ pub(super) struct Drain {
     next_ns: u64,
     every_ns: u64,
     /// How long the client may take nothing before it is cut: `--send-stall-timeout-ms`, or,
-    /// for a halted stream, the watchdog's client window from the drain's start.
+    /// for a halted stream, [`HALTED_DRAIN_STALL`] from the drain's start.
     stall_ns: u64,
 }
 
@@ -245,10 +252,12 @@ impl Worker {
         let halted = self.shared.table.slot(conn.id.slot).trip_cause().is_some();
         let stall = if halted {
             // A halted stream is over: its client keeps the slot only while it takes its last
-            // bytes (the terminal among them), each within the watchdog's client window
-            // (`watchdog/waits.rs`), counted from now; one that takes nothing is reset.
+            // bytes (the terminal among them), a byte at least every HALTED_DRAIN_STALL (or the
+            // watchdog's client window, if longer), counted from now; one that takes nothing is
+            // reset.
             conn.stall = StallWatch::default();
             crate::watchdog::waits::client_window(self.shared.cfg.halt_grace)
+                .max(HALTED_DRAIN_STALL)
         } else {
             // The client's clock goes on from the scans: a client that stopped reading before
             // its stream ended is not given the timeout afresh.
