@@ -247,6 +247,7 @@ fn run_budget(
     let reads = run_cell(&haltd, kinds, STREAMS)?;
     let took = t.elapsed();
     let after = drops(&haltd)?;
+    let before = problems.len();
     if after != self_test {
         problems.push(format!(
             "{} B = {budget}: drop_ceiling went from {self_test} (self-test) to {after}",
@@ -288,12 +289,36 @@ fn run_budget(
         }));
     }
     println!("  cell took {:.1} s", took.as_secs_f64());
+    if problems.len() > before {
+        print_diagnostics(&haltd)?;
+    }
     ensure!(
         haltd.list_streams()?["streams"]
             .as_array()
             .is_none_or(Vec::is_empty),
         "streams still open after every client ended"
     );
+    Ok(())
+}
+
+/// What haltd said about streams that ended otherwise: stalls, watchdog halts, resets.
+fn print_diagnostics(haltd: &Haltd) -> Result<()> {
+    let m = haltd.metrics()?;
+    for (name, labels) in [
+        ("haltd_client_stalls_total", &[("phase", "stream")][..]),
+        ("haltd_client_stalls_total", &[("phase", "drain")][..]),
+        ("haltd_halts_total", &[("halted_by", "watchdog")][..]),
+    ] {
+        println!("  {name}{labels:?} = {}", m.value_or_zero(name, labels)?);
+    }
+    for line in haltd.log_tail(400).lines().filter(|l| {
+        l.contains("reset")
+            || l.contains("ERROR")
+            || l.contains("not delivered")
+            || l.contains("halted_by=\"watchdog\"")
+    }) {
+        println!("  haltd: {line}");
+    }
     Ok(())
 }
 
