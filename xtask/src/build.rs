@@ -91,17 +91,50 @@ pub(crate) fn build_production_copy(ctx: &Ctx, release: bool) -> Result<PathBuf>
     Ok(copy)
 }
 
+/// The cargo profile a build uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Profile {
+    /// `dev`, in target/debug.
+    Debug,
+    /// `release`: optimised, no debug info (target/release).
+    Release,
+    /// `distribution`: `release` with line tables, for `cargo xtask dist` to split off
+    /// (target/distribution).
+    Distribution,
+}
+
+impl Profile {
+    /// The directory under the target directory.
+    fn dir(self) -> &'static str {
+        match self {
+            Profile::Debug => "debug",
+            Profile::Release => "release",
+            Profile::Distribution => "distribution",
+        }
+    }
+}
+
 /// Builds the gate, then haltd and haltctl (`release` or debug, with `features`).
 pub(crate) fn build(ctx: &Ctx, release: bool, features: &[String]) -> Result<Built> {
+    let profile = if release {
+        Profile::Release
+    } else {
+        Profile::Debug
+    };
+    build_profile(ctx, profile, features)
+}
+
+/// Builds the gate, then haltd and haltctl in `profile`, with `features`.
+pub(crate) fn build_profile(ctx: &Ctx, profile: Profile, features: &[String]) -> Result<Built> {
     let object = build_ebpf(ctx)?;
     let features: Vec<&str> = features
         .iter()
         .map(|f| f.trim())
         .filter(|f| !f.is_empty())
         .collect();
-    let profile = if release { "release" } else { "debug" };
     println!(
-        "[build] haltd ({profile}, features: {})",
+        "[build] haltd ({}, features: {})",
+        profile.dir(),
         if features.is_empty() {
             "none".into()
         } else {
@@ -111,14 +144,20 @@ pub(crate) fn build(ctx: &Ctx, release: bool, features: &[String]) -> Result<Bui
     let t = Instant::now();
     let mut c = ctx.cargo_with_gate(&object);
     c.args(["build", "-p", "haltd", "--bins"]);
-    if release {
-        c.arg("--release");
+    match profile {
+        Profile::Debug => {}
+        Profile::Release => {
+            c.arg("--release");
+        }
+        Profile::Distribution => {
+            c.args(["--profile", "distribution"]);
+        }
     }
     if !features.is_empty() {
         c.arg("--features").arg(features.join(","));
     }
     run(&mut c).context("building haltd failed")?;
-    let dir = ctx.target_dir.join(profile);
+    let dir = ctx.target_dir.join(profile.dir());
     let built = Built {
         haltd: dir.join("haltd"),
         haltctl: dir.join("haltctl"),

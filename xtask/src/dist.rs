@@ -47,7 +47,8 @@ pub(crate) fn package(ctx: &Ctx) -> Result<(build::Built, PathBuf)> {
 }
 
 fn release(ctx: &Ctx, opts: &Options) -> Result<(build::Built, PathBuf)> {
-    let built = build::build(ctx, true, &[])?;
+    // With line tables, split off below into the debug files.
+    let built = build::build_profile(ctx, build::Profile::Distribution, &[])?;
     let out = ctx.target_dir.join("dist");
     let root = out.join(format!("haltd_{VERSION}_amd64"));
     if root.exists() {
