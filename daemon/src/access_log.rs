@@ -76,6 +76,10 @@ pub struct Entry<'a> {
     /// Who tripped a halted request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub initiator: Option<&'a str>,
+    /// The `x-request-id` haltd sent upstream for the request (`--upstream-request-id`):
+    /// what the backend's logs name it by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_request_id: Option<&'a str>,
 }
 
 /// The open access log.
@@ -199,6 +203,7 @@ impl AccessLog {
                     outcome = e.outcome,
                     halt_code = e.halt_code,
                     initiator = e.initiator,
+                    upstream_request_id = e.upstream_request_id,
                     "request"
                 )
             };
@@ -231,6 +236,7 @@ mod tests {
             outcome: "completed",
             halt_code: None,
             initiator: None,
+            upstream_request_id: None,
         }
     }
 
@@ -259,6 +265,7 @@ mod tests {
             outcome: "halted",
             halt_code: Some("OPERATOR_TRIP"),
             initiator: Some("operator"),
+            upstream_request_id: None,
             ..entry()
         });
         let old = std::fs::read_to_string(&rotated).expect("rotated");

@@ -66,6 +66,9 @@ pub struct ServeArgs {
     /// File holding haltd's own API key for the upstream (one line, mode 0600): haltd then sends `Authorization: Bearer <key>` upstream instead of the client's value, which still names the client's conversation. Default: the client's `Authorization` goes upstream as it came.
     #[arg(long, value_name = "FILE")]
     pub upstream_api_key_file: Option<PathBuf>,
+    /// What goes upstream as `x-request-id`: `uuid`, a v4 UUID haltd makes for each request (backends such as llama-cpp-python refuse any other shape); `client`, the request's id as the access log has it (the client's, or one haltd made); `off`, none. Under `uuid` and `off` the client's own id goes as `x-haltd-client-request-id`.
+    #[arg(long, value_enum, default_value = "uuid")]
+    pub upstream_request_id: crate::wire::trace::UpstreamRequestId,
     /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca_file: Option<PathBuf>,

@@ -122,6 +122,8 @@ pub(super) struct Conn {
     /// The request's id: the client's `x-request-id` or a generated one (`None` until a
     /// request began; a connection that never sent one leaves no access log line).
     pub(super) request_id: Option<Arc<str>>,
+    /// Whether `request_id` is the client's own (it sent a well-formed one).
+    pub(super) request_id_from_client: bool,
     /// The client's `traceparent`, if well formed: passed to the upstream.
     pub(super) traceparent: Option<String>,
     /// What the request asked for (the access log's and the metrics' `endpoint`).
@@ -219,6 +221,7 @@ impl Conn {
             idle_since_ns: None,
             pipelined: Vec::new(),
             request_id: None,
+            request_id_from_client: false,
             traceparent: None,
             route: Route::Other,
             status: 0,
@@ -247,17 +250,20 @@ impl Conn {
         }
     }
 
-    /// The header fields that join haltd's access log and records to the upstream's logs:
-    /// the stream id (`stream_id`, its text), the request id and the client's `traceparent`.
-    pub(super) fn correlation<'a>(&'a self, stream_id: &'a str) -> Vec<(&'static str, &'a str)> {
-        let mut fields = vec![("x-haltd-stream-id", stream_id)];
-        if let Some(rid) = self.request_id.as_deref() {
-            fields.push(("x-request-id", rid));
-        }
-        if let Some(tp) = self.traceparent.as_deref() {
-            fields.push(("traceparent", tp));
-        }
-        fields
+    /// The header fields that join haltd's access log and records to the upstream's logs
+    /// (`wire::trace::upstream_correlation`, `--upstream-request-id`): the stream id, an
+    /// upstream request id, the client's own id and `traceparent`.
+    pub(super) fn correlation(
+        &self,
+        mode: crate::wire::trace::UpstreamRequestId,
+        stream_id: &str,
+    ) -> Vec<(&'static str, String)> {
+        crate::wire::trace::upstream_correlation(
+            mode,
+            stream_id,
+            (self.request_id.as_deref(), self.request_id_from_client),
+            self.traceparent.as_deref(),
+        )
     }
 
     /// Who this connection's operations report to.

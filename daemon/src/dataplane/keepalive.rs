@@ -201,6 +201,7 @@ impl Worker {
         conn.idle_since_ns = Some(monotonic_ns());
         conn.rbuf = Some(std::mem::take(&mut conn.pipelined));
         conn.request_id = None;
+        conn.request_id_from_client = false;
         conn.traceparent = None;
         conn.route = crate::metrics::requests::Route::Other;
         conn.status = 0;

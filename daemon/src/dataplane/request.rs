@@ -142,6 +142,7 @@ impl Worker {
                 .clone()
                 .unwrap_or_else(crate::wire::trace::generate_request_id);
             conn.request_id = Some(rid.into());
+            conn.request_id_from_client = head.request_id.is_some();
             conn.traceparent.clone_from(&head.traceparent);
         }
         self.choose_keep_alive(key, &head);

@@ -68,6 +68,7 @@ impl Worker {
             initiator: halt_code
                 .and(snap.trip_initiator)
                 .map(crate::stream::Initiator::as_str),
+            upstream_request_id: conn.up.as_ref().and_then(|u| u.request_id.as_deref()),
         });
         shared.metrics.requests.observe(&Observed {
             endpoint: conn.route,
@@ -95,6 +96,7 @@ impl Worker {
             outcome: Outcome::Rejected.as_str(),
             halt_code: None,
             initiator: None,
+            upstream_request_id: None,
         });
         let label: Arc<str> = shared.metrics.requests.models.label(None);
         shared.metrics.requests.observe(&Observed {

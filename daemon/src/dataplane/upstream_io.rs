@@ -147,6 +147,11 @@ pub(super) struct Upstream {
     pub(super) tls: Option<Box<TlsLink>>,
     /// The receive in flight was cancelled when the turn's text ended (`upstream_reuse.rs`).
     pub(super) recv_stopped: bool,
+    /// The header fields haltd added to the request (`wire::trace::upstream_correlation`):
+    /// named when the upstream refuses the request with an empty body.
+    pub(super) added_headers: Vec<&'static str>,
+    /// The `x-request-id` haltd sent, if it sent one (the access log's `upstream_request_id`).
+    pub(super) request_id: Option<String>,
 }
 
 impl Upstream {
@@ -191,6 +196,8 @@ impl Upstream {
             reuse: Reuse::No,
             recv_stopped: false,
             tls: None,
+            added_headers: Vec::new(),
+            request_id: None,
         }
     }
 
@@ -323,15 +330,21 @@ impl Worker {
             None => req.authorization,
         };
         let stream_id = self.conns[key].id.to_string();
+        let fields = self.conns[key].correlation(shared.cfg.args.upstream_request_id, &stream_id);
+        let refs: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
         upstream::write_http_request_with(
             &mut wbuf,
             url,
             (req.method, req.api_path),
             authorization,
-            &self.conns[key].correlation(&stream_id),
+            &refs,
             req.body,
         );
         let mut up = Box::new(Upstream::new(fd, req, wbuf, system_prompt));
+        up.added_headers = fields.iter().map(|(n, _)| *n).collect();
+        up.request_id = fields
+            .into_iter()
+            .find_map(|(n, v)| (n == "x-request-id").then_some(v));
         if reused {
             // An idle keep-alive connection: the request goes out at once (in its TLS
             // session, if it has one: no new handshake).

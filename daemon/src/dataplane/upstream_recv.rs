@@ -179,7 +179,17 @@ impl Worker {
             })
             .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
         let quote = wire::truncate_chars(&message, 500);
-        let msg = format!("the upstream answered {status}: {quote}");
+        let msg = if body.is_empty() {
+            // Nothing to quote: name what haltd added to the client's request, the likeliest
+            // cause of a refusal the client cannot explain (a backend that checks
+            // `x-request-id`'s shape, say).
+            format!(
+                "the upstream answered {status} with an empty body; haltd added these request headers: {} (see --upstream-request-id)",
+                up.added_headers.join(", ")
+            )
+        } else {
+            format!("the upstream answered {status}: {quote}")
+        };
         up.failure_quote = Some(quote);
         up.status = Some(status);
         self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))

@@ -3,8 +3,14 @@
 //! when it has the W3C format). With them haltd's access log, records and response heads join
 //! the gateway's and the backend's logs.
 //!
-//! A request id is echoed in the response head and sent upstream, so it must be a safe header
-//! value and a bounded log field: 1 to [`MAX_REQUEST_ID_BYTES`] visible ASCII bytes.
+//! A request id is echoed in the response head, so it must be a safe header value and a
+//! bounded log field: 1 to [`MAX_REQUEST_ID_BYTES`] visible ASCII bytes.
+//!
+//! Upstream, haltd names each request with an id of its own, a v4 UUID, by default
+//! (`--upstream-request-id`, [`UpstreamRequestId`]): backends check that header's shape
+//! (llama-cpp-python answers 400 to an `x-request-id` that is not a UUID), and a client's id can
+//! be anything. The client's own id, when it sent one, goes along as
+//! `x-haltd-client-request-id` ([`upstream_correlation`]).
 
 /// Longest `x-request-id` accepted from a client.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
@@ -22,6 +28,52 @@ pub fn accept_request_id(value: &[u8]) -> Option<String> {
 /// A new request id: 32 lowercase hex digits of randomness (the shape of a W3C trace id).
 pub fn generate_request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+/// What haltd sends upstream as `x-request-id` (`--upstream-request-id`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamRequestId {
+    /// A v4 UUID haltd makes for each upstream request; the client's id, if it sent one, as
+    /// `x-haltd-client-request-id`.
+    #[default]
+    Uuid,
+    /// The request's id as the access log has it (the client's, or one haltd generated), as
+    /// before issue 29; a backend that checks the header's shape may refuse it.
+    Client,
+    /// No `x-request-id` (the client's id, if any, still as `x-haltd-client-request-id`).
+    Off,
+}
+
+/// The header fields haltd adds to an upstream request for correlation (`--upstream-request-id`
+/// `mode`): `x-haltd-stream-id`, `x-request-id` (`mode`'s), `x-haltd-client-request-id` (the
+/// client's id, if the client sent one; not under `client`, where it is `x-request-id`
+/// already), `traceparent` (well-formed only). `request_id` is the request's id as the access
+/// log has it, `from_client` whether the client sent it. One allocation per upstream request.
+pub fn upstream_correlation(
+    mode: UpstreamRequestId,
+    stream_id: &str,
+    (request_id, from_client): (Option<&str>, bool),
+    traceparent: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    let mut fields = vec![("x-haltd-stream-id", stream_id.to_owned())];
+    match mode {
+        UpstreamRequestId::Uuid => {
+            fields.push(("x-request-id", uuid::Uuid::new_v4().to_string()));
+        }
+        UpstreamRequestId::Client => {
+            if let Some(rid) = request_id {
+                fields.push(("x-request-id", rid.to_owned()));
+            }
+        }
+        UpstreamRequestId::Off => {}
+    }
+    if let (Some(rid), true, false) = (request_id, from_client, mode == UpstreamRequestId::Client) {
+        fields.push(("x-haltd-client-request-id", rid.to_owned()));
+    }
+    if let Some(tp) = traceparent {
+        fields.push(("traceparent", tp.to_owned()));
+    }
+    fields
 }
 
 /// The `traceparent` value if it has the W3C Trace Context format (level 1): `VV-TTTT-PPPP-FF`
@@ -53,6 +105,65 @@ pub fn accept_traceparent(value: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(fields: &[(&'static str, String)]) -> Vec<&'static str> {
+        fields.iter().map(|(n, _)| *n).collect()
+    }
+
+    #[test]
+    fn the_upstream_gets_a_uuid_and_the_clients_id_apart() {
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let f = upstream_correlation(
+            UpstreamRequestId::Uuid,
+            "hs_1",
+            (Some("req-1"), true),
+            Some(tp),
+        );
+        assert_eq!(
+            names(&f),
+            [
+                "x-haltd-stream-id",
+                "x-request-id",
+                "x-haltd-client-request-id",
+                "traceparent"
+            ]
+        );
+        let id = uuid::Uuid::parse_str(&f[1].1).expect("a UUID");
+        assert_eq!(id.get_version_num(), 4);
+        assert_eq!(f[1].1.len(), 36, "hyphenated: {}", f[1].1);
+        assert_eq!(f[2].1, "req-1");
+        // Another request, another id.
+        let g = upstream_correlation(UpstreamRequestId::Uuid, "hs_1", (None, false), None);
+        assert_ne!(g[1].1, f[1].1);
+        assert_eq!(names(&g), ["x-haltd-stream-id", "x-request-id"]);
+    }
+
+    #[test]
+    fn client_mode_forwards_the_id_and_off_sends_none() {
+        let f = upstream_correlation(
+            UpstreamRequestId::Client,
+            "hs_1",
+            (Some("req-1"), true),
+            None,
+        );
+        assert_eq!(names(&f), ["x-haltd-stream-id", "x-request-id"]);
+        assert_eq!(f[1].1, "req-1");
+        // A generated id (the client sent none) is the request's id too.
+        let f = upstream_correlation(
+            UpstreamRequestId::Client,
+            "hs_1",
+            (Some("abc"), false),
+            None,
+        );
+        assert_eq!(f[1].1, "abc");
+        let f = upstream_correlation(UpstreamRequestId::Off, "hs_1", (Some("req-1"), true), None);
+        assert_eq!(
+            names(&f),
+            ["x-haltd-stream-id", "x-haltd-client-request-id"]
+        );
+        let f = upstream_correlation(UpstreamRequestId::Off, "hs_1", (Some("gen"), false), None);
+        assert_eq!(names(&f), ["x-haltd-stream-id"]);
+    }
 
     #[test]
     fn request_ids_are_bounded_visible_ascii() {

@@ -73,7 +73,7 @@
 //! | `garbage` | `data: {this is not json`, then `after=` (default 4) more tokens and a normal end |
 //! | `stall` | nothing more; the connection stays open `hold_ms=` (default 60000), then closes |
 //! | `die` | close abruptly: no final chunk, no `[DONE]`, no 0-chunk; `rst=1`: RST (SO_LINGER 0) |
-//! | `status` | (before anything) HTTP `code=` (default 500) with a JSON error (`msg=`, `retry_after=S`) |
+//! | `status` | (before anything) HTTP `code=` (default 500) with a JSON error (`msg=`, `retry_after=S`; `empty=1`: no body at all, as llama-cpp-python refuses an `x-request-id` that is not a UUID) |
 //! | `slow_head` | (before the head) wait `head_ms=` (default 2000), then as `normal` |
 //! | `bench` | as `normal`, token texts ` t<NS>`: CLOCK_MONOTONIC ns read just before the write |
 //!
@@ -969,6 +969,8 @@ struct Script {
     hold: Duration,
     rst: bool,
     retry_after: Option<u64>,
+    /// `status`: answer with no body.
+    empty: bool,
     head: Duration,
     /// Like a backend without logprob support: never send them, whatever was asked.
     no_logprobs: bool,
@@ -1121,6 +1123,7 @@ impl Script {
                 }
                 if kind == Kind::Status {
                     s.retry_after = k.take("retry_after")?;
+                    s.empty = k.flag("empty")?;
                 }
             }
             Kind::Garbage => s.after = k.count("after", 4)?,
@@ -1183,6 +1186,7 @@ impl Script {
             hold: Duration::ZERO,
             rst: false,
             retry_after: None,
+            empty: false,
             head: Duration::ZERO,
         };
         s.read_kind_keys(&mut k)?;
@@ -1996,7 +2000,11 @@ async fn run(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome
             .map(|r| ("retry-after", r.to_string()))
             .into_iter()
             .collect();
-        let body = error_json(s.code, &p.error_message());
+        let body = if s.empty {
+            String::new()
+        } else {
+            error_json(s.code, &p.error_message())
+        };
         write_simple(&mut out.w, s.code, &body, &extra).await?;
         return Ok(Outcome::Status);
     }

@@ -1,7 +1,9 @@
 //! The access log and the request metrics (issue 14, points 3 and 6): one line per request
 //! with its ids, model, status, tokens, timings, outcome and halt code; `x-request-id` echoed
-//! (a bad one replaced) and forwarded with the stream id and `traceparent`; the metrics that
-//! come from the same summary; an access log file reopened on SIGHUP.
+//! (a bad one replaced); upstream, a v4 UUID of haltd's as `x-request-id` (issue 29: backends
+//! check its shape), the client's own id as `x-haltd-client-request-id`, the stream id and
+//! `traceparent`; an upstream's empty 4xx named with those headers; the metrics that come
+//! from the same summary; an access log file reopened on SIGHUP.
 
 use std::{collections::BTreeMap, fs, net::SocketAddr, time::Duration};
 
@@ -86,6 +88,18 @@ fn is_generated_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// A hyphenated v4 UUID (`xxxxxxxx-xxxx-4xxx-Vxxx-xxxxxxxxxxxx`, V one of 8, 9, a, b).
+fn is_uuid_v4(id: &str) -> bool {
+    let b = id.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            14 => *c == b'4',
+            19 => matches!(c, b'8' | b'9' | b'a' | b'b'),
+            _ => matches!(c, b'0'..=b'9' | b'a'..=b'f'),
+        })
+}
+
 /// The stream id of a response.
 fn stream_id(r: &RawResponse) -> Result<String> {
     Ok(r.header("x-haltd-stream-id")
@@ -105,8 +119,19 @@ fn streamed_turn(rig: &Rig) -> Result<String> {
     ensure!(r.header("x-request-id") == Some("client-req-1"));
     let id = stream_id(&r)?;
     let up = upstream_request(rig, &id)?;
-    ensure!(up["headers"]["x-request-id"] == "client-req-1", "{up}");
+    let sent = up["headers"]["x-request-id"].as_str().unwrap_or_default();
+    ensure!(is_uuid_v4(sent), "upstream x-request-id {sent:?}: {up}");
+    ensure!(
+        up["headers"]["x-haltd-client-request-id"] == "client-req-1",
+        "{up}"
+    );
     ensure!(up["headers"]["traceparent"] == TRACEPARENT, "{up}");
+    let line = wait_lines(&rig.haltd, &["client-req-1"])?;
+    ensure!(
+        line["client-req-1"]["upstream_request_id"] == sent,
+        "the access log names the upstream's id: {}",
+        line["client-req-1"]
+    );
     Ok(id)
 }
 
@@ -130,9 +155,37 @@ fn batch_turn(rig: &Rig) -> Result<String> {
     let id = r.header("x-request-id").context("batch id")?.to_owned();
     ensure!(is_generated_id(&id), "replaced id {id:?}");
     let up = upstream_request(rig, &stream_id(&r)?)?;
-    ensure!(up["headers"]["x-request-id"] == id.as_str(), "{up}");
+    let sent = up["headers"]["x-request-id"].as_str().unwrap_or_default();
+    ensure!(is_uuid_v4(sent) && sent != id, "{up}");
+    // The client sent no usable id: none of its own goes upstream.
+    ensure!(
+        up["headers"].get("x-haltd-client-request-id").is_none(),
+        "{up}"
+    );
     ensure!(up["headers"].get("traceparent").is_none(), "{up}");
     Ok(id)
+}
+
+/// An upstream that refuses a request with a 4xx and nothing in its body (llama-cpp-python
+/// does so for an `x-request-id` that is not a UUID): the client's error names the status and
+/// the headers haltd added.
+fn empty_refusal(rig: &Rig) -> Result<()> {
+    let r = post_raw(
+        rig,
+        &chat("[[script:status code=400 empty=1]]", false),
+        &["x-request-id: empty-400"],
+    )?;
+    ensure!(r.status == 400, "{}", r.status);
+    let v = r.json()?;
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    ensure!(
+        msg.contains("answered 400 with an empty body")
+            && msg.contains("x-request-id")
+            && msg.contains("x-haltd-client-request-id")
+            && msg.contains("--upstream-request-id"),
+        "{v}"
+    );
+    Ok(())
 }
 
 /// Refused by haltd (not a JSON object), and refused by the upstream (as for an unknown
@@ -292,7 +345,9 @@ fn every_request_leaves_one_line_and_its_ids_reach_both_ends() -> Result<()> {
     ];
     let lines = wait_lines(&rig.haltd, &ids)?;
     check_lines(&lines, &stream_id, &batch_id)?;
-    check_metrics(&rig.haltd.metrics()?)
+    check_metrics(&rig.haltd.metrics()?)?;
+    // Last, so that the counts above stay as they were.
+    empty_refusal(&rig)
 }
 
 /// `--access-log FILE`: JSON Lines, and SIGHUP reopens the file after it was moved away.

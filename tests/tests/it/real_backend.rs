@@ -565,3 +565,43 @@ fn detectors_judge_llama_cpp_tokens_and_logprobs() -> Result<()> {
     exfil_holds_back_a_secret_in_real_tokens(&rig)?;
     halt_monitor_trips_on_real_logprobs(&mut rig)
 }
+
+/// Issue 29 point 2: llama-cpp-python answers 400, with an empty body, to an `x-request-id`
+/// that is not a UUID. haltd sends a v4 UUID of its own upstream (the client's id as
+/// `x-haltd-client-request-id`), so a client with any id is served; with
+/// `--upstream-request-id client` (the old behaviour) the same request is refused, and the
+/// client's error names the status and the headers haltd added.
+#[test]
+fn a_client_request_id_that_is_no_uuid_reaches_llama_cpp() -> Result<()> {
+    let rig = rig(&[])?;
+    let o = rig.stream_headers(
+        "/v1/chat/completions",
+        &chat(6, true),
+        &[("x-request-id", "client-req-7")],
+        |_, _| {},
+    )?;
+    ended(&o, "length")?;
+    drop(rig);
+
+    let rig = rig_with_client_ids()?;
+    let o = rig.stream_headers(
+        "/v1/chat/completions",
+        &chat(6, true),
+        &[("x-request-id", "client-req-7")],
+        |_, _| {},
+    )?;
+    ensure!(o.status == 400, "status {} body {:?}", o.status, o.body);
+    let body = o.body.clone().unwrap_or_default();
+    ensure!(
+        body.contains("answered 400 with an empty body")
+            && body.contains("x-request-id")
+            && body.contains("--upstream-request-id"),
+        "{body}"
+    );
+    Ok(())
+}
+
+/// haltd in front of llama.cpp's server, forwarding the client's id as `x-request-id`.
+fn rig_with_client_ids() -> Result<LlamaRig> {
+    rig(&["--upstream-request-id", "client"])
+}
