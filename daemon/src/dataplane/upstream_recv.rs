@@ -80,6 +80,12 @@ impl Worker {
             return Ok(());
         };
         up.received += res as usize;
+        if res > 0 && up.purpose == super::upstream_io::Purpose::Turn {
+            if let Some(h) = &shared.upstream_health {
+                // The backend answers: a probe that times out meanwhile met it busy.
+                h.note_bytes(arrived_ns);
+            }
+        }
         let endpoint = shared.table.slot(id.slot).endpoint();
         let source = conn.turn.as_mut().and_then(|t| t.source.upstream_mut());
         match up_received(up, source, res, endpoint, arrived_ns) {

@@ -9,9 +9,10 @@
 use std::{
     net::SocketAddr,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
+    time::Duration,
 };
 
 use arc_swap::ArcSwap;
@@ -53,6 +54,9 @@ pub struct UpstreamHealth {
     up: AtomicBool,
     verdict: ArcSwap<Verdict>,
     models: ArcSwap<Vec<String>>,
+    /// When a turn last received bytes from the upstream (`CLOCK_MONOTONIC` ns; 0: never):
+    /// a probe that times out meanwhile met a busy backend, not a dead one.
+    last_bytes_ns: AtomicU64,
 }
 
 /// The upstream's part of `/readyz`.
@@ -90,7 +94,19 @@ impl UpstreamHealth {
                 ..Verdict::default()
             }),
             models: ArcSwap::from_pointee(Vec::new()),
+            last_bytes_ns: AtomicU64::new(0),
         }
+    }
+
+    /// A turn received bytes from the upstream at `now_ns`: one relaxed store per receive.
+    pub fn note_bytes(&self, now_ns: u64) {
+        self.last_bytes_ns.store(now_ns, Ordering::Relaxed);
+    }
+
+    /// Whether some turn received upstream bytes within `window` before `now_ns`.
+    pub fn busy_within(&self, now_ns: u64, window: Duration) -> bool {
+        let last = self.last_bytes_ns.load(Ordering::Relaxed);
+        last != 0 && now_ns.saturating_sub(last) <= window.as_nanos() as u64
     }
 
     /// The state of `--upstream` (`None` with the built-in source).
@@ -223,6 +239,17 @@ mod tests {
         assert_eq!(h.readiness().resolve_error.as_deref(), Some("timeout"));
         // Probing: resolving alone does not make it up.
         assert!(!h.is_up());
+    }
+
+    #[test]
+    fn busy_means_bytes_within_the_window() {
+        let h = UpstreamHealth::new("up:80".into(), true);
+        let s = Duration::from_secs(1);
+        assert!(!h.busy_within(5_000_000_000, s), "never received");
+        h.note_bytes(4_500_000_000);
+        assert!(h.busy_within(5_000_000_000, s));
+        assert!(h.busy_within(5_500_000_000, s));
+        assert!(!h.busy_within(5_500_000_001, s));
     }
 
     #[test]

@@ -47,6 +47,21 @@ pub enum ProbeError {
     Status { status: u16, reason: String },
 }
 
+impl ProbeError {
+    /// The upstream accepted the connection and did not answer in time: busy, or hung (not
+    /// refused, not broken).
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            ProbeError::Timeout(_) => true,
+            ProbeError::Io(e) => matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// What a successful probe learnt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

@@ -8,7 +8,10 @@
 //!   meanwhile `/readyz` is 503 and turns get 503 `upstream_unresolved`. haltd does not exit.
 //! - **Probe** (`probe.rs`): every `--upstream-probe-interval-ms`; `--upstream-probe-failures`
 //!   failures in a row make the upstream down (haltd not ready), `--upstream-probe-successes`
-//!   successes in a row make it up again. It starts down: ready after the first success.
+//!   successes in a row make it up again. It starts down: ready after the first success. A
+//!   probe that times out while some turn received upstream bytes within the last interval ×
+//!   failures does not count: the backend is busy, not gone (a backend that serves one
+//!   request at a time answers nothing else while it streams a long reply).
 
 use std::{
     sync::Arc,
@@ -28,6 +31,14 @@ use crate::{
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between attempts to resolve a name that does not resolve.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How one probe went.
+enum Probed {
+    Answer(super::probe::Answer),
+    /// It timed out while turns were receiving from the upstream: busy, not down.
+    Busy(String),
+    Failed(String),
+}
 
 /// How the upstream is probed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,13 +220,24 @@ impl Watch {
             timeout: settings.timeout,
         };
         let outcome = match health.addr() {
-            Ok(addr) => probe(&target, addr).map_err(|e| e.to_string()),
-            Err(e) => Err(e.message),
+            Ok(addr) => probe(&target, addr).map_err(|e| (e.is_timeout(), e.to_string())),
+            Err(e) => Err((false, e.message)),
+        };
+        // A backend that serves one request at a time (llama.cpp's server) leaves the probe
+        // unanswered while it streams a long reply. A timeout while some turn received
+        // upstream bytes within the failures' span is a busy backend, not a dead one: it
+        // does not count (a refused connection or an error answer always does).
+        let span = settings.interval * settings.failures.max(1);
+        let busy = health.busy_within(crate::clock::monotonic_ns(), span);
+        let outcome = match outcome {
+            Ok(a) => Probed::Answer(a),
+            Err((true, e)) if busy => Probed::Busy(e),
+            Err((_, e)) => Probed::Failed(e),
         };
         let v = &mut self.verdict;
         let was_up = v.up;
         let ok = match outcome {
-            Ok(answer) => {
+            Probed::Answer(answer) => {
                 v.consecutive_successes = v.consecutive_successes.saturating_add(1);
                 v.consecutive_failures = 0;
                 if v.consecutive_successes >= settings.successes {
@@ -232,7 +254,13 @@ impl Watch {
                 }
                 true
             }
-            Err(e) => {
+            Probed::Busy(e) => {
+                // Counted as a probe failure, not toward "down".
+                shared.metrics.upstream.probe_failures.inc();
+                tracing::debug!(upstream = %url, error = %e, "upstream probe timed out while a turn was receiving from the upstream: busy, not down");
+                false
+            }
+            Probed::Failed(e) => {
                 shared.metrics.upstream.probe_failures.inc();
                 v.consecutive_failures = v.consecutive_failures.saturating_add(1);
                 v.consecutive_successes = 0;

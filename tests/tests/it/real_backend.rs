@@ -605,3 +605,80 @@ fn a_client_request_id_that_is_no_uuid_reaches_llama_cpp() -> Result<()> {
 fn rig_with_client_ids() -> Result<LlamaRig> {
     rig(&["--upstream-request-id", "client"])
 }
+
+/// `/readyz`'s status, from the client namespace.
+fn readyz(haltd: &Haltd) -> Result<u16> {
+    let addr = haltd.api;
+    in_netns(&haltd.client_ns, move || {
+        haltd_tests::raw_exchange(
+            addr,
+            b"GET /readyz HTTP/1.1\r\nhost: haltd\r\nconnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .map(|r| r.status)
+    })
+}
+
+/// Issue 29 point 3: llama.cpp's server answers nothing else while it streams a long reply, so
+/// the `/v1/models` probe times out. While a turn receives its bytes that is a busy backend,
+/// not a dead one: `/readyz` stays 200 through a 3,500-token stream (the probe every 250 ms, a
+/// 200 ms timeout, down after 2 failures: several probes time out meanwhile, counted in
+/// `haltd_upstream_probe_failures_total`). Once the server is gone, `/readyz` turns 503 as it
+/// did.
+#[test]
+fn readiness_holds_while_llama_cpp_is_busy_and_fails_once_it_is_gone() -> Result<()> {
+    let mut rig = rig(&[
+        "--upstream-probe-interval-ms",
+        "250",
+        "--upstream-probe-timeout-ms",
+        "200",
+        "--upstream-probe-failures",
+        "2",
+    ])?;
+    haltd_tests::wait_for(Duration::from_secs(10), "ready", || {
+        Ok((readyz(&rig.haltd)? == 200).then_some(()))
+    })?;
+    let failures = |rig: &LlamaRig| -> Result<f64> {
+        rig.haltd
+            .metrics()?
+            .value_or_zero("haltd_upstream_probe_failures_total", &[])
+    };
+    let before = failures(&rig)?;
+    let (url, body) = (rig.url("/v1/chat/completions"), chat(3500, true));
+    let stream = haltd_tests::spawn_in_netns(&rig.haltd.client_ns, move || {
+        haltd_tests::sse::stream(&url, &body, Duration::from_secs(60), |_, _| {})
+    });
+    let mut statuses = Vec::new();
+    while !stream.is_finished() {
+        statuses.push(readyz(&rig.haltd)?);
+        thread::sleep(Duration::from_millis(25));
+    }
+    let o = stream
+        .join()
+        .map_err(|_| anyhow::anyhow!("the stream's client panicked"))??;
+    ended(&o, "length")?;
+    let timed_out = failures(&rig)? - before;
+    println!(
+        "readiness during a {}-token stream: {} looks, {} not 200; {timed_out} probes timed out meanwhile",
+        frames(&o).len(),
+        statuses.len(),
+        statuses.iter().filter(|&&s| s != 200).count()
+    );
+    ensure!(
+        timed_out >= 1.0,
+        "no probe timed out: the server was not busy enough for this test to mean anything"
+    );
+    ensure!(
+        statuses.iter().all(|&s| s == 200),
+        "/readyz left 200 while the backend streamed: {statuses:?}"
+    );
+    rig.up.kill()?;
+    let t = Instant::now();
+    haltd_tests::wait_for(
+        Duration::from_secs(5),
+        "/readyz 503 once the server is gone",
+        || Ok((readyz(&rig.haltd)? == 503).then_some(())),
+    )?;
+    println!("the server killed: /readyz 503 after {:?}", t.elapsed());
+    Ok(())
+}
