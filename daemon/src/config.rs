@@ -10,6 +10,7 @@ mod faults;
 pub mod file;
 pub mod layers;
 pub mod reference;
+pub mod sighup;
 mod validate;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -72,7 +73,7 @@ pub struct ServeArgs {
     /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca_file: Option<PathBuf>,
-    /// PEM certificate chain (leaf first) for TLS on `--listen` (with `--tls-key`; both or neither). Clients then speak HTTPS: TLS 1.3 and 1.2, ALPN `http/1.1`; reloaded on SIGHUP.
+    /// PEM certificate chain (leaf first) for TLS on `--listen` (with `--tls-key`; both or neither). Clients then speak HTTPS: TLS 1.3 and 1.2, ALPN `http/1.1`; SIGHUP reads the file (and the key) again for new connections, at the path given at start.
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `--tls-cert`.
@@ -310,6 +311,9 @@ pub struct Config {
     /// Grounding (`[grounding]` of the config file, fixed at start, validated): how a
     /// grounding round grounds a span ([`crate::grounding::Grounding::from_config`]).
     pub grounding: crate::grounding::GroundingConfig,
+    /// The `--config` file as read at start (`None` without one): what SIGHUP compares the
+    /// file with, to name the changes that apply only at the next start ([`sighup`]).
+    pub file_at_start: Option<toml::Table>,
 }
 
 /// TokenCircuit's policy as configured: `None` when disabled.
@@ -339,6 +343,7 @@ impl ServeArgs {
         let client_tls = self.client_tls()?;
         self.check_upstream_timeouts()?;
         let upstream_watch = crate::upstream::watch::WatchSettings::from_args(&self)?;
+        let file_at_start = self.read_config_file()?;
         let (
             sampling,
             tool_circuit,
@@ -347,7 +352,7 @@ impl ServeArgs {
                 detectors,
                 log_level,
             },
-        ) = self.file_settings(self.read_config_file()?)?;
+        ) = self.file_settings(file_at_start.clone())?;
         let faults = parse_faults(&self.faults)?;
         let workers = self.worker_count()?;
         let admin_token = self.admin_token()?;
@@ -381,6 +386,7 @@ impl ServeArgs {
             sampling,
             tool_circuit,
             grounding,
+            file_at_start,
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
@@ -460,7 +466,7 @@ impl ServeArgs {
     }
 
     /// The `--config` file as a TOML table, `None` without one.
-    fn read_config_file(&self) -> Result<Option<toml::Table>, ConfigError> {
+    pub fn read_config_file(&self) -> Result<Option<toml::Table>, ConfigError> {
         let file = match &self.config {
             None => None,
             Some(path) => {

@@ -97,6 +97,10 @@ pub fn reload_on_hangup(
                     format!("reload on SIGHUP failed, the running configuration stays: {why}")
                 }
             };
+            let message = match restart_only_changes(&shared) {
+                Some(keys) => format!("{message}; {keys}"),
+                None => message,
+            };
             let message = format!("{message}; {segment}");
             let message = match shared.access_log.reopen_on_hangup() {
                 Some(reopened) => format!("{message}; {reopened}"),
@@ -137,6 +141,25 @@ fn reopen_ledger(shared: &HaltCore) -> String {
             format!("reopening the ledger {path} failed: {e}")
         }
     }
+}
+
+/// The keys of `--config` that changed since start but apply only at the next start
+/// (`config/sighup.rs`), named in a WARN line; `None` when there are none (or the file cannot
+/// be read: the reload says why).
+fn restart_only_changes(shared: &HaltCore) -> Option<String> {
+    let now = shared.cfg.args.read_config_file().ok()?;
+    let keys = crate::config::sighup::changed_restart_keys(
+        shared.cfg.file_at_start.as_ref(),
+        now.as_ref(),
+    );
+    if keys.is_empty() {
+        return None;
+    }
+    let keys = keys.join(", ");
+    tracing::warn!(keys = %keys, "changed in --config but applied only at the next start: restart haltd to apply them");
+    Some(format!(
+        "changed in --config but applied only at the next start: {keys}"
+    ))
 }
 
 /// Reads `--config` again and applies it; says what it applied, or why it applied nothing.

@@ -43,8 +43,13 @@ the same settings) can be given in four places. The first that gives it wins:
   and arm orders of a grounding round: [grounding.md](grounding.md)) and `[log]` (`level`, an
   `EnvFilter` directive; the variable `HALTD_LOG` wins over it). [deploy/haltd.toml](../deploy/haltd.toml) is a full example. An
   unknown key or section stops haltd with an error naming its line.
-- SIGHUP re-reads `[detectors.*]`, `[safety]` and `[log]`; the settings at the top of the
-  file, like every flag and variable, take effect at the next start.
+- SIGHUP re-reads the file. The column "on SIGHUP" says what it does with each setting:
+  `applied` (to turns and connections that start afterwards), `restart` (it takes effect at
+  the next start; when the file changed it, the reload names it in a WARN line, `changed in
+  --config but applied only at the next start: ...`, and in its `lifecycle` record) or
+  `refused` (a change that would loosen enforcement while a lock is set; haltd has no such
+  lock yet, so no setting says it). Flags and variables never change under a running haltd.
+  The file's sections are in the second table below.
 - `haltd check-config FILE [FLAGS]` checks the file, the `HALTD_*` variables and the flags as
   `haltd serve --config FILE [FLAGS]` would take them, binding and loading nothing, and says
   what is wrong with the line of each bad key (exit 0: valid, 2: not). The systemd unit runs it
@@ -54,22 +59,30 @@ the same settings) can be given in four places. The first that gives it wins:
 
 "#;
 
+/// The head of the sections' table, after the settings' table.
+const SECTIONS_HEAD: &str = "\nThe config file's sections:\n\n| section | on SIGHUP |\n|---|---|\n";
+
 /// The reference, from `serve`'s command ([`super::ServeArgs::command`]).
 pub fn render(serve: &clap::Command) -> String {
     let mut built = serve.clone();
     built.build();
     let settings = layers::settings(&built);
     let mut out = HEAD.to_owned();
-    out.push_str("| flag | variable | file | default |\n|---|---|---|---|\n");
+    out.push_str("| flag | variable | file | default | on SIGHUP |\n|---|---|---|---|---|\n");
     for s in &settings {
         let default = defaults(&built, s);
+        let on = super::sighup::of(&s.name).map_or("?", super::sighup::OnSighup::as_str);
         let _ = writeln!(
             out,
-            "| [`--{name}`](#{name}) | `{env}` | {file} | {default} |",
+            "| [`--{name}`](#{name}) | `{env}` | {file} | {default} | {on} |",
             name = s.name,
             env = s.env,
             file = file_cell(&s.file),
         );
+    }
+    out.push_str(SECTIONS_HEAD);
+    for (section, on) in super::sighup::SECTIONS {
+        let _ = writeln!(out, "| `[{section}]` | {on} |");
     }
     for s in &settings {
         out.push_str(&section(&built, s));

@@ -185,3 +185,55 @@ fn sighup_after_the_ledger_was_moved_starts_a_linked_segment() -> Result<()> {
     ensure!(swapped.is_err(), "NEW OLD verified: {swapped:?}");
     Ok(())
 }
+
+/// Issue 29 point 4: one setting of each kind SIGHUP knows (docs/configuration.md's "on SIGHUP"
+/// column). `applied`: `[detectors.halt_monitor] hard_limit` (the file form of `--hard-limit`)
+/// takes effect for the next turn. `restart`: a changed top-level `budget` and a changed
+/// `[grounding]` are not applied, and the reload names both in a WARN line and in its record
+/// instead of saying nothing. (`refused` needs a lock, which haltd does not have yet: no
+/// setting says it.)
+#[test]
+fn sighup_applies_what_it_can_and_names_what_needs_a_restart() -> Result<()> {
+    require_root()?;
+    let dir = temp_dir("reload-kinds")?;
+    let config = dir.join("haltd.toml");
+    write(&config, "budget = 5\n")?;
+    let pair = NetPair::new()?;
+    let config_arg = config.to_string_lossy().into_owned();
+    let mut haltd = Haltd::start(&pair, &["--config", &config_arg, "--degraded-for-s", "1"])?;
+    ensure!(turn(&haltd)?.error.is_none(), "a turn before the reload");
+
+    // applied: a hard limit no built-in token meets halts the next turn at its first token.
+    write(
+        &config,
+        "budget = 2\n[detectors.halt_monitor]\nhard_limit = 0.999\n[grounding]\nmax_rounds = 1\n",
+    )?;
+    let message = hangup(&mut haltd, 1)?;
+    let after = turn(&haltd)?;
+    after.halted_cleanly("COHERENCE_BELOW_THRESHOLD")?;
+    // restart: the budget stays 5 (the halt's terminal says it), and both keys are named.
+    let budget = after.error.as_ref().and_then(|e| e["budget"].as_u64());
+    let halted: Vec<serde_json::Value> = haltd
+        .ledger_records()?
+        .into_iter()
+        .filter(|r| r["kind"] == "incident")
+        .collect();
+    ensure!(
+        halted.last().is_some_and(|r| r["budget"] == 5),
+        "the budget changed on SIGHUP: {:?} {budget:?}",
+        halted.last()
+    );
+    ensure!(
+        message
+            .contains("changed in --config but applied only at the next start: budget, grounding"),
+        "{message}"
+    );
+    let log = haltd.log_file("stderr.log")?;
+    ensure!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("applied only at the next start")
+            && l.contains("budget, grounding")),
+        "no WARN line names the keys"
+    );
+    Ok(())
+}
