@@ -196,6 +196,24 @@ impl<U> Rig<U> {
         )
     }
 
+    /// `POST <upstream><path>` straight to the upstream, past haltd (from the server
+    /// namespace): what the backend itself answers, e.g. its own batch answer to compare
+    /// with haltd's. (status, body as JSON or Null).
+    pub fn post_upstream(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
+        let url = format!("http://127.0.0.1:{}{path}", crate::upstream::PORT_UPSTREAM);
+        let body = body.clone();
+        in_netns(&self.pair.srv, move || -> Result<(u16, Value)> {
+            let mut resp = agent(Duration::from_secs(60))
+                .post(&url)
+                .header("content-type", "application/json")
+                .send_json(&body)
+                .with_context(|| format!("POST {url}"))?;
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            Ok((resp.status().as_u16(), json))
+        })
+    }
+
     /// `GET <admin API><path>` as JSON, from the client namespace.
     pub fn get_admin(&self, path: &str) -> Result<Value> {
         let url = format!("{}{path}", self.haltd.admin_url());

@@ -478,6 +478,13 @@ fn push_leading_reasoning(
 
 /// Merges one tool-call delta list into `tools` (by `index`); returns the calls it started
 /// (`{index, id, name}`), which are the ones a frame carrying this delta dispatches.
+///
+/// Backends shape these deltas two ways: OpenAI and vLLM name a call in its first delta only
+/// and then send argument pieces; llama.cpp's server repeats `id`, `type` and the whole `name`
+/// in every delta beside its argument piece. So `arguments` pieces are appended, while a `name`
+/// equal to the name so far is that repetition and changes nothing (a name sent in pieces
+/// still joins, unless a piece repeats the whole of what came before it, which no backend
+/// here does).
 fn merge_tool_calls(tools: &mut Vec<Value>, delta: &Value) -> Vec<Value> {
     let mut started = Vec::new();
     let Some(list) = delta.as_array() else {
@@ -497,10 +504,14 @@ fn merge_tool_calls(tools: &mut Vec<Value>, delta: &Value) -> Vec<Value> {
         }
         if let Some(f) = d.get("function") {
             for key in ["name", "arguments"] {
-                if let Some(piece) = f.get(key).and_then(Value::as_str) {
-                    let cur = t["function"][key].as_str().unwrap_or("").to_owned();
-                    t["function"][key] = (cur + piece).into();
+                let Some(piece) = f.get(key).and_then(Value::as_str) else {
+                    continue;
+                };
+                let cur = t["function"][key].as_str().unwrap_or("");
+                if key == "name" && piece == cur {
+                    continue;
                 }
+                t["function"][key] = format!("{cur}{piece}").into();
             }
         }
         if fresh && !t["id"].is_null() {
@@ -717,5 +728,33 @@ mod tests {
         assert_eq!(s3[0]["index"], 1);
         assert_eq!(tools[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(tools[1]["id"], "call_2");
+    }
+
+    /// llama.cpp's server repeats the id and the whole name in every delta: the name stays one
+    /// name (it came back as `get_weatherget_weather…`), the arguments still join.
+    #[test]
+    fn a_name_repeated_in_every_delta_is_one_name() {
+        let mut tools = Vec::new();
+        let mut started = 0;
+        for piece in ["", "{\"city\":", "\"Oslo\"}"] {
+            let d = json!([{"index": 0, "id": "call__0_get_weather_cmpl-1", "type": "function",
+                            "function": {"name": "get_weather", "arguments": piece}}]);
+            started += merge_tool_calls(&mut tools, &d).len();
+        }
+        assert_eq!(started, 1);
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0]["function"]["name"], "get_weather");
+        assert_eq!(tools[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        // A name sent in pieces still joins.
+        let mut split = Vec::new();
+        merge_tool_calls(
+            &mut split,
+            &json!([{"index": 0, "id": "c", "function": {"name": "get_"}}]),
+        );
+        merge_tool_calls(
+            &mut split,
+            &json!([{"index": 0, "function": {"name": "weather"}}]),
+        );
+        assert_eq!(split[0]["function"]["name"], "get_weather");
     }
 }

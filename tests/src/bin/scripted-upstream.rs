@@ -67,7 +67,7 @@
 //! | script | after the `tokens` content tokens |
 //! |---|---|
 //! | `normal` | final chunk, usage chunk (if `stream_options.include_usage`), `[DONE]` |
-//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`, `args=` the first call's arguments, JSON written with `'` for `"`; `needs_tool=1`: as `normal` when the request's `tools` do not offer `name`, as a model cannot call a tool it was not given), then as `normal` |
+//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`, `args=` the first call's arguments, JSON written with `'` for `"`; `name_every=1`: every arguments delta repeats the call's `id`, `type` and `name`, as llama.cpp's server sends them (OpenAI and vLLM name the call in its first delta only); `needs_tool=1`: as `normal` when the request's `tools` do not offer `name`, as a model cannot call a tool it was not given), then as `normal` |
 //! | `error_event` | `data: {"error":{..}}` (`code=` (default 400), `msg=`, `object=1` adds vLLM's `"object":"error","param":null`), `[DONE]` |
 //! | `llama_error` | `error: {"code":..,"message":..,"type":..}` and a blank line (`code=` (default 500), `msg=`), end |
 //! | `garbage` | `data: {this is not json`, then `after=` (default 4) more tokens and a normal end |
@@ -962,6 +962,8 @@ struct Script {
     args: Option<String>,
     /// Answer as `normal` when the request does not offer the tool.
     needs_tool: bool,
+    /// Every arguments delta repeats `id`, `type` and `name` (llama.cpp's shape).
+    name_every: bool,
     code: u16,
     msg: Option<String>,
     error_object: bool,
@@ -1107,6 +1109,7 @@ impl Script {
                 s.calls = k.count("calls", 1)?;
                 s.args = k.take::<String>("args")?.map(|a| a.replace('\'', "\""));
                 s.needs_tool = k.flag("needs_tool")?;
+                s.name_every = k.flag("name_every")?;
                 if !(1..=2).contains(&s.calls) {
                     return Err("calls must be 1 or 2".into());
                 }
@@ -1179,6 +1182,7 @@ impl Script {
             calls: 1,
             args: None,
             needs_tool: false,
+            name_every: false,
             code: 500,
             msg: None,
             error_object: false,
@@ -1867,7 +1871,7 @@ impl<'p> Gen<'p> {
     }
 
     /// A tool-call delta: the header (`id`, `type`, `name`, empty arguments) when `header`,
-    /// else an arguments piece; the loaded piece is what the logprobs describe.
+    /// else an arguments piece (with the header's fields again under `name_every`); the loaded piece is what the logprobs describe.
     fn tool(&mut self, idx: usize, role: bool, call: usize, header: bool, args: &str) {
         self.begin(idx);
         self.delta_open(role);
@@ -1876,12 +1880,13 @@ impl<'p> Gen<'p> {
         }
         self.sse.push_str(r#""tool_calls":[{"index":"#);
         num(&mut self.sse, call);
-        if header {
+        if header || self.p.script.name_every {
             let _ = write!(self.sse, r#","id":"call_{}_{call}","#, self.p.seq);
             self.sse
                 .push_str(r#""type":"function","function":{"name":"#);
             esc(&mut self.sse, &self.p.script.fn_name);
-            self.sse.push_str(r#","arguments":"""#);
+            self.sse.push_str(r#","arguments":"#);
+            esc(&mut self.sse, args);
         } else {
             self.sse.push_str(r#","function":{"arguments":"#);
             esc(&mut self.sse, args);

@@ -232,6 +232,52 @@ fn forwards_both_endpoints_stream_batch_and_models_with_logprobs_only_when_asked
     Ok(())
 }
 
+/// The parts of a batch answer that must not change on the way through haltd: each tool call's
+/// name and arguments, and the finish reason (ids may differ).
+pub(crate) fn batch_tool_calls(v: &Value) -> Value {
+    let calls: Vec<Value> = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| json!([c["function"]["name"], c["function"]["arguments"]]))
+        .collect();
+    json!({"tool_calls": calls, "finish_reason": v["choices"][0]["finish_reason"]})
+}
+
+/// Issue 29 point 1: a batch reply's tool calls equal the backend's own batch answer, in both
+/// shapes backends stream them: the name in the first delta only (OpenAI, vLLM) and the name
+/// repeated in every delta (llama.cpp's server, whose batch replies came back named
+/// `get_weatherget_weather…`). `real_backend::llama_cpp_batch_tool_calls_equal_its_own` is
+/// the same against llama.cpp's server.
+#[test]
+fn batch_tool_calls_equal_the_backends_own_answer_in_both_delta_shapes() -> Result<()> {
+    let rig = rig(&[])?;
+    for shape in ["", " name_every=1"] {
+        let mut b = chat(
+            &format!("[[script:tool_call calls=2 args_chunks=4{shape}]]"),
+            false,
+        );
+        b["tools"] = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        let (status, _, through) = rig.post("/v1/chat/completions", &b, None)?;
+        ensure!(status == 200, "{shape}: {status} {through}");
+        let (status, own) = rig.post_upstream("/v1/chat/completions", &b)?;
+        ensure!(status == 200, "{shape}: the upstream's own: {status} {own}");
+        ensure!(
+            batch_tool_calls(&own)["tool_calls"]
+                .as_array()
+                .is_some_and(|c| c.len() == 2),
+            "{own}"
+        );
+        ensure!(
+            batch_tool_calls(&through) == batch_tool_calls(&own),
+            "shape{shape}: haltd's batch {} but the backend's own {}",
+            batch_tool_calls(&through),
+            batch_tool_calls(&own)
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn tool_calls_finish_reasons_and_refusals() -> Result<()> {
     let rig = rig(&[])?;

@@ -218,11 +218,44 @@ fn batches_and_completions(rig: &LlamaRig) -> Result<()> {
     Ok(())
 }
 
+/// Issue 29 point 1: a batch reply with a forced tool call equals llama.cpp's own batch answer
+/// (names, arguments, finish reason; ids differ). The server streams the tool's whole name in
+/// every delta; haltd's batch body, rebuilt from that stream, once named the call
+/// `get_weatherget_weather…`.
+fn batch_tool_calls_equal_its_own(rig: &LlamaRig) -> Result<()> {
+    let mut b = chat(24, false);
+    b["temperature"] = json!(0);
+    b["messages"] = json!([{"role": "user", "content": "Weather in Oslo?"}]);
+    // The schema keeps the arguments ASCII. With a free string, the random model writes
+    // characters whose UTF-8 bytes span tokens, and llama-cpp-python's own stream sends those
+    // tokens as empty text (its batch answer has them): no proxy that streams can rebuild them.
+    b["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Bergen"]},
+                       "days": {"type": "integer"}}, "required": ["city", "days"]}}}]);
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (status, _, through) = rig.post("/v1/chat/completions", &b, None)?;
+    ensure!(status == 200, "{status} {through}");
+    let (status, own) = rig.post_upstream("/v1/chat/completions", &b)?;
+    ensure!(status == 200, "llama.cpp's own: {status} {own}");
+    let own = crate::proxy::batch_tool_calls(&own);
+    ensure!(
+        own["tool_calls"][0][0] == "get_weather" && own["finish_reason"] == "tool_calls",
+        "{own}"
+    );
+    let through = crate::proxy::batch_tool_calls(&through);
+    ensure!(
+        through == own,
+        "haltd's batch {through} but llama.cpp's own {own}"
+    );
+    Ok(())
+}
+
 #[test]
 fn llama_cpp_streams_batches_and_models_reach_clients_and_the_sdk() -> Result<()> {
     let rig = rig(&[])?;
     chat_streams(&rig)?;
     batches_and_completions(&rig)?;
+    batch_tool_calls_equal_its_own(&rig)?;
 
     let url = rig.url("/v1/models");
     let models = in_netns(&rig.haltd.client_ns, move || {
