@@ -1,14 +1,14 @@
 //! Who a request is, for degraded safe mode and the conversation state: one identity per key.
 //!
 //! A conversation is named by a [`KeyId`](crate::modes::KeyId) computed from the request's
-//! credential: the `Authorization` value, or the value of a header the operator names
-//! (`--identity-header`, e.g. a gateway's user header). The value is **normalized** first, so
-//! spellings of one credential are one identity: the words are split on ASCII whitespace
-//! (surrounding and repeated whitespace do not count), and the first word, the scheme
-//! (`Bearer`), is compared case-insensitively. The token itself stays case-sensitive.
+//! [`Credential`], which one rule decides (`credential.rs`): the value of a header the
+//! operator names (`--identity-header`, e.g. a gateway's user header), exactly; else the bearer
+//! token of `Authorization: Bearer` or `x-api-key`; else none.
 //!
-//! The id is the first 8 bytes of **HMAC-SHA-256** of the normalized value under a per-node
-//! secret ([`NodeSecret`]): 32 random bytes created at first start in
+//! The id is the first 8 bytes of **HMAC-SHA-256**, under a per-node secret ([`NodeSecret`]),
+//! of a domain tag, the credential's namespace (`none`, `bearer` or `header`) and its bytes,
+//! so that a header value and a bearer token with the same bytes are two identities. The
+//! secret is 32 random bytes created at first start in
 //! `<--state-dir>/node.key` (mode 0600, the directory 0700) and read at every later start, so
 //! fingerprints are stable on a node across restarts, differ between nodes, and cannot be
 //! reversed or tested against a guessed key without the secret. The credential itself is
@@ -22,7 +22,13 @@ use std::{
 };
 
 use hmac::{Hmac, Mac};
+
+pub use crate::credential::Credential;
 use sha2::Sha256;
+
+/// What every identity's HMAC starts with: a version, so that a later rule cannot collide
+/// with this one (the rule of issue 29 changed every fingerprint).
+pub const IDENTITY_DOMAIN: &[u8] = b"haltd identity v2\0";
 
 /// Length of the node secret in bytes.
 const SECRET_LEN: usize = 32;
@@ -71,21 +77,16 @@ impl NodeSecret {
         NodeSecret(bytes)
     }
 
-    /// The first 8 bytes of HMAC-SHA-256 of the normalized `credential` (`None`: the request
-    /// had none; all such requests share one identity).
-    pub fn key_id(&self, credential: Option<&str>) -> u64 {
+    /// The first 8 bytes of HMAC-SHA-256 of [`IDENTITY_DOMAIN`], the credential's namespace,
+    /// a NUL and its bytes (all requests without a credential share one identity).
+    pub fn key_id(&self, credential: Credential<'_>) -> u64 {
         let mut mac =
             <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        let mut words = credential.unwrap_or("").split_ascii_whitespace();
-        if let Some(scheme) = words.next() {
-            for b in scheme.bytes() {
-                mac.update(&[b.to_ascii_lowercase()]);
-            }
-        }
-        for w in words {
-            mac.update(b" ");
-            mac.update(w.as_bytes());
-        }
+        let (namespace, bytes) = credential.domain_and_bytes();
+        mac.update(IDENTITY_DOMAIN);
+        mac.update(namespace);
+        mac.update(b"\0");
+        mac.update(bytes);
         let tag = mac.finalize().into_bytes();
         let mut first = [0u8; 8];
         first.copy_from_slice(&tag[..8]);
@@ -165,31 +166,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spellings_of_one_credential_are_one_identity() {
+    fn namespaces_and_bytes_make_the_identity() {
         let s = NodeSecret::from_bytes([7; SECRET_LEN]);
-        let id = s.key_id(Some("Bearer sk-victim"));
-        for v in [
-            "bearer sk-victim",
-            "BEARER sk-victim",
-            "Bearer  sk-victim",
-            "  Bearer \t sk-victim  ",
-        ] {
-            assert_eq!(s.key_id(Some(v)), id, "{v:?}");
-        }
+        let id = s.key_id(Credential::Bearer("sk-victim"));
+        assert_eq!(s.key_id(Credential::Bearer("sk-victim")), id);
         assert_ne!(
-            s.key_id(Some("Bearer sk-Victim")),
+            s.key_id(Credential::Bearer("sk-Victim")),
             id,
             "the token stays case-sensitive"
         );
-        assert_ne!(s.key_id(Some("Bearer sk-victim2")), id);
-        assert_eq!(s.key_id(None), s.key_id(Some("   ")));
+        assert_ne!(s.key_id(Credential::Header("sk-victim")), id);
+        assert_ne!(
+            s.key_id(Credential::Header("TenantAb9")),
+            s.key_id(Credential::Header("tenantab9"))
+        );
+        assert_ne!(s.key_id(Credential::None), s.key_id(Credential::Header("")));
+        assert_ne!(s.key_id(Credential::None), s.key_id(Credential::Bearer("")));
     }
 
     #[test]
     fn the_secret_keys_the_id() {
         let a = NodeSecret::from_bytes([1; SECRET_LEN]);
         let b = NodeSecret::from_bytes([2; SECRET_LEN]);
-        assert_ne!(a.key_id(Some("Bearer k")), b.key_id(Some("Bearer k")));
+        assert_ne!(
+            a.key_id(Credential::Bearer("k")),
+            b.key_id(Credential::Bearer("k"))
+        );
     }
 
     #[test]
@@ -204,8 +206,8 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let again = NodeSecret::load_or_create(&dir).expect("read back");
         assert_eq!(
-            first.key_id(Some("Bearer x")),
-            again.key_id(Some("Bearer x"))
+            first.key_id(Credential::Bearer("x")),
+            again.key_id(Credential::Bearer("x"))
         );
         fs::set_permissions(dir.join("node.key"), fs::Permissions::from_mode(0o644))
             .expect("chmod");

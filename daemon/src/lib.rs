@@ -51,6 +51,7 @@ pub mod clock;
 pub mod codes;
 pub mod config;
 pub mod crash;
+pub mod credential;
 pub mod dataplane;
 pub mod detect;
 #[cfg(any(test, feature = "fuzz"))]

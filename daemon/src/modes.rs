@@ -10,8 +10,9 @@
 //! (`--degraded-for-s`) does; every change is a flight-recorder record.
 //!
 //! A conversation is named by its [`KeyId`]: the first 8 bytes of HMAC-SHA-256, under the
-//! per-node secret, of the request's normalized credential (its `Authorization` value, or the
-//! header `--identity-header` names; requests without one share one key; `identity.rs`).
+//! per-node secret, of the request's credential (the header `--identity-header` names, else
+//! the bearer token of `Authorization` or `x-api-key`; requests without one share one key;
+//! `credential.rs`, `identity.rs`).
 //! The key itself is never stored or logged; records and the admin API show its fingerprint
 //! (16 hex digits).
 //!
@@ -34,13 +35,16 @@ use serde::Serialize;
 use crate::{clock::unix_ms, codes::FailureCode};
 
 /// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
-/// request's normalized credential (`identity.rs`).
+/// request's credential (`credential.rs`, `identity.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub u64);
 
 impl KeyId {
     /// The key of a request with this credential (`None`: it had none).
-    pub fn of(secret: &crate::identity::NodeSecret, credential: Option<&str>) -> KeyId {
+    pub fn of(
+        secret: &crate::identity::NodeSecret,
+        credential: crate::credential::Credential<'_>,
+    ) -> KeyId {
         KeyId(secret.key_id(credential))
     }
 
@@ -457,15 +461,16 @@ mod tests {
     }
 
     fn key(s: &str) -> KeyId {
-        KeyId::of(&secret(), Some(s))
+        KeyId::of(&secret(), crate::credential::Credential::Bearer(s))
     }
 
     #[test]
     fn key_ids_are_stable_and_distinct() {
-        assert_eq!(key("Bearer a"), key("Bearer a"));
-        assert_ne!(key("Bearer a"), key("Bearer b"));
-        assert_eq!(KeyId::of(&secret(), None), KeyId::of(&secret(), Some("")));
-        let k = key("Bearer secret");
+        assert_eq!(key("a"), key("a"));
+        assert_ne!(key("a"), key("b"));
+        let none = crate::credential::Credential::None;
+        assert_eq!(KeyId::of(&secret(), none), KeyId::of(&secret(), none));
+        let k = key("secret");
         assert_eq!(KeyId::parse_fingerprint(&k.fingerprint()), Some(k));
         assert!(!k.fingerprint().contains("secret"));
         assert_eq!(KeyId::parse_fingerprint("xyz"), None);

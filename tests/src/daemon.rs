@@ -369,15 +369,18 @@ impl Haltd {
         })
     }
 
-    /// Stops haltd with SIGTERM (SIGKILL after 10 s) and returns how it ended.
-    /// The fingerprint this instance gives the credential `auth` (keyed with its node
-    /// secret, which it created at start).
+    /// The fingerprint this instance gives the `Authorization` value `auth` (keyed with its
+    /// node secret, which it created at start).
     pub fn key_fingerprint(&self, auth: &str) -> Result<String> {
         let secret = haltd::identity::NodeSecret::load_or_create(&self.state_dir)
             .context("reading the instance's node secret")?;
-        Ok(haltd::modes::KeyId::of(&secret, Some(auth)).fingerprint())
+        let token = haltd::credential::bearer(Some(auth), None)
+            .map_err(|e| anyhow::anyhow!("{auth:?}: {e}"))?;
+        let credential = haltd::credential::Credential::of(None, token);
+        Ok(haltd::modes::KeyId::of(&secret, credential).fingerprint())
     }
 
+    /// Stops haltd with SIGTERM (SIGKILL after 10 s) and returns how it ended.
     pub fn stop(&mut self) -> Result<ExitStatus> {
         let mut child = self.child.take().context("haltd already stopped")?;
         terminate(&mut child)

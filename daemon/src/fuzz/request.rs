@@ -2,6 +2,7 @@
 //! as it routes it (the built-in source's view, the proxy's, SafetyCheck's inputs).
 
 use crate::{
+    credential::Credential,
     identity::NodeSecret,
     upstream,
     wire::{
@@ -37,8 +38,9 @@ fn check_refusal(e: &HttpError, what: &str) {
 /// Checks: a complete head lies within the bytes and the limits (16 KiB head, the body
 /// limit); no earlier read of its bytes is refused or complete (the answer does not depend
 /// on how the client's bytes were cut); the head alone parses to the same head; every
-/// refusal has a status the data plane answers with; the credential's spellings that
-/// differ only in the scheme's case and whitespace key one identity.
+/// refusal has a status the data plane answers with; a bearer token's spellings that differ
+/// only in the scheme's case and whitespace are one credential, another namespace than a
+/// header value with its bytes.
 pub fn request_head(data: &[u8]) {
     for identity in [None, Some(IDENTITY_HEADER)] {
         let head = match http::parse_head_with(data, MAX_BODY, identity) {
@@ -97,22 +99,20 @@ fn check_head(data: &[u8], head: &RequestHead, identity: Option<&str>) {
         (head.head_len, head.content_length, &head.method, &head.path)
     );
     assert_eq!(alone.credential(), head.credential());
-    if let Some(c) = head.credential() {
-        let secret = NodeSecret::from_bytes([7; 32]);
-        let mut words = c.split_ascii_whitespace();
-        let respelled = words
-            .next()
-            .map(|scheme| {
-                std::iter::once(scheme.to_ascii_uppercase())
-                    .chain(words.map(str::to_owned))
-                    .collect::<Vec<_>>()
-                    .join(" \t ")
-            })
-            .unwrap_or_default();
+    if let Credential::Bearer(token) = head.credential() {
+        // The one credential rule (`credential.rs`): the scheme's case and the whitespace
+        // around the token fold, the token does not; x-api-key is the same credential.
+        let respelled = format!("  BEARER \t {token} ");
         assert_eq!(
-            secret.key_id(Some(c)),
-            secret.key_id(Some(&format!("  {respelled} "))),
-            "{c:?} and {respelled:?} are one identity"
+            crate::credential::bearer(Some(respelled.trim()), Some(token)),
+            Ok(Some(token)),
+            "{respelled:?} and x-api-key are the bearer token"
+        );
+        let secret = NodeSecret::from_bytes([7; 32]);
+        assert_ne!(
+            secret.key_id(Credential::Bearer(token)),
+            secret.key_id(Credential::Header(token)),
+            "a header value and a bearer token are two namespaces"
         );
     }
 }

@@ -10,7 +10,10 @@
 
 use std::io::Write as _;
 
-use crate::wire::{secret::Secret, stream_id::StreamId};
+use crate::{
+    credential::Credential,
+    wire::{secret::Secret, stream_id::StreamId},
+};
 
 /// Most headers a request may carry.
 pub const MAX_HEADERS: usize = 64;
@@ -34,6 +37,8 @@ pub struct RequestHead {
     pub authorization: Option<Secret>,
     /// The value of the header `--identity-header` names, if configured and present.
     pub identity: Option<Secret>,
+    /// The bearer token of `Authorization` or `x-api-key` (`credential.rs`).
+    pub bearer: Option<Secret>,
     /// The client's `x-request-id`, if one well-formed one came (`crate::wire::trace`); a
     /// missing or malformed one is replaced by a generated id.
     pub request_id: Option<String>,
@@ -45,13 +50,13 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
-    /// What names the request's identity: the `--identity-header` value, else the
-    /// `Authorization` value.
-    pub fn credential(&self) -> Option<&str> {
-        self.identity
-            .as_ref()
-            .or(self.authorization.as_ref())
-            .map(Secret::as_str)
+    /// What names the request's identity (`credential.rs`): the `--identity-header` value,
+    /// else the bearer token, else nothing.
+    pub fn credential(&self) -> Credential<'_> {
+        Credential::of(
+            self.identity.as_ref().map(Secret::as_str),
+            self.bearer.as_ref().map(Secret::as_str),
+        )
     }
 }
 
@@ -175,6 +180,12 @@ pub fn parse_head_with(
         ));
     }
     let fields = HeadFields::read(req.headers)?;
+    let bearer = crate::credential::bearer(
+        fields.authorization.as_ref().map(Secret::as_str),
+        fields.api_key.as_ref().map(Secret::as_str),
+    )
+    .map_err(|e| HttpError::bad_request(e.to_string()))?
+    .map(Secret::new);
     let identity = identity_header
         .map(|name| identity_value(req.headers, name))
         .transpose()?
@@ -200,6 +211,7 @@ pub fn parse_head_with(
         keep_alive,
         authorization,
         identity,
+        bearer,
         request_id: fields.request_id.flatten(),
         traceparent: fields.traceparent.flatten(),
         conversation_id: fields.conversation_id,
@@ -242,6 +254,8 @@ struct HeadFields {
     /// The `connection` header (any of them) has the `close` option.
     close: bool,
     authorization: Option<Secret>,
+    /// `x-api-key`: the same credential as `Authorization: Bearer` (`credential.rs`).
+    api_key: Option<Secret>,
     /// `x-request-id` and `traceparent`: `Some(None)` once one was seen that is not accepted
     /// (malformed, or a second one), which stays not accepted.
     request_id: Option<Option<String>>,
@@ -273,24 +287,43 @@ impl HeadFields {
         Ok(())
     }
 
+    /// `authorization` and `x-api-key`, kept for the credential rule (`credential.rs`);
+    /// whether `h` was one of them.
+    fn credential_header(&mut self, h: &httparse::Header<'_>) -> Result<bool, HttpError> {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            if self.authorization.is_some() {
+                return Err(HttpError::bad_request("more than one authorization header"));
+            }
+            // Visible ASCII and spaces only: the value is copied into the upstream request.
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| v.bytes().all(|b| b == b' ' || b.is_ascii_graphic()))
+                .ok_or_else(|| {
+                    HttpError::bad_request(
+                        "the authorization header holds bytes other than visible ASCII",
+                    )
+                })?;
+            self.authorization = Some(Secret::new(v.trim().to_owned()));
+            return Ok(true);
+        }
+        if h.name.eq_ignore_ascii_case("x-api-key") {
+            if self.api_key.is_some() {
+                return Err(HttpError::bad_request("more than one x-api-key header"));
+            }
+            let v = std::str::from_utf8(h.value).map_err(|_| {
+                HttpError::bad_request("the x-api-key header holds bytes other than ASCII")
+            })?;
+            self.api_key = Some(Secret::new(v.trim().to_owned()));
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Reads them from a parsed head, refusing what haltd does not serve.
     fn read(headers: &[httparse::Header<'_>]) -> Result<Self, HttpError> {
         let mut f = HeadFields::default();
         for h in headers {
-            if h.name.eq_ignore_ascii_case("authorization") {
-                if f.authorization.is_some() {
-                    return Err(HttpError::bad_request("more than one authorization header"));
-                }
-                // Visible ASCII and spaces only: the value is copied into the upstream request.
-                let v = std::str::from_utf8(h.value)
-                    .ok()
-                    .filter(|v| v.bytes().all(|b| b == b' ' || b.is_ascii_graphic()))
-                    .ok_or_else(|| {
-                        HttpError::bad_request(
-                            "the authorization header holds bytes other than visible ASCII",
-                        )
-                    })?;
-                f.authorization = Some(Secret::new(v.trim().to_owned()));
+            if f.credential_header(h)? {
                 continue;
             }
             if h.name.eq_ignore_ascii_case("x-request-id") {

@@ -255,13 +255,16 @@ fn request_phase_connections_hold_at_most_their_share_of_the_table() -> Result<(
     Ok(())
 }
 
-/// A request's `authorization` and extra headers, owned so that they can move into a client
-/// thread in the client namespace.
+/// A request's `authorization` (none when empty) and extra headers, owned so that they can move
+/// into a client thread in the client namespace.
 struct Headers(Vec<(String, String)>);
 
 impl Headers {
     fn new(auth: &str, extra: &[(&str, &str)]) -> Self {
-        let mut h = vec![("authorization".to_owned(), auth.to_owned())];
+        let mut h = Vec::new();
+        if !auth.is_empty() {
+            h.push(("authorization".to_owned(), auth.to_owned()));
+        }
         h.extend(
             extra
                 .iter()
@@ -280,19 +283,31 @@ impl Headers {
 
 /// Streams one short built-in turn with `auth` (and `extra` headers); its `x-haltd-mode`.
 fn mode_of(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<Option<String>> {
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    let o = answer_of(haltd, ns, "", auth, extra)?;
+    ensure!(o.status == 200, "status {} {:?}", o.status, o.body);
+    Ok(o.mode_header)
+}
+
+/// One short built-in streaming turn at `/v1/chat/completions{query}` with `auth` (none when
+/// empty) and `extra` headers, however it is answered.
+fn answer_of(
+    haltd: &Haltd,
+    ns: &str,
+    query: &str,
+    auth: &str,
+    extra: &[(&str, &str)],
+) -> Result<sse::StreamOutcome> {
+    let url = format!("{}/v1/chat/completions{query}", haltd.api_url());
     let headers = Headers::new(auth, extra);
     in_netns(ns, move || {
         let h = headers.borrowed();
-        let o = sse::stream_with(
+        sse::stream_with(
             &url,
             &sse::chat_body("who am i", 4, true),
             &h,
             Duration::from_secs(20),
             |_, _| {},
-        )?;
-        ensure!(o.status == 200, "status {}", o.status);
-        Ok(o.mode_header)
+        )
     })
 }
 
@@ -370,6 +385,80 @@ fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_res
     ensure!(
         again == fp,
         "fingerprint changed across a restart: {fp} then {again}"
+    );
+    Ok(())
+}
+
+/// Issue 29 point 5: one credential rule (docs/operations.md "Who a request is"). An
+/// `--identity-header` value is compared exactly, in its own namespace; a bearer token's scheme
+/// folds and the token does not; `x-api-key` is the bearer token; every other spelling of a
+/// credential is refused with 400, and a query parameter is no credential.
+#[test]
+fn one_credential_rule_decides_who_a_request_is() -> Result<()> {
+    let pair = NetPair::new()?;
+    let haltd = Haltd::start(
+        &pair,
+        &[
+            "--builtin-token-interval-us",
+            "20000",
+            "--identity-header",
+            "x-user",
+        ],
+    )?;
+    let ns = pair.cli.as_str();
+    let full = |auth: &str, extra: &[(&str, &str)]| -> Result<()> {
+        let mode = mode_of(&haltd, ns, auth, extra)?;
+        ensure!(mode.is_none(), "{auth:?} {extra:?} is degraded");
+        Ok(())
+    };
+    let degraded = |auth: &str, extra: &[(&str, &str)]| -> Result<()> {
+        let mode = mode_of(&haltd, ns, auth, extra)?;
+        ensure!(
+            mode.as_deref() == Some("degraded"),
+            "{auth:?} {extra:?} dodged degraded mode"
+        );
+        Ok(())
+    };
+    let refused = |auth: &str, extra: &[(&str, &str)], says: &str| -> Result<()> {
+        let o = answer_of(&haltd, ns, "", auth, extra)?;
+        let body = o.body.clone().unwrap_or_default();
+        ensure!(
+            o.status == 400 && body.contains(says),
+            "{auth:?} {extra:?}: {} {body}",
+            o.status
+        );
+        Ok(())
+    };
+
+    // The identity header: exact, its own namespace.
+    trip_key(&haltd, ns, "", &[("x-user", "TenantAb9")])?;
+    degraded("", &[("x-user", "TenantAb9")])?;
+    // HTTP's optional whitespace around a value is not part of it (RFC 9110 §5.5).
+    degraded("", &[("x-user", "  TenantAb9 ")])?;
+    full("", &[("x-user", "tenantab9")])?;
+    full("", &[("x-user", "TENANTAB9")])?;
+    full("", &[("x-user", "Tenant Ab9")])?;
+    full("Bearer TenantAb9", &[])?;
+    refused("tenantab9", &[], "needs a scheme and a token")?;
+
+    // The bearer token (no identity header sent).
+    trip_key(&haltd, ns, "Bearer K-7", &[])?;
+    degraded("bearer K-7", &[])?;
+    degraded("", &[("x-api-key", "K-7")])?;
+    degraded("BEARER K-7", &[("x-api-key", "K-7")])?;
+    full("Bearer k-7", &[])?;
+    full("", &[("x-api-key", "k-7")])?;
+    refused("K-7", &[], "needs a scheme and a token")?;
+    refused("Basic K-7", &[], "Basic\\\" is not accepted")?;
+    refused("Bearer \"K-7\"", &[], "not one RFC 6750 token")?;
+    refused("Bearer K-7", &[("x-api-key", "K-8")], "different tokens")?;
+    // A query parameter is no credential: the request is the anonymous identity's.
+    let o = answer_of(&haltd, ns, "?api_key=K-7", "", &[])?;
+    ensure!(
+        o.status == 200 && o.mode_header.is_none(),
+        "{} {:?}",
+        o.status,
+        o.mode_header
     );
     Ok(())
 }
