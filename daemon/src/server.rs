@@ -131,6 +131,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .map_err(StartError::Identity)?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
+    let circuits = conversation_store(&cfg, &metrics);
     let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -144,7 +145,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
-        circuits: crate::circuit::store::ConversationStore::for_policy(cfg.tool_circuit.as_deref()),
+        circuits,
         detectors: arc_swap::ArcSwap::from_pointee(
             crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
                 .map_err(|e| StartError::Config(e.to_string()))?,
@@ -209,6 +210,12 @@ fn grounding_plan(
     crate::grounding::plan::GroundPlan::from_config(&cfg.grounding, Some(metrics.grounding.clone()))
         .map(Some)
         .map_err(|e| StartError::Config(e.to_string()))
+}
+
+/// TokenCircuit's conversation store, counting into `/metrics`.
+fn conversation_store(cfg: &Config, metrics: &Metrics) -> crate::circuit::store::ConversationStore {
+    crate::circuit::store::ConversationStore::for_policy(cfg.tool_circuit.as_deref())
+        .counting_into(metrics.circuit.store.clone())
 }
 
 /// The daemon's metrics: the gate's state, and the model names `--metric-models` fixes.

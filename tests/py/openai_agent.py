@@ -36,6 +36,16 @@ user message with the next one, so the results stay as the tool wrote them. The 
 also has "executed" and "effects" ({NAME: count}); --conversation-id sends
 `x-haltd-conversation-id`.
 
+--history says how the agent keeps its history (scenario loops only):
+  full      every message, and the loop ends at haltd's first refusal (the default);
+  trim      only the first user message and the newest tool exchange (older calls and
+            results dropped); after a refusal, only the first user message: the agent
+            carries on, as agents that reset their context on an error do;
+  flatten   older tool exchanges rewritten as text (the call as an assistant message,
+            the result as a user message), the newest one kept structured; after a
+            refusal, every exchange as text, and the agent carries on.
+The output then also has "refusals": how many requests haltd refused or halted.
+
 Exit status: 0 whenever the line was printed; 1 for a crash.
 """
 
@@ -73,6 +83,7 @@ def parse_args(argv):
                    help="the user's message (the model's first answer)")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--history", choices=["full", "trim", "flatten"], default="full")
     return p.parse_args(argv)
 
 
@@ -110,6 +121,44 @@ def nth(items, i):
     return items[min(i, len(items) - 1)]
 
 
+def as_text(messages):
+    """The messages with every tool exchange rewritten as text."""
+    names, out = {}, []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            said = []
+            for c in m["tool_calls"]:
+                names[c["id"]] = c["function"]["name"]
+                said.append("I called %s(%s)." % (c["function"]["name"], c["function"]["arguments"]))
+            out.append({"role": "assistant", "content": " ".join(said)})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": "%s returned: %s" % (
+                names.get(m["tool_call_id"], "a tool"), m["content"])})
+        else:
+            out.append(m)
+    return out
+
+
+def newest_exchange(messages):
+    """The index of the newest assistant message with tool calls (1 when none: nothing older
+    to drop)."""
+    for i in range(len(messages) - 1, 0, -1):
+        if messages[i]["role"] == "assistant" and messages[i].get("tool_calls"):
+            return i
+    return 1
+
+
+def shaped(history, messages, refused):
+    """What the agent sends, by --history (see the module's doc)."""
+    if history == "full":
+        return messages
+    first, newest = messages[:1], newest_exchange(messages)
+    if history == "trim":
+        return first + ([] if refused else messages[newest:])
+    older = as_text(messages[1:newest]) if not refused else as_text(messages[1:])
+    return first + older + ([] if refused else messages[newest:])
+
+
 def run_scenario(client, args):
     """The loop of a --scenario file (see the module's doc)."""
     with open(args.scenario) as f:
@@ -118,10 +167,24 @@ def run_scenario(client, args):
         "name": name, "description": "A tool of the scenario.",
         "parameters": {"type": "object"}}} for name in sc["tools"]]
     messages = [{"role": "user", "content": sc["model"][0]}]
-    out = {"turns": [], "tools_executed": 0, "executed": {}, "effects": {}, "error": None}
+    out = {"turns": [], "tools_executed": 0, "executed": {}, "effects": {}, "error": None,
+           "refusals": 0}
+    refused = False
     try:
         for turn in range(args.max_turns):
-            content, calls, finish = one_turn(client, args, messages, tools)
+            try:
+                sent = shaped(args.history, messages, refused)
+                if refused:
+                    messages = sent + [{"role": "user", "content": nth(sc["model"], turn)}]
+                    sent = messages
+                content, calls, finish = one_turn(client, args, sent, tools)
+                refused = False
+            except openai.APIError:
+                if args.history == "full":
+                    raise
+                out["refusals"] += 1
+                refused = True
+                continue
             out["turns"].append({"tool_calls": calls, "content": content,
                                  "finish_reason": finish})
             if not calls:

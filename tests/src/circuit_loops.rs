@@ -145,6 +145,18 @@ pub struct Arm {
 /// Runs `case` once: through haltd with `conversation` as `x-haltd-conversation-id`, or
 /// (`None`) straight against the upstream.
 pub fn run(rig: &Rig, case: &Case, conversation: Option<&str>, dir: &Path) -> Result<Arm> {
+    run_with_history(rig, case, conversation, "full", dir)
+}
+
+/// [`run`] with the agent keeping its history as `history` says (`tests/py/openai_agent.py
+/// --history`: `full`, `trim` or `flatten`; the last two carry on after haltd's refusals).
+pub fn run_with_history(
+    rig: &Rig,
+    case: &Case,
+    conversation: Option<&str>,
+    history: &str,
+    dir: &Path,
+) -> Result<Arm> {
     let file = dir.join(format!("{}.json", case.name));
     fs::write(&file, case.scenario.to_string()).context("writing the scenario")?;
     let file = file.display().to_string();
@@ -161,6 +173,8 @@ pub fn run(rig: &Rig, case: &Case, conversation: Option<&str>, dir: &Path) -> Re
         file.as_str(),
         "--max-turns",
         max_turns.as_str(),
+        "--history",
+        history,
     ];
     if let Some(c) = conversation {
         args.extend(["--conversation-id", c]);

@@ -21,6 +21,8 @@
 //!   from a request's messages.
 //! * [`store`]: what the transcript cannot carry (the backoff clock, the intervention
 //!   artifacts), per conversation, bounded, in memory; [`show`] prints its admin view.
+//! * [`memory`]: the failed calls the store remembers, so that a trimmed or flattened
+//!   transcript does not restore a budget.
 
 pub mod artifact;
 pub mod canonical;
@@ -30,6 +32,7 @@ pub mod config;
 pub mod evidence;
 pub mod key;
 pub mod machine;
+pub mod memory;
 pub mod policy;
 pub mod registry;
 pub mod show;

@@ -16,11 +16,18 @@
 //! * per conversation at most [`MAX_CALLS`] instants of each kind (the oldest dropped) and
 //!   the last [`MAX_ARTIFACTS`] intervention artifacts.
 //!
+//! It also remembers each failed call a transcript showed ([`Memory`]), so that a later
+//! transcript that trimmed or flattened it away does not restore a budget.
+//!
 //! A conversation evicted or lost in a restart loses its clock: its past retries are then
 //! charged one unit each, never the premature-retry surcharge (its artifacts stay in the
 //! ledger), and every call of it counts as dispatched (fails closed:
-//! [`Timeline::dispatched`]). One mutex, taken when a request arrives and when a turn's calls are judged, never
-//! per token.
+//! [`Timeline::dispatched`]). Eviction never re-opens a refused key: a conversation evicted
+//! while one of its keys is exhausted keeps the failed calls of that key's tool in a separate
+//! set of at most [`MAX_RETAINED`] conversations, which it gets back when it returns. When
+//! that set is full, the conversation retained longest ago is dropped, counted in
+//! `haltd_tool_circuit_refusals_forgotten_total` and logged. One mutex, taken when a request
+//! arrives and when a turn's calls are judged, never per token.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -30,7 +37,10 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+
 use super::artifact::DiagnosticArtifact;
+use super::memory::{FailedCall, Memory};
 use super::transcript::Timeline;
 
 /// The request header that names a conversation.
@@ -43,6 +53,8 @@ pub const MAX_CONVERSATIONS: usize = 1_000_000;
 pub const MAX_CALLS: usize = 512;
 /// Intervention artifacts kept per conversation.
 pub const MAX_ARTIFACTS: usize = 8;
+/// Evicted conversations whose refused keys are kept.
+pub const MAX_RETAINED: usize = 4096;
 
 /// Where a conversation's name came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -101,6 +113,8 @@ impl ConversationId {
 #[derive(Debug)]
 struct Entry {
     timeline: Timeline,
+    /// The failed calls its transcripts showed.
+    memory: Memory,
     /// haltd's interventions (halts, answers without the model), oldest first.
     artifacts: VecDeque<DiagnosticArtifact>,
     /// The open keys as of the last request or judged turn.
@@ -121,6 +135,21 @@ struct Inner {
     /// Least recently used first.
     lru: BTreeMap<u64, ConversationId>,
     evicted: u64,
+    /// Evicted conversations that held an exhausted key: the failed calls of its tools.
+    retained: HashMap<ConversationId, Memory>,
+    /// `retained`'s conversations, retained longest ago first.
+    retained_order: VecDeque<ConversationId>,
+}
+
+/// What the store counts for `/metrics` (`metrics/circuit.rs` registers them).
+#[derive(Clone, Debug, Default)]
+pub struct StoreCounters {
+    /// `haltd_tool_circuit_refusals_retained`: evicted conversations kept for their refused
+    /// keys.
+    pub retained: Gauge,
+    /// `haltd_tool_circuit_refusals_forgotten_total`: retained conversations dropped because
+    /// the set was full.
+    pub forgotten: Counter,
 }
 
 /// The operator's view of one conversation.
@@ -145,6 +174,7 @@ pub struct ConversationView {
 pub struct ConversationStore {
     capacity: usize,
     inner: Mutex<Inner>,
+    counters: StoreCounters,
 }
 
 impl Default for ConversationStore {
@@ -180,7 +210,15 @@ impl ConversationStore {
         ConversationStore {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
+            counters: StoreCounters::default(),
         }
+    }
+
+    /// The store, counting into `counters` (the ones `/metrics` shows).
+    #[must_use]
+    pub fn counting_into(mut self, counters: StoreCounters) -> Self {
+        self.counters = counters;
+        self
     }
 
     /// Runs `f` on the conversation's entry, created (evicting the least recently used one
@@ -195,13 +233,21 @@ impl ConversationStore {
                 let Some((_, victim)) = inner.lru.pop_first() else {
                     break;
                 };
-                inner.map.remove(&victim);
+                if let Some(gone) = inner.map.remove(&victim) {
+                    self.retain_refusals(inner, victim, &gone);
+                }
                 inner.evicted += 1;
+            }
+            let memory = inner.retained.remove(conv).unwrap_or_default();
+            if !memory.is_empty() {
+                inner.retained_order.retain(|c| c != conv);
+                self.counters.retained.set(inner.retained.len() as i64);
             }
             inner.map.insert(
                 conv.clone(),
                 Entry {
                     timeline: Timeline::default(),
+                    memory,
                     artifacts: VecDeque::new(),
                     open: Vec::new(),
                     last_seen: now,
@@ -220,15 +266,65 @@ impl ConversationStore {
         f(entry)
     }
 
+    /// Keeps what an evicted conversation knows of its exhausted keys (the failed calls of
+    /// their tools), dropping the conversation retained longest ago when the set is full.
+    fn retain_refusals(&self, inner: &mut Inner, conv: ConversationId, gone: &Entry) {
+        let tools: Vec<&str> = gone
+            .open
+            .iter()
+            .filter(|a| a.budget_exhausted)
+            .map(|a| a.equivalence_key.tool_name.as_str())
+            .collect();
+        let kept = gone.memory.only_tools(&tools);
+        if kept.is_empty() {
+            return;
+        }
+        while inner.retained.len() >= MAX_RETAINED {
+            let Some(oldest) = inner.retained_order.pop_front() else {
+                break;
+            };
+            inner.retained.remove(&oldest);
+            self.counters.forgotten.inc();
+            tracing::warn!(
+                conversation = %oldest.id,
+                key = %oldest.key,
+                "TokenCircuit forgot the refused keys of an evicted conversation: {MAX_RETAINED} \
+                 evicted conversations with refused keys are kept; raise [tool_circuit] \
+                 conversations"
+            );
+        }
+        inner.retained_order.push_back(conv.clone());
+        inner.retained.insert(conv, kept);
+        self.counters.retained.set(inner.retained.len() as i64);
+    }
+
     /// A request arrived at `now` carrying the results `answered`: each one not seen before
-    /// arrived now. Returns the conversation's clock to rebuild its circuit with.
-    pub fn arrive(&self, conv: &ConversationId, answered: &[&str], now: Instant) -> Timeline {
+    /// arrived now. Returns the conversation's clock and the failed calls it remembers, to
+    /// rebuild its circuit with.
+    pub fn arrive(
+        &self,
+        conv: &ConversationId,
+        answered: &[&str],
+        now: Instant,
+    ) -> (Timeline, Memory) {
         self.with(conv, now, |e| {
             for id in answered {
                 let _ = note(&mut e.timeline.arrived, id, now);
             }
-            e.timeline.clone()
+            (e.timeline.clone(), e.memory.clone())
         })
+    }
+
+    /// A request's transcript showed the failed calls `failed`: remembered from now on.
+    pub fn remember(&self, conv: &ConversationId, failed: Vec<FailedCall>, now: Instant) {
+        if failed.is_empty() {
+            return;
+        }
+        self.with(conv, now, |e| {
+            for f in failed {
+                e.memory.remember(f);
+            }
+        });
     }
 
     /// haltd let the calls `ids` out to the client at `now`.
@@ -371,12 +467,12 @@ mod tests {
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_secs(3);
         let c = conv("c");
-        assert_eq!(s.arrive(&c, &["a"], t0).arrived["a"], t0);
-        let t = s.arrive(&c, &["a", "b"], t1);
+        assert_eq!(s.arrive(&c, &["a"], t0).0.arrived["a"], t0);
+        let t = s.arrive(&c, &["a", "b"], t1).0;
         assert_eq!((t.arrived["a"], t.arrived["b"]), (t0, t1));
         s.emitted(&c, ["x"], t1);
-        assert_eq!(s.arrive(&c, &[], t1).emitted["x"], t1);
-        assert!(s.arrive(&conv("other"), &[], t1).emitted.is_empty());
+        assert_eq!(s.arrive(&c, &[], t1).0.emitted["x"], t1);
+        assert!(s.arrive(&conv("other"), &[], t1).0.emitted.is_empty());
     }
 
     #[test]
@@ -385,7 +481,7 @@ mod tests {
         let (c, now) = (conv("c"), Instant::now());
         s.emitted(&c, ["sent", "halted"], now);
         s.delivered(&c, ["sent", "never-released"], now);
-        let t = s.arrive(&c, &[], now);
+        let t = s.arrive(&c, &[], now).0;
         assert!(t.dispatched("sent"), "released and accepted");
         assert!(
             !t.dispatched("halted"),
@@ -396,7 +492,7 @@ mod tests {
             !t.delivered.contains("never-released"),
             "only released calls are kept"
         );
-        assert!(s.arrive(&conv("other"), &[], now).dispatched("halted"));
+        assert!(s.arrive(&conv("other"), &[], now).0.dispatched("halted"));
     }
 
     #[test]
@@ -412,14 +508,70 @@ mod tests {
         let ids: Vec<String> = s.view(None, now).into_iter().map(|v| v.id.id).collect();
         assert_eq!(ids, ["c", "a"]);
         assert!(
-            s.arrive(&conv("b"), &[], now).emitted.is_empty(),
+            s.arrive(&conv("b"), &[], now).0.emitted.is_empty(),
             "b forgotten"
         );
         assert_eq!(
-            s.arrive(&conv("a"), &[], now).emitted.len(),
+            s.arrive(&conv("a"), &[], now).0.emitted.len(),
             0,
             "a evicted by b"
         );
+    }
+
+    /// Eviction never re-opens a refused key: an evicted conversation with an exhausted key
+    /// keeps that tool's failed calls; past [`MAX_RETAINED`] the oldest is forgotten, counted.
+    #[test]
+    fn an_evicted_conversation_keeps_its_refused_keys() {
+        use crate::circuit::{transcript::rebuild_with, CircuitPolicy, ToolCall, Verdict};
+        let s = ConversationStore::new(1);
+        let now = Instant::now();
+        let policy = std::sync::Arc::new(CircuitPolicy::default());
+        let messages = [
+            json!({"role": "user", "content": "x"}),
+            json!({"role": "assistant", "tool_calls": [{"id": "p1", "type": "function",
+                   "function": {"name": "run_sql", "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": "p1", "content": "permission denied"}),
+        ];
+        let (a, b) = (conv("a"), conv("b"));
+        let (t, m) = s.arrive(&a, &["p1"], now);
+        let (c, failed) = rebuild_with(policy.clone(), &messages, &t, &m).expect("input");
+        s.remember(&a, failed, now);
+        s.observe(&a, c.open_artifacts(), now);
+        assert_eq!(c.exhausted().len(), 1);
+        s.arrive(&b, &[], now); // evicts a
+        assert_eq!(s.counts(), (1, 1));
+        assert_eq!(s.counters.retained.get(), 1);
+        let (t, m) = s.arrive(&a, &[], now); // a is back (evicting b), with its memory
+        assert_eq!(m.len(), 1);
+        assert_eq!(s.counters.retained.get(), 0);
+        let (c, _) = rebuild_with(policy, &messages[..1], &t, &m).expect("input");
+        let call = ToolCall {
+            id: "p2",
+            name: "run_sql",
+            arguments: "{}",
+        };
+        assert!(matches!(c.judge(call, None), Verdict::Deny(_)));
+
+        // A full retained set forgets the oldest, counted.
+        let mut inner = Inner::default();
+        let mut gone = Entry {
+            timeline: Timeline::default(),
+            memory: m,
+            artifacts: VecDeque::new(),
+            open: c.open_artifacts(),
+            last_seen: now,
+            tick: 0,
+            turns: 0,
+            tokens: 0,
+            tokens_saved: 0,
+        };
+        gone.open[0].budget_exhausted = true;
+        for i in 0..=MAX_RETAINED {
+            s.retain_refusals(&mut inner, conv(&format!("r{i}")), &gone);
+        }
+        assert_eq!(inner.retained.len(), MAX_RETAINED);
+        assert!(!inner.retained.contains_key(&conv("r0")));
+        assert_eq!(s.counters.forgotten.get(), 1);
     }
 
     #[test]
@@ -449,7 +601,7 @@ mod tests {
         // call10 is the oldest kept; a new call drops it, and its delivery with it.
         s.delivered(&c, ["call0", "call10", "call11"], t0);
         s.emitted(&c, ["late"], t0 + Duration::from_secs(1));
-        let t = s.arrive(&c, &[], t0);
+        let t = s.arrive(&c, &[], t0).0;
         assert_eq!(t.emitted.len(), MAX_CALLS);
         assert!(!t.emitted.contains_key("call0"), "the oldest dropped");
         assert!(t.delivered.len() == 1 && t.delivered.contains("call11"));

@@ -288,6 +288,57 @@ fn the_circuit_is_rebuilt_from_the_transcript() {
     assert!(rebuild(policy(""), &bad, &Timeline::default()).is_err());
 }
 
+/// Issue 29 point 6: a transcript that trimmed (system + user) or flattened (tool messages as
+/// text) the failures away does not restore the budget: the store's memory replays them.
+#[test]
+fn a_trimmed_or_flattened_transcript_does_not_restore_a_budget() {
+    use super::memory::Memory;
+    use super::transcript::rebuild_with;
+    let user = json!({"role": "user", "content": "book it"});
+    let full = vec![
+        user.clone(),
+        assistant(&[("c1", "book", json!({"slot": "9am"}))]),
+        tool("c1", "ValueError: slot must be HH:MM"),
+        assistant(&[("c2", "book", json!({"slot": "9:00 am"}))]),
+        tool("c2", "ValueError: slot must be HH:MM"),
+    ];
+    let t = Timeline::default();
+    let (c, failed) = rebuild_with(policy(""), &full, &t, &Memory::default()).expect("input");
+    assert_eq!(c.exhausted().len(), 1, "one repair, used up");
+    assert_eq!(failed.len(), 2);
+    let mut memory = Memory::default();
+    for f in failed {
+        memory.remember(f);
+    }
+    let trimmed = vec![
+        user.clone(),
+        json!({"role": "user", "content": "try again"}),
+    ];
+    let flattened = vec![
+        user.clone(),
+        json!({"role": "assistant", "content": "I called book({\"slot\": \"9am\"})"}),
+        json!({"role": "user", "content": "book returned: ValueError: slot must be HH:MM"}),
+    ];
+    // The newest exchange still structured, the older one gone.
+    let newest_only = vec![user, full[3].clone(), full[4].clone()];
+    for (name, messages) in [
+        ("trimmed", &trimmed),
+        ("flattened", &flattened),
+        ("newest only", &newest_only),
+    ] {
+        let alone = rebuild(policy(""), messages, &t).expect("input");
+        let v = alone.judge(call("c3", "book", r#"{"slot":"nine"}"#), None);
+        assert!(
+            matches!(v, Verdict::Allow { .. }),
+            "{name}: without memory the budget is back: {v:?}"
+        );
+        let (c, _) = rebuild_with(policy(""), messages, &t, &memory).expect("input");
+        let v = c.judge(call("c3", "book", r#"{"slot":"nine"}"#), None);
+        assert!(matches!(v, Verdict::Deny(_)), "{name}: {v:?}");
+        assert_eq!(c.exhausted().len(), 1, "{name}");
+    }
+}
+
 /// A write's timeout is ambiguous only if the call reached the client: one released but
 /// halted before the kernel accepted its frame is known undelivered (transient); one haltd
 /// never saw (a restart, another instance) fails closed, as dispatched.

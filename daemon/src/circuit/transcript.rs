@@ -15,6 +15,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::machine::{Circuit, ToolCall};
+use super::memory::{FailedCall, Memory};
 use super::policy::CircuitPolicy;
 
 /// The backoff clock: instants haltd saw, by tool-call id; and which calls reached the
@@ -55,13 +56,44 @@ pub fn rebuild(
     messages: &[Value],
     timeline: &Timeline,
 ) -> Result<Circuit, TranscriptError> {
+    rebuild_with(policy, messages, timeline, &Memory::default()).map(|(c, _)| c)
+}
+
+/// Replays the failed calls `memory` holds that `messages` no longer carries (trimmed or
+/// flattened away), oldest first, then `messages` itself. Returns the circuit and the failed
+/// calls `messages` shows, for the store to remember.
+pub fn rebuild_with(
+    policy: Arc<CircuitPolicy>,
+    messages: &[Value],
+    timeline: &Timeline,
+    memory: &Memory,
+) -> Result<(Circuit, Vec<FailedCall>), TranscriptError> {
     let mut circuit = Circuit::new(policy);
+    let answered: HashSet<&str> = answered_ids(messages).into_iter().collect();
+    let called: HashSet<&str> = call_ids(messages).collect();
+    // Calls the transcript no longer carries: replayed from memory, with their result unless
+    // the transcript still carries it (it then comes from the transcript, in its place).
+    for f in memory.calls().filter(|f| !called.contains(f.id.as_str())) {
+        let call = ToolCall {
+            id: &f.id,
+            name: &f.name,
+            arguments: &f.arguments,
+        };
+        circuit.record_call(call, timeline.emitted.get(call.id).copied());
+        if !answered.contains(call.id) {
+            let arrived = timeline.arrived.get(call.id).copied();
+            circuit.record_result(call.id, &f.result, arrived, timeline.dispatched(call.id));
+        }
+    }
+    let mut calls: HashMap<&str, ToolCall<'_>> = HashMap::new();
+    let mut failed = Vec::new();
     for (index, message) in messages.iter().enumerate() {
         match message.get("role").and_then(Value::as_str) {
             Some("assistant") => {
-                let calls = message.get("tool_calls").and_then(Value::as_array);
-                for call in calls.into_iter().flatten() {
+                let list = message.get("tool_calls").and_then(Value::as_array);
+                for call in list.into_iter().flatten() {
                     let call = tool_call(call, index)?;
+                    calls.insert(call.id, call);
                     circuit.record_call(call, timeline.emitted.get(call.id).copied());
                 }
             }
@@ -73,12 +105,15 @@ pub fn rebuild(
                 let content = content_text(message.get("content"));
                 // Its id came back: dispatched if it was delivered too (or haltd cannot tell).
                 let arrived = timeline.arrived.get(id).copied();
-                circuit.record_result(id, &content, arrived, timeline.dispatched(id));
+                let class = circuit.record_result(id, &content, arrived, timeline.dispatched(id));
+                if let (Some(_), Some(c)) = (class, calls.get(id)) {
+                    failed.push(FailedCall::new(id, c.name, c.arguments, &content));
+                }
             }
             _ => {}
         }
     }
-    Ok(circuit)
+    Ok((circuit, failed))
 }
 
 /// A tool call of an assistant message (`{id, type, function: {name, arguments}}`).
@@ -113,6 +148,16 @@ pub fn content_text(content: Option<&Value>) -> String {
             .join("\n"),
         _ => String::new(),
     }
+}
+
+/// The ids of the tool calls the transcript's assistant messages carry.
+fn call_ids(messages: &[Value]) -> impl Iterator<Item = &str> {
+    messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|c| c.get("id").and_then(Value::as_str))
 }
 
 /// The ids of the tool calls the transcript's results answer.

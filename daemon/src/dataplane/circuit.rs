@@ -19,7 +19,7 @@ use super::Worker;
 use crate::{
     circuit::{
         store::{ConversationId, ConversationStore},
-        transcript::{answered_ids, rebuild, tool_call},
+        transcript::{answered_ids, rebuild_with, tool_call},
         Circuit, CircuitPolicy, Verdict,
     },
     codes::FailureCode,
@@ -98,11 +98,14 @@ impl TurnCircuit {
             .and_then(Value::as_array)
             .map_or(&[][..], Vec::as_slice);
         let conversation = ConversationId::of(at.header, &at.key.fingerprint(), messages);
-        let timeline = at
+        let (timeline, memory) = at
             .store
             .arrive(&conversation, &answered_ids(messages), at.now);
-        let circuit = rebuild(Arc::clone(policy), messages, &timeline)
+        // The failed calls the store remembers come first: a transcript that trimmed or
+        // flattened them away does not restore a budget (`circuit/memory.rs`).
+        let (circuit, failed) = rebuild_with(Arc::clone(policy), messages, &timeline, &memory)
             .map_err(|e| HttpError::bad_request(format!("messages: {e}")))?;
+        at.store.remember(&conversation, failed, at.now);
         at.store
             .observe(&conversation, circuit.open_artifacts(), at.now);
         Ok(TurnCircuit {

@@ -6,7 +6,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::circuit::FailureClass;
+use crate::circuit::{store::StoreCounters, FailureClass};
 
 impl EncodeLabelValue for FailureClass {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
@@ -25,6 +25,8 @@ pub struct CircuitMetrics {
     trips: Family<ClassLabels, Counter>,
     /// `haltd_tool_circuit_tokens_saved_total`.
     tokens_saved: Counter,
+    /// The conversation store's own (`circuit::store::StoreCounters`).
+    pub store: StoreCounters,
 }
 
 impl CircuitMetrics {
@@ -45,9 +47,21 @@ impl CircuitMetrics {
             "Tokens the model did not generate because TokenCircuit answered a looping conversation's request without it (estimate: the conversation's mean tokens per turn)",
             tokens_saved.clone(),
         );
+        let store = StoreCounters::default();
+        reg.register(
+            "tool_circuit_refusals_retained",
+            "Conversations TokenCircuit evicted while one of their keys was refused, kept (their failed calls of that key's tool) so that eviction does not re-open the key; at most 4096 (docs/tokencircuit.md section 1a)",
+            store.retained.clone(),
+        );
+        reg.register(
+            "tool_circuit_refusals_forgotten",
+            "Evicted conversations whose refused keys TokenCircuit forgot because the set of retained ones was full (a refused key that may re-open)",
+            store.forgotten.clone(),
+        );
         CircuitMetrics {
             trips,
             tokens_saved,
+            store,
         }
     }
 

@@ -304,7 +304,11 @@ fn agent_loops_of_the_official_openai_sdk_are_stopped() -> Result<()> {
     // permission/auth: the tool fails once; the agent's next request is answered by haltd
     // without the model (409, ConflictError in the SDK).
     let before = upstream_chats(&rig)?.len();
+    // Two conversations (the same opening message under the same key would be one, and it
+    // would remember the first one's refused tool).
     let r = agent(&[
+        "--conversation-id",
+        "sdk-permission",
         "--tool-error",
         "PermissionError: principal analyst may not read weather",
     ])?;
@@ -319,7 +323,12 @@ fn agent_loops_of_the_official_openai_sdk_are_stopped() -> Result<()> {
 
     // validation: the model retries with the arguments that failed: the stream halts before
     // the call reaches the agent (APIError), so the tool runs once.
-    let r = agent(&["--tool-error", "ValidationError: unit must be C or F"])?;
+    let r = agent(&[
+        "--conversation-id",
+        "sdk-validation",
+        "--tool-error",
+        "ValidationError: unit must be C or F",
+    ])?;
     ensure!(r["tools_executed"] == 1, "{r}");
     ensure!(r["error"]["class"] == "APIError", "{r}");
     ensure!(sdk_code(&r) == "TOOL_CIRCUIT_OPEN", "{r}");

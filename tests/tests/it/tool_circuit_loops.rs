@@ -55,3 +55,34 @@ fn the_permission_and_side_effect_loops_cost_less_through_haltd() -> Result<()> 
     );
     Ok(())
 }
+
+/// Issue 29 point 6: agents that trim their history (the first user message and the newest
+/// exchange; after a refusal only the first message) or flatten older tool messages into text
+/// carry on after haltd's refusals. The conversation's failed calls are remembered, so neither
+/// restores a budget: the permission loop's tool runs once (budget 0), the validation loop's
+/// twice (one repair), as with the full history.
+#[test]
+fn trimmed_or_flattened_histories_do_not_restore_a_budget() -> Result<()> {
+    let rig = Rig::with_config(UPSTREAM_BIN, circuit_loops::CONFIG, &[])?;
+    let dir = temp_dir("circuit-memory")?;
+    let cases = circuit_loops::cases();
+    let case = |name| cases.iter().find(|c| c.name == name).context(name);
+    for history in ["trim", "flatten"] {
+        for (name, runs) in [("permission", 1), ("validation", 2)] {
+            let conversation = format!("memory-{history}-{name}");
+            let arm = circuit_loops::run_with_history(
+                &rig,
+                case(name)?,
+                Some(&conversation),
+                history,
+                &dir,
+            )?;
+            ensure!(
+                arm.tool_executions == runs,
+                "{history} {name}: the tool ran {} times, not {runs}: {arm:?}",
+                arm.tool_executions
+            );
+        }
+    }
+    Ok(())
+}
