@@ -187,6 +187,37 @@ pub fn read_head(state_dir: &Path, ledger: &Path, key: &LedgerKey) -> io::Result
         }))
 }
 
+/// Reads a head file given by its path (`haltctl ledger verify --head FILE`, for a copy of a
+/// ledger): the ledger it belongs to is named by the file's name, `ledger-<id>.head`, as haltd
+/// writes it. `None` when no slot is valid under `key`.
+pub fn read_head_file(path: &Path, key: &LedgerKey) -> io::Result<Option<Head>> {
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("ledger-"))
+        .and_then(|n| n.strip_suffix(".head"))
+        .filter(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a head file is named ledger-<16 hex digits>.head, as haltd writes it in its \
+                 state directory: keep the name when copying it",
+            )
+        })?
+        .to_owned();
+    let file = File::open(path)?;
+    let mut buf = [0u8; 2 * SLOT];
+    let n = read_up_to(&file, &mut buf)?;
+    Ok(buf[..n]
+        .chunks(SLOT)
+        .filter_map(|c| parse_slot(c, key, &id))
+        .max_by_key(|s| s.gen)
+        .map(|s| Head {
+            next_seq: s.next_seq,
+            hash: s.hash,
+        }))
+}
+
 fn read_up_to(file: &File, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {

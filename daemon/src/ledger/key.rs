@@ -43,6 +43,13 @@ impl LedgerKey {
         LedgerKey(bytes)
     }
 
+    /// The key's id: 16 hex digits of HMAC-SHA-256 of a fixed label under the key. Written
+    /// into the first record of every ledger segment (`ledger_key_id`), so that `haltctl
+    /// ledger verify` tells a wrong key from a broken chain; it reveals nothing of the key.
+    pub fn id(&self) -> String {
+        hex::encode(&self.mac(&[b"haltd-ledger-key-id\0"])[..8])
+    }
+
     /// Hex HMAC-SHA-256 of `parts`, fed in order.
     pub fn mac_hex(&self, parts: &[&[u8]]) -> String {
         hex::encode(self.mac(parts))

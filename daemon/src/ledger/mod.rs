@@ -61,7 +61,8 @@ pub use key::{LedgerKey, KEY_FILE};
 pub use record::{Record, RecordKind, GENESIS_HASH};
 use verify::scan;
 pub use verify::{
-    parse_line, verify, verify_series, ChainBreak, HeadMatch, LineFault, VerifyReport,
+    first_key_ids, parse_line, verify, verify_series, ChainBreak, HeadMatch, LineFault,
+    VerifyReport,
 };
 use writer::{Ack, Cmd, Writer};
 

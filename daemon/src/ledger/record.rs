@@ -135,6 +135,10 @@ pub struct Record {
     /// (docs/fhr-schema.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<serde_json::Value>,
+    /// The first record of every segment (file) the ledger writes: the id of the key it is
+    /// chained under ([`LedgerKey::id`]), so that a check with the wrong key says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_key_id: Option<String>,
 }
 
 impl Default for Record {
@@ -186,6 +190,7 @@ impl Default for Record {
             no_fsync: None,
             tool_circuit: None,
             grounding: None,
+            ledger_key_id: None,
         }
     }
 }

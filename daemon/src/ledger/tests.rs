@@ -434,12 +434,30 @@ fn no_fsync_is_stated_in_every_record() {
     let path = dir.file();
     drop(write_n(&path, false, 3));
     for l in lines(&path) {
-        assert!(l.contains(",\"no_fsync\":true}"), "{l}");
+        assert!(l.contains(",\"no_fsync\":true"), "{l}");
     }
     let dir = TempDir::new("fsync-marks");
     let path = dir.file();
     drop(write_n(&path, true, 2));
     assert!(lines(&path).iter().all(|l| !l.contains("no_fsync")));
+}
+
+/// The first record of a segment, and only it, names the ledger key (`haltctl ledger verify`
+/// tells a wrong key from tampering by it).
+#[test]
+fn the_first_record_of_a_segment_names_its_key() {
+    let dir = TempDir::new("key-id");
+    let path = dir.file();
+    drop(write_n(&path, true, 3));
+    let ls = lines(&path);
+    let id = key(&path).id();
+    assert!(
+        ls[0].contains(&format!("\"ledger_key_id\":\"{id}\"")),
+        "{}",
+        ls[0]
+    );
+    assert!(ls[1..].iter().all(|l| !l.contains("ledger_key_id")));
+    assert_ne!(id, LedgerKey::from_bytes([9; 32]).id());
 }
 
 /// The answer of [`Ledger::append_then`] comes once the record is on disk.

@@ -95,6 +95,29 @@ impl fmt::Display for VerifyReport {
     }
 }
 
+/// The `ledger_key_id` of each segment's first record (`None`: no such field, or no first
+/// record): which key each was written under, read without checking anything.
+pub fn first_key_ids(paths: &[PathBuf]) -> Result<Vec<Option<String>>, LedgerError> {
+    paths
+        .iter()
+        .map(|path| {
+            let file = File::open(path).map_err(|source| LedgerError::Open {
+                path: path.clone(),
+                source,
+            })?;
+            let mut first = String::new();
+            BufReader::new(file)
+                .read_line(&mut first)
+                .map_err(|source| LedgerError::Open {
+                    path: path.clone(),
+                    source,
+                })?;
+            let v: Option<serde_json::Value> = serde_json::from_str(first.trim()).ok();
+            Ok(v.and_then(|v| v["ledger_key_id"].as_str().map(str::to_owned)))
+        })
+        .collect()
+}
+
 /// Checks the chain of one ledger file against `head` (if given).
 pub fn verify(
     path: &Path,

@@ -167,6 +167,10 @@ impl Writer {
         if !self.fsync {
             rec.no_fsync = Some(true);
         }
+        if self.len == 0 {
+            // The segment's first line: it names the key its chain is under.
+            rec.ledger_key_id = Some(self.key.id());
+        }
         rec.hash = rec.compute_hash(&self.key)?;
         let mut line =
             serde_json::to_vec(&rec).map_err(|source| LedgerError::Serialize { source })?;
