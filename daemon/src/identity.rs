@@ -72,6 +72,12 @@ impl NodeSecret {
         load_or_create_secret(dir, "node.key").map(NodeSecret)
     }
 
+    /// The secret in `dir/node.key`, which must exist (`haltctl key fingerprint`: a tool
+    /// that reads, never creates).
+    pub fn read(dir: &Path) -> Result<Self, IdentityError> {
+        read_secret(dir, "node.key").map(NodeSecret)
+    }
+
     /// A secret for tests and tools that need no persistence.
     pub fn from_bytes(bytes: [u8; SECRET_LEN]) -> Self {
         NodeSecret(bytes)

@@ -52,6 +52,7 @@ pub mod codes;
 pub mod config;
 pub mod crash;
 pub mod credential;
+pub mod ctl;
 pub mod dataplane;
 pub mod detect;
 #[cfg(any(test, feature = "fuzz"))]

@@ -215,6 +215,13 @@ async fn status(State(shared): State<Arc<HaltCore>>) -> Response {
     let now = monotonic_ns();
     let hb = shared.heartbeat_view(now);
     Json(json!({
+        // Which daemon answered: an operator with several on a node tells them apart here.
+        "pid": std::process::id(),
+        "listen": shared.cfg.args.listen.to_string(),
+        "admin": shared.cfg.args.admin.to_string(),
+        "version": crate::build_info::VERSION,
+        "commit": crate::build_info::COMMIT,
+        "ledger": shared.cfg.args.ledger.display().to_string(),
         "kernel_gate": shared.kernel_gate_label(),
         "cgroup": shared.gate.as_ref().map(|g| g.cgroup().display().to_string()),
         "budget": shared.cfg.args.budget,

@@ -1,26 +1,38 @@
 //! `haltctl`: the operator's CLI for a running haltd (trip a stream, list streams, end
 //! degraded safe mode) and for its flight recorder (verify the hash chain, show and follow
-//! the records).
+//! the records). Every command prints a table for people and takes `--json` for scripts;
+//! where it finds the daemon is `haltd::ctl::settings`.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use clap::{Parser, Subcommand};
 use haltd::admin::client::AdminClient;
+use haltd::ctl::{
+    out,
+    reader::{ledger_show, ledger_tail, Reader},
+    render, settings,
+};
 use haltd::ledger::show;
 use hyper::Method;
+use serde_json::Value;
 
 #[derive(Parser)]
 #[command(name = "haltctl", version = haltd::build_info::LONG_VERSION, about = "Operate a running haltd")]
 struct Cli {
-    /// haltd's admin API (`haltd serve --admin`): `unix:PATH`, or `IP:PORT` with --admin-token-file.
-    #[arg(
-        long,
-        global = true,
-        env = "HALTD_ADMIN",
-        default_value = "unix:/run/haltd/admin.sock"
-    )]
-    admin: String,
-    /// The bearer token of a TCP admin listener (the file haltd's --admin-token-file names).
+    /// haltd's config file: haltctl takes `admin`, `admin_token_file`, `state_dir` and `ledger`
+    /// from it where no flag or variable gives them, so it talks to the daemon that file
+    /// configures.
+    #[arg(long, global = true, env = "HALTD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// haltd's admin API (`haltd serve --admin`): `unix:PATH`, or `IP:PORT` with
+    /// --admin-token-file [default: --config's `admin`, else unix:/run/haltd/admin.sock].
+    #[arg(long, global = true, env = "HALTD_ADMIN")]
+    admin: Option<String>,
+    /// The bearer token of a TCP admin listener (the file haltd's --admin-token-file names)
+    /// [default: --config's `admin_token_file`].
     #[arg(
         long,
         global = true,
@@ -28,8 +40,51 @@ struct Cli {
         value_name = "FILE"
     )]
     admin_token_file: Option<PathBuf>,
+    /// Print the answer as JSON (the admin API's answer as haltd sent it; JSON Lines for
+    /// `ledger show` and `ledger tail`) instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where haltctl finds the daemon, resolved once (`haltd::ctl::settings`).
+struct Ctx {
+    json: bool,
+    admin: String,
+    admin_token_file: Option<PathBuf>,
+    file: settings::FileSettings,
+}
+
+impl Ctx {
+    fn new(cli: &Cli) -> Result<Self, String> {
+        let file = match &cli.config {
+            Some(path) => settings::FileSettings::read(path).map_err(|e| e.to_string())?,
+            None => settings::FileSettings::default(),
+        };
+        Ok(Ctx {
+            json: cli.json,
+            admin: settings::pick(
+                cli.admin.as_ref(),
+                file.admin.as_ref(),
+                settings::DEFAULT_ADMIN.to_owned(),
+            ),
+            admin_token_file: cli
+                .admin_token_file
+                .clone()
+                .or_else(|| file.admin_token_file.clone()),
+            file,
+        })
+    }
+
+    /// `--state-dir` (or `HALTD_STATE_DIR`), else `--config`'s, else haltd's default.
+    fn state_dir(&self, given: Option<&PathBuf>) -> PathBuf {
+        settings::pick(
+            given,
+            self.file.state_dir.as_ref(),
+            PathBuf::from(settings::DEFAULT_STATE_DIR),
+        )
+    }
 }
 
 #[derive(Subcommand)]
@@ -44,7 +99,8 @@ enum Command {
     },
     /// List open streams.
     Streams,
-    /// Daemon status (gate, heartbeat, streams).
+    /// Daemon status: which daemon answered (pid, listen and admin addresses, version,
+    /// commit, ledger), then its gate, heartbeat and streams.
     Status,
     /// Show degraded safe mode, or end it: `haltctl mode full [--scope all|node|key:<fingerprint>]`.
     Mode {
@@ -66,6 +122,11 @@ enum Command {
     Ledger {
         #[command(subcommand)]
         command: LedgerCommand,
+    },
+    /// API keys as haltd sees them.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
     },
     /// Calibrate the surprise detector on labelled token streams (offline: no haltd needed).
     ///
@@ -122,21 +183,43 @@ struct CalibrateArgs {
     /// RNG seed (bootstrap, and --builtin-set generation).
     #[arg(long, default_value_t = haltd::calibrate::DEFAULT_SEED)]
     seed: u64,
-    /// Print the report as JSON (with the ROC curve) instead of text.
-    #[arg(long)]
-    json: bool,
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Print the fingerprint haltd gives the key on standard input (one line: the API key, or
+    /// `Bearer KEY`; with --header, an --identity-header value), as records, `haltctl mode` and
+    /// `--scope key:<fingerprint>` show it. Needs the node secret (`<state-dir>/node.key`).
+    /// Exit status: 0 printed, 2 cannot (no secret, not a key haltd accepts).
+    Fingerprint {
+        /// The line is the value of haltd's --identity-header, not an API key.
+        #[arg(long)]
+        header: bool,
+        /// haltd's `--state-dir` [default: --config's `state_dir`, else /var/lib/haltd].
+        #[arg(long, env = "HALTD_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
 enum LedgerCommand {
     /// Check the keyed hash chain of a ledger, one file or a series of segments (oldest first),
-    /// and its end against the head; says where it breaks. Needs the ledger key
-    /// (`<state-dir>/ledger.key`, root-only). Exit status: 0 intact, 1 broken, 2 cannot check.
+    /// the key it was written under, and its end against the head; says where it breaks.
+    /// Needs the ledger key (`<state-dir>/ledger.key`, root-only). Exit status: 0 intact,
+    /// 1 broken chain, 2 cannot check (I/O, no key), 3 key mismatch (the wrong --state-dir),
+    /// 4 end not checkable (no head: give --head FILE, or --no-end-check).
     Verify {
-        /// haltd's `--state-dir`: the key, and the head of the last segment (the same
-        /// `HALTD_STATE_DIR` as haltd's).
-        #[arg(long, env = "HALTD_STATE_DIR", default_value = "/var/lib/haltd")]
-        state_dir: PathBuf,
+        /// haltd's `--state-dir`: the key, and the head of the last segment [default:
+        /// --config's `state_dir`, else /var/lib/haltd].
+        #[arg(long, env = "HALTD_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+        /// Check the end against this head file (`ledger-<id>.head` from haltd's state
+        /// directory, kept under its name), e.g. for a copy of a ledger.
+        #[arg(long, value_name = "FILE", conflicts_with = "no_end_check")]
+        head: Option<PathBuf>,
+        /// Accept that the end cannot be checked (exit 0 instead of 4 without a head).
+        #[arg(long)]
+        no_end_check: bool,
         /// The segments, oldest first; the last is the current ledger file.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -169,18 +252,16 @@ enum LedgerCommand {
 /// What `ledger show` and `ledger tail` read and print.
 #[derive(clap::Args)]
 struct LedgerView {
-    /// The ledger file (haltd's `--ledger`).
-    #[arg(env = "HALTD_LEDGER", default_value = "/var/lib/haltd/ledger.jsonl")]
-    path: PathBuf,
+    /// The ledger file (haltd's `--ledger`) [default: --config's `ledger`, else
+    /// /var/lib/haltd/ledger.jsonl].
+    #[arg(env = "HALTD_LEDGER")]
+    path: Option<PathBuf>,
     /// Only the records of this stream (the `x-haltd-stream-id` response header).
     #[arg(long, value_name = "ID")]
     stream: Option<String>,
     /// Only records of this kind.
     #[arg(long, value_enum)]
     kind: Option<KindArg>,
-    /// Print each record as its JSON line, as written, instead of a table row.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -191,9 +272,6 @@ enum CircuitCommand {
     Show {
         /// The conversation; without it, every one kept.
         conversation: Option<String>,
-        /// Print the admin API's JSON as it came.
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -224,157 +302,89 @@ impl From<KindArg> for haltd::ledger::RecordKind {
     }
 }
 
-impl LedgerView {
-    fn selection(&self) -> show::Selection {
-        show::Selection {
-            stream: self.stream.clone(),
-            kind: self.kind.map(Into::into),
-        }
-    }
-
-    /// Whether `line` is printed: matching records, and every line that is not a record.
-    fn keeps(&self, sel: &show::Selection, line: &show::Line) -> bool {
-        match line {
-            show::Line::Record(_, v, _) => sel.matches(v),
-            show::Line::NotARecord(..) => true,
-        }
-    }
-
-    fn print(&self, line: &show::Line) {
-        match line {
-            show::Line::Record(_, _, text) if self.json => println!("{text}"),
-            show::Line::Record(_, v, _) => println!("{}", show::table_row(v)),
-            show::Line::NotARecord(n, why) => {
-                eprintln!("haltctl: {} line {n}: {why}; skipped", self.path.display());
-            }
-        }
-    }
-
-    fn print_header(&self) {
-        if !self.json {
-            println!("{}", show::table_header());
-        }
+/// The reader of `ledger show` and `ledger tail`.
+fn reader(view: &LedgerView, ctx: &Ctx) -> Reader {
+    Reader {
+        path: settings::pick(
+            view.path.as_ref(),
+            ctx.file.ledger.as_ref(),
+            PathBuf::from(settings::DEFAULT_LEDGER),
+        ),
+        sel: show::Selection {
+            stream: view.stream.clone(),
+            kind: view.kind.map(Into::into),
+        },
+        json: ctx.json,
     }
 }
 
-/// `haltctl ledger show`.
-fn ledger_show(view: &LedgerView, last: Option<usize>) -> ExitCode {
-    let sel = view.selection();
-    view.print_header();
-    let read = match last {
-        Some(n) => show::last_lines(&view.path, n, |l| view.keeps(&sel, l))
-            .map(|lines| lines.iter().for_each(|l| view.print(l))),
-        None => show::read_lines(&view.path, |l| {
-            if view.keeps(&sel, &l) {
-                view.print(&l);
-            }
-        }),
-    };
-    match read {
-        Ok(()) => ExitCode::SUCCESS,
+/// `haltctl ledger verify`: one line (or a JSON object), and the exit code of its verdict.
+fn ledger_verify(ctx: &Ctx, req: &haltd::ctl::verify::VerifyRequest<'_>) -> ExitCode {
+    let outcome = haltd::ctl::verify::run(req);
+    if ctx.json {
+        out::line(&serde_json::to_string(&outcome).unwrap_or_default());
+    } else if outcome.exit_code == 0 || outcome.exit_code == 1 {
+        out::line(&outcome.message);
+    } else {
+        eprintln!("haltctl: {}", outcome.message);
+    }
+    ExitCode::from(outcome.exit_code)
+}
+
+/// `haltctl key fingerprint`.
+fn key_fingerprint(ctx: &Ctx, state_dir: &Path, header: bool) -> ExitCode {
+    use haltd::ctl::fingerprint::{fingerprint, Input};
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("haltctl: reading standard input: {e}");
+        return ExitCode::from(2);
+    }
+    let input = if header { Input::Header } else { Input::Bearer };
+    match fingerprint(state_dir, input, &line) {
+        Ok(fp) if ctx.json => {
+            out::line(&serde_json::json!({"fingerprint": fp}).to_string());
+            ExitCode::SUCCESS
+        }
+        Ok(fp) => {
+            out::line(&fp);
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("haltctl: {}: {e}", view.path.display());
+            eprintln!("haltctl key fingerprint: {e}");
             ExitCode::from(2)
         }
     }
 }
 
-/// `haltctl ledger tail`: runs until interrupted, or until the file cannot be read.
-fn ledger_tail(view: &LedgerView, lines: usize, interval_ms: u64) -> ExitCode {
-    let sel = view.selection();
-    let fail = |e: std::io::Error| {
-        eprintln!("haltctl: {}: {e}", view.path.display());
-        ExitCode::from(2)
-    };
-    // Open the follower first: a record appended while the last ones print is not lost.
-    let mut follower = match show::Follower::at_end(&view.path) {
-        Ok(f) => f,
-        Err(e) => return fail(e),
-    };
-    view.print_header();
-    match show::last_lines(&view.path, lines, |l| view.keeps(&sel, l)) {
-        Ok(last) => last.iter().for_each(|l| view.print(l)),
-        Err(e) => return fail(e),
-    }
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(interval_ms.max(10)));
-        let polled = match follower.poll() {
-            Ok(p) => p,
-            Err(e) => return fail(e),
-        };
-        for l in polled.lines.iter().filter(|l| view.keeps(&sel, l)) {
-            view.print(l);
-        }
-        if polled.rotated {
-            eprintln!(
-                "haltctl: {} was rotated; following the new file",
-                view.path.display()
-            );
-        }
-    }
-}
-
-/// `haltctl ledger verify`.
-fn ledger_verify(state_dir: &std::path::Path, paths: &[PathBuf]) -> ExitCode {
-    let key = match haltd::ledger::LedgerKey::read(state_dir) {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!(
-                "haltctl: the ledger key: {e} (run as the user haltd runs as, or pass --state-dir)"
-            );
-            return ExitCode::from(2);
-        }
-    };
-    let last = &paths[paths.len() - 1];
-    let head = match haltd::ledger::head::read_head(state_dir, last, &key) {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("haltctl: the head of {}: {e}", last.display());
-            return ExitCode::from(2);
-        }
-    };
-    if head.is_none() {
-        eprintln!(
-            "haltctl: no head for {} in {}: records cut off its end would go unnoticed",
-            last.display(),
-            state_dir.display()
-        );
-    }
-    match haltd::ledger::verify_series(paths, &key, head.as_ref()) {
-        Ok(report) => {
-            println!("{report}");
-            if report.is_intact() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("haltctl: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Sends one admin request and prints the answer. Exit status: 0 success, 1 haltd refused,
-/// 2 no answer.
-fn admin_call(cli: &Cli, method: Method, path: &str, body: Option<serde_json::Value>) -> ExitCode {
-    let client = match AdminClient::new(&cli.admin, cli.admin_token_file.as_deref()) {
+/// Sends one admin request; prints the answer as `render` makes it (as it came with --json).
+/// Exit status: 0 success, 1 haltd refused, 2 no answer.
+fn admin_call(
+    ctx: &Ctx,
+    (method, path): (Method, &str),
+    body: Option<Value>,
+    render: fn(&Value) -> String,
+) -> ExitCode {
+    let client = match AdminClient::new(&ctx.admin, ctx.admin_token_file.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("haltctl: --admin {}: {e}", cli.admin);
+            eprintln!("haltctl: --admin {}: {e}", ctx.admin);
             return ExitCode::from(2);
         }
     };
     match client.request(method, path, body.as_ref()) {
-        Ok((status, body)) => {
-            println!("{}", body.trim_end());
-            if status.is_success() {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("haltctl: haltd answered {status}");
-                ExitCode::from(1)
+        Ok((status, body)) if status.is_success() => {
+            match serde_json::from_str::<Value>(&body) {
+                Ok(v) if !ctx.json => out::write(&render(&v)),
+                _ => out::line(body.trim_end()),
             }
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            if ctx.json {
+                out::line(body.trim_end());
+            }
+            eprintln!("haltctl: haltd answered {status}: {}", body.trim_end());
+            ExitCode::from(1)
         }
         Err(e) => {
             eprintln!("haltctl: {e}");
@@ -383,8 +393,8 @@ fn admin_call(cli: &Cli, method: Method, path: &str, body: Option<serde_json::Va
     }
 }
 
-/// `haltctl circuit show`: `GET /admin/circuit[/{id}]`, as text or as the JSON.
-fn circuit_show(cli: &Cli, conversation: Option<&str>, json: bool) -> ExitCode {
+/// `haltctl circuit show`: `GET /admin/circuit[/{id}]`.
+fn circuit_show(ctx: &Ctx, conversation: Option<&str>) -> ExitCode {
     let path = match conversation {
         // A header value is any visible ASCII: every byte but [A-Za-z0-9-_.~] is escaped.
         Some(id) => format!(
@@ -400,35 +410,16 @@ fn circuit_show(cli: &Cli, conversation: Option<&str>, json: bool) -> ExitCode {
         ),
         None => "/admin/circuit".to_owned(),
     };
-    if json {
-        return admin_call(cli, Method::GET, &path, None);
-    }
-    let client = match AdminClient::new(&cli.admin, cli.admin_token_file.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("haltctl: --admin {}: {e}", cli.admin);
-            return ExitCode::from(2);
-        }
-    };
-    match client.request(Method::GET, &path, None) {
-        Ok((status, body)) if status.is_success() => {
-            let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            print!("{}", haltd::circuit::show::render(&view));
-            ExitCode::SUCCESS
-        }
-        Ok((status, body)) => {
-            eprintln!("haltctl: haltd answered {status}: {}", body.trim_end());
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("haltctl: {e}");
-            ExitCode::from(2)
-        }
-    }
+    admin_call(
+        ctx,
+        (Method::GET, &path),
+        None,
+        haltd::circuit::show::render,
+    )
 }
 
 /// `haltctl calibrate`: offline, it never talks to haltd.
-fn calibrate(args: CalibrateArgs) -> ExitCode {
+fn calibrate(args: CalibrateArgs, json: bool) -> ExitCode {
     use haltd::calibrate as cal;
 
     let fail = |msg: String| {
@@ -478,7 +469,7 @@ fn calibrate(args: CalibrateArgs) -> ExitCode {
         }
     };
     report.add_skipped(skipped);
-    match finish_calibration(&args, &report) {
+    match finish_calibration(&args, &report, json) {
         Ok(code) => code,
         Err(e) => fail(e),
     }
@@ -514,13 +505,14 @@ fn load_streams(
 fn finish_calibration(
     args: &CalibrateArgs,
     report: &haltd::calibrate::CalibrationReport,
+    json: bool,
 ) -> Result<ExitCode, String> {
-    if args.json {
+    if json {
         let j = serde_json::to_string_pretty(report)
             .map_err(|e| format!("encoding the report: {e}"))?;
-        println!("{j}");
+        out::line(&j);
     } else {
-        print!("{report}");
+        out::write(&report.to_string());
     }
     if report.operating_point.is_none() {
         if args.config.is_some() {
@@ -541,56 +533,99 @@ fn finish_calibration(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let ctx = match Ctx::new(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("haltctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match &cli.command {
         Command::Trip { stream_id, cause } => admin_call(
-            &cli,
-            Method::POST,
-            &format!("/admin/streams/{stream_id}/trip"),
+            &ctx,
+            (Method::POST, &format!("/admin/streams/{stream_id}/trip")),
             Some(serde_json::json!({ "cause": cause })),
+            render::trip,
         ),
-        Command::Streams => admin_call(&cli, Method::GET, "/admin/streams", None),
-        Command::Status => admin_call(&cli, Method::GET, "/admin/status", None),
-        Command::Mode { set: None, .. } => admin_call(&cli, Method::GET, "/admin/mode", None),
+        Command::Streams => {
+            admin_call(&ctx, (Method::GET, "/admin/streams"), None, render::streams)
+        }
+        Command::Status => admin_call(&ctx, (Method::GET, "/admin/status"), None, render::status),
+        Command::Mode { set: None, .. } => {
+            admin_call(&ctx, (Method::GET, "/admin/mode"), None, render::mode)
+        }
         Command::Mode {
             set: Some(mode),
             scope,
         } => admin_call(
-            &cli,
-            Method::POST,
-            "/admin/mode",
+            &ctx,
+            (Method::POST, "/admin/mode"),
             Some(serde_json::json!({ "mode": mode, "scope": scope })),
+            render::mode_changed,
         ),
-        Command::Conversations => admin_call(&cli, Method::GET, "/admin/conversations", None),
+        Command::Conversations => admin_call(
+            &ctx,
+            (Method::GET, "/admin/conversations"),
+            None,
+            render::conversations,
+        ),
         Command::Circuit {
-            command: CircuitCommand::Show { conversation, json },
-        } => circuit_show(&cli, conversation.as_deref(), *json),
-        Command::Calibrate(args) => calibrate(args.clone()),
+            command: CircuitCommand::Show { conversation },
+        } => circuit_show(&ctx, conversation.as_deref()),
+        Command::Calibrate(args) => calibrate(args.clone(), ctx.json),
+        Command::Key {
+            command: KeyCommand::Fingerprint { header, state_dir },
+        } => key_fingerprint(&ctx, &ctx.state_dir(state_dir.as_ref()), *header),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            haltd::cli_docs::write_completions(&mut cmd, *shell, &mut std::io::stdout());
+            let mut text = Vec::new();
+            haltd::cli_docs::write_completions(&mut cmd, *shell, &mut text);
+            out::write(&String::from_utf8_lossy(&text));
             ExitCode::SUCCESS
         }
-        Command::Man { dir } => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            match haltd::cli_docs::write_man_pages(&cmd, dir) {
-                Ok(pages) => {
-                    pages.iter().for_each(|p| println!("{}", p.display()));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("haltctl: writing man pages into {}: {e}", dir.display());
-                    ExitCode::from(1)
-                }
-            }
+        Command::Man { dir } => man(dir),
+        Command::Ledger { command } => ledger(&ctx, command),
+    }
+}
+
+fn man(dir: &Path) -> ExitCode {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match haltd::cli_docs::write_man_pages(&cmd, dir) {
+        Ok(pages) => {
+            pages
+                .iter()
+                .for_each(|p| out::line(&p.display().to_string()));
+            ExitCode::SUCCESS
         }
-        Command::Ledger { command } => match command {
-            LedgerCommand::Verify { state_dir, paths } => ledger_verify(state_dir, paths),
-            LedgerCommand::Show { view, last } => ledger_show(view, *last),
-            LedgerCommand::Tail {
-                view,
-                lines,
-                interval_ms,
-            } => ledger_tail(view, *lines, *interval_ms),
-        },
+        Err(e) => {
+            eprintln!("haltctl: writing man pages into {}: {e}", dir.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn ledger(ctx: &Ctx, command: &LedgerCommand) -> ExitCode {
+    match command {
+        LedgerCommand::Verify {
+            state_dir,
+            head,
+            no_end_check,
+            paths,
+        } => {
+            let state_dir = ctx.state_dir(state_dir.as_ref());
+            let req = haltd::ctl::verify::VerifyRequest {
+                state_dir: &state_dir,
+                paths,
+                head: head.as_deref(),
+                no_end_check: *no_end_check,
+            };
+            ledger_verify(ctx, &req)
+        }
+        LedgerCommand::Show { view, last } => ledger_show(&reader(view, ctx), *last),
+        LedgerCommand::Tail {
+            view,
+            lines,
+            interval_ms,
+        } => ledger_tail(&reader(view, ctx), *lines, *interval_ms),
     }
 }

@@ -25,6 +25,7 @@ mod crash;
 mod detectors;
 mod drain;
 mod guarantee;
+mod haltctl_cli;
 mod hostile;
 mod intervene;
 mod intervene_ab;

@@ -784,6 +784,7 @@ fn haltctl(rig: &Rig, args: &[&str]) -> Result<Value> {
         .arg(rig.haltd.admin.to_string())
         .arg("--admin-token-file")
         .arg(rig.haltd.admin_token_file())
+        .arg("--json")
         .args(args)
         .output()?;
     ensure!(

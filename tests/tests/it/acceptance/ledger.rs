@@ -5,8 +5,8 @@ use std::{fs, path::Path, process::Command, thread, time::Duration};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use haltd_tests::{
-    copy_ledger, haltctl_bin, spawn_in_netns, sse, temp_dir, verify_ledger, wait_for, Haltd,
-    NetPair, PORT_API,
+    copy_ledger, haltctl_bin, spawn_in_netns, sse, temp_dir, verify_ledger, verify_ledger_copy,
+    wait_for, Haltd, NetPair, PORT_API,
 };
 use serde_json::Value;
 
@@ -93,7 +93,7 @@ fn ledger_tamper_is_detected_and_refused() -> Result<()> {
     );
     connect_refused(&pair, PORT_API)?;
     // The intact copy still verifies (the tamper, not the copy, broke it).
-    verify_ledger(&intact)?;
+    verify_ledger_copy(&intact)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -190,7 +190,7 @@ fn crash_keeps_the_ledger() -> Result<()> {
         "a stream open at the crash cannot end with [DONE]"
     );
     copy_ledger(&first.ledger, &kept)?;
-    let report = verify_ledger(&kept)?;
+    let report = verify_ledger_copy(&kept)?;
     let after_crash = haltd_tests::read_ledger(&kept)?;
     ensure!(
         after_crash.len() >= before.len(),

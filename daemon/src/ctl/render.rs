@@ -1,0 +1,218 @@
+//! The human tables haltctl prints for the admin API's answers. Every command also takes
+//! `--json`, which prints the answer as haltd sent it (docs/wire-format.md "Admin API").
+
+use serde_json::Value;
+
+/// A value as a table cell: `-` for null, strings bare, anything nested as compact JSON.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Number(_) | Value::Bool(_) => v.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Rows under a header, each column as wide as its widest cell, two spaces apart.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|h| h.to_uppercase()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, (c, w)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The rows of the objects in `list`, one column per key in `columns`.
+fn rows(list: &[Value], columns: &[&str]) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|o| columns.iter().map(|c| cell(&o[*c])).collect())
+        .collect()
+}
+
+/// An object as a two-column table of its fields: `first` in that order, then the rest.
+pub fn object(v: &Value, first: &[&str]) -> String {
+    let Some(map) = v.as_object() else {
+        return format!("{}\n", cell(v));
+    };
+    let mut keys: Vec<&str> = first
+        .iter()
+        .copied()
+        .filter(|k| map.contains_key(*k))
+        .collect();
+    keys.extend(
+        map.keys()
+            .map(String::as_str)
+            .filter(|k| !first.contains(k)),
+    );
+    let rows: Vec<Vec<String>> = keys
+        .into_iter()
+        .map(|k| vec![k.to_owned(), cell(&map[k])])
+        .collect();
+    table(&["field", "value"], &rows)
+}
+
+/// `haltctl status`: which daemon answered first (pid, addresses, version, commit).
+pub fn status(v: &Value) -> String {
+    object(
+        v,
+        &[
+            "pid",
+            "listen",
+            "admin",
+            "version",
+            "commit",
+            "ledger",
+            "kernel_gate",
+        ],
+    )
+}
+
+/// `haltctl streams`.
+pub fn streams(v: &Value) -> String {
+    let list = v["streams"].as_array().map_or(&[][..], Vec::as_slice);
+    if list.is_empty() {
+        return "no open streams\n".to_owned();
+    }
+    let columns = [
+        "stream_id",
+        "state",
+        "mode",
+        "endpoint",
+        "tokens",
+        "tokens_delivered",
+        "trip_cause",
+        "age_ms",
+    ];
+    table(&columns, &rows(list, &columns))
+}
+
+/// `haltctl mode`: the policy, then the degraded scopes.
+pub fn mode(v: &Value) -> String {
+    let hold = match v["degraded_for_s"].as_f64() {
+        Some(s) => format!("{s} s"),
+        None => "until the operator ends it".to_owned(),
+    };
+    let mut out = format!(
+        "a halt degrades: {}; for: {hold}\n",
+        cell(&v["scope_on_halt"])
+    );
+    let mut scopes: Vec<Value> = Vec::new();
+    if let Some(node) = v.get("node").filter(|n| !n.is_null()) {
+        let mut n = node.clone();
+        n["scope"] = "node".into();
+        scopes.push(n);
+    }
+    for k in v["keys"].as_array().into_iter().flatten() {
+        let mut k = k.clone();
+        k["scope"] = format!("key:{}", cell(&k["key"])).into();
+        scopes.push(k);
+    }
+    if scopes.is_empty() {
+        out.push_str("no scope is degraded\n");
+        return out;
+    }
+    let columns = [
+        "scope",
+        "cause",
+        "stream_id",
+        "since_unix_ms",
+        "until_unix_ms",
+    ];
+    out.push_str(&table(&columns, &rows(&scopes, &columns)));
+    out
+}
+
+/// `haltctl mode full`: what changed, then the mode now.
+pub fn mode_changed(v: &Value) -> String {
+    let changed = v["changed"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = if changed.is_empty() {
+        "nothing was degraded in that scope: nothing changed\n".to_owned()
+    } else {
+        let columns = ["scope", "from", "to", "by"];
+        table(&columns, &rows(changed, &columns))
+    };
+    out.push_str(&mode(&v["mode"]));
+    out
+}
+
+/// `haltctl conversations`.
+pub fn conversations(v: &Value) -> String {
+    let list = v["conversations"].as_array().map_or(&[][..], Vec::as_slice);
+    if list.is_empty() {
+        return "no conversation has committed state\n".to_owned();
+    }
+    let columns = [
+        "key",
+        "turns_committed",
+        "tokens_committed",
+        "tool_calls_committed",
+        "turns_failed",
+        "last_committed_turn",
+    ];
+    table(&columns, &rows(list, &columns))
+}
+
+/// `haltctl trip`: the tripped stream.
+pub fn trip(v: &Value) -> String {
+    object(v, &["stream_id", "cause"])
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tables_align_and_name_the_daemon_first() {
+        let s = status(
+            &json!({"kernel_gate": "enforcing", "pid": 42, "listen": "0.0.0.0:8080",
+                               "version": "0.1.0", "commit": "abc", "budget": 5}),
+        );
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            ["FIELD", "VALUE"]
+        );
+        assert!(
+            lines[1].starts_with("pid ") && lines[1].ends_with(" 42"),
+            "{s}"
+        );
+        assert!(lines[2].contains("0.0.0.0:8080"), "{s}");
+        let t = streams(&json!({"streams": [
+            {"stream_id": "hs_1", "state": "open", "mode": "stream", "endpoint": "chat",
+             "tokens": 3, "tokens_delivered": 3, "trip_cause": null, "age_ms": 12}]}));
+        assert!(t.starts_with("STREAM_ID"), "{t}");
+        assert!(
+            t.lines().nth(1).is_some_and(|l| l.starts_with("hs_1  ")),
+            "{t}"
+        );
+        assert_eq!(streams(&json!({"streams": []})), "no open streams\n");
+        let m = mode(
+            &json!({"scope_on_halt": "key", "degraded_for_s": null, "node": null,
+                             "keys": [{"key": "49d4b86b01011bd0", "cause": "OPERATOR_TRIP",
+                                       "since_unix_ms": 1, "stream_id": "hs_2",
+                                       "until_unix_ms": null}]}),
+        );
+        assert!(
+            m.contains("key:49d4b86b01011bd0") && m.contains("OPERATOR_TRIP"),
+            "{m}"
+        );
+    }
+}
