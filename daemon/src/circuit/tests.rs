@@ -464,3 +464,42 @@ proptest! {
         prop_assert!(matches!(c.judge(call("2", "search", &shuffled), None), Verdict::Deny(_)));
     }
 }
+
+/// Issue 29 point 6: a zero-width space, a decomposed accent or an added `null` member does
+/// not make a retry a structurally changed call: it is denied as the arguments that failed
+/// validation, not let out as the one repair.
+#[test]
+fn an_invisible_change_is_no_validation_repair() {
+    let mut c = Circuit::new(policy(""));
+    c.record_call(
+        call("v1", "book", r#"{"city": "Montréal", "slot": "9am"}"#),
+        None,
+    );
+    let class = c.record_result("v1", "ValidationError: slot must be HH:MM", None, true);
+    assert_eq!(class, Some(FailureClass::Validation));
+    for (what, args) in [
+        (
+            "zero-width space",
+            "{\"city\": \"Montréal\", \"slot\": \"9\u{200B}am\"}",
+        ),
+        (
+            "decomposed é",
+            "{\"city\": \"Montre\u{301}al\", \"slot\": \"9am\"}",
+        ),
+        (
+            "null member",
+            r#"{"city": "Montréal", "slot": "9am", "tz": null}"#,
+        ),
+    ] {
+        let v = c.judge(call("v2", "book", args), None);
+        assert!(
+            matches!(&v, Verdict::Deny(a) if a.safety_justification.contains("repeats the arguments")),
+            "{what}: {v:?}"
+        );
+    }
+    let repaired = c.judge(
+        call("v3", "book", r#"{"city": "Montréal", "slot": "09:00"}"#),
+        None,
+    );
+    assert_eq!(repaired, Verdict::Allow { cost: 1 });
+}
