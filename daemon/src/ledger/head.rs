@@ -175,11 +175,16 @@ pub fn read_head(state_dir: &Path, ledger: &Path, key: &LedgerKey) -> io::Result
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    newest_slot(&file, key, &id)
+}
+
+/// The head in the valid slot of `file` with the highest generation.
+fn newest_slot(file: &File, key: &LedgerKey, id: &str) -> io::Result<Option<Head>> {
     let mut buf = [0u8; 2 * SLOT];
-    let n = read_up_to(&file, &mut buf)?;
+    let n = read_up_to(file, &mut buf)?;
     Ok(buf[..n]
         .chunks(SLOT)
-        .filter_map(|c| parse_slot(c, key, &id))
+        .filter_map(|c| parse_slot(c, key, id))
         .max_by_key(|s| s.gen)
         .map(|s| Head {
             next_seq: s.next_seq,
@@ -205,17 +210,7 @@ pub fn read_head_file(path: &Path, key: &LedgerKey) -> io::Result<Option<Head>> 
             )
         })?
         .to_owned();
-    let file = File::open(path)?;
-    let mut buf = [0u8; 2 * SLOT];
-    let n = read_up_to(&file, &mut buf)?;
-    Ok(buf[..n]
-        .chunks(SLOT)
-        .filter_map(|c| parse_slot(c, key, &id))
-        .max_by_key(|s| s.gen)
-        .map(|s| Head {
-            next_seq: s.next_seq,
-            hash: s.hash,
-        }))
+    newest_slot(&File::open(path)?, key, &id)
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> io::Result<usize> {
