@@ -4,6 +4,9 @@
 //!
 //! Clippy's lints are the workspace's (`[workspace.lints]` in the root `Cargo.toml`), among them
 //! `clippy::too_many_lines` with the threshold in `clippy.toml`: both passes enforce them.
+//!
+//! One check of its own reads the daemon's sources: no trip's result is thrown away with
+//! `let _ =` (a trip that did not happen must be handled, `dataplane/own_trip.rs`).
 
 use std::{path::Path, time::Instant};
 
@@ -38,6 +41,11 @@ pub(crate) fn lint(ctx: &Ctx, object: &Path) -> Result<()> {
         c.args(&check.args);
         outcomes.push((check.name, run(&mut c).is_ok()));
     }
+    let discarded = discarded_trips(&ctx.root.join("daemon/src"))?;
+    for d in &discarded {
+        println!("[lint] {d}: a trip's result is thrown away with `let _ =`; handle it");
+    }
+    outcomes.push(("no discarded trip results", discarded.is_empty()));
     summarize(&outcomes, t)
 }
 
@@ -73,6 +81,45 @@ fn checks(ctx: &Ctx) -> Vec<Check> {
     ]
 }
 
+/// The places under `dir` (`FILE:LINE`) where a `let _ =` statement throws away the result of
+/// a trip (`trip(`, `trip_by(`, `trip_own(`).
+fn discarded_trips(dir: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path)?;
+                found.extend(
+                    discarded_in(&text)
+                        .into_iter()
+                        .map(|line| format!("{}:{line}", path.display())),
+                );
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The 1-based lines of `text` where a `let _ =` statement (up to its `;`) calls a trip.
+fn discarded_in(text: &str) -> Vec<usize> {
+    let mut lines = Vec::new();
+    for (at, _) in text.match_indices("let _ =") {
+        let statement = text[at..].split(';').next().unwrap_or_default();
+        if ["trip(", "trip_by(", "trip_own("]
+            .iter()
+            .any(|call| statement.contains(call))
+        {
+            lines.push(text[..at].matches('\n').count() + 1);
+        }
+    }
+    lines
+}
+
 /// `clippy --workspace --all-targets FEATURES -- -D warnings`.
 fn clippy(features: &[&str]) -> Vec<String> {
     let mut args = vec!["clippy", "--workspace", "--all-targets"];
@@ -105,4 +152,17 @@ fn summarize(outcomes: &[(&str, bool)], t: Instant) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::discarded_in;
+
+    #[test]
+    fn a_discarded_trip_is_found_and_a_handled_one_is_not() {
+        let text = "fn a() {\n    let _ = shared.trip_by(\n        id,\n    );\n    \
+                    let _ = slot.state.compare_exchange(1, 2);\n    \
+                    let _ = shared.trip(id, c);\n    trip_own(&shared, id, c, by);\n}\n";
+        assert_eq!(discarded_in(text), [2, 6]);
+    }
 }

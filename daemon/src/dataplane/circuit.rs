@@ -395,7 +395,18 @@ impl Worker {
         tracing::info!(stream_id = %id, key = %artifact.equivalence_key, justification = %artifact.safety_justification, "tool circuit open: the call is not sent");
         shared.metrics.circuit.tripped(artifact.failure_class);
         shared.meta(id.slot).tool_circuit = serde_json::to_value(artifact).ok();
-        let _ = shared.trip_by(id, FailureCode::ToolCircuitOpen, Initiator::Detector);
+        let own = super::own_trip::trip_own(
+            &shared,
+            id,
+            FailureCode::ToolCircuitOpen,
+            Initiator::Detector,
+        );
+        if let super::own_trip::OwnTrip::AlreadyTripped(first) = own {
+            // Another cause came first: its record must not carry this artifact as the cause.
+            if first != FailureCode::ToolCircuitOpen {
+                shared.meta(id.slot).tool_circuit = None;
+            }
+        }
         self.halt(key)
     }
 }

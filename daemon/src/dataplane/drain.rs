@@ -358,7 +358,13 @@ impl Worker {
         }
         // A stream still open halts (its incident, metrics, the log); one that ended, or is
         // halting already, is only cut.
-        let _ = shared.trip_by(conn.id, FailureCode::ClientStalled, Initiator::Client);
+        // Whatever the answer (tripped now, halting already, ended), the socket is cut below.
+        super::own_trip::trip_own(
+            &shared,
+            conn.id,
+            FailureCode::ClientStalled,
+            Initiator::Client,
+        );
         // SAFETY: as above. Shutting the socket down ends the send waiting on the client
         // (it fails with EPIPE) and whatever else waits on it; the close follows from there.
         unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };

@@ -36,7 +36,13 @@ impl Worker {
         // Bounded: the terminal frame must fit the gate's terminal allowance.
         let detail: String = trip.detail.chars().take(240).collect();
         shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
-        let _ = shared.trip_by(id, trip.code, Initiator::Detector);
+        let own = super::own_trip::trip_own(&shared, id, trip.code, Initiator::Detector);
+        if let super::own_trip::OwnTrip::AlreadyTripped(first) = own {
+            // Another cause came first: its terminal and record must not name this detector.
+            if first != trip.code {
+                shared.meta(id.slot).detector_trip = None;
+            }
+        }
         self.halt(key)
     }
 

@@ -172,7 +172,8 @@ impl Worker {
             // closed), as a turn whose policy write failed does.
             shared.metrics.gate.errors.inc();
             tracing::error!(stream_id = %id, error = %e, "writing a kept connection's kernel policy failed; closing it");
-            let _ = shared.trip_by(id, FailureCode::WatchdogTrip, Initiator::Kernel);
+            // The stream was never served: it closes whatever the table answers.
+            super::own_trip::trip_own(&shared, id, FailureCode::WatchdogTrip, Initiator::Kernel);
             self.conns[key].outcome = Outcome::Halted;
             self.begin_close(key);
             return true;

@@ -62,6 +62,7 @@ mod hold;
 mod holdback;
 mod keepalive;
 mod op;
+mod own_trip;
 mod passthrough;
 mod pipeline;
 mod pool;

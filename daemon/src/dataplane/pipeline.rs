@@ -204,7 +204,13 @@ impl Worker {
         let slot = shared.table.slot(id.slot);
         if !shared.heartbeat_fresh(monotonic_ns()) && !slot.is_tripped() {
             // Fail closed: without a watchdog nobody could enforce a later halt.
-            let _ = shared.trip(id, FailureCode::HeartbeatLost);
+            // The slot's own state decides what follows (halt below, or nothing to halt).
+            super::own_trip::trip_own(
+                &shared,
+                id,
+                FailureCode::HeartbeatLost,
+                crate::stream::Initiator::of(FailureCode::HeartbeatLost),
+            );
         }
         if slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped) {
             return self.halt(key);

@@ -170,7 +170,9 @@ impl Worker {
             // permanent, so no terminal frame can follow.
             let cause = kernel_drop_cause(&shared, conn.fd);
             tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
-            let _ = shared.trip_by(conn.id, cause, Initiator::Kernel);
+            // The drop is permanent whatever the table answers: the halt path records it
+            // (under the first cause if the stream was tripped already) and closes.
+            super::own_trip::trip_own(&shared, conn.id, cause, Initiator::Kernel);
             return self.halt(key);
         }
         // The client went away (or stalled and was cut, `drain.rs`). Make the stream

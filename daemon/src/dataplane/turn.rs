@@ -686,7 +686,14 @@ impl Worker {
         if let Err(e) = res {
             shared.metrics.gate.errors.inc();
             tracing::error!(stream_id = %conn.id, error = %e, "writing the turn's kernel policy failed; halting the stream");
-            let _ = shared.trip_by(conn.id, FailureCode::WatchdogTrip, Initiator::Kernel);
+            // Tripped or not (an earlier trip stands; a finished stream sends nothing more),
+            // the turn is not served.
+            super::own_trip::trip_own(
+                &shared,
+                conn.id,
+                FailureCode::WatchdogTrip,
+                Initiator::Kernel,
+            );
             return false;
         }
         true

@@ -707,7 +707,14 @@ impl Worker {
         }
         // The client's stream is open: a trip, so the terminal event carries the failure
         // and the halt is recorded like any other.
-        let _ = shared.trip(id, FailureCode::UpstreamFailure);
+        // Halted now or halting already under an earlier cause, the halt path ends it; one
+        // that finished has nothing left to send, and the halt path closes it as it is.
+        super::own_trip::trip_own(
+            &shared,
+            id,
+            FailureCode::UpstreamFailure,
+            crate::stream::Initiator::of(FailureCode::UpstreamFailure),
+        );
         self.halt(key)
     }
 }
