@@ -5,8 +5,11 @@
 //! Clippy's lints are the workspace's (`[workspace.lints]` in the root `Cargo.toml`), among them
 //! `clippy::too_many_lines` with the threshold in `clippy.toml`: both passes enforce them.
 //!
-//! One check of its own reads the daemon's sources: no trip's result is thrown away with
-//! `let _ =` (a trip that did not happen must be handled, `dataplane/own_trip.rs`).
+//! Two checks of its own read the daemon's sources: no trip's result is thrown away with
+//! `let _ =` (a trip that did not happen must be handled, `dataplane/own_trip.rs`), and the
+//! data plane's `self.conns[` lookups by connection key do not grow past
+//! [`CONNS_LOOKUP_CEILING`]: issue 30 moves them into the ring driver's completion dispatch,
+//! and lowers the ceiling as it goes.
 
 use std::{path::Path, time::Instant};
 
@@ -46,6 +49,14 @@ pub(crate) fn lint(ctx: &Ctx, object: &Path) -> Result<()> {
         println!("[lint] {d}: a trip's result is thrown away with `let _ =`; handle it");
     }
     outcomes.push(("no discarded trip results", discarded.is_empty()));
+    let lookups = count_in(&ctx.root.join("daemon/src/dataplane"), "self.conns[")?;
+    println!(
+        "[lint] self.conns[ lookups in daemon/src/dataplane: {lookups} (ceiling {CONNS_LOOKUP_CEILING})"
+    );
+    outcomes.push((
+        "connection lookups within their ceiling",
+        lookups <= CONNS_LOOKUP_CEILING,
+    ));
     summarize(&outcomes, t)
 }
 
@@ -81,10 +92,22 @@ fn checks(ctx: &Ctx) -> Vec<Check> {
     ]
 }
 
-/// The places under `dir` (`FILE:LINE`) where a `let _ =` statement throws away the result of
-/// a trip (`trip(`, `trip_by(`, `trip_own(`).
-fn discarded_trips(dir: &Path) -> Result<Vec<String>> {
-    let mut found = Vec::new();
+/// The most `self.conns[` lookups the data plane may hold: the count when the check came in
+/// (issue 30). A change that adds one fails; one that removes some lowers this with it.
+const CONNS_LOOKUP_CEILING: usize = 141;
+
+/// Occurrences of `needle` in the `.rs` files under `dir`.
+fn count_in(dir: &Path, needle: &str) -> Result<usize> {
+    let mut n = 0;
+    for path in rust_files(dir)? {
+        n += std::fs::read_to_string(&path)?.matches(needle).count();
+    }
+    Ok(n)
+}
+
+/// The `.rs` files under `dir`.
+fn rust_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d)? {
@@ -92,16 +115,26 @@ fn discarded_trips(dir: &Path) -> Result<Vec<String>> {
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path)?;
-                found.extend(
-                    discarded_in(&text)
-                        .into_iter()
-                        .map(|line| format!("{}:{line}", path.display())),
-                );
+                files.push(path);
             }
         }
     }
-    found.sort();
+    files.sort();
+    Ok(files)
+}
+
+/// The places under `dir` (`FILE:LINE`) where a `let _ =` statement throws away the result of
+/// a trip (`trip(`, `trip_by(`, `trip_own(`).
+fn discarded_trips(dir: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for path in rust_files(dir)? {
+        let text = std::fs::read_to_string(&path)?;
+        found.extend(
+            discarded_in(&text)
+                .into_iter()
+                .map(|line| format!("{}:{line}", path.display())),
+        );
+    }
     Ok(found)
 }
 
