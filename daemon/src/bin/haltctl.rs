@@ -1,7 +1,7 @@
 //! `haltctl`: the operator's CLI for a running haltd (trip a stream, list streams, end
 //! degraded safe mode) and for its flight recorder (verify the hash chain, show and follow
-//! the records). Every command prints a table for people and takes `--json` for scripts;
-//! where it finds the daemon is `haltd::ctl::settings`.
+//! the records). It prints tables and lines for people, and every command takes `--json` for
+//! scripts; where it finds the daemon is `haltd::ctl::settings`.
 
 use std::{
     path::{Path, PathBuf},
