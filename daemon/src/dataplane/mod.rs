@@ -74,6 +74,8 @@ mod score;
 mod send;
 mod summary;
 mod turn;
+mod turn_policy;
+mod upstream_exchange;
 mod upstream_io;
 mod upstream_recv;
 mod upstream_reuse;
