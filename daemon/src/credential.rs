@@ -77,14 +77,8 @@ pub fn bearer_of_authorization(value: &str) -> Result<&str, CredentialError> {
         return Err(CredentialError::NoScheme);
     };
     if !scheme.eq_ignore_ascii_case("bearer") {
-        let mut shown = scheme.to_owned();
-        shown.truncate(
-            (0..=MAX_SCHEME_IN_ERROR.min(shown.len()))
-                .rev()
-                .find(|&i| shown.is_char_boundary(i))
-                .unwrap_or(0),
-        );
-        return Err(CredentialError::Scheme(shown));
+        let shown = crate::wire::text::truncate_text(scheme, MAX_SCHEME_IN_ERROR);
+        return Err(CredentialError::Scheme(shown.to_owned()));
     }
     let token = token.trim_matches([' ', '\t']);
     if !is_b64token(token) {

@@ -50,14 +50,7 @@ impl FailedCall {
 
 /// `s` cut to at most [`MAX_FIELD_BYTES`], on a character boundary.
 fn cut(s: &str) -> &str {
-    if s.len() <= MAX_FIELD_BYTES {
-        return s;
-    }
-    let end = (0..=MAX_FIELD_BYTES)
-        .rev()
-        .find(|&i| s.is_char_boundary(i))
-        .unwrap_or(0);
-    &s[..end]
+    crate::wire::text::truncate_text(s, MAX_FIELD_BYTES)
 }
 
 /// One conversation's failed calls, oldest first.

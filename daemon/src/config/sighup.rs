@@ -137,10 +137,8 @@ pub fn changed_restart_keys(
         // A top-level setting: none of them is re-read (`hard_limit` lives in a section).
         None => true,
     };
-    let mut keys: Vec<&String> = new.keys().chain(old.keys()).collect();
-    keys.dedup();
     let mut changed: Vec<String> = Vec::new();
-    for k in keys {
+    for k in new.keys().chain(old.keys()) {
         if restart(k) && old.get(k) != new.get(k) && !changed.contains(k) {
             changed.push(k.clone());
         }

@@ -606,23 +606,21 @@ fn detectors_judge_llama_cpp_tokens_and_logprobs() -> Result<()> {
 /// client's error names the status and the headers haltd added.
 #[test]
 fn a_client_request_id_that_is_no_uuid_reaches_llama_cpp() -> Result<()> {
+    // A short chat stream whose client sends an id that is no UUID.
+    let with_client_id = |rig: &LlamaRig| {
+        rig.stream_headers(
+            "/v1/chat/completions",
+            &chat(6, true),
+            &[("x-request-id", "client-req-7")],
+            |_, _| {},
+        )
+    };
     let rig = rig(&[])?;
-    let o = rig.stream_headers(
-        "/v1/chat/completions",
-        &chat(6, true),
-        &[("x-request-id", "client-req-7")],
-        |_, _| {},
-    )?;
-    ended(&o, "length")?;
+    ended(&with_client_id(&rig)?, "length")?;
     drop(rig);
 
     let rig = rig_with_client_ids()?;
-    let o = rig.stream_headers(
-        "/v1/chat/completions",
-        &chat(6, true),
-        &[("x-request-id", "client-req-7")],
-        |_, _| {},
-    )?;
+    let o = with_client_id(&rig)?;
     ensure!(o.status == 400, "status {} body {:?}", o.status, o.body);
     let body = o.body.clone().unwrap_or_default();
     ensure!(
