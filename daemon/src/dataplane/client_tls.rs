@@ -10,7 +10,7 @@
 //!   `haltd_client_tls_handshake_failures_total`.
 //! - **Sends** carry records: the handshake's flights as they are, every frame sealed into
 //!   records and sent in one send. A frame is counted in the slot's frame window at its length
-//!   on the wire ([`Worker::begin_frame_on`]), and sealed in the same hold of the session's lock,
+//!   on the wire (`emit.rs` `Conn::count_frame`), and sealed in the same hold of the session's lock,
 //!   so a trip (which seals the terminal record under that lock, `halt.rs` `GateTrip`) always
 //!   falls between two records: every record sealed before the terminal was counted before
 //!   the trip and goes out before it, and no record is sealed for a frame the trip refused.
@@ -21,47 +21,13 @@
 
 use std::{io, sync::Arc};
 
-use super::{
-    conn::{frame_len, SendKind},
-    Worker,
-};
+use super::{conn::SendKind, Worker};
 use crate::{
     client_tls::{lock, Opened},
     stream::Outcome,
 };
 
 impl Worker {
-    /// Counts the frame in the frame buffer in the slot's frame window (`Slot::begin_frame`)
-    /// at its length on the wire, and on a TLS connection seals it in the same hold of the
-    /// session's lock. Returns false when the stream is tripped (nothing sealed, nothing
-    /// counted). One uncontended lock per frame on a TLS connection: the tripper of another
-    /// thread must seal the terminal after exactly the records counted before the trip.
-    pub(super) fn begin_frame_on(&mut self, key: usize, tokens: u64, ignore_halt: bool) -> bool {
-        let conn = &mut self.conns[key];
-        let slot = self.shared.table.slot(conn.id.slot);
-        let plain = frame_len(&conn.wbuf);
-        let Some(tls) = conn.tls.as_ref() else {
-            return slot.begin_frame(tokens, ignore_halt, plain);
-        };
-        let mut session = lock(tls);
-        if !slot.begin_frame(tokens, ignore_halt, session.sealed_len(plain)) {
-            return false;
-        }
-        let mut out = conn.tls_out.take().unwrap_or_default();
-        session.seal(conn.wbuf.as_deref().unwrap_or_default(), &mut out);
-        conn.sealed = Some(out);
-        true
-    }
-
-    /// The length the frame buffer's frame has on the wire (sealed, on a TLS connection).
-    pub(super) fn wire_len(&self, key: usize) -> usize {
-        let conn = &self.conns[key];
-        let plain = frame_len(&conn.wbuf);
-        conn.tls
-            .as_ref()
-            .map_or(plain, |t| lock(t).sealed_len(plain))
-    }
-
     /// A receive of a TLS connection brought `res` bytes of ciphertext in `cipher` (or ended):
     /// open them into the request buffer and read on as the HTTP side would; send what the
     /// session has to send (a handshake flight) first.
@@ -183,7 +149,7 @@ impl Worker {
                 // Not submitted: the close goes on without it.
                 tracing::warn!(error = %e, "sending close_notify failed; closing without it");
                 let conn = &mut self.conns[key];
-                conn.sending = None;
+                conn.emit.abandon_send();
                 shared
                     .table
                     .slot(conn.id.slot)

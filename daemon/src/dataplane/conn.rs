@@ -62,8 +62,9 @@ pub(super) struct Conn {
     pub(super) rbuf: Option<Vec<u8>>,
     /// The frame being written, reused from frame to frame; `None` while a send owns it.
     pub(super) wbuf: Option<Vec<u8>>,
-    /// What the send in flight carries.
-    pub(super) sending: Option<SendKind>,
+    /// The client sends: the frame staged, the send in flight and what its completion
+    /// means (`emit.rs`).
+    pub(super) emit: super::emit::Emitter,
     /// The receive of the request in flight (what a cancellation names).
     pub(super) recv_op: Option<u64>,
     /// The pacing timer in flight.
@@ -82,10 +83,7 @@ pub(super) struct Conn {
     /// The watch's receive buffer (its bytes are never read).
     pub(super) watch_buf: Option<Vec<u8>>,
     pub(super) continue_sent: bool,
-    /// The frame in flight went out in more than one send.
-    pub(super) short_write: bool,
     pub(super) reading: bool,
-    pub(super) pending_terminal: bool,
     /// The final frame is written and recorded, and waits for the upstream exchange to
     /// settle (its body drained and the connection pooled) before it goes out
     /// (`upstream_reuse.rs`, [`Worker::send_final`]).
@@ -97,14 +95,6 @@ pub(super) struct Conn {
     pub(super) up: Option<Box<Upstream>>,
     /// The client half-closed (or closed) its side: EOF was read after the request.
     pub(super) peer_eof: bool,
-    /// The token events in the frame buffer: staged (encoded, not yet accounted: no send in
-    /// flight) or in the token frame in flight; 0 otherwise. At most [`STAGE_MAX`]; one
-    /// except when the upstream's receive held several tokens at once (`pipeline.rs`).
-    pub(super) frame_tokens: usize,
-    /// When each of those tokens reached haltd (the built-in source produced it, or the
-    /// upstream receive carrying it completed). The send's completion observes
-    /// `haltd_token_overhead_seconds` once per token.
-    pub(super) frame_arrivals: [u64; STAGE_MAX],
     /// The client's IP address, read at accept (what `--max-conns-per-addr` counts).
     pub(super) peer: Option<std::net::IpAddr>,
     /// When the request began: `--request-timeout-ms` counts from here. Accept for the first
@@ -192,7 +182,7 @@ impl Conn {
             ops: 0,
             rbuf: Some(Vec::new()),
             wbuf: None,
-            sending: None,
+            emit: super::emit::Emitter::default(),
             recv_op: None,
             timer_op: None,
             watch_op: None,
@@ -203,17 +193,13 @@ impl Conn {
             score_ts: [None, None],
             watch_buf: None,
             continue_sent: false,
-            short_write: false,
             reading: true,
-            pending_terminal: false,
             final_waits_upstream: false,
             closing: false,
             outcome: Outcome::Open,
             turn: None,
             up: None,
             peer_eof: false,
-            frame_tokens: 0,
-            frame_arrivals: [0; STAGE_MAX],
             peer,
             accepted_ns,
             keep: KeepAlive::Close,

@@ -189,8 +189,9 @@ impl Worker {
                 (persist, rid),
             );
         }
-        let len = self.wire_len(key);
-        let slot = shared.table.slot(self.conns[key].id.slot);
+        let conn = &self.conns[key];
+        let len = conn.wire_len();
+        let slot = shared.table.slot(conn.id.slot);
         if slot.begin_final(len) {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);

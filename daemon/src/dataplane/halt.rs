@@ -83,8 +83,8 @@ impl Worker {
                 return Ok(());
             }
         }
-        if conn.sending.is_some() {
-            conn.pending_terminal = true;
+        if conn.emit.halt() == super::emit::HaltNow::AfterSend {
+            // The terminal goes once the send in flight completes (`send.rs`).
             return Ok(());
         }
         if !slot.claim_halt() {

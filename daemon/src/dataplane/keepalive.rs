@@ -195,10 +195,8 @@ impl Worker {
         conn.outcome = Outcome::Open;
         conn.closing = false;
         conn.continue_sent = false;
-        conn.short_write = false;
-        conn.pending_terminal = false;
+        conn.emit.reset_for_next_turn();
         conn.final_waits_upstream = false;
-        conn.frame_tokens = 0;
         conn.idle_since_ns = Some(monotonic_ns());
         conn.rbuf = Some(std::mem::take(&mut conn.pipelined));
         conn.request_id = None;

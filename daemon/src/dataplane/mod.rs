@@ -53,6 +53,7 @@ mod client_tls;
 mod conn;
 mod deadline;
 mod drain;
+mod emit;
 mod end;
 mod ground;
 mod ground_post_hoc;

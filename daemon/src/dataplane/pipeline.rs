@@ -235,12 +235,12 @@ impl Worker {
     /// happens only then); the turn goes on when the send completes.
     pub(super) fn send_staged(&mut self, key: usize) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        if conn.frame_tokens == 0 || conn.sending.is_some() {
+        if conn.emit.staged() == 0 || !conn.emit.idle() {
             return Ok(());
         }
         if conn.closing {
             // Not accounted, never sent.
-            conn.frame_tokens = 0;
+            conn.emit.drop_staged();
             return Ok(());
         }
         self.account_and_send(key)
@@ -249,7 +249,7 @@ impl Worker {
     fn pump_phases(&mut self, key: usize) -> io::Result<()> {
         loop {
             let conn = &mut self.conns[key];
-            if conn.sending.is_some() || conn.closing {
+            if !conn.emit.idle() || conn.closing {
                 return Ok(());
             }
             let Some(turn) = conn.turn.as_mut() else {
@@ -260,7 +260,7 @@ impl Worker {
                 // (`ground.rs`): nothing goes past it.
                 return Ok(());
             }
-            if conn.frame_tokens > 0 && (!turn.hold.queue.is_empty() || turn.hold.ending) {
+            if conn.emit.staged() > 0 && (!turn.hold.queue.is_empty() || turn.hold.ending) {
                 // Staged events go first; the queue or the end waits for their send.
                 return self.send_staged(key);
             }
@@ -423,8 +423,7 @@ impl Worker {
         if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
             // The common case: nothing held, one event, encoded from the source's text (after
             // the events staged before it, if any).
-            let staged = conn.frame_tokens;
-            let out = if staged == 0 {
+            let out = if conn.emit.staged() == 0 {
                 frame(&mut conn.wbuf)
             } else {
                 conn.wbuf.get_or_insert_with(Vec::new)
@@ -432,11 +431,10 @@ impl Worker {
             encode_token(turn, out, &t, offset);
             turn.first_frame_sent = true;
             turn.note_output(&t.text);
-            conn.frame_arrivals[staged] = t.arrived_ns;
-            conn.frame_tokens = staged + 1;
+            conn.emit.stage(t.arrived_ns);
             // Encoded: the source may reuse the text's buffers for its next token.
             turn.source.get().recycle(t);
-            if may_stage(turn, conn.frame_tokens, slot, &shared.cfg.faults) {
+            if may_stage(turn, conn.emit.staged(), slot, &shared.cfg.faults) {
                 // The source may hold more tokens already: they join this frame (the pump
                 // sends it as soon as the source has nothing ready, or anything else comes).
                 return Ok(Next::Poll);
@@ -562,7 +560,8 @@ impl Worker {
             return Ok(());
         };
         debug_assert_eq!(
-            conn.frame_tokens, 0,
+            conn.emit.staged(),
+            0,
             "staged events go out before a held frame"
         );
         let out = frame(&mut conn.wbuf);
@@ -606,19 +605,17 @@ impl Worker {
         if !started.is_empty() {
             turn.tools_in_flight = started;
         }
-        conn.frame_arrivals[0] = p.arrived_ns;
-        conn.frame_tokens = 1;
+        conn.emit.stage(p.arrived_ns);
         self.account_and_send(key)
     }
 
-    /// Account, then send: the frame in `wbuf`, with its `frame_tokens` token events, is
-    /// counted in the slot's frame window (a trip that came first halts instead, and none of
-    /// them goes out) and goes out.
+    /// Account, then send: the frame in `wbuf`, with its staged token events, is counted in
+    /// the slot's frame window (a trip that came first halts instead, and none of them goes
+    /// out) and goes out.
     pub(super) fn account_and_send(&mut self, key: usize) -> io::Result<()> {
         let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
         let conn = &mut self.conns[key];
         let slot = self.shared.table.slot(conn.id.slot);
-        let index = slot.tokens_submitted.load(SeqCst);
         if conn.keep == KeepAlive::Keep {
             // One chunk per frame: a move within the frame buffer, no allocation once the
             // buffer has grown to the turn's largest frame.
@@ -626,14 +623,10 @@ impl Worker {
                 http::chunk_in_place(buf, 0);
             }
         }
-        let tokens = conn.frame_tokens.max(1);
-        if !self.begin_frame_on(key, tokens as u64, ignore_halt) {
-            self.conns[key].frame_tokens = 0;
+        let before = slot.tokens_submitted.load(SeqCst);
+        let counted = conn.count_frame(slot, conn.emit.frame_tokens(), ignore_halt);
+        if !conn.emit.accounted(before, counted) {
             return self.halt(key);
-        }
-        let conn = &mut self.conns[key];
-        if let Some(turn) = conn.turn.as_mut() {
-            turn.inflight_token = index + tokens as u64;
         }
         self.send(key, SendKind::Token)
     }

@@ -153,7 +153,7 @@ impl Worker {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
                 frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if self.begin_frame_on(key, 0, false) {
+                if conn.count_frame(self.shared.table.slot(conn.id.slot), 0, false) {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
                     return self.send(key, SendKind::Continue100);
@@ -351,9 +351,13 @@ impl Worker {
     /// Sends the reply in the connection's frame buffer as the final frame (counted in the
     /// trip's frame window; a trip that came first halts instead).
     fn send_reply(&mut self, key: usize) -> io::Result<()> {
-        let len = self.wire_len(key);
         let conn = &self.conns[key];
-        if self.shared.table.slot(conn.id.slot).begin_final(len) {
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wire_len())
+        {
             self.send(key, SendKind::Reply)
         } else {
             self.halt(key)

@@ -7,7 +7,8 @@ use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
 use io_uring::{opcode, types};
 
 use super::{
-    conn::{SendKind, STAGE_MAX},
+    conn::SendKind,
+    emit::Completion,
     op::{OpBuf, OpKind},
     Worker,
 };
@@ -23,8 +24,6 @@ impl Worker {
     /// completes.
     pub(super) fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
         let conn = &mut self.conns[key];
-        // Every caller checks that no send is in flight: one frame at a time.
-        debug_assert!(conn.sending.is_none(), "second send while one is in flight");
         let buf = match conn.tls.as_ref() {
             None => conn.wbuf.take().unwrap_or_default(),
             // Sealed when it was counted (`begin_frame_on`), or now: a final frame, a reply
@@ -36,7 +35,8 @@ impl Worker {
                 out
             }),
         };
-        conn.sending = Some(kind);
+        // Every caller checks that no send is in flight: one frame at a time.
+        conn.emit.begin_send(kind);
         self.shared
             .table
             .slot(conn.id.slot)
@@ -73,7 +73,8 @@ impl Worker {
             .map(drop)
     }
 
-    /// A send completed; `buf` is its frame, back from the kernel.
+    /// A send completed; `buf` is its frame, back from the kernel: the connection's emitter
+    /// says what that means (`emit.rs`), and the driver does it.
     pub(super) fn on_send(
         &mut self,
         key: usize,
@@ -83,53 +84,46 @@ impl Worker {
     ) -> io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
-        let Some(kind) = conn.sending else {
-            self.recycle(key, buf);
-            return Ok(());
+        let done = match conn.emit.complete(res, off, buf.len()) {
+            Completion::Stray => {
+                self.recycle(key, buf);
+                return Ok(());
+            }
+            Completion::Rest { off } => return self.submit_send(key, buf, off),
+            Completion::Done(done) => done,
         };
-        let slot = shared.table.slot(conn.id.slot);
-        if res > 0 && off + (res as usize) < buf.len() {
-            // Short write: send the rest, and send nothing else until it is out. The rest is
-            // deliberately not counted as a frame: the kernel runs the gate on it only
-            // sometimes (after a failed push, tcp_bpf keeps the previous verdict and passes
-            // the next send without running the program), and an uncounted kernel run only
-            // makes the gate stricter, while a counted send the gate never saw would let one
-            // token too many through.
-            conn.short_write = true;
-            return self.submit_send(key, buf, off + res as usize);
-        }
         // The frame buffer is the connection's again, for the next frame.
         self.recycle(key, buf);
         let conn = &mut self.conns[key];
-        if conn.short_write {
-            conn.short_write = false;
+        let slot = shared.table.slot(conn.id.slot);
+        if done.resync {
             resync_frames(&shared, conn.fd, slot);
         }
-        conn.sending = None;
         slot.send_inflight.store(false, SeqCst);
-        let ok = res > 0;
+        let kind = done.kind;
         if kind == SendKind::Terminal {
-            return self.halt_done(key, ok);
+            return self.halt_done(key, done.ok);
         }
         if kind == SendKind::CloseNotify {
             // The close goes on (`ring.rs` `complete` finishes it); a failure only means the
             // client is gone.
             return Ok(());
         }
-        if !ok {
-            if kind == SendKind::Token {
-                conn.frame_tokens = 0;
-            }
+        if !done.ok {
             return self.send_failed(key, res);
         }
         if kind == SendKind::Token {
             self.token_delivered(key);
         }
-        let conn = &mut self.conns[key];
-        if conn.pending_terminal {
-            conn.pending_terminal = false;
+        if done.then_halt {
             return self.halt(key);
         }
+        self.sent(key, kind)
+    }
+
+    /// A send that is not a token's last word went out whole: the step it enables.
+    fn sent(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
         match kind {
             SendKind::Continue100 => self.arm_recv(key),
             SendKind::Handshake => self.tls_read_on(key),
@@ -137,6 +131,8 @@ impl Worker {
             SendKind::Head => self.step(key),
             SendKind::Token => self.schedule_next(key),
             SendKind::Final | SendKind::Reply => {
+                let conn = &mut self.conns[key];
+                let slot = shared.table.slot(conn.id.slot);
                 slot.state.store(SlotState::Done);
                 if kind == SendKind::Final {
                     conn.outcome = Outcome::Completed;
@@ -193,58 +189,34 @@ impl Worker {
     /// A token frame was delivered to the kernel: count its tokens (post-trip too), observe
     /// their overhead, dispatch the tool calls it started.
     pub(super) fn token_delivered(&mut self, key: usize) {
-        let shared = Arc::clone(&self.shared);
+        let shared = &self.shared;
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        // A token frame carries at least one token (an old frame counted as one).
-        let n = std::mem::take(&mut conn.frame_tokens).clamp(1, STAGE_MAX);
-        // Account the delivered tokens before anything else, halt included.
-        slot.tokens_delivered.fetch_add(n as u64, SeqCst);
-        shared.metrics.dataplane.tokens_emitted.inc_by(n as u64);
         // Arrival to send completion, one lock-free observation per token.
         let now = monotonic_ns();
-        for arrived in &mut conn.frame_arrivals[..n] {
-            let arrived = std::mem::take(arrived);
+        let overhead = &shared.metrics.dataplane.token_overhead;
+        let delivered = conn.emit.delivered(slot, |arrived| {
             if arrived != 0 {
-                shared
-                    .metrics
-                    .dataplane
-                    .token_overhead
-                    .observe_ns(now.saturating_sub(arrived));
+                overhead.observe_ns(now.saturating_sub(arrived));
             }
-        }
-        if let Some(turn) = conn.turn.as_mut() {
-            // Time to first token, and the gap since the last (the turn's own handle): the
-            // frame's tokens reached the client together.
-            for _ in 0..n {
-                turn.obs.token_sent(now);
-            }
-        }
-        // The frame's tokens are indices `last - n + 1 ..= last` (1-based).
-        let last = conn.turn.as_ref().map_or(0, |t| t.inflight_token);
-        // τ is published before TRIPPED; a token completing while the trip is still
-        // TRIPPING was handed out before the trip, so it is not post-trip.
-        let published = matches!(
-            slot.state(),
-            SlotState::Tripped | SlotState::Halting | SlotState::Halted
-        );
-        if published {
-            let tau = slot.trip_token_index.load(SeqCst);
-            let first = last.saturating_sub(n as u64 - 1);
-            let post = (first..=last).filter(|&i| i > tau).count() as u64;
-            if post > 0 {
-                slot.post_trip_delivered.fetch_add(post, SeqCst);
-            }
+        });
+        let n = delivered.tokens;
+        shared.metrics.dataplane.tokens_emitted.inc_by(n as u64);
+        let Some(turn) = conn.turn.as_mut() else {
+            return;
+        };
+        // Time to first token, and the gap since the last (the turn's own handle): the
+        // frame's tokens reached the client together.
+        for _ in 0..n {
+            turn.obs.token_sent(now);
         }
         // The tool calls the frame started are dispatched now (TokenCircuit notes it: per
         // frame that starts a call, never per token, its store's lock is taken).
-        if let Some(turn) = conn.turn.as_mut() {
-            if !turn.tools_in_flight.is_empty() {
-                let circuit = turn.circuit.as_deref();
-                super::circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
-            }
-            turn.tool_calls.append(&mut turn.tools_in_flight);
+        if !turn.tools_in_flight.is_empty() {
+            let circuit = turn.circuit.as_deref();
+            super::circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
         }
+        turn.tool_calls.append(&mut turn.tools_in_flight);
     }
 }
 

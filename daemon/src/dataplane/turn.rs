@@ -156,8 +156,6 @@ pub(super) struct Turn {
     pub(super) held_reasoning: String,
     pub(super) held_tokens: Vec<HeldToken>,
     pub(super) prompt_tokens: u64,
-    /// Token index of the token frame in flight (1-based).
-    pub(super) inflight_token: u64,
     pub(super) detector_refs: Vec<String>,
     pub(super) last_token_ns: u64,
     pub(super) token_gap_ns_sum: u64,
@@ -214,7 +212,6 @@ impl Turn {
             held_reasoning: String::new(),
             held_tokens: Vec::new(),
             prompt_tokens: 0,
-            inflight_token: 0,
             detector_refs,
             last_token_ns: 0,
             token_gap_ns_sum: 0,
@@ -461,8 +458,8 @@ impl Worker {
             &[("x-request-id", rid)],
             persist,
         );
-        if self.begin_frame_on(key, 0, false) {
-            let slot = self.shared.table.slot(self.conns[key].id.slot);
+        let slot = self.shared.table.slot(conn.id.slot);
+        if conn.count_frame(slot, 0, false) {
             slot.headers_sent.store(true, SeqCst);
             return self.send(key, SendKind::Head);
         }

@@ -460,7 +460,7 @@ impl Worker {
         if purpose == Purpose::Turn {
             shared.meta(id.slot).upstream_failure = Some(failure.clone());
         }
-        if !slot.headers_sent.load(SeqCst) && conn.sending.is_none() {
+        if !slot.headers_sent.load(SeqCst) && conn.emit.idle() {
             // Nothing of the response went out: answer with a status that says whose fault
             // it was, and the error object.
             let status = failure.http_status();

@@ -99,7 +99,7 @@ impl Worker {
                     .as_ref()
                     .and_then(|t| t.source.upstream())
                     .is_some_and(UpstreamSource::has_items);
-                let idle = conn.sending.is_none();
+                let idle = conn.emit.idle();
                 tracing::trace!(stream_id = %id, res, queued, idle, "upstream bytes");
                 let slot = shared.table.slot(id.slot);
                 let resumed = slot.headers_sent.load(std::sync::atomic::Ordering::SeqCst);

@@ -110,12 +110,12 @@ impl Worker {
             // answers it with a reset, which the poll armed next sees.
             conn.peer_eof = true;
             let slot = shared.table.slot(conn.id.slot);
-            if slot.headers_sent.load(SeqCst) || conn.sending.is_some() {
+            if slot.headers_sent.load(SeqCst) || !conn.emit.idle() {
                 return self.arm_watch(key);
             }
             let out = frame(&mut conn.wbuf);
             out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !self.begin_frame_on(key, 0, false) {
+            if !conn.count_frame(slot, 0, false) {
                 return self.halt(key);
             }
             return self.send(key, SendKind::Probe);
