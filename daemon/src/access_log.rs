@@ -1,5 +1,5 @@
 //! The access log: one structured line per request, written when the request ends, from the
-//! same summary the request metrics take (`dataplane/summary.rs`).
+//! same summary the request metrics take (`dataplane/conn/summary.rs`).
 //!
 //! `--access-log` says where: `stderr` (the default: an event of target `haltd::access` at
 //! `--access-log-level`, in the format of haltd's other logs, so a JSON log has it as one

@@ -19,7 +19,7 @@
 //!   byte of that request, and is refused with `503` then if the phase is full.
 //!
 //! Together with the absolute request deadline (`--request-timeout-ms` from accept to the
-//! end of the body, `dataplane/request.rs`), a trickling client holds at most its share of
+//! end of the body, `dataplane/conn/request.rs`), a trickling client holds at most its share of
 //! the table, for at most the request timeout.
 //!
 //! The per-address counts are a map behind a mutex, taken once at accept and once at close,

@@ -1,7 +1,7 @@
 //! TLS for clients (`--tls-cert`/`--tls-key`), with no I/O: the rustls server configuration
 //! ([`ClientTlsConfig`], replaced whole on SIGHUP) and one client connection's session as bytes
 //! in and records out ([`ClientTls`]), which the data plane drives over its io_uring buffers
-//! (`dataplane/client_tls.rs`), as it drives the upstream's (`upstream/tls.rs`).
+//! (`dataplane/conn/client_tls.rs`), as it drives the upstream's (`upstream/tls.rs`).
 //!
 //! Modern defaults: TLS 1.3 and 1.2 with the `ring` provider's default cipher suites (AEAD
 //! only: AES-GCM and ChaCha20-Poly1305, ECDHE key exchange), ALPN `http/1.1` (a client that

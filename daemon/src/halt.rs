@@ -540,7 +540,7 @@ impl HaltCore {
         self.shutting_down.store(true, SeqCst);
         let tripped = self.trip_all(FailureCode::ServiceShutdown);
         // Workers whose connections only drain are woken too: they cut them
-        // (`dataplane/drain.rs`), so nothing is left for a client to wait on after exit.
+        // (`dataplane/conn/drain.rs`), so nothing is left for a client to wait on after exit.
         self.wake_all();
         tripped
     }

@@ -6,7 +6,7 @@
 //! `clippy::too_many_lines` with the threshold in `clippy.toml`: both passes enforce them.
 //!
 //! Two checks of its own read the daemon's sources: no trip's result is thrown away with
-//! `let _ =` (a trip that did not happen must be handled, `dataplane/own_trip.rs`), and the
+//! `let _ =` (a trip that did not happen must be handled, `dataplane/turn/own_trip.rs`), and the
 //! data plane's `self.conns[` lookups by connection key do not grow past
 //! [`CONNS_LOOKUP_CEILING`]: issue 30 moves them into the ring driver's completion dispatch,
 //! and lowers the ceiling as it goes.
@@ -94,7 +94,7 @@ fn checks(ctx: &Ctx) -> Vec<Check> {
 
 /// The most `self.conns[` lookups the data plane may hold: the count when the check came in
 /// (issue 30). A change that adds one fails; one that removes some lowers this with it.
-const CONNS_LOOKUP_CEILING: usize = 141;
+const CONNS_LOOKUP_CEILING: usize = 136;
 
 /// Occurrences of `needle` in the `.rs` files under `dir`.
 fn count_in(dir: &Path, needle: &str) -> Result<usize> {

@@ -27,7 +27,7 @@ pub struct Timeline {
     /// When a request carrying a call's result arrived.
     pub arrived: HashMap<String, Instant>,
     /// The calls of `emitted` whose first frame the kernel accepted (the TURN-ACID record's
-    /// dispatched calls, `dataplane/send.rs`): always a subset of `emitted`.
+    /// dispatched calls, `dataplane/conn/send.rs`): always a subset of `emitted`.
     pub delivered: HashSet<String>,
 }
 

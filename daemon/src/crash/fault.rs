@@ -2,7 +2,7 @@
 //! panic in a data-plane worker or in the watchdog, to show that the process fails closed.
 //!
 //! - `thread=worker` (the default): the worker whose stream has handed out its Nth token panics
-//!   at that stream's next step (`dataplane/pipeline.rs` `step`, which both the built-in source and
+//!   at that stream's next step (`dataplane/turn/pipeline.rs` `step`, which both the built-in source and
 //!   the proxy go through), so the client has at most N tokens.
 //! - `thread=watchdog`: the watchdog panics at its first pass after any stream handed out N
 //!   tokens (it looks every `--heartbeat-interval-ms`), so a stream has N plus the tokens of at

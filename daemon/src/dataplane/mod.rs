@@ -3,39 +3,45 @@
 //! Each worker accepts on the shared listener, and for every connection: allocates a stream
 //! slot, puts the socket under the kernel halt gate before its first send, reads and parses
 //! the request, then runs the turn as a chain of completions. Every token, from either
-//! source, goes through one pipeline (`pipeline.rs`): observe (detectors) → release (the
+//! source, goes through one pipeline (`turn/pipeline.rs`): observe (detectors) → release (the
 //! exfiltration hold-back) → encode → account (the slot's frame count) → send. Every send on
 //! a governed socket carries one frame (one SSE event; before a trip up to 16 token events an
 //! upstream delivered together; or one whole response), which is what the gate counts.
 //!
-//! The modules, one concern each:
+//! The modules, grouped by the object they serve (one concern per file):
 //!
-//! | file | what |
-//! |---|---|
-//! | `ring.rs` | the io_uring driver: the ring's setup, the loop, submission, completion dispatch |
-//! | `op.rs` | operations that own their buffers while the kernel has them |
-//! | `conn.rs` | a client connection: accept and govern, its state, closing |
-//! | `client_tls.rs` | TLS on client connections (`--tls-cert`): handshake, records, the frame window |
-//! | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
-//! | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
-//! | `passthrough.rs` | what is answered without a turn: `/v1/models/{id}`, `/v1/embeddings` relayed |
-//! | `readiness.rs` | `/readyz`: the checks and the body that names the one that failed |
-//! | `turn.rs` | a turn: its state, opening it (mode, budget, detectors, kernel policy) |
-//! | `pipeline.rs` | the per-token step for every source, and the end of a turn |
-//! | `score.rs` | the observe phase; a token parked while the external scorer answers |
-//! | `circuit.rs` | TokenCircuit: tool calls held until judged, `TOOL_CIRCUIT_OPEN` |
-//! | `circuit_record.rs` | TokenCircuit's ledger records (severity `page` for invariant_violation) |
-//! | `hold.rs` | the exfiltration hold-back queue, which also frames proxied text |
-//! | `send.rs` | client sends and what their completion means |
-//! | `drain.rs` | a closing connection waits for its client to take its last bytes; clients that stop reading are cut |
-//! | `halt.rs` | the emitter's side of a halt |
-//! | `record.rs` | the turn's flight-recorder record |
-//! | `summary.rs` | what a request leaves when it ends: the access log line and the request metrics |
-//! | `upstream_io.rs`, `upstream_recv.rs` | the upstream socket of a proxied turn |
-//! | `upstream_sock.rs` | the upstream's TCP socket and the address its connect owns |
-//! | `upstream_tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
-//! | `pool.rs`, `upstream_reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
-//! | `watch.rs` | noticing a client that leaves while its turn waits on the upstream |
+//! | folder | file | what |
+//! |---|---|---|
+//! | `driver/` | `ring.rs` | the io_uring driver: the ring's setup, the loop, submission, completion dispatch |
+//! | | `op.rs` | operations that own their buffers while the kernel has them |
+//! | | `deadline.rs` | the timer that enforces upstream receive deadlines |
+//! | `conn/` | `mod.rs` | a client connection: accept and govern, its state, closing |
+//! | | `emit.rs` | the connection's sends as a state machine without I/O: staging, accounting, the send in flight, a short write's rest, the terminal that waits for it, delivery |
+//! | | `send.rs` | the driver's half of a send: submitting it, and doing what its completion means |
+//! | | `client_tls.rs` | TLS on client connections (`--tls-cert`): handshake, records, `close_notify` |
+//! | | `keepalive.rs` | a kept connection's next turn: a new stream, re-armed in the gate |
+//! | | `request.rs` | reading the request, routing it, replies (errors, `/healthz`, `/v1/models`) |
+//! | | `passthrough.rs` | what is answered without a turn: `/v1/models/{id}`, `/v1/embeddings` relayed |
+//! | | `readiness.rs` | `/readyz`: the checks and the body that names the one that failed |
+//! | | `drain.rs` | a closing connection waits for its client to take its last bytes; clients that stop reading are cut |
+//! | | `watch.rs` | noticing a client that leaves while its turn waits on the upstream |
+//! | | `summary.rs` | what a request leaves when it ends: the access log line and the request metrics |
+//! | `turn/` | `mod.rs` | a turn: its state, opening it (mode, budget, detectors) |
+//! | | `policy.rs` | the turn's kernel policy |
+//! | | `pipeline.rs` | the per-token step for every source |
+//! | | `score.rs` | the observe phase; a token parked while the external scorer answers |
+//! | | `hold.rs`, `holdback.rs` | the exfiltration hold queue, which also frames proxied text; intervene mode's hold-back window |
+//! | | `circuit.rs`, `circuit_record.rs` | TokenCircuit: tool calls held until judged, `TOOL_CIRCUIT_OPEN`, its ledger records |
+//! | | `end.rs` | the end of a turn: the last word of the detectors, SafetyCheck, the final frame |
+//! | | `halt.rs`, `own_trip.rs` | the emitter's side of a halt; a trip the worker raises on its own stream |
+//! | | `record.rs` | the turn's flight-recorder record |
+//! | `ground/` | `mod.rs` | intervene mode's grounding rounds: pause, ground, rewind, resume |
+//! | | `continuation.rs`, `post_hoc.rs` | a proxied turn's re-issued continuation; the post-hoc fallback |
+//! | `upstream_io/` | `mod.rs` | the upstream exchange of a proxied turn on the ring |
+//! | | `exchange.rs`, `recv.rs` | the exchange as state (what to ask, socket, buffers, parser); what its receives bring |
+//! | | `sock.rs` | the upstream's TCP socket and the address its connect owns |
+//! | | `tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
+//! | | `pool.rs`, `reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
 //!
 //! A trip raised elsewhere (admin, watchdog) rings the worker's eventfd; the worker then halts
 //! the tripped streams it owns at once instead of waiting for their next token.
@@ -47,42 +53,11 @@ use slab::Slab;
 
 use crate::halt::HaltCore;
 
-mod circuit;
-mod circuit_record;
-mod client_tls;
 mod conn;
-mod deadline;
-mod drain;
-mod emit;
-mod end;
+mod driver;
 mod ground;
-mod ground_post_hoc;
-mod ground_upstream;
-mod halt;
-mod hold;
-mod holdback;
-mod keepalive;
-mod op;
-mod own_trip;
-mod passthrough;
-mod pipeline;
-mod pool;
-mod readiness;
-mod record;
-mod request;
-mod ring;
-mod score;
-mod send;
-mod summary;
 mod turn;
-mod turn_policy;
-mod upstream_exchange;
 mod upstream_io;
-mod upstream_recv;
-mod upstream_reuse;
-mod upstream_sock;
-mod upstream_tls;
-mod watch;
 
 use conn::Conn;
 
@@ -95,12 +70,12 @@ pub fn spawn_workers(
     for worker in 0..shared.cfg.workers {
         let listener = listener.try_clone()?;
         let shared = Arc::clone(shared);
-        let (ring, ring_setup) = ring::RingSetup::build()?;
+        let (ring, ring_setup) = driver::ring::RingSetup::build()?;
         handles.push(
             std::thread::Builder::new()
                 .name(format!("haltd-dp-{worker}"))
                 .spawn(move || {
-                    let pool = pool::UpstreamPool::new(
+                    let pool = upstream_io::pool::UpstreamPool::new(
                         shared.cfg.args.upstream_pool_idle,
                         shared.cfg.upstream_pool_idle_timeout,
                     );
@@ -111,13 +86,13 @@ pub fn spawn_workers(
                         conns: Slab::new(),
                         listener,
                         shared,
-                        ops: op::OpTable::default(),
+                        ops: driver::op::OpTable::default(),
                         pool,
                         next_serial: 0,
                         cqes: Vec::new(),
                         cq_dropped_seen: 0,
-                        sweep: deadline::Sweep::default(),
-                        tick: drain::Tick::default(),
+                        sweep: driver::deadline::Sweep::default(),
+                        tick: conn::drain::Tick::default(),
                         to_close: Vec::new(),
                         sq_dropped_seen: 0,
                         awaiting_records: Vec::new(),
@@ -139,14 +114,14 @@ struct Worker {
     id: u32,
     ring: IoUring,
     /// How the ring was set up (`ring.rs`).
-    ring_setup: ring::RingSetup,
+    ring_setup: driver::ring::RingSetup,
     conns: Slab<Conn>,
     listener: TcpListener,
     shared: Arc<HaltCore>,
     /// The operations in flight, which own their buffers (`op.rs`).
-    ops: op::OpTable,
+    ops: driver::op::OpTable,
     /// Idle keep-alive connections to the upstream, this worker's own (`pool.rs`).
-    pool: pool::UpstreamPool,
+    pool: upstream_io::pool::UpstreamPool,
     /// The serial of the next connection (tells a reused slab key from the connection an
     /// old operation belongs to).
     next_serial: u64,
@@ -156,10 +131,10 @@ struct Worker {
     cq_dropped_seen: u32,
     sq_dropped_seen: u32,
     /// The timer that enforces upstream receive deadlines (`deadline.rs`).
-    sweep: deadline::Sweep,
+    sweep: driver::deadline::Sweep,
     /// The timers that watch sends waiting on their client and draining connections
     /// (`drain.rs`).
-    tick: drain::Tick,
+    tick: conn::drain::Tick,
     /// Connections that began to close during the current pass, by key and serial: each is
     /// closed (if nothing is in flight) once the pass is over, never in the middle of a
     /// handler, so a handler's connection key stays valid until it returns.
@@ -167,7 +142,7 @@ struct Worker {
     /// Answers waiting for their record to reach the disk, by connection key and serial: the
     /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
     awaiting_records: Vec<(usize, u64, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
-    /// The worker's grounding thread, started at its first round (`ground.rs`).
+    /// The worker's grounding thread, started at its first round (`ground/mod.rs`).
     grounding: Option<ground::GroundRunner>,
 }
 

@@ -167,7 +167,7 @@ pub struct DataPlaneMetrics {
     pub client_tls_handshake_failures: Counter,
     pub keepalive_closes: Family<KeepAliveCloseLabels, Counter>,
     /// Connections whose stream ended and which wait for their client to take the bytes still
-    /// queued in the socket (`dataplane/drain.rs`).
+    /// queued in the socket (`dataplane/conn/drain.rs`).
     pub connections_draining: Gauge,
     /// Clients cut because they stopped reading (`--send-stall-timeout-ms`).
     pub client_stalls: Family<StallPhaseLabels, Counter>,

@@ -4,7 +4,7 @@
 //! failures.
 //!
 //! All of it is observed from the one summary each request leaves when it ends
-//! (`dataplane/summary.rs`), which also writes the access log line: the line and the metrics
+//! (`dataplane/conn/summary.rs`), which also writes the access log line: the line and the metrics
 //! cannot disagree. The exception is the inter-token histogram, observed as each token frame is
 //! delivered, through a handle the turn resolved at its start (one atomic add, no lookup, no
 //! lock).

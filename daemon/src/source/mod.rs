@@ -1,7 +1,7 @@
 //! Token sources: where the tokens that haltd governs come from (DESIGN §2).
 //!
 //! Every source implements [`TokenSource`]; the data plane's turn pipeline
-//! (`dataplane/pipeline.rs`) polls it and runs the same phases for whatever it produces, so a
+//! (`dataplane/turn/pipeline.rs`) polls it and runs the same phases for whatever it produces, so a
 //! new source only has to say what comes next:
 //!
 //! - [`builtin`]: a small deterministic language model compiled into the binary, with real
@@ -9,11 +9,11 @@
 //!   them needs a GPU, a network or model weights. Paced by haltd's token timer.
 //! - [`upstream`]: the items an OpenAI-compatible upstream streams (its SSE events, parsed by
 //!   [`crate::upstream`]); the socket I/O that feeds it is the data plane's
-//!   (`dataplane/upstream_io.rs`). Paced by the upstream.
+//!   (`dataplane/upstream_io/mod.rs`). Paced by the upstream.
 //!
 //! A source may also [`peek`](TokenSource::peek): say what its next poll will return before
 //! the pipeline takes it. The exfiltration hold-back uses it to release text that the next
-//! token rules out now rather than one token later (`dataplane/pipeline.rs`). The built-in
+//! token rules out now rather than one token later (`dataplane/turn/pipeline.rs`). The built-in
 //! model answers (it samples its next token on a copy of its deterministic state); an
 //! upstream answers [`Peek::Unknown`]: the pipeline takes an upstream's buffered tokens one
 //! after the other without waiting, so a token already received releases what it rules out

@@ -1,7 +1,7 @@
 //! The upstream source: what an OpenAI-compatible upstream streamed for a proxied turn, as
 //! the pipeline takes it.
 //!
-//! The data plane's socket I/O (`dataplane/upstream_io.rs`) feeds each SSE event here
+//! The data plane's socket I/O (`dataplane/upstream_io/mod.rs`) feeds each SSE event here
 //! ([`UpstreamSource::push_event`]); the event becomes queued [`Item`]s ([`push_chunk`]: one
 //! per token when the logprob tokens spell the text, else the text framed per character; a
 //! tool-call delta on its own), and [`TokenSource::poll`] hands them to the pipeline in order.
@@ -158,7 +158,7 @@ impl UpstreamSource {
         self.items.clear();
     }
 
-    /// A new response continues the turn (a grounded continuation, `dataplane/ground.rs`):
+    /// A new response continues the turn (a grounded continuation, `dataplane/ground/mod.rs`):
     /// nothing queued, and its own end, finish reason and usage to come.
     pub fn restart(&mut self) {
         self.items.clear();

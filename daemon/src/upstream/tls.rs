@@ -1,7 +1,7 @@
 //! TLS to an `https://` upstream, with no I/O: the rustls client configuration haltd builds
 //! once at start ([`UpstreamTls`]), and one connection's TLS session as bytes in and bytes out
 //! ([`TlsLink`]), which the data plane drives over its io_uring receive and send buffers
-//! (`dataplane/upstream_tls.rs`). Nothing here blocks or touches a socket.
+//! (`dataplane/upstream_io/tls.rs`). Nothing here blocks or touches a socket.
 //!
 //! What is verified, always (there is no switch to turn it off, and an `https://` URL is never
 //! spoken to in plain HTTP): the upstream's certificate chain against the trust roots, its

@@ -14,7 +14,7 @@
 //! A scorer that must wait for its socket does not block the worker: [`Scorer::start`] hands
 //! the wait back ([`Scored::Wait`]: the connection, lent to the waiter, what to wait for, and
 //! the deadline), the worker parks the token and polls the socket on its io_uring ring
-//! (`dataplane/score.rs`) while it serves its other streams, and [`Scorer::resume`] goes on
+//! (`dataplane/turn/score.rs`) while it serves its other streams, and [`Scorer::resume`] goes on
 //! when the socket is ready or the deadline passed. [`Scorer::score`] is the same round trip
 //! waiting on the calling thread (tests, tools).
 //!

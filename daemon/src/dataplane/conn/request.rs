@@ -1,0 +1,384 @@
+//! A connection's request: reading it (with the request deadline, and `100 Continue` when
+//! asked), routing it, and the replies that are not turns (errors, `/healthz`, the built-in
+//! `/v1/models`).
+
+use std::{io, sync::atomic::Ordering::SeqCst};
+
+use io_uring::{opcode, squeue, types};
+
+use crate::dataplane::conn::passthrough;
+use crate::dataplane::conn::readiness;
+use crate::dataplane::{
+    conn::keepalive::KeepAlive,
+    conn::{frame, SendKind, RECV_CHUNK},
+    driver::op::{OpBuf, OpKind},
+    timespec, Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    config::SourceKind,
+    metrics::requests::{ClientError, Route},
+    modes::KeyId,
+    source::builtin::MODEL_NAME,
+    stream::Outcome,
+    watchdog::pulse::HeartbeatState,
+    wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
+};
+
+impl Worker {
+    /// Receives more of the request, linked to the request deadline. The request buffer
+    /// moves into the receive and comes back with its completion.
+    pub(in crate::dataplane) fn arm_recv(&mut self, key: usize) -> io::Result<()> {
+        let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
+        let timeout = self.shared.cfg.request_timeout;
+        let idle_timeout = self.shared.cfg.client_idle_timeout;
+        let conn = &mut self.conns[key];
+        // The deadline is absolute, from accept (or the first byte of a kept connection's
+        // next request) to the end of the body: a client that sends a byte now and then gets
+        // no more time for it. A kept connection waits for that first byte at most the idle
+        // timeout.
+        let deadline = match conn.idle_since_ns {
+            Some(since) => since + idle_timeout.as_nanos() as u64,
+            None => conn.accepted_ns + timeout.as_nanos() as u64,
+        };
+        let Some(left) = deadline.checked_sub(monotonic_ns()).filter(|&l| l > 0) else {
+            if conn.idle_since_ns.is_some() {
+                return self.idle_timed_out(key);
+            }
+            return self.request_too_slow(key);
+        };
+        if conn.rbuf.as_ref().is_some_and(|b| b.len() >= max) {
+            return Ok(());
+        }
+        let (buf, want) = if conn.tls.is_some() {
+            // Ciphertext into the session's own buffer; its plaintext is appended to the
+            // request (`client_tls.rs`).
+            let mut buf = conn.tls_in.take().unwrap_or_default();
+            buf.clear();
+            buf.reserve(RECV_CHUNK);
+            let want = buf.capacity();
+            (buf, want)
+        } else {
+            let mut buf = conn.rbuf.take().unwrap_or_default();
+            buf.reserve(RECV_CHUNK.min(max - buf.len()));
+            let want = (buf.capacity() - buf.len()).min(max - buf.len());
+            (buf, want)
+        };
+        let mut buf = buf;
+        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        let recv = opcode::Recv::new(types::Fd(conn.fd), ptr, want as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK);
+        // The previous deadline's timespec may still be with its completion: a new one then.
+        let mut ts = conn
+            .read_ts
+            .take()
+            .unwrap_or_else(|| Box::new(timespec(timeout)));
+        *ts = timespec(std::time::Duration::from_nanos(left));
+        let link = opcode::LinkTimeout::new(&raw const *ts).build();
+        let owner = conn.owner(key);
+        let recv = self.submit(owner, OpKind::Recv, OpBuf::Recv(buf), recv)?;
+        self.conns[key].recv_op = Some(recv);
+        self.submit(owner, OpKind::RecvDeadline, OpBuf::Time(ts), link)
+            .map(drop)
+    }
+
+    /// `--request-timeout-ms` passed since accept before the whole request arrived: 408.
+    fn request_too_slow(&mut self, key: usize) -> io::Result<()> {
+        self.conns[key].leave_request_phase(&self.shared.admission);
+        self.reply_error(
+            key,
+            &HttpError::new(
+                408,
+                "invalid_request_error",
+                "the request did not arrive in time",
+            ),
+        )
+    }
+
+    pub(in crate::dataplane) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let idle = conn.idle_since_ns.is_some();
+        if conn.closing || !(conn.reading || idle) {
+            return Ok(());
+        }
+        if res == -libc::ECANCELED {
+            if idle {
+                return self.idle_timed_out(key);
+            }
+            return self.request_too_slow(key);
+        }
+        if res <= 0 {
+            // The client went away before sending a whole request (or closed a kept
+            // connection between requests).
+            conn.outcome = Outcome::ClientGone;
+            self.begin_close(key);
+            return Ok(());
+        }
+        if idle && !self.request_begins(key)? {
+            return Ok(());
+        }
+        self.on_request_bytes(key)
+    }
+
+    /// Parses what arrived of the request: reads on, answers `100 Continue`, refuses, or
+    /// routes the whole request.
+    pub(in crate::dataplane) fn on_request_bytes(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let max_body = self.shared.cfg.args.max_body_bytes;
+        let rbuf = conn.rbuf.as_deref().unwrap_or_default();
+        let identity_header = self.shared.cfg.args.identity_header.as_deref();
+        let head = match http::parse_head_with(rbuf, max_body, identity_header) {
+            Ok(Some(h)) => h,
+            Ok(None) => return self.arm_recv(key),
+            Err(e) => {
+                conn.leave_request_phase(&self.shared.admission);
+                return self.reply_error(key, &e);
+            }
+        };
+        if conn.request_id.is_none() {
+            // The client's id when it is well formed, else one of haltd's (per request, not
+            // per token).
+            let rid = head
+                .request_id
+                .clone()
+                .unwrap_or_else(crate::wire::trace::generate_request_id);
+            conn.request_id = Some(rid.into());
+            conn.request_id_from_client = head.request_id.is_some();
+            conn.traceparent.clone_from(&head.traceparent);
+        }
+        self.choose_keep_alive(key, &head);
+        let conn = &mut self.conns[key];
+        let rbuf = conn.rbuf.as_deref().unwrap_or_default();
+        let have = rbuf.len() - head.head_len;
+        if have < head.content_length {
+            if head.expect_continue && !conn.continue_sent {
+                conn.continue_sent = true;
+                frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                if conn.count_frame(self.shared.table.slot(conn.id.slot), 0, false) {
+                    // The rest of the body is read after this send completes: one
+                    // operation on `wbuf` at a time.
+                    return self.send(key, SendKind::Continue100);
+                } else {
+                    return self.halt(key);
+                }
+            }
+            return self.arm_recv(key);
+        }
+        let end = head.head_len + head.content_length;
+        if have > head.content_length {
+            if conn.keep == KeepAlive::Close {
+                conn.leave_request_phase(&self.shared.admission);
+                return self.reply_error(
+                    key,
+                    &HttpError::bad_request(
+                        "bytes after the request body (pipelining needs connection: keep-alive)",
+                    ),
+                );
+            }
+            // Pipelined: the rest is the next request, read once this turn ended.
+            conn.pipelined.clear();
+            conn.pipelined.extend_from_slice(&rbuf[end..]);
+        }
+        conn.leave_request_phase(&self.shared.admission);
+        // The request buffer is freed once the request is routed: nothing reads it after.
+        let request = conn.rbuf.take().unwrap_or_default();
+        let body = request.get(head.head_len..end).unwrap_or_default();
+        self.route(key, head, body)
+    }
+
+    pub(in crate::dataplane) fn route(
+        &mut self,
+        key: usize,
+        head: RequestHead,
+        body: &[u8],
+    ) -> io::Result<()> {
+        let path = head.path.split('?').next().unwrap_or_default();
+        let endpoint = match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completion),
+            _ => None,
+        };
+        let proxied = self.shared.cfg.args.source == SourceKind::Openai;
+        // `GET /v1/models/{id}` (`passthrough.rs`).
+        let model = passthrough::model_id(path).map(|r| r.map(str::to_owned));
+        self.conns[key].route = match (path, endpoint) {
+            (_, Some(Endpoint::Chat)) => Route::Chat,
+            (_, Some(Endpoint::Completion)) => Route::Completions,
+            ("/v1/embeddings", _) => Route::Embeddings,
+            ("/v1/models", _) => Route::Models,
+            _ if model.is_some() => Route::Models,
+            ("/healthz" | "/readyz", _) => Route::Health,
+            _ => Route::Other,
+        };
+        match (head.method.as_str(), path, endpoint) {
+            ("POST", _, Some(endpoint)) if proxied => {
+                self.start_proxy_turn(key, endpoint, &head, body)
+            }
+            ("POST", _, Some(endpoint)) => {
+                let key_id = KeyId::of(&self.shared.node_secret, head.credential());
+                match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
+                {
+                    Ok(req) => self.start_builtin_turn(key, req, key_id),
+                    Err(e) => self.reply_error(key, &e),
+                }
+            }
+            (_, _, Some(_)) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+            }
+            ("POST", "/v1/embeddings", _) => self.start_embeddings(key, head, body),
+            ("GET", _, _) if model.is_some() => match model {
+                Some(Ok(id)) => self.start_model(key, head, &id),
+                Some(Err(e)) => self.reply_error(key, &e),
+                None => Ok(()),
+            },
+            ("GET", "/healthz", _) => self.reply_health(key),
+            ("GET", "/readyz", _) => self.reply_ready(key),
+            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
+            ("GET", "/v1/models", _) => {
+                let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
+                self.reply(key, 200, "application/json", body.as_bytes())
+            }
+            (_, "/healthz" | "/readyz" | "/v1/models", _) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
+            }
+            (_, "/v1/embeddings", _) => {
+                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+            }
+            _ => self.reply_error(
+                key,
+                &HttpError::new(
+                    404,
+                    "invalid_request_error",
+                    format!(
+                        "no route for {} {}",
+                        head.method,
+                        path.chars().take(200).collect::<String>()
+                    ),
+                )
+                .with_code("not_found"),
+            ),
+        }
+    }
+
+    pub(in crate::dataplane) fn reply_health(&mut self, key: usize) -> io::Result<()> {
+        let now = monotonic_ns();
+        // A syscall or two per health check (the gate's clock), never per token.
+        let hb = self.shared.heartbeat_view(now);
+        // An idle watchdog (it beat within its idle period) is a live one; this connection
+        // normally woke it already (`HaltCore::watch_new_slot`), so it reads fresh.
+        let fresh = hb.state != HeartbeatState::Lost;
+        let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
+        let status = match (fresh, recorder_ok) {
+            (true, true) => "ok",
+            (false, _) => "heartbeat_lost",
+            (true, false) => "recorder_failed",
+        };
+        let body = serde_json::json!({
+            "status": status,
+            "kernel_gate": self.shared.kernel_gate_label(),
+            "heartbeat_state": hb.state,
+            "heartbeat_age_ms": hb.age_ms_json(),
+            "heartbeat_clock": hb.clock,
+            "recorder_ok": recorder_ok,
+            // Not counting this health check's own connection.
+            "streams_active": self.shared.table.active_count().saturating_sub(1),
+        })
+        .to_string();
+        let code = if fresh && recorder_ok { 200 } else { 503 };
+        self.reply(key, code, "application/json", body.as_bytes())
+    }
+
+    /// `/readyz`: whether this haltd should get new turns (`readiness.rs`).
+    pub(in crate::dataplane) fn reply_ready(&mut self, key: usize) -> io::Result<()> {
+        let (ready, body) = readiness::check(&self.shared);
+        self.reply(
+            key,
+            if ready { 200 } else { 503 },
+            "application/json",
+            body.as_bytes(),
+        )
+    }
+
+    pub(in crate::dataplane) fn reply(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+    ) -> io::Result<()> {
+        self.reply_with(key, status, content_type, body, &[])
+    }
+
+    pub(in crate::dataplane) fn reply_with(
+        &mut self,
+        key: usize,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let rid = request_id(&mut conn.request_id);
+        // A few header fields per reply (not per token).
+        let mut fields = extra.to_vec();
+        fields.push(("x-request-id", &rid));
+        let out = frame(&mut conn.wbuf);
+        http::write_head(
+            out,
+            status,
+            content_type,
+            Some(body.len()),
+            Some(conn.id),
+            &fields,
+        );
+        out.extend_from_slice(body);
+        conn.status = status;
+        if status >= 400 {
+            self.shared.metrics.dataplane.rejected(status);
+            conn.outcome = Outcome::Rejected;
+        }
+        self.send_reply(key)
+    }
+
+    pub(in crate::dataplane) fn reply_error(
+        &mut self,
+        key: usize,
+        err: &HttpError,
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        tracing::debug!(stream_id = %conn.id, status = err.status, detail = %err.message, "request refused");
+        let rid = request_id(&mut conn.request_id);
+        http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id), Some(&rid));
+        conn.status = err.status;
+        self.shared.metrics.dataplane.rejected(err.status);
+        if let Some(reason) = ClientError::of_status(err.status) {
+            self.shared.metrics.requests.client_error(reason);
+        }
+        conn.outcome = Outcome::Rejected;
+        self.send_reply(key)
+    }
+
+    /// Sends the reply in the connection's frame buffer as the final frame (counted in the
+    /// trip's frame window; a trip that came first halts instead).
+    fn send_reply(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
+        if self
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .begin_final(conn.wire_len())
+        {
+            self.send(key, SendKind::Reply)
+        } else {
+            self.halt(key)
+        }
+    }
+}
+
+/// The request's id, generated now for a request refused before its head was read.
+fn request_id(id: &mut Option<std::sync::Arc<str>>) -> std::sync::Arc<str> {
+    std::sync::Arc::clone(
+        id.get_or_insert_with(|| crate::wire::trace::generate_request_id().into()),
+    )
+}

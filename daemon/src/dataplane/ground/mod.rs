@@ -1,0 +1,526 @@
+//! Pause, ground, rewind, resume (spec 003, the intervention; issue 16 points 3 and 4).
+//!
+//! When the surprise detector runs in `intervene` mode and its rolling surprise breaches,
+//! the turn is **parked** (like a token waiting for its score, `score.rs`: `pump` takes
+//! nothing more from its source) and a grounding round runs on the worker's **grounding
+//! thread** ([`GroundRunner`], started at the worker's first round): it calls the blocking
+//! [`crate::grounding::Grounder::ground`] under the round's deadline, sends the answer back
+//! on a channel and rings the worker's eventfd, as the ledger writer does for a record on
+//! disk (`record.rs`). The worker serves its other streams meanwhile. On the wake-up
+//! ([`Worker::take_grounded`], after the trip scan, so a halt is always seen first) the
+//! round's answer is applied:
+//!
+//! - evidence found: the held tokens are dropped from the window start (none of them was
+//!   sent: `holdback.rs`), the exfiltration scanner starts over on the kept text it had not
+//!   released, and the source continues from the kept prefix with the evidence in context
+//!   (built-in: it reads the evidence, then samples on, `source/resume.rs`; an upstream with continuation: the request re-issued,
+//!   `ground/continuation.rs`). The client's text is the kept prefix plus the resumed text.
+//! - nothing found, or past the deadline: the turn goes on unmodified, held tokens and all.
+//!
+//! **A halt wins over grounding.** A trip (detector, admin, watchdog) while a round runs
+//! halts the turn as any other (`scan_tripped`, `Worker::halt`), within B: parked, the turn
+//! sent nothing after the breach, and held text is never sent after a trip. The round is
+//! cancelled (its flag is set, so a round not started yet never runs, and a late answer
+//! finds no turn waiting for it) and recorded as `cancelled`. At most `max_rounds` rounds
+//! per reply; each appends a convergence record to the turn's record (`record.rs`).
+//!
+//! Why a thread and not the ring: the arms block (a full-text index, an evaluator, DNS and
+//! HTTP to a search endpoint), and the [`crate::grounding::Grounder`] trait is blocking by
+//! design; one thread per worker that grounds keeps rounds of one worker in order and costs
+//! nothing for workers that never ground.
+
+pub(in crate::dataplane) mod continuation;
+pub(in crate::dataplane) mod post_hoc;
+
+use std::{
+    io,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+
+use crate::dataplane::turn;
+use crate::dataplane::turn::hold;
+use crate::dataplane::{turn::Turn, Worker};
+use crate::{
+    detect::pipeline::Gate,
+    grounding::{
+        plan::{GroundPlan, RoundOutcome, RoundRecord},
+        ArmOutcome, Round, SpanQuery,
+    },
+    halt::HaltCore,
+};
+
+/// A round for the grounding thread.
+struct Job {
+    key: usize,
+    serial: u64,
+    query: SpanQuery,
+    deadline: Instant,
+    cancel: Arc<AtomicBool>,
+}
+
+/// A round's answer, back on the worker. `round` is `None` when it was cancelled first.
+pub(in crate::dataplane) struct Done {
+    key: usize,
+    serial: u64,
+    round: Option<Round>,
+}
+
+/// A worker's grounding thread and the channels to it.
+pub(in crate::dataplane) struct GroundRunner {
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<Done>,
+}
+
+impl GroundRunner {
+    /// Starts the thread (`haltd-ground-N`), which wakes worker `id` with each answer.
+    fn start(
+        plan: &GroundPlan,
+        id: u32,
+        waker: Option<Arc<std::os::fd::OwnedFd>>,
+    ) -> io::Result<Self> {
+        let (jobs, jobs_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        let grounder = Arc::clone(&plan.grounder);
+        std::thread::Builder::new()
+            .name(format!("haltd-ground-{id}"))
+            .spawn(move || {
+                for job in jobs_rx {
+                    let round = (!job.cancel.load(Ordering::Acquire))
+                        .then(|| grounder.ground(&job.query, job.deadline));
+                    let answer = Done {
+                        key: job.key,
+                        serial: job.serial,
+                        round,
+                    };
+                    if done_tx.send(answer).is_err() {
+                        return;
+                    }
+                    if let Some(w) = &waker {
+                        crate::halt::wake_fd(w);
+                    }
+                }
+            })?;
+        Ok(GroundRunner { jobs, done })
+    }
+}
+
+/// A round in flight for a turn.
+#[derive(Debug)]
+pub(in crate::dataplane) struct Waiting {
+    cancel: Arc<AtomicBool>,
+    span: String,
+    started: Instant,
+}
+
+/// A turn's grounding: its rounds so far and the one in flight.
+#[derive(Debug, Default)]
+pub(in crate::dataplane) struct TurnGrounding {
+    /// Rounds started (at most `max_rounds`).
+    pub(in crate::dataplane) rounds: u32,
+    pub(in crate::dataplane) records: Vec<RoundRecord>,
+    pub(in crate::dataplane) waiting: Option<Waiting>,
+    /// The user's last message, for the query's context.
+    pub(in crate::dataplane) prompt: String,
+    /// A proxied turn: what its request is re-issued from (`ground/continuation.rs`).
+    pub(in crate::dataplane) seed: Option<continuation::ResumeSeed>,
+    /// The continuation request, waiting until the old upstream socket is idle.
+    pub(in crate::dataplane) reissue: Option<Vec<u8>>,
+    /// No continuation: the post-hoc fallback (`ground/post_hoc.rs`). Nothing is held; the
+    /// first breach's span is grounded once the text is complete.
+    pub(in crate::dataplane) post_hoc: bool,
+    pub(in crate::dataplane) post_hoc_span: Option<String>,
+    /// The post-hoc round's evidence, sent after the reply.
+    pub(in crate::dataplane) annotation: Option<Value>,
+}
+
+impl TurnGrounding {
+    /// Drops the round in flight, if any: it is recorded as cancelled (a halt came first).
+    pub(in crate::dataplane) fn cancel(&mut self) {
+        if let Some(w) = self.waiting.take() {
+            w.cancel.store(true, Ordering::Release);
+            let rec =
+                RoundRecord::without_result(&w.span, w.started.elapsed(), RoundOutcome::Cancelled);
+            self.records.push(rec);
+        }
+    }
+}
+
+/// Text of the hold queue's content entries between byte offsets `from` and `to` of the
+/// turn's scanned text; `None` when a tool call lies there (a span with a tool call in it is
+/// not rewound).
+pub(in crate::dataplane) fn queued_text(turn: &Turn, from: usize, to: usize) -> Option<String> {
+    let mut out = String::new();
+    for p in &turn.hold.queue {
+        let start = p.end - (p.text.len() - p.pos);
+        if p.end <= from || start >= to {
+            continue;
+        }
+        if matches!(p.kind, hold::PendingKind::ToolCall { .. }) {
+            return None;
+        }
+        let a = from.saturating_sub(start) + p.pos;
+        let b = p.text.len() - p.end.saturating_sub(to);
+        out.push_str(p.text.get(a..b)?);
+    }
+    Some(out)
+}
+
+/// What a round's answer means for the turn.
+fn outcome_of(round: &Round, took: Duration, deadline: Duration) -> RoundOutcome {
+    if took > deadline
+        || (!round.attempts.is_empty()
+            && round.snippets.is_empty()
+            && round
+                .attempts
+                .iter()
+                .all(|a| matches!(a.outcome, ArmOutcome::Timeout | ArmOutcome::Skipped))
+            && round
+                .attempts
+                .iter()
+                .any(|a| a.outcome == ArmOutcome::Timeout))
+    {
+        RoundOutcome::Timeout
+    } else if round.snippets.is_empty() {
+        RoundOutcome::Empty
+    } else {
+        RoundOutcome::Rewound
+    }
+}
+
+impl Worker {
+    /// After a text item went into the hold queue: an intervene-mode breach pauses the turn
+    /// for a grounding round (`Next::Stop`), unless it had its rounds already.
+    pub(in crate::dataplane) fn maybe_ground(&mut self, key: usize) -> io::Result<bool> {
+        let conn = &mut self.conns[key];
+        if conn.closing {
+            // The release phase closed it (a trip, a failed send): no round for it.
+            return Ok(false);
+        }
+        // Per token: two branches unless a breach asks for a round.
+        let Some(turn) = conn.turn.as_mut().filter(|t| t.grounding.is_some()) else {
+            return Ok(false);
+        };
+        let Some(intervention) = turn.gov.set.take_intervention() else {
+            return Ok(false);
+        };
+        let Some(max_rounds) = self.shared.grounding.as_ref().map(|p| p.max_rounds) else {
+            return Ok(false);
+        };
+        let (Some(g), Some(back)) = (turn.grounding.as_mut(), turn.hold.back.as_ref()) else {
+            return Ok(false);
+        };
+        if g.post_hoc {
+            // No continuation: the span is grounded after the reply (`ground/post_hoc.rs`).
+            post_hoc::note_span(turn);
+            return Ok(false);
+        }
+        if g.rounds >= max_rounds || g.waiting.is_some() || back.held() == 0 {
+            return Ok(false);
+        }
+        let start = back.start();
+        let (Some(span), Some(kept)) = (
+            queued_text(turn, start, turn.hold.scanned),
+            queued_text(turn, 0, start),
+        ) else {
+            return Ok(false);
+        };
+        let mut context = turn.out_text.clone();
+        context.push_str(&kept);
+        tracing::debug!(stream = %conn.id, detail = %intervention.detail, "grounding round");
+        self.start_round(key, span, context)?;
+        Ok(true)
+    }
+
+    /// Parks the turn and hands a round about `span` to the worker's grounding thread.
+    pub(in crate::dataplane) fn start_round(
+        &mut self,
+        key: usize,
+        span: String,
+        context: String,
+    ) -> io::Result<()> {
+        let Some(plan) = self.shared.grounding.clone() else {
+            return Ok(());
+        };
+        let conn = &mut self.conns[key];
+        let serial = conn.serial;
+        let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) else {
+            return Ok(());
+        };
+        let cancel = Arc::new(AtomicBool::new(false));
+        g.rounds += 1;
+        let query = SpanQuery {
+            span: span.clone(),
+            context,
+            prompt: g.prompt.clone(),
+        };
+        g.waiting = Some(Waiting {
+            cancel: Arc::clone(&cancel),
+            span,
+            started: Instant::now(),
+        });
+        if self.grounding.is_none() {
+            let waker = self.shared.waker(self.id);
+            self.grounding = Some(GroundRunner::start(&plan, self.id, waker)?);
+        }
+        let job = Job {
+            key,
+            serial,
+            query,
+            deadline: Instant::now() + plan.round_deadline,
+            cancel,
+        };
+        if let Some(r) = &self.grounding {
+            // The thread only ends with the worker: a send cannot fail while it runs.
+            let _ = r.jobs.send(job);
+        }
+        Ok(())
+    }
+
+    /// The worker's eventfd rang: the rounds that answered are applied (after the trip scan,
+    /// so a turn halted meanwhile only drops its answer).
+    pub(in crate::dataplane) fn take_grounded(&mut self) {
+        let mut answers = Vec::new();
+        if let Some(r) = &self.grounding {
+            answers.extend(r.done.try_iter());
+        }
+        for done in answers {
+            let key = done.key;
+            if let Err(e) = self.grounded(done) {
+                tracing::error!(error = %e, "resuming a grounded stream failed");
+                self.begin_close(key);
+            }
+        }
+    }
+
+    /// One round's answer: applied to the turn still waiting for it, then the turn goes on.
+    fn grounded(&mut self, done: Done) -> io::Result<()> {
+        let Some(plan) = self.shared.grounding.clone() else {
+            return Ok(());
+        };
+        let key = done.key;
+        let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == done.serial) else {
+            return Ok(());
+        };
+        let slot = self.shared.table.slot(conn.id.slot);
+        if conn.closing || slot.is_tripped() {
+            return Ok(());
+        }
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let Some(g) = turn.grounding.as_mut() else {
+            return Ok(());
+        };
+        let Some(w) = g.waiting.take() else {
+            return Ok(());
+        };
+        let took = w.started.elapsed();
+        let Some(round) = done.round else {
+            g.records.push(RoundRecord::without_result(
+                &w.span,
+                took,
+                RoundOutcome::Cancelled,
+            ));
+            return self.step(key);
+        };
+        let mut outcome = outcome_of(&round, took, plan.round_deadline);
+        if g.post_hoc && outcome == RoundOutcome::Rewound {
+            // Nothing to rewind: the evidence goes after the reply.
+            outcome = RoundOutcome::Annotated;
+            g.annotation = Some(post_hoc::annotation(&round));
+        }
+        let mut rec = RoundRecord::of(&w.span, &round, took, outcome);
+        if outcome == RoundOutcome::Rewound {
+            match self.rewind(key, &round)? {
+                Some((dropped, kept)) => {
+                    rec.rewound_tokens = dropped;
+                    rec.kept_bytes = kept;
+                }
+                // A trip while rescanning, or a span that cannot be rewound.
+                None => rec.outcome = RoundOutcome::Empty,
+            }
+        }
+        if let Some(g) = self.conns[key]
+            .turn
+            .as_mut()
+            .and_then(|t| t.grounding.as_mut())
+        {
+            g.records.push(rec);
+        }
+        // A proxied turn's continuation goes out once its old socket is idle.
+        self.maybe_reissue(key)?;
+        self.step(key)
+    }
+
+    /// Drops the held tokens from the window start and resumes the source from the kept
+    /// prefix with the round's evidence: `(tokens dropped, bytes kept)`, or `None` when the
+    /// turn cannot be rewound (it stays as it was) or tripped.
+    fn rewind(&mut self, key: usize, round: &Round) -> io::Result<Option<(usize, usize)>> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(None);
+        };
+        let Some(keep) = turn.hold.back.as_ref().map(|b| b.start()) else {
+            return Ok(None);
+        };
+        if queued_text(turn, keep, turn.hold.scanned).is_none() {
+            return Ok(None);
+        }
+        let dropped_tokens = turn.hold.queue.iter().filter(|p| p.end > keep).count();
+        if !self.resume_source(key, dropped_tokens, round) {
+            return Ok(None);
+        }
+        let Some(turn) = self.conns[key].turn.as_mut() else {
+            return Ok(None);
+        };
+        let released = turn.hold.released.min(keep);
+        let unreleased = queued_text(turn, released, keep).unwrap_or_default();
+        if let Some(b) = turn.hold.back.as_mut() {
+            b.rewind();
+        }
+        let dropped = turn.hold.rewind(keep);
+        turn.text_len = dropped.first().map_or(turn.text_len, |p| p.offset);
+        turn.tokens_generated = turn.tokens_generated.saturating_sub(dropped.len() as u64);
+        // The scanner starts over on the kept text it had not released (it saw the dropped
+        // text too); the detectors forget the dropped tokens.
+        turn.hold.scanned = released;
+        match turn.gov.rewound(&unreleased) {
+            Gate::Release(n) => {
+                turn.hold.scanned = keep;
+                turn.hold.release(n);
+            }
+            Gate::Trip(t) => {
+                turn.hold.scanned = keep;
+                self.detector_trip(key, t)?;
+                return Ok(None);
+            }
+        }
+        Ok(Some((dropped_tokens, keep)))
+    }
+
+    /// The source continues from the kept prefix with `round`'s evidence in context.
+    fn resume_source(&mut self, key: usize, dropped: usize, round: &Round) -> bool {
+        let Some(turn) = self.conns[key].turn.as_mut() else {
+            return false;
+        };
+        match &mut turn.source {
+            turn::TurnSource::Builtin(b) => b.resume(dropped, &round.snippets),
+            turn::TurnSource::Upstream(_) => self.resume_upstream(key, dropped, round),
+        }
+    }
+}
+
+/// The grounding part of an intervene-mode turn's record (spec 003: "Threshold, window, and
+/// arm-order live in config, logged in every receipt"): what was in force, one convergence
+/// record per round, and, for a stream without logprobs, that nothing was changed. The
+/// claims (span text) only with `--record-token-text`.
+pub(in crate::dataplane) fn receipt(
+    shared: &HaltCore,
+    turn: &Turn,
+    record_text: bool,
+) -> Option<Value> {
+    if !turn.gov.set.intervenes() {
+        return None;
+    }
+    let s = &turn.detectors.cfg.surprise;
+    let summary = turn.gov.summary();
+    let scored = summary
+        .pointer("/surprise/summary/tokens_scored")
+        .and_then(Value::as_u64);
+    let unscored = summary
+        .pointer("/surprise/summary/unscored")
+        .and_then(Value::as_u64);
+    let no_logprobs = scored == Some(0) && unscored.unwrap_or(0) > 0;
+    let rounds: Vec<Value> = turn
+        .grounding
+        .iter()
+        .flat_map(|g| &g.records)
+        .map(|r| {
+            let mut r = r.clone();
+            if !record_text {
+                r.claim = None;
+            }
+            serde_json::to_value(r).unwrap_or(Value::Null)
+        })
+        .collect();
+    let plan = shared.grounding.as_ref();
+    let mut v = json!({
+        "threshold_bits": s.cfg.threshold_bits,
+        "statistic": s.cfg.statistic.as_str(),
+        "window": s.cfg.window,
+        "hold_back": turn.hold.back.as_ref().map(|_| s.cfg.effective_hold_back()),
+        "debounce": s.policy.debounce,
+        "arm_order": plan.map(|p| json!({
+            "computable": p.order_computable,
+            "entity_shaped": p.order_other,
+            "other": p.order_other,
+        })),
+        "max_rounds": plan.map(|p| p.max_rounds),
+        "round_deadline_ms": plan.map(|p| p.round_deadline.as_millis() as u64),
+        "continuation": plan.map(|p| p.continuation.as_str()),
+        "rounds": rounds,
+    });
+    if no_logprobs {
+        v["no_logprobs"] = json!(true);
+        v["note"] = json!("the stream has no logprobs: surprise cannot be scored, nothing was held or grounded (spec 003 no-op)");
+    } else if plan.is_none() {
+        v["note"] = json!("no grounder configured: breaches are recorded only");
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grounding::{ArmKind, Attempt, Snippet, SpanClass};
+
+    fn round(outcomes: &[ArmOutcome], snippets: usize) -> Round {
+        Round {
+            class: SpanClass::Other,
+            attempts: outcomes
+                .iter()
+                .map(|&outcome| Attempt {
+                    arm: ArmKind::Memory,
+                    outcome,
+                    took_ms: 1,
+                    detail: String::new(),
+                })
+                .collect(),
+            snippets: (0..snippets)
+                .map(|_| Snippet {
+                    claim: "c".into(),
+                    evidence: "e".into(),
+                    confidence: 0.5,
+                    source: "s".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_round_rewinds_only_with_evidence_in_time() {
+        let ms = Duration::from_millis;
+        let grounded = round(&[ArmOutcome::Empty, ArmOutcome::Grounded], 1);
+        assert_eq!(outcome_of(&grounded, ms(5), ms(100)), RoundOutcome::Rewound);
+        assert_eq!(
+            outcome_of(&grounded, ms(101), ms(100)),
+            RoundOutcome::Timeout,
+            "an answer past the round's deadline is not used"
+        );
+        let nothing = round(&[ArmOutcome::Empty, ArmOutcome::Failed], 0);
+        assert_eq!(outcome_of(&nothing, ms(5), ms(100)), RoundOutcome::Empty);
+        let timed_out = round(&[ArmOutcome::Skipped, ArmOutcome::Timeout], 0);
+        assert_eq!(
+            outcome_of(&timed_out, ms(5), ms(100)),
+            RoundOutcome::Timeout
+        );
+        let skipped = round(&[ArmOutcome::Skipped], 0);
+        assert_eq!(outcome_of(&skipped, ms(5), ms(100)), RoundOutcome::Empty);
+    }
+}

@@ -1,0 +1,618 @@
+//! TokenCircuit in the turn pipeline (spec 002, docs/tokencircuit.md).
+//!
+//! A proxied chat turn with `[tool_circuit] enabled` starts with its conversation's circuit,
+//! rebuilt from the request's own transcript (`circuit::transcript`) and its conversation's
+//! backoff clock (`circuit::store`). The model's tool-call deltas are observed and scanned
+//! like any output, then held here instead of queued for the client, per call: a call is
+//! whole once a later call starts (calls stream in index order) or the turn's text ends,
+//! and is judged then. A call its key's budget forbids halts the stream with
+//! `TOOL_CIRCUIT_OPEN` and the diagnostic artifact in the error object, through the same
+//! trip as any other halt (kernel-enforced, the incident recorded), before a byte of it
+//! reached the client; an allowed call's held deltas go out at once, in order, framed as
+//! they would have been.
+
+use std::{io, sync::Arc, time::Instant};
+
+use serde_json::Value;
+
+use crate::dataplane::turn::circuit_record;
+use crate::dataplane::turn::own_trip;
+use crate::dataplane::Worker;
+use crate::{
+    circuit::{
+        store::{ConversationId, ConversationStore},
+        transcript::{answered_ids, rebuild_with, tool_call},
+        Circuit, CircuitPolicy, Verdict,
+    },
+    codes::FailureCode,
+    modes::KeyId,
+    stream::Initiator,
+    upstream::{framing::ToolCallPart, UpToken},
+    wire::HttpError,
+};
+
+/// The kernel accepted the frame (streaming) or the response (batch) that carried the tool
+/// calls `calls` (`{index, id, name}`, the TURN-ACID record's dispatched calls): they
+/// reached the client. A call released but never noted here was halted before it was
+/// delivered; its result, if one ever comes back, is not a dispatched call's.
+pub(in crate::dataplane) fn delivered(
+    store: &ConversationStore,
+    circuit: Option<&TurnCircuit>,
+    calls: &[Value],
+) {
+    let Some(tc) = circuit else {
+        return;
+    };
+    let ids = calls
+        .iter()
+        .filter_map(|c| c.get("id").and_then(Value::as_str));
+    store.delivered(&tc.conversation, ids, Instant::now());
+}
+
+/// A tool-call delta held until its turn's calls are judged.
+#[derive(Debug)]
+struct HeldDelta {
+    parts: Vec<ToolCallPart>,
+    tokens: Vec<UpToken>,
+    started: Vec<Value>,
+    arrived_ns: u64,
+    /// Where its text ended in the scanned output.
+    scanned: usize,
+    /// The highest call index among its parts: it goes out once that call is judged.
+    last_call: u32,
+}
+
+/// A turn's circuit and the deltas it holds.
+#[derive(Debug)]
+pub(in crate::dataplane) struct TurnCircuit {
+    circuit: Circuit,
+    conversation: ConversationId,
+    /// Held deltas, in order (released from the front).
+    held: std::collections::VecDeque<HeldDelta>,
+    /// Calls judged and let out so far (by index: calls `0..judged_calls`).
+    judged_calls: usize,
+    /// The highest call index seen: every call below it is complete (calls stream in order).
+    newest_call: usize,
+    /// The end of the turn was judged.
+    judged: bool,
+    /// A delta added to a call already judged (calls must stream in index order): what was
+    /// judged is not what would go out, so the turn fails closed.
+    out_of_order: bool,
+}
+
+/// A request's arrival, as the conversation store needs it.
+pub(in crate::dataplane) struct Arrival<'a> {
+    pub store: &'a ConversationStore,
+    /// The client's `x-haltd-conversation-id`.
+    pub header: Option<&'a str>,
+    pub key: KeyId,
+    pub now: Instant,
+}
+
+impl TurnCircuit {
+    /// The circuit of a chat request's conversation, rebuilt from its `messages` with the
+    /// conversation's backoff clock (the results it carries for the first time arrived
+    /// now). A transcript haltd cannot replay (a tool call without an id or name, a tool
+    /// result without a `tool_call_id`) is refused: its calls could not be judged.
+    pub(in crate::dataplane) fn of_request(
+        policy: &Arc<CircuitPolicy>,
+        json: &Value,
+        at: &Arrival<'_>,
+    ) -> Result<Self, HttpError> {
+        let messages = json
+            .get("messages")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let conversation = ConversationId::of(at.header, &at.key.fingerprint(), messages);
+        let (timeline, memory) = at
+            .store
+            .arrive(&conversation, &answered_ids(messages), at.now);
+        // The failed calls the store remembers come first: a transcript that trimmed or
+        // flattened them away does not restore a budget (`circuit/memory.rs`).
+        let (circuit, failed) = rebuild_with(Arc::clone(policy), messages, &timeline, &memory)
+            .map_err(|e| HttpError::bad_request(format!("messages: {e}")))?;
+        at.store.remember(&conversation, failed, at.now);
+        at.store
+            .observe(&conversation, circuit.open_artifacts(), at.now);
+        Ok(TurnCircuit {
+            circuit,
+            conversation,
+            held: std::collections::VecDeque::new(),
+            judged_calls: 0,
+            newest_call: 0,
+            judged: false,
+            out_of_order: false,
+        })
+    }
+
+    /// A request whose conversation has used up a key's budget. permission/auth and
+    /// invariant_violation: haltd answers itself, without calling the model (409, type
+    /// `tool_circuit_open`, code `TOOL_CIRCUIT_OPEN`, the artifact as `tool_circuit` and a
+    /// summary the model can read as the message). Any other class: the turn is forwarded
+    /// with the exhausted tools removed from `tools` (and from `tool_choice` when it names
+    /// one) and a system message saying why, so the model can summarize instead of retrying.
+    pub(in crate::dataplane) fn apply_exhausted(
+        &self,
+        body: &mut Value,
+        at: &Arrival<'_>,
+    ) -> Result<(), Box<Refusal>> {
+        let exhausted = self.circuit.exhausted();
+        if let Some(a) = exhausted.iter().find(|a| a.failure_class.fails_closed()) {
+            let mut a = a.clone();
+            a.tokens_saved = at.store.answered(&self.conversation, at.now);
+            let a = &a;
+            at.store.intervened(&self.conversation, a.clone(), at.now);
+            let artifact = serde_json::to_value(a).unwrap_or(Value::Null);
+            return Err(Box::new(Refusal {
+                error: HttpError::new(409, "tool_circuit_open", a.summary())
+                    .with_code("TOOL_CIRCUIT_OPEN")
+                    .with_detail("tool_circuit", artifact),
+                answered: Some(Box::new((self.conversation.clone(), a.clone()))),
+            }));
+        }
+        if exhausted.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = exhausted
+            .iter()
+            .map(|a| a.equivalence_key.tool_name.as_str())
+            .collect();
+        let named = |t: &Value| {
+            t.pointer("/function/name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| names.contains(&n))
+        };
+        if let Some(tools) = body.get_mut("tools").and_then(Value::as_array_mut) {
+            tools.retain(|t| !named(t));
+        }
+        let no_tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty);
+        if let (Some(obj), true) = (body.as_object_mut(), no_tools) {
+            // An empty list is refused by some backends: no tools at all, then.
+            obj.remove("tools");
+            obj.remove("tool_choice");
+        } else if body.get("tool_choice").is_some_and(named) {
+            body["tool_choice"] = Value::from("auto");
+        }
+        let note: Vec<String> = exhausted.iter().map(|a| a.summary()).collect();
+        if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
+            messages.push(serde_json::json!({"role": "system", "content": note.join("\n")}));
+        }
+        Ok(())
+    }
+
+    /// Holds an observed, scanned tool-call delta (allocates per delta: a call's deltas are
+    /// kept until it is complete and judged).
+    pub(in crate::dataplane) fn hold(
+        &mut self,
+        parts: Vec<ToolCallPart>,
+        tokens: Vec<UpToken>,
+        started: Vec<Value>,
+        arrived_ns: u64,
+        scanned: usize,
+    ) {
+        let last_call = parts.iter().map(|p| p.index).max().unwrap_or(0);
+        // An empty piece changes nothing: some servers close a call with one.
+        let late = |p: &ToolCallPart| p.has_header() || !p.arguments.is_empty();
+        if parts
+            .iter()
+            .any(|p| (p.index as usize) < self.judged_calls && late(p))
+        {
+            self.out_of_order = true;
+        }
+        self.newest_call = self.newest_call.max(last_call as usize);
+        self.held.push_back(HeldDelta {
+            parts,
+            tokens,
+            started,
+            arrived_ns,
+            scanned,
+            last_call,
+        });
+    }
+
+    /// The calls complete but not judged yet: those below the newest call seen, or, at the
+    /// end of the turn (`all`), every one left.
+    fn complete(&self, merged: &[Value], all: bool) -> std::ops::Range<usize> {
+        let end = if all {
+            merged.len()
+        } else {
+            self.newest_call.min(merged.len())
+        };
+        self.judged_calls.min(end)..end
+    }
+
+    /// The held deltas whose calls are all judged (`all`: every call is), in order.
+    fn releasable(&mut self, all: bool) -> Vec<HeldDelta> {
+        let mut out = Vec::new();
+        while self
+            .held
+            .front()
+            .is_some_and(|d| all || (d.last_call as usize) < self.judged_calls)
+        {
+            out.extend(self.held.pop_front());
+        }
+        out
+    }
+
+    /// Judges the turn's merged calls in order, emitted at `now` (a transient retry before
+    /// its backoff elapsed is charged double); the first denial, if any. `calls` are the
+    /// calls from index `judged_calls` on.
+    fn judge(&mut self, calls: &[Value], now: Instant) -> Option<Verdict> {
+        for (index, call) in calls.iter().enumerate() {
+            // A call without an id or name cannot be judged: fail closed.
+            let Ok(call) = tool_call(call, index) else {
+                let name = call["function"]["name"].as_str().unwrap_or("");
+                let why = "the model emitted a tool call without an id or a name: it cannot \
+                           be judged, so it is not sent";
+                return Some(Verdict::Deny(Box::new(self.unjudgeable(name, why))));
+            };
+            let verdict = self.circuit.judge(call, Some(now));
+            if let Verdict::Deny(_) = verdict {
+                return Some(verdict);
+            }
+            self.circuit.record_call(call, Some(now));
+            self.judged_calls += 1;
+        }
+        None
+    }
+
+    /// The artifact of a call that cannot be judged: fail closed, as an invariant violation.
+    fn unjudgeable(&self, name: &str, why: &str) -> crate::circuit::DiagnosticArtifact {
+        crate::circuit::DiagnosticArtifact {
+            equivalence_key: crate::circuit::EquivalenceKey {
+                tool_name: name.to_owned(),
+                resource_class: None,
+                auth_scope: None,
+                error_class: crate::circuit::FailureClass::InvariantViolation,
+                side_effect_boundary: false,
+            },
+            failure_class: crate::circuit::FailureClass::InvariantViolation,
+            next_action: crate::circuit::NextAction::FailClosed,
+            budget: 0,
+            budget_exhausted: true,
+            retry_count: 0,
+            sample_receipts: Vec::new(),
+            safety_justification: why.to_owned(),
+            policy: self.circuit.policy().in_force(),
+            tokens_saved: None,
+        }
+    }
+}
+
+/// A request refused before the model was called: an invalid request, or one TokenCircuit
+/// answered itself (with the conversation and the artifact).
+#[derive(Debug)]
+pub(in crate::dataplane) struct Refusal {
+    pub error: HttpError,
+    pub answered: Option<Box<(ConversationId, crate::circuit::DiagnosticArtifact)>>,
+}
+
+impl From<HttpError> for Box<Refusal> {
+    fn from(error: HttpError) -> Self {
+        Box::new(Refusal {
+            error,
+            answered: None,
+        })
+    }
+}
+
+impl Refusal {
+    /// Counts and records a request TokenCircuit answered without the model (its 409), by
+    /// class; the error to answer.
+    pub(in crate::dataplane) fn settle(
+        self,
+        shared: &crate::halt::HaltCore,
+        stream_id: String,
+    ) -> HttpError {
+        if let Some((conv, artifact)) = self.answered.as_deref() {
+            shared.metrics.circuit.tripped(artifact.failure_class);
+            shared
+                .metrics
+                .circuit
+                .saved(artifact.tokens_saved.unwrap_or(0));
+            let action = circuit_record::Action::Answered;
+            circuit_record::record(shared, conv, action, artifact, Some(stream_id));
+        }
+        self.error
+    }
+}
+
+impl Worker {
+    /// After a held tool-call delta: the calls it shows complete (a later call started) are
+    /// judged, and the held deltas of judged calls go out, so a call streams as soon as it
+    /// is whole. A forbidden call halts the stream (returns false) before any of it is sent.
+    pub(in crate::dataplane) fn circuit_release(&mut self, key: usize) -> io::Result<bool> {
+        self.circuit_judge(key, false)
+    }
+
+    /// At the end of the turn's text: judge every call left; a forbidden one halts the
+    /// stream (returns false), else the held deltas are queued for the client.
+    pub(in crate::dataplane) fn circuit_at_end(&mut self, key: usize) -> io::Result<bool> {
+        self.circuit_judge(key, true)
+    }
+
+    fn circuit_judge(&mut self, key: usize, at_end: bool) -> io::Result<bool> {
+        let stream_id = self.conns[key].id;
+        let Some(turn) = self.conns[key].turn.as_mut() else {
+            return Ok(false);
+        };
+        let Some(tc) = turn.circuit.as_mut().filter(|c| !c.judged) else {
+            return Ok(true);
+        };
+        tc.judged = at_end;
+        let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
+        let range = tc.complete(merged, at_end);
+        if range.is_empty() && !at_end && !tc.out_of_order {
+            return Ok(true);
+        }
+        // Per judged call (never per token): the calls are copied out and the store's lock
+        // taken.
+        let calls = merged[range].to_vec();
+        let now = Instant::now();
+        let store = &self.shared.circuits;
+        let denied = if tc.out_of_order {
+            let why = "the model added to a tool call after a later call had started: the \
+                       call was judged as it stood, so the rest is not sent";
+            Some(Verdict::Deny(Box::new(tc.unjudgeable("", why))))
+        } else {
+            tc.judge(&calls, now)
+        };
+        store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
+        if at_end || denied.is_some() {
+            // The turn's generation is over: its tokens feed the tokens-saved estimate.
+            store.generated(&tc.conversation, turn.tokens_generated, now);
+        }
+        if let Some(Verdict::Deny(artifact)) = denied {
+            tc.held.clear();
+            tc.judged = true;
+            store.intervened(&tc.conversation, (*artifact).clone(), now);
+            let action = circuit_record::Action::Halted;
+            let id = Some(stream_id.to_string());
+            circuit_record::record(&self.shared, &tc.conversation, action, &artifact, id);
+            self.circuit_trip(key, &artifact)?;
+            return Ok(false);
+        }
+        // Let out now: the instant the backoff clock measures the next retry from. Delivered
+        // once the kernel accepts the frame that starts it (`delivered`).
+        let ids = calls
+            .iter()
+            .filter_map(|c| c.get("id").and_then(Value::as_str));
+        store.emitted(&tc.conversation, ids, now);
+        for d in tc.releasable(at_end) {
+            turn.hold.push_tool_calls_ending(
+                d.parts,
+                d.tokens,
+                &d.started,
+                d.arrived_ns,
+                d.scanned,
+            );
+        }
+        Ok(true)
+    }
+
+    /// Halts the stream with `TOOL_CIRCUIT_OPEN`, the artifact in the error object. Not a
+    /// breach: the key is not degraded (`modes::cause_degrades`).
+    fn circuit_trip(
+        &mut self,
+        key: usize,
+        artifact: &crate::circuit::DiagnosticArtifact,
+    ) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let id = self.conns[key].id;
+        tracing::info!(stream_id = %id, key = %artifact.equivalence_key, justification = %artifact.safety_justification, "tool circuit open: the call is not sent");
+        shared.metrics.circuit.tripped(artifact.failure_class);
+        shared.meta(id.slot).tool_circuit = serde_json::to_value(artifact).ok();
+        let own = own_trip::trip_own(
+            &shared,
+            id,
+            FailureCode::ToolCircuitOpen,
+            Initiator::Detector,
+        );
+        if let own_trip::OwnTrip::AlreadyTripped(first) = own {
+            // Another cause came first: its record must not carry this artifact as the cause.
+            if first != FailureCode::ToolCircuitOpen {
+                shared.meta(id.slot).tool_circuit = None;
+            }
+        }
+        self.halt(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(result: &str) -> Value {
+        serde_json::json!({
+            "model": "m",
+            "tools": [
+                {"type": "function", "function": {"name": "search"}},
+                {"type": "function", "function": {"name": "other"}},
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "search"}},
+            "messages": [
+                {"role": "user", "content": "find it"},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "a", "type": "function",
+                     "function": {"name": "search", "arguments": "{\"q\":1}"}}]},
+                {"role": "tool", "tool_call_id": "a", "content": result},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "b", "type": "function",
+                     "function": {"name": "search", "arguments": "{\"q\":2}"}}]},
+                {"role": "tool", "tool_call_id": "b", "content": result},
+            ],
+        })
+    }
+
+    fn arrival(store: &ConversationStore) -> Arrival<'_> {
+        Arrival {
+            store,
+            header: None,
+            key: KeyId(7),
+            now: Instant::now(),
+        }
+    }
+
+    fn apply(result: &str) -> (Result<(), HttpError>, Value) {
+        let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let at = arrival(&store);
+        let mut b = body(result);
+        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
+        (c.apply_exhausted(&mut b, &at).map_err(|r| r.error), b)
+    }
+
+    #[test]
+    fn a_fail_closed_budget_is_answered_without_the_model() {
+        let (r, _) = apply("PermissionError: denied");
+        let e = r.expect_err("answered by haltd");
+        assert_eq!((e.status, e.code), (409, Some("TOOL_CIRCUIT_OPEN")));
+        assert!(e.message.contains("`search`"), "{}", e.message);
+        let (name, artifact) = e.detail.expect("the artifact");
+        assert_eq!(name, "tool_circuit");
+        assert_eq!(artifact["failure_class"], "permission/auth");
+    }
+
+    #[test]
+    fn another_exhausted_budget_forwards_without_the_tool() {
+        let (r, b) = apply("ValidationError: q must be a string");
+        assert_eq!(r, Ok(()));
+        let tools: Vec<&str> = b["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+            .collect();
+        assert_eq!(tools, ["other"]);
+        assert_eq!(b["tool_choice"], "auto");
+        let last = b["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .expect("a note");
+        assert_eq!(last["role"], "system");
+        assert!(last["content"]
+            .as_str()
+            .is_some_and(|s| s.contains("validation")));
+    }
+
+    #[test]
+    fn open_but_not_exhausted_changes_nothing() {
+        let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let at = arrival(&store);
+        let mut b = body("HTTP 503");
+        let before = b.clone();
+        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
+        assert!(c.apply_exhausted(&mut b, &at).is_ok());
+        assert_eq!(b, before);
+    }
+
+    /// The conversation of `body` after `n` failed `search` calls (ids `c0`..), all `HTTP 503`.
+    fn transient_body(n: usize) -> Value {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "find it"})];
+        for i in 0..n {
+            let id = format!("c{i}");
+            messages.push(serde_json::json!({"role": "assistant", "tool_calls": [
+                {"id": id, "type": "function",
+                 "function": {"name": "search", "arguments": "{}"}}]}));
+            messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
+                                             "content": "HTTP 503"}));
+        }
+        serde_json::json!({"model": "m", "messages": messages})
+    }
+
+    fn search(id: &str) -> Value {
+        serde_json::json!({"id": id, "type": "function",
+                           "function": {"name": "search", "arguments": "{}"}})
+    }
+
+    #[test]
+    fn the_backoff_clock_is_kept_between_requests() {
+        // A minute of backoff: every retry below comes before it elapsed.
+        let policy = Arc::new(CircuitPolicy {
+            budgets: crate::circuit::Budgets {
+                transient: 3,
+                ..Default::default()
+            },
+            backoff: crate::circuit::Backoff {
+                base_ms: 60_000,
+                cap_ms: 60_000,
+            },
+            ..CircuitPolicy::default()
+        });
+        let ms = std::time::Duration::from_millis;
+        let store = ConversationStore::new(4);
+        let t0 = Instant::now();
+        let at = |now| Arrival {
+            store: &store,
+            header: Some("conv-1"),
+            key: KeyId(7),
+            now,
+        };
+        // Request 1: c0 failed; the model retries (c1) at once: premature, 2 units.
+        let mut tc = TurnCircuit::of_request(&policy, &transient_body(1), &at(t0)).expect("ok");
+        assert_eq!(tc.judge(&[search("c1")], t0 + ms(10)), None);
+        store.emitted(&tc.conversation, ["c1"], t0 + ms(10));
+        // Request 2: c1 failed too. Its 2 units are rebuilt from the transcript and the
+        // clock; another premature retry (2 more) would pass the budget of 3.
+        let mut tc =
+            TurnCircuit::of_request(&policy, &transient_body(2), &at(t0 + ms(20))).expect("ok");
+        let Some(Verdict::Deny(a)) = tc.judge(&[search("c2")], t0 + ms(30)) else {
+            panic!("a premature retry past the budget is denied");
+        };
+        assert_eq!((a.retry_count, a.budget), (2, 3));
+        // Without the clock (another conversation) c1 is charged one unit, and the retry
+        // (premature, 2 units) fits: the clock is what made the difference.
+        let other = Arrival {
+            header: Some("conv-2"),
+            ..at(t0 + ms(20))
+        };
+        let mut tc = TurnCircuit::of_request(&policy, &transient_body(2), &other).expect("ok");
+        assert_eq!(tc.judge(&[search("c2")], t0 + ms(30)), None);
+        let views = store.view(Some("conv-1"), t0 + ms(40));
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].open[0].retry_count, 2);
+        assert_eq!(views[0].calls_timed, 1);
+    }
+
+    fn part(index: u32) -> ToolCallPart {
+        ToolCallPart {
+            index,
+            id: None,
+            name: None,
+            arguments: "x".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_delta_for_a_judged_call_fails_closed() {
+        let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let mut tc = TurnCircuit::of_request(&policy, &body("ok"), &arrival(&store)).expect("ok");
+        tc.hold(vec![part(0)], Vec::new(), Vec::new(), 0, 1);
+        tc.hold(vec![part(1)], Vec::new(), Vec::new(), 0, 2);
+        assert_eq!(tc.complete(&[search("c0"), search("c1")], false), 0..1);
+        assert_eq!(tc.judge(&[search("c0")], Instant::now()), None);
+        assert_eq!(tc.releasable(false).len(), 1, "call 0's delta goes out");
+        tc.hold(vec![part(1)], Vec::new(), Vec::new(), 0, 3);
+        assert!(!tc.out_of_order, "call 1 is still open");
+        tc.hold(vec![part(0)], Vec::new(), Vec::new(), 0, 4);
+        assert!(
+            tc.out_of_order,
+            "call 0 was judged: a late piece fails closed"
+        );
+    }
+
+    #[test]
+    fn a_transcript_that_cannot_be_replayed_is_refused() {
+        let policy = Arc::new(CircuitPolicy::default());
+        let store = ConversationStore::new(4);
+        let b = serde_json::json!({"messages": [{"role": "tool", "content": "x"}]});
+        let e =
+            TurnCircuit::of_request(&policy, &b, &arrival(&store)).expect_err("no tool_call_id");
+        assert_eq!(e.status, 400);
+    }
+}

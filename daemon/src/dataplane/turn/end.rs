@@ -1,0 +1,253 @@
+//! The end of a turn's text, the last stage of the pipeline: the detectors' and the
+//! scanner's last word ([`Worker::govern_end`]), then, once every held frame went out,
+//! SafetyCheck's verdict and the final frame (the final events of a stream, or the whole
+//! batch response).
+
+use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::{json, Value};
+
+use crate::dataplane::{
+    conn::frame,
+    turn::{HeldToken, Turn},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    detect::{pipeline::Gate, DetectorId, Trip, TripKind},
+    safety::SafetyMode,
+    stream::Mode,
+    wire::{
+        http::{self, Persist},
+        Channel, StreamId, Token,
+    },
+};
+
+/// Writes the whole batch response (asked for, or a degraded stream) into `out`: one frame.
+fn encode_batch(
+    turn: &Turn,
+    out: &mut Vec<u8>,
+    id: StreamId,
+    end: (&str, (u64, u64)),
+    tool_calls: Option<&Value>,
+    (persist, request_id): (Persist, &str),
+) {
+    let (reason, usage) = end;
+    let with_mode = [("x-request-id", request_id), ("x-haltd-mode", "degraded")];
+    let degraded_hdr: &[(&str, &str)] = if turn.degraded {
+        &with_mode
+    } else {
+        &with_mode[..1]
+    };
+    let tops: Vec<Vec<(&str, f32)>> = turn
+        .held_tokens
+        .iter()
+        .map(|t| t.top.iter().map(|(s, l)| (s.as_str(), *l)).collect())
+        .collect();
+    let toks: Vec<Token<'_>> = turn
+        .held_tokens
+        .iter()
+        .zip(&tops)
+        .map(|(t, top)| Token {
+            text: &t.text,
+            logprob: t.logprob,
+            top,
+        })
+        .collect();
+    let offsets: Vec<usize> = turn.held_tokens.iter().map(|t| t.offset).collect();
+    if turn.stream {
+        // Degraded mode serves a stream request as batch, still as SSE so that streaming
+        // clients read it: the reasoning event (if any), one content event, the final
+        // events, [DONE].
+        http::write_head_persist(
+            out,
+            200,
+            "text/event-stream",
+            None,
+            Some(id),
+            degraded_hdr,
+            persist,
+        );
+        let body = out.len();
+        let mut first = true;
+        for (channel, text) in [
+            (Channel::Reasoning, &turn.held_reasoning),
+            (Channel::Content, &turn.held_text),
+        ] {
+            let of = |t: &HeldToken| t.channel == channel;
+            let toks: Vec<Token<'_>> = filtered(&toks, &turn.held_tokens, of);
+            let offsets: Vec<usize> = filtered(&offsets, &turn.held_tokens, of);
+            let empty_answer = channel == Channel::Content && first && toks.is_empty();
+            if !text.is_empty() || empty_answer {
+                turn.enc
+                    .content_event(out, text, &toks, &offsets, first, channel);
+                first = false;
+            }
+        }
+        turn.enc
+            .finish_events(out, reason, turn.include_usage.then_some(usage));
+        if persist == Persist::KeepAlive {
+            http::chunk_in_place(out, body);
+            out.extend_from_slice(http::LAST_CHUNK);
+        }
+    } else {
+        let texts = (turn.held_text.as_str(), turn.held_reasoning.as_str());
+        let body = turn
+            .enc
+            .batch_body(texts, &toks, &offsets, reason, usage, tool_calls);
+        http::write_head_persist(
+            out,
+            200,
+            "application/json",
+            Some(body.len()),
+            Some(id),
+            degraded_hdr,
+            persist,
+        );
+        out.extend_from_slice(&body);
+    }
+}
+
+/// The entries of `items` (one per held token) whose token `keep` accepts.
+fn filtered<T: Copy>(items: &[T], held: &[HeldToken], keep: impl Fn(&HeldToken) -> bool) -> Vec<T> {
+    items
+        .iter()
+        .zip(held)
+        .filter(|(_, t)| keep(t))
+        .map(|(i, _)| *i)
+        .collect()
+}
+
+impl Worker {
+    /// The source ended and every held frame went out: the final frame, with the source's
+    /// finish reason and usage (haltd's own count when it gave none).
+    pub(in crate::dataplane) fn finish(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let batch = self.shared.table.slot(conn.id.slot).mode() == Mode::Batch;
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let ending = turn.source.get().ending();
+        let usage = ending
+            .usage
+            .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
+        let tools =
+            (!ending.tools.is_empty() && !turn.degraded).then_some(Value::Array(ending.tools));
+        if batch {
+            if let Some(Value::Array(all)) = &tools {
+                turn.tool_calls = all
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| json!({"index": i, "id": t["id"], "name": t["function"]["name"]}))
+                    .collect();
+            }
+        }
+        self.finish_with(key, &ending.reason, usage, tools.as_ref())
+    }
+
+    /// Writes the last frame of a turn that ends normally with `reason` (the final events of
+    /// a stream, or the whole batch response) and sends it.
+    pub(in crate::dataplane) fn finish_with(
+        &mut self,
+        key: usize,
+        reason: &str,
+        usage: (u64, u64),
+        tool_calls: Option<&Value>,
+    ) -> io::Result<()> {
+        if !self.safety_at_end(key)? {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let out = frame(&mut conn.wbuf);
+        let persist = conn.keep.persist();
+        if slot.mode() == Mode::Stream {
+            if let Some(a) = turn.grounding.as_ref().and_then(|g| g.annotation.as_ref()) {
+                // The post-hoc fallback's evidence, after the reply (`ground/post_hoc.rs`).
+                turn.enc.annotation_event(out, "haltd_grounding", a);
+            }
+            turn.enc
+                .finish_events(out, reason, turn.include_usage.then_some(usage));
+            if persist == Persist::KeepAlive {
+                // The last token chunk, then the end of the chunked body.
+                http::chunk_in_place(out, 0);
+                out.extend_from_slice(http::LAST_CHUNK);
+            }
+        } else {
+            let rid = conn.request_id.as_deref().unwrap_or_default();
+            encode_batch(
+                turn,
+                out,
+                conn.id,
+                (reason, usage),
+                tool_calls,
+                (persist, rid),
+            );
+        }
+        let conn = &self.conns[key];
+        let len = conn.wire_len();
+        let slot = shared.table.slot(conn.id.slot);
+        if slot.begin_final(len) {
+            if slot.mode() == Mode::Batch {
+                slot.headers_sent.store(true, SeqCst);
+            }
+            self.record_then_finish(key)
+        } else {
+            self.halt(key)
+        }
+    }
+
+    pub(in crate::dataplane) fn govern_end(&mut self, key: usize) -> io::Result<bool> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(false);
+        };
+        if turn.hold.ending {
+            return Ok(true);
+        }
+        turn.hold.ending = true;
+        if let Some(back) = turn.hold.back.as_mut() {
+            // The text is complete: nothing more can be rewound, the held tokens may go.
+            back.open();
+        }
+        match turn.gov.on_end(monotonic_ns()) {
+            Gate::Trip(t) => {
+                self.detector_trip(key, t)?;
+                Ok(false)
+            }
+            Gate::Release(n) => {
+                turn.hold.release(n);
+                Ok(true)
+            }
+        }
+    }
+    pub(in crate::dataplane) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(true);
+        };
+        let verdict = turn.safety_verdict(true);
+        let upheld = verdict.upheld;
+        let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
+        turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
+        if !upheld && turn.detectors.cfg.safety.mode == SafetyMode::Enforce {
+            return self
+                .detector_trip(
+                    key,
+                    Trip {
+                        detector: DetectorId::Safety,
+                        code: FailureCode::SafetyBoundaryViolated,
+                        kind: TripKind::Breach,
+                        detail: format!("violated: {}", violated.join(", ")),
+                    },
+                )
+                .map(|()| false);
+        }
+        Ok(true)
+    }
+}

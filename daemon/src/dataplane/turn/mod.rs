@@ -1,0 +1,648 @@
+//! A turn: the state a connection keeps while it serves one completion, and opening it.
+//!
+//! Opening is the same for both sources ([`Worker::open_turn`]): refuse while shutting down
+//! or without a flight recorder, fix the stream's mode (stream or batch) and budget, start
+//! the turn's detectors, give the kernel gate the turn's policy. Then the built-in turn sends
+//! its head (streaming) and runs the pipeline; the proxied turn opens its upstream exchange
+//! (`upstream_io/mod.rs`) and the pipeline runs as the upstream's items arrive.
+
+pub(in crate::dataplane) mod circuit;
+pub(in crate::dataplane) mod circuit_record;
+pub(in crate::dataplane) mod end;
+pub(in crate::dataplane) mod halt;
+pub(in crate::dataplane) mod hold;
+pub(in crate::dataplane) mod holdback;
+pub(in crate::dataplane) mod own_trip;
+pub(in crate::dataplane) mod pipeline;
+pub(in crate::dataplane) mod policy;
+pub(in crate::dataplane) mod record;
+pub(in crate::dataplane) mod score;
+
+use std::{collections::BTreeSet, io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::Value;
+
+use crate::dataplane::ground;
+use crate::dataplane::ground::continuation;
+use crate::dataplane::upstream_io;
+use crate::dataplane::{
+    conn::{frame, SendKind},
+    turn::hold::Hold,
+    upstream_io::Purpose,
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    detect::{
+        pipeline::{Detectors, TurnGovernor},
+        Trip,
+    },
+    modes::KeyId,
+    safety::{self, SafetyContext},
+    source::{
+        builtin::{BuiltinModel, BuiltinSource, MODEL_NAME},
+        upstream::UpstreamSource,
+        Polled, TokenSource,
+    },
+    stream::Mode,
+    upstream,
+    wire::{
+        http, Ask, BuiltinTurn, Channel, ChunkEncoder, ClientRequest, Endpoint, HttpError,
+        RequestHead,
+    },
+};
+
+/// Output text kept per turn for SafetyCheck's cited-source check; beyond it the citation
+/// check reports the text as not fully known.
+const MAX_SAFETY_TEXT: usize = 256 * 1024;
+
+/// A token kept for a batch response.
+#[derive(Debug)]
+pub(in crate::dataplane) struct HeldToken {
+    pub(in crate::dataplane) text: String,
+    pub(in crate::dataplane) logprob: f32,
+    pub(in crate::dataplane) top: Vec<(String, f32)>,
+    pub(in crate::dataplane) offset: usize,
+    pub(in crate::dataplane) channel: Channel,
+}
+
+/// What the request metrics need of a turn: its model label and inter-token histogram,
+/// resolved once at its start ([`Worker::observe_turn`]), and when its tokens reached the
+/// client.
+#[derive(Debug, Default)]
+pub(in crate::dataplane) struct TurnObs {
+    pub(in crate::dataplane) model_label: Option<Arc<str>>,
+    pub(in crate::dataplane) inter_token: Option<crate::metrics::NsHistogram>,
+    /// When the first token frame (a batch turn: its whole response) reached the client.
+    pub(in crate::dataplane) first_token_ns: u64,
+    /// When the last token frame did.
+    pub(in crate::dataplane) last_sent_ns: u64,
+}
+
+impl TurnObs {
+    /// A token frame was delivered at `now`: the gap since the last one is observed.
+    /// Per token: one atomic add, no lookup, no lock.
+    pub(in crate::dataplane) fn token_sent(&mut self, now: u64) {
+        if self.last_sent_ns != 0 {
+            if let Some(h) = &self.inter_token {
+                h.observe_ns(now.saturating_sub(self.last_sent_ns));
+            }
+        }
+        if self.first_token_ns == 0 {
+            self.first_token_ns = now;
+        }
+        self.last_sent_ns = now;
+    }
+}
+
+/// Where a turn's tokens come from.
+#[derive(Debug)]
+pub(in crate::dataplane) enum TurnSource {
+    Builtin(BuiltinSource),
+    /// Proxied: what the upstream streamed; its socket is the connection's
+    /// [`crate::dataplane::upstream_io::Upstream`].
+    Upstream(UpstreamSource),
+}
+
+impl TurnSource {
+    pub(in crate::dataplane) fn get(&mut self) -> &mut dyn TokenSource {
+        match self {
+            TurnSource::Builtin(b) => b,
+            TurnSource::Upstream(u) => u,
+        }
+    }
+
+    pub(in crate::dataplane) fn poll(&mut self) -> Polled {
+        self.get().poll()
+    }
+
+    pub(in crate::dataplane) fn upstream(&self) -> Option<&UpstreamSource> {
+        match self {
+            TurnSource::Upstream(u) => Some(u),
+            TurnSource::Builtin(_) => None,
+        }
+    }
+
+    pub(in crate::dataplane) fn upstream_mut(&mut self) -> Option<&mut UpstreamSource> {
+        match self {
+            TurnSource::Upstream(u) => Some(u),
+            TurnSource::Builtin(_) => None,
+        }
+    }
+}
+
+/// The turn a connection is running.
+#[derive(Debug)]
+pub(in crate::dataplane) struct Turn {
+    pub(in crate::dataplane) source: TurnSource,
+    /// What the client asked for.
+    pub(in crate::dataplane) stream: bool,
+    pub(in crate::dataplane) top_logprobs: u32,
+    pub(in crate::dataplane) include_usage: bool,
+    /// The conversation (API key) and whether its scope was degraded at turn start.
+    pub(in crate::dataplane) key_id: KeyId,
+    pub(in crate::dataplane) degraded: bool,
+    /// Tokens the source produced (emitted or held).
+    pub(in crate::dataplane) tokens_generated: u64,
+    /// The turn's detectors and exfiltration scanner.
+    pub(in crate::dataplane) gov: TurnGovernor,
+    /// The detector and SafetyCheck configuration the turn started under: a SIGHUP reload
+    /// applies to later turns, never half-way through one.
+    pub(in crate::dataplane) detectors: Arc<Detectors>,
+    /// Frames the exfiltration scanner holds back.
+    pub(in crate::dataplane) hold: Hold,
+    /// A content or tool-call frame went out (the chat role goes in the first).
+    pub(in crate::dataplane) first_frame_sent: bool,
+    /// Emitted text, for SafetyCheck (bounded, [`MAX_SAFETY_TEXT`]).
+    pub(in crate::dataplane) out_text: String,
+    pub(in crate::dataplane) out_text_truncated: bool,
+    /// SafetyCheck inputs fixed at turn start.
+    pub(in crate::dataplane) request_urls: BTreeSet<String>,
+    pub(in crate::dataplane) identity_before: Option<String>,
+    pub(in crate::dataplane) identity_after: Option<String>,
+    /// SafetyCheck's verdict, once judged.
+    pub(in crate::dataplane) safety: Option<Value>,
+    pub(in crate::dataplane) enc: ChunkEncoder,
+    /// Bytes of completion text so far (for `text_offset`).
+    pub(in crate::dataplane) text_len: usize,
+    /// Batch mode: the response held until the turn completes (the answer, and the
+    /// reasoning that goes in `message.reasoning_content`).
+    pub(in crate::dataplane) held_text: String,
+    pub(in crate::dataplane) held_reasoning: String,
+    pub(in crate::dataplane) held_tokens: Vec<HeldToken>,
+    pub(in crate::dataplane) prompt_tokens: u64,
+    pub(in crate::dataplane) detector_refs: Vec<String>,
+    pub(in crate::dataplane) last_token_ns: u64,
+    pub(in crate::dataplane) token_gap_ns_sum: u64,
+    /// Tool calls emitted to the client (streaming) or held (batch): `{index, id, name}`.
+    pub(in crate::dataplane) tool_calls: Vec<Value>,
+    /// Tool calls first seen in the frame in flight: dispatched once the kernel accepts it.
+    pub(in crate::dataplane) tools_in_flight: Vec<Value>,
+    /// What the source produced while a token of it waits for its score (`score.rs`).
+    pub(in crate::dataplane) parked: Option<score::Parked>,
+    /// Its record was written before its final frame (`record.rs`): none at the close.
+    pub(in crate::dataplane) recorded: bool,
+    /// Texts the turn released so far, counted only under the `close-during-step` fault.
+    pub(in crate::dataplane) fault_texts: u64,
+    /// What the request metrics need (`summary.rs`).
+    pub(in crate::dataplane) obs: TurnObs,
+    /// TokenCircuit (`circuit.rs`): proxied chat turns with `[tool_circuit] enabled`.
+    pub(in crate::dataplane) circuit: Option<Box<circuit::TurnCircuit>>,
+    /// Intervene mode with a grounder: the turn's grounding rounds (`ground/mod.rs`).
+    pub(in crate::dataplane) grounding: Option<Box<ground::TurnGrounding>>,
+}
+
+impl Turn {
+    /// A turn with nothing produced yet; the caller sets its SafetyCheck inputs.
+    pub(in crate::dataplane) fn new(
+        source: TurnSource,
+        ask: &Ask,
+        key_id: KeyId,
+        degraded: bool,
+        enc: ChunkEncoder,
+        (gov, detector_refs): (TurnGovernor, Vec<String>),
+        detectors: Arc<Detectors>,
+    ) -> Self {
+        Turn {
+            source,
+            stream: ask.stream,
+            top_logprobs: ask.top_logprobs,
+            include_usage: ask.include_usage,
+            key_id,
+            degraded,
+            tokens_generated: 0,
+            gov,
+            detectors,
+            hold: Hold::default(),
+            first_frame_sent: false,
+            out_text: String::new(),
+            out_text_truncated: false,
+            request_urls: BTreeSet::new(),
+            identity_before: None,
+            identity_after: None,
+            safety: None,
+            enc,
+            text_len: 0,
+            held_text: String::new(),
+            held_reasoning: String::new(),
+            held_tokens: Vec::new(),
+            prompt_tokens: 0,
+            detector_refs,
+            last_token_ns: 0,
+            token_gap_ns_sum: 0,
+            tool_calls: Vec::new(),
+            tools_in_flight: Vec::new(),
+            parked: None,
+            recorded: false,
+            fault_texts: 0,
+            obs: TurnObs::default(),
+            circuit: None,
+            grounding: None,
+        }
+    }
+
+    /// Whether the turn waits for a grounding round: nothing goes past it.
+    pub(in crate::dataplane) fn grounding_wait(&self) -> bool {
+        self.grounding.as_ref().is_some_and(|g| g.waiting.is_some())
+    }
+
+    /// Keeps emitted text for SafetyCheck (bounded).
+    pub(in crate::dataplane) fn note_output(&mut self, text: &str) {
+        if self.out_text.len() + text.len() <= MAX_SAFETY_TEXT {
+            self.out_text.push_str(text);
+        } else {
+            self.out_text_truncated = true;
+        }
+    }
+
+    /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
+    pub(in crate::dataplane) fn safety_verdict(&self, typed_end: bool) -> safety::SafetyVerdict {
+        let ctx = SafetyContext {
+            request_source_urls: Some(self.request_urls.clone()),
+            cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
+            last_refusal_was_typed: Some(typed_end),
+            identity_before: self.identity_before.clone(),
+            identity_after: self.identity_after.clone(),
+            versor_condition: None,
+        };
+        self.detectors
+            .safety
+            .check(&ctx, &self.detectors.safety_pack)
+    }
+}
+
+/// The client's request, parsed once, prepared for the upstream, with SafetyCheck's inputs
+/// taken from the same parsed request (the URLs it cites, its system prompt).
+/// With TokenCircuit enabled, a chat turn (not degraded: that emits no tool calls) also
+/// gets its conversation's circuit, rebuilt from the request's transcript.
+fn prepare_proxied(
+    endpoint: Endpoint,
+    body: &[u8],
+    degraded: bool,
+    circuit: Option<(&Arc<crate::circuit::CircuitPolicy>, circuit::Arrival<'_>)>,
+) -> Result<Proxied, Box<circuit::Refusal>> {
+    let mut req = ClientRequest::parse(endpoint, body)?;
+    let urls = crate::safety::request_sources(req.json());
+    let system_prompt = crate::safety::system_prompt(req.json());
+    let circuit = match circuit {
+        Some((policy, at)) if endpoint == Endpoint::Chat && !degraded => {
+            let c = circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
+            // An exhausted budget: answered here, or forwarded without the tool.
+            c.apply_exhausted(req.json_mut(), &at)?;
+            Some(Box::new(c))
+        }
+        _ => None,
+    };
+    let up = upstream::prepare_turn(req, degraded)?;
+    Ok((up, urls, system_prompt, circuit))
+}
+
+/// The text of the last user message (chat) or the prompt (completions) of an upstream
+/// request body: a grounding round's context. Once per turn, with intervene mode only.
+fn last_user_text(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if let Some(p) = v["prompt"].as_str() {
+        return p.to_owned();
+    }
+    v["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A proxied turn's upstream request, SafetyCheck inputs and circuit.
+type Proxied = (
+    upstream::UpstreamTurn,
+    BTreeSet<String>,
+    String,
+    Option<Box<circuit::TurnCircuit>>,
+);
+
+impl Worker {
+    /// The checks and slot set-up every turn starts with: refuse while shutting down or
+    /// without a flight recorder, look up degraded mode for the conversation, and fix the
+    /// stream's mode and budget. `None`: the turn was refused (the reply is on its way).
+    pub(in crate::dataplane) fn open_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        client_stream: bool,
+        key_id: KeyId,
+        model: Arc<str>,
+    ) -> io::Result<Option<(bool, Mode)>> {
+        let shared = Arc::clone(&self.shared);
+        if shared.draining.load(SeqCst) || shared.shutting_down.load(SeqCst) {
+            self.reply_error(
+                key,
+                &HttpError::new(503, "server_error", "haltd is shutting down")
+                    .with_code("shutting_down")
+                    .with_retry_after("1"),
+            )?;
+            return Ok(None);
+        }
+        if shared.recorder_failed.load(SeqCst) {
+            // Fail closed: a turn that cannot be recorded is not served.
+            self.reply_error(
+                key,
+                &HttpError::new(
+                    503,
+                    "server_error",
+                    "the flight recorder is unavailable; haltd serves no turns until it is restarted with a writable ledger",
+                )
+                .with_code("recorder_failed"),
+            )?;
+            return Ok(None);
+        }
+        // A lock per turn start (degraded-mode registry), never per token.
+        shared.expire_degraded();
+        let degraded = shared.modes.is_degraded(key_id);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        slot.created.store(crate::clock::unix_secs(), SeqCst);
+        slot.endpoint.store(endpoint);
+        slot.key_id.store(key_id.0, SeqCst);
+        slot.degraded.store(degraded, SeqCst);
+        slot.client_sse.store(client_stream, SeqCst);
+        // Degraded safe mode serves streaming requests as batch: held until complete.
+        let mode = if client_stream && !degraded {
+            Mode::Stream
+        } else {
+            Mode::Batch
+        };
+        if mode == Mode::Batch || degraded {
+            // A batch response is all or nothing, and degraded mode runs with B = 0: no
+            // token may follow a trip.
+            slot.budget.store(0, SeqCst);
+        }
+        slot.mode.store(mode);
+        // A turn's response is 200 once it starts, a halted one too (its terminal is a 200
+        // response, or ends one); a refusal or a failure before the head says otherwise.
+        conn.status = 200;
+        {
+            let mut meta = shared.meta(conn.id.slot);
+            meta.model = Some(model);
+            meta.upstream_failure = None;
+            meta.detector_trip = None;
+            meta.tool_circuit = None;
+            meta.request_id.clone_from(&conn.request_id);
+        }
+        Ok(Some((degraded, mode)))
+    }
+
+    /// The turn's model label and inter-token histogram, resolved once, at its start.
+    pub(in crate::dataplane) fn observe_turn(&mut self, key: usize) {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let route = conn.route;
+        let Some(turn) = conn.turn.as_mut() else {
+            return;
+        };
+        let requests = &shared.metrics.requests;
+        let label = requests.models.label(Some(&turn.enc.model));
+        turn.obs.inter_token = Some(requests.inter_token_handle(route, &label));
+        turn.obs.model_label = Some(label);
+    }
+
+    /// The detectors of a new turn and their references for records. A detector that cannot
+    /// start (an external scorer that cannot be reached) trips the stream at once.
+    pub(in crate::dataplane) fn turn_governor(
+        &mut self,
+        key: usize,
+        detectors: &Detectors,
+    ) -> ((TurnGovernor, Vec<String>), Option<Trip>) {
+        let id = self.conns[key].id;
+        match detectors.turn(&id.to_string(), monotonic_ns()) {
+            Ok(gov) => {
+                let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
+                refs.extend(gov.refs());
+                refs.push(match detectors.cfg.safety.mode {
+                    crate::safety::SafetyMode::Enforce => "safety:enforce".to_owned(),
+                    crate::safety::SafetyMode::Observe => "safety:observe".to_owned(),
+                });
+                ((gov, refs), None)
+            }
+            Err(trip) => (
+                (
+                    TurnGovernor::empty(),
+                    vec![format!("{}:hard", trip.detector)],
+                ),
+                Some(trip),
+            ),
+        }
+    }
+
+    /// The turn's encoder: what every frame of it is written with. `tool_calls` and
+    /// `reasoning`: the frames it may carry besides content (a proxied chat turn).
+    pub(in crate::dataplane) fn encoder(
+        &self,
+        key: usize,
+        ask: &Ask,
+        model: Arc<str>,
+        (tool_calls, reasoning): (bool, bool),
+    ) -> ChunkEncoder {
+        let id = self.conns[key].id;
+        ChunkEncoder {
+            endpoint: ask.endpoint,
+            stream_id: id,
+            created: self.shared.table.slot(id.slot).created.load(SeqCst),
+            model,
+            logprobs: ask.logprobs,
+            top_logprobs: ask.top_logprobs,
+            tool_calls,
+            reasoning,
+        }
+    }
+
+    /// The response head of a streaming turn, sent before its first token.
+    pub(in crate::dataplane) fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let out = frame(&mut conn.wbuf);
+        let persist = conn.keep.persist();
+        let rid = conn.request_id.as_deref().unwrap_or_default();
+        http::write_head_persist(
+            out,
+            200,
+            "text/event-stream",
+            None,
+            Some(conn.id),
+            &[("x-request-id", rid)],
+            persist,
+        );
+        let slot = self.shared.table.slot(conn.id.slot);
+        if conn.count_frame(slot, 0, false) {
+            slot.headers_sent.store(true, SeqCst);
+            return self.send(key, SendKind::Head);
+        }
+        self.halt(key)
+    }
+
+    /// A turn of the built-in model.
+    pub(in crate::dataplane) fn start_builtin_turn(
+        &mut self,
+        key: usize,
+        req: BuiltinTurn,
+        key_id: KeyId,
+    ) -> io::Result<()> {
+        let ask = &req.ask;
+        let Some((degraded, mode)) =
+            self.open_turn(key, ask.endpoint, ask.stream, key_id, MODEL_NAME.into())?
+        else {
+            return Ok(());
+        };
+        let detectors = self.shared.detectors.load_full();
+        let (gov, failed) = self.turn_governor(key, &detectors);
+        let model = BuiltinModel::get();
+        let restate = self.shared.cfg.args.builtin_restate_prompt;
+        let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, restate));
+        let enc = self.encoder(key, ask, MODEL_NAME.into(), (false, false));
+        let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
+        turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
+        turn.request_urls = crate::safety::extract_urls(&req.prompt);
+        // The built-in model's identity cannot change within a turn: before and after are
+        // the model the request named (checked equal to it) with no system prompt.
+        let identity = crate::safety::identity_digest(MODEL_NAME, "");
+        turn.identity_before = Some(identity.clone());
+        turn.identity_after = Some(identity);
+        if let Some(w) = self.intervene_window(&turn, mode) {
+            if let TurnSource::Builtin(b) = &mut turn.source {
+                b.history = crate::source::resume::History::with_capacity(w + 1);
+            }
+            turn.hold.back = Some(holdback::HoldBack::new(w, 0));
+            turn.grounding = Some(Box::new(ground::TurnGrounding {
+                prompt: req.prompt.clone(),
+                ..Default::default()
+            }));
+        }
+        self.conns[key].turn = Some(Box::new(turn));
+        self.observe_turn(key);
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
+        if mode == Mode::Stream {
+            return self.send_stream_head(key);
+        }
+        self.step(key)
+    }
+
+    /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
+    /// or, without continuation, the post-hoc fallback (nothing held).
+    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: continuation::ResumeSeed) {
+        let resumable = self
+            .shared
+            .grounding
+            .as_ref()
+            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+        let mut back = holdback::HoldBack::new(w, 0);
+        if !resumable {
+            // The post-hoc fallback: token ends are kept for the span, nothing is held.
+            back.open();
+        }
+        turn.hold.back = Some(back);
+        turn.grounding = Some(Box::new(ground::TurnGrounding {
+            post_hoc: !resumable,
+            prompt: last_user_text(&seed.body),
+            seed: Some(seed),
+            ..Default::default()
+        }));
+    }
+
+    /// The hold-back window of a streamed turn whose surprise detector intervenes and that
+    /// a grounder can serve (`holdback.rs`); `None`: nothing is held back.
+    fn intervene_window(&self, turn: &Turn, mode: Mode) -> Option<usize> {
+        let on = self.shared.grounding.is_some() && mode == Mode::Stream;
+        (on && turn.gov.set.intervenes())
+            .then(|| turn.detectors.cfg.surprise.cfg.effective_hold_back())
+    }
+
+    /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.
+    pub(in crate::dataplane) fn start_proxy_turn(
+        &mut self,
+        key: usize,
+        endpoint: Endpoint,
+        head: &RequestHead,
+        body: &[u8],
+    ) -> io::Result<()> {
+        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        let key_id = KeyId::of(&self.shared.node_secret, head.credential());
+        // Degraded mode decides what is forwarded, so look it up before preparing the body.
+        self.shared.expire_degraded();
+        let degraded = self.shared.modes.is_degraded(key_id);
+        let policy = self.shared.cfg.tool_circuit.as_ref();
+        let arrival = circuit::Arrival {
+            store: &self.shared.circuits,
+            header: head.conversation_id.as_deref(),
+            key: key_id,
+            now: std::time::Instant::now(),
+        };
+        let (up, request_urls, system_prompt, circuit) =
+            match prepare_proxied(endpoint, body, degraded, policy.map(|p| (p, arrival))) {
+                Ok(v) => v,
+                Err(r) => {
+                    let e = (*r).settle(&self.shared, self.conns[key].id.to_string());
+                    return self.reply_error(key, &e);
+                }
+            };
+        let model: Arc<str> = up.model.as_str().into();
+        let Some((degraded, _mode)) =
+            self.open_turn(key, endpoint, up.ask.stream, key_id, Arc::clone(&model))?
+        else {
+            return Ok(());
+        };
+        let detectors = self.shared.detectors.load_full();
+        let ((gov, mut detector_refs), failed) = self.turn_governor(key, &detectors);
+        detector_refs.push("upstream:integrity".to_owned());
+        // Degraded mode emits no tool calls (a degraded stream is batch anyway).
+        let chat = endpoint == Endpoint::Chat;
+        // Reasoning is forwarded in degraded mode too (it is text); tool calls are not.
+        let enc = self.encoder(key, &up.ask, model, (chat && !degraded, chat));
+        let source = TurnSource::Upstream(UpstreamSource::new(degraded));
+        let mut turn = Turn::new(
+            source,
+            &up.ask,
+            key_id,
+            degraded,
+            enc,
+            (gov, detector_refs),
+            detectors,
+        );
+        turn.request_urls = request_urls;
+        turn.circuit = circuit;
+        let path = match endpoint {
+            Endpoint::Chat => upstream::CHAT_PATH,
+            Endpoint::Completion => upstream::COMPLETIONS_PATH,
+        };
+        let mode = self.shared.table.slot(self.conns[key].id.slot).mode();
+        if let Some(w) = self.intervene_window(&turn, mode) {
+            let seed = continuation::ResumeSeed {
+                body: up.body.clone(),
+                endpoint,
+                api_path: path,
+                authorization: auth.clone(),
+                system_prompt: system_prompt.clone(),
+            };
+            self.ground_proxied(&mut turn, w, seed);
+        }
+        turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
+        self.conns[key].turn = Some(Box::new(turn));
+        self.observe_turn(key);
+        if !self.arm_turn_policy(key) {
+            return self.halt(key);
+        }
+        if let Some(trip) = failed {
+            return self.detector_trip(key, trip);
+        }
+        let request = upstream_io::UpstreamRequest {
+            purpose: Purpose::Turn,
+            api_path: path,
+            method: "POST",
+            authorization: auth.as_deref(),
+            body: Some(&up.body),
+        };
+        self.open_upstream(key, &request, system_prompt)
+    }
+}

@@ -1,0 +1,694 @@
+//! The turn pipeline: the one per-token path, for every [`crate::source::TokenSource`].
+//!
+//! [`Worker::step`] runs whenever a turn can make progress (its pacing timer fired, its last
+//! frame was sent, its upstream delivered): the heartbeat and trip checks, then
+//! [`Worker::pump`], which takes what the source produced through the named phases:
+//!
+//! 1. **observe**: the detectors judge every token before any of its text is accounted or
+//!    sent ([`observe`]); a failing token is never emitted (spec 001).
+//! 2. **release**: the exfiltration scanner sees the text and says how much of the turn's
+//!    text may go out; what it holds waits in the hold queue (`hold.rs`), and a frame it
+//!    released earlier goes out before anything new. While it holds text, a source that
+//!    already has its next token ([`crate::source::TokenSource::peek`]: the built-in model)
+//!    lets the scanner look at it ([`look_ahead`]): held text that the next token rules out
+//!    goes out with this token instead of one token later.
+//! 3. **encode**: one SSE event per token ([`encode_token`]), straight from the source when
+//!    nothing is held; a batch turn keeps the tokens for its one final frame. Tokens the
+//!    upstream delivered together are staged: their events share one frame ([`may_stage`]).
+//! 4. **account**: the slot counts the frame and its tokens before it is sent
+//!    (`Slot::begin_frame`, in the trip's frame window: a trip that came first stops it); the
+//!    kernel gate counts the same frames.
+//! 5. **send**: one send per frame (`send.rs`).
+//!
+//! At the end of the text the detectors and the scanner have their last word, the held frames
+//! drain, SafetyCheck judges the turn, and the final frame goes out ([`Worker::finish_with`]).
+
+use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
+
+use serde_json::Value;
+
+use crate::dataplane::turn::own_trip;
+use crate::dataplane::{
+    conn::keepalive::KeepAlive,
+    conn::{frame, SendKind, STAGE_MAX},
+    driver::op::{OpBuf, OpKind},
+    timespec,
+    turn::hold::{Pending, PendingKind},
+    turn::score::{Item, Judged},
+    turn::{HeldToken, Turn},
+    Worker,
+};
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    config::Faults,
+    detect::{exfil::Ahead, pipeline::Gate, DetectorId, Trip, TripKind},
+    source::{upstream::count_suppressed, Peek, Polled, Produced, SourceFailure, Tokens},
+    stream::{Mode, Slot, SlotState},
+    upstream::{framing, framing::Split, UpToken, UpstreamFailureKind},
+    wire::{http, Channel, Token, ToolCallDelta, MAX_TOP_LOGPROBS},
+};
+
+/// Alternatives of one token frame, on the stack.
+type Tops<'a> = [(&'a str, f32); MAX_TOP_LOGPROBS as usize];
+
+/// What the pipeline does after taking one thing from the source.
+pub(in crate::dataplane) enum Next {
+    /// Nothing went out: take the next (a paced source waits for its timer first).
+    Poll,
+    /// An operation is under way (a send, a halt, a failure's reply): stop here.
+    Stop,
+}
+
+/// Release: the exfiltration scanner takes `text`; how much of the turn's text it lets go.
+fn scan(turn: &mut Turn, text: &str) -> Result<(), Trip> {
+    match turn.gov.scan(text) {
+        Gate::Trip(t) => Err(t),
+        Gate::Release(n) => {
+            turn.hold.scanned += text.len();
+            turn.hold.release(n);
+            Ok(())
+        }
+    }
+}
+
+/// Release, ahead: while the scanner holds text, the source's next text (when it has it
+/// already) may rule the held candidates out now. Nothing is judged: the next text is observed
+/// and scanned when its token comes, and the source's next poll returns exactly it.
+fn look_ahead(turn: &mut Turn) {
+    if turn.hold.released >= turn.hold.scanned {
+        return;
+    }
+    let next = match turn.source.get().peek() {
+        Peek::Text(text) => Ahead::Text(text),
+        Peek::End => Ahead::End,
+        Peek::Unknown => return,
+    };
+    let n = turn.gov.look_ahead(next);
+    turn.hold.release(n);
+}
+
+/// Whether the token event just encoded (the `n`th in the frame buffer) may wait there for
+/// the source's next ones, so that tokens the upstream delivered in one receive go out in one
+/// send, as a relay would send them. Only for a source paced by its upstream (the built-in's
+/// tokens come one per timer), below [`STAGE_MAX`] events, with nothing held back (intervene)
+/// and no TokenCircuit (its judgements answer between tokens), on a stream not tripped: after
+/// a trip every frame carries one token (the `emitter-ignores-halt` fault), so the kernel's
+/// per-frame budget stays a token budget. Staged events are not counted yet: the frame is
+/// accounted (`Slot::begin_frame`, all its tokens) when it goes, so a trip before that sends
+/// none of them. Not with a fault that counts tokens (`panic-after-tokens`, whose panic comes
+/// after exactly N) or sends after a trip (`emitter-ignores-halt`: a trip that lands between
+/// staging and sending would otherwise send several tokens in one post-trip frame).
+fn may_stage(turn: &mut Turn, n: usize, slot: &Slot, faults: &Faults) -> bool {
+    n < STAGE_MAX
+        && faults.panic.is_none()
+        && !faults.emitter_ignores_halt
+        && turn.hold.back.is_none()
+        && turn.circuit.is_none()
+        && !slot.is_tripped()
+        && !turn.source.get().paced()
+}
+
+/// Whether the first token of a produced text came with a logprob.
+fn has_logprob(tokens: &Tokens) -> bool {
+    match tokens {
+        Tokens::Builtin { .. } => true,
+        Tokens::Upstream(toks) => toks.first().is_some_and(|t| t.logprob.is_some()),
+    }
+}
+
+/// Copies up to `limit` alternatives into `tops`; how many.
+fn fill_top<'a>(
+    tops: &mut Tops<'a>,
+    top: impl Iterator<Item = (&'a str, f32)>,
+    limit: u32,
+) -> usize {
+    let mut n = 0;
+    for (slot, alt) in tops.iter_mut().zip(top).take(limit as usize) {
+        *slot = alt;
+        n += 1;
+    }
+    n
+}
+
+/// Encode: the token frame of a text that is one token (of at most the frame cap), straight
+/// from the source.
+fn encode_token(turn: &Turn, out: &mut Vec<u8>, t: &Produced, offset: usize) {
+    let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
+    let limit = turn.top_logprobs;
+    let (logprob, n) = match &t.tokens {
+        Tokens::Builtin { logprob, top } => {
+            let n = fill_top(&mut tops, top.as_slice().iter().copied(), limit);
+            (*logprob, n)
+        }
+        Tokens::Upstream(toks) => toks.first().map_or((f32::NEG_INFINITY, 0), |tok| {
+            let alts = tok.top.iter().map(|(s, l)| (s.as_str(), *l));
+            let n = fill_top(&mut tops, alts, limit);
+            (tok.logprob.unwrap_or(f32::NEG_INFINITY), n)
+        }),
+    };
+    let tok = Token {
+        text: &t.text,
+        logprob,
+        top: &tops[..n],
+    };
+    turn.enc
+        .token_event(out, tok, offset, !turn.first_frame_sent, t.channel);
+}
+
+/// A batch turn keeps its tokens for the final frame. (Allocates per token: the batch path
+/// keeps every token for the final body.)
+fn hold_for_batch(turn: &mut Turn, t: Produced, offset: usize) {
+    match t.channel {
+        Channel::Content => turn.held_text.push_str(&t.text),
+        Channel::Reasoning => turn.held_reasoning.push_str(&t.text),
+    }
+    turn.note_output(&t.text);
+    let channel = t.channel;
+    match t.tokens {
+        Tokens::Builtin { logprob, top } => turn.held_tokens.push(HeldToken {
+            text: t.text.into_owned(),
+            logprob,
+            top: owned_top(top.as_slice()),
+            offset,
+            channel,
+        }),
+        Tokens::Upstream(toks) => {
+            let mut off = offset;
+            for t in toks {
+                let len = t.text.len();
+                turn.held_tokens.push(HeldToken {
+                    text: t.text,
+                    logprob: t.logprob.unwrap_or(f32::NEG_INFINITY),
+                    top: t.top,
+                    offset: off,
+                    channel,
+                });
+                off += len;
+            }
+        }
+    }
+}
+
+/// A built-in token's alternatives as owned strings (for a token that is kept: batch or held).
+fn owned_top(top: &[(&'static str, f32)]) -> Vec<(String, f32)> {
+    top.iter().map(|(t, l)| ((*t).to_owned(), *l)).collect()
+}
+
+impl Worker {
+    /// Produces the next frame of a turn: heartbeat and trip checks, then [`Self::pump`].
+    pub(in crate::dataplane) fn step(&mut self, key: usize) -> io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut self.conns[key];
+        let id = conn.id;
+        let slot = shared.table.slot(id.slot);
+        if !shared.heartbeat_fresh(monotonic_ns()) && !slot.is_tripped() {
+            // Fail closed: without a watchdog nobody could enforce a later halt.
+            // The slot's own state decides what follows (halt below, or nothing to halt).
+            own_trip::trip_own(
+                &shared,
+                id,
+                FailureCode::HeartbeatLost,
+                crate::stream::Initiator::of(FailureCode::HeartbeatLost),
+            );
+        }
+        if slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped) {
+            return self.halt(key);
+        }
+        if conn.turn.is_none() {
+            return Ok(());
+        }
+        crate::crash::worker_step(shared.cfg.faults.panic, slot.tokens_submitted.load(SeqCst));
+        self.pump(key)
+    }
+
+    /// Takes what the source produced through the phases until one frame is on its way, the
+    /// source has nothing (its I/O calls again), or a paced source waits for its timer.
+    /// Token events staged on the way ([`may_stage`]) never outlive it: they go out as one
+    /// frame before anything else would use the frame buffer, and at the latest here.
+    pub(in crate::dataplane) fn pump(&mut self, key: usize) -> io::Result<()> {
+        self.pump_phases(key)?;
+        self.send_staged(key)
+    }
+
+    /// Sends the staged token events, if any, as one frame (no send is in flight: staging
+    /// happens only then); the turn goes on when the send completes.
+    pub(in crate::dataplane) fn send_staged(&mut self, key: usize) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        if conn.emit.staged() == 0 || !conn.emit.idle() {
+            return Ok(());
+        }
+        if conn.closing {
+            // Not accounted, never sent.
+            conn.emit.drop_staged();
+            return Ok(());
+        }
+        self.account_and_send(key)
+    }
+
+    fn pump_phases(&mut self, key: usize) -> io::Result<()> {
+        loop {
+            let conn = &mut self.conns[key];
+            if !conn.emit.idle() || conn.closing {
+                return Ok(());
+            }
+            let Some(turn) = conn.turn.as_mut() else {
+                return Ok(());
+            };
+            if turn.parked.is_some() || turn.grounding_wait() {
+                // A token waits for its score (`score.rs`), or the turn for a grounding round
+                // (`ground/mod.rs`): nothing goes past it.
+                return Ok(());
+            }
+            if conn.emit.staged() > 0 && (!turn.hold.queue.is_empty() || turn.hold.ending) {
+                // Staged events go first; the queue or the end waits for their send.
+                return self.send_staged(key);
+            }
+            // Release: a frame the scanner let go of goes out first, in order.
+            if let Some(p) = turn.hold.pop_released() {
+                return self.emit_pending(key, p);
+            }
+            if turn.hold.ending {
+                // The text is complete and nothing is held any more: the post-hoc grounding
+                // round, if one is due (`ground/post_hoc.rs`), then the final frame.
+                if self.post_hoc_round(key)? {
+                    return Ok(());
+                }
+                return self.finish(key);
+            }
+            let paced = turn.source.get().paced();
+            let polled = turn.source.poll();
+            if !matches!(polled, Polled::Text(_)) {
+                // Only text joins staged events: they go out before anything else.
+                self.send_staged(key)?;
+            }
+            let next = match polled {
+                Polled::Text(t) => self.take_text(key, t)?,
+                Polled::ToolCalls {
+                    delta,
+                    tokens,
+                    arrived_ns,
+                } => self.take_tool_calls(key, delta, tokens, arrived_ns)?,
+                Polled::Pending => return self.up_arm_recv(key),
+                Polled::End => {
+                    self.source_ended(key);
+                    if !self.circuit_at_end(key)? || !self.govern_end(key)? {
+                        return Ok(());
+                    }
+                    // Drain what the scanner released, then finish (at once, paced or not).
+                    continue;
+                }
+                Polled::Failed(f) => return self.source_failed(key, f),
+            };
+            match next {
+                Next::Stop => return Ok(()),
+                Next::Poll if paced => return self.paced_next(key),
+                Next::Poll => {}
+            }
+        }
+    }
+
+    /// A paced source took a token without sending it (held back, or kept for a batch): a
+    /// frame the scanner released goes out now, else the next token waits for the timer.
+    pub(in crate::dataplane) fn paced_next(&mut self, key: usize) -> io::Result<()> {
+        let released = self.conns[key]
+            .turn
+            .as_mut()
+            .and_then(|t| t.hold.pop_released());
+        match released {
+            Some(p) => self.emit_pending(key, p),
+            None => self.schedule_next(key),
+        }
+    }
+
+    /// The phases for text a source produced: observe (which may park it until a score
+    /// comes, `score.rs`), then the rest.
+    fn take_text(&mut self, key: usize, t: Produced) -> io::Result<Next> {
+        let now = monotonic_ns();
+        let judged = self.judge(key, Item::Text(t), 0, None, now)?;
+        self.judged(key, judged, now)
+    }
+
+    /// After observe: a trip halts, a parked item waits, a clear one goes on to release.
+    pub(in crate::dataplane) fn judged(
+        &mut self,
+        key: usize,
+        judged: Judged,
+        now: u64,
+    ) -> io::Result<Next> {
+        match judged {
+            Judged::Later => self.send_staged(key).map(|()| Next::Stop),
+            Judged::Trip(trip) => {
+                // Staged events were judged before this token: they go out as frames
+                // accounted before the trip.
+                self.send_staged(key)?;
+                self.observed_trip(key, trip).map(|()| Next::Stop)
+            }
+            Judged::Clear(Item::Text(t)) => {
+                let next = self.release_text(key, t, now)?;
+                self.fault_close_during_step(key);
+                if self.maybe_ground(key)? {
+                    // Parked until the round answers (`ground/mod.rs`).
+                    self.send_staged(key)?;
+                    return Ok(Next::Stop);
+                }
+                Ok(next)
+            }
+            Judged::Clear(Item::ToolCalls {
+                delta,
+                tokens,
+                arrived_ns,
+            }) => self.release_tool_calls(key, &delta, tokens, arrived_ns),
+        }
+    }
+
+    /// The `close-during-step=N` fault: after the release phase of the turn's Nth text, the
+    /// client socket is shut down and the connection closed, as a trip, a failed send or a
+    /// gone client can close it there. Whatever the pipeline does next with the connection
+    /// must see it closing, never a removed key.
+    fn fault_close_during_step(&mut self, key: usize) {
+        let Some(n) = self.shared.cfg.faults.close_during_step else {
+            return;
+        };
+        let conn = &mut self.conns[key];
+        let nth = conn.turn.as_mut().is_some_and(|t| {
+            t.fault_texts += 1;
+            t.fault_texts == n
+        });
+        if !nth || conn.closing {
+            return;
+        }
+        tracing::warn!(stream_id = %conn.id, "fault injection: closing the client connection during a step");
+        conn.outcome = crate::stream::Outcome::ClientGone;
+        // SAFETY: the connection's open socket; it is closed only once the close finishes.
+        unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
+        self.begin_close(key);
+    }
+
+    /// Release, encode, account and send for observed text.
+    fn release_text(&mut self, key: usize, t: Produced, now: u64) -> io::Result<Next> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(Next::Stop);
+        };
+        if let Err(trip) = scan(turn, &t.text) {
+            // Staged events were released before this text: accounted before the trip.
+            self.send_staged(key)?;
+            return self.detector_trip(key, trip).map(|()| Next::Stop);
+        }
+        if let Some(back) = turn.hold.back.as_mut() {
+            // Intervene mode: the token joins the hold-back window (one store, no
+            // allocation); it goes out once W newer tokens came, or at the end. A stream
+            // without logprobs can never breach: nothing is held (spec 003's no-op).
+            back.push(turn.hold.scanned);
+            if turn.tokens_generated == 0 && !has_logprob(&t.tokens) {
+                back.open();
+            }
+        }
+        if turn.last_token_ns != 0 {
+            turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
+        }
+        turn.last_token_ns = now;
+        // One token per frame by the rule; a chunk with more upstream tokens than frames
+        // (byte tokens of one character) counts those, so that detector indices stay
+        // distinct.
+        let frames = t.split.frames(&t.text).max(t.tokens.len() as u64);
+        turn.tokens_generated += frames;
+        let offset = turn.text_len;
+        turn.text_len += t.text.len();
+        if slot.mode() == Mode::Batch {
+            // Held, not sent: batch responses are committed whole.
+            hold_for_batch(turn, t, offset);
+            slot.tokens_submitted.fetch_add(frames, SeqCst);
+            return Ok(Next::Poll);
+        }
+        look_ahead(turn);
+        if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
+            // The common case: nothing held, one event, encoded from the source's text (after
+            // the events staged before it, if any).
+            let out = if conn.emit.staged() == 0 {
+                frame(&mut conn.wbuf)
+            } else {
+                conn.wbuf.get_or_insert_with(Vec::new)
+            };
+            encode_token(turn, out, &t, offset);
+            turn.first_frame_sent = true;
+            turn.note_output(&t.text);
+            conn.emit.stage(t.arrived_ns);
+            // Encoded: the source may reuse the text's buffers for its next token.
+            turn.source.get().recycle(t);
+            if may_stage(turn, conn.emit.staged(), slot, &shared.cfg.faults) {
+                // The source may hold more tokens already: they join this frame (the pump
+                // sends it as soon as the source has nothing ready, or anything else comes).
+                return Ok(Next::Poll);
+            }
+            return self.account_and_send(key).map(|()| Next::Stop);
+        }
+        // The scanner holds text, or the text makes several frames: they go out through
+        // the hold queue, one per step, in order (an upstream's text moves in, no copy).
+        let (text, arrived) = (t.text.into_owned(), t.arrived_ns);
+        let how = (t.split, t.channel);
+        match t.tokens {
+            Tokens::Builtin { logprob, top } => {
+                let first = (logprob, owned_top(top.as_slice()));
+                turn.hold.push_content(text, how, first, offset, arrived);
+            }
+            Tokens::Upstream(toks) => {
+                let token = toks.into_iter().next();
+                turn.hold.push_text(text, how, token, offset, arrived);
+            }
+        }
+        Ok(Next::Poll)
+    }
+
+    /// The phases for a tool-call delta (chat, upstream): observed like content (and parked
+    /// the same way), then [`Self::release_tool_calls`].
+    fn take_tool_calls(
+        &mut self,
+        key: usize,
+        delta: Value,
+        tokens: Vec<UpToken>,
+        arrived_ns: u64,
+    ) -> io::Result<Next> {
+        let now = monotonic_ns();
+        let item = Item::ToolCalls {
+            delta,
+            tokens,
+            arrived_ns,
+        };
+        let judged = self.judge(key, item, 0, None, now)?;
+        self.judged(key, judged, now)
+    }
+
+    /// An observed tool-call delta: suppressed in degraded mode, its name and arguments
+    /// scanned like any text, then framed through the hold queue.
+    fn release_tool_calls(
+        &mut self,
+        key: usize,
+        delta: &Value,
+        tokens: Vec<UpToken>,
+        arrived_ns: u64,
+    ) -> io::Result<Next> {
+        let shared = Arc::clone(&self.shared);
+        let conn = &mut self.conns[key];
+        let slot = shared.table.slot(conn.id.slot);
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(Next::Stop);
+        };
+        if turn.degraded {
+            // Degraded safe mode blocks new tool dispatch: not emitted, only counted.
+            turn.tokens_generated += tokens.len() as u64;
+            count_suppressed(&shared.metrics, delta);
+            return Ok(Next::Poll);
+        }
+        let parts = match framing::tool_call_parts(delta) {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = format!("malformed upstream tool call: {e}");
+                self.up_fail(key, UpstreamFailureKind::Malformed, msg, Some(200))?;
+                return Ok(Next::Stop);
+            }
+        };
+        // A tool call's name and arguments are output like any text: scanned for secrets,
+        // held back the same way.
+        let args: String = parts
+            .iter()
+            .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
+            .collect();
+        if let Err(trip) = scan(turn, &args) {
+            return self.detector_trip(key, trip).map(|()| Next::Stop);
+        }
+        let frames = framing::tool_call_frames(&parts, &tokens);
+        turn.tokens_generated += frames.max(tokens.len() as u64);
+        let started = turn
+            .source
+            .upstream_mut()
+            .map(|s| s.merge_tool_calls(delta))
+            .unwrap_or_default();
+        if slot.mode() == Mode::Batch {
+            slot.tokens_submitted.fetch_add(frames, SeqCst);
+            return Ok(Next::Poll);
+        }
+        if let Some(circuit) = turn.circuit.as_mut() {
+            // TokenCircuit: held until its call is complete and judged (`circuit.rs`).
+            circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
+            return Ok(if self.circuit_release(key)? {
+                Next::Poll
+            } else {
+                Next::Stop
+            });
+        }
+        // Emitted through the queue (in order behind any held frame).
+        turn.hold
+            .push_tool_calls(parts, tokens, &started, arrived_ns);
+        Ok(Next::Poll)
+    }
+
+    /// A detector tripped on an observed token. A HaltMonitor that cannot score what the
+    /// upstream sends says why in the terminal event, the record and the failure metric.
+    pub(in crate::dataplane) fn observed_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
+        if trip.detector == DetectorId::HaltMonitor && trip.kind == TripKind::Unscorable {
+            let conn = &mut self.conns[key];
+            if let Some(up) = conn.up.as_mut() {
+                up.note_missing_logprobs(&self.shared, conn.id.slot);
+            }
+        }
+        self.detector_trip(key, trip)
+    }
+
+    /// Encodes and sends one released frame.
+    pub(in crate::dataplane) fn emit_pending(
+        &mut self,
+        key: usize,
+        mut p: Pending,
+    ) -> io::Result<()> {
+        let conn = &mut self.conns[key];
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        debug_assert_eq!(
+            conn.emit.staged(),
+            0,
+            "staged events go out before a held frame"
+        );
+        let out = frame(&mut conn.wbuf);
+        let first = !turn.first_frame_sent;
+        // The frame's text: the whole entry, or what is left of it after earlier frames.
+        let started = match &mut p.kind {
+            PendingKind::ToolCall {
+                header: Some(h), ..
+            } => std::mem::take(&mut h.started),
+            _ => Vec::new(),
+        };
+        let text = &p.text[p.pos..];
+        let offset = p.offset + p.pos;
+        match p.kind {
+            PendingKind::Content { logprob, ref top } => {
+                let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
+                let alts = top.iter().map(|(s, l)| (s.as_str(), *l));
+                let n = fill_top(&mut tops, alts, turn.top_logprobs);
+                let tok = Token {
+                    text,
+                    logprob,
+                    top: &tops[..n],
+                };
+                turn.enc.token_event(out, tok, offset, first, p.channel);
+            }
+            PendingKind::Chars => turn.enc.text_event(out, text, first, p.channel),
+            PendingKind::ToolCall {
+                index, ref header, ..
+            } => {
+                let call = ToolCallDelta {
+                    index,
+                    id: header.as_ref().and_then(|h| h.id.as_deref()),
+                    name: header.as_ref().and_then(|h| h.name.as_deref()),
+                    arguments: if header.is_some() { "" } else { text },
+                };
+                turn.enc.tool_call_event(out, call, first);
+            }
+        }
+        turn.first_frame_sent = true;
+        turn.note_output(text);
+        if !started.is_empty() {
+            turn.tools_in_flight = started;
+        }
+        conn.emit.stage(p.arrived_ns);
+        self.account_and_send(key)
+    }
+
+    /// Account, then send: the frame in `wbuf`, with its staged token events, is counted in
+    /// the slot's frame window (a trip that came first halts instead, and none of them goes
+    /// out) and goes out.
+    pub(in crate::dataplane) fn account_and_send(&mut self, key: usize) -> io::Result<()> {
+        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut self.conns[key];
+        let slot = self.shared.table.slot(conn.id.slot);
+        if conn.keep == KeepAlive::Keep {
+            // One chunk per frame: a move within the frame buffer, no allocation once the
+            // buffer has grown to the turn's largest frame.
+            if let Some(buf) = conn.wbuf.as_mut() {
+                http::chunk_in_place(buf, 0);
+            }
+        }
+        let before = slot.tokens_submitted.load(SeqCst);
+        let counted = conn.count_frame(slot, conn.emit.frame_tokens(), ignore_halt);
+        if !conn.emit.accounted(before, counted) {
+            return self.halt(key);
+        }
+        self.send(key, SendKind::Token)
+    }
+
+    /// The next step of a turn whose frame went out: after the pacing interval for a paced
+    /// source, at once for one paced by its upstream.
+    pub(in crate::dataplane) fn schedule_next(&mut self, key: usize) -> io::Result<()> {
+        let paced = self.conns[key]
+            .turn
+            .as_mut()
+            .is_some_and(|t| t.source.get().paced());
+        if !paced || self.shared.cfg.token_interval.is_zero() {
+            return self.step(key);
+        }
+        let interval = self.shared.cfg.token_interval;
+        let conn = &mut self.conns[key];
+        let ts = conn
+            .timer_ts
+            .take()
+            .unwrap_or_else(|| Box::new(timespec(interval)));
+        let e = io_uring::opcode::Timeout::new(&raw const *ts).build();
+        let owner = conn.owner(key);
+        let timer = self.submit(owner, OpKind::Timer, OpBuf::Time(ts), e)?;
+        self.conns[key].timer_op = Some(timer);
+        Ok(())
+    }
+
+    /// The source's text is complete: an upstream exchange is over (its connection kept for
+    /// the pool or shut down at once), and the model it answered with is SafetyCheck's
+    /// identity after the turn.
+    pub(in crate::dataplane) fn source_ended(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
+            return;
+        };
+        up.finish_exchange();
+        if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
+            turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
+        }
+        self.up_stop_reading(key);
+    }
+
+    pub(in crate::dataplane) fn source_failed(
+        &mut self,
+        key: usize,
+        f: SourceFailure,
+    ) -> io::Result<()> {
+        if let Some(up) = self.conns[key].up.as_mut() {
+            if f.quote.is_some() {
+                up.failure_quote = f.quote;
+            }
+        }
+        self.up_fail(key, f.kind, f.message, f.status)
+    }
+}

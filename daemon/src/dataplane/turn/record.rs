@@ -1,0 +1,209 @@
+//! The turn's flight-recorder record (spec 000 §6): written when the connection closes, with
+//! its outcome, the detectors' summaries, SafetyCheck's verdict, the tool calls and the
+//! upstream exchange. The TURN-ACID commit (or failure) of the conversation happens here too,
+//! for every turn; only the ledger line is sampled.
+
+use crate::dataplane::ground;
+use crate::{
+    clock::monotonic_ns,
+    codes::FailureCode,
+    halt::HaltCore,
+    ledger::{Record, RecordKind},
+    metrics::upstream::ToolCallKind,
+    stream::{Mode, Outcome, SlotSnapshot},
+};
+
+use std::{
+    io,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
+
+use crate::dataplane::{conn::Conn, turn::Turn, Worker};
+
+impl Worker {
+    /// The turn's record at the close of its connection, unless it was written before the
+    /// turn's final frame ([`Worker::record_then_finish`]).
+    pub(in crate::dataplane) fn record_turn(&self, conn: &Conn) {
+        if conn.turn.as_ref().is_none_or(|t| t.recorded) {
+            return; // not a turn (health checks, refused requests), or recorded already
+        }
+        let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
+        let outcome = Outcome::of_turn(snap.trip_cause, conn.outcome);
+        if let Some(rec) = self.turn_record(conn, &snap, outcome) {
+            self.shared.record(rec);
+        }
+    }
+
+    /// A turn that ends cleanly commits (TURN-ACID), and its record is on disk before the
+    /// client sees the final frame (issue 13, point 5): the final frame, written into the
+    /// connection's buffer and counted (`begin_final`), goes out once the ledger's writer
+    /// reports the record written (it rings the worker's eventfd; no thread waits). A normal
+    /// turn the sampling leaves unrecorded has nothing to wait for.
+    pub(in crate::dataplane) fn record_then_finish(&mut self, key: usize) -> io::Result<()> {
+        let conn = &self.conns[key];
+        let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
+        let rec = self.turn_record(conn, &snap, Outcome::Completed);
+        if let Some(turn) = self.conns[key].turn.as_mut() {
+            turn.recorded = true;
+        }
+        let Some(rec) = rec else {
+            return self.send_final(key);
+        };
+        let on_disk = Arc::new(AtomicBool::new(false));
+        let (flag, waker) = (Arc::clone(&on_disk), self.shared.waker(self.id));
+        let queued = self.shared.ledger.append_then(rec, move |_| {
+            flag.store(true, Ordering::Release);
+            if let Some(w) = waker {
+                crate::halt::wake_fd(&w);
+            }
+        });
+        if let Err(e) = queued {
+            self.shared.metrics.ledger.errors.inc();
+            tracing::error!(error = %e, "flight recorder append failed");
+            self.shared.recorder_failed();
+            // Unrecorded: the turn must not be answered as complete. The slot is past its
+            // last trip point, so end the connection without the final frame.
+            self.begin_close(key);
+            return Ok(());
+        }
+        let serial = self.conns[key].serial;
+        self.awaiting_records
+            .push((key, serial, crate::dataplane::AfterRecord::Final, on_disk));
+        Ok(())
+    }
+
+    /// The turn's record (`None`: a normal turn the sampling leaves out), after the metrics
+    /// and the TURN-ACID commit, which happen for every turn.
+    fn turn_record(&self, conn: &Conn, snap: &SlotSnapshot, outcome: Outcome) -> Option<Record> {
+        let turn = conn.turn.as_ref()?;
+        let shared = &self.shared;
+        shared.metrics.dataplane.finished(outcome);
+        let mut rec = shared.base_record(RecordKind::Turn, snap);
+        rec.outcome = Some(outcome.as_str().to_owned());
+        rec.detector_refs = turn.detector_refs.clone();
+        record_detectors(shared, turn, &mut rec);
+        rec.grounding = ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
+        commit_turn(shared, conn, turn, snap, outcome, &mut rec);
+        let policy = shared.cfg.sampling;
+        if let Some(p) = &conn.up {
+            let finish = turn.source.upstream().and_then(|s| s.finish());
+            rec.upstream = Some(p.record_value(policy.record_token_text, finish));
+            if outcome == Outcome::UpstreamFailed {
+                rec.failure_codes = vec![FailureCode::UpstreamFailure.as_str().to_owned()];
+            }
+        }
+        rec.message = Some(format!(
+            "turn of {} ms",
+            monotonic_ns().saturating_sub(snap.started_ns) / 1_000_000
+        ));
+        // Spec 000 §6.2: every turn that is not normal is recorded, a normal one with
+        // probability --turn-sample-rate. Everything above (metrics, the TURN-ACID commit)
+        // happened for every turn; only the ledger line is sampled.
+        let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
+        shared.metrics.ledger.turn_record(decision.kind());
+        rec.sampling = Some(decision.field(policy.turn_sample_rate)?);
+        if policy.record_token_text {
+            // The text SafetyCheck keeps anyway (`Turn::out_text`, bounded): recording it adds
+            // no per-token work, only this copy per recorded turn.
+            let (text, truncated) =
+                crate::sampling::text_excerpt(&turn.out_text, turn.out_text_truncated);
+            rec.text = Some(text);
+            rec.text_truncated = Some(truncated);
+        }
+        Some(rec)
+    }
+}
+
+/// The detectors' part of the record: their summaries, the timing fields, SafetyCheck's
+/// verdict.
+fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
+    let gaps = turn.tokens_generated.saturating_sub(1).max(1);
+    rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
+    for t in turn.gov.set.observed() {
+        shared.metrics.detectors.observed(t.detector, t.code);
+    }
+    let detectors = turn.gov.summary();
+    // The timing fields of spec 000 §6.1 come from the timing detectors.
+    let timing = crate::detect::timing::fhr_timing_from_json(
+        detectors.pointer("/latency_anomaly/summary"),
+        detectors.pointer("/compute_budget/summary"),
+    );
+    if let Some(b) = timing.latency_bucket {
+        rec.latency_bucket = Some(b.to_owned());
+    }
+    rec.rts_mode = timing.rts_mode.as_str().to_owned();
+    rec.tig_breach = timing.tig_breach;
+    rec.detectors = Some(detectors);
+    rec.safety_verdict = Some(match &turn.safety {
+        Some(v) => v.clone(),
+        // Not judged at a clean end: judge what the turn did (its halt, if any, ended
+        // with the typed terminal event).
+        None => serde_json::to_value(turn.safety_verdict(true)).unwrap_or(serde_json::Value::Null),
+    });
+}
+
+/// TURN-ACID: only a turn that ended cleanly commits; a failed one leaves the conversation's
+/// state as it was, and tool calls it already emitted are dispatched effects that need
+/// reconciliation.
+fn commit_turn(
+    shared: &HaltCore,
+    conn: &Conn,
+    turn: &Turn,
+    snap: &SlotSnapshot,
+    outcome: Outcome,
+    rec: &mut Record,
+) {
+    let committed = outcome == Outcome::Completed;
+    rec.turn_status = Some(if committed { "committed" } else { "failed" }.to_owned());
+    let tool_status = if committed {
+        ToolCallKind::Committed
+    } else {
+        ToolCallKind::Dispatched
+    };
+    rec.tool_calls = turn
+        .tool_calls
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c["status"] = tool_status.as_str().into();
+            if !committed {
+                c["reconciliation"] = "required".into();
+            }
+            c
+        })
+        .collect();
+    if !turn.tool_calls.is_empty() {
+        shared
+            .metrics
+            .upstream
+            .tool_calls(tool_status, turn.tool_calls.len() as u64);
+    }
+    if committed {
+        let tokens = if snap.mode == Mode::Batch {
+            turn.tokens_generated
+        } else {
+            snap.tokens_delivered
+        };
+        shared.modes.commit_turn(
+            turn.key_id,
+            &conn.id.to_string(),
+            tokens,
+            turn.tool_calls.len() as u64,
+        );
+    } else {
+        shared.modes.fail_turn(turn.key_id);
+    }
+}
+
+/// Mean inter-token latency bucket of a turn (FHR `latency_bucket`).
+fn latency_bucket(mean_gap_ns: u64) -> &'static str {
+    match mean_gap_ns {
+        0..=1_000_000 => "le_1ms",
+        1_000_001..=10_000_000 => "le_10ms",
+        10_000_001..=100_000_000 => "le_100ms",
+        _ => "gt_100ms",
+    }
+}
