@@ -53,6 +53,8 @@ struct Seen {
     sends_after_close: u32,
     /// The terminal went out (its completion came back) and the halt completed.
     halt_done: bool,
+    /// The connection began to close at some point (a close, or a send that failed).
+    closed: bool,
 }
 
 /// The ring driver's part, without the ring: it turns the emitter's answers into the next
@@ -102,6 +104,7 @@ impl Harness {
             Event::Trip => self.trip(),
             Event::Close => {
                 self.closing = true;
+                self.seen.closed = true;
                 if self.emit.idle() {
                     // `send_staged` on a closing connection: not accounted, never sent.
                     self.emit.drop_staged();
@@ -238,6 +241,7 @@ impl Harness {
                 return self.halt();
             }
             self.closing = true;
+            self.seen.closed = true;
             return;
         }
         if done.kind == SendKind::Token {
@@ -301,6 +305,12 @@ fn check(h: &Harness, budget: u32) {
             "τ is the tokens accounted"
         );
         assert!(s.halt_done, "a trip that never completed its halt: {s:?}");
+        if !s.closed {
+            assert_eq!(
+                s.terminals, 1,
+                "a tripped open stream sends exactly one terminal"
+            );
+        }
     }
     assert!(h.emit.idle());
 }
