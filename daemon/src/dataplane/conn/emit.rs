@@ -90,6 +90,39 @@ pub(in crate::dataplane) enum HaltNow {
     AfterSend,
 }
 
+/// Where a halt stands, for the emitter's side of it (`turn/halt.rs` `halt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::dataplane) enum HaltStep {
+    /// The watchdog halted the stream already: nothing is sent; the connection closes.
+    Halted,
+    /// A trip or the watchdog's halt is under way (TRIPPING, HALTING, or another halter
+    /// claimed it first): whoever holds it wakes the worker when done.
+    Wait,
+    /// Not tripped at all (a trip that came too late to take, e.g. after the final frame was
+    /// committed): nothing to halt; the connection ends as it stands rather than wait for a
+    /// wake-up that never comes.
+    NotTripped,
+    /// A send is in flight: the terminal goes when it completes ([`Done::then_halt`]).
+    AfterSend,
+    /// The emitter claimed the halt (HALTING): the stream is stopped now; it records the halt
+    /// and sends the terminal frame.
+    Claimed,
+}
+
+/// What a failed send means (`conn/send.rs` `send_failed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::dataplane) enum FailedSend {
+    /// The stream is tripped (the kernel gate dropped the send, or the watchdog shut the
+    /// socket): the halt path.
+    Halt,
+    /// The kernel gate dropped a send of a stream userspace had not tripped (it saw the
+    /// heartbeat lost, or a stale slot): the halt it is gets recorded; no terminal can follow.
+    KernelDrop,
+    /// The client went away (or stalled and was cut): the stream was made untrippable
+    /// (STREAMING → DONE) and the connection closes.
+    ClientGone,
+}
+
 /// The tokens of a delivered token frame, counted in the slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::dataplane) struct Delivered {
@@ -206,6 +239,49 @@ impl Emitter {
             return HaltNow::AfterSend;
         }
         HaltNow::Proceed
+    }
+
+    /// The emitter's side of a halt, from the slot's state: whether to wait, close, wait for
+    /// the send in flight, or claim the halt (TRIPPED → HALTING) and send the terminal.
+    pub(in crate::dataplane) fn halt_step(&mut self, slot: &Slot) -> HaltStep {
+        match slot.state() {
+            SlotState::Halted => return HaltStep::Halted,
+            SlotState::Tripped => {}
+            // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
+            // us once it is HALTED.
+            SlotState::Tripping | SlotState::Halting => return HaltStep::Wait,
+            _ => return HaltStep::NotTripped,
+        }
+        if self.halt() == HaltNow::AfterSend {
+            return HaltStep::AfterSend;
+        }
+        if slot.claim_halt() {
+            HaltStep::Claimed
+        } else {
+            HaltStep::Wait
+        }
+    }
+
+    /// A send failed with `res` (< 0, or 0 for a peer that closed): what it means, from the
+    /// slot's state, the error, and whether a kernel gate runs (`gate`). A client gone makes
+    /// the stream untrippable here (STREAMING → DONE), unless a trip came first.
+    pub(in crate::dataplane) fn failed_send(slot: &Slot, res: i32, gate: bool) -> FailedSend {
+        if slot.is_tripped() {
+            return FailedSend::Halt;
+        }
+        if res == -libc::EACCES && gate {
+            return FailedSend::KernelDrop;
+        }
+        if slot
+            .state
+            .compare_exchange(SlotState::Streaming, SlotState::Done)
+            .is_err()
+            && slot.is_tripped()
+        {
+            // A trip won the race: it is halted like any other.
+            return FailedSend::Halt;
+        }
+        FailedSend::ClientGone
     }
 
     /// A token frame was delivered: its tokens are counted in the slot (delivered, and

@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 
-use super::{Completion, Done, Emitter, HaltNow};
+use super::{Completion, Done, Emitter, FailedSend, HaltNow, HaltStep};
 use crate::{
     codes::FailureCode,
     dataplane::conn::{SendKind, STAGE_MAX},
@@ -179,14 +179,15 @@ impl Harness {
 
     /// `halt.rs` `halt`, without the record's wait (the terminal goes at once).
     fn halt(&mut self) {
-        if self.slot().state() != SlotState::Tripped {
-            return;
-        }
-        if self.emit.halt() == HaltNow::AfterSend {
-            return;
-        }
-        if !self.slot().claim_halt() {
-            return;
+        let slot = self.table.slot(self.id.slot);
+        match self.emit.halt_step(slot) {
+            HaltStep::Claimed => {}
+            HaltStep::Halted | HaltStep::NotTripped => {
+                self.closing = true;
+                self.seen.closed = true;
+                return;
+            }
+            HaltStep::Wait | HaltStep::AfterSend => return,
         }
         if self.closing {
             // `send_terminal` on a closing connection: the halt completes without it.
@@ -236,12 +237,20 @@ impl Harness {
             return;
         }
         if !done.ok {
-            // `send_failed`: the halt path when tripped, else the client is gone.
-            if self.slot().is_tripped() {
-                return self.halt();
+            // `send_failed`, without a kernel gate (so no kernel drop).
+            match Emitter::failed_send(self.slot(), res, false) {
+                FailedSend::Halt => self.halt(),
+                FailedSend::KernelDrop => panic!("a kernel drop without a gate"),
+                FailedSend::ClientGone => {
+                    assert_ne!(
+                        self.slot().state(),
+                        SlotState::Streaming,
+                        "made untrippable"
+                    );
+                    self.closing = true;
+                    self.seen.closed = true;
+                }
             }
-            self.closing = true;
-            self.seen.closed = true;
             return;
         }
         if done.kind == SendKind::Token {
@@ -418,6 +427,70 @@ fn a_failed_token_send_drops_its_events_and_keeps_the_halt_waiting() {
     );
     assert_eq!(e.staged(), 0);
     assert_eq!(e.halt(), HaltNow::Proceed, "nothing in flight any more");
+}
+
+#[test]
+fn a_failed_send_is_a_halt_a_kernel_drop_or_a_client_gone() {
+    let table = StreamTable::new(1);
+    let id = table.alloc(0, -1, 5, 1).expect("a slot");
+    let slot = table.slot(id.slot);
+    assert_eq!(
+        Emitter::failed_send(slot, -libc::EACCES, true),
+        FailedSend::KernelDrop,
+        "the gate dropped a send of a stream nobody tripped"
+    );
+    assert_eq!(
+        slot.state(),
+        SlotState::Streaming,
+        "a kernel drop is tripped by the caller"
+    );
+    assert_eq!(
+        Emitter::failed_send(slot, -libc::EACCES, false),
+        FailedSend::ClientGone
+    );
+    assert_eq!(
+        slot.state(),
+        SlotState::Done,
+        "a client gone is made untrippable"
+    );
+    let table = StreamTable::new(1);
+    let id = table.alloc(0, -1, 5, 1).expect("a slot");
+    table
+        .trip(id, FailureCode::OperatorTrip, None, 2)
+        .expect("trips");
+    assert_eq!(
+        Emitter::failed_send(table.slot(id.slot), -libc::EPIPE, true),
+        FailedSend::Halt
+    );
+}
+
+#[test]
+fn the_halt_step_follows_the_slot() {
+    let table = StreamTable::new(1);
+    let id = table.alloc(0, -1, 5, 1).expect("a slot");
+    let slot = table.slot(id.slot);
+    let mut e = Emitter::default();
+    assert_eq!(e.halt_step(slot), HaltStep::NotTripped);
+    table
+        .trip(id, FailureCode::OperatorTrip, None, 2)
+        .expect("trips");
+    e.begin_send(SendKind::Token);
+    assert_eq!(e.halt_step(slot), HaltStep::AfterSend);
+    assert_eq!(
+        slot.state(),
+        SlotState::Tripped,
+        "not claimed while a send is in flight"
+    );
+    e.abandon_send();
+    assert_eq!(e.halt_step(slot), HaltStep::Claimed);
+    assert_eq!(slot.state(), SlotState::Halting);
+    assert_eq!(
+        e.halt_step(slot),
+        HaltStep::Wait,
+        "the holder of the halt wakes us"
+    );
+    slot.publish_halted();
+    assert_eq!(e.halt_step(slot), HaltStep::Halted);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use crate::dataplane::turn;
 use crate::dataplane::turn::circuit;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
-    conn::emit::Completion,
+    conn::emit::{Completion, Emitter, FailedSend},
     conn::SendKind,
     driver::op::{OpBuf, OpKind},
     Worker,
@@ -158,29 +158,19 @@ impl Worker {
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
         tracing::debug!(stream_id = %conn.id, error = %io::Error::from_raw_os_error(-res), "send failed");
-        if slot.is_tripped() {
-            // The kernel gate dropped it, or the watchdog shut the socket: halt path.
-            return self.halt(key);
-        }
-        if res == -libc::EACCES && shared.gate.is_some() {
-            // The kernel gate dropped a send of a stream userspace had not tripped: it
-            // saw the heartbeat lost (e.g. the whole daemon was stopped past the
-            // deadline) or a stale slot. Record it as the halt it is; the drop is
-            // permanent, so no terminal frame can follow.
-            let cause = kernel_drop_cause(&shared, conn.fd);
-            tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
-            // The drop is permanent whatever the table answers: the halt path records it
-            // (under the first cause if the stream was tripped already) and closes.
-            own_trip::trip_own(&shared, conn.id, cause, Initiator::Kernel);
-            return self.halt(key);
-        }
-        // The client went away (or stalled and was cut, `drain.rs`). Make the stream
-        // untrippable, then close.
-        let _ = slot
-            .state
-            .compare_exchange(SlotState::Streaming, SlotState::Done);
-        if slot.is_tripped() {
-            return self.halt(key);
+        match Emitter::failed_send(slot, res, shared.gate.is_some()) {
+            FailedSend::Halt => return self.halt(key),
+            FailedSend::KernelDrop => {
+                // E.g. the whole daemon was stopped past the heartbeat deadline. The drop is
+                // permanent whatever the table answers: the halt path records it (under the
+                // first cause if the stream was tripped already) and closes.
+                let cause = kernel_drop_cause(&shared, conn.fd);
+                tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
+                own_trip::trip_own(&shared, conn.id, cause, Initiator::Kernel);
+                return self.halt(key);
+            }
+            // The client went away (or stalled and was cut, `drain.rs`): close.
+            FailedSend::ClientGone => {}
         }
         if !conn.cut {
             conn.outcome = Outcome::ClientGone;

@@ -14,7 +14,7 @@ use std::{
     },
 };
 
-use crate::dataplane::conn::emit;
+use crate::dataplane::conn::emit::HaltStep;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
     conn::{frame, SendKind},
@@ -67,30 +67,19 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let conn = &mut self.conns[key];
         let slot = shared.table.slot(conn.id.slot);
-        match slot.state() {
-            SlotState::Halted => {
+        match conn.emit.halt_step(slot) {
+            HaltStep::Halted => {
                 conn.outcome = Outcome::Halted;
                 self.begin_close(key);
                 return Ok(());
             }
-            SlotState::Tripped => {}
-            // TRIPPING: the tripper wakes us once it is TRIPPED. HALTING: the watchdog wakes
-            // us once it is HALTED.
-            SlotState::Tripping | SlotState::Halting => return Ok(()),
-            // Not tripped at all (a trip that came too late to take, e.g. after the final
-            // frame was committed): nothing to halt, so end the connection as it stands
-            // rather than wait for a wake-up that never comes.
-            _ => {
+            HaltStep::NotTripped => {
                 self.begin_close(key);
                 return Ok(());
             }
-        }
-        if conn.emit.halt() == emit::HaltNow::AfterSend {
-            // The terminal goes once the send in flight completes (`send.rs`).
-            return Ok(());
-        }
-        if !slot.claim_halt() {
-            return Ok(());
+            // Woken later: by the tripper, the watchdog, or the send in flight's completion.
+            HaltStep::Wait | HaltStep::AfterSend => return Ok(()),
+            HaltStep::Claimed => {}
         }
         // HALTING: the stream is stopped now (the halt latency ends here); the terminal event
         // waits for the incident record.
