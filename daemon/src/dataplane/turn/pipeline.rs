@@ -30,7 +30,7 @@ use serde_json::Value;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
     conn::keepalive::KeepAlive,
-    conn::{frame, SendKind, STAGE_MAX},
+    conn::{frame, Conn, SendKind, STAGE_MAX},
     driver::op::{OpBuf, OpKind},
     timespec,
     turn::hold::{Pending, PendingKind},
@@ -51,6 +51,18 @@ use crate::{
 
 /// Alternatives of one token frame, on the stack.
 type Tops<'a> = [(&'a str, f32); MAX_TOP_LOGPROBS as usize];
+
+/// What releasing observed text asks of the driver.
+enum Released {
+    /// Nothing to send yet (held, staged or kept for a batch): take the next.
+    Poll,
+    /// The frame buffer holds the text's event: account and send it.
+    Send,
+    /// The exfiltration scanner tripped: the staged events go first, then the halt.
+    Trip(Trip),
+    /// There is no turn any more.
+    Stop,
+}
 
 /// What the pipeline does after taking one thing from the source.
 pub(in crate::dataplane) enum Next {
@@ -195,6 +207,136 @@ fn owned_top(top: &[(&'static str, f32)]) -> Vec<(String, f32)> {
     top.iter().map(|(t, l)| ((*t).to_owned(), *l)).collect()
 }
 
+/// Release and encode for observed text, on the connection alone: what the driver does next
+/// ([`Released`]).
+fn release_text(conn: &mut Conn, slot: &Slot, faults: &Faults, t: Produced, now: u64) -> Released {
+    let Some(turn) = conn.turn.as_mut() else {
+        return Released::Stop;
+    };
+    if let Err(trip) = scan(turn, &t.text) {
+        return Released::Trip(trip);
+    }
+    if let Some(back) = turn.hold.back.as_mut() {
+        // Intervene mode: the token joins the hold-back window (one store, no
+        // allocation); it goes out once W newer tokens came, or at the end. A stream
+        // without logprobs can never breach: nothing is held (spec 003's no-op).
+        back.push(turn.hold.scanned);
+        if turn.tokens_generated == 0 && !has_logprob(&t.tokens) {
+            back.open();
+        }
+    }
+    if turn.last_token_ns != 0 {
+        turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
+    }
+    turn.last_token_ns = now;
+    // One token per frame by the rule; a chunk with more upstream tokens than frames
+    // (byte tokens of one character) counts those, so that detector indices stay
+    // distinct.
+    let frames = t.split.frames(&t.text).max(t.tokens.len() as u64);
+    turn.tokens_generated += frames;
+    let offset = turn.text_len;
+    turn.text_len += t.text.len();
+    if slot.mode() == Mode::Batch {
+        // Held, not sent: batch responses are committed whole.
+        hold_for_batch(turn, t, offset);
+        slot.tokens_submitted.fetch_add(frames, SeqCst);
+        return Released::Poll;
+    }
+    look_ahead(turn);
+    if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
+        // The common case: nothing held, one event, encoded from the source's text (after
+        // the events staged before it, if any).
+        let out = if conn.emit.staged() == 0 {
+            frame(&mut conn.wbuf)
+        } else {
+            conn.wbuf.get_or_insert_with(Vec::new)
+        };
+        encode_token(turn, out, &t, offset);
+        turn.first_frame_sent = true;
+        turn.note_output(&t.text);
+        conn.emit.stage(t.arrived_ns);
+        // Encoded: the source may reuse the text's buffers for its next token.
+        turn.source.get().recycle(t);
+        if may_stage(turn, conn.emit.staged(), slot, faults) {
+            // The source may hold more tokens already: they join this frame (the pump
+            // sends it as soon as the source has nothing ready, or anything else comes).
+            return Released::Poll;
+        }
+        return Released::Send;
+    }
+    // The scanner holds text, or the text makes several frames: they go out through
+    // the hold queue, one per step, in order (an upstream's text moves in, no copy).
+    let (text, arrived) = (t.text.into_owned(), t.arrived_ns);
+    let how = (t.split, t.channel);
+    match t.tokens {
+        Tokens::Builtin { logprob, top } => {
+            let first = (logprob, owned_top(top.as_slice()));
+            turn.hold.push_content(text, how, first, offset, arrived);
+        }
+        Tokens::Upstream(toks) => {
+            let token = toks.into_iter().next();
+            turn.hold.push_text(text, how, token, offset, arrived);
+        }
+    }
+    Released::Poll
+}
+
+/// Encode: one released frame into the frame buffer, as one token event; false without a
+/// turn (nothing encoded).
+fn encode_pending(conn: &mut Conn, mut p: Pending) -> bool {
+    let Some(turn) = conn.turn.as_mut() else {
+        return false;
+    };
+    debug_assert_eq!(
+        conn.emit.staged(),
+        0,
+        "staged events go out before a held frame"
+    );
+    let out = frame(&mut conn.wbuf);
+    let first = !turn.first_frame_sent;
+    // The frame's text: the whole entry, or what is left of it after earlier frames.
+    let started = match &mut p.kind {
+        PendingKind::ToolCall {
+            header: Some(h), ..
+        } => std::mem::take(&mut h.started),
+        _ => Vec::new(),
+    };
+    let text = &p.text[p.pos..];
+    let offset = p.offset + p.pos;
+    match p.kind {
+        PendingKind::Content { logprob, ref top } => {
+            let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
+            let alts = top.iter().map(|(s, l)| (s.as_str(), *l));
+            let n = fill_top(&mut tops, alts, turn.top_logprobs);
+            let tok = Token {
+                text,
+                logprob,
+                top: &tops[..n],
+            };
+            turn.enc.token_event(out, tok, offset, first, p.channel);
+        }
+        PendingKind::Chars => turn.enc.text_event(out, text, first, p.channel),
+        PendingKind::ToolCall {
+            index, ref header, ..
+        } => {
+            let call = ToolCallDelta {
+                index,
+                id: header.as_ref().and_then(|h| h.id.as_deref()),
+                name: header.as_ref().and_then(|h| h.name.as_deref()),
+                arguments: if header.is_some() { "" } else { text },
+            };
+            turn.enc.tool_call_event(out, call, first);
+        }
+    }
+    turn.first_frame_sent = true;
+    turn.note_output(text);
+    if !started.is_empty() {
+        turn.tools_in_flight = started;
+    }
+    conn.emit.stage(p.arrived_ns);
+    true
+}
+
 impl Worker {
     /// Produces the next frame of a turn: heartbeat and trip checks, then [`Self::pump`].
     pub(in crate::dataplane) fn step(&mut self, key: usize) -> io::Result<()> {
@@ -267,7 +409,7 @@ impl Worker {
             }
             // Release: a frame the scanner let go of goes out first, in order.
             if let Some(p) = turn.hold.pop_released() {
-                return self.emit_pending(key, p);
+                return self.send_pending(key, p);
             }
             if turn.hold.ending {
                 // The text is complete and nothing is held any more: the post-hoc grounding
@@ -317,7 +459,7 @@ impl Worker {
             .as_mut()
             .and_then(|t| t.hold.pop_released());
         match released {
-            Some(p) => self.emit_pending(key, p),
+            Some(p) => self.send_pending(key, p),
             None => self.schedule_next(key),
         }
     }
@@ -346,7 +488,20 @@ impl Worker {
                 self.observed_trip(key, trip).map(|()| Next::Stop)
             }
             Judged::Clear(Item::Text(t)) => {
-                let next = self.release_text(key, t, now)?;
+                let (conns, shared) = (&mut self.conns, &self.shared);
+                let conn = &mut conns[key];
+                let slot = shared.table.slot(conn.id.slot);
+                let next = match release_text(conn, slot, &shared.cfg.faults, t, now) {
+                    Released::Poll => Next::Poll,
+                    Released::Stop => Next::Stop,
+                    Released::Send => self.account_and_send(key).map(|()| Next::Stop)?,
+                    Released::Trip(trip) => {
+                        // Staged events were released before this text: accounted before
+                        // the trip.
+                        self.send_staged(key)?;
+                        self.detector_trip(key, trip).map(|()| Next::Stop)?
+                    }
+                };
                 self.fault_close_during_step(key);
                 if self.maybe_ground(key)? {
                     // Parked until the round answers (`ground/mod.rs`).
@@ -384,84 +539,6 @@ impl Worker {
         // SAFETY: the connection's open socket; it is closed only once the close finishes.
         unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
         self.begin_close(key);
-    }
-
-    /// Release, encode, account and send for observed text.
-    fn release_text(&mut self, key: usize, t: Produced, now: u64) -> io::Result<Next> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
-        let slot = shared.table.slot(conn.id.slot);
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(Next::Stop);
-        };
-        if let Err(trip) = scan(turn, &t.text) {
-            // Staged events were released before this text: accounted before the trip.
-            self.send_staged(key)?;
-            return self.detector_trip(key, trip).map(|()| Next::Stop);
-        }
-        if let Some(back) = turn.hold.back.as_mut() {
-            // Intervene mode: the token joins the hold-back window (one store, no
-            // allocation); it goes out once W newer tokens came, or at the end. A stream
-            // without logprobs can never breach: nothing is held (spec 003's no-op).
-            back.push(turn.hold.scanned);
-            if turn.tokens_generated == 0 && !has_logprob(&t.tokens) {
-                back.open();
-            }
-        }
-        if turn.last_token_ns != 0 {
-            turn.token_gap_ns_sum += now.saturating_sub(turn.last_token_ns);
-        }
-        turn.last_token_ns = now;
-        // One token per frame by the rule; a chunk with more upstream tokens than frames
-        // (byte tokens of one character) counts those, so that detector indices stay
-        // distinct.
-        let frames = t.split.frames(&t.text).max(t.tokens.len() as u64);
-        turn.tokens_generated += frames;
-        let offset = turn.text_len;
-        turn.text_len += t.text.len();
-        if slot.mode() == Mode::Batch {
-            // Held, not sent: batch responses are committed whole.
-            hold_for_batch(turn, t, offset);
-            slot.tokens_submitted.fetch_add(frames, SeqCst);
-            return Ok(Next::Poll);
-        }
-        look_ahead(turn);
-        if t.split == Split::Token && frames == 1 && turn.hold.passes(turn.hold.scanned) {
-            // The common case: nothing held, one event, encoded from the source's text (after
-            // the events staged before it, if any).
-            let out = if conn.emit.staged() == 0 {
-                frame(&mut conn.wbuf)
-            } else {
-                conn.wbuf.get_or_insert_with(Vec::new)
-            };
-            encode_token(turn, out, &t, offset);
-            turn.first_frame_sent = true;
-            turn.note_output(&t.text);
-            conn.emit.stage(t.arrived_ns);
-            // Encoded: the source may reuse the text's buffers for its next token.
-            turn.source.get().recycle(t);
-            if may_stage(turn, conn.emit.staged(), slot, &shared.cfg.faults) {
-                // The source may hold more tokens already: they join this frame (the pump
-                // sends it as soon as the source has nothing ready, or anything else comes).
-                return Ok(Next::Poll);
-            }
-            return self.account_and_send(key).map(|()| Next::Stop);
-        }
-        // The scanner holds text, or the text makes several frames: they go out through
-        // the hold queue, one per step, in order (an upstream's text moves in, no copy).
-        let (text, arrived) = (t.text.into_owned(), t.arrived_ns);
-        let how = (t.split, t.channel);
-        match t.tokens {
-            Tokens::Builtin { logprob, top } => {
-                let first = (logprob, owned_top(top.as_slice()));
-                turn.hold.push_content(text, how, first, offset, arrived);
-            }
-            Tokens::Upstream(toks) => {
-                let token = toks.into_iter().next();
-                turn.hold.push_text(text, how, token, offset, arrived);
-            }
-        }
-        Ok(Next::Poll)
     }
 
     /// The phases for a tool-call delta (chat, upstream): observed like content (and parked
@@ -559,64 +636,12 @@ impl Worker {
         self.detector_trip(key, trip)
     }
 
-    /// Encodes and sends one released frame.
-    pub(in crate::dataplane) fn emit_pending(
-        &mut self,
-        key: usize,
-        mut p: Pending,
-    ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(());
-        };
-        debug_assert_eq!(
-            conn.emit.staged(),
-            0,
-            "staged events go out before a held frame"
-        );
-        let out = frame(&mut conn.wbuf);
-        let first = !turn.first_frame_sent;
-        // The frame's text: the whole entry, or what is left of it after earlier frames.
-        let started = match &mut p.kind {
-            PendingKind::ToolCall {
-                header: Some(h), ..
-            } => std::mem::take(&mut h.started),
-            _ => Vec::new(),
-        };
-        let text = &p.text[p.pos..];
-        let offset = p.offset + p.pos;
-        match p.kind {
-            PendingKind::Content { logprob, ref top } => {
-                let mut tops: Tops<'_> = [("", 0.0); MAX_TOP_LOGPROBS as usize];
-                let alts = top.iter().map(|(s, l)| (s.as_str(), *l));
-                let n = fill_top(&mut tops, alts, turn.top_logprobs);
-                let tok = Token {
-                    text,
-                    logprob,
-                    top: &tops[..n],
-                };
-                turn.enc.token_event(out, tok, offset, first, p.channel);
-            }
-            PendingKind::Chars => turn.enc.text_event(out, text, first, p.channel),
-            PendingKind::ToolCall {
-                index, ref header, ..
-            } => {
-                let call = ToolCallDelta {
-                    index,
-                    id: header.as_ref().and_then(|h| h.id.as_deref()),
-                    name: header.as_ref().and_then(|h| h.name.as_deref()),
-                    arguments: if header.is_some() { "" } else { text },
-                };
-                turn.enc.tool_call_event(out, call, first);
-            }
+    /// Encodes one released frame and sends it.
+    fn send_pending(&mut self, key: usize, p: Pending) -> io::Result<()> {
+        if encode_pending(&mut self.conns[key], p) {
+            return self.account_and_send(key);
         }
-        turn.first_frame_sent = true;
-        turn.note_output(text);
-        if !started.is_empty() {
-            turn.tools_in_flight = started;
-        }
-        conn.emit.stage(p.arrived_ns);
-        self.account_and_send(key)
+        Ok(())
     }
 
     /// Account, then send: the frame in `wbuf`, with its staged token events, is counted in
