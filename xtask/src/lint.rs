@@ -94,7 +94,7 @@ fn checks(ctx: &Ctx) -> Vec<Check> {
 
 /// The most `self.conns[` lookups the data plane may hold: the count when the check came in
 /// (issue 30). A change that adds one fails; one that removes some lowers this with it.
-const CONNS_LOOKUP_CEILING: usize = 135;
+const CONNS_LOOKUP_CEILING: usize = 132;
 
 /// Occurrences of `needle` in the `.rs` files under `dir`.
 fn count_in(dir: &Path, needle: &str) -> Result<usize> {

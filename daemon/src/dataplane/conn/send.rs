@@ -11,6 +11,7 @@ use crate::dataplane::turn::circuit;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
     conn::emit::{Completion, Emitter, FailedSend},
+    conn::Conn,
     conn::SendKind,
     driver::op::{OpBuf, OpKind},
     Worker,
@@ -53,17 +54,6 @@ impl Worker {
         self.submit_send(key, buf, 0)
     }
 
-    /// A send buffer back from the kernel: the frame buffer again, or on TLS the spare one
-    /// for the next records.
-    fn recycle(&mut self, key: usize, buf: Vec<u8>) {
-        let conn = &mut self.conns[key];
-        if conn.tls.is_some() {
-            conn.tls_out = Some(buf);
-        } else {
-            conn.wbuf = Some(buf);
-        }
-    }
-
     /// Submits the send of `buf[off..]`.
     fn submit_send(&mut self, key: usize, buf: Vec<u8>, off: usize) -> io::Result<()> {
         let conn = &self.conns[key];
@@ -89,15 +79,14 @@ impl Worker {
         let conn = &mut self.conns[key];
         let done = match conn.emit.complete(res, off, buf.len()) {
             Completion::Stray => {
-                self.recycle(key, buf);
+                conn.recycle(buf);
                 return Ok(());
             }
             Completion::Rest { off } => return self.submit_send(key, buf, off),
             Completion::Done(done) => done,
         };
         // The frame buffer is the connection's again, for the next frame.
-        self.recycle(key, buf);
-        let conn = &mut self.conns[key];
+        conn.recycle(buf);
         let slot = shared.table.slot(conn.id.slot);
         if done.resync {
             resync_frames(&shared, conn.fd, slot);
@@ -116,7 +105,7 @@ impl Worker {
             return self.send_failed(key, res);
         }
         if kind == SendKind::Token {
-            self.token_delivered(key);
+            token_delivered(&shared, conn);
         }
         if done.then_halt {
             return self.halt(key);
@@ -178,39 +167,49 @@ impl Worker {
         self.begin_close(key);
         Ok(())
     }
+}
 
-    /// A token frame was delivered to the kernel: count its tokens (post-trip too), observe
-    /// their overhead, dispatch the tool calls it started.
-    pub(in crate::dataplane) fn token_delivered(&mut self, key: usize) {
-        let shared = &self.shared;
-        let conn = &mut self.conns[key];
-        let slot = shared.table.slot(conn.id.slot);
-        // Arrival to send completion, one lock-free observation per token.
-        let now = monotonic_ns();
-        let overhead = &shared.metrics.dataplane.token_overhead;
-        let delivered = conn.emit.delivered(slot, |arrived| {
-            if arrived != 0 {
-                overhead.observe_ns(now.saturating_sub(arrived));
-            }
-        });
-        let n = delivered.tokens;
-        shared.metrics.dataplane.tokens_emitted.inc_by(n as u64);
-        let Some(turn) = conn.turn.as_mut() else {
-            return;
-        };
-        // Time to first token, and the gap since the last (the turn's own handle): the
-        // frame's tokens reached the client together.
-        for _ in 0..n {
-            turn.obs.token_sent(now);
+impl Conn {
+    /// A send buffer back from the kernel: the frame buffer again, or on TLS the spare one
+    /// for the next records.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.tls.is_some() {
+            self.tls_out = Some(buf);
+        } else {
+            self.wbuf = Some(buf);
         }
-        // The tool calls the frame started are dispatched now (TokenCircuit notes it: per
-        // frame that starts a call, never per token, its store's lock is taken).
-        if !turn.tools_in_flight.is_empty() {
-            let circuit = turn.circuit.as_deref();
-            circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
-        }
-        turn.tool_calls.append(&mut turn.tools_in_flight);
     }
+}
+
+/// A token frame was delivered to the kernel: count its tokens (post-trip too), observe
+/// their overhead, dispatch the tool calls it started.
+fn token_delivered(shared: &HaltCore, conn: &mut Conn) {
+    let slot = shared.table.slot(conn.id.slot);
+    // Arrival to send completion, one lock-free observation per token.
+    let now = monotonic_ns();
+    let overhead = &shared.metrics.dataplane.token_overhead;
+    let delivered = conn.emit.delivered(slot, |arrived| {
+        if arrived != 0 {
+            overhead.observe_ns(now.saturating_sub(arrived));
+        }
+    });
+    let n = delivered.tokens;
+    shared.metrics.dataplane.tokens_emitted.inc_by(n as u64);
+    let Some(turn) = conn.turn.as_mut() else {
+        return;
+    };
+    // Time to first token, and the gap since the last (the turn's own handle): the
+    // frame's tokens reached the client together.
+    for _ in 0..n {
+        turn.obs.token_sent(now);
+    }
+    // The tool calls the frame started are dispatched now (TokenCircuit notes it: per
+    // frame that starts a call, never per token, its store's lock is taken).
+    if !turn.tools_in_flight.is_empty() {
+        let circuit = turn.circuit.as_deref();
+        circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
+    }
+    turn.tool_calls.append(&mut turn.tools_in_flight);
 }
 
 /// A batch turn's whole response was delivered: its tokens reached the client now, all at
