@@ -27,6 +27,8 @@ const BENCHES: &[(&str, &str)] = &[
     // Issue 11: haltd's CPU with nothing open and 8,192 slots.
     ("haltd-tests", "bench-idle-cpu"),
     ("haltd-tests", "bench-upstream-path"),
+    // Issue 30: instructions per proxied token in the data-plane thread (callgrind).
+    ("haltd-tests", "bench-token-instructions"),
     // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
     ("haltd-tests", "bench-kill-loop"),
     // Issue 17: haltd in front of llama.cpp's server, beside the scripted upstream.

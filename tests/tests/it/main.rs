@@ -41,6 +41,7 @@ mod readiness;
 mod real_backend;
 mod reload;
 mod slow_readers;
+mod token_instructions;
 mod tool_circuit;
 mod tool_circuit_loops;
 mod upstream_pool;

@@ -40,6 +40,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "the plain reverse proxy `cargo xtask bench` sets beside haltd (bench-proxy-overhead)",
     ),
     (
+        "valgrind",
+        "callgrind's instruction counts per proxied token (`cargo xtask bench`, bench-token-instructions)",
+    ),
+    (
         "debootstrap",
         "the Debian base of the container image (deploy/container, `cargo xtask bench` ops checks)",
     ),
