@@ -27,6 +27,9 @@ enum Event {
     Trip,
     /// The connection closes in the middle of a step (its client went away).
     Close,
+    /// The source ended: the final frame goes, and the kept connection's next turn begins on
+    /// a new stream once it is out.
+    EndTurn,
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -35,6 +38,7 @@ fn event() -> impl Strategy<Value = Event> {
         6 => (1u8..=8, prop::bool::weighted(0.05)).prop_map(|(take, fail)| Event::Complete { take, fail }),
         1 => Just(Event::Trip),
         1 => Just(Event::Close),
+        2 => Just(Event::EndTurn),
     ]
 }
 
@@ -55,6 +59,8 @@ struct Seen {
     halt_done: bool,
     /// The connection began to close at some point (a close, or a send that failed).
     closed: bool,
+    /// Turns that completed, each followed by the next on the kept connection.
+    turns: u32,
 }
 
 /// The ring driver's part, without the ring: it turns the emitter's answers into the next
@@ -63,6 +69,7 @@ struct Harness {
     table: StreamTable,
     id: StreamId,
     emit: Emitter,
+    budget: u32,
     ignore_halt: bool,
     /// The frame in flight: its length and how far it went.
     inflight: Option<(usize, usize)>,
@@ -83,6 +90,7 @@ impl Harness {
             table,
             id,
             emit: Emitter::default(),
+            budget,
             ignore_halt,
             inflight: None,
             sends: 0,
@@ -110,7 +118,45 @@ impl Harness {
                     self.emit.drop_staged();
                 }
             }
+            Event::EndTurn => self.end_turn(),
         }
+    }
+
+    /// `end.rs`: the final frame, counted by `Slot::begin_final` (after which no trip can
+    /// take), once the staged events are out; a trip that came first halts instead.
+    fn end_turn(&mut self) {
+        if self.closing || !self.emit.idle() || self.emit.staged() > 0 {
+            return;
+        }
+        let len = 30;
+        if !self.slot().begin_final(len) {
+            return self.halt();
+        }
+        self.seen.frames += 1;
+        self.begin_send(SendKind::Final, len);
+    }
+
+    /// `keepalive.rs` `next_turn`: the turn that ended is checked, its slot released, and the
+    /// next one takes a new slot whose frame count starts at the socket's.
+    fn next_turn(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        check(self, self.budget);
+        let slot = self.slot();
+        let before = crate::stream::SentBefore {
+            frames: slot.frames_submitted.load(SeqCst),
+            bytes: slot.bytes_submitted.load(SeqCst),
+        };
+        self.table.release(self.id);
+        self.id = self
+            .table
+            .alloc_after(0, -1, self.budget, 3, before)
+            .expect("the slot just released");
+        self.emit.reset_for_next_turn();
+        self.tripped_at_tokens = None;
+        let s = &mut self.seen;
+        (s.tokens_accounted, s.tokens_after_trip, s.tokens_delivered) = (0, 0, 0);
+        (s.terminals, s.halt_done) = (0, false);
+        s.turns += 1;
     }
 
     fn begin_send(&mut self, kind: SendKind, len: usize) {
@@ -258,7 +304,19 @@ impl Harness {
             self.seen.tokens_delivered += d.tokens as u64;
         }
         if done.then_halt {
-            self.halt();
+            return self.halt();
+        }
+        if done.kind == SendKind::Final {
+            // `send.rs` `sent`: the stream is over (no trip can take it now), then the kept
+            // connection's next turn.
+            self.slot().state.store(SlotState::Done);
+            assert!(
+                self.table
+                    .trip(self.id, FailureCode::OperatorTrip, None, 4)
+                    .is_err(),
+                "a completed stream cannot be tripped"
+            );
+            self.next_turn();
         }
     }
 
@@ -506,4 +564,46 @@ fn a_refused_frame_is_dropped_and_counts_nothing() {
         1,
         "an empty frame still counts as a token frame"
     );
+}
+
+#[test]
+fn a_kept_connection_starts_its_next_turn_clean_and_counts_frames_on() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut h = Harness::new(5, false);
+    for e in [
+        Event::Token { flush: true },
+        Event::Complete {
+            take: 3,
+            fail: false,
+        },
+        Event::Complete {
+            take: 8,
+            fail: false,
+        },
+        Event::EndTurn,
+    ] {
+        h.run(&e);
+    }
+    let first = h.id;
+    h.settle();
+    assert_eq!(
+        h.seen.turns, 1,
+        "the final frame went out and the next turn began"
+    );
+    assert_ne!(h.id, first, "a new stream for the next turn");
+    assert_eq!(
+        h.slot().frames_submitted.load(SeqCst),
+        2,
+        "the socket's frames go on"
+    );
+    assert_eq!(
+        h.slot().tokens_submitted.load(SeqCst),
+        0,
+        "the new stream's tokens start at 0"
+    );
+    h.run(&Event::Token { flush: true });
+    h.run(&Event::Trip);
+    h.settle();
+    assert_eq!((h.seen.terminals, h.seen.tokens_delivered), (1, 1));
+    check(&h, 5);
 }
