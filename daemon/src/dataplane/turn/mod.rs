@@ -13,6 +13,7 @@ pub(in crate::dataplane) mod halt;
 pub(in crate::dataplane) mod hold;
 pub(in crate::dataplane) mod holdback;
 pub(in crate::dataplane) mod own_trip;
+pub(in crate::dataplane) mod phase;
 pub(in crate::dataplane) mod pipeline;
 pub(in crate::dataplane) mod policy;
 pub(in crate::dataplane) mod record;

@@ -34,6 +34,7 @@ use crate::dataplane::{
     driver::op::{OpBuf, OpKind},
     timespec,
     turn::hold::{Pending, PendingKind},
+    turn::phase::{next_phase, Phase},
     turn::score::{Item, Judged},
     turn::{HeldToken, Turn},
     Worker,
@@ -392,32 +393,23 @@ impl Worker {
     fn pump_phases(&mut self, key: usize) -> io::Result<()> {
         loop {
             let conn = &mut self.conns[key];
-            if !conn.emit.idle() || conn.closing {
-                return Ok(());
-            }
             let Some(turn) = conn.turn.as_mut() else {
                 return Ok(());
             };
-            if turn.parked.is_some() || turn.grounding_wait() {
-                // A token waits for its score (`score.rs`), or the turn for a grounding round
-                // (`ground/mod.rs`): nothing goes past it.
-                return Ok(());
-            }
-            if conn.emit.staged() > 0 && (!turn.hold.queue.is_empty() || turn.hold.ending) {
-                // Staged events go first; the queue or the end waits for their send.
-                return self.send_staged(key);
-            }
-            // Release: a frame the scanner let go of goes out first, in order.
-            if let Some(p) = turn.hold.pop_released() {
-                return self.send_pending(key, p);
-            }
-            if turn.hold.ending {
-                // The text is complete and nothing is held any more: the post-hoc grounding
-                // round, if one is due (`ground/post_hoc.rs`), then the final frame.
-                if self.post_hoc_round(key)? {
-                    return Ok(());
+            // A token waiting for its score (`score.rs`), or the turn for a grounding round
+            // (`ground/mod.rs`): nothing goes past it.
+            let waiting = turn.parked.is_some() || turn.grounding_wait();
+            match next_phase(&conn.emit, conn.closing, waiting, &mut turn.hold) {
+                Phase::Wait => return Ok(()),
+                Phase::SendStaged => return self.send_staged(key),
+                Phase::Released(p) => return self.send_pending(key, p),
+                Phase::End => {
+                    if self.post_hoc_round(key)? {
+                        return Ok(());
+                    }
+                    return self.finish(key);
                 }
-                return self.finish(key);
+                Phase::Poll => {}
             }
             let paced = turn.source.get().paced();
             let polled = turn.source.poll();
