@@ -179,7 +179,7 @@ pub(in crate::dataplane) fn frame_len(wbuf: &Option<Vec<u8>>) -> usize {
 
 impl Conn {
     /// A connection just accepted and governed, about to read its first request.
-    fn new(
+    pub(in crate::dataplane) fn new(
         fd: RawFd,
         id: StreamId,
         serial: u64,

@@ -119,6 +119,27 @@ fn filtered<T: Copy>(items: &[T], held: &[HeldToken], keep: impl Fn(&HeldToken) 
         .collect()
 }
 
+/// The source's text is complete (at `now`): the detectors and the exfiltration scanner have
+/// their last word, and what the scanner held may go (the hold-back window opens too), or a
+/// detector trips. Once per turn: later calls change nothing.
+pub(in crate::dataplane) fn end_of_text(turn: &mut Turn, now: u64) -> Result<(), Trip> {
+    if turn.hold.ending {
+        return Ok(());
+    }
+    turn.hold.ending = true;
+    if let Some(back) = turn.hold.back.as_mut() {
+        // The text is complete: nothing more can be rewound, the held tokens may go.
+        back.open();
+    }
+    match turn.gov.on_end(now) {
+        Gate::Trip(t) => Err(t),
+        Gate::Release(n) => {
+            turn.hold.release(n);
+            Ok(())
+        }
+    }
+}
+
 impl Worker {
     /// The source ended and every held frame went out: the final frame, with the source's
     /// finish reason and usage (haltd's own count when it gave none).
@@ -207,23 +228,12 @@ impl Worker {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(false);
         };
-        if turn.hold.ending {
-            return Ok(true);
-        }
-        turn.hold.ending = true;
-        if let Some(back) = turn.hold.back.as_mut() {
-            // The text is complete: nothing more can be rewound, the held tokens may go.
-            back.open();
-        }
-        match turn.gov.on_end(monotonic_ns()) {
-            Gate::Trip(t) => {
+        match end_of_text(turn, monotonic_ns()) {
+            Err(t) => {
                 self.detector_trip(key, t)?;
                 Ok(false)
             }
-            Gate::Release(n) => {
-                turn.hold.release(n);
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
         }
     }
     pub(in crate::dataplane) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {

@@ -709,3 +709,7 @@ impl Worker {
         self.up_fail(key, f.kind, f.message, f.status)
     }
 }
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;

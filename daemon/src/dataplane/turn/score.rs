@@ -100,7 +100,7 @@ pub(in crate::dataplane) enum Judged {
     clippy::large_enum_variant,
     reason = "a built-in token stays inline, as in `Polled`, so that taking it never allocates; parking moves it into the boxed turn"
 )]
-enum Observe {
+pub(in crate::dataplane) enum Observe {
     Clear(Item),
     Trip(Trip),
     Wait(ScoreWait),
@@ -108,7 +108,7 @@ enum Observe {
 
 /// Observe: the detectors judge the item's tokens from `pos` on (going on after `woke` when
 /// one of them waited), until one trips, one waits (the item is parked), or all passed.
-fn observe(
+pub(in crate::dataplane) fn observe(
     turn: &mut Turn,
     item: Item,
     mut pos: usize,
