@@ -12,7 +12,7 @@
 //!   the model says for the request (all of it when nothing tripped);
 //! - post-trip token events ≤ B (none: the emitter's frame window refuses them), then exactly
 //!   one terminal and nothing after it;
-//! - the slot's counts (frames, tokens accounted, tokens delivered) match the wire;
+//! - the slot's delivered tokens equal the wire's, and none was delivered unaccounted;
 //! - nothing is sent after the connection began to close.
 
 use std::sync::{atomic::Ordering::SeqCst, Arc};
