@@ -1,6 +1,7 @@
-//! A built-in turn through the pipeline's own steps, as an ordinary user: no ring, no BPF, no
-//! socket. A real connection and turn (the built-in model's source, the default detectors and
-//! exfiltration scanner, the chunk encoder) go through the real phases: `next_phase` picks
+//! Turns through the pipeline's own steps, as an ordinary user: no ring, no BPF, no socket. A
+//! real connection and turn (the built-in model's source, or a proxied one whose upstream's
+//! SSE bytes arrive split into receives at random; the default detectors and exfiltration
+//! scanner, the chunk encoder) go through the real phases: `next_phase` picks
 //! what comes next, `observe` judges each token, `release_text` and `encode_pending` release
 //! and encode it, the connection's frame window (`Conn::count_frame`) and emitter account and
 //! send it, `end_of_text` ends the text. The harness is the driver: it hands each frame to a
@@ -119,6 +120,10 @@ struct Driver {
     finals: u32,
     sends_after_close: u32,
     done: bool,
+    /// A proxied turn: the upstream's SSE bytes still to arrive, one receive each, and the
+    /// parser they go through.
+    feed: std::collections::VecDeque<Vec<u8>>,
+    sse: crate::upstream::SseParser,
 }
 
 fn body(tokens: u32) -> String {
@@ -180,6 +185,8 @@ fn open(s: &Schedule) -> (Driver, Vec<String>) {
         finals: 0,
         sends_after_close: 0,
         done: false,
+        feed: std::collections::VecDeque::new(),
+        sse: crate::upstream::SseParser::new(64 * 1024),
     };
     (d, expected)
 }
@@ -198,8 +205,10 @@ impl Driver {
         self.inflight = Some((buf, 0));
     }
 
-    /// `account_and_send`: the frame window takes the token frame, or the driver halts.
+    /// `account_and_send`: the frame window takes the token frame, or the driver halts. A
+    /// trip due in the middle of a step lands here, between the encoding and the accounting.
     fn account_and_send(&mut self) {
+        self.maybe_trip(true);
         let slot = self.table.slot(self.conn.id.slot);
         let before = slot.tokens_submitted.load(SeqCst);
         let counted = self
@@ -312,10 +321,7 @@ impl Driver {
                     let slot = self.table.slot(self.conn.id.slot);
                     let faults = crate::config::Faults::default();
                     match release_text(&mut self.conn, slot, &faults, t, 4) {
-                        Released::Send => {
-                            self.maybe_trip(true);
-                            self.account_and_send();
-                        }
+                        Released::Send => self.account_and_send(),
                         Released::Poll | Released::Stop => {}
                         Released::Trip(t) => {
                             panic!("the scanner tripped on the model's text: {t:?}")
@@ -329,7 +335,26 @@ impl Driver {
                 let turn = self.conn.turn.as_mut().expect("a turn");
                 end_of_text(turn, 5).expect("the model's text passes at its end");
             }
+            Polled::Pending => self.receive(),
             other => panic!("a built-in source polled {other:?}"),
+        }
+    }
+
+    /// The upstream's next receive: its bytes through the SSE parser into the source, as
+    /// `upstream_io/recv.rs` feeds them.
+    fn receive(&mut self) {
+        let bytes = self
+            .feed
+            .pop_front()
+            .expect("the upstream's stream ends with [DONE]");
+        self.sse.push(&bytes);
+        let turn = self.conn.turn.as_mut().expect("a turn");
+        let source = turn.source.upstream_mut().expect("a proxied turn");
+        while let Some(ev) = self.sse.next_event_ref().expect("well-formed SSE") {
+            assert!(
+                source.push_event(Endpoint::Chat, ev, 6),
+                "a well-formed chunk"
+            );
         }
     }
 
@@ -365,28 +390,7 @@ fn client_view(wire: &[u8]) -> (Vec<String>, Vec<u8>) {
 
 fn run(s: &Schedule) -> (Driver, Vec<String>) {
     let (mut d, expected) = open(s);
-    let mut steps = 0u32;
-    while !d.done {
-        steps += 1;
-        assert!(steps < 10_000, "the turn does not end");
-        if s.close_at == Some(steps) && !d.conn.closing {
-            // The client went away in the middle of a step: the close begins, the send in
-            // flight may still complete, nothing new goes out.
-            d.conn.closing = true;
-            if d.conn.emit.idle() {
-                d.conn.emit.drop_staged();
-            }
-        }
-        d.maybe_trip(false);
-        if d.conn.closing && d.inflight.is_none() {
-            break;
-        }
-        if d.conn.closing {
-            d.complete();
-            continue;
-        }
-        d.step();
-    }
+    drive(s, &mut d);
     (d, expected)
 }
 
@@ -479,4 +483,191 @@ fn a_trip_mid_turn_ends_with_one_terminal_after_the_tokens_before_it() {
     check(&s, &d, &expected);
     let (texts, tail) = client_view(&d.wire);
     assert_eq!((texts.len(), tail.as_slice()), (4, TERMINAL));
+}
+
+/// One upstream token: its text, and whether its chunk carries logprobs (without them, the
+/// pipeline cuts the text into one frame per character through the hold queue).
+fn up_chunk(text: &str, logprobs: bool) -> String {
+    let lp = if logprobs {
+        format!(r#"{{"content":[{{"token":{text:?},"logprob":-0.1,"top_logprobs":[]}}]}}"#)
+    } else {
+        "null".to_owned()
+    };
+    format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text:?}}},\"logprobs\":{lp},\"finish_reason\":null}}]}}\n\n"
+    )
+}
+
+/// A proxied streaming chat turn whose upstream sends `tokens` (text, with logprobs?), then a
+/// final chunk and `[DONE]`, the bytes cut at `cuts` (each a fraction of the rest, in 256ths)
+/// into receives.
+fn open_proxied(s: &Schedule, tokens: &[(String, bool)], cuts: &[u8]) -> (Driver, String) {
+    let (cfg, detectors) = defaults();
+    let table = StreamTable::new(1);
+    let id = table.alloc(0, -1, s.budget, 1).expect("a slot");
+    let body = r#"{"model":"m","stream":true,"logprobs":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = ClientRequest::parse(Endpoint::Chat, body.as_bytes()).expect("a valid request");
+    let ask = req.builtin_turn("m").expect("a valid ask").ask;
+    let gov = detectors.turn("t", 0).expect("no detector fails at start");
+    let enc = ChunkEncoder {
+        endpoint: Endpoint::Chat,
+        stream_id: id,
+        created: 0,
+        model: "m".into(),
+        logprobs: true,
+        top_logprobs: 0,
+        tool_calls: false,
+        reasoning: false,
+    };
+    let source = TurnSource::Upstream(crate::source::upstream::UpstreamSource::new(false));
+    let detectors = Arc::clone(detectors);
+    let turn = Turn::new(
+        source,
+        &ask,
+        KeyId(0),
+        false,
+        enc,
+        (gov, Vec::new()),
+        detectors,
+    );
+    let mut conn = Conn::new(-1, id, 1, None, 0, cfg, None);
+    conn.turn = Some(Box::new(turn));
+    let mut stream: Vec<u8> = Vec::new();
+    for (text, lp) in tokens {
+        stream.extend_from_slice(up_chunk(text, *lp).as_bytes());
+    }
+    stream.extend_from_slice(
+        b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+    );
+    let mut feed = std::collections::VecDeque::new();
+    let mut rest = &stream[..];
+    for &c in cuts.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let n = (rest.len() * usize::from(c) / 256).max(1);
+        feed.push_back(rest[..n].to_vec());
+        rest = &rest[n..];
+    }
+    let d = Driver {
+        table,
+        conn,
+        wire: Vec::new(),
+        inflight: None,
+        sends: 0,
+        takes: s.takes.clone(),
+        trip_at: s.trip_at,
+        trip_mid_step: s.trip_mid_step,
+        tripped_tokens: None,
+        terminals: 0,
+        finals: 0,
+        sends_after_close: 0,
+        done: false,
+        feed,
+        sse: crate::upstream::SseParser::new(64 * 1024),
+    };
+    let expected = tokens.iter().map(|(t, _)| t.as_str()).collect();
+    (d, expected)
+}
+
+fn drive(s: &Schedule, d: &mut Driver) {
+    let mut steps = 0u32;
+    while !d.done {
+        steps += 1;
+        assert!(steps < 100_000, "the turn does not end");
+        if s.close_at == Some(steps) && !d.conn.closing {
+            d.conn.closing = true;
+            if d.conn.emit.idle() {
+                d.conn.emit.drop_staged();
+            }
+        }
+        d.maybe_trip(false);
+        if d.conn.closing && d.inflight.is_none() {
+            break;
+        }
+        if d.conn.closing {
+            d.complete();
+            continue;
+        }
+        d.step();
+    }
+}
+
+fn upstream_tokens() -> impl Strategy<Value = Vec<(String, bool)>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(vec![" the", " tide", " é", " moon", "\n", " 42", "!"]),
+            prop::bool::weighted(0.7),
+        ),
+        1..30,
+    )
+    .prop_map(|v| v.into_iter().map(|(t, lp)| (t.to_owned(), lp)).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A proxied turn, its upstream's bytes split into receives at random: tokens an upstream
+    /// receive brought together share a frame (staging), text without logprobs goes out one
+    /// character per frame (the hold queue), under random sends, trips and closes.
+    #[test]
+    fn a_proxied_turn_keeps_its_order_and_its_bound_however_the_bytes_arrive(
+        s in schedule(),
+        tokens in upstream_tokens(),
+        cuts in prop::collection::vec(1u8..=255, 1..12),
+    ) {
+        let (mut d, expected) = open_proxied(&s, &tokens, &cuts);
+        drive(&s, &mut d);
+        let slot = d.slot();
+        let (texts, tail) = client_view(&d.wire);
+        let got: String = texts.concat();
+        prop_assert_eq!(d.sends_after_close, 0);
+        prop_assert!(expected.starts_with(&got), "{:?} is not a prefix of {:?}", got, expected);
+        prop_assert!(slot.tokens_delivered.load(SeqCst) <= slot.tokens_submitted.load(SeqCst));
+        if let Some(tau) = d.tripped_tokens {
+            prop_assert_eq!(slot.trip_token_index.load(SeqCst), tau);
+            prop_assert_eq!(slot.post_trip_delivered.load(SeqCst), 0);
+            prop_assert!(slot.tokens_delivered.load(SeqCst) <= tau + u64::from(s.budget));
+            prop_assert_eq!(d.finals, 0);
+            if !d.conn.closing {
+                prop_assert_eq!(d.terminals, 1);
+                prop_assert_eq!(tail.as_slice(), TERMINAL);
+            }
+        } else if !d.conn.closing {
+            prop_assert_eq!(&got, &expected);
+            prop_assert_eq!((d.finals, d.terminals), (1, 0));
+            prop_assert_eq!(tail.as_slice(), FINAL);
+        }
+    }
+}
+
+#[test]
+fn tokens_one_receive_brought_share_a_frame_and_text_without_logprobs_goes_per_character() {
+    let s = Schedule {
+        tokens: 0,
+        takes: vec![8],
+        trip_at: None,
+        trip_mid_step: false,
+        close_at: None,
+        budget: 5,
+    };
+    let tokens: Vec<(String, bool)> = [
+        (" the", true),
+        (" tide", true),
+        (" moon", true),
+        ("ab", false),
+    ]
+    .iter()
+    .map(|(t, lp)| ((*t).to_owned(), *lp))
+    .collect();
+    // Everything but the stream's last bytes in the first receive.
+    let (mut d, expected) = open_proxied(&s, &tokens, &[255]);
+    drive(&s, &mut d);
+    let (texts, tail) = client_view(&d.wire);
+    assert_eq!(texts, [" the", " tide", " moon", "a", "b"]);
+    assert_eq!(texts.concat(), expected);
+    assert_eq!(tail, FINAL);
+    // One frame for the three staged tokens, one per character, and the final frame.
+    assert_eq!(d.slot().frames_submitted.load(SeqCst), 1 + 2 + 1);
+    assert_eq!(d.slot().tokens_delivered.load(SeqCst), 5);
 }
