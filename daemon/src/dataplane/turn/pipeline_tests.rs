@@ -81,6 +81,9 @@ struct Schedule {
     trip_mid_step: bool,
     /// Close the connection after this many steps of the driver.
     close_at: Option<u32>,
+    /// Intervene mode's hold-back window of this many tokens (built-in turns): each token
+    /// waits for this many newer ones, or the end, before it goes out.
+    hold_back: Option<usize>,
     budget: u32,
 }
 
@@ -90,15 +93,16 @@ fn schedule() -> impl Strategy<Value = Schedule> {
         prop::collection::vec(1u8..=8, 1..8),
         (prop::option::weighted(0.5, 0u64..40), any::<bool>()),
         prop::option::weighted(0.15, 0u32..80),
-        0u32..6,
+        (0u32..6, prop::option::weighted(0.3, 1usize..6)),
     )
         .prop_map(
-            |(tokens, takes, (trip_at, trip_mid_step), close_at, budget)| Schedule {
+            |(tokens, takes, (trip_at, trip_mid_step), close_at, (budget, hold_back))| Schedule {
                 tokens,
                 takes,
                 trip_at,
                 trip_mid_step,
                 close_at,
+                hold_back,
                 budget,
             },
         )
@@ -169,6 +173,10 @@ fn open(s: &Schedule) -> (Driver, Vec<String>) {
         (gov, Vec::new()),
         detectors,
     );
+    let mut turn = turn;
+    if let Some(w) = s.hold_back {
+        turn.hold.back = Some(crate::dataplane::turn::holdback::HoldBack::new(w, 0));
+    }
     let mut conn = Conn::new(-1, id, 1, None, 0, cfg, None);
     conn.turn = Some(Box::new(turn));
     let d = Driver {
@@ -457,6 +465,7 @@ fn a_turn_with_whole_sends_delivers_every_token_then_the_final_frame() {
         trip_at: None,
         trip_mid_step: false,
         close_at: None,
+        hold_back: None,
         budget: 5,
     };
     let (d, expected) = run(&s);
@@ -477,6 +486,7 @@ fn a_trip_mid_turn_ends_with_one_terminal_after_the_tokens_before_it() {
         trip_at: Some(4),
         trip_mid_step: true,
         close_at: None,
+        hold_back: None,
         budget: 5,
     };
     let (d, expected) = run(&s);
@@ -649,6 +659,7 @@ fn tokens_one_receive_brought_share_a_frame_and_text_without_logprobs_goes_per_c
         trip_at: None,
         trip_mid_step: false,
         close_at: None,
+        hold_back: None,
         budget: 5,
     };
     let tokens: Vec<(String, bool)> = [
@@ -670,4 +681,33 @@ fn tokens_one_receive_brought_share_a_frame_and_text_without_logprobs_goes_per_c
     // One frame for the three staged tokens, one per character, and the final frame.
     assert_eq!(d.slot().frames_submitted.load(SeqCst), 1 + 2 + 1);
     assert_eq!(d.slot().tokens_delivered.load(SeqCst), 5);
+}
+
+#[test]
+fn the_hold_back_window_keeps_w_tokens_back_until_the_end() {
+    let s = Schedule {
+        tokens: 12,
+        takes: vec![8],
+        trip_at: None,
+        trip_mid_step: false,
+        close_at: None,
+        hold_back: Some(3),
+        budget: 5,
+    };
+    let (mut d, expected) = open(&s);
+    let mut least_lag_mid_text = u64::MAX;
+    while !d.done {
+        d.step();
+        let turn = d.conn.turn.as_ref().expect("a turn");
+        let delivered = d.slot().tokens_delivered.load(SeqCst);
+        if !turn.hold.ending && turn.tokens_generated >= 3 && d.inflight.is_none() {
+            least_lag_mid_text = least_lag_mid_text.min(turn.tokens_generated - delivered);
+        }
+    }
+    assert!(expected.len() > 3, "{expected:?}");
+    assert_eq!(
+        least_lag_mid_text, 3,
+        "a token waits for 3 newer ones before it goes"
+    );
+    check(&s, &d, &expected);
 }
