@@ -30,6 +30,7 @@
 //! | | `policy.rs` | the turn's kernel policy |
 //! | | `pipeline.rs` | the per-token step for every source |
 //! | | `phase.rs` | which phase of the pipeline runs next, decided without I/O |
+//! | | `encode.rs` | the encode phase: a token's SSE event, a released frame, a batch turn's tokens |
 //! | | `score.rs` | the observe phase; a token parked while the external scorer answers |
 //! | | `hold.rs`, `holdback.rs` | the exfiltration hold queue, which also frames proxied text; intervene mode's hold-back window |
 //! | | `circuit.rs`, `circuit_record.rs` | TokenCircuit: tool calls held until judged, `TOOL_CIRCUIT_OPEN`, its ledger records |

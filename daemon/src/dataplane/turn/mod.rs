@@ -8,6 +8,7 @@
 
 pub(in crate::dataplane) mod circuit;
 pub(in crate::dataplane) mod circuit_record;
+pub(in crate::dataplane) mod encode;
 pub(in crate::dataplane) mod end;
 pub(in crate::dataplane) mod halt;
 pub(in crate::dataplane) mod hold;

@@ -20,7 +20,8 @@ use std::sync::{atomic::Ordering::SeqCst, Arc};
 
 use proptest::prelude::*;
 
-use super::{encode_pending, release_text, Released};
+use super::{release_text, Released};
+use crate::dataplane::turn::encode::encode_pending;
 use crate::{
     codes::FailureCode,
     config::{Config, ServeArgs},
