@@ -82,7 +82,7 @@ struct Schedule {
     trip_mid_step: bool,
     /// Close the connection after this many steps of the driver.
     close_at: Option<u32>,
-    /// Intervene mode's hold-back window of this many tokens (built-in turns): each token
+    /// Intervene mode's hold-back window of this many tokens: each token
     /// waits for this many newer ones, or the end, before it goes out.
     hold_back: Option<usize>,
     budget: u32,
@@ -137,66 +137,77 @@ fn body(tokens: u32) -> String {
     )
 }
 
-/// A streaming built-in chat turn on a connection of its own, as `start_builtin_turn` opens
-/// it (no kernel policy, no head: the wire holds the token events only).
+impl Driver {
+    /// A streaming chat turn of `source` for `ask` on a connection of its own, as
+    /// `start_builtin_turn` and `start_proxy_turn` open it (no kernel policy, no head: the
+    /// wire holds the token events only); `feed` is a proxied turn's upstream receives.
+    fn open(
+        s: &Schedule,
+        source: TurnSource,
+        ask: &crate::wire::Ask,
+        feed: std::collections::VecDeque<Vec<u8>>,
+    ) -> Self {
+        let (cfg, detectors) = defaults();
+        let table = StreamTable::new(1);
+        let id = table.alloc(0, -1, s.budget, 1).expect("a slot");
+        let gov = detectors.turn("t", 0).expect("no detector fails at start");
+        let enc = ChunkEncoder {
+            endpoint: Endpoint::Chat,
+            stream_id: id,
+            created: 0,
+            model: "m".into(),
+            logprobs: ask.logprobs,
+            top_logprobs: ask.top_logprobs,
+            tool_calls: false,
+            reasoning: false,
+        };
+        let gov = (gov, Vec::new());
+        let mut turn = Turn::new(
+            source,
+            ask,
+            KeyId(0),
+            false,
+            enc,
+            gov,
+            Arc::clone(detectors),
+        );
+        if let Some(w) = s.hold_back {
+            turn.hold.back = Some(crate::dataplane::turn::holdback::HoldBack::new(w, 0));
+        }
+        let mut conn = Conn::new(-1, id, 1, None, 0, cfg, None);
+        conn.turn = Some(Box::new(turn));
+        Driver {
+            table,
+            conn,
+            wire: Vec::new(),
+            inflight: None,
+            sends: 0,
+            takes: s.takes.clone(),
+            trip_at: s.trip_at,
+            trip_mid_step: s.trip_mid_step,
+            tripped_tokens: None,
+            terminals: 0,
+            finals: 0,
+            sends_after_close: 0,
+            done: false,
+            feed,
+            sse: crate::upstream::SseParser::new(64 * 1024),
+        }
+    }
+}
+
+/// A streaming built-in chat turn, and what the model says for it, token by token.
 fn open(s: &Schedule) -> (Driver, Vec<String>) {
-    let (cfg, detectors) = defaults();
-    let table = StreamTable::new(1);
-    let id = table.alloc(0, -1, s.budget, 1).expect("a slot");
     let req = ClientRequest::parse(Endpoint::Chat, body(s.tokens).as_bytes())
         .and_then(|r| r.builtin_turn("builtin"))
         .expect("a valid request");
-    let gov = detectors.turn("t", 0).expect("no detector fails at start");
-    let enc = ChunkEncoder {
-        endpoint: Endpoint::Chat,
-        stream_id: id,
-        created: 0,
-        model: "builtin".into(),
-        logprobs: req.ask.logprobs,
-        top_logprobs: req.ask.top_logprobs,
-        tool_calls: false,
-        reasoning: false,
-    };
-    // What the model says for this request, token by token.
     let mut expected = Vec::new();
     let mut reference = BuiltinSource::for_turn(&req, false);
     while let Polled::Text(t) = reference.poll() {
         expected.push(t.text.into_owned());
     }
     let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, false));
-    let detectors = Arc::clone(detectors);
-    let turn = Turn::new(
-        source,
-        &req.ask,
-        KeyId(0),
-        false,
-        enc,
-        (gov, Vec::new()),
-        detectors,
-    );
-    let mut turn = turn;
-    if let Some(w) = s.hold_back {
-        turn.hold.back = Some(crate::dataplane::turn::holdback::HoldBack::new(w, 0));
-    }
-    let mut conn = Conn::new(-1, id, 1, None, 0, cfg, None);
-    conn.turn = Some(Box::new(turn));
-    let d = Driver {
-        table,
-        conn,
-        wire: Vec::new(),
-        inflight: None,
-        sends: 0,
-        takes: s.takes.clone(),
-        trip_at: s.trip_at,
-        trip_mid_step: s.trip_mid_step,
-        tripped_tokens: None,
-        terminals: 0,
-        finals: 0,
-        sends_after_close: 0,
-        done: false,
-        feed: std::collections::VecDeque::new(),
-        sse: crate::upstream::SseParser::new(64 * 1024),
-    };
+    let d = Driver::open(s, source, &req.ask, std::collections::VecDeque::new());
     (d, expected)
 }
 
@@ -513,36 +524,9 @@ fn up_chunk(text: &str, logprobs: bool) -> String {
 /// final chunk and `[DONE]`, the bytes cut at `cuts` (each a fraction of the rest, in 256ths)
 /// into receives.
 fn open_proxied(s: &Schedule, tokens: &[(String, bool)], cuts: &[u8]) -> (Driver, String) {
-    let (cfg, detectors) = defaults();
-    let table = StreamTable::new(1);
-    let id = table.alloc(0, -1, s.budget, 1).expect("a slot");
     let body = r#"{"model":"m","stream":true,"logprobs":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let req = ClientRequest::parse(Endpoint::Chat, body.as_bytes()).expect("a valid request");
     let ask = req.builtin_turn("m").expect("a valid ask").ask;
-    let gov = detectors.turn("t", 0).expect("no detector fails at start");
-    let enc = ChunkEncoder {
-        endpoint: Endpoint::Chat,
-        stream_id: id,
-        created: 0,
-        model: "m".into(),
-        logprobs: true,
-        top_logprobs: 0,
-        tool_calls: false,
-        reasoning: false,
-    };
-    let source = TurnSource::Upstream(crate::source::upstream::UpstreamSource::new(false));
-    let detectors = Arc::clone(detectors);
-    let turn = Turn::new(
-        source,
-        &ask,
-        KeyId(0),
-        false,
-        enc,
-        (gov, Vec::new()),
-        detectors,
-    );
-    let mut conn = Conn::new(-1, id, 1, None, 0, cfg, None);
-    conn.turn = Some(Box::new(turn));
     let mut stream: Vec<u8> = Vec::new();
     for (text, lp) in tokens {
         stream.extend_from_slice(up_chunk(text, *lp).as_bytes());
@@ -560,23 +544,8 @@ fn open_proxied(s: &Schedule, tokens: &[(String, bool)], cuts: &[u8]) -> (Driver
         feed.push_back(rest[..n].to_vec());
         rest = &rest[n..];
     }
-    let d = Driver {
-        table,
-        conn,
-        wire: Vec::new(),
-        inflight: None,
-        sends: 0,
-        takes: s.takes.clone(),
-        trip_at: s.trip_at,
-        trip_mid_step: s.trip_mid_step,
-        tripped_tokens: None,
-        terminals: 0,
-        finals: 0,
-        sends_after_close: 0,
-        done: false,
-        feed,
-        sse: crate::upstream::SseParser::new(64 * 1024),
-    };
+    let source = TurnSource::Upstream(crate::source::upstream::UpstreamSource::new(false));
+    let d = Driver::open(s, source, &ask, feed);
     let expected = tokens.iter().map(|(t, _)| t.as_str()).collect();
     (d, expected)
 }
