@@ -13,6 +13,9 @@
 //! | folder | file | what |
 //! |---|---|---|
 //! | `driver/` | `ring.rs` | the io_uring driver: the ring's setup, the loop, submission, completion dispatch |
+//! | | `step.rs` | a connection's `Step`: the connection and the worker's `Io`, never the slab |
+//! | | `conns.rs` | the slab: a connection in (accepted) and out (closed once its step returned) |
+//! | | `ticks.rs`, `wake.rs` | the driver's walks over the connections: the stall scan and drain checks; the eventfd's wake-up (trips, records on disk, grounding answers, drain, shutdown) |
 //! | | `op.rs` | operations that own their buffers while the kernel has them |
 //! | | `deadline.rs` | the timer that enforces upstream receive deadlines |
 //! | `conn/` | `mod.rs` | a client connection: accept and govern, its state, closing |
@@ -45,6 +48,13 @@
 //! | | `tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
 //! | | `pool.rs`, `reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
 //!
+//! The `Worker` is the driver: it owns the slab of connections, and its methods (all in
+//! `driver/`) are the loop, the completion dispatch and the walks over every connection.
+//! Everything one connection does runs on its `Step` (`driver/step.rs`), which borrows that
+//! connection and the worker's `Io` but not the slab, so no connection code can look a
+//! connection up by key; a connection leaves the slab only in the driver, after the step that
+//! closed it returned.
+//!
 //! A trip raised elsewhere (admin, watchdog) rings the worker's eventfd; the worker then halts
 //! the tripped streams it owns at once instead of waiting for their next token.
 
@@ -62,6 +72,7 @@ mod turn;
 mod upstream_io;
 
 use conn::Conn;
+use driver::step::Step;
 
 /// Starts the data-plane workers on `listener`.
 pub fn spawn_workers(
@@ -82,23 +93,25 @@ pub fn spawn_workers(
                         shared.cfg.upstream_pool_idle_timeout,
                     );
                     let mut w = Worker {
-                        id: worker as u32,
-                        ring,
-                        ring_setup,
                         conns: Slab::new(),
-                        listener,
-                        shared,
-                        ops: driver::op::OpTable::default(),
-                        pool,
-                        next_serial: 0,
-                        cqes: Vec::new(),
-                        cq_dropped_seen: 0,
-                        sweep: driver::deadline::Sweep::default(),
-                        tick: conn::drain::Tick::default(),
-                        to_close: Vec::new(),
-                        sq_dropped_seen: 0,
-                        awaiting_records: Vec::new(),
-                        grounding: None,
+                        io: Io {
+                            id: worker as u32,
+                            ring,
+                            ring_setup,
+                            listener,
+                            shared,
+                            ops: driver::op::OpTable::default(),
+                            pool,
+                            next_serial: 0,
+                            cqes: Vec::new(),
+                            cq_dropped_seen: 0,
+                            sweep: driver::deadline::Sweep::default(),
+                            tick: conn::drain::Tick::default(),
+                            to_close: Vec::new(),
+                            sq_dropped_seen: 0,
+                            awaiting_records: Vec::new(),
+                            grounding: None,
+                        },
                     };
                     if let Err(e) = w.run() {
                         // A dead worker cannot police its streams: stop the daemon (fail closed).
@@ -111,13 +124,25 @@ pub fn spawn_workers(
     Ok(handles)
 }
 
-/// One data-plane worker: its ring and the connections it owns.
+/// One data-plane worker, the io_uring driver: the connections it owns, and everything
+/// else it holds (`Io`). Its methods are the driver's: the loop, the completion dispatch, and
+/// the timers and scans that walk every connection. What one connection does runs on a
+/// [`Step`], which borrows that connection and the `Io` but never the slab: code that handles
+/// one connection cannot look another up, and a connection leaves the slab only in the
+/// driver, after the step that closed it has returned (`finish_closes`).
 struct Worker {
+    conns: Slab<Conn>,
+    io: Io,
+}
+
+/// What a worker holds besides its connections: the ring and the operations in flight, the
+/// listener, the shared core, the upstream pool, timers and the lists of connections waiting
+/// on the driver.
+struct Io {
     id: u32,
     ring: IoUring,
     /// How the ring was set up (`ring.rs`).
     ring_setup: driver::ring::RingSetup,
-    conns: Slab<Conn>,
     listener: TcpListener,
     shared: Arc<HaltCore>,
     /// The operations in flight, which own their buffers (`op.rs`).

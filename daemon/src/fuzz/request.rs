@@ -117,7 +117,7 @@ fn check_head(data: &[u8], head: &RequestHead, identity: Option<&str>) {
     }
 }
 
-/// The body of a complete request, as `Worker::route` sends it on.
+/// The body of a complete request, as `Step::route` sends it on.
 fn route(head: &RequestHead, body: &[u8]) {
     let path = head.path.split('?').next().unwrap_or_default();
     let endpoint = match path {

@@ -16,35 +16,35 @@
 //!   the trip and goes out before it, and no record is sealed for a frame the trip refused.
 //! - **Close**: `close_notify` before every close haltd makes of a connection whose stream
 //!   did not halt, sent on the ring behind what the client has not read yet
-//!   ([`Worker::say_close_notify`]); a halted stream's terminal frame carries it
+//!   ([`Step::say_close_notify`]); a halted stream's terminal frame carries it
 //!   (`client_tls.rs` `seal_terminal`).
 
 use std::{io, sync::Arc};
 
-use crate::dataplane::{conn::SendKind, Worker};
+use crate::dataplane::conn::SendKind;
+use crate::dataplane::Step;
 use crate::{
     client_tls::{lock, Opened},
     stream::Outcome,
 };
 
-impl Worker {
+impl Step<'_> {
     /// A receive of a TLS connection brought `res` bytes of ciphertext in `cipher` (or ended):
     /// open them into the request buffer and read on as the HTTP side would; send what the
     /// session has to send (a handshake flight) first.
     pub(in crate::dataplane) fn on_tls_recv(
         &mut self,
-        key: usize,
         res: i32,
         cipher: Vec<u8>,
     ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let Some(tls) = conn.tls.clone() else {
             return Ok(());
         };
         let Ok(n @ 1..) = usize::try_from(res) else {
             conn.tls_in = Some(cipher);
-            return self.on_recv(key, res);
+            return self.on_recv(res);
         };
         if conn.closing {
             conn.tls_in = Some(cipher);
@@ -76,7 +76,7 @@ impl Worker {
                 }
                 tracing::debug!(stream_id = %conn.id, error = %e, handshake = was_handshaking, "client TLS failed; closing its connection");
                 conn.outcome = Outcome::ClientGone;
-                self.begin_close(key);
+                self.begin_close();
                 return Ok(());
             }
         };
@@ -87,24 +87,24 @@ impl Worker {
         };
         if out.is_empty() {
             conn.tls_out = Some(out);
-            return self.tls_read_on(key);
+            return self.tls_read_on();
         }
         // A handshake flight: counted like any frame the gate sees, sent as it is.
         let slot = shared.table.slot(conn.id.slot);
         if !slot.begin_frame(0, false, out.len()) {
             conn.tls_out = Some(out);
-            return self.halt(key);
+            return self.halt();
         }
         conn.sealed = Some(out);
-        self.send(key, SendKind::Handshake)
+        self.send(SendKind::Handshake)
     }
 
     /// After a receive was opened (and its flight sent): the plaintext goes to the HTTP side,
     /// or another receive is armed.
-    pub(in crate::dataplane) fn tls_read_on(&mut self, key: usize) -> io::Result<()> {
-        match self.conns[key].tls_plain_ready.take() {
-            Some(len) => self.on_recv(key, len as i32),
-            None => self.arm_recv(key),
+    pub(in crate::dataplane) fn tls_read_on(&mut self) -> io::Result<()> {
+        match self.conn.tls_plain_ready.take() {
+            Some(len) => self.on_recv(len as i32),
+            None => self.arm_recv(),
         }
     }
 
@@ -116,9 +116,9 @@ impl Worker {
     /// it, inside the gate's terminal allowance), nor to a client that left, nor on a cut
     /// connection, nor during the handshake. Returns whether the send is in flight (the close
     /// goes on at its completion); decided once per close.
-    pub(in crate::dataplane) fn say_close_notify(&mut self, key: usize) -> bool {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn say_close_notify(&mut self) -> bool {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let Some(tls) = conn.tls.clone() else {
             return false;
         };
@@ -148,12 +148,12 @@ impl Worker {
             return false;
         }
         conn.sealed = Some(out);
-        match self.send(key, SendKind::CloseNotify) {
+        match self.send(SendKind::CloseNotify) {
             Ok(()) => true,
             Err(e) => {
                 // Not submitted: the close goes on without it.
                 tracing::warn!(error = %e, "sending close_notify failed; closing without it");
-                let conn = &mut self.conns[key];
+                let conn = &mut *self.conn;
                 conn.emit.abandon_send();
                 shared
                     .table

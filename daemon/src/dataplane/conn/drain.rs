@@ -19,7 +19,7 @@
 //!
 //! **Stall.** A connection is *stalled* when bytes wait in its socket and the client
 //! acknowledges none of them (`tcpi_bytes_acked` stands still) for `--send-stall-timeout-ms`.
-//! A stalled connection is cut ([`Worker::client_stalled`]): a stream still open halts with
+//! A stalled connection is cut ([`Step::client_stalled`]): a stream still open halts with
 //! `CLIENT_STALLED` (recorded and counted like any halt; it degrades nobody), the connection is
 //! reset (`SO_LINGER 0`, nothing of it lingers) and its slot is freed. A client that opens
 //! streams and never reads them thus holds a slot for at most the timeout plus two scan
@@ -40,7 +40,7 @@ use io_uring::{opcode, types};
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind, Owner},
-    timespec, Worker,
+    timespec, Conn, Io, Step,
 };
 use crate::{
     clock::monotonic_ns,
@@ -123,10 +123,10 @@ pub(in crate::dataplane) struct Tick {
     drain_timer: Timer,
     /// Scans so far.
     scans: u32,
-    /// Draining connections, by key and serial.
-    draining: Vec<(usize, u64)>,
-    /// Reused between passes.
-    stalled: Vec<usize>,
+    /// Draining connections, by key and serial (the driver walks them, `driver/ticks.rs`).
+    pub(in crate::dataplane) draining: Vec<(usize, u64)>,
+    /// The stalled connections of a scan, by key and serial; reused between scans.
+    pub(in crate::dataplane) stalled: Vec<(usize, u64)>,
 }
 
 /// The send queue of `fd`, if it can be read.
@@ -135,7 +135,100 @@ fn queue_of(fd: std::os::fd::RawFd) -> Option<SendQueue> {
     SendQueue::of(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
-impl Worker {
+/// What a drain check found (`Conn::check_drain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::dataplane) enum DrainCheck {
+    /// The connection does not drain (any more): it leaves the list.
+    NotDraining,
+    /// Not due yet, or bytes still wait and the client takes them: looked at again later.
+    Pending,
+    /// TCP has transmitted every byte: the connection closes, gracefully.
+    Sent,
+    /// The client took nothing for its stall timeout: the connection is cut.
+    Stalled,
+}
+
+impl Conn {
+    /// The `scan`-th look at this connection's sends: whether its client has taken none of
+    /// its queued bytes for `timeout_ns`. Connections reading a request, draining (their own
+    /// checks) or cut are not looked at; one not looked at in the previous scan starts its
+    /// wait now.
+    pub(in crate::dataplane) fn send_stalled(
+        &mut self,
+        scan: u32,
+        now: u64,
+        timeout_ns: u64,
+    ) -> bool {
+        if self.reading || self.drain.is_some() || self.cut {
+            return false;
+        }
+        if self.stall.scan != scan.wrapping_sub(1) {
+            self.stall = StallWatch::default();
+        }
+        self.stall.scan = scan;
+        queue_of(self.fd).is_some_and(|q| self.stall.stalled(q, now, timeout_ns))
+    }
+
+    /// The drain check of this connection at `now` (module doc): the next check doubles its
+    /// interval while bytes wait and the client takes them.
+    pub(in crate::dataplane) fn check_drain(&mut self, now: u64) -> DrainCheck {
+        let Some(d) = self.drain.as_mut() else {
+            return DrainCheck::NotDraining;
+        };
+        if now < d.next_ns {
+            return DrainCheck::Pending;
+        }
+        let queue = queue_of(self.fd);
+        let stalled = queue.is_some_and(|q| self.stall.stalled(q, now, d.stall_ns));
+        if queue.is_some_and(|q| q.unsent() > 0) && !stalled {
+            d.every_ns = (d.every_ns * 2).min(DRAIN_POLL_MAX.as_nanos() as u64);
+            d.next_ns = now + d.every_ns;
+            return DrainCheck::Pending;
+        }
+        if stalled {
+            DrainCheck::Stalled
+        } else {
+            DrainCheck::Sent
+        }
+    }
+
+    /// When this connection's next drain check is due, if it drains.
+    pub(in crate::dataplane) fn drain_due(&self) -> Option<u64> {
+        self.drain.as_ref().map(|d| d.next_ns)
+    }
+
+    /// At shutdown, once the drain timeout ran out: a connection still draining is cut
+    /// (reset), so that no client waits on a socket haltd no longer watches. Whether it was
+    /// draining.
+    pub(in crate::dataplane) fn cut_for_exit(&mut self) -> bool {
+        if self.drain.is_none() {
+            return false;
+        }
+        self.cut = true;
+        // SAFETY: the connection's open socket.
+        let sock = unsafe { BorrowedFd::borrow_raw(self.fd) };
+        let _ = crate::gate::selftest::set_linger_zero(&sock);
+        true
+    }
+}
+
+impl Io {
+    /// The scan timer fired with `ts` (kept for the next arming): the scan's number and the
+    /// stall timeout in nanoseconds.
+    pub(in crate::dataplane) fn scan_fired(&mut self, ts: Box<types::Timespec>) -> (u32, u64) {
+        self.tick.scan_timer.ts = Some(ts);
+        self.tick.scan_timer.armed = false;
+        let scan = self.tick.scans;
+        self.tick.scans = scan.wrapping_add(1);
+        (scan, self.shared.cfg.send_stall_timeout.as_nanos() as u64)
+    }
+
+    /// The drain timer fired with `ts` (kept for the next arming).
+    pub(in crate::dataplane) fn drain_fired(&mut self, ts: Box<types::Timespec>) {
+        self.tick.drain_timer.ts = Some(ts);
+        self.tick.drain_timer.armed = false;
+    }
+
     /// Submits `timer` to fire after `wait` as an operation of `kind`.
     fn arm_timer(&mut self, kind: OpKind, wait: Duration) -> io::Result<()> {
         let timer = match kind {
@@ -162,86 +255,19 @@ impl Worker {
         self.arm_timer(OpKind::Tick, period)
     }
 
-    /// Arms the drain timer, unless it is armed, for the earliest drain check due.
-    fn arm_drain_timer(&mut self, now: u64) -> io::Result<()> {
-        let due = self
-            .tick
-            .draining
-            .iter()
-            .filter_map(|&(key, serial)| {
-                let c = self.conns.get(key).filter(|c| c.serial == serial)?;
-                c.drain.as_ref().map(|d| d.next_ns)
-            })
-            .min();
-        let Some(due) = due else {
-            return Ok(());
-        };
+    /// Arms the drain timer, unless it is armed, to fire at `due` (nanoseconds, monotonic).
+    pub(in crate::dataplane) fn arm_drain_due(&mut self, now: u64, due: u64) -> io::Result<()> {
         let wait = Duration::from_nanos(due.saturating_sub(now)).max(Duration::from_millis(1));
         self.arm_timer(OpKind::DrainTick, wait)
     }
+}
 
-    /// The scan timer fired: the connections are looked at, the stalled ones cut; re-armed
-    /// while the worker has a connection.
-    pub(in crate::dataplane) fn on_scan_tick(
-        &mut self,
-        ts: Box<types::Timespec>,
-    ) -> io::Result<()> {
-        self.tick.scan_timer.ts = Some(ts);
-        self.tick.scan_timer.armed = false;
-        let mut stalled = std::mem::take(&mut self.tick.stalled);
-        stalled.clear();
-        self.scan_sends(monotonic_ns(), &mut stalled);
-        for &key in &stalled {
-            self.client_stalled(key, StallPhase::Stream);
-        }
-        self.tick.stalled = stalled;
-        if !self.conns.is_empty() {
-            self.arm_scan()?;
-        }
-        Ok(())
-    }
-
-    /// The drain timer fired: the drain checks due; re-armed while a connection drains.
-    pub(in crate::dataplane) fn on_drain_tick(
-        &mut self,
-        ts: Box<types::Timespec>,
-    ) -> io::Result<()> {
-        self.tick.drain_timer.ts = Some(ts);
-        self.tick.drain_timer.armed = false;
-        let now = monotonic_ns();
-        self.check_drains(now);
-        self.arm_drain_timer(now)
-    }
-
-    /// Looks at every connection past its request phase (draining ones have their own
-    /// checks): is its client still taking the bytes waiting in its socket?
-    fn scan_sends(&mut self, now: u64, stalled: &mut Vec<usize>) {
-        let scan = self.tick.scans;
-        self.tick.scans = scan.wrapping_add(1);
-        let timeout = self.shared.cfg.send_stall_timeout.as_nanos() as u64;
-        for (key, conn) in &mut self.conns {
-            if conn.reading || conn.drain.is_some() || conn.cut {
-                continue;
-            }
-            if conn.stall.scan != scan.wrapping_sub(1) {
-                // Not looked at in the previous scan: its wait starts now.
-                conn.stall = StallWatch::default();
-            }
-            conn.stall.scan = scan;
-            let Some(q) = queue_of(conn.fd) else {
-                continue;
-            };
-            if conn.stall.stalled(q, now, timeout) {
-                stalled.push(key);
-            }
-        }
-    }
-
+impl Step<'_> {
     /// Starts the drain of a closing connection whose socket still holds bytes TCP has not
     /// transmitted; returns whether it drains (the caller leaves it open). A connection that
     /// is already draining stays so.
-    pub(in crate::dataplane) fn drain_first(&mut self, key: usize) -> bool {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn drain_first(&mut self) -> bool {
+        let conn = &mut *self.conn;
         if conn.drain.is_some() {
             return true;
         }
@@ -256,19 +282,25 @@ impl Worker {
         }
         let now = monotonic_ns();
         let every = DRAIN_POLL_MIN.as_nanos() as u64;
-        let halted = self.shared.table.slot(conn.id.slot).trip_cause().is_some();
+        let halted = self
+            .io
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .trip_cause()
+            .is_some();
         let stall = if halted {
             // A halted stream is over: its client keeps the slot only while it takes its last
             // bytes (the terminal among them), a byte at least every HALTED_DRAIN_STALL (or the
             // watchdog's client window, if longer), counted from now; one that takes nothing is
             // reset.
             conn.stall = StallWatch::default();
-            crate::watchdog::waits::client_window(self.shared.cfg.halt_grace)
+            crate::watchdog::waits::client_window(self.io.shared.cfg.halt_grace)
                 .max(HALTED_DRAIN_STALL)
         } else {
             // The client's clock goes on from the scans: a client that stopped reading before
             // its stream ended is not given the timeout afresh.
-            self.shared.cfg.send_stall_timeout
+            self.io.shared.cfg.send_stall_timeout
         };
         conn.stall.stalled(q, now, u64::MAX);
         conn.drain = Some(Drain {
@@ -276,69 +308,24 @@ impl Worker {
             every_ns: every,
             stall_ns: stall.as_nanos() as u64,
         });
-        let serial = conn.serial;
-        self.tick.draining.push((key, serial));
-        self.shared.metrics.dataplane.connections_draining.inc();
         // An armed drain timer fires within DRAIN_POLL_MAX: this check waits for it.
-        if let Err(e) = self.arm_drain_timer(now) {
+        if let Err(e) = self.io.arm_drain_due(now, now + every) {
             tracing::error!(error = %e, "arming the drain check failed; closing at once");
-            self.tick.draining.retain(|&(k, s)| (k, s) != (key, serial));
-            self.end_drain(key);
+            conn.drain = None;
             return false;
         }
+        self.io.tick.draining.push(self.owner.conn_tag());
+        self.io.shared.metrics.dataplane.connections_draining.inc();
         true
-    }
-
-    /// The drain checks due at `now`: a connection whose bytes TCP has all transmitted closes
-    /// (gracefully: its FIN follows them); one whose client stalled is cut.
-    fn check_drains(&mut self, now: u64) {
-        let mut i = 0;
-        while i < self.tick.draining.len() {
-            let (key, serial) = self.tick.draining[i];
-            let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == serial) else {
-                self.tick.draining.swap_remove(i);
-                continue;
-            };
-            let Some(d) = conn.drain.as_mut() else {
-                self.tick.draining.swap_remove(i);
-                continue;
-            };
-            if now < d.next_ns {
-                i += 1;
-                continue;
-            }
-            let queue = queue_of(conn.fd);
-            let stalled = queue.is_some_and(|q| conn.stall.stalled(q, now, d.stall_ns));
-            if queue.is_some_and(|q| q.unsent() > 0) && !stalled {
-                d.every_ns = (d.every_ns * 2).min(DRAIN_POLL_MAX.as_nanos() as u64);
-                d.next_ns = now + d.every_ns;
-                i += 1;
-                continue;
-            }
-            self.tick.draining.swap_remove(i);
-            if stalled {
-                self.client_stalled(key, StallPhase::Drain);
-            } else {
-                self.end_drain(key);
-            }
-        }
-    }
-
-    /// The drain of `key` is over: the connection closes.
-    fn end_drain(&mut self, key: usize) {
-        if self.conns[key].drain.take().is_some() {
-            self.shared.metrics.dataplane.connections_draining.dec();
-        }
-        self.close_now(key);
     }
 
     /// The client of `key` stopped reading (module doc): its open stream halts with
     /// `CLIENT_STALLED`, and the connection is reset (`SO_LINGER 0`), which frees its slot
     /// once nothing is in flight: the send waiting on the client fails at once, because the
     /// socket is shut down here.
-    pub(in crate::dataplane) fn client_stalled(&mut self, key: usize, phase: StallPhase) {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn client_stalled(&mut self, phase: StallPhase) {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         if conn.cut {
             return;
         }
@@ -353,14 +340,14 @@ impl Worker {
             timeout_ms = shared.cfg.send_stall_timeout.as_millis() as u64,
             "the client took none of its queued bytes for --send-stall-timeout-ms: resetting its connection"
         );
-        // SAFETY: the connection's open socket (it is closed only by `close_now`).
+        // SAFETY: the connection's open socket (it is closed only by `Io::closed`).
         let sock = unsafe { BorrowedFd::borrow_raw(conn.fd) };
         let _ = crate::gate::selftest::set_linger_zero(&sock);
         if matches!(conn.outcome, Outcome::Open | Outcome::Completed) {
             conn.outcome = Outcome::ClientStalled;
         }
         if phase == StallPhase::Drain {
-            self.end_drain(key);
+            // The driver ends the drain (`end_drain`), which closes the connection.
             return;
         }
         // A stream still open halts (its incident, metrics, the log); one that ended, or is
@@ -375,25 +362,6 @@ impl Worker {
         // SAFETY: as above. Shutting the socket down ends the send waiting on the client
         // (it fails with EPIPE) and whatever else waits on it; the close follows from there.
         unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
-    }
-
-    /// At shutdown, once the drain timeout ran out: the connections still draining are cut
-    /// (reset), so that no client waits on a socket haltd no longer watches.
-    pub(in crate::dataplane) fn cut_drains_for_exit(&mut self) {
-        let draining = std::mem::take(&mut self.tick.draining);
-        for (key, serial) in draining {
-            let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == serial) else {
-                continue;
-            };
-            if conn.drain.is_none() {
-                continue;
-            }
-            conn.cut = true;
-            // SAFETY: the connection's open socket.
-            let sock = unsafe { BorrowedFd::borrow_raw(conn.fd) };
-            let _ = crate::gate::selftest::set_linger_zero(&sock);
-            self.end_drain(key);
-        }
     }
 }
 

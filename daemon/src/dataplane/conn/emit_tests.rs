@@ -216,7 +216,7 @@ impl Harness {
             .is_ok()
         {
             self.tripped_at_tokens = Some(self.seen.tokens_accounted);
-            // The tripper wakes the worker, which halts (`halt.rs` `scan_tripped`).
+            // The tripper wakes the worker, which halts (`driver/wake.rs` `scan_tripped`).
             if !self.closing {
                 self.halt();
             }
@@ -398,7 +398,7 @@ proptest! {
         }
         h.settle();
         // A trip that came while closing still completes its halt (`conn/mod.rs`
-        // `maybe_finish_close` claims it); the harness does the same at the end.
+        // `Step::finish_close` claims it); the harness does the same at the end.
         if h.slot().state() == SlotState::Tripped && h.slot().claim_halt() {
             h.slot().publish_halted();
             h.seen.halt_done = true;

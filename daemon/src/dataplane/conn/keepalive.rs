@@ -22,9 +22,10 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use haltd_common::SockPolicy;
 
+use crate::dataplane::conn::{refusal_error, Conn};
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::upstream_io::pool;
-use crate::dataplane::{conn::refusal_error, Worker};
+use crate::dataplane::Step;
 use crate::{
     admission::Refusal,
     clock::monotonic_ns,
@@ -82,14 +83,21 @@ fn never_tripped(view: &SocketView) -> Option<u64> {
     (policy_untripped && egress_clean && send_clean).then_some(st.frames)
 }
 
-impl Worker {
+impl Conn {
+    /// A kept connection waiting for its next request (no turn, not closing).
+    pub(in crate::dataplane) fn idle_kept(&self) -> bool {
+        self.idle_since_ns.is_some() && !self.closing && self.turn.is_none()
+    }
+}
+
+impl Step<'_> {
     /// The request's head is read: decide whether its turn keeps the connection.
-    pub(in crate::dataplane) fn choose_keep_alive(&mut self, key: usize, head: &RequestHead) {
-        let max_turns = self.shared.cfg.args.max_turns_per_conn;
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn choose_keep_alive(&mut self, head: &RequestHead) {
+        let max_turns = self.io.shared.cfg.args.max_turns_per_conn;
+        let conn = &mut *self.conn;
         conn.keep = KeepAlive::decide(head.keep_alive, conn.turns, max_turns);
         // A kept streaming response is chunked, its terminal frame too.
-        let slot = self.shared.table.slot(conn.id.slot);
+        let slot = self.io.shared.table.slot(conn.id.slot);
         slot.chunked.store(conn.keep == KeepAlive::Keep, SeqCst);
     }
 
@@ -97,9 +105,9 @@ impl Worker {
     /// if the turn completed and keeps the connection, moves the connection to a new stream
     /// and reads the next request. Returns false when the connection is to close instead
     /// (the caller closes it as it would have).
-    pub(in crate::dataplane) fn next_turn(&mut self, key: usize) -> bool {
-        let shared = Arc::clone(&self.shared);
-        let conn = &self.conns[key];
+    pub(in crate::dataplane) fn next_turn(&mut self) -> bool {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &*self.conn;
         if conn.outcome != Outcome::Completed || shared.shutting_down.load(SeqCst) {
             return false;
         }
@@ -138,9 +146,10 @@ impl Worker {
             }
         }
         let budget = shared.cfg.args.budget;
-        let Some(id) = shared
-            .table
-            .alloc_after(self.id, conn.fd, budget, monotonic_ns(), before)
+        let Some(id) =
+            shared
+                .table
+                .alloc_after(self.io.id, conn.fd, budget, monotonic_ns(), before)
         else {
             return false;
         };
@@ -157,18 +166,18 @@ impl Worker {
                 .slot(id.slot)
                 .while_untripped(|| governed = gate.set_policy(sock, &policy));
         }
-        self.summarize(&self.conns[key]);
-        self.record_turn(&self.conns[key]);
-        if let Some(mut up) = self.conns[key].up.take() {
+        self.io.summarize(&*self.conn);
+        self.io.record_turn(&*self.conn);
+        if let Some(mut up) = self.conn.up.take() {
             // Nothing is in flight on the upstream socket (its operations were the turn's).
             let kept = pool::Kept {
                 fd: up.fd(),
                 tls: up.tls.take(),
             };
-            self.release_upstream(kept, up.reuse, Outcome::Completed);
+            self.io.release_upstream(kept, up.reuse, Outcome::Completed);
         }
         shared.table.release(old);
-        self.reset_for_next(key, id);
+        self.reset_for_next(id);
         if let Err(e) = governed {
             // The new stream cannot be governed: it trips and closes without serving (fail
             // closed), as a turn whose policy write failed does.
@@ -176,20 +185,20 @@ impl Worker {
             tracing::error!(stream_id = %id, error = %e, "writing a kept connection's kernel policy failed; closing it");
             // The stream was never served: it closes whatever the table answers.
             own_trip::trip_own(&shared, id, FailureCode::WatchdogTrip, Initiator::Kernel);
-            self.conns[key].outcome = Outcome::Halted;
-            self.begin_close(key);
+            self.conn.outcome = Outcome::Halted;
+            self.begin_close();
             return true;
         }
-        if let Err(e) = self.read_next(key) {
+        if let Err(e) = self.read_next() {
             tracing::error!(error = %e, "reading a kept connection's next request failed");
-            self.begin_close(key);
+            self.begin_close();
         }
         true
     }
 
     /// The connection's state for its next stream `id`, waiting for the next request.
-    fn reset_for_next(&mut self, key: usize, id: crate::wire::StreamId) {
-        let conn = &mut self.conns[key];
+    fn reset_for_next(&mut self, id: crate::wire::StreamId) {
+        let conn = &mut *self.conn;
         conn.id = id;
         conn.turns += 1;
         conn.turn = None;
@@ -209,22 +218,22 @@ impl Worker {
     }
 
     /// Reads the next request: at once if it was pipelined, else when its bytes arrive.
-    fn read_next(&mut self, key: usize) -> io::Result<()> {
-        if self.conns[key].rbuf.as_ref().is_some_and(|b| !b.is_empty()) {
-            if !self.request_begins(key)? {
+    fn read_next(&mut self) -> io::Result<()> {
+        if self.conn.rbuf.as_ref().is_some_and(|b| !b.is_empty()) {
+            if !self.request_begins()? {
                 return Ok(());
             }
-            return self.on_request_bytes(key);
+            return self.on_request_bytes();
         }
-        self.arm_recv(key)
+        self.arm_recv()
     }
 
     /// The first byte of a kept connection's next request arrived: the request deadline
     /// starts now, and the connection takes its place in the request phase again (refused
     /// with 503 when the phase is full). Returns whether the request is to be read.
-    pub(in crate::dataplane) fn request_begins(&mut self, key: usize) -> io::Result<bool> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn request_begins(&mut self) -> io::Result<bool> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         conn.idle_since_ns = None;
         let now = monotonic_ns();
         conn.accepted_ns = now;
@@ -234,39 +243,21 @@ impl Worker {
             .store(crate::clock::unix_ms_now(), SeqCst);
         shared.metrics.dataplane.keepalive_turns.inc();
         if shared.admission.enter_request().is_err() {
-            self.reply_error(key, &refusal_error(Refusal::RequestPhase))?;
+            self.reply_error(&refusal_error(Refusal::RequestPhase))?;
             return Ok(false);
         }
         conn.reading = true;
         Ok(true)
     }
 
-    /// The drain began (SIGTERM/SIGINT): every kept connection waiting for its next request
-    /// closes now (with `close_notify` on TLS), rather than hold its slot until its idle
-    /// timeout or the end of the drain.
-    pub(in crate::dataplane) fn close_idle_for_drain(&mut self) {
-        let idle: Vec<usize> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.idle_since_ns.is_some() && !c.closing && c.turn.is_none())
-            .map(|(key, _)| key)
-            .collect();
-        for key in idle {
-            self.shared
-                .metrics
-                .dataplane
-                .keepalive_closed(KeepAliveClose::Drain);
-            self.begin_close(key);
-        }
-    }
-
     /// No next request within `--client-idle-timeout-ms`: close the connection.
-    pub(in crate::dataplane) fn idle_timed_out(&mut self, key: usize) -> io::Result<()> {
-        self.shared
+    pub(in crate::dataplane) fn idle_timed_out(&mut self) -> io::Result<()> {
+        self.io
+            .shared
             .metrics
             .dataplane
             .keepalive_closed(KeepAliveClose::IdleTimeout);
-        self.begin_close(key);
+        self.begin_close();
         Ok(())
     }
 }

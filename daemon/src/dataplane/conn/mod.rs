@@ -17,16 +17,15 @@ use std::{os::fd::RawFd, sync::Arc};
 
 use io_uring::{opcode, types};
 
-use crate::dataplane::set_nodelay;
 use crate::dataplane::upstream_io::pool;
 use crate::dataplane::{
     conn::keepalive::KeepAlive,
-    driver::op::{OpBuf, OpKind, Owner},
+    driver::op::{OpBuf, OpKind},
     timespec,
     turn::Turn,
     upstream_io::Upstream,
-    Worker,
 };
+use crate::dataplane::{Io, Step};
 use crate::{
     admission::{Admission, Refusal},
     clock::monotonic_ns,
@@ -99,7 +98,7 @@ pub(in crate::dataplane) struct Conn {
     pub(in crate::dataplane) reading: bool,
     /// The final frame is written and recorded, and waits for the upstream exchange to
     /// settle (its body drained and the connection pooled) before it goes out
-    /// (`upstream_io/reuse.rs`, [`Worker::send_final`]).
+    /// (`upstream_io/reuse.rs`, [`Step::send_final`]).
     pub(in crate::dataplane) final_waits_upstream: bool,
     pub(in crate::dataplane) closing: bool,
     pub(in crate::dataplane) outcome: Outcome,
@@ -264,26 +263,20 @@ impl Conn {
             self.traceparent.as_deref(),
         )
     }
-
-    /// Who this connection's operations report to.
-    pub(in crate::dataplane) fn owner(&self, key: usize) -> Owner {
-        Owner::Conn {
-            key,
-            serial: self.serial,
-        }
-    }
 }
 
-impl Worker {
-    pub(in crate::dataplane) fn accepted(&mut self, fd: RawFd) {
-        set_nodelay(fd);
+impl Io {
+    /// A connection the listener accepted: admitted (admission caps, `--max-streams`), given
+    /// a stream slot and put under the kernel halt gate before anything of it is sent. `None`
+    /// when it was refused or could not be governed (it is closed then).
+    pub(in crate::dataplane) fn admit(&mut self, fd: RawFd) -> Option<Conn> {
         self.next_serial += 1;
         let serial = self.next_serial;
         let shared = &self.shared;
         let peer = peer_ip(fd);
         if let Err(why) = shared.admission.admit(peer) {
             self.refuse(fd, &refusal_error(why));
-            return;
+            return None;
         }
         let tls = match shared.cfg.client_tls.as_ref().map(|c| c.session()) {
             None => None,
@@ -293,7 +286,7 @@ impl Worker {
                 shared.admission.leave_request();
                 shared.admission.release(peer);
                 self.refuse(fd, &at_capacity());
-                return;
+                return None;
             }
         };
         let accepted_ns = monotonic_ns();
@@ -304,7 +297,7 @@ impl Worker {
             shared.admission.leave_request();
             shared.admission.release(peer);
             self.refuse(fd, &at_capacity());
-            return;
+            return None;
         };
         // Before anything of this connection is sent: an idle watchdog beats first.
         shared.watch_new_slot();
@@ -335,19 +328,101 @@ impl Worker {
                 shared.table.release(id);
                 shared.admission.leave_request();
                 shared.admission.release(peer);
-                return;
+                return None;
             }
         }
         shared.metrics.dataplane.streams_active.inc();
-        let conn = Conn::new(fd, id, serial, peer, accepted_ns, &shared.cfg, tls);
-        let key = self.conns.insert(conn);
-        // Its client is watched for stalls while it is open (`drain.rs`).
-        if let Err(e) = self.arm_recv(key).and_then(|()| self.arm_scan()) {
-            tracing::error!(error = %e, "arming recv failed");
-            self.begin_close(key);
-        }
+        Some(Conn::new(
+            fd,
+            id,
+            serial,
+            peer,
+            accepted_ns,
+            &shared.cfg,
+            tls,
+        ))
     }
 
+    /// Closed: the connection, out of the driver's slab, leaves its socket, its slot, its
+    /// records and its metrics; its upstream socket goes back to the pool or is closed. A cut
+    /// connection (`cut`) closes with a reset.
+    pub(in crate::dataplane) fn closed(&mut self, mut conn: Conn) {
+        let shared = Arc::clone(&self.shared);
+        if conn.cut {
+            let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
+        }
+        conn.leave_request_phase(&shared.admission);
+        shared.admission.release(conn.peer);
+        // SAFETY: no operation on this descriptor is in flight and the watchdog is done
+        // with it (the slot is not HALTING), so nothing else uses it.
+        unsafe { libc::close(conn.fd) };
+        if let Some(up) = conn.up.as_mut() {
+            // Nothing is in flight on the upstream socket either (its operations are the
+            // connection's, and `inflight` covers them).
+            let kept = pool::Kept {
+                fd: up.fd(),
+                tls: up.tls.take(),
+            };
+            self.release_upstream(kept, up.reuse, conn.outcome);
+        }
+        shared.metrics.dataplane.streams_active.dec();
+        self.summarize(&conn);
+        self.record_turn(&conn);
+        shared.table.release(conn.id);
+    }
+}
+
+impl Step<'_> {
+    /// A closing connection with nothing in flight, once nobody else holds its halt: kept for
+    /// its next request, or waiting for its `close_notify` or for its client to take its last
+    /// bytes; `true` when it is to close now (the driver closes it, `Io::closed`).
+    pub(in crate::dataplane) fn finish_close(&mut self) -> bool {
+        let conn = &*self.conn;
+        if !conn.closing || conn.inflight() {
+            return false;
+        }
+        let shared = Arc::clone(&self.io.shared);
+        let slot = shared.table.slot(conn.id.slot);
+        match slot.state() {
+            // The watchdog is writing to this socket: it wakes us when done.
+            SlotState::Halting | SlotState::Tripping => return false,
+            // Tripped while closing (e.g. the client went away at the same moment): the halt
+            // still gets its record, without a terminal frame.
+            SlotState::Tripped if slot.claim_halt() => {
+                slot.finish_halt(Halter::Emitter, monotonic_ns());
+                shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, false, Vec::new());
+            }
+            _ => {}
+        }
+        // Out of reach of trips before the descriptor goes: a trip writes the kernel through
+        // it. A trip that raced in wakes us once it is published.
+        if !slot.settle_for_close() {
+            return false;
+        }
+        let farewell_begun = conn.notified || conn.drain.is_some();
+        if !farewell_begun && self.next_turn() {
+            // The connection is kept: the next request is read on it, under a new stream.
+            return false;
+        }
+        // TLS: `close_notify` first (a send; the close goes on when it completes).
+        if self.say_close_notify() {
+            return false;
+        }
+        let fd = self.conn.fd;
+        if shared.kernel_held_bytes(fd) {
+            // The egress check holds bytes of this stream back, or will once TCP tries to
+            // send them (`gate/held.rs`): a graceful close would queue the FIN behind them for
+            // ever. Reset the connection instead.
+            note_held_reset(&shared, self.conn.id, fd);
+            self.conn.cut = true;
+            let _ = crate::gate::selftest::set_linger_zero(&fd);
+        }
+        // Bytes TCP has not sent yet: the connection waits for its client (`drain.rs`).
+        !self.drain_first()
+    }
+}
+
+impl Io {
     /// Refused at accept (`--max-streams`, or an admission cap): answer `err` and close.
     /// With the gate, the connection was governed at establishment, so it gets an untripped
     /// policy with no budget first (no tokens, and a lost heartbeat still stops it).
@@ -389,11 +464,13 @@ impl Worker {
             libc::close(fd);
         }
     }
+}
 
-    pub(in crate::dataplane) fn begin_close(&mut self, key: usize) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
+impl Step<'_> {
+    /// Begins to close the connection: its operations in flight are cancelled, its upstream
+    /// exchange is cancelled, and the driver closes it once this pass is over.
+    pub(in crate::dataplane) fn begin_close(&mut self) {
+        let conn = &mut *self.conn;
         if conn.closing {
             return;
         }
@@ -403,7 +480,7 @@ impl Worker {
             g.cancel();
         }
         let targets = [conn.timer_op, conn.recv_op, conn.watch_op, conn.score_op];
-        let owner = conn.owner(key);
+        let owner = self.owner;
         let up_reason = if conn.outcome == Outcome::ClientGone {
             CancelReason::ClientGone
         } else {
@@ -419,103 +496,11 @@ impl Worker {
             // Closing with the upstream still generating: a trip or a client gone (a turn
             // that failed closed its upstream already; one that ended otherwise than
             // completed has its connection shut down, never pooled).
-            self.up_cancel(key, up_reason);
+            self.up_cancel(up_reason);
         }
-        // Closed once this pass is over (`finish_closes`): the caller and the handlers above
-        // it may still look the connection up by its key.
-        let serial = self.conns[key].serial;
-        self.to_close.push((key, serial));
-    }
-
-    /// After each pass over the completions: the connections that began to close during it
-    /// are closed, those with nothing in flight at once (the others when their last
-    /// operation completes, `ring.rs` `complete`).
-    pub(in crate::dataplane) fn finish_closes(&mut self) {
-        while let Some((key, serial)) = self.to_close.pop() {
-            if self.conns.get(key).is_some_and(|c| c.serial == serial) {
-                self.maybe_finish_close(key);
-            }
-        }
-    }
-
-    /// Closes a connection once nothing is in flight and nobody else holds its halt.
-    pub(in crate::dataplane) fn maybe_finish_close(&mut self, key: usize) {
-        let Some(conn) = self.conns.get(key) else {
-            return;
-        };
-        if !conn.closing || conn.inflight() {
-            return;
-        }
-        let shared = Arc::clone(&self.shared);
-        let slot = shared.table.slot(conn.id.slot);
-        match slot.state() {
-            // The watchdog is writing to this socket: it wakes us when done.
-            SlotState::Halting | SlotState::Tripping => return,
-            // Tripped while closing (e.g. the client went away at the same moment): the halt
-            // still gets its record, without a terminal frame.
-            SlotState::Tripped if slot.claim_halt() => {
-                slot.finish_halt(Halter::Emitter, monotonic_ns());
-                shared.complete_halt(&slot.snapshot(conn.id.slot), conn.fd, false, Vec::new());
-            }
-            _ => {}
-        }
-        // Out of reach of trips before the descriptor goes: a trip writes the kernel through
-        // it. A trip that raced in wakes us once it is published.
-        if !slot.settle_for_close() {
-            return;
-        }
-        let conn = &self.conns[key];
-        let farewell_begun = conn.notified || conn.drain.is_some();
-        if !farewell_begun && self.next_turn(key) {
-            // The connection is kept: the next request is read on it, under a new stream.
-            return;
-        }
-        // TLS: `close_notify` first (a send; the close goes on when it completes).
-        if self.say_close_notify(key) {
-            return;
-        }
-        let fd = self.conns[key].fd;
-        if shared.kernel_held_bytes(fd) {
-            // The egress check holds bytes of this stream back, or will once TCP tries to
-            // send them (`gate/held.rs`): a graceful close would queue the FIN behind them for
-            // ever. Reset the connection instead.
-            note_held_reset(&shared, self.conns[key].id, fd);
-            self.conns[key].cut = true;
-            let _ = crate::gate::selftest::set_linger_zero(&fd);
-        }
-        // Bytes TCP has not sent yet: the connection waits for its client (`drain.rs`).
-        if self.drain_first(key) {
-            return;
-        }
-        self.close_now(key);
-    }
-
-    /// Closes the connection and frees its slot: its records, its metrics, its upstream
-    /// socket back to the pool or closed. A cut connection (`cut`) closes with a reset.
-    pub(in crate::dataplane) fn close_now(&mut self, key: usize) {
-        let shared = Arc::clone(&self.shared);
-        let mut conn = self.conns.remove(key);
-        if conn.cut {
-            let _ = crate::gate::selftest::set_linger_zero(&conn.fd);
-        }
-        conn.leave_request_phase(&shared.admission);
-        shared.admission.release(conn.peer);
-        // SAFETY: no operation on this descriptor is in flight and the watchdog is done
-        // with it (the slot is not HALTING), so nothing else uses it.
-        unsafe { libc::close(conn.fd) };
-        if let Some(up) = conn.up.as_mut() {
-            // Nothing is in flight on the upstream socket either (its operations are the
-            // connection's, and `inflight` covers them).
-            let kept = pool::Kept {
-                fd: up.fd(),
-                tls: up.tls.take(),
-            };
-            self.release_upstream(kept, up.reuse, conn.outcome);
-        }
-        shared.metrics.dataplane.streams_active.dec();
-        self.summarize(&conn);
-        self.record_turn(&conn);
-        shared.table.release(conn.id);
+        // Closed once this pass is over (`finish_closes`), after the step that closes it
+        // has returned.
+        self.close_later();
     }
 }
 

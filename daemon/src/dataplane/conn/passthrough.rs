@@ -12,10 +12,8 @@ use std::io;
 
 use serde_json::Value;
 
-use crate::dataplane::{
-    upstream_io::{Purpose, UpstreamRequest},
-    Worker,
-};
+use crate::dataplane::upstream_io::{Purpose, UpstreamRequest};
+use crate::dataplane::Step;
 use crate::{
     config::SourceKind,
     source::builtin::MODEL_NAME,
@@ -64,13 +62,9 @@ fn find_model(list: &Value, id: &str) -> Option<Value> {
         .cloned()
 }
 
-impl Worker {
+impl Step<'_> {
     /// `GET /v1/models` with `--source openai`: relayed from the upstream.
-    pub(in crate::dataplane) fn start_proxy_models(
-        &mut self,
-        key: usize,
-        head: RequestHead,
-    ) -> io::Result<()> {
+    pub(in crate::dataplane) fn start_proxy_models(&mut self, head: RequestHead) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
         let req = UpstreamRequest {
             purpose: Purpose::Models,
@@ -79,22 +73,21 @@ impl Worker {
             authorization: auth.as_deref(),
             body: None,
         };
-        self.open_upstream(key, &req, String::new())
+        self.open_upstream(&req, String::new())
     }
 
     /// `GET /v1/models/{id}`.
     pub(in crate::dataplane) fn start_model(
         &mut self,
-        key: usize,
         head: RequestHead,
         id: &str,
     ) -> io::Result<()> {
-        if self.shared.cfg.args.source != SourceKind::Openai {
+        if self.io.shared.cfg.args.source != SourceKind::Openai {
             if id != MODEL_NAME {
-                return self.reply_error(key, &no_such_model(id));
+                return self.reply_error(&no_such_model(id));
             }
             let body = serde_json::json!({"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"});
-            return self.reply(key, 200, "application/json", body.to_string().as_bytes());
+            return self.reply(200, "application/json", body.to_string().as_bytes());
         }
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
         let req = UpstreamRequest {
@@ -104,20 +97,17 @@ impl Worker {
             authorization: auth.as_deref(),
             body: None,
         };
-        self.open_upstream(key, &req, String::new())?;
-        if let Some(up) = self.conns[key].up.as_mut() {
+        self.open_upstream(&req, String::new())?;
+        if let Some(up) = self.conn.up.as_mut() {
             up.only_model = Some(id.into());
         }
         Ok(())
     }
 
     /// The upstream's `/v1/models` list arrived for a `GET /v1/models/{id}`.
-    pub(in crate::dataplane) fn reply_model_from_list(
-        &mut self,
-        key: usize,
-        list: &[u8],
-    ) -> io::Result<()> {
-        let id = self.conns[key]
+    pub(in crate::dataplane) fn reply_model_from_list(&mut self, list: &[u8]) -> io::Result<()> {
+        let id = self
+            .conn
             .up
             .as_mut()
             .and_then(|up| up.only_model.take())
@@ -128,22 +118,21 @@ impl Worker {
                 "upstream_error",
                 "the upstream's /v1/models answer is not JSON",
             );
-            return self.reply_error(key, &e);
+            return self.reply_error(&e);
         };
         match find_model(&list, &id) {
-            Some(model) => self.reply(key, 200, "application/json", model.to_string().as_bytes()),
-            None => self.reply_error(key, &no_such_model(&id)),
+            Some(model) => self.reply(200, "application/json", model.to_string().as_bytes()),
+            None => self.reply_error(&no_such_model(&id)),
         }
     }
 
     /// `POST /v1/embeddings`: relayed to the upstream as it came.
     pub(in crate::dataplane) fn start_embeddings(
         &mut self,
-        key: usize,
         head: RequestHead,
         body: &[u8],
     ) -> io::Result<()> {
-        if self.shared.cfg.args.source != SourceKind::Openai {
+        if self.io.shared.cfg.args.source != SourceKind::Openai {
             let e = HttpError::new(
                 404,
                 "invalid_request_error",
@@ -151,7 +140,7 @@ impl Worker {
                  pass /v1/embeddings to the upstream",
             )
             .with_code("model_not_found");
-            return self.reply_error(key, &e);
+            return self.reply_error(&e);
         }
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
         let req = UpstreamRequest {
@@ -161,7 +150,7 @@ impl Worker {
             authorization: auth.as_deref(),
             body: Some(body),
         };
-        self.open_upstream(key, &req, String::new())
+        self.open_upstream(&req, String::new())
     }
 }
 

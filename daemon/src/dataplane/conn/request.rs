@@ -8,11 +8,12 @@ use io_uring::{opcode, squeue, types};
 
 use crate::dataplane::conn::passthrough;
 use crate::dataplane::conn::readiness;
+use crate::dataplane::Step;
 use crate::dataplane::{
     conn::keepalive::KeepAlive,
     conn::{frame, SendKind, RECV_CHUNK},
     driver::op::{OpBuf, OpKind},
-    timespec, Worker,
+    timespec,
 };
 use crate::{
     clock::monotonic_ns,
@@ -25,14 +26,14 @@ use crate::{
     wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
 };
 
-impl Worker {
+impl Step<'_> {
     /// Receives more of the request, linked to the request deadline. The request buffer
     /// moves into the receive and comes back with its completion.
-    pub(in crate::dataplane) fn arm_recv(&mut self, key: usize) -> io::Result<()> {
-        let max = http::MAX_HEAD_BYTES + self.shared.cfg.args.max_body_bytes + 1;
-        let timeout = self.shared.cfg.request_timeout;
-        let idle_timeout = self.shared.cfg.client_idle_timeout;
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn arm_recv(&mut self) -> io::Result<()> {
+        let max = http::MAX_HEAD_BYTES + self.io.shared.cfg.args.max_body_bytes + 1;
+        let timeout = self.io.shared.cfg.request_timeout;
+        let idle_timeout = self.io.shared.cfg.client_idle_timeout;
+        let conn = &mut *self.conn;
         // The deadline is absolute, from accept (or the first byte of a kept connection's
         // next request) to the end of the body: a client that sends a byte now and then gets
         // no more time for it. A kept connection waits for that first byte at most the idle
@@ -43,9 +44,9 @@ impl Worker {
         };
         let Some(left) = deadline.checked_sub(monotonic_ns()).filter(|&l| l > 0) else {
             if conn.idle_since_ns.is_some() {
-                return self.idle_timed_out(key);
+                return self.idle_timed_out();
             }
-            return self.request_too_slow(key);
+            return self.request_too_slow();
         };
         if conn.rbuf.as_ref().is_some_and(|b| b.len() >= max) {
             return Ok(());
@@ -76,64 +77,61 @@ impl Worker {
             .unwrap_or_else(|| Box::new(timespec(timeout)));
         *ts = timespec(std::time::Duration::from_nanos(left));
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
-        let owner = conn.owner(key);
+        let owner = self.owner;
         let recv = self.submit(owner, OpKind::Recv, OpBuf::Recv(buf), recv)?;
-        self.conns[key].recv_op = Some(recv);
+        self.conn.recv_op = Some(recv);
         self.submit(owner, OpKind::RecvDeadline, OpBuf::Time(ts), link)
             .map(drop)
     }
 
     /// `--request-timeout-ms` passed since accept before the whole request arrived: 408.
-    fn request_too_slow(&mut self, key: usize) -> io::Result<()> {
-        self.conns[key].leave_request_phase(&self.shared.admission);
-        self.reply_error(
-            key,
-            &HttpError::new(
-                408,
-                "invalid_request_error",
-                "the request did not arrive in time",
-            ),
-        )
+    fn request_too_slow(&mut self) -> io::Result<()> {
+        self.conn.leave_request_phase(&self.io.shared.admission);
+        self.reply_error(&HttpError::new(
+            408,
+            "invalid_request_error",
+            "the request did not arrive in time",
+        ))
     }
 
-    pub(in crate::dataplane) fn on_recv(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn on_recv(&mut self, res: i32) -> io::Result<()> {
+        let conn = &mut *self.conn;
         let idle = conn.idle_since_ns.is_some();
         if conn.closing || !(conn.reading || idle) {
             return Ok(());
         }
         if res == -libc::ECANCELED {
             if idle {
-                return self.idle_timed_out(key);
+                return self.idle_timed_out();
             }
-            return self.request_too_slow(key);
+            return self.request_too_slow();
         }
         if res <= 0 {
             // The client went away before sending a whole request (or closed a kept
             // connection between requests).
             conn.outcome = Outcome::ClientGone;
-            self.begin_close(key);
+            self.begin_close();
             return Ok(());
         }
-        if idle && !self.request_begins(key)? {
+        if idle && !self.request_begins()? {
             return Ok(());
         }
-        self.on_request_bytes(key)
+        self.on_request_bytes()
     }
 
     /// Parses what arrived of the request: reads on, answers `100 Continue`, refuses, or
     /// routes the whole request.
-    pub(in crate::dataplane) fn on_request_bytes(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
-        let max_body = self.shared.cfg.args.max_body_bytes;
+    pub(in crate::dataplane) fn on_request_bytes(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
+        let max_body = self.io.shared.cfg.args.max_body_bytes;
         let rbuf = conn.rbuf.as_deref().unwrap_or_default();
-        let identity_header = self.shared.cfg.args.identity_header.as_deref();
+        let identity_header = self.io.shared.cfg.args.identity_header.as_deref();
         let head = match http::parse_head_with(rbuf, max_body, identity_header) {
             Ok(Some(h)) => h,
-            Ok(None) => return self.arm_recv(key),
+            Ok(None) => return self.arm_recv(),
             Err(e) => {
-                conn.leave_request_phase(&self.shared.admission);
-                return self.reply_error(key, &e);
+                conn.leave_request_phase(&self.io.shared.admission);
+                return self.reply_error(&e);
             }
         };
         if conn.request_id.is_none() {
@@ -147,62 +145,54 @@ impl Worker {
             conn.request_id_from_client = head.request_id.is_some();
             conn.traceparent.clone_from(&head.traceparent);
         }
-        self.choose_keep_alive(key, &head);
-        let conn = &mut self.conns[key];
+        self.choose_keep_alive(&head);
+        let conn = &mut *self.conn;
         let rbuf = conn.rbuf.as_deref().unwrap_or_default();
         let have = rbuf.len() - head.head_len;
         if have < head.content_length {
             if head.expect_continue && !conn.continue_sent {
                 conn.continue_sent = true;
                 frame(&mut conn.wbuf).extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                if conn.count_frame(self.shared.table.slot(conn.id.slot), 0, false) {
+                if conn.count_frame(self.io.shared.table.slot(conn.id.slot), 0, false) {
                     // The rest of the body is read after this send completes: one
                     // operation on `wbuf` at a time.
-                    return self.send(key, SendKind::Continue100);
+                    return self.send(SendKind::Continue100);
                 } else {
-                    return self.halt(key);
+                    return self.halt();
                 }
             }
-            return self.arm_recv(key);
+            return self.arm_recv();
         }
         let end = head.head_len + head.content_length;
         if have > head.content_length {
             if conn.keep == KeepAlive::Close {
-                conn.leave_request_phase(&self.shared.admission);
-                return self.reply_error(
-                    key,
-                    &HttpError::bad_request(
-                        "bytes after the request body (pipelining needs connection: keep-alive)",
-                    ),
-                );
+                conn.leave_request_phase(&self.io.shared.admission);
+                return self.reply_error(&HttpError::bad_request(
+                    "bytes after the request body (pipelining needs connection: keep-alive)",
+                ));
             }
             // Pipelined: the rest is the next request, read once this turn ended.
             conn.pipelined.clear();
             conn.pipelined.extend_from_slice(&rbuf[end..]);
         }
-        conn.leave_request_phase(&self.shared.admission);
+        conn.leave_request_phase(&self.io.shared.admission);
         // The request buffer is freed once the request is routed: nothing reads it after.
         let request = conn.rbuf.take().unwrap_or_default();
         let body = request.get(head.head_len..end).unwrap_or_default();
-        self.route(key, head, body)
+        self.route(head, body)
     }
 
-    pub(in crate::dataplane) fn route(
-        &mut self,
-        key: usize,
-        head: RequestHead,
-        body: &[u8],
-    ) -> io::Result<()> {
+    pub(in crate::dataplane) fn route(&mut self, head: RequestHead, body: &[u8]) -> io::Result<()> {
         let path = head.path.split('?').next().unwrap_or_default();
         let endpoint = match path {
             "/v1/chat/completions" => Some(Endpoint::Chat),
             "/v1/completions" => Some(Endpoint::Completion),
             _ => None,
         };
-        let proxied = self.shared.cfg.args.source == SourceKind::Openai;
+        let proxied = self.io.shared.cfg.args.source == SourceKind::Openai;
         // `GET /v1/models/{id}` (`passthrough.rs`).
         let model = passthrough::model_id(path).map(|r| r.map(str::to_owned));
-        self.conns[key].route = match (path, endpoint) {
+        self.conn.route = match (path, endpoint) {
             (_, Some(Endpoint::Chat)) => Route::Chat,
             (_, Some(Endpoint::Completion)) => Route::Completions,
             ("/v1/embeddings", _) => Route::Embeddings,
@@ -212,41 +202,38 @@ impl Worker {
             _ => Route::Other,
         };
         match (head.method.as_str(), path, endpoint) {
-            ("POST", _, Some(endpoint)) if proxied => {
-                self.start_proxy_turn(key, endpoint, &head, body)
-            }
+            ("POST", _, Some(endpoint)) if proxied => self.start_proxy_turn(endpoint, &head, body),
             ("POST", _, Some(endpoint)) => {
-                let key_id = KeyId::of(&self.shared.node_secret, head.credential());
+                let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
                 match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
                 {
-                    Ok(req) => self.start_builtin_turn(key, req, key_id),
-                    Err(e) => self.reply_error(key, &e),
+                    Ok(req) => self.start_builtin_turn(req, key_id),
+                    Err(e) => self.reply_error(&e),
                 }
             }
             (_, _, Some(_)) => {
-                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+                self.reply_error(&HttpError::method_not_allowed(&head.method, "POST"))
             }
-            ("POST", "/v1/embeddings", _) => self.start_embeddings(key, head, body),
+            ("POST", "/v1/embeddings", _) => self.start_embeddings(head, body),
             ("GET", _, _) if model.is_some() => match model {
-                Some(Ok(id)) => self.start_model(key, head, &id),
-                Some(Err(e)) => self.reply_error(key, &e),
+                Some(Ok(id)) => self.start_model(head, &id),
+                Some(Err(e)) => self.reply_error(&e),
                 None => Ok(()),
             },
-            ("GET", "/healthz", _) => self.reply_health(key),
-            ("GET", "/readyz", _) => self.reply_ready(key),
-            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(key, head),
+            ("GET", "/healthz", _) => self.reply_health(),
+            ("GET", "/readyz", _) => self.reply_ready(),
+            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(head),
             ("GET", "/v1/models", _) => {
                 let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
-                self.reply(key, 200, "application/json", body.as_bytes())
+                self.reply(200, "application/json", body.as_bytes())
             }
             (_, "/healthz" | "/readyz" | "/v1/models", _) => {
-                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "GET"))
+                self.reply_error(&HttpError::method_not_allowed(&head.method, "GET"))
             }
             (_, "/v1/embeddings", _) => {
-                self.reply_error(key, &HttpError::method_not_allowed(&head.method, "POST"))
+                self.reply_error(&HttpError::method_not_allowed(&head.method, "POST"))
             }
             _ => self.reply_error(
-                key,
                 &HttpError::new(
                     404,
                     "invalid_request_error",
@@ -261,14 +248,14 @@ impl Worker {
         }
     }
 
-    pub(in crate::dataplane) fn reply_health(&mut self, key: usize) -> io::Result<()> {
+    pub(in crate::dataplane) fn reply_health(&mut self) -> io::Result<()> {
         let now = monotonic_ns();
         // A syscall or two per health check (the gate's clock), never per token.
-        let hb = self.shared.heartbeat_view(now);
+        let hb = self.io.shared.heartbeat_view(now);
         // An idle watchdog (it beat within its idle period) is a live one; this connection
         // normally woke it already (`HaltCore::watch_new_slot`), so it reads fresh.
         let fresh = hb.state != HeartbeatState::Lost;
-        let recorder_ok = !self.shared.recorder_failed.load(SeqCst);
+        let recorder_ok = !self.io.shared.recorder_failed.load(SeqCst);
         let status = match (fresh, recorder_ok) {
             (true, true) => "ok",
             (false, _) => "heartbeat_lost",
@@ -276,24 +263,23 @@ impl Worker {
         };
         let body = serde_json::json!({
             "status": status,
-            "kernel_gate": self.shared.kernel_gate_label(),
+            "kernel_gate": self.io.shared.kernel_gate_label(),
             "heartbeat_state": hb.state,
             "heartbeat_age_ms": hb.age_ms_json(),
             "heartbeat_clock": hb.clock,
             "recorder_ok": recorder_ok,
             // Not counting this health check's own connection.
-            "streams_active": self.shared.table.active_count().saturating_sub(1),
+            "streams_active": self.io.shared.table.active_count().saturating_sub(1),
         })
         .to_string();
         let code = if fresh && recorder_ok { 200 } else { 503 };
-        self.reply(key, code, "application/json", body.as_bytes())
+        self.reply(code, "application/json", body.as_bytes())
     }
 
     /// `/readyz`: whether this haltd should get new turns (`readiness.rs`).
-    pub(in crate::dataplane) fn reply_ready(&mut self, key: usize) -> io::Result<()> {
-        let (ready, body) = readiness::check(&self.shared);
+    pub(in crate::dataplane) fn reply_ready(&mut self) -> io::Result<()> {
+        let (ready, body) = readiness::check(&self.io.shared);
         self.reply(
-            key,
             if ready { 200 } else { 503 },
             "application/json",
             body.as_bytes(),
@@ -302,23 +288,21 @@ impl Worker {
 
     pub(in crate::dataplane) fn reply(
         &mut self,
-        key: usize,
         status: u16,
         content_type: &str,
         body: &[u8],
     ) -> io::Result<()> {
-        self.reply_with(key, status, content_type, body, &[])
+        self.reply_with(status, content_type, body, &[])
     }
 
     pub(in crate::dataplane) fn reply_with(
         &mut self,
-        key: usize,
         status: u16,
         content_type: &str,
         body: &[u8],
         extra: &[(&str, &str)],
     ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let rid = request_id(&mut conn.request_id);
         // A few header fields per reply (not per token).
         let mut fields = extra.to_vec();
@@ -335,43 +319,40 @@ impl Worker {
         out.extend_from_slice(body);
         conn.status = status;
         if status >= 400 {
-            self.shared.metrics.dataplane.rejected(status);
+            self.io.shared.metrics.dataplane.rejected(status);
             conn.outcome = Outcome::Rejected;
         }
-        self.send_reply(key)
+        self.send_reply()
     }
 
-    pub(in crate::dataplane) fn reply_error(
-        &mut self,
-        key: usize,
-        err: &HttpError,
-    ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn reply_error(&mut self, err: &HttpError) -> io::Result<()> {
+        let conn = &mut *self.conn;
         tracing::debug!(stream_id = %conn.id, status = err.status, detail = %err.message, "request refused");
         let rid = request_id(&mut conn.request_id);
         http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id), Some(&rid));
         conn.status = err.status;
-        self.shared.metrics.dataplane.rejected(err.status);
+        self.io.shared.metrics.dataplane.rejected(err.status);
         if let Some(reason) = ClientError::of_status(err.status) {
-            self.shared.metrics.requests.client_error(reason);
+            self.io.shared.metrics.requests.client_error(reason);
         }
         conn.outcome = Outcome::Rejected;
-        self.send_reply(key)
+        self.send_reply()
     }
 
     /// Sends the reply in the connection's frame buffer as the final frame (counted in the
     /// trip's frame window; a trip that came first halts instead).
-    fn send_reply(&mut self, key: usize) -> io::Result<()> {
-        let conn = &self.conns[key];
+    fn send_reply(&mut self) -> io::Result<()> {
+        let conn = &*self.conn;
         if self
+            .io
             .shared
             .table
             .slot(conn.id.slot)
             .begin_final(conn.wire_len())
         {
-            self.send(key, SendKind::Reply)
+            self.send(SendKind::Reply)
         } else {
-            self.halt(key)
+            self.halt()
         }
     }
 }

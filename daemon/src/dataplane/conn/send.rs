@@ -9,12 +9,12 @@ use io_uring::{opcode, types};
 use crate::dataplane::turn;
 use crate::dataplane::turn::circuit;
 use crate::dataplane::turn::own_trip;
+use crate::dataplane::Step;
 use crate::dataplane::{
     conn::emit::{Completion, Emitter, FailedSend},
     conn::Conn,
     conn::SendKind,
     driver::op::{OpBuf, OpKind},
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -23,11 +23,11 @@ use crate::{
     stream::{Initiator, Outcome, SlotState},
 };
 
-impl Worker {
+impl Step<'_> {
     /// Sends the frame in the connection's frame buffer, which the send owns until it
     /// completes.
-    pub(in crate::dataplane) fn send(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn send(&mut self, kind: SendKind) -> io::Result<()> {
+        let conn = &mut *self.conn;
         let buf = match conn.tls.as_ref() {
             None => conn.wbuf.take().unwrap_or_default(),
             // Sealed when it was counted (`begin_frame_on`), or now: a final frame, a reply
@@ -41,7 +41,8 @@ impl Worker {
         };
         // Every caller checks that no send is in flight: one frame at a time.
         conn.emit.begin_send(kind);
-        self.shared
+        self.io
+            .shared
             .table
             .slot(conn.id.slot)
             .send_inflight
@@ -49,19 +50,19 @@ impl Worker {
         if buf.is_empty() {
             // TLS with nothing to send: a reply while the handshake is under way, or a
             // terminal that could not be sealed. The connection ends without it.
-            return self.on_send(key, -libc::ENOTCONN, buf, 0);
+            return self.on_send(-libc::ENOTCONN, buf, 0);
         }
-        self.submit_send(key, buf, 0)
+        self.submit_send(buf, 0)
     }
 
     /// Submits the send of `buf[off..]`.
-    fn submit_send(&mut self, key: usize, buf: Vec<u8>, off: usize) -> io::Result<()> {
-        let conn = &self.conns[key];
+    fn submit_send(&mut self, buf: Vec<u8>, off: usize) -> io::Result<()> {
+        let conn = &*self.conn;
         let rest = &buf[off..];
         let e = opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build();
-        let owner = conn.owner(key);
+        let owner = self.owner;
         self.submit(owner, OpKind::Send, OpBuf::Send { buf, off }, e)
             .map(drop)
     }
@@ -70,19 +71,18 @@ impl Worker {
     /// says what that means (`emit.rs`), and the driver does it.
     pub(in crate::dataplane) fn on_send(
         &mut self,
-        key: usize,
         res: i32,
         buf: Vec<u8>,
         off: usize,
     ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let done = match conn.emit.complete(res, off, buf.len()) {
             Completion::Stray => {
                 conn.recycle(buf);
                 return Ok(());
             }
-            Completion::Rest { off } => return self.submit_send(key, buf, off),
+            Completion::Rest { off } => return self.submit_send(buf, off),
             Completion::Done(done) => done,
         };
         // The frame buffer is the connection's again, for the next frame.
@@ -94,7 +94,7 @@ impl Worker {
         slot.send_inflight.store(false, SeqCst);
         let kind = done.kind;
         if kind == SendKind::Terminal {
-            return self.halt_done(key, done.ok);
+            return self.halt_done(done.ok);
         }
         if kind == SendKind::CloseNotify {
             // The close goes on (`ring.rs` `complete` finishes it); a failure only means the
@@ -102,28 +102,28 @@ impl Worker {
             return Ok(());
         }
         if !done.ok {
-            return self.send_failed(key, res);
+            return self.send_failed(res);
         }
         if kind == SendKind::Token {
             token_delivered(&shared, conn);
         }
         if done.then_halt {
-            return self.halt(key);
+            return self.halt();
         }
-        self.sent(key, kind)
+        self.sent(kind)
     }
 
     /// A send that is not a token's last word went out whole: the step it enables.
-    fn sent(&mut self, key: usize, kind: SendKind) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
+    fn sent(&mut self, kind: SendKind) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
         match kind {
-            SendKind::Continue100 => self.arm_recv(key),
-            SendKind::Handshake => self.tls_read_on(key),
-            SendKind::Probe => self.probe_sent(key),
-            SendKind::Head => self.step(key),
-            SendKind::Token => self.schedule_next(key),
+            SendKind::Continue100 => self.arm_recv(),
+            SendKind::Handshake => self.tls_read_on(),
+            SendKind::Probe => self.probe_sent(),
+            SendKind::Head => self.step(),
+            SendKind::Token => self.schedule_next(),
             SendKind::Final | SendKind::Reply => {
-                let conn = &mut self.conns[key];
+                let conn = &mut *self.conn;
                 let slot = shared.table.slot(conn.id.slot);
                 slot.state.store(SlotState::Done);
                 if kind == SendKind::Final {
@@ -132,7 +132,7 @@ impl Worker {
                         batch_delivered(&shared, conn.turn.as_deref_mut());
                     }
                 }
-                self.begin_close(key);
+                self.begin_close();
                 Ok(())
             }
             SendKind::Terminal | SendKind::CloseNotify => Ok(()),
@@ -142,13 +142,13 @@ impl Worker {
     /// A send failed: the halt path when the stream is tripped (the gate dropped it, or the
     /// watchdog shut the socket), a halt recorded from the gate's state when the gate dropped
     /// a send userspace had not tripped, else the client went away.
-    pub(in crate::dataplane) fn send_failed(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn send_failed(&mut self, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         tracing::debug!(stream_id = %conn.id, error = %io::Error::from_raw_os_error(-res), "send failed");
         match Emitter::failed_send(slot, res, shared.gate.is_some()) {
-            FailedSend::Halt => return self.halt(key),
+            FailedSend::Halt => return self.halt(),
             FailedSend::KernelDrop => {
                 // E.g. the whole daemon was stopped past the heartbeat deadline. The drop is
                 // permanent whatever the table answers: the halt path records it (under the
@@ -156,7 +156,7 @@ impl Worker {
                 let cause = kernel_drop_cause(&shared, conn.fd);
                 tracing::warn!(stream_id = %conn.id, cause = %cause, "the kernel gate halted a stream userspace had not tripped");
                 own_trip::trip_own(&shared, conn.id, cause, Initiator::Kernel);
-                return self.halt(key);
+                return self.halt();
             }
             // The client went away (or stalled and was cut, `drain.rs`): close.
             FailedSend::ClientGone => {}
@@ -164,7 +164,7 @@ impl Worker {
         if !conn.cut {
             conn.outcome = Outcome::ClientGone;
         }
-        self.begin_close(key);
+        self.begin_close();
         Ok(())
     }
 }

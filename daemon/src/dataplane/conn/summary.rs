@@ -5,11 +5,12 @@
 //! A request is a connection's request once one began (its `x-request-id` is known): a
 //! connection that never sent one, or a kept connection that closes idle, leaves nothing. A
 //! connection refused at accept (an admission cap, `--max-streams`) gets a line of its own
-//! ([`Worker::summarize_refusal`]).
+//! ([`Io::summarize_refusal`]).
 
 use std::sync::Arc;
 
-use crate::dataplane::{conn::Conn, turn::Turn, Worker};
+use crate::dataplane::Io;
+use crate::dataplane::{conn::Conn, turn::Turn};
 use crate::{
     access_log::Entry,
     clock::monotonic_ns,
@@ -27,7 +28,7 @@ fn tokens(turn: Option<&Turn>, snap: &SlotSnapshot, outcome: Outcome) -> u64 {
     }
 }
 
-impl Worker {
+impl Io {
     /// The request on `conn` ended: its access log line and its metrics.
     pub(in crate::dataplane) fn summarize(&self, conn: &Conn) {
         let Some(request_id) = conn.request_id.as_deref() else {

@@ -7,11 +7,12 @@ use std::{io, os::fd::RawFd, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use io_uring::{opcode, types};
 
+use crate::dataplane::Step;
 use crate::dataplane::{
     conn::keepalive::KeepAlive,
     conn::{frame, SendKind},
     driver::op::{OpBuf, OpKind},
-    timespec, Worker,
+    timespec,
 };
 use crate::{
     stream::{Mode, Outcome, SlotState},
@@ -32,20 +33,21 @@ fn peer_reset(fd: RawFd) -> bool {
     crate::gate::held::tcp_info(fd).is_none_or(|info| info.tcpi_state == 7)
 }
 
-impl Worker {
+impl Step<'_> {
     /// Watches the client socket while the turn waits on the upstream: a client that goes
     /// away cancels the upstream generation at once, not at the next token. Before the client
     /// half-closed, a receive (EOF or an error ends it); after, a timer that looks every
     /// [`WATCH_PERIOD`] for the reset only a client that closed for good sends back (see
     /// `on_watch`). A poll cannot wait for it: io_uring reports the peer's FIN (`POLLRDHUP`)
     /// whatever the mask.
-    pub(in crate::dataplane) fn arm_watch(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn arm_watch(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
         if conn.watch_op.is_some() || conn.closing {
             return Ok(());
         }
         let (buf, e) = if conn.peer_eof {
             if self
+                .io
                 .shared
                 .table
                 .slot(conn.id.slot)
@@ -82,15 +84,15 @@ impl Worker {
                 .build();
             (OpBuf::Recv(buf), e)
         };
-        let owner = conn.owner(key);
+        let owner = self.owner;
         let op = self.submit(owner, OpKind::Watch, buf, e)?;
-        self.conns[key].watch_op = Some(op);
+        self.conn.watch_op = Some(op);
         Ok(())
     }
 
-    pub(in crate::dataplane) fn on_watch(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn on_watch(&mut self, res: i32) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         if conn.closing || res == -libc::ECANCELED {
             return Ok(());
         }
@@ -101,7 +103,7 @@ impl Worker {
         }
         if conn.peer_eof && res == -libc::ETIME && !peer_reset(conn.fd) {
             // Still a half-closed client that reads: look again later.
-            return self.arm_watch(key);
+            return self.arm_watch();
         }
         if res == 0 && !conn.peer_eof {
             // EOF: the client half-closed (it may still be reading, as `nc -N` and many
@@ -112,14 +114,14 @@ impl Worker {
             conn.peer_eof = true;
             let slot = shared.table.slot(conn.id.slot);
             if slot.headers_sent.load(SeqCst) || !conn.emit.idle() {
-                return self.arm_watch(key);
+                return self.arm_watch();
             }
             let out = frame(&mut conn.wbuf);
             out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if !conn.count_frame(slot, 0, false) {
-                return self.halt(key);
+                return self.halt();
             }
-            return self.send(key, SendKind::Probe);
+            return self.send(SendKind::Probe);
         }
         // An error, or a reset or hang-up after EOF: the client went away. Make the stream
         // untrippable, cancel the upstream.
@@ -128,21 +130,21 @@ impl Worker {
             .state
             .compare_exchange(SlotState::Streaming, SlotState::Done);
         if slot.is_tripped() {
-            return self.halt(key);
+            return self.halt();
         }
         tracing::debug!(stream_id = %conn.id, "client went away; cancelling the upstream request");
         conn.outcome = Outcome::ClientGone;
-        self.up_cancel(key, CancelReason::ClientGone);
-        self.begin_close(key);
+        self.up_cancel(CancelReason::ClientGone);
+        self.begin_close();
         Ok(())
     }
 
     /// The interim response sent to a client that half-closed went out: watch for its reset,
     /// and carry on with whatever the upstream sent meanwhile.
-    pub(in crate::dataplane) fn probe_sent(&mut self, key: usize) -> io::Result<()> {
-        self.arm_watch(key)?;
-        let conn = &self.conns[key];
-        let slot = self.shared.table.slot(conn.id.slot);
+    pub(in crate::dataplane) fn probe_sent(&mut self) -> io::Result<()> {
+        self.arm_watch()?;
+        let conn = &*self.conn;
+        let slot = self.io.shared.table.slot(conn.id.slot);
         // The upstream's head may have arrived while the probe was in flight: the client's
         // response begins now, as it would have then.
         let head_due = slot.mode() == Mode::Stream
@@ -152,8 +154,8 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|u| u.reader.head().is_some() && !u.finished);
         if head_due {
-            return self.send_stream_head(key);
+            return self.send_stream_head();
         }
-        self.pump(key)
+        self.pump()
     }
 }

@@ -17,6 +17,7 @@ use std::{io, time::Duration};
 use io_uring::{opcode, types};
 
 use crate::clock::monotonic_ns;
+use crate::dataplane::Io;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind, Owner},
     timespec, Worker,
@@ -28,7 +29,7 @@ use crate::dataplane::{
 pub(in crate::dataplane) struct Sweep {
     ts: Option<Box<types::Timespec>>,
     armed: bool,
-    due: Vec<(usize, u64)>,
+    due: Vec<(usize, u64, u64)>,
 }
 
 /// How often the sweep runs: 1/16 of the smaller upstream deadline, within 1..=100 ms.
@@ -37,6 +38,51 @@ pub(in crate::dataplane) fn period(first_token: Duration, stall: Duration) -> Du
 }
 
 impl Worker {
+    /// The sweep timer fired: cancel every upstream receive past its deadline; re-arm while
+    /// any receive is in flight.
+    pub(in crate::dataplane) fn on_sweep(&mut self, ts: Box<types::Timespec>) -> io::Result<()> {
+        self.io.sweep.ts = Some(ts);
+        self.io.sweep.armed = false;
+        let now = monotonic_ns();
+        let mut in_flight = false;
+        let mut due = std::mem::take(&mut self.io.sweep.due);
+        due.clear();
+        for (key, conn) in &mut self.conns {
+            let serial = conn.serial;
+            let Some(up) = conn.up.as_mut() else {
+                continue;
+            };
+            let Some(op) = up.recv_op else {
+                continue;
+            };
+            in_flight = true;
+            if now >= up.recv_deadline_ns && !up.recv_cancelled {
+                up.recv_cancelled = true;
+                due.push((key, serial, op));
+            }
+        }
+        for &(key, serial, target) in &due {
+            let Some(mut step) = self.step_of(key, serial) else {
+                continue;
+            };
+            let owner = step.owner;
+            let e = opcode::AsyncCancel::new(target).build();
+            // A failed submission is retried at the next pass (the flag is cleared).
+            if step.submit(owner, OpKind::Cancel, OpBuf::None, e).is_err() {
+                if let Some(up) = step.conn.up.as_mut() {
+                    up.recv_cancelled = false;
+                }
+            }
+        }
+        self.io.sweep.due = due;
+        if in_flight {
+            self.io.arm_sweep()?;
+        }
+        Ok(())
+    }
+}
+
+impl Io {
     /// Arms the sweep timer unless it is armed.
     pub(in crate::dataplane) fn arm_sweep(&mut self) -> io::Result<()> {
         if self.sweep.armed {
@@ -53,45 +99,6 @@ impl Worker {
         let e = opcode::Timeout::new(&raw const *ts).build();
         self.submit(Owner::Worker, OpKind::Sweep, OpBuf::Time(ts), e)?;
         self.sweep.armed = true;
-        Ok(())
-    }
-
-    /// The sweep timer fired: cancel every upstream receive past its deadline; re-arm while
-    /// any receive is in flight.
-    pub(in crate::dataplane) fn on_sweep(&mut self, ts: Box<types::Timespec>) -> io::Result<()> {
-        self.sweep.ts = Some(ts);
-        self.sweep.armed = false;
-        let now = monotonic_ns();
-        let mut in_flight = false;
-        let mut due = std::mem::take(&mut self.sweep.due);
-        due.clear();
-        for (key, conn) in &mut self.conns {
-            let Some(up) = conn.up.as_mut() else {
-                continue;
-            };
-            let Some(op) = up.recv_op else {
-                continue;
-            };
-            in_flight = true;
-            if now >= up.recv_deadline_ns && !up.recv_cancelled {
-                up.recv_cancelled = true;
-                due.push((key, op));
-            }
-        }
-        for &(key, target) in &due {
-            let owner = self.conns[key].owner(key);
-            let e = opcode::AsyncCancel::new(target).build();
-            // A failed submission is retried at the next pass (the flag is cleared).
-            if self.submit(owner, OpKind::Cancel, OpBuf::None, e).is_err() {
-                if let Some(up) = self.conns[key].up.as_mut() {
-                    up.recv_cancelled = false;
-                }
-            }
-        }
-        self.sweep.due = due;
-        if in_flight {
-            self.arm_sweep()?;
-        }
         Ok(())
     }
 }

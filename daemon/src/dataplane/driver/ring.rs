@@ -10,9 +10,10 @@ use std::{
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use crate::dataplane::Io;
 use crate::dataplane::{
     driver::op::{Op, OpBuf, OpKind, Owner},
-    Worker,
+    Step, Worker,
 };
 use crate::metrics::dataplane::RingEvent;
 
@@ -77,6 +78,163 @@ impl RingSetup {
 }
 
 impl Worker {
+    pub(in crate::dataplane) fn run(&mut self) -> io::Result<()> {
+        if self.io.ring_setup == RingSetup::Deferred {
+            // Created disabled in the spawning thread: this thread becomes its one issuer.
+            self.io.ring.submitter().register_enable_rings()?;
+        }
+        self.io.arm_accept()?;
+        self.io.arm_wake(Box::new(0))?;
+        loop {
+            let mut retry = false;
+            match self.io.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => {
+                    // EBUSY: completions wait in the kernel's overflow backlog because the
+                    // completion ring is full; EAGAIN: the kernel is short of memory for
+                    // requests. Both pass: reap what is there (which makes room), then submit
+                    // again. Submissions not taken stay queued in the ring.
+                    self.io.ring_event(RingEvent::SubmitError, 1);
+                    tracing::warn!(worker = self.io.id, error = %e, "io_uring_enter: retrying after reaping completions");
+                    retry = true;
+                }
+                Err(e) => {
+                    self.io.ring_event(RingEvent::SubmitError, 1);
+                    return Err(e);
+                }
+            }
+            self.io.check_ring();
+            self.io.cqes.clear();
+            self.io.cqes.extend(
+                self.io
+                    .ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result())),
+            );
+            let cqes = std::mem::take(&mut self.io.cqes);
+            if retry && cqes.is_empty() {
+                // Nothing to reap (EAGAIN): do not spin on the kernel.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            for &(data, res) in &cqes {
+                self.complete(data, res)?;
+            }
+            self.io.cqes = cqes;
+            self.finish_closes();
+        }
+    }
+
+    /// A completion: its operation leaves the table, and its buffer goes back to the owner
+    /// with the result. The operation of a connection that is gone is dropped here, buffer
+    /// and all.
+    pub(in crate::dataplane) fn complete(&mut self, user_data: u64, res: i32) -> io::Result<()> {
+        let Some(op) = self.io.ops.take(user_data) else {
+            return Ok(());
+        };
+        let kind = op.kind;
+        match op.owner {
+            Owner::Worker => self.worker_op(kind, op, res),
+            Owner::Conn { key, serial } => {
+                let Some(mut step) = self.step_of(key, serial) else {
+                    return Ok(());
+                };
+                step.conn.ops -= 1;
+                let reissue = step
+                    .conn
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.grounding.as_ref())
+                    .is_some_and(|g| g.reissue.is_some());
+                step.on_op(kind, op.into_buf(res), res)?;
+                step.send_waiting_final()?;
+                if reissue {
+                    // A grounded continuation waits for the old upstream socket
+                    // (`ground/continuation.rs`).
+                    step.maybe_reissue()?;
+                }
+                // After the step has returned: the connection may close now.
+                self.maybe_finish_close(key, serial);
+                Ok(())
+            }
+        }
+    }
+
+    fn worker_op(&mut self, kind: OpKind, op: Op, res: i32) -> io::Result<()> {
+        match (kind, op.into_buf(res)) {
+            (OpKind::Accept, _) => {
+                if res >= 0 {
+                    self.accepted(res);
+                } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
+                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
+                    if res == -libc::EMFILE || res == -libc::ENFILE {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                self.io.arm_accept()
+            }
+            (OpKind::Wake, OpBuf::Word(w)) => {
+                self.on_wake();
+                self.io.arm_wake(w)
+            }
+            (OpKind::Sweep, OpBuf::Time(ts)) => self.on_sweep(ts),
+            (OpKind::Tick, OpBuf::Time(ts)) => self.on_scan_tick(ts),
+            (OpKind::DrainTick, OpBuf::Time(ts)) => self.on_drain_tick(ts),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Step<'_> {
+    /// A connection's operation completed: its handler, with the buffer back.
+    fn on_op(&mut self, kind: OpKind, buf: OpBuf, res: i32) -> io::Result<()> {
+        let conn = &mut *self.conn;
+        match (kind, buf) {
+            (OpKind::Recv, OpBuf::Recv(b)) => {
+                conn.recv_op = None;
+                if conn.tls.is_some() {
+                    return self.on_tls_recv(res, b);
+                }
+                conn.rbuf = Some(b);
+                self.on_recv(res)
+            }
+            (OpKind::RecvDeadline, OpBuf::Time(ts)) => {
+                conn.read_ts = Some(ts);
+                Ok(())
+            }
+            (OpKind::Send, OpBuf::Send { buf, off }) => self.on_send(res, buf, off),
+            (OpKind::Timer, OpBuf::Time(ts)) => {
+                conn.timer_ts = Some(ts);
+                conn.timer_op = None;
+                if conn.closing {
+                    return Ok(());
+                }
+                self.step()
+            }
+            (OpKind::Watch, buf) => {
+                conn.watch_op = None;
+                match buf {
+                    OpBuf::Time(ts) => conn.watch_ts = Some(ts),
+                    OpBuf::Recv(b) => conn.watch_buf = Some(b),
+                    _ => {}
+                }
+                self.on_watch(res)
+            }
+            (OpKind::UpConnect, _) => self.on_up_connect(res),
+            (OpKind::UpSend, OpBuf::Send { buf, off }) => self.on_up_send(res, buf, off),
+            (OpKind::UpRecv, OpBuf::Recv(b)) => self.on_up_recv(res, b),
+            (OpKind::UpDeadline, OpBuf::Time(ts)) => self.on_up_link(ts),
+            (OpKind::Score, OpBuf::Fd(fd)) => self.on_score(res, fd),
+            (OpKind::ScoreDeadline, OpBuf::Time(ts)) => {
+                self.on_score_deadline(ts);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Io {
     /// Counts `n` ring events of `kind` (`haltd_ring_events_total`; rare, never per token).
     pub(in crate::dataplane) fn ring_event(&self, kind: RingEvent, n: u64) {
         self.shared.metrics.dataplane.ring_event(kind, n);
@@ -97,11 +255,6 @@ impl Worker {
             // Not submitted: the kernel never saw the buffer.
             self.ops.take(user_data);
             return Err(e);
-        }
-        if let Owner::Conn { key, .. } = owner {
-            if let Some(c) = self.conns.get_mut(key) {
-                c.ops += 1;
-            }
         }
         Ok(user_data)
     }
@@ -154,49 +307,6 @@ impl Worker {
         }
     }
 
-    pub(in crate::dataplane) fn run(&mut self) -> io::Result<()> {
-        if self.ring_setup == RingSetup::Deferred {
-            // Created disabled in the spawning thread: this thread becomes its one issuer.
-            self.ring.submitter().register_enable_rings()?;
-        }
-        self.arm_accept()?;
-        self.arm_wake(Box::new(0))?;
-        loop {
-            let mut retry = false;
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => {
-                    // EBUSY: completions wait in the kernel's overflow backlog because the
-                    // completion ring is full; EAGAIN: the kernel is short of memory for
-                    // requests. Both pass: reap what is there (which makes room), then submit
-                    // again. Submissions not taken stay queued in the ring.
-                    self.ring_event(RingEvent::SubmitError, 1);
-                    tracing::warn!(worker = self.id, error = %e, "io_uring_enter: retrying after reaping completions");
-                    retry = true;
-                }
-                Err(e) => {
-                    self.ring_event(RingEvent::SubmitError, 1);
-                    return Err(e);
-                }
-            }
-            self.check_ring();
-            self.cqes.clear();
-            self.cqes
-                .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            let cqes = std::mem::take(&mut self.cqes);
-            if retry && cqes.is_empty() {
-                // Nothing to reap (EAGAIN): do not spin on the kernel.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            for &(data, res) in &cqes {
-                self.complete(data, res)?;
-            }
-            self.cqes = cqes;
-            self.finish_closes();
-        }
-    }
-
     pub(in crate::dataplane) fn arm_accept(&mut self) -> io::Result<()> {
         let fd = types::Fd(self.listener.as_raw_fd());
         let e = opcode::Accept::new(fd, std::ptr::null_mut(), std::ptr::null_mut())
@@ -212,111 +322,6 @@ impl Worker {
         let e = opcode::Read::new(fd, ptr.cast(), 8).build();
         self.submit(Owner::Worker, OpKind::Wake, OpBuf::Word(word), e)
             .map(drop)
-    }
-
-    /// A completion: its operation leaves the table, and its buffer goes back to the owner
-    /// with the result. The operation of a connection that is gone is dropped here, buffer
-    /// and all.
-    pub(in crate::dataplane) fn complete(&mut self, user_data: u64, res: i32) -> io::Result<()> {
-        let Some(op) = self.ops.take(user_data) else {
-            return Ok(());
-        };
-        let kind = op.kind;
-        match op.owner {
-            Owner::Worker => self.worker_op(kind, op, res),
-            Owner::Conn { key, serial } => {
-                let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == serial) else {
-                    return Ok(());
-                };
-                conn.ops -= 1;
-                let reissue = conn
-                    .turn
-                    .as_ref()
-                    .and_then(|t| t.grounding.as_ref())
-                    .is_some_and(|g| g.reissue.is_some());
-                self.conn_op(key, kind, op.into_buf(res), res)?;
-                self.send_waiting_final(key)?;
-                if reissue {
-                    // A grounded continuation waits for the old upstream socket
-                    // (`ground/continuation.rs`).
-                    self.maybe_reissue(key)?;
-                }
-                self.maybe_finish_close(key);
-                Ok(())
-            }
-        }
-    }
-
-    fn worker_op(&mut self, kind: OpKind, op: Op, res: i32) -> io::Result<()> {
-        match (kind, op.into_buf(res)) {
-            (OpKind::Accept, _) => {
-                if res >= 0 {
-                    self.accepted(res);
-                } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
-                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
-                    if res == -libc::EMFILE || res == -libc::ENFILE {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-                self.arm_accept()
-            }
-            (OpKind::Wake, OpBuf::Word(w)) => {
-                self.scan_tripped();
-                self.take_grounded();
-                self.arm_wake(w)
-            }
-            (OpKind::Sweep, OpBuf::Time(ts)) => self.on_sweep(ts),
-            (OpKind::Tick, OpBuf::Time(ts)) => self.on_scan_tick(ts),
-            (OpKind::DrainTick, OpBuf::Time(ts)) => self.on_drain_tick(ts),
-            _ => Ok(()),
-        }
-    }
-
-    /// A connection's operation completed: its handler, with the buffer back.
-    fn conn_op(&mut self, key: usize, kind: OpKind, buf: OpBuf, res: i32) -> io::Result<()> {
-        let conn = &mut self.conns[key];
-        match (kind, buf) {
-            (OpKind::Recv, OpBuf::Recv(b)) => {
-                conn.recv_op = None;
-                if conn.tls.is_some() {
-                    return self.on_tls_recv(key, res, b);
-                }
-                conn.rbuf = Some(b);
-                self.on_recv(key, res)
-            }
-            (OpKind::RecvDeadline, OpBuf::Time(ts)) => {
-                conn.read_ts = Some(ts);
-                Ok(())
-            }
-            (OpKind::Send, OpBuf::Send { buf, off }) => self.on_send(key, res, buf, off),
-            (OpKind::Timer, OpBuf::Time(ts)) => {
-                conn.timer_ts = Some(ts);
-                conn.timer_op = None;
-                if conn.closing {
-                    return Ok(());
-                }
-                self.step(key)
-            }
-            (OpKind::Watch, buf) => {
-                conn.watch_op = None;
-                match buf {
-                    OpBuf::Time(ts) => conn.watch_ts = Some(ts),
-                    OpBuf::Recv(b) => conn.watch_buf = Some(b),
-                    _ => {}
-                }
-                self.on_watch(key, res)
-            }
-            (OpKind::UpConnect, _) => self.on_up_connect(key, res),
-            (OpKind::UpSend, OpBuf::Send { buf, off }) => self.on_up_send(key, res, buf, off),
-            (OpKind::UpRecv, OpBuf::Recv(b)) => self.on_up_recv(key, res, b),
-            (OpKind::UpDeadline, OpBuf::Time(ts)) => self.on_up_link(key, ts),
-            (OpKind::Score, OpBuf::Fd(fd)) => self.on_score(key, res, fd),
-            (OpKind::ScoreDeadline, OpBuf::Time(ts)) => {
-                self.on_score_deadline(key, ts);
-                Ok(())
-            }
-            _ => Ok(()),
-        }
     }
 }
 
@@ -334,7 +339,7 @@ mod tests {
 
     use super::*;
 
-    /// What `Worker::check_ring` relies on: completions past a full completion ring set the
+    /// What `Io::check_ring` relies on: completions past a full completion ring set the
     /// overflow flag (kernels with IORING_FEAT_NODROP keep them in a backlog) or count as
     /// dropped (older kernels), and reaping then entering the kernel again flushes the backlog.
     #[test]

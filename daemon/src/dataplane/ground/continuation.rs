@@ -7,7 +7,7 @@
 //! The old exchange is abandoned (its socket shut down, which makes vLLM abort the
 //! generation; its queued items dropped) and the new request waits until no operation of the
 //! old socket is in flight: a completion of the old socket must never be taken for the new
-//! one. [`Worker::maybe_reissue`] runs after every completion of a connection with a
+//! one. [`Step::maybe_reissue`] runs after every completion of a connection with a
 //! re-issue pending; once the old socket is idle it is closed and the new request goes out
 //! through the usual `open_upstream` (a pooled connection or a new one). The client's stream
 //! stays open meanwhile (its head went out already, and goes out only once): the resumed
@@ -18,7 +18,8 @@ use std::io;
 use crate::dataplane::driver::op;
 use crate::dataplane::ground;
 use crate::dataplane::upstream_io;
-use crate::dataplane::{upstream_io::Purpose, Worker};
+use crate::dataplane::upstream_io::Purpose;
+use crate::dataplane::Step;
 use crate::grounding::{plan::bracketed, resume_request::resume_body, Round};
 
 /// What a proxied turn needs to re-issue its request.
@@ -32,21 +33,16 @@ pub(in crate::dataplane) struct ResumeSeed {
     pub(in crate::dataplane) system_prompt: String,
 }
 
-impl Worker {
+impl Step<'_> {
     /// Prepares the continuation of a proxied turn whose last `dropped` tokens are rewound:
     /// the request body is built and the old exchange abandoned. `false` (nothing changed):
     /// no continuation, or the kept prefix is not known whole.
-    pub(in crate::dataplane) fn resume_upstream(
-        &mut self,
-        key: usize,
-        dropped: usize,
-        round: &Round,
-    ) -> bool {
-        let Some(plan) = self.shared.grounding.as_ref() else {
+    pub(in crate::dataplane) fn resume_upstream(&mut self, dropped: usize, round: &Round) -> bool {
+        let Some(plan) = self.io.shared.grounding.as_ref() else {
             return false;
         };
         let continuation = plan.continuation;
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let Some(turn) = conn.turn.as_mut() else {
             return false;
         };
@@ -87,7 +83,7 @@ impl Worker {
             up.finished = true;
             up.discard();
             if let Some(target) = up.connect_op {
-                let owner = conn.owner(key);
+                let owner = self.owner;
                 let e = io_uring::opcode::AsyncCancel::new(target).build();
                 // A failed submission leaves the connect to its deadline.
                 let _ = self.submit(owner, op::OpKind::Cancel, op::OpBuf::None, e);
@@ -98,10 +94,8 @@ impl Worker {
 
     /// A re-issue is pending and the old upstream socket has no operation in flight: it is
     /// closed, and the continuation request goes out.
-    pub(in crate::dataplane) fn maybe_reissue(&mut self, key: usize) -> io::Result<()> {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return Ok(());
-        };
+    pub(in crate::dataplane) fn maybe_reissue(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
         let pending = conn
             .turn
             .as_ref()
@@ -143,6 +137,6 @@ impl Worker {
             body: Some(&body),
         };
         tracing::debug!(stream_id = %conn.id, "re-issuing the upstream request as a grounded continuation");
-        self.open_upstream(key, &request, system_prompt)
+        self.open_upstream(&request, system_prompt)
     }
 }

@@ -7,7 +7,7 @@
 //! [`crate::grounding::Grounder::ground`] under the round's deadline, sends the answer back
 //! on a channel and rings the worker's eventfd, as the ledger writer does for a record on
 //! disk (`record.rs`). The worker serves its other streams meanwhile. On the wake-up
-//! ([`Worker::take_grounded`], after the trip scan, so a halt is always seen first) the
+//! (`driver/wake.rs` `take_grounded`, after the trip scan, so a halt is always seen first) the
 //! round's answer is applied:
 //!
 //! - evidence found: the held tokens are dropped from the window start (none of them was
@@ -18,7 +18,7 @@
 //! - nothing found, or past the deadline: the turn goes on unmodified, held tokens and all.
 //!
 //! **A halt wins over grounding.** A trip (detector, admin, watchdog) while a round runs
-//! halts the turn as any other (`scan_tripped`, `Worker::halt`), within B: parked, the turn
+//! halts the turn as any other (`driver/wake.rs` `scan_tripped`, `Step::halt`), within B: parked, the turn
 //! sent nothing after the breach, and held text is never sent after a trip. The round is
 //! cancelled (its flag is set, so a round not started yet never runs, and a late answer
 //! finds no turn waiting for it) and recorded as `cancelled`. At most `max_rounds` rounds
@@ -45,7 +45,8 @@ use serde_json::{json, Value};
 
 use crate::dataplane::turn;
 use crate::dataplane::turn::hold;
-use crate::dataplane::{turn::Turn, Worker};
+use crate::dataplane::Step;
+use crate::dataplane::{turn::Turn, Io};
 use crate::{
     detect::pipeline::Gate,
     grounding::{
@@ -69,6 +70,23 @@ pub(in crate::dataplane) struct Done {
     key: usize,
     serial: u64,
     round: Option<Round>,
+}
+
+impl Done {
+    /// The connection the round was for, by key and serial.
+    pub(in crate::dataplane) fn conn_tag(&self) -> (usize, u64) {
+        (self.key, self.serial)
+    }
+}
+
+impl Io {
+    /// The rounds that answered since the last look (none before the first round).
+    pub(in crate::dataplane) fn grounding_answers(&self) -> Vec<Done> {
+        self.grounding
+            .as_ref()
+            .map(|r| r.done.try_iter().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// A worker's grounding thread and the channels to it.
@@ -193,11 +211,66 @@ fn outcome_of(round: &Round, took: Duration, deadline: Duration) -> RoundOutcome
     }
 }
 
-impl Worker {
+impl Step<'_> {
+    /// One round's answer: applied to the turn still waiting for it, then the turn goes on.
+    pub(in crate::dataplane) fn grounded(&mut self, done: Done) -> io::Result<()> {
+        let Some(plan) = self.io.shared.grounding.clone() else {
+            return Ok(());
+        };
+        let conn = &mut *self.conn;
+        let slot = self.io.shared.table.slot(conn.id.slot);
+        if conn.closing || slot.is_tripped() {
+            return Ok(());
+        }
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(());
+        };
+        let Some(g) = turn.grounding.as_mut() else {
+            return Ok(());
+        };
+        let Some(w) = g.waiting.take() else {
+            return Ok(());
+        };
+        let took = w.started.elapsed();
+        let Some(round) = done.round else {
+            g.records.push(RoundRecord::without_result(
+                &w.span,
+                took,
+                RoundOutcome::Cancelled,
+            ));
+            return self.step();
+        };
+        let mut outcome = outcome_of(&round, took, plan.round_deadline);
+        if g.post_hoc && outcome == RoundOutcome::Rewound {
+            // Nothing to rewind: the evidence goes after the reply.
+            outcome = RoundOutcome::Annotated;
+            g.annotation = Some(post_hoc::annotation(&round));
+        }
+        let mut rec = RoundRecord::of(&w.span, &round, took, outcome);
+        if outcome == RoundOutcome::Rewound {
+            match self.rewind(&round)? {
+                Some((dropped, kept)) => {
+                    rec.rewound_tokens = dropped;
+                    rec.kept_bytes = kept;
+                }
+                // A trip while rescanning, or a span that cannot be rewound.
+                None => rec.outcome = RoundOutcome::Empty,
+            }
+        }
+        if let Some(g) = self.conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) {
+            g.records.push(rec);
+        }
+        // A proxied turn's continuation goes out once its old socket is idle.
+        self.maybe_reissue()?;
+        self.step()
+    }
+}
+
+impl Step<'_> {
     /// After a text item went into the hold queue: an intervene-mode breach pauses the turn
     /// for a grounding round (`Next::Stop`), unless it had its rounds already.
-    pub(in crate::dataplane) fn maybe_ground(&mut self, key: usize) -> io::Result<bool> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn maybe_ground(&mut self) -> io::Result<bool> {
+        let conn = &mut *self.conn;
         if conn.closing {
             // The release phase closed it (a trip, a failed send): no round for it.
             return Ok(false);
@@ -209,7 +282,7 @@ impl Worker {
         let Some(intervention) = turn.gov.set.take_intervention() else {
             return Ok(false);
         };
-        let Some(max_rounds) = self.shared.grounding.as_ref().map(|p| p.max_rounds) else {
+        let Some(max_rounds) = self.io.shared.grounding.as_ref().map(|p| p.max_rounds) else {
             return Ok(false);
         };
         let (Some(g), Some(back)) = (turn.grounding.as_mut(), turn.hold.back.as_ref()) else {
@@ -233,22 +306,21 @@ impl Worker {
         let mut context = turn.out_text.clone();
         context.push_str(&kept);
         tracing::debug!(stream = %conn.id, detail = %intervention.detail, "grounding round");
-        self.start_round(key, span, context)?;
+        self.start_round(span, context)?;
         Ok(true)
     }
 
     /// Parks the turn and hands a round about `span` to the worker's grounding thread.
     pub(in crate::dataplane) fn start_round(
         &mut self,
-        key: usize,
         span: String,
         context: String,
     ) -> io::Result<()> {
-        let Some(plan) = self.shared.grounding.clone() else {
+        let Some(plan) = self.io.shared.grounding.clone() else {
             return Ok(());
         };
-        let conn = &mut self.conns[key];
-        let serial = conn.serial;
+        let (key, serial) = self.owner.conn_tag();
+        let conn = &mut *self.conn;
         let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) else {
             return Ok(());
         };
@@ -264,9 +336,9 @@ impl Worker {
             span,
             started: Instant::now(),
         });
-        if self.grounding.is_none() {
-            let waker = self.shared.waker(self.id);
-            self.grounding = Some(GroundRunner::start(&plan, self.id, waker)?);
+        if self.io.grounding.is_none() {
+            let waker = self.io.shared.waker(self.io.id);
+            self.io.grounding = Some(GroundRunner::start(&plan, self.io.id, waker)?);
         }
         let job = Job {
             key,
@@ -275,94 +347,18 @@ impl Worker {
             deadline: Instant::now() + plan.round_deadline,
             cancel,
         };
-        if let Some(r) = &self.grounding {
+        if let Some(r) = &self.io.grounding {
             // The thread only ends with the worker: a send cannot fail while it runs.
             let _ = r.jobs.send(job);
         }
         Ok(())
     }
 
-    /// The worker's eventfd rang: the rounds that answered are applied (after the trip scan,
-    /// so a turn halted meanwhile only drops its answer).
-    pub(in crate::dataplane) fn take_grounded(&mut self) {
-        let mut answers = Vec::new();
-        if let Some(r) = &self.grounding {
-            answers.extend(r.done.try_iter());
-        }
-        for done in answers {
-            let key = done.key;
-            if let Err(e) = self.grounded(done) {
-                tracing::error!(error = %e, "resuming a grounded stream failed");
-                self.begin_close(key);
-            }
-        }
-    }
-
-    /// One round's answer: applied to the turn still waiting for it, then the turn goes on.
-    fn grounded(&mut self, done: Done) -> io::Result<()> {
-        let Some(plan) = self.shared.grounding.clone() else {
-            return Ok(());
-        };
-        let key = done.key;
-        let Some(conn) = self.conns.get_mut(key).filter(|c| c.serial == done.serial) else {
-            return Ok(());
-        };
-        let slot = self.shared.table.slot(conn.id.slot);
-        if conn.closing || slot.is_tripped() {
-            return Ok(());
-        }
-        let Some(turn) = conn.turn.as_mut() else {
-            return Ok(());
-        };
-        let Some(g) = turn.grounding.as_mut() else {
-            return Ok(());
-        };
-        let Some(w) = g.waiting.take() else {
-            return Ok(());
-        };
-        let took = w.started.elapsed();
-        let Some(round) = done.round else {
-            g.records.push(RoundRecord::without_result(
-                &w.span,
-                took,
-                RoundOutcome::Cancelled,
-            ));
-            return self.step(key);
-        };
-        let mut outcome = outcome_of(&round, took, plan.round_deadline);
-        if g.post_hoc && outcome == RoundOutcome::Rewound {
-            // Nothing to rewind: the evidence goes after the reply.
-            outcome = RoundOutcome::Annotated;
-            g.annotation = Some(post_hoc::annotation(&round));
-        }
-        let mut rec = RoundRecord::of(&w.span, &round, took, outcome);
-        if outcome == RoundOutcome::Rewound {
-            match self.rewind(key, &round)? {
-                Some((dropped, kept)) => {
-                    rec.rewound_tokens = dropped;
-                    rec.kept_bytes = kept;
-                }
-                // A trip while rescanning, or a span that cannot be rewound.
-                None => rec.outcome = RoundOutcome::Empty,
-            }
-        }
-        if let Some(g) = self.conns[key]
-            .turn
-            .as_mut()
-            .and_then(|t| t.grounding.as_mut())
-        {
-            g.records.push(rec);
-        }
-        // A proxied turn's continuation goes out once its old socket is idle.
-        self.maybe_reissue(key)?;
-        self.step(key)
-    }
-
     /// Drops the held tokens from the window start and resumes the source from the kept
     /// prefix with the round's evidence: `(tokens dropped, bytes kept)`, or `None` when the
     /// turn cannot be rewound (it stays as it was) or tripped.
-    fn rewind(&mut self, key: usize, round: &Round) -> io::Result<Option<(usize, usize)>> {
-        let conn = &mut self.conns[key];
+    fn rewind(&mut self, round: &Round) -> io::Result<Option<(usize, usize)>> {
+        let conn = &mut *self.conn;
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(None);
         };
@@ -373,10 +369,10 @@ impl Worker {
             return Ok(None);
         }
         let dropped_tokens = turn.hold.queue.iter().filter(|p| p.end > keep).count();
-        if !self.resume_source(key, dropped_tokens, round) {
+        if !self.resume_source(dropped_tokens, round) {
             return Ok(None);
         }
-        let Some(turn) = self.conns[key].turn.as_mut() else {
+        let Some(turn) = self.conn.turn.as_mut() else {
             return Ok(None);
         };
         let released = turn.hold.released.min(keep);
@@ -397,7 +393,7 @@ impl Worker {
             }
             Gate::Trip(t) => {
                 turn.hold.scanned = keep;
-                self.detector_trip(key, t)?;
+                self.detector_trip(t)?;
                 return Ok(None);
             }
         }
@@ -405,13 +401,13 @@ impl Worker {
     }
 
     /// The source continues from the kept prefix with `round`'s evidence in context.
-    fn resume_source(&mut self, key: usize, dropped: usize, round: &Round) -> bool {
-        let Some(turn) = self.conns[key].turn.as_mut() else {
+    fn resume_source(&mut self, dropped: usize, round: &Round) -> bool {
+        let Some(turn) = self.conn.turn.as_mut() else {
             return false;
         };
         match &mut turn.source {
             turn::TurnSource::Builtin(b) => b.resume(dropped, &round.snippets),
-            turn::TurnSource::Upstream(_) => self.resume_upstream(key, dropped, round),
+            turn::TurnSource::Upstream(_) => self.resume_upstream(dropped, round),
         }
     }
 }

@@ -16,7 +16,8 @@ use std::io;
 use serde_json::{json, Value};
 
 use crate::dataplane::ground;
-use crate::dataplane::{turn::Turn, Worker};
+use crate::dataplane::turn::Turn;
+use crate::dataplane::Step;
 use crate::grounding::Round;
 
 /// The first breach of a post-hoc turn: its span (the window's text) is kept for the round
@@ -59,11 +60,11 @@ pub(in crate::dataplane) fn annotation(round: &Round) -> Value {
     })
 }
 
-impl Worker {
+impl Step<'_> {
     /// At the end of a post-hoc turn's text: the round about the noted span, if one is due
     /// (`true`: the turn is parked until it answers; the final frame follows then).
-    pub(in crate::dataplane) fn post_hoc_round(&mut self, key: usize) -> io::Result<bool> {
-        let Some(turn) = self.conns[key].turn.as_mut() else {
+    pub(in crate::dataplane) fn post_hoc_round(&mut self) -> io::Result<bool> {
+        let Some(turn) = self.conn.turn.as_mut() else {
             return Ok(false);
         };
         let Some(g) = turn.grounding.as_mut().filter(|g| g.post_hoc) else {
@@ -72,11 +73,11 @@ impl Worker {
         let Some(span) = g.post_hoc_span.take() else {
             return Ok(false);
         };
-        if self.shared.grounding.is_none() {
+        if self.io.shared.grounding.is_none() {
             return Ok(false);
         }
         let context = turn.out_text.clone();
-        self.start_round(key, span, context)?;
+        self.start_round(span, context)?;
         Ok(true)
     }
 }

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::dataplane::turn::circuit_record;
 use crate::dataplane::turn::own_trip;
-use crate::dataplane::Worker;
+use crate::dataplane::Step;
 use crate::{
     circuit::{
         store::{ConversationId, ConversationStore},
@@ -320,23 +320,23 @@ impl Refusal {
     }
 }
 
-impl Worker {
+impl Step<'_> {
     /// After a held tool-call delta: the calls it shows complete (a later call started) are
     /// judged, and the held deltas of judged calls go out, so a call streams as soon as it
     /// is whole. A forbidden call halts the stream (returns false) before any of it is sent.
-    pub(in crate::dataplane) fn circuit_release(&mut self, key: usize) -> io::Result<bool> {
-        self.circuit_judge(key, false)
+    pub(in crate::dataplane) fn circuit_release(&mut self) -> io::Result<bool> {
+        self.circuit_judge(false)
     }
 
     /// At the end of the turn's text: judge every call left; a forbidden one halts the
     /// stream (returns false), else the held deltas are queued for the client.
-    pub(in crate::dataplane) fn circuit_at_end(&mut self, key: usize) -> io::Result<bool> {
-        self.circuit_judge(key, true)
+    pub(in crate::dataplane) fn circuit_at_end(&mut self) -> io::Result<bool> {
+        self.circuit_judge(true)
     }
 
-    fn circuit_judge(&mut self, key: usize, at_end: bool) -> io::Result<bool> {
-        let stream_id = self.conns[key].id;
-        let Some(turn) = self.conns[key].turn.as_mut() else {
+    fn circuit_judge(&mut self, at_end: bool) -> io::Result<bool> {
+        let stream_id = self.conn.id;
+        let Some(turn) = self.conn.turn.as_mut() else {
             return Ok(false);
         };
         let Some(tc) = turn.circuit.as_mut().filter(|c| !c.judged) else {
@@ -352,7 +352,7 @@ impl Worker {
         // taken.
         let calls = merged[range].to_vec();
         let now = Instant::now();
-        let store = &self.shared.circuits;
+        let store = &self.io.shared.circuits;
         let denied = if tc.out_of_order {
             let why = "the model added to a tool call after a later call had started: the \
                        call was judged as it stood, so the rest is not sent";
@@ -371,8 +371,8 @@ impl Worker {
             store.intervened(&tc.conversation, (*artifact).clone(), now);
             let action = circuit_record::Action::Halted;
             let id = Some(stream_id.to_string());
-            circuit_record::record(&self.shared, &tc.conversation, action, &artifact, id);
-            self.circuit_trip(key, &artifact)?;
+            circuit_record::record(&self.io.shared, &tc.conversation, action, &artifact, id);
+            self.circuit_trip(&artifact)?;
             return Ok(false);
         }
         // Let out now: the instant the backoff clock measures the next retry from. Delivered
@@ -395,13 +395,9 @@ impl Worker {
 
     /// Halts the stream with `TOOL_CIRCUIT_OPEN`, the artifact in the error object. Not a
     /// breach: the key is not degraded (`modes::cause_degrades`).
-    fn circuit_trip(
-        &mut self,
-        key: usize,
-        artifact: &crate::circuit::DiagnosticArtifact,
-    ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let id = self.conns[key].id;
+    fn circuit_trip(&mut self, artifact: &crate::circuit::DiagnosticArtifact) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let id = self.conn.id;
         tracing::info!(stream_id = %id, key = %artifact.equivalence_key, justification = %artifact.safety_justification, "tool circuit open: the call is not sent");
         shared.metrics.circuit.tripped(artifact.failure_class);
         shared.meta(id.slot).tool_circuit = serde_json::to_value(artifact).ok();
@@ -417,7 +413,7 @@ impl Worker {
                 shared.meta(id.slot).tool_circuit = None;
             }
         }
-        self.halt(key)
+        self.halt()
     }
 }
 

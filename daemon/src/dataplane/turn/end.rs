@@ -1,5 +1,5 @@
 //! The end of a turn's text, the last stage of the pipeline: the detectors' and the
-//! scanner's last word ([`Worker::govern_end`]), then, once every held frame went out,
+//! scanner's last word ([`Step::govern_end`]), then, once every held frame went out,
 //! SafetyCheck's verdict and the final frame (the final events of a stream, or the whole
 //! batch response).
 
@@ -7,10 +7,10 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::{json, Value};
 
+use crate::dataplane::Step;
 use crate::dataplane::{
     conn::frame,
     turn::{HeldToken, Turn},
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -140,12 +140,12 @@ pub(in crate::dataplane) fn end_of_text(turn: &mut Turn, now: u64) -> Result<(),
     }
 }
 
-impl Worker {
+impl Step<'_> {
     /// The source ended and every held frame went out: the final frame, with the source's
     /// finish reason and usage (haltd's own count when it gave none).
-    pub(in crate::dataplane) fn finish(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
-        let batch = self.shared.table.slot(conn.id.slot).mode() == Mode::Batch;
+    pub(in crate::dataplane) fn finish(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
+        let batch = self.io.shared.table.slot(conn.id.slot).mode() == Mode::Batch;
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
         };
@@ -164,23 +164,22 @@ impl Worker {
                     .collect();
             }
         }
-        self.finish_with(key, &ending.reason, usage, tools.as_ref())
+        self.finish_with(&ending.reason, usage, tools.as_ref())
     }
 
     /// Writes the last frame of a turn that ends normally with `reason` (the final events of
     /// a stream, or the whole batch response) and sends it.
     pub(in crate::dataplane) fn finish_with(
         &mut self,
-        key: usize,
         reason: &str,
         usage: (u64, u64),
         tool_calls: Option<&Value>,
     ) -> io::Result<()> {
-        if !self.safety_at_end(key)? {
+        if !self.safety_at_end()? {
             return Ok(());
         }
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(());
@@ -210,34 +209,35 @@ impl Worker {
                 (persist, rid),
             );
         }
-        let conn = &self.conns[key];
+        let conn = &*self.conn;
         let len = conn.wire_len();
         let slot = shared.table.slot(conn.id.slot);
         if slot.begin_final(len) {
             if slot.mode() == Mode::Batch {
                 slot.headers_sent.store(true, SeqCst);
             }
-            self.record_then_finish(key)
+            self.record_then_finish()
         } else {
-            self.halt(key)
+            self.halt()
         }
     }
 
-    pub(in crate::dataplane) fn govern_end(&mut self, key: usize) -> io::Result<bool> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn govern_end(&mut self) -> io::Result<bool> {
+        let conn = &mut *self.conn;
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(false);
         };
         match end_of_text(turn, monotonic_ns()) {
             Err(t) => {
-                self.detector_trip(key, t)?;
+                self.detector_trip(t)?;
                 Ok(false)
             }
             Ok(()) => Ok(true),
         }
     }
-    pub(in crate::dataplane) fn safety_at_end(&mut self, key: usize) -> io::Result<bool> {
-        let conn = &mut self.conns[key];
+
+    pub(in crate::dataplane) fn safety_at_end(&mut self) -> io::Result<bool> {
+        let conn = &mut *self.conn;
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(true);
         };
@@ -247,15 +247,12 @@ impl Worker {
         turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
         if !upheld && turn.detectors.cfg.safety.mode == SafetyMode::Enforce {
             return self
-                .detector_trip(
-                    key,
-                    Trip {
-                        detector: DetectorId::Safety,
-                        code: FailureCode::SafetyBoundaryViolated,
-                        kind: TripKind::Breach,
-                        detail: format!("violated: {}", violated.join(", ")),
-                    },
-                )
+                .detector_trip(Trip {
+                    detector: DetectorId::Safety,
+                    code: FailureCode::SafetyBoundaryViolated,
+                    kind: TripKind::Breach,
+                    detail: format!("violated: {}", violated.join(", ")),
+                })
                 .map(|()| false);
         }
         Ok(true)

@@ -4,7 +4,7 @@
 //! record is on disk (after any send in flight): a halt the client saw is never lost in a
 //! crash (issue 13, point 5). The wait for the fsync holds no thread: the ledger's writer
 //! rings the worker's eventfd when the record is written. A trip raised on another thread
-//! rings the eventfd too ([`Worker::scan_tripped`]).
+//! rings the eventfd too (`driver/wake.rs`).
 
 use std::{
     io,
@@ -16,9 +16,10 @@ use std::{
 
 use crate::dataplane::conn::emit::HaltStep;
 use crate::dataplane::turn::own_trip;
+use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::{frame, SendKind},
-    Worker,
+    conn::{frame, Conn, SendKind},
+    AfterRecord,
 };
 use crate::{
     clock::monotonic_ns,
@@ -27,12 +28,56 @@ use crate::{
     upstream::CancelReason,
 };
 
-impl Worker {
+/// What a wake-up asks of a connection whose stream is tripped (`Conn::on_wake`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::dataplane) enum WakeNeed {
+    /// Nothing: its stream is not tripped, or its halt is under way.
+    Nothing,
+    /// Its halt, from the emitter's side (`Step::halt`), then its close if it is closing.
+    Halt,
+    /// Its close only: it was closing already when the watchdog halted it.
+    Close,
+    /// `emitter-ignores-halt` (fault injection): an emitter that paused on the trip (it saw
+    /// TRIPPING) carries on sending tokens, so only the kernel stops it.
+    CarryOn,
+}
+
+impl Conn {
+    /// What the worker's wake-up asks of this connection, its slot being in `state`.
+    pub(in crate::dataplane) fn on_wake(&self, state: SlotState, ignore_halt: bool) -> WakeNeed {
+        let tripped = state == SlotState::Tripped;
+        if state == SlotState::Halted || (tripped && (self.closing || !ignore_halt)) {
+            if self.closing {
+                WakeNeed::Close
+            } else {
+                WakeNeed::Halt
+            }
+        } else if tripped && !self.closing && !self.inflight() && self.turn.is_some() {
+            WakeNeed::CarryOn
+        } else {
+            WakeNeed::Nothing
+        }
+    }
+}
+
+impl Step<'_> {
+    /// An answer whose record is now on disk goes out: the halt's terminal frame, or the
+    /// turn's final frame (unless the connection is closing).
+    pub(in crate::dataplane) fn send_recorded(&mut self, after: AfterRecord) -> io::Result<()> {
+        match after {
+            AfterRecord::Terminal => self.send_terminal(),
+            AfterRecord::Final if self.conn.closing => Ok(()),
+            AfterRecord::Final => self.send_final(),
+        }
+    }
+}
+
+impl Step<'_> {
     /// A detector tripped the stream: note who and why for the terminal event and record,
     /// count it, trip, halt.
-    pub(in crate::dataplane) fn detector_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let id = self.conns[key].id;
+    pub(in crate::dataplane) fn detector_trip(&mut self, trip: Trip) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let id = self.conn.id;
         tracing::info!(stream_id = %id, detector = %trip.detector, code = %trip.code, detail = %trip.detail, "detector tripped the stream");
         shared.metrics.detectors.tripped(trip.detector, trip.code);
         // Bounded: the terminal frame must fit the gate's terminal allowance.
@@ -45,36 +90,32 @@ impl Worker {
                 shared.meta(id.slot).detector_trip = None;
             }
         }
-        self.halt(key)
+        self.halt()
     }
 
     /// Halts a tripped stream from the emitter's side: claim the halt, then send the terminal
     /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
-    pub(in crate::dataplane) fn halt(&mut self, key: usize) -> io::Result<()> {
-        if let Some(g) = self.conns[key]
-            .turn
-            .as_mut()
-            .and_then(|t| t.grounding.as_mut())
-        {
+    pub(in crate::dataplane) fn halt(&mut self) -> io::Result<()> {
+        if let Some(g) = self.conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) {
             // A halt wins over grounding: the round in flight is cancelled (`ground/mod.rs`).
             g.cancel();
         }
-        if self.shared.table.slot(self.conns[key].id.slot).is_tripped() {
+        if self.io.shared.table.slot(self.conn.id.slot).is_tripped() {
             // A tripped turn's generation is cancelled at once (spec: no work for nothing,
             // and vLLM frees the sequence).
-            self.up_cancel(key, CancelReason::Trip);
+            self.up_cancel(CancelReason::Trip);
         }
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         match conn.emit.halt_step(slot) {
             HaltStep::Halted => {
                 conn.outcome = Outcome::Halted;
-                self.begin_close(key);
+                self.begin_close();
                 return Ok(());
             }
             HaltStep::NotTripped => {
-                self.begin_close(key);
+                self.begin_close();
                 return Ok(());
             }
             // Woken later: by the tripper, the watchdog, or the send in flight's completion.
@@ -98,7 +139,7 @@ impl Worker {
             format!("stream halted ({cause}); terminal event sent once this record was on disk");
         let rec = shared.halt_record(&snap, conn.fd, refs, terminal);
         let on_disk = Arc::new(AtomicBool::new(false));
-        let (flag, waker) = (Arc::clone(&on_disk), shared.waker(self.id));
+        let (flag, waker) = (Arc::clone(&on_disk), shared.waker(self.io.id));
         // Runs on the ledger's writer after the fsync (or its failure: the watchdog then fails
         // every stream closed, and the terminal still goes out).
         let queued = shared.ledger.append_then(rec, move |_| {
@@ -111,27 +152,21 @@ impl Worker {
             shared.metrics.ledger.errors.inc();
             tracing::error!(error = %e, "flight recorder append failed");
             shared.recorder_failed();
-            return self.send_terminal(key);
+            return self.send_terminal();
         }
-        let serial = self.conns[key].serial;
-        self.awaiting_records.push((
-            key,
-            serial,
-            crate::dataplane::AfterRecord::Terminal,
-            on_disk,
-        ));
+        self.await_record(crate::dataplane::AfterRecord::Terminal, on_disk);
         Ok(())
     }
 
     /// The halt's record is on disk (or failed): the terminal frame goes out, or, for a
     /// connection already closing, the halt completes without it.
-    fn send_terminal(&mut self, key: usize) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    fn send_terminal(&mut self) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         if conn.closing || conn.cut {
             // Closing, or cut because its client stopped reading (its socket is shut down):
             // the halt completes without the terminal frame.
-            return self.halt_done(key, false);
+            return self.halt_done(false);
         }
         let snap = shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
         if conn.tls.is_some() {
@@ -142,16 +177,12 @@ impl Worker {
         } else {
             shared.terminal_frame(&snap, frame(&mut conn.wbuf));
         }
-        self.send(key, SendKind::Terminal)
+        self.send(SendKind::Terminal)
     }
 
-    pub(in crate::dataplane) fn halt_done(
-        &mut self,
-        key: usize,
-        delivered: bool,
-    ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn halt_done(&mut self, delivered: bool) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         slot.publish_halted();
         let snap = slot.snapshot(conn.id.slot);
@@ -159,76 +190,7 @@ impl Worker {
             tracing::info!(stream_id = %snap.id, "terminal event not delivered (socket closed or dropped by the kernel gate)");
         }
         shared.halt_completed(&snap);
-        self.begin_close(key);
+        self.begin_close();
         Ok(())
-    }
-
-    /// The answers whose record is now on disk go out: terminal frames and final frames.
-    fn send_recorded_answers(&mut self) {
-        let mut recorded = Vec::new();
-        self.awaiting_records
-            .retain(|(key, serial, after, on_disk)| {
-                if !on_disk.load(Ordering::Acquire) {
-                    return true;
-                }
-                recorded.push((*key, *serial, *after));
-                false
-            });
-        for (key, serial, after) in recorded {
-            if self.conns.get(key).is_none_or(|c| c.serial != serial) {
-                continue; // the connection ended meanwhile (its client went away)
-            }
-            let sent = match after {
-                crate::dataplane::AfterRecord::Terminal => self.send_terminal(key),
-                crate::dataplane::AfterRecord::Final if self.conns[key].closing => Ok(()),
-                crate::dataplane::AfterRecord::Final => self.send_final(key),
-            };
-            if let Err(e) = sent {
-                tracing::error!(error = %e, "sending an answer after its record failed");
-            }
-            self.maybe_finish_close(key);
-        }
-    }
-
-    /// After a wake-up: halt every tripped stream of this worker, and close the ones the
-    /// watchdog halted. During a drain, close the idle kept connections; at shutdown, cut the
-    /// connections still draining.
-    pub(in crate::dataplane) fn scan_tripped(&mut self) {
-        if !self.awaiting_records.is_empty() {
-            self.send_recorded_answers();
-        }
-        if self.shared.draining.load(Ordering::SeqCst) {
-            self.close_idle_for_drain();
-        }
-        if self.shared.shutting_down.load(Ordering::SeqCst) {
-            self.cut_drains_for_exit();
-        }
-        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
-        let mut halt = Vec::new();
-        let mut carry_on = Vec::new();
-        for (key, c) in &self.conns {
-            let st = self.shared.table.slot(c.id.slot).state();
-            if st == SlotState::Halted || (st == SlotState::Tripped && (c.closing || !ignore_halt))
-            {
-                halt.push((key, c.closing));
-            } else if st == SlotState::Tripped && !c.closing && !c.inflight() && c.turn.is_some() {
-                // `emitter-ignores-halt`: an emitter that paused on the trip (it saw
-                // TRIPPING) carries on sending tokens, so only the kernel stops it.
-                carry_on.push(key);
-            }
-        }
-        for (key, closing) in halt {
-            if !closing {
-                if let Err(e) = self.halt(key) {
-                    tracing::error!(error = %e, "halting a stream failed");
-                }
-            }
-            self.maybe_finish_close(key);
-        }
-        for key in carry_on {
-            if let Err(e) = self.step(key) {
-                tracing::error!(error = %e, "fault injection: resuming a stream failed");
-            }
-        }
     }
 }

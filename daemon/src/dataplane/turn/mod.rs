@@ -1,6 +1,6 @@
 //! A turn: the state a connection keeps while it serves one completion, and opening it.
 //!
-//! Opening is the same for both sources ([`Worker::open_turn`]): refuse while shutting down
+//! Opening is the same for both sources ([`Step::open_turn`]): refuse while shutting down
 //! or without a flight recorder, fix the stream's mode (stream or batch) and budget, start
 //! the turn's detectors, give the kernel gate the turn's policy. Then the built-in turn sends
 //! its head (streaming) and runs the pipeline; the proxied turn opens its upstream exchange
@@ -31,8 +31,8 @@ use crate::dataplane::{
     conn::{frame, SendKind},
     turn::hold::Hold,
     upstream_io::Purpose,
-    Worker,
 };
+use crate::dataplane::{Io, Step};
 use crate::{
     clock::monotonic_ns,
     detect::{
@@ -69,7 +69,7 @@ pub(in crate::dataplane) struct HeldToken {
 }
 
 /// What the request metrics need of a turn: its model label and inter-token histogram,
-/// resolved once at its start ([`Worker::observe_turn`]), and when its tokens reached the
+/// resolved once at its start ([`Step::observe_turn`]), and when its tokens reached the
 /// client.
 #[derive(Debug, Default)]
 pub(in crate::dataplane) struct TurnObs {
@@ -322,22 +322,52 @@ type Proxied = (
     Option<Box<circuit::TurnCircuit>>,
 );
 
-impl Worker {
+impl Io {
+    /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
+    /// or, without continuation, the post-hoc fallback (nothing held).
+    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: continuation::ResumeSeed) {
+        let resumable = self
+            .shared
+            .grounding
+            .as_ref()
+            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+        let mut back = holdback::HoldBack::new(w, 0);
+        if !resumable {
+            // The post-hoc fallback: token ends are kept for the span, nothing is held.
+            back.open();
+        }
+        turn.hold.back = Some(back);
+        turn.grounding = Some(Box::new(ground::TurnGrounding {
+            post_hoc: !resumable,
+            prompt: last_user_text(&seed.body),
+            seed: Some(seed),
+            ..Default::default()
+        }));
+    }
+
+    /// The hold-back window of a streamed turn whose surprise detector intervenes and that
+    /// a grounder can serve (`holdback.rs`); `None`: nothing is held back.
+    fn intervene_window(&self, turn: &Turn, mode: Mode) -> Option<usize> {
+        let on = self.shared.grounding.is_some() && mode == Mode::Stream;
+        (on && turn.gov.set.intervenes())
+            .then(|| turn.detectors.cfg.surprise.cfg.effective_hold_back())
+    }
+}
+
+impl Step<'_> {
     /// The checks and slot set-up every turn starts with: refuse while shutting down or
     /// without a flight recorder, look up degraded mode for the conversation, and fix the
     /// stream's mode and budget. `None`: the turn was refused (the reply is on its way).
     pub(in crate::dataplane) fn open_turn(
         &mut self,
-        key: usize,
         endpoint: Endpoint,
         client_stream: bool,
         key_id: KeyId,
         model: Arc<str>,
     ) -> io::Result<Option<(bool, Mode)>> {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.io.shared);
         if shared.draining.load(SeqCst) || shared.shutting_down.load(SeqCst) {
             self.reply_error(
-                key,
                 &HttpError::new(503, "server_error", "haltd is shutting down")
                     .with_code("shutting_down")
                     .with_retry_after("1"),
@@ -347,7 +377,6 @@ impl Worker {
         if shared.recorder_failed.load(SeqCst) {
             // Fail closed: a turn that cannot be recorded is not served.
             self.reply_error(
-                key,
                 &HttpError::new(
                     503,
                     "server_error",
@@ -360,7 +389,7 @@ impl Worker {
         // A lock per turn start (degraded-mode registry), never per token.
         shared.expire_degraded();
         let degraded = shared.modes.is_degraded(key_id);
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         slot.created.store(crate::clock::unix_secs(), SeqCst);
         slot.endpoint.store(endpoint);
@@ -394,9 +423,9 @@ impl Worker {
     }
 
     /// The turn's model label and inter-token histogram, resolved once, at its start.
-    pub(in crate::dataplane) fn observe_turn(&mut self, key: usize) {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn observe_turn(&mut self) {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let route = conn.route;
         let Some(turn) = conn.turn.as_mut() else {
             return;
@@ -411,10 +440,9 @@ impl Worker {
     /// start (an external scorer that cannot be reached) trips the stream at once.
     pub(in crate::dataplane) fn turn_governor(
         &mut self,
-        key: usize,
         detectors: &Detectors,
     ) -> ((TurnGovernor, Vec<String>), Option<Trip>) {
-        let id = self.conns[key].id;
+        let id = self.conn.id;
         match detectors.turn(&id.to_string(), monotonic_ns()) {
             Ok(gov) => {
                 let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
@@ -439,16 +467,15 @@ impl Worker {
     /// `reasoning`: the frames it may carry besides content (a proxied chat turn).
     pub(in crate::dataplane) fn encoder(
         &self,
-        key: usize,
         ask: &Ask,
         model: Arc<str>,
         (tool_calls, reasoning): (bool, bool),
     ) -> ChunkEncoder {
-        let id = self.conns[key].id;
+        let id = self.conn.id;
         ChunkEncoder {
             endpoint: ask.endpoint,
             stream_id: id,
-            created: self.shared.table.slot(id.slot).created.load(SeqCst),
+            created: self.io.shared.table.slot(id.slot).created.load(SeqCst),
             model,
             logprobs: ask.logprobs,
             top_logprobs: ask.top_logprobs,
@@ -458,8 +485,8 @@ impl Worker {
     }
 
     /// The response head of a streaming turn, sent before its first token.
-    pub(in crate::dataplane) fn send_stream_head(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn send_stream_head(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
         let out = frame(&mut conn.wbuf);
         let persist = conn.keep.persist();
         let rid = conn.request_id.as_deref().unwrap_or_default();
@@ -472,33 +499,32 @@ impl Worker {
             &[("x-request-id", rid)],
             persist,
         );
-        let slot = self.shared.table.slot(conn.id.slot);
+        let slot = self.io.shared.table.slot(conn.id.slot);
         if conn.count_frame(slot, 0, false) {
             slot.headers_sent.store(true, SeqCst);
-            return self.send(key, SendKind::Head);
+            return self.send(SendKind::Head);
         }
-        self.halt(key)
+        self.halt()
     }
 
     /// A turn of the built-in model.
     pub(in crate::dataplane) fn start_builtin_turn(
         &mut self,
-        key: usize,
         req: BuiltinTurn,
         key_id: KeyId,
     ) -> io::Result<()> {
         let ask = &req.ask;
         let Some((degraded, mode)) =
-            self.open_turn(key, ask.endpoint, ask.stream, key_id, MODEL_NAME.into())?
+            self.open_turn(ask.endpoint, ask.stream, key_id, MODEL_NAME.into())?
         else {
             return Ok(());
         };
-        let detectors = self.shared.detectors.load_full();
-        let (gov, failed) = self.turn_governor(key, &detectors);
+        let detectors = self.io.shared.detectors.load_full();
+        let (gov, failed) = self.turn_governor(&detectors);
         let model = BuiltinModel::get();
-        let restate = self.shared.cfg.args.builtin_restate_prompt;
+        let restate = self.io.shared.cfg.args.builtin_restate_prompt;
         let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, restate));
-        let enc = self.encoder(key, ask, MODEL_NAME.into(), (false, false));
+        let enc = self.encoder(ask, MODEL_NAME.into(), (false, false));
         let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
@@ -507,7 +533,7 @@ impl Worker {
         let identity = crate::safety::identity_digest(MODEL_NAME, "");
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);
-        if let Some(w) = self.intervene_window(&turn, mode) {
+        if let Some(w) = self.io.intervene_window(&turn, mode) {
             if let TurnSource::Builtin(b) = &mut turn.source {
                 b.history = crate::source::resume::History::with_capacity(w + 1);
             }
@@ -517,66 +543,35 @@ impl Worker {
                 ..Default::default()
             }));
         }
-        self.conns[key].turn = Some(Box::new(turn));
-        self.observe_turn(key);
-        if !self.arm_turn_policy(key) {
-            return self.halt(key);
+        self.conn.turn = Some(Box::new(turn));
+        self.observe_turn();
+        if !self.arm_turn_policy() {
+            return self.halt();
         }
         if let Some(trip) = failed {
-            return self.detector_trip(key, trip);
+            return self.detector_trip(trip);
         }
         if mode == Mode::Stream {
-            return self.send_stream_head(key);
+            return self.send_stream_head();
         }
-        self.step(key)
-    }
-
-    /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
-    /// or, without continuation, the post-hoc fallback (nothing held).
-    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: continuation::ResumeSeed) {
-        let resumable = self
-            .shared
-            .grounding
-            .as_ref()
-            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
-        let mut back = holdback::HoldBack::new(w, 0);
-        if !resumable {
-            // The post-hoc fallback: token ends are kept for the span, nothing is held.
-            back.open();
-        }
-        turn.hold.back = Some(back);
-        turn.grounding = Some(Box::new(ground::TurnGrounding {
-            post_hoc: !resumable,
-            prompt: last_user_text(&seed.body),
-            seed: Some(seed),
-            ..Default::default()
-        }));
-    }
-
-    /// The hold-back window of a streamed turn whose surprise detector intervenes and that
-    /// a grounder can serve (`holdback.rs`); `None`: nothing is held back.
-    fn intervene_window(&self, turn: &Turn, mode: Mode) -> Option<usize> {
-        let on = self.shared.grounding.is_some() && mode == Mode::Stream;
-        (on && turn.gov.set.intervenes())
-            .then(|| turn.detectors.cfg.surprise.cfg.effective_hold_back())
+        self.step()
     }
 
     /// `POST /v1/chat/completions` or `/v1/completions` with `--source openai`.
     pub(in crate::dataplane) fn start_proxy_turn(
         &mut self,
-        key: usize,
         endpoint: Endpoint,
         head: &RequestHead,
         body: &[u8],
     ) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
-        let key_id = KeyId::of(&self.shared.node_secret, head.credential());
+        let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
-        self.shared.expire_degraded();
-        let degraded = self.shared.modes.is_degraded(key_id);
-        let policy = self.shared.cfg.tool_circuit.as_ref();
+        self.io.shared.expire_degraded();
+        let degraded = self.io.shared.modes.is_degraded(key_id);
+        let policy = self.io.shared.cfg.tool_circuit.as_ref();
         let arrival = circuit::Arrival {
-            store: &self.shared.circuits,
+            store: &self.io.shared.circuits,
             header: head.conversation_id.as_deref(),
             key: key_id,
             now: std::time::Instant::now(),
@@ -585,23 +580,23 @@ impl Worker {
             match prepare_proxied(endpoint, body, degraded, policy.map(|p| (p, arrival))) {
                 Ok(v) => v,
                 Err(r) => {
-                    let e = (*r).settle(&self.shared, self.conns[key].id.to_string());
-                    return self.reply_error(key, &e);
+                    let e = (*r).settle(&self.io.shared, self.conn.id.to_string());
+                    return self.reply_error(&e);
                 }
             };
         let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, _mode)) =
-            self.open_turn(key, endpoint, up.ask.stream, key_id, Arc::clone(&model))?
+            self.open_turn(endpoint, up.ask.stream, key_id, Arc::clone(&model))?
         else {
             return Ok(());
         };
-        let detectors = self.shared.detectors.load_full();
-        let ((gov, mut detector_refs), failed) = self.turn_governor(key, &detectors);
+        let detectors = self.io.shared.detectors.load_full();
+        let ((gov, mut detector_refs), failed) = self.turn_governor(&detectors);
         detector_refs.push("upstream:integrity".to_owned());
         // Degraded mode emits no tool calls (a degraded stream is batch anyway).
         let chat = endpoint == Endpoint::Chat;
         // Reasoning is forwarded in degraded mode too (it is text); tool calls are not.
-        let enc = self.encoder(key, &up.ask, model, (chat && !degraded, chat));
+        let enc = self.encoder(&up.ask, model, (chat && !degraded, chat));
         let source = TurnSource::Upstream(UpstreamSource::new(degraded));
         let mut turn = Turn::new(
             source,
@@ -618,8 +613,8 @@ impl Worker {
             Endpoint::Chat => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
         };
-        let mode = self.shared.table.slot(self.conns[key].id.slot).mode();
-        if let Some(w) = self.intervene_window(&turn, mode) {
+        let mode = self.io.shared.table.slot(self.conn.id.slot).mode();
+        if let Some(w) = self.io.intervene_window(&turn, mode) {
             let seed = continuation::ResumeSeed {
                 body: up.body.clone(),
                 endpoint,
@@ -627,16 +622,16 @@ impl Worker {
                 authorization: auth.clone(),
                 system_prompt: system_prompt.clone(),
             };
-            self.ground_proxied(&mut turn, w, seed);
+            self.io.ground_proxied(&mut turn, w, seed);
         }
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
-        self.conns[key].turn = Some(Box::new(turn));
-        self.observe_turn(key);
-        if !self.arm_turn_policy(key) {
-            return self.halt(key);
+        self.conn.turn = Some(Box::new(turn));
+        self.observe_turn();
+        if !self.arm_turn_policy() {
+            return self.halt();
         }
         if let Some(trip) = failed {
-            return self.detector_trip(key, trip);
+            return self.detector_trip(trip);
         }
         let request = upstream_io::UpstreamRequest {
             purpose: Purpose::Turn,
@@ -645,6 +640,6 @@ impl Worker {
             authorization: auth.as_deref(),
             body: Some(&up.body),
         };
-        self.open_upstream(key, &request, system_prompt)
+        self.open_upstream(&request, system_prompt)
     }
 }

@@ -1,8 +1,8 @@
 //! The turn pipeline: the one per-token path, for every [`crate::source::TokenSource`].
 //!
-//! [`Worker::step`] runs whenever a turn can make progress (its pacing timer fired, its last
+//! [`Step::step`] runs whenever a turn can make progress (its pacing timer fired, its last
 //! frame was sent, its upstream delivered): the heartbeat and trip checks, then
-//! [`Worker::pump`], which takes what the source produced through the named phases:
+//! [`Step::pump`], which takes what the source produced through the named phases:
 //!
 //! 1. **observe**: the detectors judge every token before any of its text is accounted or
 //!    sent ([`observe`]); a failing token is never emitted (spec 001).
@@ -21,13 +21,14 @@
 //! 5. **send**: one send per frame (`send.rs`).
 //!
 //! At the end of the text the detectors and the scanner have their last word, the held frames
-//! drain, SafetyCheck judges the turn, and the final frame goes out ([`Worker::finish_with`]).
+//! drain, SafetyCheck judges the turn, and the final frame goes out ([`Step::finish_with`]).
 
 use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::Value;
 
 use crate::dataplane::turn::own_trip;
+use crate::dataplane::Step;
 use crate::dataplane::{
     conn::keepalive::KeepAlive,
     conn::{frame, Conn, SendKind, STAGE_MAX},
@@ -38,7 +39,6 @@ use crate::dataplane::{
     turn::phase::{next_phase, Phase},
     turn::score::{Item, Judged},
     turn::Turn,
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -202,12 +202,12 @@ fn release_text(conn: &mut Conn, slot: &Slot, faults: &Faults, t: Produced, now:
     Released::Poll
 }
 
-impl Worker {
+impl Step<'_> {
     /// Produces the next frame of a turn: heartbeat and trip checks, then [`Self::pump`].
-    pub(in crate::dataplane) fn step(&mut self, key: usize) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
+    pub(in crate::dataplane) fn step(&mut self) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
         let ignore_halt = shared.cfg.faults.emitter_ignores_halt;
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let id = conn.id;
         let slot = shared.table.slot(id.slot);
         if !shared.heartbeat_fresh(monotonic_ns()) && !slot.is_tripped() {
@@ -221,28 +221,28 @@ impl Worker {
             );
         }
         if slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped) {
-            return self.halt(key);
+            return self.halt();
         }
         if conn.turn.is_none() {
             return Ok(());
         }
         crate::crash::worker_step(shared.cfg.faults.panic, slot.tokens_submitted.load(SeqCst));
-        self.pump(key)
+        self.pump()
     }
 
     /// Takes what the source produced through the phases until one frame is on its way, the
     /// source has nothing (its I/O calls again), or a paced source waits for its timer.
     /// Token events staged on the way ([`may_stage`]) never outlive it: they go out as one
     /// frame before anything else would use the frame buffer, and at the latest here.
-    pub(in crate::dataplane) fn pump(&mut self, key: usize) -> io::Result<()> {
-        self.pump_phases(key)?;
-        self.send_staged(key)
+    pub(in crate::dataplane) fn pump(&mut self) -> io::Result<()> {
+        self.pump_phases()?;
+        self.send_staged()
     }
 
     /// Sends the staged token events, if any, as one frame (no send is in flight: staging
     /// happens only then); the turn goes on when the send completes.
-    pub(in crate::dataplane) fn send_staged(&mut self, key: usize) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn send_staged(&mut self) -> io::Result<()> {
+        let conn = &mut *self.conn;
         if conn.emit.staged() == 0 || !conn.emit.idle() {
             return Ok(());
         }
@@ -251,12 +251,12 @@ impl Worker {
             conn.emit.drop_staged();
             return Ok(());
         }
-        self.account_and_send(key)
+        self.account_and_send()
     }
 
-    fn pump_phases(&mut self, key: usize) -> io::Result<()> {
+    fn pump_phases(&mut self) -> io::Result<()> {
         loop {
-            let conn = &mut self.conns[key];
+            let conn = &mut *self.conn;
             let Some(turn) = conn.turn.as_mut() else {
                 return Ok(());
             };
@@ -265,13 +265,13 @@ impl Worker {
             let waiting = turn.parked.is_some() || turn.grounding_wait();
             match next_phase(&conn.emit, conn.closing, waiting, &mut turn.hold) {
                 Phase::Wait => return Ok(()),
-                Phase::SendStaged => return self.send_staged(key),
-                Phase::Released(p) => return self.send_pending(key, p),
+                Phase::SendStaged => return self.send_staged(),
+                Phase::Released(p) => return self.send_pending(p),
                 Phase::End => {
-                    if self.post_hoc_round(key)? {
+                    if self.post_hoc_round()? {
                         return Ok(());
                     }
-                    return self.finish(key);
+                    return self.finish();
                 }
                 Phase::Poll => {}
             }
@@ -279,29 +279,29 @@ impl Worker {
             let polled = turn.source.poll();
             if !matches!(polled, Polled::Text(_)) {
                 // Only text joins staged events: they go out before anything else.
-                self.send_staged(key)?;
+                self.send_staged()?;
             }
             let next = match polled {
-                Polled::Text(t) => self.take_text(key, t)?,
+                Polled::Text(t) => self.take_text(t)?,
                 Polled::ToolCalls {
                     delta,
                     tokens,
                     arrived_ns,
-                } => self.take_tool_calls(key, delta, tokens, arrived_ns)?,
-                Polled::Pending => return self.up_arm_recv(key),
+                } => self.take_tool_calls(delta, tokens, arrived_ns)?,
+                Polled::Pending => return self.up_arm_recv(),
                 Polled::End => {
-                    self.source_ended(key);
-                    if !self.circuit_at_end(key)? || !self.govern_end(key)? {
+                    self.source_ended();
+                    if !self.circuit_at_end()? || !self.govern_end()? {
                         return Ok(());
                     }
                     // Drain what the scanner released, then finish (at once, paced or not).
                     continue;
                 }
-                Polled::Failed(f) => return self.source_failed(key, f),
+                Polled::Failed(f) => return self.source_failed(f),
             };
             match next {
                 Next::Stop => return Ok(()),
-                Next::Poll if paced => return self.paced_next(key),
+                Next::Poll if paced => return self.paced_next(),
                 Next::Poll => {}
             }
         }
@@ -309,59 +309,50 @@ impl Worker {
 
     /// A paced source took a token without sending it (held back, or kept for a batch): a
     /// frame the scanner released goes out now, else the next token waits for the timer.
-    pub(in crate::dataplane) fn paced_next(&mut self, key: usize) -> io::Result<()> {
-        let released = self.conns[key]
-            .turn
-            .as_mut()
-            .and_then(|t| t.hold.pop_released());
+    pub(in crate::dataplane) fn paced_next(&mut self) -> io::Result<()> {
+        let released = self.conn.turn.as_mut().and_then(|t| t.hold.pop_released());
         match released {
-            Some(p) => self.send_pending(key, p),
-            None => self.schedule_next(key),
+            Some(p) => self.send_pending(p),
+            None => self.schedule_next(),
         }
     }
 
     /// The phases for text a source produced: observe (which may park it until a score
     /// comes, `score.rs`), then the rest.
-    fn take_text(&mut self, key: usize, t: Produced) -> io::Result<Next> {
+    fn take_text(&mut self, t: Produced) -> io::Result<Next> {
         let now = monotonic_ns();
-        let judged = self.judge(key, Item::Text(t), 0, None, now)?;
-        self.judged(key, judged, now)
+        let judged = self.judge(Item::Text(t), 0, None, now)?;
+        self.judged(judged, now)
     }
 
     /// After observe: a trip halts, a parked item waits, a clear one goes on to release.
-    pub(in crate::dataplane) fn judged(
-        &mut self,
-        key: usize,
-        judged: Judged,
-        now: u64,
-    ) -> io::Result<Next> {
+    pub(in crate::dataplane) fn judged(&mut self, judged: Judged, now: u64) -> io::Result<Next> {
         match judged {
-            Judged::Later => self.send_staged(key).map(|()| Next::Stop),
+            Judged::Later => self.send_staged().map(|()| Next::Stop),
             Judged::Trip(trip) => {
                 // Staged events were judged before this token: they go out as frames
                 // accounted before the trip.
-                self.send_staged(key)?;
-                self.observed_trip(key, trip).map(|()| Next::Stop)
+                self.send_staged()?;
+                self.observed_trip(trip).map(|()| Next::Stop)
             }
             Judged::Clear(Item::Text(t)) => {
-                let (conns, shared) = (&mut self.conns, &self.shared);
-                let conn = &mut conns[key];
+                let (conn, shared) = (&mut *self.conn, &self.io.shared);
                 let slot = shared.table.slot(conn.id.slot);
                 let next = match release_text(conn, slot, &shared.cfg.faults, t, now) {
                     Released::Poll => Next::Poll,
                     Released::Stop => Next::Stop,
-                    Released::Send => self.account_and_send(key).map(|()| Next::Stop)?,
+                    Released::Send => self.account_and_send().map(|()| Next::Stop)?,
                     Released::Trip(trip) => {
                         // Staged events were released before this text: accounted before
                         // the trip.
-                        self.send_staged(key)?;
-                        self.detector_trip(key, trip).map(|()| Next::Stop)?
+                        self.send_staged()?;
+                        self.detector_trip(trip).map(|()| Next::Stop)?
                     }
                 };
-                self.fault_close_during_step(key);
-                if self.maybe_ground(key)? {
+                self.fault_close_during_step();
+                if self.maybe_ground()? {
                     // Parked until the round answers (`ground/mod.rs`).
-                    self.send_staged(key)?;
+                    self.send_staged()?;
                     return Ok(Next::Stop);
                 }
                 Ok(next)
@@ -370,7 +361,7 @@ impl Worker {
                 delta,
                 tokens,
                 arrived_ns,
-            }) => self.release_tool_calls(key, &delta, tokens, arrived_ns),
+            }) => self.release_tool_calls(&delta, tokens, arrived_ns),
         }
     }
 
@@ -378,11 +369,11 @@ impl Worker {
     /// client socket is shut down and the connection closed, as a trip, a failed send or a
     /// gone client can close it there. Whatever the pipeline does next with the connection
     /// must see it closing, never a removed key.
-    fn fault_close_during_step(&mut self, key: usize) {
-        let Some(n) = self.shared.cfg.faults.close_during_step else {
+    fn fault_close_during_step(&mut self) {
+        let Some(n) = self.io.shared.cfg.faults.close_during_step else {
             return;
         };
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let nth = conn.turn.as_mut().is_some_and(|t| {
             t.fault_texts += 1;
             t.fault_texts == n
@@ -394,14 +385,13 @@ impl Worker {
         conn.outcome = crate::stream::Outcome::ClientGone;
         // SAFETY: the connection's open socket; it is closed only once the close finishes.
         unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
-        self.begin_close(key);
+        self.begin_close();
     }
 
     /// The phases for a tool-call delta (chat, upstream): observed like content (and parked
     /// the same way), then [`Self::release_tool_calls`].
     fn take_tool_calls(
         &mut self,
-        key: usize,
         delta: Value,
         tokens: Vec<UpToken>,
         arrived_ns: u64,
@@ -412,21 +402,20 @@ impl Worker {
             tokens,
             arrived_ns,
         };
-        let judged = self.judge(key, item, 0, None, now)?;
-        self.judged(key, judged, now)
+        let judged = self.judge(item, 0, None, now)?;
+        self.judged(judged, now)
     }
 
     /// An observed tool-call delta: suppressed in degraded mode, its name and arguments
     /// scanned like any text, then framed through the hold queue.
     fn release_tool_calls(
         &mut self,
-        key: usize,
         delta: &Value,
         tokens: Vec<UpToken>,
         arrived_ns: u64,
     ) -> io::Result<Next> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(Next::Stop);
@@ -441,7 +430,7 @@ impl Worker {
             Ok(p) => p,
             Err(e) => {
                 let msg = format!("malformed upstream tool call: {e}");
-                self.up_fail(key, UpstreamFailureKind::Malformed, msg, Some(200))?;
+                self.up_fail(UpstreamFailureKind::Malformed, msg, Some(200))?;
                 return Ok(Next::Stop);
             }
         };
@@ -452,7 +441,7 @@ impl Worker {
             .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
             .collect();
         if let Err(trip) = scan(turn, &args) {
-            return self.detector_trip(key, trip).map(|()| Next::Stop);
+            return self.detector_trip(trip).map(|()| Next::Stop);
         }
         let frames = framing::tool_call_frames(&parts, &tokens);
         turn.tokens_generated += frames.max(tokens.len() as u64);
@@ -468,7 +457,7 @@ impl Worker {
         if let Some(circuit) = turn.circuit.as_mut() {
             // TokenCircuit: held until its call is complete and judged (`circuit.rs`).
             circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
-            return Ok(if self.circuit_release(key)? {
+            return Ok(if self.circuit_release()? {
                 Next::Poll
             } else {
                 Next::Stop
@@ -482,20 +471,20 @@ impl Worker {
 
     /// A detector tripped on an observed token. A HaltMonitor that cannot score what the
     /// upstream sends says why in the terminal event, the record and the failure metric.
-    pub(in crate::dataplane) fn observed_trip(&mut self, key: usize, trip: Trip) -> io::Result<()> {
+    pub(in crate::dataplane) fn observed_trip(&mut self, trip: Trip) -> io::Result<()> {
         if trip.detector == DetectorId::HaltMonitor && trip.kind == TripKind::Unscorable {
-            let conn = &mut self.conns[key];
+            let conn = &mut *self.conn;
             if let Some(up) = conn.up.as_mut() {
-                up.note_missing_logprobs(&self.shared, conn.id.slot);
+                up.note_missing_logprobs(&self.io.shared, conn.id.slot);
             }
         }
-        self.detector_trip(key, trip)
+        self.detector_trip(trip)
     }
 
     /// Encodes one released frame and sends it.
-    fn send_pending(&mut self, key: usize, p: Pending) -> io::Result<()> {
-        if encode_pending(&mut self.conns[key], p) {
-            return self.account_and_send(key);
+    fn send_pending(&mut self, p: Pending) -> io::Result<()> {
+        if encode_pending(&mut *self.conn, p) {
+            return self.account_and_send();
         }
         Ok(())
     }
@@ -503,10 +492,10 @@ impl Worker {
     /// Account, then send: the frame in `wbuf`, with its staged token events, is counted in
     /// the slot's frame window (a trip that came first halts instead, and none of them goes
     /// out) and goes out.
-    pub(in crate::dataplane) fn account_and_send(&mut self, key: usize) -> io::Result<()> {
-        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
-        let conn = &mut self.conns[key];
-        let slot = self.shared.table.slot(conn.id.slot);
+    pub(in crate::dataplane) fn account_and_send(&mut self) -> io::Result<()> {
+        let ignore_halt = self.io.shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut *self.conn;
+        let slot = self.io.shared.table.slot(conn.id.slot);
         if conn.keep == KeepAlive::Keep {
             // One chunk per frame: a move within the frame buffer, no allocation once the
             // buffer has grown to the turn's largest frame.
@@ -517,39 +506,40 @@ impl Worker {
         let before = slot.tokens_submitted.load(SeqCst);
         let counted = conn.count_frame(slot, conn.emit.frame_tokens(), ignore_halt);
         if !conn.emit.accounted(before, counted) {
-            return self.halt(key);
+            return self.halt();
         }
-        self.send(key, SendKind::Token)
+        self.send(SendKind::Token)
     }
 
     /// The next step of a turn whose frame went out: after the pacing interval for a paced
     /// source, at once for one paced by its upstream.
-    pub(in crate::dataplane) fn schedule_next(&mut self, key: usize) -> io::Result<()> {
-        let paced = self.conns[key]
+    pub(in crate::dataplane) fn schedule_next(&mut self) -> io::Result<()> {
+        let paced = self
+            .conn
             .turn
             .as_mut()
             .is_some_and(|t| t.source.get().paced());
-        if !paced || self.shared.cfg.token_interval.is_zero() {
-            return self.step(key);
+        if !paced || self.io.shared.cfg.token_interval.is_zero() {
+            return self.step();
         }
-        let interval = self.shared.cfg.token_interval;
-        let conn = &mut self.conns[key];
+        let interval = self.io.shared.cfg.token_interval;
+        let conn = &mut *self.conn;
         let ts = conn
             .timer_ts
             .take()
             .unwrap_or_else(|| Box::new(timespec(interval)));
         let e = io_uring::opcode::Timeout::new(&raw const *ts).build();
-        let owner = conn.owner(key);
+        let owner = self.owner;
         let timer = self.submit(owner, OpKind::Timer, OpBuf::Time(ts), e)?;
-        self.conns[key].timer_op = Some(timer);
+        self.conn.timer_op = Some(timer);
         Ok(())
     }
 
     /// The source's text is complete: an upstream exchange is over (its connection kept for
     /// the pool or shut down at once), and the model it answered with is SafetyCheck's
     /// identity after the turn.
-    pub(in crate::dataplane) fn source_ended(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn source_ended(&mut self) {
+        let conn = &mut *self.conn;
         let (Some(turn), Some(up)) = (conn.turn.as_mut(), conn.up.as_mut()) else {
             return;
         };
@@ -557,20 +547,16 @@ impl Worker {
         if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
             turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
         }
-        self.up_stop_reading(key);
+        self.up_stop_reading();
     }
 
-    pub(in crate::dataplane) fn source_failed(
-        &mut self,
-        key: usize,
-        f: SourceFailure,
-    ) -> io::Result<()> {
-        if let Some(up) = self.conns[key].up.as_mut() {
+    pub(in crate::dataplane) fn source_failed(&mut self, f: SourceFailure) -> io::Result<()> {
+        if let Some(up) = self.conn.up.as_mut() {
             if f.quote.is_some() {
                 up.failure_quote = f.quote;
             }
         }
-        self.up_fail(key, f.kind, f.message, f.status)
+        self.up_fail(f.kind, f.message, f.status)
     }
 }
 

@@ -1,4 +1,4 @@
-//! The kernel gate's policy of a turn ([`Worker::arm_turn_policy`]): its budget and the
+//! The kernel gate's policy of a turn ([`Step::arm_turn_policy`]): its budget and the
 //! largest token event it can write, given to the gate before the turn's first frame.
 
 use std::sync::{atomic::Ordering::SeqCst, Arc};
@@ -6,19 +6,19 @@ use std::sync::{atomic::Ordering::SeqCst, Arc};
 use haltd_common::SockPolicy;
 
 use crate::dataplane::turn::own_trip;
-use crate::dataplane::Worker;
+use crate::dataplane::Step;
 use crate::{codes::FailureCode, stream::Initiator, wire::http};
 
-impl Worker {
+impl Step<'_> {
     /// Gives the kernel gate the turn's own policy, before the turn's first frame: its
     /// budget (0 for batch and degraded turns, as in userspace) and E, the largest token
     /// event its encoder can write, which bounds every post-trip frame and the post-trip
     /// bytes. Written in the frame window so it can never overwrite a trip. Returns false if
     /// the turn cannot go on: the gate refused the write (the stream is tripped then, fail
     /// closed) or a trip came first.
-    pub(in crate::dataplane) fn arm_turn_policy(&mut self, key: usize) -> bool {
-        let shared = Arc::clone(&self.shared);
-        let conn = &self.conns[key];
+    pub(in crate::dataplane) fn arm_turn_policy(&mut self) -> bool {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &*self.conn;
         let Some(turn) = conn.turn.as_ref() else {
             return false;
         };

@@ -4,6 +4,7 @@
 //! for every turn; only the ledger line is sampled.
 
 use crate::dataplane::ground;
+use crate::dataplane::{Io, Step};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
@@ -21,11 +22,11 @@ use std::{
     },
 };
 
-use crate::dataplane::{conn::Conn, turn::Turn, Worker};
+use crate::dataplane::{conn::Conn, turn::Turn};
 
-impl Worker {
+impl Io {
     /// The turn's record at the close of its connection, unless it was written before the
-    /// turn's final frame ([`Worker::record_then_finish`]).
+    /// turn's final frame ([`Step::record_then_finish`]).
     pub(in crate::dataplane) fn record_turn(&self, conn: &Conn) {
         if conn.turn.as_ref().is_none_or(|t| t.recorded) {
             return; // not a turn (health checks, refused requests), or recorded already
@@ -35,44 +36,6 @@ impl Worker {
         if let Some(rec) = self.turn_record(conn, &snap, outcome) {
             self.shared.record(rec);
         }
-    }
-
-    /// A turn that ends cleanly commits (TURN-ACID), and its record is on disk before the
-    /// client sees the final frame (issue 13, point 5): the final frame, written into the
-    /// connection's buffer and counted (`begin_final`), goes out once the ledger's writer
-    /// reports the record written (it rings the worker's eventfd; no thread waits). A normal
-    /// turn the sampling leaves unrecorded has nothing to wait for.
-    pub(in crate::dataplane) fn record_then_finish(&mut self, key: usize) -> io::Result<()> {
-        let conn = &self.conns[key];
-        let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
-        let rec = self.turn_record(conn, &snap, Outcome::Completed);
-        if let Some(turn) = self.conns[key].turn.as_mut() {
-            turn.recorded = true;
-        }
-        let Some(rec) = rec else {
-            return self.send_final(key);
-        };
-        let on_disk = Arc::new(AtomicBool::new(false));
-        let (flag, waker) = (Arc::clone(&on_disk), self.shared.waker(self.id));
-        let queued = self.shared.ledger.append_then(rec, move |_| {
-            flag.store(true, Ordering::Release);
-            if let Some(w) = waker {
-                crate::halt::wake_fd(&w);
-            }
-        });
-        if let Err(e) = queued {
-            self.shared.metrics.ledger.errors.inc();
-            tracing::error!(error = %e, "flight recorder append failed");
-            self.shared.recorder_failed();
-            // Unrecorded: the turn must not be answered as complete. The slot is past its
-            // last trip point, so end the connection without the final frame.
-            self.begin_close(key);
-            return Ok(());
-        }
-        let serial = self.conns[key].serial;
-        self.awaiting_records
-            .push((key, serial, crate::dataplane::AfterRecord::Final, on_disk));
-        Ok(())
     }
 
     /// The turn's record (`None`: a normal turn the sampling leaves out), after the metrics
@@ -114,6 +77,49 @@ impl Worker {
             rec.text_truncated = Some(truncated);
         }
         Some(rec)
+    }
+}
+
+impl Step<'_> {
+    /// A turn that ends cleanly commits (TURN-ACID), and its record is on disk before the
+    /// client sees the final frame (issue 13, point 5): the final frame, written into the
+    /// connection's buffer and counted (`begin_final`), goes out once the ledger's writer
+    /// reports the record written (it rings the worker's eventfd; no thread waits). A normal
+    /// turn the sampling leaves unrecorded has nothing to wait for.
+    pub(in crate::dataplane) fn record_then_finish(&mut self) -> io::Result<()> {
+        let conn = &*self.conn;
+        let snap = self
+            .io
+            .shared
+            .table
+            .slot(conn.id.slot)
+            .snapshot(conn.id.slot);
+        let rec = self.io.turn_record(conn, &snap, Outcome::Completed);
+        if let Some(turn) = self.conn.turn.as_mut() {
+            turn.recorded = true;
+        }
+        let Some(rec) = rec else {
+            return self.send_final();
+        };
+        let on_disk = Arc::new(AtomicBool::new(false));
+        let (flag, waker) = (Arc::clone(&on_disk), self.io.shared.waker(self.io.id));
+        let queued = self.io.shared.ledger.append_then(rec, move |_| {
+            flag.store(true, Ordering::Release);
+            if let Some(w) = waker {
+                crate::halt::wake_fd(&w);
+            }
+        });
+        if let Err(e) = queued {
+            self.io.shared.metrics.ledger.errors.inc();
+            tracing::error!(error = %e, "flight recorder append failed");
+            self.io.shared.recorder_failed();
+            // Unrecorded: the turn must not be answered as complete. The slot is past its
+            // last trip point, so end the connection without the final frame.
+            self.begin_close();
+            return Ok(());
+        }
+        self.await_record(crate::dataplane::AfterRecord::Final, on_disk);
+        Ok(())
     }
 }
 

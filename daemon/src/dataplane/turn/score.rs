@@ -26,16 +26,16 @@ use std::{io, os::fd::AsRawFd, os::fd::OwnedFd, time::Instant};
 use io_uring::{opcode, squeue, types};
 use serde_json::Value;
 
+use crate::dataplane::Step;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind},
     timespec,
     turn::pipeline::Next,
     turn::Turn,
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
-    detect::{scorer::ScoreWait, scorer::Woke, Step, TokenObs, Trip},
+    detect::{scorer::ScoreWait, scorer::Woke, Step as DetectStep, TokenObs, Trip},
     source::{Produced, Tokens},
     stream::SlotState,
     upstream::UpToken,
@@ -129,9 +129,9 @@ pub(in crate::dataplane) fn observe(
             None => set.begin(&obs, monotonic_ns),
         };
         match step {
-            Step::Done(Some(trip)) => return Observe::Trip(trip),
-            Step::Done(None) => pos += 1,
-            Step::Wait(w) => {
+            DetectStep::Done(Some(trip)) => return Observe::Trip(trip),
+            DetectStep::Done(None) => pos += 1,
+            DetectStep::Wait(w) => {
                 turn.parked = Some(Parked { item, pos, now });
                 return Observe::Wait(w);
             }
@@ -140,34 +140,33 @@ pub(in crate::dataplane) fn observe(
     Observe::Clear(item)
 }
 
-impl Worker {
+impl Step<'_> {
     /// Observe for an item the source produced (at `now`), or for a parked one whose wait
     /// ended (`woke`). A wait is armed here.
     pub(in crate::dataplane) fn judge(
         &mut self,
-        key: usize,
         item: Item,
         pos: usize,
         woke: Option<Woke>,
         now: u64,
     ) -> io::Result<Judged> {
-        let Some(turn) = self.conns[key].turn.as_mut() else {
+        let Some(turn) = self.conn.turn.as_mut() else {
             // No turn (it ended meanwhile): the item is dropped, never released.
             return Ok(Judged::Later);
         };
         match observe(turn, item, pos, woke, now) {
             Observe::Clear(item) => Ok(Judged::Clear(item)),
             Observe::Trip(trip) => Ok(Judged::Trip(trip)),
-            Observe::Wait(w) => self.arm_score(key, w).map(|()| Judged::Later),
+            Observe::Wait(w) => self.arm_score(w).map(|()| Judged::Later),
         }
     }
 
     /// Watches the scorer's socket on the ring: a poll for what the scorer waits for, which
     /// owns the connection until it completes, linked to a timeout at the scorer's deadline.
-    fn arm_score(&mut self, key: usize, w: ScoreWait) -> io::Result<()> {
+    fn arm_score(&mut self, w: ScoreWait) -> io::Result<()> {
         let left = w.deadline.saturating_duration_since(Instant::now());
-        let conn = &mut self.conns[key];
-        let owner = conn.owner(key);
+        let conn = &mut *self.conn;
+        let owner = self.owner;
         // The deadline's timespec, reused: one comes back with each timeout's completion,
         // which may come after the next token's poll is armed, so two are kept. (A third
         // is allocated only if the kernel is slow to complete both.)
@@ -183,14 +182,14 @@ impl Worker {
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
         let op = self.submit(owner, OpKind::Score, OpBuf::Fd(w.fd), poll)?;
         self.submit(owner, OpKind::ScoreDeadline, OpBuf::Time(ts), link)?;
-        self.conns[key].score_op = Some(op);
+        self.conn.score_op = Some(op);
         Ok(())
     }
 
     /// The deadline of a scorer wait completed (it fired, or its poll completed first): its
     /// timespec comes back for the next wait.
-    pub(in crate::dataplane) fn on_score_deadline(&mut self, key: usize, ts: Box<types::Timespec>) {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn on_score_deadline(&mut self, ts: Box<types::Timespec>) {
+        let conn = &mut *self.conn;
         if let Some(free) = conn.score_ts.iter_mut().find(|t| t.is_none()) {
             *free = Some(ts);
         }
@@ -199,16 +198,11 @@ impl Worker {
     /// The scorer's socket is ready, or its deadline passed: the parked token's detectors
     /// go on, and then the pipeline (unless the stream was halted or closed meanwhile, which
     /// drops the token unreleased, and the scorer's connection with it).
-    pub(in crate::dataplane) fn on_score(
-        &mut self,
-        key: usize,
-        res: i32,
-        fd: OwnedFd,
-    ) -> io::Result<()> {
-        let ignore_halt = self.shared.cfg.faults.emitter_ignores_halt;
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn on_score(&mut self, res: i32, fd: OwnedFd) -> io::Result<()> {
+        let ignore_halt = self.io.shared.cfg.faults.emitter_ignores_halt;
+        let conn = &mut *self.conn;
         conn.score_op = None;
-        let slot = self.shared.table.slot(conn.id.slot);
+        let slot = self.io.shared.table.slot(conn.id.slot);
         if conn.closing
             || (slot.is_tripped() && !(ignore_halt && slot.state() == SlotState::Tripped))
         {
@@ -229,11 +223,11 @@ impl Worker {
             r if r == -libc::ECANCELED => Woke::TimedOut(fd),
             r => Woke::Failed(fd, io::Error::from_raw_os_error(-r)),
         };
-        let judged = self.judge(key, parked.item, parked.pos, Some(woke), parked.now)?;
-        match self.judged(key, judged, parked.now)? {
+        let judged = self.judge(parked.item, parked.pos, Some(woke), parked.now)?;
+        match self.judged(judged, parked.now)? {
             Next::Stop => Ok(()),
-            Next::Poll if paced => self.paced_next(key),
-            Next::Poll => self.pump(key),
+            Next::Poll if paced => self.paced_next(),
+            Next::Poll => self.pump(),
         }
     }
 }

@@ -34,12 +34,12 @@ use io_uring::{opcode, squeue, types};
 use serde_json::json;
 
 use crate::dataplane::turn::own_trip;
+use crate::dataplane::Step;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind},
     timespec,
     upstream_io::reuse::Reuse,
     upstream_io::sock::{sockaddr, upstream_socket},
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -65,23 +65,23 @@ pub(in crate::dataplane) use crate::dataplane::upstream_io::exchange::{
     Purpose, Upstream, UpstreamRequest,
 };
 
-impl Worker {
+impl Step<'_> {
     /// Opens an upstream exchange for connection `key`: socket, request bytes, connect.
     pub(in crate::dataplane) fn open_upstream(
         &mut self,
-        key: usize,
         req: &UpstreamRequest<'_>,
         system_prompt: String,
     ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.io.shared);
         let Some(url) = shared.cfg.upstream.as_ref() else {
-            return self.reply_error(
-                key,
-                &HttpError::new(500, "server_error", "no upstream configured"),
-            );
+            return self.reply_error(&HttpError::new(
+                500,
+                "server_error",
+                "no upstream configured",
+            ));
         };
         let pool_metrics = &shared.metrics.upstream.pool;
-        let mut pooled = self.pool.take(monotonic_ns(), pool_metrics);
+        let mut pooled = self.io.pool.take(monotonic_ns(), pool_metrics);
         if shared.cfg.upstream_tls.is_some() && pooled.as_ref().is_some_and(|k| k.tls.is_none()) {
             // Never in clear to an https:// upstream: a pooled connection of such an upstream
             // always has its session; one without would be a bug, and is not used.
@@ -94,7 +94,7 @@ impl Worker {
         // A new connection goes to the latest resolution of the upstream's name.
         let addr = match (&pooled, shared.upstream_health.as_ref().map(|h| h.addr())) {
             (None, Some(Ok(addr))) => Some(addr),
-            (None, Some(Err(unresolved))) => return self.reply_error(key, &unresolved),
+            (None, Some(Err(unresolved))) => return self.reply_error(&unresolved),
             _ => None,
         };
         let fd = match (pooled, addr) {
@@ -105,14 +105,11 @@ impl Worker {
         let fd = match fd {
             Ok(fd) => fd,
             Err(e) => {
-                return self.reply_error(
-                    key,
-                    &HttpError::new(
-                        503,
-                        "server_error",
-                        format!("cannot open a socket to the upstream: {e}"),
-                    ),
-                )
+                return self.reply_error(&HttpError::new(
+                    503,
+                    "server_error",
+                    format!("cannot open a socket to the upstream: {e}"),
+                ))
             }
         };
         let mut wbuf = Vec::new();
@@ -121,8 +118,10 @@ impl Worker {
             Some(k) => Some(k.header_value()),
             None => req.authorization,
         };
-        let stream_id = self.conns[key].id.to_string();
-        let fields = self.conns[key].correlation(shared.cfg.args.upstream_request_id, &stream_id);
+        let stream_id = self.conn.id.to_string();
+        let fields = self
+            .conn
+            .correlation(shared.cfg.args.upstream_request_id, &stream_id);
         let refs: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
         upstream::write_http_request_with(
             &mut wbuf,
@@ -150,23 +149,19 @@ impl Worker {
                 request = link.pending().unwrap_or_default();
                 up.tls = Some(link);
             }
-            self.conns[key].up = Some(up);
-            self.up_send(key, request, 0)?;
+            self.conn.up = Some(up);
+            self.up_send(request, 0)?;
         } else {
-            self.conns[key].up = Some(up);
-            self.up_connect(key, addr)?;
+            self.conn.up = Some(up);
+            self.up_connect(addr)?;
         }
-        self.arm_watch(key)
+        self.arm_watch()
     }
 
     /// Connects the upstream socket (a new one, made for `addr`) of connection `key`.
-    pub(in crate::dataplane) fn up_connect(
-        &mut self,
-        key: usize,
-        addr: Option<SocketAddr>,
-    ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let (Some(addr), Some(up)) = (addr, self.conns[key].up.as_ref()) else {
+    pub(in crate::dataplane) fn up_connect(&mut self, addr: Option<SocketAddr>) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let (Some(addr), Some(up)) = (addr, self.conn.up.as_ref()) else {
             return Ok(());
         };
         shared.metrics.upstream.pool.opened.inc();
@@ -177,15 +172,15 @@ impl Worker {
             .flags(squeue::Flags::IO_LINK);
         let timeout = shared.cfg.upstream_connect_timeout;
         let buf = OpBuf::Addr(addr);
-        let op = self.submit_with_deadline(key, OpKind::UpConnect, buf, connect, timeout)?;
-        if let Some(up) = self.conns[key].up.as_mut() {
+        let op = self.submit_with_deadline(OpKind::UpConnect, buf, connect, timeout)?;
+        if let Some(up) = self.conn.up.as_mut() {
             up.connect_op = Some(op);
         }
         Ok(())
     }
 
-    pub(in crate::dataplane) fn on_up_connect(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn on_up_connect(&mut self, res: i32) -> io::Result<()> {
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
@@ -208,25 +203,20 @@ impl Worker {
                     format!("connect: {}", io::Error::from_raw_os_error(e)),
                 ),
             };
-            return self.up_fail(key, kind, format!("upstream {what}"), None);
+            return self.up_fail(kind, format!("upstream {what}"), None);
         }
         let request = std::mem::take(&mut up.wbuf);
-        if self.shared.cfg.upstream_tls.is_some() {
-            return self.up_tls_begin(key, request);
+        if self.io.shared.cfg.upstream_tls.is_some() {
+            return self.up_tls_begin(request);
         }
-        self.up_send(key, request, 0)
+        self.up_send(request, 0)
     }
 
     /// Sends `buf[off..]` of the request. An upstream that accepts but never reads must not
     /// hold the turn: the connect timeout bounds each send of the request too.
-    pub(in crate::dataplane) fn up_send(
-        &mut self,
-        key: usize,
-        buf: Vec<u8>,
-        off: usize,
-    ) -> io::Result<()> {
-        let timeout = self.shared.cfg.upstream_connect_timeout;
-        let Some(up) = self.conns[key].up.as_mut() else {
+    pub(in crate::dataplane) fn up_send(&mut self, buf: Vec<u8>, off: usize) -> io::Result<()> {
+        let timeout = self.io.shared.cfg.upstream_connect_timeout;
+        let Some(up) = self.conn.up.as_mut() else {
             return Ok(());
         };
         let rest = &buf[off..];
@@ -235,8 +225,8 @@ impl Worker {
             .build()
             .flags(squeue::Flags::IO_LINK);
         let buf = OpBuf::Send { buf, off };
-        let op = self.submit_with_deadline(key, OpKind::UpSend, buf, e, timeout)?;
-        if let Some(up) = self.conns[key].up.as_mut() {
+        let op = self.submit_with_deadline(OpKind::UpSend, buf, e, timeout)?;
+        if let Some(up) = self.conn.up.as_mut() {
             up.send_op = Some(op);
         }
         Ok(())
@@ -246,14 +236,13 @@ impl Worker {
     /// `deadline`; returns the operation's `user_data`.
     pub(in crate::dataplane) fn submit_with_deadline(
         &mut self,
-        key: usize,
         kind: OpKind,
         buf: OpBuf,
         entry: squeue::Entry,
         deadline: std::time::Duration,
     ) -> io::Result<u64> {
-        let conn = &mut self.conns[key];
-        let owner = conn.owner(key);
+        let conn = &mut *self.conn;
+        let owner = self.owner;
         let mut ts = conn
             .up
             .as_mut()
@@ -263,7 +252,7 @@ impl Worker {
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
         let op = self.submit(owner, kind, buf, entry)?;
         self.submit(owner, OpKind::UpDeadline, OpBuf::Time(ts), link)?;
-        if let Some(up) = self.conns[key].up.as_mut() {
+        if let Some(up) = self.conn.up.as_mut() {
             up.links += 1;
         }
         Ok(op)
@@ -272,12 +261,11 @@ impl Worker {
     /// The request's send completed; `buf` is the request, back from the kernel.
     pub(in crate::dataplane) fn on_up_send(
         &mut self,
-        key: usize,
         res: i32,
         buf: Vec<u8>,
         off: usize,
     ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
@@ -287,7 +275,6 @@ impl Worker {
         }
         if res == -libc::ECANCELED {
             return self.up_fail(
-                key,
                 UpstreamFailureKind::ConnectTimeout,
                 "the upstream did not take the request in time".to_owned(),
                 None,
@@ -299,12 +286,11 @@ impl Worker {
             if up.tls.is_none() {
                 up.request = buf;
             }
-            if self.up_retry(key)? {
+            if self.up_retry()? {
                 return Ok(());
             }
             let e = io::Error::from_raw_os_error(-res);
             return self.up_fail(
-                key,
                 UpstreamFailureKind::IoError,
                 format!("sending the request to the upstream: {e}"),
                 None,
@@ -312,29 +298,29 @@ impl Worker {
         }
         let off = off + res as usize;
         if off < buf.len() {
-            return self.up_send(key, buf, off);
+            return self.up_send(buf, off);
         }
         if let Some(link) = up.tls.as_mut() {
             // The send buffer back for the next records; the session may have more to send.
             link.recycle(buf);
-            if self.up_tls_flush(key)? {
+            if self.up_tls_flush()? {
                 return Ok(());
             }
         } else if up.reused && !up.retried {
             // Kept until the response begins, for the one retry.
             up.request = buf;
         }
-        self.up_arm_recv(key)
+        self.up_arm_recv()
     }
 
     /// Arms a receive on the upstream socket with the deadline that applies now (time to
     /// the first event, or the inter-token stall deadline; the worker's sweep timer enforces
     /// it, `deadline.rs`), unless one is armed, the queue is full (backpressure) or the
     /// exchange is over.
-    pub(in crate::dataplane) fn up_arm_recv(&mut self, key: usize) -> io::Result<()> {
-        let cfg_first = self.shared.cfg.upstream_first_token_timeout;
-        let cfg_stall = self.shared.cfg.upstream_stall_timeout;
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn up_arm_recv(&mut self) -> io::Result<()> {
+        let cfg_first = self.io.shared.cfg.upstream_first_token_timeout;
+        let cfg_stall = self.io.shared.cfg.upstream_stall_timeout;
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
@@ -380,28 +366,24 @@ impl Worker {
             // read, whether or not a FIN follows; a no-op completes as the end of stream.
             opcode::Nop::new().build()
         } else {
-            self.ring_setup.recv_when_ready(up.fd, ptr, buf.capacity())
+            self.io
+                .ring_setup
+                .recv_when_ready(up.fd, ptr, buf.capacity())
         };
         up.recv_deadline_ns = deadline;
         up.recv_cancelled = false;
         up.recv_stopped = false;
-        let owner = conn.owner(key);
+        let owner = self.owner;
         let op = self.submit(owner, OpKind::UpRecv, OpBuf::Recv(buf), recv)?;
-        if let Some(up) = self.conns[key].up.as_mut() {
+        if let Some(up) = self.conn.up.as_mut() {
             up.recv_op = Some(op);
         }
-        self.arm_sweep()
+        self.io.arm_sweep()
     }
 
     /// A linked deadline completed; `ts` is its timespec, back for the next one.
-    pub(in crate::dataplane) fn on_up_link(
-        &mut self,
-        key: usize,
-        ts: Box<types::Timespec>,
-    ) -> io::Result<()> {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return Ok(());
-        };
+    pub(in crate::dataplane) fn on_up_link(&mut self, ts: Box<types::Timespec>) -> io::Result<()> {
+        let conn = &mut *self.conn;
         if let Some(up) = conn.up.as_mut() {
             up.ts = Some(ts);
             up.links = up.links.saturating_sub(1);
@@ -413,7 +395,7 @@ impl Worker {
                 .and_then(|t| t.source.upstream())
                 .is_some_and(|s| s.has_items());
             if !queued && up.links == 0 {
-                return self.up_arm_recv(key);
+                return self.up_arm_recv();
             }
         }
         Ok(())
@@ -421,10 +403,8 @@ impl Worker {
 
     /// Ends the upstream exchange because of a trip or a client that went away: the
     /// connection is shut down at once, which makes vLLM abort the generation.
-    pub(in crate::dataplane) fn up_cancel(&mut self, key: usize, reason: CancelReason) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
+    pub(in crate::dataplane) fn up_cancel(&mut self, reason: CancelReason) {
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return;
         };
@@ -439,11 +419,11 @@ impl Worker {
         if let Some(s) = conn.turn.as_mut().and_then(|t| t.source.upstream_mut()) {
             s.clear();
         }
-        self.shared.metrics.upstream.cancelled(reason);
+        self.io.shared.metrics.upstream.cancelled(reason);
         tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
         up.shutdown();
         if let Some(target) = up.connect_op {
-            let owner = conn.owner(key);
+            let owner = self.owner;
             let e = opcode::AsyncCancel::new(target).build();
             // A failed submission leaves the connect to its deadline.
             let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
@@ -454,13 +434,12 @@ impl Worker {
     /// typed error (an HTTP error before the response began, else an UPSTREAM_FAILURE trip).
     pub(in crate::dataplane) fn up_fail(
         &mut self,
-        key: usize,
         kind: UpstreamFailureKind,
         message: String,
         upstream_status: Option<u16>,
     ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let id = conn.id;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
@@ -478,7 +457,7 @@ impl Worker {
         tracing::warn!(stream_id = %id, kind = %kind, source = failure.source().as_str(), retry = failure.retry(), detail = %failure.message, "upstream failure");
         let slot = shared.table.slot(id.slot);
         if slot.is_tripped() {
-            return self.halt(key);
+            return self.halt();
         }
         if purpose == Purpose::Turn {
             shared.meta(id.slot).upstream_failure = Some(failure.clone());
@@ -504,10 +483,8 @@ impl Worker {
             if conn.turn.as_ref().is_some_and(|t| t.degraded) {
                 extra.push(("x-haltd-mode", "degraded"));
             }
-            self.reply_with(key, status, "application/json", body.as_bytes(), &extra)?;
-            if let Some(c) = self.conns.get_mut(key) {
-                c.outcome = Outcome::UpstreamFailed;
-            }
+            self.reply_with(status, "application/json", body.as_bytes(), &extra)?;
+            self.conn.outcome = Outcome::UpstreamFailed;
             return Ok(());
         }
         // The client's stream is open: a trip, so the terminal event carries the failure
@@ -520,6 +497,6 @@ impl Worker {
             FailureCode::UpstreamFailure,
             crate::stream::Initiator::of(FailureCode::UpstreamFailure),
         );
-        self.halt(key)
+        self.halt()
     }
 }

@@ -13,7 +13,7 @@
 //! after a non-blocking peek that finds neither EOF nor stray bytes; one idle past
 //! `--upstream-pool-idle-timeout-ms` is closed. The peek cannot see a close that is still on
 //! its way, so a reused connection that fails before any response byte is retried once on a
-//! new one (`Worker::up_retry`).
+//! new one (`Step::up_retry`).
 //!
 //! A connection to an `https://` upstream is kept with its TLS session (`upstream_io/tls.rs`), so
 //! that reusing it costs no handshake; one closed by the pool sends `close_notify` first. A

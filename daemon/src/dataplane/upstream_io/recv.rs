@@ -10,10 +10,10 @@ use std::{io, sync::Arc};
 use serde_json::Value;
 
 use crate::dataplane::upstream_io;
+use crate::dataplane::Step;
 use crate::dataplane::{
     upstream_io::reuse::closed_by_peer,
     upstream_io::{Purpose, Upstream},
-    Worker,
 };
 use crate::{
     clock::monotonic_ns,
@@ -37,50 +37,45 @@ enum Received {
     Failed(UpstreamFailureKind, String, Option<u16>),
 }
 
-impl Worker {
+impl Step<'_> {
     /// A receive completed; `buf` holds what it read, back from the kernel.
-    pub(in crate::dataplane) fn on_up_recv(
-        &mut self,
-        key: usize,
-        res: i32,
-        buf: Vec<u8>,
-    ) -> io::Result<()> {
+    pub(in crate::dataplane) fn on_up_recv(&mut self, res: i32, buf: Vec<u8>) -> io::Result<()> {
         // When the bytes arrived: the start of every token's haltd_token_overhead_seconds.
         let arrived_ns = monotonic_ns();
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
         up.recv_op = None;
         up.rbuf = Some(buf);
         // TLS: the ciphertext becomes plaintext here, or nothing the HTTP side reads.
-        let Some(res) = self.up_tls_open(key, res)? else {
+        let Some(res) = self.up_tls_open(res)? else {
             return Ok(());
         };
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
         if up.finished {
-            return self.up_after_end(key, res);
+            return self.up_after_end(res);
         }
         if conn.closing {
             return Ok(());
         }
         let retryable = up.reused && up.received == 0 && closed_by_peer(res);
-        if retryable && self.up_retry(key)? {
+        if retryable && self.up_retry()? {
             return Ok(());
         }
         if res < 0 {
-            return self.up_recv_failed(key, res);
+            return self.up_recv_failed(res);
         }
-        self.up_recv_data(key, res, arrived_ns)
+        self.up_recv_data(res, arrived_ns)
     }
 
     /// `res` bytes (0: EOF) of the response arrived, in `up.rbuf`.
-    fn up_recv_data(&mut self, key: usize, res: i32, arrived_ns: u64) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    fn up_recv_data(&mut self, res: i32, arrived_ns: u64) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let id = conn.id;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
@@ -95,11 +90,11 @@ impl Worker {
         let endpoint = shared.table.slot(id.slot).endpoint();
         let source = conn.turn.as_mut().and_then(|t| t.source.upstream_mut());
         match up_received(up, source, res, endpoint, arrived_ns) {
-            Received::NoHead | Received::MoreBody => self.up_arm_recv(key),
-            Received::Body(status, body) => self.up_whole_body(key, status, body),
-            Received::Failed(kind, msg, status) => self.up_fail(key, kind, msg, status),
+            Received::NoHead | Received::MoreBody => self.up_arm_recv(),
+            Received::Body(status, body) => self.up_whole_body(status, body),
+            Received::Failed(kind, msg, status) => self.up_fail(kind, msg, status),
             Received::Stream { had_head } => {
-                let conn = &mut self.conns[key];
+                let conn = &mut *self.conn;
                 let queued = conn
                     .turn
                     .as_ref()
@@ -113,22 +108,22 @@ impl Worker {
                     // The upstream accepted the turn: the client's response begins now. (A
                     // grounded continuation's response continues the client's, `ground/mod.rs`.)
                     if idle {
-                        self.send_stream_head(key)?;
+                        self.send_stream_head()?;
                     }
                 } else if queued && idle {
-                    self.step(key)?;
+                    self.step()?;
                 }
-                self.up_arm_recv(key)
+                self.up_arm_recv()
             }
         }
     }
 
     /// A receive failed: its deadline passed (time to the first event, or the stall
     /// deadline), or the socket did.
-    pub(in crate::dataplane) fn up_recv_failed(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let cfg = &self.shared.cfg;
-        let events = self.conns[key].up.as_ref().map_or(0, |u| u.events);
-        let (kind, msg) = if res == -libc::ECANCELED && self.up_tls_handshaking(key) {
+    pub(in crate::dataplane) fn up_recv_failed(&mut self, res: i32) -> io::Result<()> {
+        let cfg = &self.io.shared.cfg;
+        let events = self.conn.up.as_ref().map_or(0, |u| u.events);
+        let (kind, msg) = if res == -libc::ECANCELED && self.up_tls_handshaking() {
             let ms = cfg.upstream_first_token_timeout.as_millis();
             (
                 UpstreamFailureKind::FirstTokenTimeout,
@@ -153,28 +148,27 @@ impl Worker {
                 format!("reading from the upstream: {e}"),
             )
         };
-        self.up_fail(key, kind, msg, None)
+        self.up_fail(kind, msg, None)
     }
 
     /// A whole non-streaming upstream body: `/v1/models` to relay, or an error status.
     pub(in crate::dataplane) fn up_whole_body(
         &mut self,
-        key: usize,
         status: u16,
         body: Vec<u8>,
     ) -> io::Result<()> {
-        let conn = &mut self.conns[key];
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return Ok(());
         };
         up.body = Vec::new();
         up.finish_exchange();
         match (up.purpose, status) {
-            (Purpose::Models, 200) => return self.reply(key, 200, "application/json", &body),
-            (Purpose::Model, 200) => return self.reply_model_from_list(key, &body),
+            (Purpose::Models, 200) => return self.reply(200, "application/json", &body),
+            (Purpose::Model, 200) => return self.reply_model_from_list(&body),
             // Embeddings are relayed as they came, an error status too: it is the upstream's
             // answer to the client's request, not a failure of a turn.
-            (Purpose::Passthrough, _) => return self.reply(key, status, "application/json", &body),
+            (Purpose::Passthrough, _) => return self.reply(status, "application/json", &body),
             _ => {}
         }
         let parsed: Option<Value> = serde_json::from_slice(&body).ok();
@@ -204,7 +198,7 @@ impl Worker {
         };
         up.failure_quote = Some(quote);
         up.status = Some(status);
-        self.up_fail(key, UpstreamFailureKind::HttpStatus, msg, Some(status))
+        self.up_fail(UpstreamFailureKind::HttpStatus, msg, Some(status))
     }
 }
 

@@ -24,8 +24,8 @@ use crate::dataplane::{
     upstream_io::sock::upstream_socket,
     upstream_io::tls::close_kept,
     upstream_io::Upstream,
-    Worker,
 };
+use crate::dataplane::{Io, Step};
 use crate::{clock::monotonic_ns, metrics::upstream::DiscardReason, stream::Outcome};
 
 /// Whether an upstream connection may serve another request.
@@ -89,15 +89,38 @@ impl Upstream {
     }
 }
 
-impl Worker {
+impl Io {
+    /// The connection is closing and its upstream socket is idle: back to the pool (with its
+    /// TLS session) if its response ended cleanly and the turn completed, else closed.
+    pub(in crate::dataplane) fn release_upstream(
+        &mut self,
+        conn: Kept,
+        reuse: Reuse,
+        outcome: Outcome,
+    ) {
+        let metrics = &self.shared.metrics.upstream.pool;
+        if reuse == Reuse::Ready && outcome == Outcome::Completed {
+            self.pool.put(conn, monotonic_ns(), metrics);
+            return;
+        }
+        // Nothing is in flight on the upstream socket (its operations are the connection's,
+        // all complete), and nothing else holds its descriptor. A socket already shut down
+        // (a trip, a failure) refuses the close_notify, which is then not sent.
+        close_kept(conn);
+        metrics.discarded(DiscardReason::NotReusable);
+    }
+}
+
+impl Step<'_> {
     /// A receive on the upstream socket completed after the exchange ended.
-    pub(in crate::dataplane) fn up_after_end(&mut self, key: usize, res: i32) -> io::Result<()> {
-        let more = self.conns[key]
+    pub(in crate::dataplane) fn up_after_end(&mut self, res: i32) -> io::Result<()> {
+        let more = self
+            .conn
             .up
             .as_mut()
             .is_some_and(|up| up.take_after_end(res));
         if more {
-            return self.up_arm_recv(key);
+            return self.up_arm_recv();
         }
         Ok(())
     }
@@ -105,14 +128,11 @@ impl Worker {
     /// After any completion of the connection's operations: a final frame waiting for its
     /// upstream exchange goes out once that has settled (a drain that completed or failed,
     /// the cancelled receive back, a TLS error after the end).
-    pub(in crate::dataplane) fn send_waiting_final(&mut self, key: usize) -> io::Result<()> {
-        let waiting = self
-            .conns
-            .get(key)
-            .is_some_and(|c| c.final_waits_upstream && !c.closing);
-        if waiting && self.settle_upstream(key) {
-            self.conns[key].final_waits_upstream = false;
-            return self.send(key, SendKind::Final);
+    pub(in crate::dataplane) fn send_waiting_final(&mut self) -> io::Result<()> {
+        let waiting = self.conn.final_waits_upstream && !self.conn.closing;
+        if waiting && self.settle_upstream() {
+            self.conn.final_waits_upstream = false;
+            return self.send(SendKind::Final);
         }
         Ok(())
     }
@@ -124,22 +144,22 @@ impl Worker {
     /// drain and connecting anew. The wait is at most the drain's deadline
     /// (`DRAIN_TIMEOUT_NS`); usually the chunked terminator came with `[DONE]` and there is no
     /// wait at all.
-    pub(in crate::dataplane) fn send_final(&mut self, key: usize) -> io::Result<()> {
-        if self.settle_upstream(key) {
-            return self.send(key, SendKind::Final);
+    pub(in crate::dataplane) fn send_final(&mut self) -> io::Result<()> {
+        if self.settle_upstream() {
+            return self.send(SendKind::Final);
         }
-        self.conns[key].final_waits_upstream = true;
+        self.conn.final_waits_upstream = true;
         // The body's end may not be read yet by anything: a receive held back while the
         // source had tokens queued is not re-armed once the text is complete. Arm the drain
         // now (a no-op when a receive or its linked timeout is in flight; the latter arms it
         // when it completes), so the wait ends by the drain's deadline at the latest.
-        self.up_arm_recv(key)
+        self.up_arm_recv()
     }
 
     /// Whether the connection's upstream exchange (if any) has settled; one whose response
     /// ended cleanly, with nothing in flight on its socket, is given back to the pool here.
-    fn settle_upstream(&mut self, key: usize) -> bool {
-        let conn = &mut self.conns[key];
+    fn settle_upstream(&mut self) -> bool {
+        let conn = &mut *self.conn;
         let Some(up) = conn.up.as_mut() else {
             return true;
         };
@@ -160,7 +180,8 @@ impl Worker {
                     fd: up.fd(),
                     tls: up.tls.take(),
                 };
-                self.release_upstream(kept, Reuse::Ready, Outcome::Completed);
+                self.io
+                    .release_upstream(kept, Reuse::Ready, Outcome::Completed);
                 true
             }
         }
@@ -169,9 +190,9 @@ impl Worker {
     /// The source ended while a receive with the turn's (long) deadline is still armed on a
     /// connection kept for reuse: that receive is cancelled, so that closing the turn waits
     /// at most for the drain's deadline (a drain arms a new one), not for the stall deadline.
-    pub(in crate::dataplane) fn up_stop_reading(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let owner = conn.owner(key);
+    pub(in crate::dataplane) fn up_stop_reading(&mut self) {
+        let conn = &mut *self.conn;
+        let owner = self.owner;
         let Some(up) = conn.up.as_mut() else {
             return;
         };
@@ -186,9 +207,9 @@ impl Worker {
 
     /// The request's pooled connection failed before any response byte: when nothing reached
     /// the client yet, send the request again on a new connection. Returns whether it did.
-    pub(in crate::dataplane) fn up_retry(&mut self, key: usize) -> io::Result<bool> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn up_retry(&mut self) -> io::Result<bool> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let client_got_bytes = shared.table.slot(conn.id.slot).headers_sent.load(SeqCst);
         let Some(up) = conn.up.as_mut() else {
             return Ok(false);
@@ -224,28 +245,8 @@ impl Worker {
         pool.discarded(DiscardReason::Broken);
         pool.retried.inc();
         tracing::debug!(stream_id = %conn.id, "pooled upstream connection was closed; retrying on a new one");
-        self.up_connect(key, Some(addr))?;
+        self.up_connect(Some(addr))?;
         Ok(true)
-    }
-
-    /// The connection is closing and its upstream socket is idle: back to the pool (with its
-    /// TLS session) if its response ended cleanly and the turn completed, else closed.
-    pub(in crate::dataplane) fn release_upstream(
-        &mut self,
-        conn: Kept,
-        reuse: Reuse,
-        outcome: Outcome,
-    ) {
-        let metrics = &self.shared.metrics.upstream.pool;
-        if reuse == Reuse::Ready && outcome == Outcome::Completed {
-            self.pool.put(conn, monotonic_ns(), metrics);
-            return;
-        }
-        // Nothing is in flight on the upstream socket (its operations are the connection's,
-        // all complete), and nothing else holds its descriptor. A socket already shut down
-        // (a trip, a failure) refuses the close_notify, which is then not sent.
-        close_kept(conn);
-        metrics.discarded(DiscardReason::NotReusable);
     }
 }
 

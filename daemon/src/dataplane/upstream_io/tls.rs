@@ -19,7 +19,8 @@
 
 use std::{io, sync::Arc};
 
-use crate::dataplane::{upstream_io::pool::Kept, upstream_io::reuse::Reuse, Worker};
+use crate::dataplane::Step;
+use crate::dataplane::{upstream_io::pool::Kept, upstream_io::reuse::Reuse};
 use crate::upstream::{tls::Opened, UpstreamFailureKind};
 
 /// Sends `close_notify` without waiting (a non-blocking send of one small record on an idle
@@ -41,40 +42,36 @@ pub(in crate::dataplane) fn close_kept(kept: Kept) {
     unsafe { libc::close(kept.fd) };
 }
 
-impl Worker {
+impl Step<'_> {
     /// The new connection is up: start its TLS session with the request queued behind the
     /// handshake, and send the ClientHello.
-    pub(in crate::dataplane) fn up_tls_begin(
-        &mut self,
-        key: usize,
-        request: Vec<u8>,
-    ) -> io::Result<()> {
-        let shared = Arc::clone(&self.shared);
+    pub(in crate::dataplane) fn up_tls_begin(&mut self, request: Vec<u8>) -> io::Result<()> {
+        let shared = Arc::clone(&self.io.shared);
         let Some(tls) = shared.cfg.upstream_tls.as_ref() else {
-            return self.up_send(key, request, 0);
+            return self.up_send(request, 0);
         };
         let mut link = match tls.link() {
             Ok(l) => Box::new(l),
             Err(e) => {
                 let msg = format!("starting TLS with the upstream: {e}");
-                return self.up_fail(key, UpstreamFailureKind::Tls, msg, None);
+                return self.up_fail(UpstreamFailureKind::Tls, msg, None);
             }
         };
         link.seal(&request);
         let hello = link.pending();
-        if let Some(up) = self.conns[key].up.as_mut() {
+        if let Some(up) = self.conn.up.as_mut() {
             up.tls = Some(link);
         }
         match hello {
-            Some(bytes) => self.up_send(key, bytes, 0),
-            None => self.up_arm_recv(key),
+            Some(bytes) => self.up_send(bytes, 0),
+            None => self.up_arm_recv(),
         }
     }
 
     /// Sends what the connection's TLS session has to send, unless a send is in flight (its
     /// completion flushes again). Returns whether a send was submitted.
-    pub(in crate::dataplane) fn up_tls_flush(&mut self, key: usize) -> io::Result<bool> {
-        let Some(up) = self.conns[key].up.as_mut() else {
+    pub(in crate::dataplane) fn up_tls_flush(&mut self) -> io::Result<bool> {
+        let Some(up) = self.conn.up.as_mut() else {
             return Ok(false);
         };
         if up.send_op.is_some() || (up.reuse == Reuse::No && up.finished) {
@@ -83,7 +80,7 @@ impl Worker {
         let Some(bytes) = up.tls.as_mut().and_then(|t| t.pending()) else {
             return Ok(false);
         };
-        self.up_send(key, bytes, 0)?;
+        self.up_send(bytes, 0)?;
         Ok(true)
     }
 
@@ -93,13 +90,9 @@ impl Worker {
     /// handshake message, a ticket, half a record: a receive is armed again), or when the
     /// session failed (the exchange is ended, typed). A connection without TLS, a failed
     /// receive, and bytes nobody reads any more pass through unchanged.
-    pub(in crate::dataplane) fn up_tls_open(
-        &mut self,
-        key: usize,
-        res: i32,
-    ) -> io::Result<Option<i32>> {
-        let shared = Arc::clone(&self.shared);
-        let conn = &mut self.conns[key];
+    pub(in crate::dataplane) fn up_tls_open(&mut self, res: i32) -> io::Result<Option<i32>> {
+        let shared = Arc::clone(&self.io.shared);
+        let conn = &mut *self.conn;
         let closing = conn.closing;
         let Some(up) = conn.up.as_mut() else {
             return Ok(Some(res));
@@ -121,7 +114,7 @@ impl Worker {
         match opened {
             Ok(Opened::Data(len)) => {
                 std::mem::swap(rbuf, link.plain_mut());
-                self.up_tls_flush(key)?;
+                self.up_tls_flush()?;
                 Ok(Some(len as i32))
             }
             Ok(Opened::Eof { .. }) => {
@@ -129,8 +122,8 @@ impl Worker {
                 Ok(Some(0))
             }
             Ok(Opened::Nothing) => {
-                self.up_tls_flush(key)?;
-                self.up_arm_recv(key)?;
+                self.up_tls_flush()?;
+                self.up_arm_recv()?;
                 Ok(None)
             }
             Err(e) if up.finished => {
@@ -145,15 +138,15 @@ impl Worker {
                     "TLS with the upstream failed"
                 };
                 let msg = format!("{when}: {e}");
-                self.up_fail(key, UpstreamFailureKind::Tls, msg, None)?;
+                self.up_fail(UpstreamFailureKind::Tls, msg, None)?;
                 Ok(None)
             }
         }
     }
 
     /// Whether the upstream connection of `key` is still in its TLS handshake.
-    pub(in crate::dataplane) fn up_tls_handshaking(&self, key: usize) -> bool {
-        self.conns[key]
+    pub(in crate::dataplane) fn up_tls_handshaking(&self) -> bool {
+        self.conn
             .up
             .as_ref()
             .and_then(|u| u.tls.as_ref())
