@@ -7,9 +7,10 @@
 //!
 //! Two checks of its own read the daemon's sources: no trip's result is thrown away with
 //! `let _ =` (a trip that did not happen must be handled, `dataplane/turn/own_trip.rs`), and the
-//! data plane's `self.conns[` lookups by connection key do not grow past
-//! [`CONNS_LOOKUP_CEILING`]: issue 30 moves them into the ring driver's completion dispatch,
-//! and lowers the ceiling as it goes.
+//! data plane's slab of connections belongs to its ring driver (issue 30): `impl Worker` and
+//! every use of `self.conns` lie in `dataplane/driver/`, and a connection is looked up by key
+//! only in `driver/step.rs` (`Worker::step_of`, `Worker::conn_of`). Connection, turn and
+//! upstream code runs on a `Step`, which holds one connection and no slab.
 
 use std::{path::Path, time::Instant};
 
@@ -49,14 +50,20 @@ pub(crate) fn lint(ctx: &Ctx, object: &Path) -> Result<()> {
         println!("[lint] {d}: a trip's result is thrown away with `let _ =`; handle it");
     }
     outcomes.push(("no discarded trip results", discarded.is_empty()));
-    let lookups = count_in(&ctx.root.join("daemon/src/dataplane"), "self.conns[")?;
+    let slab = slab_uses(&ctx.root.join("daemon/src/dataplane"))?;
     println!(
-        "[lint] self.conns[ lookups in daemon/src/dataplane: {lookups} (ceiling {CONNS_LOOKUP_CEILING})"
+        "[lint] the connection slab: {} uses, all in dataplane/driver/; {} lookups by key, in driver/step.rs",
+        slab.uses, slab.lookups
     );
-    outcomes.push((
-        "connection lookups within their ceiling",
-        lookups <= CONNS_LOOKUP_CEILING,
-    ));
+    for v in &slab.violations {
+        println!("[lint] {v}");
+    }
+    outcomes.push(("the slab is the driver's", slab.violations.is_empty()));
+    println!(
+        "[lint] impl Worker: {} methods (at most {WORKER_METHODS_MAX})",
+        slab.worker_methods
+    );
+    outcomes.push(("a thin driver", slab.worker_methods <= WORKER_METHODS_MAX));
     summarize(&outcomes, t)
 }
 
@@ -92,17 +99,123 @@ fn checks(ctx: &Ctx) -> Vec<Check> {
     ]
 }
 
-/// The most `self.conns[` lookups the data plane may hold: the count when the check came in
-/// (issue 30). A change that adds one fails; one that removes some lowers this with it.
-const CONNS_LOOKUP_CEILING: usize = 132;
+/// What the slab check found: uses of the slab, lookups by key, and the places that break the
+/// rule (`FILE:LINE: why`).
+struct SlabUses {
+    worker_methods: usize,
+    uses: usize,
+    lookups: usize,
+    violations: Vec<String>,
+}
 
-/// Occurrences of `needle` in the `.rs` files under `dir`.
-fn count_in(dir: &Path, needle: &str) -> Result<usize> {
-    let mut n = 0;
+/// Reads the data plane under `dir` (each file up to its `#[cfg(test)]`; sibling test files
+/// are skipped): `impl Worker` and `self.conns` only under `driver/`, lookups by key
+/// (`self.conns[`, `self.conns.get`) only in `driver/step.rs`.
+fn slab_uses(dir: &Path) -> Result<SlabUses> {
+    let mut found = SlabUses {
+        worker_methods: 0,
+        uses: 0,
+        lookups: 0,
+        violations: Vec::new(),
+    };
     for path in rust_files(dir)? {
-        n += std::fs::read_to_string(&path)?.matches(needle).count();
+        let rel = path
+            .strip_prefix(dir)
+            .unwrap_or(&path)
+            .to_string_lossy()
+            .into_owned();
+        if rel.ends_with("_tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        found.worker_methods += worker_methods_in(text);
+        for (line, what) in slab_uses_in(text) {
+            let in_driver = rel.starts_with("driver/");
+            let why = match what {
+                SlabUse::ImplWorker if !in_driver => Some("`impl Worker` outside driver/"),
+                SlabUse::Use | SlabUse::Lookup if !in_driver => {
+                    Some("the slab used outside driver/: take a `Step`")
+                }
+                SlabUse::Lookup if rel != "driver/step.rs" => {
+                    Some("a lookup by key outside driver/step.rs: use `step_of` or `conn_of`")
+                }
+                _ => None,
+            };
+            match what {
+                SlabUse::Use => found.uses += 1,
+                SlabUse::Lookup => {
+                    found.uses += 1;
+                    found.lookups += 1;
+                }
+                SlabUse::ImplWorker => {}
+            }
+            if let Some(why) = why {
+                found
+                    .violations
+                    .push(format!("{}:{line}: {why}", path.display()));
+            }
+        }
     }
-    Ok(n)
+    Ok(found)
+}
+
+/// The most methods `impl Worker` may have (issue 30: a thin io_uring driver).
+const WORKER_METHODS_MAX: usize = 30;
+
+/// The methods of the `impl Worker` blocks in `text` (rustfmt's layout: the block's items at
+/// four spaces, its end a `}` at the start of a line).
+fn worker_methods_in(text: &str) -> usize {
+    let mut n = 0;
+    for (at, _) in text.match_indices("\nimpl Worker {\n") {
+        let block = &text[at + 1..];
+        let end = block.find("\n}").unwrap_or(block.len());
+        n += block[..end]
+            .lines()
+            .filter(|l| {
+                let l = l.strip_prefix("    ").unwrap_or_default();
+                let l = l.strip_prefix("pub(in crate::dataplane) ").unwrap_or(l);
+                l.starts_with("fn ")
+            })
+            .count();
+    }
+    n
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlabUse {
+    ImplWorker,
+    /// `self.conns` walked, inserted into, removed from.
+    Use,
+    /// `self.conns[` or `self.conns.get`: a connection looked up by key.
+    Lookup,
+}
+
+/// The 1-based lines of `text` with `impl Worker` or `self.conns` (the field access may be
+/// split over lines: `self\n    .conns`), and what each is.
+fn slab_uses_in(text: &str) -> Vec<(usize, SlabUse)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("impl Worker ") {
+        found.push((text[..at].matches('\n').count() + 1, SlabUse::ImplWorker));
+    }
+    for (at, _) in text.match_indices("self") {
+        let rest = text[at + 4..].trim_start();
+        let Some(after) = rest.strip_prefix(".conns") else {
+            continue;
+        };
+        if after.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let after = after.trim_start();
+        let what = if after.starts_with('[') || after.starts_with(".get") {
+            SlabUse::Lookup
+        } else {
+            SlabUse::Use
+        };
+        found.push((text[..at].matches('\n').count() + 1, what));
+    }
+    found.sort_unstable_by_key(|&(line, _)| line);
+    found
 }
 
 /// The `.rs` files under `dir`.
@@ -189,7 +302,31 @@ fn summarize(outcomes: &[(&str, bool)], t: Instant) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::discarded_in;
+    use super::{discarded_in, slab_uses_in, worker_methods_in, SlabUse};
+
+    #[test]
+    fn the_methods_of_impl_worker_are_counted_and_nothing_else() {
+        let text = "//! doc\nimpl Worker {\n    fn a(&self) {\n        fn inner() {}\n    }\n\n    \
+                    pub(in crate::dataplane) fn b(&self) {}\n}\n\nimpl Io {\n    fn c(&self) {}\n}\n";
+        assert_eq!(worker_methods_in(text), 2);
+    }
+
+    #[test]
+    fn slab_uses_and_lookups_are_told_apart_across_lines() {
+        let text =
+            "impl Worker {\n    fn a(&mut self) {\n        let c = &self.conns[k];\n        \
+                    self\n            .conns\n            .get_mut(k);\n        \
+                    for c in &self.conns {}\n        self.conns_seen += 1;\n    }\n}\n";
+        assert_eq!(
+            slab_uses_in(text),
+            [
+                (1, SlabUse::ImplWorker),
+                (3, SlabUse::Lookup),
+                (4, SlabUse::Lookup),
+                (7, SlabUse::Use),
+            ]
+        );
+    }
 
     #[test]
     fn a_discarded_trip_is_found_and_a_handled_one_is_not() {
