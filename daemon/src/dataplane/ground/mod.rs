@@ -48,7 +48,7 @@ use crate::dataplane::turn::hold;
 use crate::dataplane::Step;
 use crate::dataplane::{turn::Turn, Io};
 use crate::{
-    detect::pipeline::Gate,
+    detect::{pipeline::Gate, Trip},
     grounding::{
         plan::{GroundPlan, RoundOutcome, RoundRecord},
         ArmOutcome, Round, SpanQuery,
@@ -187,6 +187,41 @@ pub(in crate::dataplane) fn queued_text(turn: &Turn, from: usize, to: usize) -> 
         out.push_str(p.text.get(a..b)?);
     }
     Some(out)
+}
+
+/// Where a grounding round's rewind takes the turn back to: the start of its hold-back window
+/// (a text offset), and how many queued tokens lie past it. `None` when it cannot be rewound:
+/// no window, or a tool call in the text the window holds.
+pub(in crate::dataplane) fn rewind_point(turn: &Turn) -> Option<(usize, usize)> {
+    let keep = turn.hold.back.as_ref().map(|b| b.start())?;
+    queued_text(turn, keep, turn.hold.scanned)?;
+    let dropped = turn.hold.queue.iter().filter(|p| p.end > keep).count();
+    Some((keep, dropped))
+}
+
+/// The turn taken back to `keep` (`rewind_point`) once its source resumed from there: the
+/// queued entries past it dropped, its text length and token count taken back, the scanner
+/// restarted on the kept text it had not released (it saw the dropped text too), the
+/// detectors' window cleared. A trip of that rescan comes back as `Err`.
+pub(in crate::dataplane) fn apply_rewind(turn: &mut Turn, keep: usize) -> Result<(), Trip> {
+    let released = turn.hold.released.min(keep);
+    let unreleased = queued_text(turn, released, keep).unwrap_or_default();
+    if let Some(b) = turn.hold.back.as_mut() {
+        b.rewind();
+    }
+    let dropped = turn.hold.rewind(keep);
+    turn.text_len = dropped.first().map_or(turn.text_len, |p| p.offset);
+    turn.tokens_generated = turn.tokens_generated.saturating_sub(dropped.len() as u64);
+    turn.hold.scanned = released;
+    let rescan = turn.gov.rewound(&unreleased);
+    turn.hold.scanned = keep;
+    match rescan {
+        Gate::Release(n) => {
+            turn.hold.release(n);
+            Ok(())
+        }
+        Gate::Trip(trip) => Err(trip),
+    }
 }
 
 /// What a round's answer means for the turn.
@@ -358,46 +393,22 @@ impl Step<'_> {
     /// prefix with the round's evidence: `(tokens dropped, bytes kept)`, or `None` when the
     /// turn cannot be rewound (it stays as it was) or tripped.
     fn rewind(&mut self, round: &Round) -> io::Result<Option<(usize, usize)>> {
-        let conn = &mut *self.conn;
-        let Some(turn) = conn.turn.as_mut() else {
+        let Some((keep, dropped)) = self.conn.turn.as_deref().and_then(rewind_point) else {
             return Ok(None);
         };
-        let Some(keep) = turn.hold.back.as_ref().map(|b| b.start()) else {
-            return Ok(None);
-        };
-        if queued_text(turn, keep, turn.hold.scanned).is_none() {
-            return Ok(None);
-        }
-        let dropped_tokens = turn.hold.queue.iter().filter(|p| p.end > keep).count();
-        if !self.resume_source(dropped_tokens, round) {
+        if !self.resume_source(dropped, round) {
             return Ok(None);
         }
         let Some(turn) = self.conn.turn.as_mut() else {
             return Ok(None);
         };
-        let released = turn.hold.released.min(keep);
-        let unreleased = queued_text(turn, released, keep).unwrap_or_default();
-        if let Some(b) = turn.hold.back.as_mut() {
-            b.rewind();
-        }
-        let dropped = turn.hold.rewind(keep);
-        turn.text_len = dropped.first().map_or(turn.text_len, |p| p.offset);
-        turn.tokens_generated = turn.tokens_generated.saturating_sub(dropped.len() as u64);
-        // The scanner starts over on the kept text it had not released (it saw the dropped
-        // text too); the detectors forget the dropped tokens.
-        turn.hold.scanned = released;
-        match turn.gov.rewound(&unreleased) {
-            Gate::Release(n) => {
-                turn.hold.scanned = keep;
-                turn.hold.release(n);
-            }
-            Gate::Trip(t) => {
-                turn.hold.scanned = keep;
-                self.detector_trip(t)?;
-                return Ok(None);
+        match apply_rewind(turn, keep) {
+            Ok(()) => Ok(Some((dropped, keep))),
+            Err(trip) => {
+                self.detector_trip(trip)?;
+                Ok(None)
             }
         }
-        Ok(Some((dropped_tokens, keep)))
     }
 
     /// The source continues from the kept prefix with `round`'s evidence in context.
@@ -520,3 +531,6 @@ mod tests {
         assert_eq!(outcome_of(&skipped, ms(5), ms(100)), RoundOutcome::Empty);
     }
 }
+
+#[cfg(test)]
+mod rewind_tests;

@@ -562,4 +562,4 @@ impl Step<'_> {
 
 #[cfg(test)]
 #[path = "pipeline_tests.rs"]
-mod tests;
+pub(in crate::dataplane) mod tests;

@@ -64,28 +64,28 @@ fn defaults() -> &'static (Config, Arc<Detectors>) {
     })
 }
 
-const TERMINAL: &[u8] = b"<terminal>";
+pub(in crate::dataplane) const TERMINAL: &[u8] = b"<terminal>";
 const FINAL: &[u8] = b"<final>";
 
 /// What a schedule does to the turn.
 #[derive(Debug, Clone)]
-struct Schedule {
+pub(in crate::dataplane) struct Schedule {
     /// Tokens the model generates (`max_tokens`).
-    tokens: u32,
+    pub(in crate::dataplane) tokens: u32,
     /// How much of what is left each send takes, in eighths (cycled; 8: all of it).
-    takes: Vec<u8>,
+    pub(in crate::dataplane) takes: Vec<u8>,
     /// Trip the stream when this many tokens were accounted.
-    trip_at: Option<u64>,
+    pub(in crate::dataplane) trip_at: Option<u64>,
     /// The trip lands in the middle of a step, between a token's encoding and its frame's
     /// accounting (the worker learns of it there), rather than between two steps (the
     /// worker's wake-up halts the stream at once).
-    trip_mid_step: bool,
+    pub(in crate::dataplane) trip_mid_step: bool,
     /// Close the connection after this many steps of the driver.
-    close_at: Option<u32>,
+    pub(in crate::dataplane) close_at: Option<u32>,
     /// Intervene mode's hold-back window of this many tokens: each token
     /// waits for this many newer ones, or the end, before it goes out.
-    hold_back: Option<usize>,
-    budget: u32,
+    pub(in crate::dataplane) hold_back: Option<usize>,
+    pub(in crate::dataplane) budget: u32,
 }
 
 fn schedule() -> impl Strategy<Value = Schedule> {
@@ -110,28 +110,30 @@ fn schedule() -> impl Strategy<Value = Schedule> {
 }
 
 /// The driver, without the ring.
-struct Driver {
-    table: StreamTable,
-    conn: Conn,
-    wire: Vec<u8>,
+pub(in crate::dataplane) struct Driver {
+    pub(in crate::dataplane) table: StreamTable,
+    pub(in crate::dataplane) conn: Conn,
+    pub(in crate::dataplane) wire: Vec<u8>,
     /// The frame in flight: its bytes and how far the kernel took them.
-    inflight: Option<(Vec<u8>, usize)>,
-    sends: usize,
-    takes: Vec<u8>,
-    trip_at: Option<u64>,
-    trip_mid_step: bool,
-    tripped_tokens: Option<u64>,
-    terminals: u32,
-    finals: u32,
-    sends_after_close: u32,
-    done: bool,
+    pub(in crate::dataplane) inflight: Option<(Vec<u8>, usize)>,
+    pub(in crate::dataplane) sends: usize,
+    pub(in crate::dataplane) takes: Vec<u8>,
+    pub(in crate::dataplane) trip_at: Option<u64>,
+    pub(in crate::dataplane) trip_mid_step: bool,
+    pub(in crate::dataplane) tripped_tokens: Option<u64>,
+    pub(in crate::dataplane) terminals: u32,
+    pub(in crate::dataplane) finals: u32,
+    pub(in crate::dataplane) sends_after_close: u32,
+    pub(in crate::dataplane) done: bool,
+    /// Text items the turn's source gave (a built-in turn: its tokens).
+    pub(in crate::dataplane) texts_polled: u64,
     /// A proxied turn: the upstream's SSE bytes still to arrive, one receive each, and the
     /// parser they go through.
-    feed: std::collections::VecDeque<Vec<u8>>,
-    sse: crate::upstream::SseParser,
+    pub(in crate::dataplane) feed: std::collections::VecDeque<Vec<u8>>,
+    pub(in crate::dataplane) sse: crate::upstream::SseParser,
 }
 
-fn body(tokens: u32) -> String {
+pub(in crate::dataplane) fn body(tokens: u32) -> String {
     format!(
         r#"{{"model":"builtin","stream":true,"logprobs":true,"max_tokens":{tokens},"seed":7,"messages":[{{"role":"user","content":"Tell me about the tides."}}]}}"#
     )
@@ -141,7 +143,7 @@ impl Driver {
     /// A streaming chat turn of `source` for `ask` on a connection of its own, as
     /// `start_builtin_turn` and `start_proxy_turn` open it (no kernel policy, no head: the
     /// wire holds the token events only); `feed` is a proxied turn's upstream receives.
-    fn open(
+    pub(in crate::dataplane) fn open(
         s: &Schedule,
         source: TurnSource,
         ask: &crate::wire::Ask,
@@ -190,6 +192,7 @@ impl Driver {
             finals: 0,
             sends_after_close: 0,
             done: false,
+            texts_polled: 0,
             feed,
             sse: crate::upstream::SseParser::new(64 * 1024),
         }
@@ -197,7 +200,7 @@ impl Driver {
 }
 
 /// A streaming built-in chat turn, and what the model says for it, token by token.
-fn open(s: &Schedule) -> (Driver, Vec<String>) {
+pub(in crate::dataplane) fn open(s: &Schedule) -> (Driver, Vec<String>) {
     let req = ClientRequest::parse(Endpoint::Chat, body(s.tokens).as_bytes())
         .and_then(|r| r.builtin_turn("builtin"))
         .expect("a valid request");
@@ -212,7 +215,7 @@ fn open(s: &Schedule) -> (Driver, Vec<String>) {
 }
 
 impl Driver {
-    fn slot(&self) -> &crate::stream::Slot {
+    pub(in crate::dataplane) fn slot(&self) -> &crate::stream::Slot {
         self.table.slot(self.conn.id.slot)
     }
 
@@ -314,7 +317,7 @@ impl Driver {
     }
 
     /// One step of `pump_phases`: the phase `next_phase` picks, done.
-    fn step(&mut self) {
+    pub(in crate::dataplane) fn step(&mut self) {
         let Some(turn) = self.conn.turn.as_mut() else {
             self.done = true;
             return;
@@ -335,7 +338,11 @@ impl Driver {
     /// The source's next item through observe and release.
     fn poll(&mut self) {
         let turn = self.conn.turn.as_mut().expect("a turn");
-        match turn.source.poll() {
+        let polled = turn.source.poll();
+        if matches!(polled, Polled::Text(_)) {
+            self.texts_polled += 1;
+        }
+        match polled {
             Polled::Text(t) => match observe(turn, Item::Text(t), 0, None, 3) {
                 Observe::Clear(Item::Text(t)) => {
                     let slot = self.table.slot(self.conn.id.slot);
@@ -392,7 +399,7 @@ impl Driver {
 }
 
 /// The token texts of the SSE events on the wire, and what followed the last event.
-fn client_view(wire: &[u8]) -> (Vec<String>, Vec<u8>) {
+pub(in crate::dataplane) fn client_view(wire: &[u8]) -> (Vec<String>, Vec<u8>) {
     let mut texts = Vec::new();
     let mut rest = wire;
     while let Some(end) = rest.windows(2).position(|w| w == b"\n\n") {
@@ -410,11 +417,11 @@ fn client_view(wire: &[u8]) -> (Vec<String>, Vec<u8>) {
 
 fn run(s: &Schedule) -> (Driver, Vec<String>) {
     let (mut d, expected) = open(s);
-    drive(s, &mut d);
+    drive_with(s, &mut d, |_| {});
     (d, expected)
 }
 
-fn check(s: &Schedule, d: &Driver, expected: &[String]) {
+pub(in crate::dataplane) fn check(s: &Schedule, d: &Driver, expected: &[String]) {
     let slot = d.slot();
     let (texts, tail) = client_view(&d.wire);
     assert_eq!(d.sends_after_close, 0, "a send after close");
@@ -550,7 +557,13 @@ fn open_proxied(s: &Schedule, tokens: &[(String, bool)], cuts: &[u8]) -> (Driver
     (d, expected)
 }
 
-fn drive(s: &Schedule, d: &mut Driver) {
+/// Drives the turn to its end, `between` called before each step (what happens to the turn
+/// between two steps, such as a grounding round's answer).
+pub(in crate::dataplane) fn drive_with(
+    s: &Schedule,
+    d: &mut Driver,
+    mut between: impl FnMut(&mut Driver),
+) {
     let mut steps = 0u32;
     while !d.done {
         steps += 1;
@@ -569,6 +582,7 @@ fn drive(s: &Schedule, d: &mut Driver) {
             d.complete();
             continue;
         }
+        between(d);
         d.step();
     }
 }
@@ -597,7 +611,7 @@ proptest! {
         cuts in prop::collection::vec(1u8..=255, 1..12),
     ) {
         let (mut d, expected) = open_proxied(&s, &tokens, &cuts);
-        drive(&s, &mut d);
+        drive_with(&s, &mut d, |_| {});
         let slot = d.slot();
         let (texts, tail) = client_view(&d.wire);
         let got: String = texts.concat();
@@ -643,7 +657,7 @@ fn tokens_one_receive_brought_share_a_frame_and_text_without_logprobs_goes_per_c
     .collect();
     // Everything but the stream's last bytes in the first receive.
     let (mut d, expected) = open_proxied(&s, &tokens, &[255]);
-    drive(&s, &mut d);
+    drive_with(&s, &mut d, |_| {});
     let (texts, tail) = client_view(&d.wire);
     assert_eq!(texts, [" the", " tide", " moon", "a", "b"]);
     assert_eq!(texts.concat(), expected);
