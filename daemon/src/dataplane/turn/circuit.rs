@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::dataplane::turn::circuit_record;
 use crate::dataplane::turn::own_trip;
+use crate::dataplane::turn::Turn;
 use crate::dataplane::Step;
 use crate::{
     circuit::{
@@ -320,6 +321,69 @@ impl Refusal {
     }
 }
 
+/// What judging a turn's held tool calls found (`judge_held`).
+#[derive(Debug)]
+pub(in crate::dataplane) enum CircuitJudged {
+    /// Nothing to judge yet, or every call judged is allowed (its held deltas are queued).
+    Pass,
+    /// A call is forbidden: its conversation and the artifact; the stream must halt with
+    /// `TOOL_CIRCUIT_OPEN`, and nothing held goes out.
+    Denied(Box<(ConversationId, crate::circuit::DiagnosticArtifact)>),
+}
+
+/// Judges the calls the turn's held deltas show complete (a later call started, or, `at_end`,
+/// every call left) against the conversation's circuit, in order, at `now`; the held deltas
+/// of allowed calls join the hold queue for the client, and a denial drops them all. The
+/// store learns what was judged, let out or denied. No I/O: the caller records a denial and
+/// halts.
+pub(in crate::dataplane) fn judge_held(
+    turn: &mut Turn,
+    store: &ConversationStore,
+    at_end: bool,
+    now: Instant,
+) -> CircuitJudged {
+    let Some(tc) = turn.circuit.as_mut().filter(|c| !c.judged) else {
+        return CircuitJudged::Pass;
+    };
+    tc.judged = at_end;
+    let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
+    let range = tc.complete(merged, at_end);
+    if range.is_empty() && !at_end && !tc.out_of_order {
+        return CircuitJudged::Pass;
+    }
+    // Per judged call (never per token): the calls are copied out and the store's lock taken.
+    let calls = merged[range].to_vec();
+    let denied = if tc.out_of_order {
+        let why = "the model added to a tool call after a later call had started: the call \
+                   was judged as it stood, so the rest is not sent";
+        Some(Verdict::Deny(Box::new(tc.unjudgeable("", why))))
+    } else {
+        tc.judge(&calls, now)
+    };
+    store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
+    if at_end || denied.is_some() {
+        // The turn's generation is over: its tokens feed the tokens-saved estimate.
+        store.generated(&tc.conversation, turn.tokens_generated, now);
+    }
+    if let Some(Verdict::Deny(artifact)) = denied {
+        tc.held.clear();
+        tc.judged = true;
+        store.intervened(&tc.conversation, (*artifact).clone(), now);
+        return CircuitJudged::Denied(Box::new((tc.conversation.clone(), *artifact)));
+    }
+    // Let out now: the instant the backoff clock measures the next retry from. Delivered once
+    // the kernel accepts the frame that starts it (`delivered`).
+    let ids = calls
+        .iter()
+        .filter_map(|c| c.get("id").and_then(Value::as_str));
+    store.emitted(&tc.conversation, ids, now);
+    for d in tc.releasable(at_end) {
+        turn.hold
+            .push_tool_calls_ending(d.parts, d.tokens, &d.started, d.arrived_ns, d.scanned);
+    }
+    CircuitJudged::Pass
+}
+
 impl Step<'_> {
     /// After a held tool-call delta: the calls it shows complete (a later call started) are
     /// judged, and the held deltas of judged calls go out, so a call streams as soon as it
@@ -335,62 +399,19 @@ impl Step<'_> {
     }
 
     fn circuit_judge(&mut self, at_end: bool) -> io::Result<bool> {
-        let stream_id = self.conn.id;
         let Some(turn) = self.conn.turn.as_mut() else {
             return Ok(false);
         };
-        let Some(tc) = turn.circuit.as_mut().filter(|c| !c.judged) else {
-            return Ok(true);
-        };
-        tc.judged = at_end;
-        let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
-        let range = tc.complete(merged, at_end);
-        if range.is_empty() && !at_end && !tc.out_of_order {
-            return Ok(true);
-        }
-        // Per judged call (never per token): the calls are copied out and the store's lock
-        // taken.
-        let calls = merged[range].to_vec();
-        let now = Instant::now();
         let store = &self.io.shared.circuits;
-        let denied = if tc.out_of_order {
-            let why = "the model added to a tool call after a later call had started: the \
-                       call was judged as it stood, so the rest is not sent";
-            Some(Verdict::Deny(Box::new(tc.unjudgeable("", why))))
-        } else {
-            tc.judge(&calls, now)
+        let CircuitJudged::Denied(denied) = judge_held(turn, store, at_end, Instant::now()) else {
+            return Ok(true);
         };
-        store.observe(&tc.conversation, tc.circuit.open_artifacts(), now);
-        if at_end || denied.is_some() {
-            // The turn's generation is over: its tokens feed the tokens-saved estimate.
-            store.generated(&tc.conversation, turn.tokens_generated, now);
-        }
-        if let Some(Verdict::Deny(artifact)) = denied {
-            tc.held.clear();
-            tc.judged = true;
-            store.intervened(&tc.conversation, (*artifact).clone(), now);
-            let action = circuit_record::Action::Halted;
-            let id = Some(stream_id.to_string());
-            circuit_record::record(&self.io.shared, &tc.conversation, action, &artifact, id);
-            self.circuit_trip(&artifact)?;
-            return Ok(false);
-        }
-        // Let out now: the instant the backoff clock measures the next retry from. Delivered
-        // once the kernel accepts the frame that starts it (`delivered`).
-        let ids = calls
-            .iter()
-            .filter_map(|c| c.get("id").and_then(Value::as_str));
-        store.emitted(&tc.conversation, ids, now);
-        for d in tc.releasable(at_end) {
-            turn.hold.push_tool_calls_ending(
-                d.parts,
-                d.tokens,
-                &d.started,
-                d.arrived_ns,
-                d.scanned,
-            );
-        }
-        Ok(true)
+        let (conversation, artifact) = *denied;
+        let action = circuit_record::Action::Halted;
+        let id = Some(self.conn.id.to_string());
+        circuit_record::record(&self.io.shared, &conversation, action, &artifact, id);
+        self.circuit_trip(&artifact)?;
+        Ok(false)
     }
 
     /// Halts the stream with `TOOL_CIRCUIT_OPEN`, the artifact in the error object. Not a

@@ -63,6 +63,69 @@ enum Released {
     Stop,
 }
 
+/// What the release phase did with a tool-call delta (`release_tool_delta`).
+#[derive(Debug)]
+pub(in crate::dataplane) enum ToolReleased {
+    /// Framed through the hold queue, or kept for the batch response: take the next.
+    Poll,
+    /// Degraded safe mode blocks new tool dispatch: not emitted, only counted.
+    Suppressed,
+    /// Held by TokenCircuit until its call is complete and judged (`circuit.rs` `judge_held`).
+    Held,
+    /// Not a delta haltd can frame: the upstream failed.
+    Malformed(String),
+    /// The exfiltration scanner tripped on its name or arguments.
+    Trip(Trip),
+}
+
+/// The release phase of an observed tool-call delta (chat, upstream): its name and
+/// arguments scanned like any text, then framed through the hold queue, or held by
+/// TokenCircuit. No I/O.
+pub(in crate::dataplane) fn release_tool_delta(
+    turn: &mut Turn,
+    slot: &Slot,
+    delta: &Value,
+    tokens: Vec<UpToken>,
+    arrived_ns: u64,
+) -> ToolReleased {
+    if turn.degraded {
+        turn.tokens_generated += tokens.len() as u64;
+        return ToolReleased::Suppressed;
+    }
+    let parts = match framing::tool_call_parts(delta) {
+        Ok(p) => p,
+        Err(e) => return ToolReleased::Malformed(format!("malformed upstream tool call: {e}")),
+    };
+    // A tool call's name and arguments are output like any text: scanned for secrets, held
+    // back the same way.
+    let args: String = parts
+        .iter()
+        .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
+        .collect();
+    if let Err(trip) = scan(turn, &args) {
+        return ToolReleased::Trip(trip);
+    }
+    let frames = framing::tool_call_frames(&parts, &tokens);
+    turn.tokens_generated += frames.max(tokens.len() as u64);
+    let started = turn
+        .source
+        .upstream_mut()
+        .map(|s| s.merge_tool_calls(delta))
+        .unwrap_or_default();
+    if slot.mode() == Mode::Batch {
+        slot.tokens_submitted.fetch_add(frames, SeqCst);
+        return ToolReleased::Poll;
+    }
+    if let Some(circuit) = turn.circuit.as_mut() {
+        circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
+        return ToolReleased::Held;
+    }
+    // Emitted through the queue (in order behind any held frame).
+    turn.hold
+        .push_tool_calls(parts, tokens, &started, arrived_ns);
+    ToolReleased::Poll
+}
+
 /// What the pipeline does after taking one thing from the source.
 pub(in crate::dataplane) enum Next {
     /// Nothing went out: take the next (a paced source waits for its timer first).
@@ -406,8 +469,8 @@ impl Step<'_> {
         self.judged(judged, now)
     }
 
-    /// An observed tool-call delta: suppressed in degraded mode, its name and arguments
-    /// scanned like any text, then framed through the hold queue.
+    /// An observed tool-call delta through its release phase (`release_tool_delta`); held by
+    /// TokenCircuit, the calls it shows complete are judged next.
     fn release_tool_calls(
         &mut self,
         delta: &Value,
@@ -420,53 +483,23 @@ impl Step<'_> {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(Next::Stop);
         };
-        if turn.degraded {
-            // Degraded safe mode blocks new tool dispatch: not emitted, only counted.
-            turn.tokens_generated += tokens.len() as u64;
-            count_suppressed(&shared.metrics, delta);
-            return Ok(Next::Poll);
-        }
-        let parts = match framing::tool_call_parts(delta) {
-            Ok(p) => p,
-            Err(e) => {
-                let msg = format!("malformed upstream tool call: {e}");
-                self.up_fail(UpstreamFailureKind::Malformed, msg, Some(200))?;
-                return Ok(Next::Stop);
+        match release_tool_delta(turn, slot, delta, tokens, arrived_ns) {
+            ToolReleased::Poll => Ok(Next::Poll),
+            ToolReleased::Suppressed => {
+                count_suppressed(&shared.metrics, delta);
+                Ok(Next::Poll)
             }
-        };
-        // A tool call's name and arguments are output like any text: scanned for secrets,
-        // held back the same way.
-        let args: String = parts
-            .iter()
-            .flat_map(|p| [p.name.as_deref().unwrap_or(""), p.arguments.as_str()])
-            .collect();
-        if let Err(trip) = scan(turn, &args) {
-            return self.detector_trip(trip).map(|()| Next::Stop);
-        }
-        let frames = framing::tool_call_frames(&parts, &tokens);
-        turn.tokens_generated += frames.max(tokens.len() as u64);
-        let started = turn
-            .source
-            .upstream_mut()
-            .map(|s| s.merge_tool_calls(delta))
-            .unwrap_or_default();
-        if slot.mode() == Mode::Batch {
-            slot.tokens_submitted.fetch_add(frames, SeqCst);
-            return Ok(Next::Poll);
-        }
-        if let Some(circuit) = turn.circuit.as_mut() {
-            // TokenCircuit: held until its call is complete and judged (`circuit.rs`).
-            circuit.hold(parts, tokens, started, arrived_ns, turn.hold.scanned);
-            return Ok(if self.circuit_release()? {
+            ToolReleased::Held => Ok(if self.circuit_release()? {
                 Next::Poll
             } else {
                 Next::Stop
-            });
+            }),
+            ToolReleased::Malformed(msg) => {
+                self.up_fail(UpstreamFailureKind::Malformed, msg, Some(200))?;
+                Ok(Next::Stop)
+            }
+            ToolReleased::Trip(trip) => self.detector_trip(trip).map(|()| Next::Stop),
         }
-        // Emitted through the queue (in order behind any held frame).
-        turn.hold
-            .push_tool_calls(parts, tokens, &started, arrived_ns);
-        Ok(Next::Poll)
     }
 
     /// A detector tripped on an observed token. A HaltMonitor that cannot score what the
@@ -563,3 +596,7 @@ impl Step<'_> {
 #[cfg(test)]
 #[path = "pipeline_tests.rs"]
 pub(in crate::dataplane) mod tests;
+
+#[cfg(test)]
+#[path = "proxied_tests.rs"]
+mod proxied_tests;

@@ -20,7 +20,7 @@ use std::sync::{atomic::Ordering::SeqCst, Arc};
 
 use proptest::prelude::*;
 
-use super::{release_text, Released};
+use super::{release_text, release_tool_delta, Released, ToolReleased};
 use crate::dataplane::turn::encode::encode_pending;
 use crate::{
     codes::FailureCode,
@@ -28,6 +28,7 @@ use crate::{
     dataplane::{
         conn::{emit::Completion, emit::HaltStep, frame, Conn, SendKind},
         turn::{
+            circuit::{judge_held, CircuitJudged},
             end::end_of_text,
             phase::{next_phase, Phase},
             score::{observe, Item, Observe},
@@ -65,7 +66,7 @@ fn defaults() -> &'static (Config, Arc<Detectors>) {
 }
 
 pub(in crate::dataplane) const TERMINAL: &[u8] = b"<terminal>";
-const FINAL: &[u8] = b"<final>";
+pub(in crate::dataplane) const FINAL: &[u8] = b"<final>";
 
 /// What a schedule does to the turn.
 #[derive(Debug, Clone)]
@@ -88,7 +89,7 @@ pub(in crate::dataplane) struct Schedule {
     pub(in crate::dataplane) budget: u32,
 }
 
-fn schedule() -> impl Strategy<Value = Schedule> {
+pub(in crate::dataplane) fn schedule() -> impl Strategy<Value = Schedule> {
     (
         1u32..40,
         prop::collection::vec(1u8..=8, 1..8),
@@ -125,6 +126,8 @@ pub(in crate::dataplane) struct Driver {
     pub(in crate::dataplane) finals: u32,
     pub(in crate::dataplane) sends_after_close: u32,
     pub(in crate::dataplane) done: bool,
+    /// The conversations TokenCircuit judges a turn's tool calls in, when it has a circuit.
+    pub(in crate::dataplane) circuits: Option<crate::circuit::store::ConversationStore>,
     /// Text items the turn's source gave (a built-in turn: its tokens).
     pub(in crate::dataplane) texts_polled: u64,
     /// A proxied turn: the upstream's SSE bytes still to arrive, one receive each, and the
@@ -193,6 +196,7 @@ impl Driver {
             sends_after_close: 0,
             done: false,
             texts_polled: 0,
+            circuits: None,
             feed,
             sse: crate::upstream::SseParser::new(64 * 1024),
         }
@@ -303,15 +307,35 @@ impl Driver {
         if !due || in_step != self.trip_mid_step {
             return;
         }
-        let id = self.conn.id;
-        if self
-            .table
-            .trip(id, FailureCode::OperatorTrip, None, 2)
-            .is_ok()
-        {
+        if self.trip_with(FailureCode::OperatorTrip) && !in_step && !self.conn.closing {
+            self.halt();
+        }
+    }
+
+    /// Trips the stream with `code`; whether this trip was the first.
+    pub(in crate::dataplane) fn trip_with(&mut self, code: FailureCode) -> bool {
+        let accounted = self.slot().tokens_submitted.load(SeqCst);
+        let first = self.table.trip(self.conn.id, code, None, 2).is_ok();
+        if first {
             self.tripped_tokens = Some(accounted);
-            if !in_step && !self.conn.closing {
+        }
+        first
+    }
+
+    /// TokenCircuit (`circuit.rs` `judge_held`), when the turn has a circuit: the calls its
+    /// held deltas show complete (`at_end`: all) are judged; a denial trips the stream with
+    /// `TOOL_CIRCUIT_OPEN` and halts it, as `circuit_trip` does. Whether the turn goes on.
+    fn judge_calls(&mut self, at_end: bool) -> bool {
+        let turn = self.conn.turn.as_mut().expect("a turn");
+        let Some(store) = self.circuits.as_ref() else {
+            return true;
+        };
+        match judge_held(turn, store, at_end, std::time::Instant::now()) {
+            CircuitJudged::Pass => true,
+            CircuitJudged::Denied(_) => {
+                self.trip_with(FailureCode::ToolCircuitOpen);
                 self.halt();
+                false
             }
         }
     }
@@ -358,7 +382,37 @@ impl Driver {
                 Observe::Trip(t) => panic!("a detector tripped on the model's text: {t:?}"),
                 _ => panic!("no item waits without an external scorer"),
             },
+            Polled::ToolCalls {
+                delta,
+                tokens,
+                arrived_ns,
+            } => {
+                let item = Item::ToolCalls {
+                    delta,
+                    tokens,
+                    arrived_ns,
+                };
+                let Observe::Clear(Item::ToolCalls {
+                    delta,
+                    tokens,
+                    arrived_ns,
+                }) = observe(turn, item, 0, None, 3)
+                else {
+                    panic!("the detectors let a model's tool call through");
+                };
+                let slot = self.table.slot(self.conn.id.slot);
+                match release_tool_delta(turn, slot, &delta, tokens, arrived_ns) {
+                    ToolReleased::Held => {
+                        self.judge_calls(false);
+                    }
+                    ToolReleased::Poll => {}
+                    other => panic!("a well-formed tool call was released as {other:?}"),
+                }
+            }
             Polled::End => {
+                if !self.judge_calls(true) {
+                    return;
+                }
                 let turn = self.conn.turn.as_mut().expect("a turn");
                 end_of_text(turn, 5).expect("the model's text passes at its end");
             }
@@ -514,49 +568,6 @@ fn a_trip_mid_turn_ends_with_one_terminal_after_the_tokens_before_it() {
     assert_eq!((texts.len(), tail.as_slice()), (4, TERMINAL));
 }
 
-/// One upstream token: its text, and whether its chunk carries logprobs (without them, the
-/// pipeline cuts the text into one frame per character through the hold queue).
-fn up_chunk(text: &str, logprobs: bool) -> String {
-    let lp = if logprobs {
-        format!(r#"{{"content":[{{"token":{text:?},"logprob":-0.1,"top_logprobs":[]}}]}}"#)
-    } else {
-        "null".to_owned()
-    };
-    format!(
-        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text:?}}},\"logprobs\":{lp},\"finish_reason\":null}}]}}\n\n"
-    )
-}
-
-/// A proxied streaming chat turn whose upstream sends `tokens` (text, with logprobs?), then a
-/// final chunk and `[DONE]`, the bytes cut at `cuts` (each a fraction of the rest, in 256ths)
-/// into receives.
-fn open_proxied(s: &Schedule, tokens: &[(String, bool)], cuts: &[u8]) -> (Driver, String) {
-    let body = r#"{"model":"m","stream":true,"logprobs":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let req = ClientRequest::parse(Endpoint::Chat, body.as_bytes()).expect("a valid request");
-    let ask = req.builtin_turn("m").expect("a valid ask").ask;
-    let mut stream: Vec<u8> = Vec::new();
-    for (text, lp) in tokens {
-        stream.extend_from_slice(up_chunk(text, *lp).as_bytes());
-    }
-    stream.extend_from_slice(
-        b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
-    );
-    let mut feed = std::collections::VecDeque::new();
-    let mut rest = &stream[..];
-    for &c in cuts.iter().cycle() {
-        if rest.is_empty() {
-            break;
-        }
-        let n = (rest.len() * usize::from(c) / 256).max(1);
-        feed.push_back(rest[..n].to_vec());
-        rest = &rest[n..];
-    }
-    let source = TurnSource::Upstream(crate::source::upstream::UpstreamSource::new(false));
-    let d = Driver::open(s, source, &ask, feed);
-    let expected = tokens.iter().map(|(t, _)| t.as_str()).collect();
-    (d, expected)
-}
-
 /// Drives the turn to its end, `between` called before each step (what happens to the turn
 /// between two steps, such as a grounding round's answer).
 pub(in crate::dataplane) fn drive_with(
@@ -585,86 +596,6 @@ pub(in crate::dataplane) fn drive_with(
         between(d);
         d.step();
     }
-}
-
-fn upstream_tokens() -> impl Strategy<Value = Vec<(String, bool)>> {
-    prop::collection::vec(
-        (
-            prop::sample::select(vec![" the", " tide", " é", " moon", "\n", " 42", "!"]),
-            prop::bool::weighted(0.7),
-        ),
-        1..30,
-    )
-    .prop_map(|v| v.into_iter().map(|(t, lp)| (t.to_owned(), lp)).collect())
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// A proxied turn, its upstream's bytes split into receives at random: tokens an upstream
-    /// receive brought together share a frame (staging), text without logprobs goes out one
-    /// character per frame (the hold queue), under random sends, trips and closes.
-    #[test]
-    fn a_proxied_turn_keeps_its_order_and_its_bound_however_the_bytes_arrive(
-        s in schedule(),
-        tokens in upstream_tokens(),
-        cuts in prop::collection::vec(1u8..=255, 1..12),
-    ) {
-        let (mut d, expected) = open_proxied(&s, &tokens, &cuts);
-        drive_with(&s, &mut d, |_| {});
-        let slot = d.slot();
-        let (texts, tail) = client_view(&d.wire);
-        let got: String = texts.concat();
-        prop_assert_eq!(d.sends_after_close, 0);
-        prop_assert!(expected.starts_with(&got), "{:?} is not a prefix of {:?}", got, expected);
-        prop_assert!(slot.tokens_delivered.load(SeqCst) <= slot.tokens_submitted.load(SeqCst));
-        if let Some(tau) = d.tripped_tokens {
-            prop_assert_eq!(slot.trip_token_index.load(SeqCst), tau);
-            prop_assert_eq!(slot.post_trip_delivered.load(SeqCst), 0);
-            prop_assert!(slot.tokens_delivered.load(SeqCst) <= tau + u64::from(s.budget));
-            prop_assert_eq!(d.finals, 0);
-            if !d.conn.closing {
-                prop_assert_eq!(d.terminals, 1);
-                prop_assert_eq!(tail.as_slice(), TERMINAL);
-            }
-        } else if !d.conn.closing {
-            prop_assert_eq!(&got, &expected);
-            prop_assert_eq!((d.finals, d.terminals), (1, 0));
-            prop_assert_eq!(tail.as_slice(), FINAL);
-        }
-    }
-}
-
-#[test]
-fn tokens_one_receive_brought_share_a_frame_and_text_without_logprobs_goes_per_character() {
-    let s = Schedule {
-        tokens: 0,
-        takes: vec![8],
-        trip_at: None,
-        trip_mid_step: false,
-        close_at: None,
-        hold_back: None,
-        budget: 5,
-    };
-    let tokens: Vec<(String, bool)> = [
-        (" the", true),
-        (" tide", true),
-        (" moon", true),
-        ("ab", false),
-    ]
-    .iter()
-    .map(|(t, lp)| ((*t).to_owned(), *lp))
-    .collect();
-    // Everything but the stream's last bytes in the first receive.
-    let (mut d, expected) = open_proxied(&s, &tokens, &[255]);
-    drive_with(&s, &mut d, |_| {});
-    let (texts, tail) = client_view(&d.wire);
-    assert_eq!(texts, [" the", " tide", " moon", "a", "b"]);
-    assert_eq!(texts.concat(), expected);
-    assert_eq!(tail, FINAL);
-    // One frame for the three staged tokens, one per character, and the final frame.
-    assert_eq!(d.slot().frames_submitted.load(SeqCst), 1 + 2 + 1);
-    assert_eq!(d.slot().tokens_delivered.load(SeqCst), 5);
 }
 
 #[test]
