@@ -72,7 +72,7 @@ mod turn;
 mod upstream_io;
 
 use conn::Conn;
-use driver::step::Step;
+use driver::step::{ConnTag, Step};
 
 /// Starts the data-plane workers on `listener`.
 pub fn spawn_workers(
@@ -165,10 +165,10 @@ struct Io {
     /// Connections that began to close during the current pass, by key and serial: each is
     /// closed (if nothing is in flight) once the pass is over, never in the middle of a
     /// handler, so a handler's connection key stays valid until it returns.
-    to_close: Vec<(usize, u64)>,
-    /// Answers waiting for their record to reach the disk, by connection key and serial: the
+    to_close: Vec<ConnTag>,
+    /// Answers waiting for their record to reach the disk, by connection: the
     /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
-    awaiting_records: Vec<(usize, u64, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
+    awaiting_records: Vec<(ConnTag, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
     /// The worker's grounding thread, started at its first round (`ground/mod.rs`).
     grounding: Option<ground::GroundRunner>,
 }

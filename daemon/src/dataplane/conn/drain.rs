@@ -40,7 +40,7 @@ use io_uring::{opcode, types};
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind, Owner},
-    timespec, Conn, Io, Step,
+    timespec, Conn, ConnTag, Io, Step,
 };
 use crate::{
     clock::monotonic_ns,
@@ -124,9 +124,9 @@ pub(in crate::dataplane) struct Tick {
     /// Scans so far.
     scans: u32,
     /// Draining connections, by key and serial (the driver walks them, `driver/ticks.rs`).
-    pub(in crate::dataplane) draining: Vec<(usize, u64)>,
+    pub(in crate::dataplane) draining: Vec<ConnTag>,
     /// The stalled connections of a scan, by key and serial; reused between scans.
-    pub(in crate::dataplane) stalled: Vec<(usize, u64)>,
+    pub(in crate::dataplane) stalled: Vec<ConnTag>,
 }
 
 /// The send queue of `fd`, if it can be read.
@@ -314,7 +314,7 @@ impl Step<'_> {
             conn.drain = None;
             return false;
         }
-        self.io.tick.draining.push(self.owner.conn_tag());
+        self.io.tick.draining.push(self.tag());
         self.io.shared.metrics.dataplane.connections_draining.inc();
         true
     }

@@ -480,7 +480,6 @@ impl Step<'_> {
             g.cancel();
         }
         let targets = [conn.timer_op, conn.recv_op, conn.watch_op, conn.score_op];
-        let owner = self.owner;
         let up_reason = if conn.outcome == Outcome::ClientGone {
             CancelReason::ClientGone
         } else {
@@ -490,7 +489,7 @@ impl Step<'_> {
         for target in targets.into_iter().flatten() {
             // A failed submission leaves the operation to complete by itself.
             let e = opcode::AsyncCancel::new(target).build();
-            let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
+            let _ = self.submit(OpKind::Cancel, OpBuf::None, e);
         }
         if has_up {
             // Closing with the upstream still generating: a trip or a client gone (a turn

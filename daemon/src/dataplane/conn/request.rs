@@ -77,10 +77,9 @@ impl Step<'_> {
             .unwrap_or_else(|| Box::new(timespec(timeout)));
         *ts = timespec(std::time::Duration::from_nanos(left));
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
-        let owner = self.owner;
-        let recv = self.submit(owner, OpKind::Recv, OpBuf::Recv(buf), recv)?;
+        let recv = self.submit(OpKind::Recv, OpBuf::Recv(buf), recv)?;
         self.conn.recv_op = Some(recv);
-        self.submit(owner, OpKind::RecvDeadline, OpBuf::Time(ts), link)
+        self.submit(OpKind::RecvDeadline, OpBuf::Time(ts), link)
             .map(drop)
     }
 

@@ -62,8 +62,7 @@ impl Step<'_> {
         let e = opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build();
-        let owner = self.owner;
-        self.submit(owner, OpKind::Send, OpBuf::Send { buf, off }, e)
+        self.submit(OpKind::Send, OpBuf::Send { buf, off }, e)
             .map(drop)
     }
 

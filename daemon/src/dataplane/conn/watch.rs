@@ -84,8 +84,7 @@ impl Step<'_> {
                 .build();
             (OpBuf::Recv(buf), e)
         };
-        let owner = self.owner;
-        let op = self.submit(owner, OpKind::Watch, buf, e)?;
+        let op = self.submit(OpKind::Watch, buf, e)?;
         self.conn.watch_op = Some(op);
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! receive armed) and goes out (closed once the step that closed it has returned and nothing
 //! of it is in flight). What a connection does in between runs on its `Step` (`step.rs`).
 
-use crate::dataplane::{set_nodelay, Worker};
+use crate::dataplane::{set_nodelay, ConnTag, Worker};
 
 impl Worker {
     /// The listener accepted `fd`: admitted, it joins the slab and its request is read.
@@ -13,7 +13,7 @@ impl Worker {
         };
         let serial = conn.serial;
         let key = self.conns.insert(conn);
-        let Some(mut step) = self.step_of(key, serial) else {
+        let Some(mut step) = self.step_of(ConnTag { key, serial }) else {
             return;
         };
         // Its client is watched for stalls while it is open (`drain.rs`).
@@ -27,19 +27,19 @@ impl Worker {
     /// are closed, those with nothing in flight at once (the others when their last
     /// operation completes, `ring.rs` `complete`).
     pub(in crate::dataplane) fn finish_closes(&mut self) {
-        while let Some((key, serial)) = self.io.to_close.pop() {
-            self.maybe_finish_close(key, serial);
+        while let Some(tag) = self.io.to_close.pop() {
+            self.maybe_finish_close(tag);
         }
     }
 
-    /// Closes the connection at `key` with `serial` if it is closing, nothing of it is in
-    /// flight and nobody else holds its halt (`Step::finish_close`).
-    pub(in crate::dataplane) fn maybe_finish_close(&mut self, key: usize, serial: u64) {
+    /// Closes the connection of `tag` if it is closing, nothing of it is in flight and nobody
+    /// else holds its halt (`Step::finish_close`).
+    pub(in crate::dataplane) fn maybe_finish_close(&mut self, tag: ConnTag) {
         let close = self
-            .step_of(key, serial)
+            .step_of(tag)
             .is_some_and(|mut step| step.finish_close());
         if close {
-            self.close_now(key);
+            self.close_now(tag.key);
         }
     }
 

@@ -17,11 +17,11 @@ use std::{io, time::Duration};
 use io_uring::{opcode, types};
 
 use crate::clock::monotonic_ns;
-use crate::dataplane::Io;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind, Owner},
     timespec, Worker,
 };
+use crate::dataplane::{ConnTag, Io};
 
 /// The worker's sweep timer and the cancellations of one pass (reused, so a pass allocates
 /// nothing once it has seen its largest batch).
@@ -29,7 +29,7 @@ use crate::dataplane::{
 pub(in crate::dataplane) struct Sweep {
     ts: Option<Box<types::Timespec>>,
     armed: bool,
-    due: Vec<(usize, u64, u64)>,
+    due: Vec<(ConnTag, u64)>,
 }
 
 /// How often the sweep runs: 1/16 of the smaller upstream deadline, within 1..=100 ms.
@@ -48,7 +48,10 @@ impl Worker {
         let mut due = std::mem::take(&mut self.io.sweep.due);
         due.clear();
         for (key, conn) in &mut self.conns {
-            let serial = conn.serial;
+            let tag = ConnTag {
+                key,
+                serial: conn.serial,
+            };
             let Some(up) = conn.up.as_mut() else {
                 continue;
             };
@@ -58,17 +61,16 @@ impl Worker {
             in_flight = true;
             if now >= up.recv_deadline_ns && !up.recv_cancelled {
                 up.recv_cancelled = true;
-                due.push((key, serial, op));
+                due.push((tag, op));
             }
         }
-        for &(key, serial, target) in &due {
-            let Some(mut step) = self.step_of(key, serial) else {
+        for &(tag, target) in &due {
+            let Some(mut step) = self.step_of(tag) else {
                 continue;
             };
-            let owner = step.owner;
             let e = opcode::AsyncCancel::new(target).build();
             // A failed submission is retried at the next pass (the flag is cleared).
-            if step.submit(owner, OpKind::Cancel, OpBuf::None, e).is_err() {
+            if step.submit(OpKind::Cancel, OpBuf::None, e).is_err() {
                 if let Some(up) = step.conn.up.as_mut() {
                     up.recv_cancelled = false;
                 }

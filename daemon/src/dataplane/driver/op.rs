@@ -102,17 +102,6 @@ pub(in crate::dataplane) enum Owner {
     Conn { key: usize, serial: u64 },
 }
 
-impl Owner {
-    /// A connection's key and serial, as the driver's lists of connections keep them
-    /// (`(0, 0)` for the worker, which no list holds).
-    pub(in crate::dataplane) fn conn_tag(self) -> (usize, u64) {
-        match self {
-            Owner::Conn { key, serial } => (key, serial),
-            Owner::Worker => (0, 0),
-        }
-    }
-}
-
 /// An operation in flight.
 #[derive(Debug)]
 pub(in crate::dataplane) struct Op {

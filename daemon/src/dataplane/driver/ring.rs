@@ -13,7 +13,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use crate::dataplane::Io;
 use crate::dataplane::{
     driver::op::{Op, OpBuf, OpKind, Owner},
-    Step, Worker,
+    ConnTag, Step, Worker,
 };
 use crate::metrics::dataplane::RingEvent;
 
@@ -136,7 +136,8 @@ impl Worker {
         match op.owner {
             Owner::Worker => self.worker_op(kind, op, res),
             Owner::Conn { key, serial } => {
-                let Some(mut step) = self.step_of(key, serial) else {
+                let tag = ConnTag { key, serial };
+                let Some(mut step) = self.step_of(tag) else {
                     return Ok(());
                 };
                 step.conn.ops -= 1;
@@ -154,7 +155,7 @@ impl Worker {
                     step.maybe_reissue()?;
                 }
                 // After the step has returned: the connection may close now.
-                self.maybe_finish_close(key, serial);
+                self.maybe_finish_close(tag);
                 Ok(())
             }
         }

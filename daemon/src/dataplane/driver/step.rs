@@ -5,8 +5,9 @@
 //! core, the pool), never the slab of connections. The code it runs cannot look a connection
 //! up by key, so it cannot reach a connection that is gone or touch another one: the class of
 //! bug where a lookup outlived its connection (`invalid key`) cannot be written there. The
-//! connection's key travels inside the step only as the return address of the operations it
-//! submits (`Owner::Conn`), which the driver reads back at their completion.
+//! connection's key travels inside the step only in its [`ConnTag`], whose fields only the
+//! driver reads: the return address of the operations it submits (`Owner::Conn`), read back
+//! at their completion.
 //!
 //! Closing is a request (`begin_close`): the connection leaves the slab in the driver once the
 //! step has returned and nothing is in flight (`conn/mod.rs` `finish_closes`).
@@ -23,12 +24,22 @@ use crate::dataplane::{
     AfterRecord, Conn, Io, Worker,
 };
 
+/// A connection as the driver's lists name it: its slab key and its serial (a later
+/// connection may have the key of one that is gone). Only the driver reads them: connection
+/// code holds tags (the return address of a grounding round, of a drain, of a record waited
+/// for) but cannot look anything up with one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::dataplane) struct ConnTag {
+    pub(in crate::dataplane::driver) key: usize,
+    pub(in crate::dataplane::driver) serial: u64,
+}
+
 /// One connection's step: the connection, and the worker's means of doing I/O for it.
 pub(in crate::dataplane) struct Step<'w> {
     pub(in crate::dataplane) conn: &'w mut Conn,
     pub(in crate::dataplane) io: &'w mut Io,
-    /// The return address of this connection's operations (its key and serial).
-    pub(in crate::dataplane) owner: Owner,
+    /// This connection's tag: the return address of its operations.
+    tag: ConnTag,
 }
 
 impl Worker {
@@ -36,32 +47,42 @@ impl Worker {
     /// connection may have the key of one that is gone, and an event for the one that is
     /// gone (a completion, a record on disk, a grounding answer) is dropped here. This and
     /// `conn_of` are the only places that look a connection up by key (`cargo xtask lint`).
-    pub(in crate::dataplane) fn step_of(&mut self, key: usize, serial: u64) -> Option<Step<'_>> {
-        let conn = self.conns.get_mut(key).filter(|c| c.serial == serial)?;
+    pub(in crate::dataplane) fn step_of(&mut self, tag: ConnTag) -> Option<Step<'_>> {
+        let conn = self
+            .conns
+            .get_mut(tag.key)
+            .filter(|c| c.serial == tag.serial)?;
         Some(Step {
             conn,
             io: &mut self.io,
-            owner: Owner::Conn { key, serial },
+            tag,
         })
     }
 
     /// The connection at `key` with `serial`, if it is still there, to read.
-    pub(in crate::dataplane) fn conn_of(&self, key: usize, serial: u64) -> Option<&Conn> {
-        self.conns.get(key).filter(|c| c.serial == serial)
+    pub(in crate::dataplane) fn conn_of(&self, tag: ConnTag) -> Option<&Conn> {
+        self.conns.get(tag.key).filter(|c| c.serial == tag.serial)
     }
 }
 
 impl Step<'_> {
+    /// This connection's tag, for the driver's lists and a grounding round's answer.
+    pub(in crate::dataplane) fn tag(&self) -> ConnTag {
+        self.tag
+    }
+
     /// Submits `entry`, an operation of this connection that owns `buf` until its completion
     /// (`Io::submit`), and counts it in flight on the connection.
     pub(in crate::dataplane) fn submit(
         &mut self,
-        owner: Owner,
         kind: OpKind,
         buf: OpBuf,
         entry: squeue::Entry,
     ) -> io::Result<u64> {
-        debug_assert_eq!(owner, self.owner, "a step submits only its own operations");
+        let owner = Owner::Conn {
+            key: self.tag.key,
+            serial: self.tag.serial,
+        };
         let user_data = self.io.submit(owner, kind, buf, entry)?;
         self.conn.ops += 1;
         Ok(user_data)
@@ -74,12 +95,11 @@ impl Step<'_> {
         after: AfterRecord,
         on_disk: Arc<AtomicBool>,
     ) {
-        let (key, serial) = self.owner.conn_tag();
-        self.io.awaiting_records.push((key, serial, after, on_disk));
+        self.io.awaiting_records.push((self.tag, after, on_disk));
     }
 
     /// Asks the driver to close this connection once the current pass is over.
     pub(in crate::dataplane) fn close_later(&mut self) {
-        self.io.to_close.push(self.owner.conn_tag());
+        self.io.to_close.push(self.tag);
     }
 }

@@ -8,7 +8,7 @@ use io_uring::types;
 
 use crate::{
     clock::monotonic_ns,
-    dataplane::{conn::drain::DrainCheck, Worker},
+    dataplane::{conn::drain::DrainCheck, ConnTag, Worker},
     metrics::dataplane::StallPhase,
 };
 
@@ -24,11 +24,13 @@ impl Worker {
         let mut stalled = std::mem::take(&mut self.io.tick.stalled);
         stalled.clear();
         stalled.extend(self.conns.iter_mut().filter_map(|(key, c)| {
-            c.send_stalled(scan, now, timeout)
-                .then_some((key, c.serial))
+            c.send_stalled(scan, now, timeout).then_some(ConnTag {
+                key,
+                serial: c.serial,
+            })
         }));
-        for &(key, serial) in &stalled {
-            if let Some(mut step) = self.step_of(key, serial) {
+        for &tag in &stalled {
+            if let Some(mut step) = self.step_of(tag) {
                 step.client_stalled(StallPhase::Stream);
             }
         }
@@ -57,7 +59,7 @@ impl Worker {
             .tick
             .draining
             .iter()
-            .filter_map(|&(key, serial)| self.conn_of(key, serial).and_then(|c| c.drain_due()))
+            .filter_map(|&tag| self.conn_of(tag).and_then(|c| c.drain_due()))
             .min();
         match due {
             Some(due) => self.io.arm_drain_due(now, due),
@@ -70,8 +72,8 @@ impl Worker {
     fn check_drains(&mut self, now: u64) {
         let mut i = 0;
         while i < self.io.tick.draining.len() {
-            let (key, serial) = self.io.tick.draining[i];
-            let check = match self.step_of(key, serial) {
+            let tag = self.io.tick.draining[i];
+            let check = match self.step_of(tag) {
                 None => DrainCheck::NotDraining,
                 Some(mut step) => {
                     let check = step.conn.check_drain(now);
@@ -88,33 +90,33 @@ impl Worker {
                 }
                 DrainCheck::Sent | DrainCheck::Stalled => {
                     self.io.tick.draining.swap_remove(i);
-                    self.end_drain(key, serial);
+                    self.end_drain(tag);
                 }
             }
         }
     }
 
-    /// The drain of the connection at `key` with `serial` is over: it closes.
-    fn end_drain(&mut self, key: usize, serial: u64) {
-        let Some(step) = self.step_of(key, serial) else {
+    /// The drain of the connection of `tag` is over: it closes.
+    fn end_drain(&mut self, tag: ConnTag) {
+        let Some(step) = self.step_of(tag) else {
             return;
         };
         if step.conn.drain.take().is_some() {
             step.io.shared.metrics.dataplane.connections_draining.dec();
         }
-        self.close_now(key);
+        self.close_now(tag.key);
     }
 
     /// At shutdown, once the drain timeout ran out: the connections still draining are cut
     /// (reset), so that no client waits on a socket haltd no longer watches.
     pub(in crate::dataplane) fn cut_drains_for_exit(&mut self) {
         let draining = std::mem::take(&mut self.io.tick.draining);
-        for (key, serial) in draining {
+        for tag in draining {
             let cut = self
-                .step_of(key, serial)
+                .step_of(tag)
                 .is_some_and(|step| step.conn.cut_for_exit());
             if cut {
-                self.end_drain(key, serial);
+                self.end_drain(tag);
             }
         }
     }

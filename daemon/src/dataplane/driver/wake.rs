@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::{
-    dataplane::{turn::halt::WakeNeed, Worker},
+    dataplane::{turn::halt::WakeNeed, ConnTag, Worker},
     metrics::dataplane::KeepAliveClose,
 };
 
@@ -32,24 +32,22 @@ impl Worker {
     /// The answers whose record is now on disk go out: terminal frames and final frames.
     fn send_recorded_answers(&mut self) {
         let mut recorded = Vec::new();
-        self.io
-            .awaiting_records
-            .retain(|(key, serial, after, on_disk)| {
-                if !on_disk.load(Ordering::Acquire) {
-                    return true;
-                }
-                recorded.push((*key, *serial, *after));
-                false
-            });
-        for (key, serial, after) in recorded {
+        self.io.awaiting_records.retain(|(tag, after, on_disk)| {
+            if !on_disk.load(Ordering::Acquire) {
+                return true;
+            }
+            recorded.push((*tag, *after));
+            false
+        });
+        for (tag, after) in recorded {
             // A connection that ended meanwhile (its client went away) has no step.
-            let Some(mut step) = self.step_of(key, serial) else {
+            let Some(mut step) = self.step_of(tag) else {
                 continue;
             };
             if let Err(e) = step.send_recorded(after) {
                 tracing::error!(error = %e, "sending an answer after its record failed");
             }
-            self.maybe_finish_close(key, serial);
+            self.maybe_finish_close(tag);
         }
     }
 
@@ -57,14 +55,17 @@ impl Worker {
     /// closes now (with `close_notify` on TLS), rather than hold its slot until its idle
     /// timeout or the end of the drain.
     fn close_idle_for_drain(&mut self) {
-        let idle: Vec<(usize, u64)> = self
+        let idle: Vec<ConnTag> = self
             .conns
             .iter()
             .filter(|(_, c)| c.idle_kept())
-            .map(|(key, c)| (key, c.serial))
+            .map(|(key, c)| ConnTag {
+                key,
+                serial: c.serial,
+            })
             .collect();
-        for (key, serial) in idle {
-            if let Some(mut step) = self.step_of(key, serial) {
+        for tag in idle {
+            if let Some(mut step) = self.step_of(tag) {
                 step.io
                     .shared
                     .metrics
@@ -79,17 +80,21 @@ impl Worker {
     fn scan_tripped(&mut self) {
         let ignore_halt = self.io.shared.cfg.faults.emitter_ignores_halt;
         let table = &self.io.shared.table;
-        let woken: Vec<(usize, u64, WakeNeed)> = self
+        let woken: Vec<(ConnTag, WakeNeed)> = self
             .conns
             .iter()
             .map(|(key, c)| {
                 let need = c.on_wake(table.slot(c.id.slot).state(), ignore_halt);
-                (key, c.serial, need)
+                let tag = ConnTag {
+                    key,
+                    serial: c.serial,
+                };
+                (tag, need)
             })
-            .filter(|&(_, _, need)| need != WakeNeed::Nothing)
+            .filter(|&(_, need)| need != WakeNeed::Nothing)
             .collect();
-        for (key, serial, need) in woken {
-            let Some(mut step) = self.step_of(key, serial) else {
+        for (tag, need) in woken {
+            let Some(mut step) = self.step_of(tag) else {
                 continue;
             };
             match need {
@@ -106,15 +111,14 @@ impl Worker {
                 }
                 WakeNeed::Close | WakeNeed::Nothing => {}
             }
-            self.maybe_finish_close(key, serial);
+            self.maybe_finish_close(tag);
         }
     }
 
     /// The grounding rounds that answered are applied to the turns waiting for them.
     fn take_grounded(&mut self) {
         for done in self.io.grounding_answers() {
-            let (key, serial) = done.conn_tag();
-            let Some(mut step) = self.step_of(key, serial) else {
+            let Some(mut step) = self.step_of(done.tag()) else {
                 continue;
             };
             if let Err(e) = step.grounded(done) {

@@ -83,10 +83,9 @@ impl Step<'_> {
             up.finished = true;
             up.discard();
             if let Some(target) = up.connect_op {
-                let owner = self.owner;
                 let e = io_uring::opcode::AsyncCancel::new(target).build();
                 // A failed submission leaves the connect to its deadline.
-                let _ = self.submit(owner, op::OpKind::Cancel, op::OpBuf::None, e);
+                let _ = self.submit(op::OpKind::Cancel, op::OpBuf::None, e);
             }
         }
         true

@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 use crate::dataplane::turn;
 use crate::dataplane::turn::hold;
 use crate::dataplane::Step;
-use crate::dataplane::{turn::Turn, Io};
+use crate::dataplane::{turn::Turn, ConnTag, Io};
 use crate::{
     detect::{pipeline::Gate, Trip},
     grounding::{
@@ -58,8 +58,7 @@ use crate::{
 
 /// A round for the grounding thread.
 struct Job {
-    key: usize,
-    serial: u64,
+    tag: ConnTag,
     query: SpanQuery,
     deadline: Instant,
     cancel: Arc<AtomicBool>,
@@ -67,15 +66,14 @@ struct Job {
 
 /// A round's answer, back on the worker. `round` is `None` when it was cancelled first.
 pub(in crate::dataplane) struct Done {
-    key: usize,
-    serial: u64,
+    tag: ConnTag,
     round: Option<Round>,
 }
 
 impl Done {
-    /// The connection the round was for, by key and serial.
-    pub(in crate::dataplane) fn conn_tag(&self) -> (usize, u64) {
-        (self.key, self.serial)
+    /// The connection the round was for.
+    pub(in crate::dataplane) fn tag(&self) -> ConnTag {
+        self.tag
     }
 }
 
@@ -112,8 +110,7 @@ impl GroundRunner {
                     let round = (!job.cancel.load(Ordering::Acquire))
                         .then(|| grounder.ground(&job.query, job.deadline));
                     let answer = Done {
-                        key: job.key,
-                        serial: job.serial,
+                        tag: job.tag,
                         round,
                     };
                     if done_tx.send(answer).is_err() {
@@ -354,7 +351,7 @@ impl Step<'_> {
         let Some(plan) = self.io.shared.grounding.clone() else {
             return Ok(());
         };
-        let (key, serial) = self.owner.conn_tag();
+        let tag = self.tag();
         let conn = &mut *self.conn;
         let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) else {
             return Ok(());
@@ -376,8 +373,7 @@ impl Step<'_> {
             self.io.grounding = Some(GroundRunner::start(&plan, self.io.id, waker)?);
         }
         let job = Job {
-            key,
-            serial,
+            tag,
             query,
             deadline: Instant::now() + plan.round_deadline,
             cancel,

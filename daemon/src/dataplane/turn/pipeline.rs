@@ -562,8 +562,7 @@ impl Step<'_> {
             .take()
             .unwrap_or_else(|| Box::new(timespec(interval)));
         let e = io_uring::opcode::Timeout::new(&raw const *ts).build();
-        let owner = self.owner;
-        let timer = self.submit(owner, OpKind::Timer, OpBuf::Time(ts), e)?;
+        let timer = self.submit(OpKind::Timer, OpBuf::Time(ts), e)?;
         self.conn.timer_op = Some(timer);
         Ok(())
     }

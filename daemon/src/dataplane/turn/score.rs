@@ -166,7 +166,6 @@ impl Step<'_> {
     fn arm_score(&mut self, w: ScoreWait) -> io::Result<()> {
         let left = w.deadline.saturating_duration_since(Instant::now());
         let conn = &mut *self.conn;
-        let owner = self.owner;
         // The deadline's timespec, reused: one comes back with each timeout's completion,
         // which may come after the next token's poll is armed, so two are kept. (A third
         // is allocated only if the kernel is slow to complete both.)
@@ -180,8 +179,8 @@ impl Step<'_> {
             .build()
             .flags(squeue::Flags::IO_LINK);
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
-        let op = self.submit(owner, OpKind::Score, OpBuf::Fd(w.fd), poll)?;
-        self.submit(owner, OpKind::ScoreDeadline, OpBuf::Time(ts), link)?;
+        let op = self.submit(OpKind::Score, OpBuf::Fd(w.fd), poll)?;
+        self.submit(OpKind::ScoreDeadline, OpBuf::Time(ts), link)?;
         self.conn.score_op = Some(op);
         Ok(())
     }

@@ -242,7 +242,6 @@ impl Step<'_> {
         deadline: std::time::Duration,
     ) -> io::Result<u64> {
         let conn = &mut *self.conn;
-        let owner = self.owner;
         let mut ts = conn
             .up
             .as_mut()
@@ -250,8 +249,8 @@ impl Step<'_> {
             .unwrap_or_else(|| Box::new(timespec(deadline)));
         *ts = timespec(deadline);
         let link = opcode::LinkTimeout::new(&raw const *ts).build();
-        let op = self.submit(owner, kind, buf, entry)?;
-        self.submit(owner, OpKind::UpDeadline, OpBuf::Time(ts), link)?;
+        let op = self.submit(kind, buf, entry)?;
+        self.submit(OpKind::UpDeadline, OpBuf::Time(ts), link)?;
         if let Some(up) = self.conn.up.as_mut() {
             up.links += 1;
         }
@@ -373,8 +372,7 @@ impl Step<'_> {
         up.recv_deadline_ns = deadline;
         up.recv_cancelled = false;
         up.recv_stopped = false;
-        let owner = self.owner;
-        let op = self.submit(owner, OpKind::UpRecv, OpBuf::Recv(buf), recv)?;
+        let op = self.submit(OpKind::UpRecv, OpBuf::Recv(buf), recv)?;
         if let Some(up) = self.conn.up.as_mut() {
             up.recv_op = Some(op);
         }
@@ -423,10 +421,9 @@ impl Step<'_> {
         tracing::info!(stream_id = %conn.id, reason = %reason, "cancelling the upstream request");
         up.shutdown();
         if let Some(target) = up.connect_op {
-            let owner = self.owner;
             let e = opcode::AsyncCancel::new(target).build();
             // A failed submission leaves the connect to its deadline.
-            let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
+            let _ = self.submit(OpKind::Cancel, OpBuf::None, e);
         }
     }
 

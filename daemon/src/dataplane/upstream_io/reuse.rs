@@ -192,7 +192,6 @@ impl Step<'_> {
     /// at most for the drain's deadline (a drain arms a new one), not for the stall deadline.
     pub(in crate::dataplane) fn up_stop_reading(&mut self) {
         let conn = &mut *self.conn;
-        let owner = self.owner;
         let Some(up) = conn.up.as_mut() else {
             return;
         };
@@ -202,7 +201,7 @@ impl Step<'_> {
         up.recv_stopped = true;
         let e = opcode::AsyncCancel::new(target).build();
         // A failed submission leaves the receive to its deadline.
-        let _ = self.submit(owner, OpKind::Cancel, OpBuf::None, e);
+        let _ = self.submit(OpKind::Cancel, OpBuf::None, e);
     }
 
     /// The request's pooled connection failed before any response byte: when nothing reached
