@@ -472,39 +472,7 @@ impl HaltCore {
     /// A record with the fields every record of this stream shares, the trip and halt
     /// fields included once the stream tripped.
     pub fn base_record(&self, kind: RecordKind, snap: &SlotSnapshot) -> Record {
-        let mut rec = Record {
-            kind,
-            turn_id: Some(snap.id.to_string()),
-            stream_id: Some(snap.id.to_string()),
-            mode: (snap.mode != Mode::Pending).then(|| snap.mode.as_str().to_owned()),
-            rts_mode: "normal".to_owned(),
-            runtime_mode: RuntimeMode::of(snap.degraded).as_str().to_owned(),
-            kernel_gate: self.kernel_gate_label().to_owned(),
-            budget: Some(snap.budget),
-            conversation: (snap.mode != Mode::Pending).then(|| KeyId(snap.key_id).fingerprint()),
-            tokens_emitted: snap.tokens_delivered,
-            started_at: Some(rfc3339(
-                UNIX_EPOCH + Duration::from_millis(snap.started_unix_ms),
-            )),
-            ended_at: Some(rfc3339_now()),
-            ..Record::default()
-        };
-        if let Some(cause) = snap.trip_cause {
-            // Every halt is a WATCHDOG_TRIP event (spec 000 §4.2 step 4), whatever tripped it.
-            rec.watchdog_trip = true;
-            rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
-            rec.failure_codes = failure_codes(cause);
-            rec.trip_cause = Some(cause.as_str().to_owned());
-            rec.trip_token_index = Some(snap.trip_token_index);
-            rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
-            if snap.halt_ns != 0 {
-                rec.halt_latency_ms = Some(snap.halt_latency_ms());
-            }
-            if snap.halted_by != Halter::None {
-                rec.halted_by = Some(snap.halted_by.as_str().to_owned());
-            }
-        }
-        rec
+        base_record(kind, snap, self.kernel_gate_label())
     }
 
     /// Appends a record; a failure is counted and logged (the ledger thread itself fails
@@ -616,4 +584,44 @@ pub fn failure_codes(cause: FailureCode) -> Vec<String> {
         v.push(cause.as_str().to_owned());
     }
     v
+}
+
+/// The fields every record of a stream carries, from its slot's snapshot (`kernel_gate`: the
+/// gate's label, `HaltCore::kernel_gate_label`): its ids, mode, budget, conversation, the
+/// tokens it delivered, and, once tripped, the trip's cause and codes, τ, the post-trip tokens
+/// and who halted it.
+pub fn base_record(kind: RecordKind, snap: &SlotSnapshot, kernel_gate: &str) -> Record {
+    let mut rec = Record {
+        kind,
+        turn_id: Some(snap.id.to_string()),
+        stream_id: Some(snap.id.to_string()),
+        mode: (snap.mode != Mode::Pending).then(|| snap.mode.as_str().to_owned()),
+        rts_mode: "normal".to_owned(),
+        runtime_mode: RuntimeMode::of(snap.degraded).as_str().to_owned(),
+        kernel_gate: kernel_gate.to_owned(),
+        budget: Some(snap.budget),
+        conversation: (snap.mode != Mode::Pending).then(|| KeyId(snap.key_id).fingerprint()),
+        tokens_emitted: snap.tokens_delivered,
+        started_at: Some(rfc3339(
+            UNIX_EPOCH + Duration::from_millis(snap.started_unix_ms),
+        )),
+        ended_at: Some(rfc3339_now()),
+        ..Record::default()
+    };
+    if let Some(cause) = snap.trip_cause {
+        // Every halt is a WATCHDOG_TRIP event (spec 000 §4.2 step 4), whatever tripped it.
+        rec.watchdog_trip = true;
+        rec.timing_incidents = vec![FailureCode::WatchdogTrip.as_str().to_owned()];
+        rec.failure_codes = failure_codes(cause);
+        rec.trip_cause = Some(cause.as_str().to_owned());
+        rec.trip_token_index = Some(snap.trip_token_index);
+        rec.halt_tokens_post_trip = Some(snap.post_trip_delivered);
+        if snap.halt_ns != 0 {
+            rec.halt_latency_ms = Some(snap.halt_latency_ms());
+        }
+        if snap.halted_by != Halter::None {
+            rec.halted_by = Some(snap.halted_by.as_str().to_owned());
+        }
+    }
+    rec
 }

@@ -36,6 +36,7 @@ use crate::{
         },
     },
     detect::pipeline::Detectors,
+    ledger::RecordKind,
     modes::KeyId,
     source::{builtin::BuiltinSource, Polled, TokenSource},
     stream::{SlotState, StreamTable},
@@ -484,6 +485,19 @@ pub(in crate::dataplane) fn check(s: &Schedule, d: &Driver, expected: &[String])
         "the client's tokens are the model's, in order, once each: {texts:?} vs {expected:?}"
     );
     assert_eq!(slot.tokens_delivered.load(SeqCst), texts.len() as u64);
+    // The stream's record, as the daemon builds it from the slot (`halt::base_record`).
+    let rec = crate::halt::base_record(RecordKind::Incident, &slot.snapshot(d.conn.id.slot), "off");
+    assert_eq!(
+        rec.tokens_emitted,
+        texts.len() as u64,
+        "the record's tokens"
+    );
+    let trip = d.tripped_tokens.map(|tau| ("OPERATOR_TRIP", tau, 0));
+    let recorded = rec.trip_cause.as_deref().zip(rec.trip_token_index);
+    let recorded = recorded
+        .zip(rec.halt_tokens_post_trip)
+        .map(|((c, t), p)| (c, t, p));
+    assert_eq!(recorded, trip, "the record's cause, τ and post-trip tokens");
     let accounted = slot.tokens_submitted.load(SeqCst);
     assert!(texts.len() as u64 <= accounted);
     if let Some(tau) = d.tripped_tokens {

@@ -306,10 +306,12 @@ proptest! {
             prop_assert_eq!(tail.as_slice(), FINAL);
         }
         if denied.is_some() && s.trip_at.is_none() && s.close_at.is_none() {
-            prop_assert_eq!(
-                slot.trip_cause(),
-                Some(crate::codes::FailureCode::ToolCircuitOpen)
-            );
+            // The incident record, as the daemon builds it from the slot.
+            let kind = crate::ledger::RecordKind::Incident;
+            let rec = crate::halt::base_record(kind, &slot.snapshot(d.conn.id.slot), "off");
+            prop_assert_eq!(rec.trip_cause.as_deref(), Some("TOOL_CIRCUIT_OPEN"));
+            prop_assert_eq!(rec.trip_token_index, d.tripped_tokens);
+            prop_assert_eq!(rec.halt_tokens_post_trip, Some(0));
         }
     }
 }
