@@ -134,11 +134,14 @@ impl Sender {
         // lengths given; `self.fd` is an open socket.
         match method {
             Method::Write => {
+                // SAFETY: as above (all arms).
                 ret(unsafe { libc::write(self.fd, whole.as_ptr().cast(), whole.len()) })
             }
             Method::Send => {
+                // SAFETY: as above (all arms).
                 ret(unsafe { libc::send(self.fd, whole.as_ptr().cast(), whole.len(), flags) })
             }
+            // SAFETY: as above (all arms).
             Method::SendMore => ret(unsafe {
                 libc::send(
                     self.fd,
@@ -148,11 +151,14 @@ impl Sender {
                 )
             }),
             Method::SendMsg => {
+                // SAFETY: all zeroes is a valid `msghdr` (integers and null pointers).
                 let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
                 msg.msg_iov = iov.as_ptr().cast_mut();
                 msg.msg_iovlen = iov.len();
+                // SAFETY: as above (all arms).
                 ret(unsafe { libc::sendmsg(self.fd, &msg, flags) })
             }
+            // SAFETY: as above (all arms).
             Method::Writev => ret(unsafe { libc::writev(self.fd, iov.as_ptr(), iov.len() as i32) }),
             Method::SendMmsg => self.sendmmsg(parts),
             Method::SendFile => self.sendfile(&whole),
@@ -171,6 +177,7 @@ impl Sender {
                 false,
             ),
             Method::UringSendMsg => {
+                // SAFETY: all zeroes is a valid `msghdr` (integers and null pointers).
                 let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
                 msg.msg_iov = iov.as_ptr().cast_mut();
                 msg.msg_iovlen = iov.len();
@@ -203,6 +210,7 @@ impl Sender {
         let mut msgs: Vec<libc::mmsghdr> = iov
             .iter()
             .map(|v| {
+                // SAFETY: all zeroes is a valid `mmsghdr` (integers and null pointers).
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
                 m.msg_hdr.msg_iov = std::ptr::from_ref(v).cast_mut();
                 m.msg_hdr.msg_iovlen = 1;

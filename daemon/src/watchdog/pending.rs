@@ -96,11 +96,11 @@ fn finish(shared: &HaltCore, claim: Claimed, buf: &mut Vec<u8>) {
     let fd = claim.fd;
     if !claim.send_stuck {
         shared.terminal_wire(&slot.snapshot(claim.idx), buf);
-        // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
-        // after the slot left HALTING, which only this thread can do now.
         let n = if buf.is_empty() {
             -1 // TLS, and no terminal could be sealed
         } else {
+            // SAFETY: `fd` is the open socket of this slot: the owning worker closes it only
+            // after the slot left HALTING, which only this thread can do now.
             unsafe {
                 libc::send(
                     fd,

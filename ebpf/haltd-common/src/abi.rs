@@ -236,12 +236,16 @@ pub mod verdict {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all five are #[repr(C)], made only of integers and byte arrays, with every
-    // padding byte spelled out as a field, so any bit pattern is a valid value.
+    // SAFETY: (this and the four below) #[repr(C)], made only of integers and byte arrays,
+    // with every padding byte spelled out as a field, so any bit pattern is a valid value.
     unsafe impl aya::Pod for super::SockState {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SockPolicy {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::EgressState {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::Heartbeat {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::HaltEvent {}
 }
 

@@ -374,10 +374,8 @@ fn an_access_log_file_is_reopened_on_sighup() -> Result<()> {
     fs::rename(&file, &rotated)?;
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
-    ensure!(
-        unsafe { libc::kill(pid, libc::SIGHUP) } == 0,
-        "kill(SIGHUP)"
-    );
+    let signalled = unsafe { libc::kill(pid, libc::SIGHUP) };
+    ensure!(signalled == 0, "kill(SIGHUP)");
     let record = wait_for(Duration::from_secs(5), "the SIGHUP record", || {
         Ok(haltd.ledger_records()?.into_iter().find(|r| {
             r["message"]

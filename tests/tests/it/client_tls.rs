@@ -204,10 +204,8 @@ fn tls_kernel_alone_stops_an_emitter_that_ignores_the_halt() -> Result<()> {
 fn hangup(haltd: &mut Haltd, n: usize) -> Result<String> {
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
-    ensure!(
-        unsafe { libc::kill(pid, libc::SIGHUP) } == 0,
-        "kill(SIGHUP)"
-    );
+    let signalled = unsafe { libc::kill(pid, libc::SIGHUP) };
+    ensure!(signalled == 0, "kill(SIGHUP)");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let reloads: Vec<String> = haltd

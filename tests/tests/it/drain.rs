@@ -23,10 +23,8 @@ use haltd_tests::{
 fn signal(haltd: &Haltd, signal: libc::c_int) -> Result<()> {
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
-    ensure!(
-        unsafe { libc::kill(pid, signal) } == 0,
-        "kill({pid}, {signal})"
-    );
+    let signalled = unsafe { libc::kill(pid, signal) };
+    ensure!(signalled == 0, "kill({pid}, {signal})");
     Ok(())
 }
 

@@ -26,10 +26,8 @@ fn turn(haltd: &Haltd) -> Result<sse::StreamOutcome> {
 fn hangup(haltd: &mut Haltd, n: usize) -> Result<String> {
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
-    ensure!(
-        unsafe { libc::kill(pid, libc::SIGHUP) } == 0,
-        "kill(SIGHUP)"
-    );
+    let signalled = unsafe { libc::kill(pid, libc::SIGHUP) };
+    ensure!(signalled == 0, "kill(SIGHUP)");
     let message = wait_for(Duration::from_secs(5), "the reload record", || {
         let reloads: Vec<String> = haltd
             .ledger_records()?
@@ -134,10 +132,8 @@ fn sighup_after_the_ledger_was_moved_starts_a_linked_segment() -> Result<()> {
 
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
-    ensure!(
-        unsafe { libc::kill(pid, libc::SIGHUP) } == 0,
-        "kill(SIGHUP)"
-    );
+    let signalled = unsafe { libc::kill(pid, libc::SIGHUP) };
+    ensure!(signalled == 0, "kill(SIGHUP)");
     wait_for(Duration::from_secs(5), "the new segment", || {
         Ok(haltd.ledger.exists().then_some(()))
     })?;

@@ -526,10 +526,11 @@ fn note_held_reset(shared: &crate::halt::HaltCore, id: StreamId, fd: RawFd) {
 
 /// The peer's IP address, if the socket has one (it is read once, at accept).
 fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
-    // SAFETY: `fd` is an open socket for the duration of this call; `getpeername` writes at
-    // most `len` bytes into the storage.
+    // SAFETY: all zeroes is a valid `sockaddr_storage` (plain integers and bytes).
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket for the duration of this call; `getpeername` writes at
+    // most `len` bytes into the storage.
     let rc = unsafe { libc::getpeername(fd, (&raw mut storage).cast(), &raw mut len) };
     if rc != 0 {
         return None;

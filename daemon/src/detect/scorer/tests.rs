@@ -331,11 +331,8 @@ fn unix_start_hands_back_the_wait_instead_of_blocking() {
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    assert_eq!(
-        unsafe { libc::poll(&raw mut pfd, 1, 5_000) },
-        1,
-        "the reply comes"
-    );
+    let ready = unsafe { libc::poll(&raw mut pfd, 1, 5_000) };
+    assert_eq!(ready, 1, "the reply comes");
     match s.resume(Woke::Ready(w.fd)) {
         Scored::Done(Ok(score)) => assert_eq!(score, 7.0),
         other => panic!("got {other:?}"),

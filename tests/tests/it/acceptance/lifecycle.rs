@@ -103,18 +103,14 @@ fn spawn_stopper(
             thread::sleep(Duration::from_millis(1));
         }
         // SAFETY: plain signals to the haltd child this test started.
-        ensure!(
-            unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
-            "SIGSTOP failed"
-        );
+        let signalled = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        ensure!(signalled == 0, "SIGSTOP failed");
         let stopped = Instant::now();
         thread::sleep(Duration::from_millis(400));
         let resumed = Instant::now();
         // SAFETY: as above.
-        ensure!(
-            unsafe { libc::kill(pid, libc::SIGCONT) } == 0,
-            "SIGCONT failed"
-        );
+        let signalled = unsafe { libc::kill(pid, libc::SIGCONT) };
+        ensure!(signalled == 0, "SIGCONT failed");
         let _ = tx.send((stopped, resumed));
         Ok(())
     })
