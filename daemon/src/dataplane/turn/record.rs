@@ -8,6 +8,7 @@ use crate::dataplane::{Io, Step};
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
+    detect::timing::latency_bucket,
     halt::HaltCore,
     ledger::{Record, RecordKind},
     metrics::upstream::ToolCallKind,
@@ -201,15 +202,5 @@ fn commit_turn(
         );
     } else {
         shared.modes.fail_turn(turn.key_id);
-    }
-}
-
-/// Mean inter-token latency bucket of a turn (FHR `latency_bucket`).
-fn latency_bucket(mean_gap_ns: u64) -> &'static str {
-    match mean_gap_ns {
-        0..=1_000_000 => "le_1ms",
-        1_000_001..=10_000_000 => "le_10ms",
-        10_000_001..=100_000_000 => "le_100ms",
-        _ => "gt_100ms",
     }
 }
