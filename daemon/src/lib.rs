@@ -39,42 +39,42 @@
 //! * [`circuit`] is TokenCircuit (spec 002): the tool-call failure state machine, which the
 //!   data plane enforces on proxied chat turns with `[tool_circuit] enabled`.
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub mod admin;
-pub mod admission;
+pub(crate) mod admission;
 pub mod build_info;
 pub mod calibrate;
 pub mod circuit;
 pub mod cli_docs;
-pub mod client_tls;
+pub(crate) mod client_tls;
 pub mod clock;
-pub mod codes;
+pub(crate) mod codes;
 pub mod config;
 pub mod crash;
 pub mod credential;
 pub mod ctl;
-pub mod dataplane;
+pub(crate) mod dataplane;
 pub mod detect;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod gate;
 pub mod grounding;
-pub mod halt;
-pub mod halt_tls;
+pub(crate) mod halt;
+pub(crate) mod halt_tls;
 pub mod identity;
 pub mod ledger;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 pub mod logging;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod modes;
-pub mod monitor;
-pub mod pem;
+pub(crate) mod monitor;
+pub(crate) mod pem;
 pub mod privs;
-pub mod safety;
+pub(crate) mod safety;
 pub mod sampling;
 pub mod server;
 pub mod source;
-pub mod stream;
+pub(crate) mod stream;
 pub mod upstream;
-pub mod watchdog;
+pub(crate) mod watchdog;
 pub mod wire;

@@ -3,10 +3,11 @@
 //! The spec models the monitor as a function `run : hard_limit → List (Token × Score) → Output`
 //! and proves three properties about it: halt is irrevocable, every emitted token passed the
 //! threshold, and any failing score halts the stream. haltd needs the same check in two shapes:
-//! token by token on a live stream ([`HaltMonitor::check`]) and over a complete list (batch
-//! mode, tests). Both are the *same* code: [`run`] is implemented by driving a [`HaltMonitor`],
-//! so the property tests on `run` cover the streaming monitor too, and a separate transcription
-//! of the spec's recursive definition in the test module checks that `run` matches the spec.
+//! token by token on a live stream ([`HaltMonitor::check`]), and over a complete list as the
+//! spec states it, for the tests. Both are the *same* code: `run` (test builds only) is
+//! implemented by driving a [`HaltMonitor`], so the property tests on `run` cover the streaming
+//! monitor too, and a separate transcription of the spec's recursive definition in the test
+//! module checks that `run` matches the spec.
 //!
 //! Floating point versus the spec's rationals:
 //! - A score passes when `score >= hard_limit`; a score exactly at the limit passes, as in the
@@ -39,6 +40,7 @@ pub enum Decision {
 }
 
 /// The result of running the monitor over a whole stream (spec 001 `HaltMonitor.Output`).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Output<T> {
     /// Every token passed; the list is exactly the input tokens.
@@ -47,16 +49,10 @@ pub enum Output<T> {
     Halted(Vec<T>),
 }
 
+#[cfg(test)]
 impl<T> Output<T> {
     /// The emitted tokens, whatever the outcome (spec `Output.tokens`).
     pub fn tokens(&self) -> &[T] {
-        match self {
-            Output::Emitted(ts) | Output::Halted(ts) => ts,
-        }
-    }
-
-    /// Consumes the output and returns the emitted tokens.
-    pub fn into_tokens(self) -> Vec<T> {
         match self {
             Output::Emitted(ts) | Output::Halted(ts) => ts,
         }
@@ -131,6 +127,7 @@ impl fmt::Display for Decision {
 /// streaming monitor. A non-finite `hard_limit` cannot be enforced meaningfully, so it yields
 /// `Halted(vec![])` (fail closed) rather than a panic; the daemon rejects such limits earlier,
 /// at config validation, through [`HaltMonitor::new`].
+#[cfg(test)]
 pub fn run<T: Clone>(hard_limit: f64, items: &[(T, f64)]) -> Output<T> {
     let Ok(mut monitor) = HaltMonitor::new(hard_limit) else {
         return Output::Halted(Vec::new());
