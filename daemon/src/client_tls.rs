@@ -346,5 +346,4 @@ impl ClientTls {
 }
 
 #[cfg(test)]
-#[path = "client_tls_tests.rs"]
 mod tests;

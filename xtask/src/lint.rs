@@ -10,7 +10,9 @@
 //! data plane's slab of connections belongs to its ring driver (issue 30): `impl Worker` and
 //! every use of `self.conns` lie in `dataplane/driver/`, and a connection is looked up by key
 //! only in `driver/step.rs` (`Worker::step_of`, `Worker::conn_of`). Connection, turn and
-//! upstream code runs on a `Step`, which holds one connection and no slab.
+//! upstream code runs on a `Step`, which holds one connection and no slab. A third keeps the
+//! daemon's tests where the convention puts them: no inline test module over 200 lines, no
+//! `#[path]` module.
 
 use std::{path::Path, time::Instant};
 
@@ -59,6 +61,11 @@ pub(crate) fn lint(ctx: &Ctx, object: &Path) -> Result<()> {
         println!("[lint] {v}");
     }
     outcomes.push(("the slab is the driver's", slab.violations.is_empty()));
+    let misplaced = misplaced_tests(&ctx.root.join("daemon/src"))?;
+    for m in &misplaced {
+        println!("[lint] {m}");
+    }
+    outcomes.push(("tests where the convention puts them", misplaced.is_empty()));
     println!(
         "[lint] impl Worker: {} methods (at most {WORKER_METHODS_MAX})",
         slab.worker_methods
@@ -236,6 +243,53 @@ fn rust_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     Ok(files)
 }
 
+/// The longest test module that may stay inline in a production file.
+const INLINE_TESTS_MAX: usize = 200;
+
+/// Where the daemon's tests break the convention (docs/architecture.md "Modules"): a module's
+/// tests live in its own folder (`foo.rs` and `foo/mod.rs` both put them in `foo/tests.rs`),
+/// or inline when they are at most [`INLINE_TESTS_MAX`] lines; no `#[path]`.
+fn misplaced_tests(dir: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for path in rust_files(dir)? {
+        let text = std::fs::read_to_string(&path)?;
+        for (line, why) in misplaced_in(&text) {
+            found.push(format!("{}:{line}: {why}", path.display()));
+        }
+    }
+    Ok(found)
+}
+
+/// The 1-based lines of `text` that break the test convention, and why.
+fn misplaced_in(text: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim_start().starts_with("#[path") {
+            found.push((i + 1, "a module file named by #[path]".to_owned()));
+        }
+        let opens = l.trim_end() == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|n| n.starts_with("mod ") && n.ends_with(" {"));
+        if !opens {
+            continue;
+        }
+        let len = lines[i + 2..]
+            .iter()
+            .position(|l| *l == "}")
+            .map_or(lines.len() - i, |end| end + 3);
+        if len > INLINE_TESTS_MAX {
+            let why = format!(
+                "an inline test module of {len} lines (at most {INLINE_TESTS_MAX}): \
+                 move it to the module's tests.rs"
+            );
+            found.push((i + 1, why));
+        }
+    }
+    found
+}
+
 /// The places under `dir` (`FILE:LINE`) where a `let _ =` statement throws away the result of
 /// a trip (`trip(`, `trip_by(`, `trip_own(`).
 fn discarded_trips(dir: &Path) -> Result<Vec<String>> {
@@ -302,7 +356,26 @@ fn summarize(outcomes: &[(&str, bool)], t: Instant) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{discarded_in, slab_uses_in, worker_methods_in, SlabUse};
+    use super::{discarded_in, misplaced_in, slab_uses_in, worker_methods_in, SlabUse};
+
+    #[test]
+    fn long_inline_tests_and_path_modules_are_found() {
+        let long = format!(
+            "fn a() {{}}\n#[cfg(test)]\nmod tests {{\n{}}}\n",
+            "    x;\n".repeat(199)
+        );
+        let short = "#[cfg(test)]\nmod tests {\n    x;\n}\n#[cfg(test)]\nmod tests;\n";
+        let path = "#[cfg(test)]\n#[path = \"a_tests.rs\"]\nmod tests;\n";
+        assert_eq!(
+            misplaced_in(&long).iter().map(|f| f.0).collect::<Vec<_>>(),
+            [2]
+        );
+        assert!(misplaced_in(short).is_empty());
+        assert_eq!(
+            misplaced_in(path).iter().map(|f| f.0).collect::<Vec<_>>(),
+            [2]
+        );
+    }
 
     #[test]
     fn the_methods_of_impl_worker_are_counted_and_nothing_else() {

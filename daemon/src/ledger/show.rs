@@ -264,5 +264,4 @@ impl Follower {
 }
 
 #[cfg(test)]
-#[path = "show_tests.rs"]
 mod tests;

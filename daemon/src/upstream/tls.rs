@@ -308,5 +308,4 @@ impl TlsLink {
 }
 
 #[cfg(test)]
-#[path = "tls_tests.rs"]
 mod tests;

@@ -7,7 +7,7 @@
 //! the turn, fail the send). It touches no socket, no ring and no connection key: everything
 //! it knows is here and in the stream's slot, whose frame window ([`Slot::begin_frame`]) is
 //! the accounting step and whose trip point τ decides which delivered tokens were post-trip.
-//! Its unit and property tests (`emit_tests.rs`) drive it with scripted schedules, as an
+//! Its unit and property tests (`emit/tests.rs`) drive it with scripted schedules, as an
 //! ordinary user.
 //!
 //! Per token it does a few stores and, at accounting and delivery, the slot's atomics: no
@@ -376,5 +376,4 @@ impl Conn {
 }
 
 #[cfg(test)]
-#[path = "emit_tests.rs"]
 mod tests;

@@ -1,7 +1,7 @@
 //! A grounding round's rewind, as an ordinary user: no ring, no BPF, no socket, no grounder.
 //!
 //! A built-in turn in intervene mode (its hold-back window of W tokens, a history of W + 1)
-//! goes through the pipeline's own steps with the driver of `turn/pipeline_tests.rs`. Once the
+//! goes through the pipeline's own steps with the driver of `turn/pipeline/tests.rs`. Once the
 //! source has given a chosen number of tokens, a round answers with evidence between two
 //! steps, and the turn is rewound as `Step::rewind` does it: `rewind_point`, the source's
 //! `resume`, `apply_rewind`. Then it goes on. Proptest schedules the round's moment, the

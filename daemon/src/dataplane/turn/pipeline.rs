@@ -593,9 +593,7 @@ impl Step<'_> {
 }
 
 #[cfg(test)]
-#[path = "pipeline_tests.rs"]
 pub(in crate::dataplane) mod tests;
 
 #[cfg(test)]
-#[path = "proxied_tests.rs"]
 mod proxied_tests;

@@ -163,5 +163,4 @@ impl ChunkEncoder {
 }
 
 #[cfg(test)]
-#[path = "bound_tests.rs"]
 mod tests;

@@ -1,5 +1,5 @@
 //! Proxied turns through the pipeline's own steps, as an ordinary user, with the driver of
-//! `pipeline_tests.rs`: the upstream's SSE bytes arrive split into receives at random and go
+//! `tests.rs`: the upstream's SSE bytes arrive split into receives at random and go
 //! through the real parser and `UpstreamSource`; tokens one receive brought share a frame,
 //! text without logprobs goes out one character per frame through the hold queue; and
 //! TokenCircuit holds a tool call's deltas until the call is complete and judged
