@@ -967,6 +967,16 @@ fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<St
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
         ("malformed request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
         ("unknown path", format!("GET /nope HTTP/1.1\r\n{host}\r\n").into_bytes(), 404),
+        (
+            "the Responses API (not served)",
+            format!("POST /v1/responses HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}").into_bytes(),
+            404,
+        ),
+        (
+            "the Messages API (not served)",
+            format!("POST /v1/messages HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}").into_bytes(),
+            404,
+        ),
         ("wrong method", format!("GET /v1/chat/completions HTTP/1.1\r\n{host}\r\n").into_bytes(), 405),
         (
             "invalid JSON",
@@ -989,7 +999,8 @@ fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<St
                 match r.json() {
                     Ok(v)
                         if v["error"]["type"] == "invalid_request_error"
-                            && v["error"]["message"].is_string() => {}
+                            && v["error"]["message"].is_string()
+                            && (want != 404 || v["error"]["code"] == "not_found") => {}
                     other => failures.push(format!(
                         "{what}: body is not an OpenAI-style error: {other:?}"
                     )),
