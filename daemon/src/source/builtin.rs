@@ -27,13 +27,9 @@
 //!   into the trained vocabulary, candidate lists are precomputed CSR slices, and the
 //!   alternatives are a fixed-capacity array.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::LazyLock;
-
-use super::{Ending, Peek, Polled, Produced, TokenSource, Tokens};
-use crate::{clock::monotonic_ns, upstream::framing::Split, wire::Channel};
 
 /// The model name reported in responses (`"model": "builtin"`).
 pub const MODEL_NAME: &str = "builtin";
@@ -570,70 +566,6 @@ impl BuiltinStream {
         }
         self.generated += 1;
         true
-    }
-}
-
-/// A built-in stream as the data plane's [`TokenSource`]: one token per poll, with the
-/// `top_n` alternatives the client asked for; no allocation, except for the words it reads
-/// ([`super::resume::Reading`]: after a grounding round, or a restated question when asked).
-#[derive(Debug)]
-pub struct BuiltinSource {
-    pub stream: BuiltinStream,
-    pub top_n: usize,
-    /// The model's context before each of the last tokens, for a rewind (intervene mode);
-    /// empty otherwise.
-    pub history: super::resume::History,
-    /// Words said before sampling goes on: the restated question, a round's evidence.
-    pub reading: super::resume::Reading,
-}
-
-impl TokenSource for BuiltinSource {
-    fn poll(&mut self) -> Polled {
-        self.history
-            .push(self.stream.context(), self.stream.tokens_generated());
-        if let Some(read) = self.reading.poll(&mut self.stream, self.top_n) {
-            return read;
-        }
-        match self.stream.next_token(self.top_n) {
-            Some(tok) => Polled::Text(Produced {
-                text: Cow::Borrowed(tok.text),
-                tokens: Tokens::Builtin {
-                    logprob: tok.logprob,
-                    top: tok.top,
-                },
-                split: Split::Token,
-                channel: Channel::Content,
-                arrived_ns: monotonic_ns(),
-            }),
-            None => Polled::End,
-        }
-    }
-
-    /// [`BuiltinStream::peek_text`]: the next poll's token, sampled on a copy of the stream.
-    fn peek(&mut self) -> Peek<'_> {
-        if let Some(word) = self.reading.peek(&self.stream) {
-            return Peek::Text(word);
-        }
-        match self.stream.peek_text() {
-            Some(text) => Peek::Text(text),
-            None => Peek::End,
-        }
-    }
-
-    fn paced(&self) -> bool {
-        true
-    }
-
-    fn ending(&self) -> Ending {
-        Ending {
-            reason: Cow::Borrowed(
-                self.stream
-                    .finish_reason()
-                    .map_or("stop", FinishReason::as_str),
-            ),
-            usage: None,
-            tools: Vec::new(),
-        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Continuation of the built-in source with grounding in context (spec 003, "Resume
-//! semantics"; issue 16 point 4): the model's state before each of the turn's last tokens,
+//! The built-in source ([`BuiltinSource`]: the built-in model's stream as a [`TokenSource`]),
+//! and its continuation with grounding in context (spec 003, "Resume semantics"): the model's
+//! state before each of the turn's last tokens,
 //! so that a rewind can go back to the window start, the words it reads, and the salt that
 //! makes the resumed text depend on the grounding.
 //!
@@ -21,8 +22,8 @@
 use std::borrow::Cow;
 
 use super::{
-    builtin::{BuiltinModel, BuiltinSource, BuiltinStream},
-    Polled, Produced, Tokens,
+    builtin::{BuiltinModel, BuiltinStream, FinishReason},
+    Ending, Peek, Polled, Produced, TokenSource, Tokens,
 };
 use crate::{
     clock::monotonic_ns,
@@ -203,6 +204,70 @@ impl BuiltinSource {
         self.stream.resume_at(ctx, target, salt(snippets));
         self.reading = Reading::new(snippets.first().map_or("", |s| s.evidence.as_str()));
         true
+    }
+}
+
+/// A built-in stream as the data plane's [`TokenSource`]: one token per poll, with the
+/// `top_n` alternatives the client asked for; no allocation, except for the words it reads
+/// ([`Reading`]: after a grounding round, or a restated question when asked).
+#[derive(Debug)]
+pub struct BuiltinSource {
+    pub stream: BuiltinStream,
+    pub top_n: usize,
+    /// The model's context before each of the last tokens, for a rewind (intervene mode);
+    /// empty otherwise.
+    pub history: History,
+    /// Words said before sampling goes on: the restated question, a round's evidence.
+    pub reading: Reading,
+}
+
+impl TokenSource for BuiltinSource {
+    fn poll(&mut self) -> Polled {
+        self.history
+            .push(self.stream.context(), self.stream.tokens_generated());
+        if let Some(read) = self.reading.poll(&mut self.stream, self.top_n) {
+            return read;
+        }
+        match self.stream.next_token(self.top_n) {
+            Some(tok) => Polled::Text(Produced {
+                text: Cow::Borrowed(tok.text),
+                tokens: Tokens::Builtin {
+                    logprob: tok.logprob,
+                    top: tok.top,
+                },
+                split: Split::Token,
+                channel: Channel::Content,
+                arrived_ns: monotonic_ns(),
+            }),
+            None => Polled::End,
+        }
+    }
+
+    /// [`BuiltinStream::peek_text`]: the next poll's token, sampled on a copy of the stream.
+    fn peek(&mut self) -> Peek<'_> {
+        if let Some(word) = self.reading.peek(&self.stream) {
+            return Peek::Text(word);
+        }
+        match self.stream.peek_text() {
+            Some(text) => Peek::Text(text),
+            None => Peek::End,
+        }
+    }
+
+    fn paced(&self) -> bool {
+        true
+    }
+
+    fn ending(&self) -> Ending {
+        Ending {
+            reason: Cow::Borrowed(
+                self.stream
+                    .finish_reason()
+                    .map_or("stop", FinishReason::as_str),
+            ),
+            usage: None,
+            tools: Vec::new(),
+        }
     }
 }
 

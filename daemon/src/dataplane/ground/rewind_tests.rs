@@ -22,7 +22,10 @@ use crate::{
         TurnSource,
     },
     grounding::Snippet,
-    source::{builtin::BuiltinSource, resume::History, Polled, TokenSource},
+    source::{
+        resume::{BuiltinSource, History},
+        Polled, TokenSource,
+    },
     wire::{BuiltinTurn, ClientRequest, Endpoint},
 };
 

@@ -42,7 +42,8 @@ use crate::{
     modes::KeyId,
     safety::{self, SafetyContext},
     source::{
-        builtin::{BuiltinModel, BuiltinSource, MODEL_NAME},
+        builtin::{BuiltinModel, MODEL_NAME},
+        resume::BuiltinSource,
         upstream::UpstreamSource,
         Polled, TokenSource,
     },

@@ -1,4 +1,5 @@
 use super::*;
+use crate::source::{resume::BuiltinSource, Peek, Polled, TokenSource};
 
 fn generate(prompt: &str, seed: Option<u64>, max: u32) -> (Vec<TokenSample>, FinishReason) {
     let mut s = BuiltinModel::get().stream(prompt, seed, max);

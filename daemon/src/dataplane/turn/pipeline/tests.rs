@@ -38,7 +38,7 @@ use crate::{
     detect::pipeline::Detectors,
     ledger::RecordKind,
     modes::KeyId,
-    source::{builtin::BuiltinSource, Polled, TokenSource},
+    source::{resume::BuiltinSource, Polled, TokenSource},
     stream::{SlotState, StreamTable},
     wire::{ChunkEncoder, ClientRequest, Endpoint},
 };
