@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-use super::arm::cap_evidence;
 use super::check::{Check, Stated};
+use super::evidence::cap_evidence;
 use super::Snippet;
 
 /// The source of the evaluator's snippets.

@@ -36,6 +36,7 @@ pub mod check;
 pub mod classify;
 pub mod config;
 pub mod evaluator;
+pub mod evidence;
 pub mod http;
 pub mod memory;
 pub mod plan;
