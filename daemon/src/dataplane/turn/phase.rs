@@ -51,6 +51,14 @@ pub(in crate::dataplane) fn next_phase(
     Phase::Poll
 }
 
+/// What the pipeline does after taking one thing from the source.
+pub(in crate::dataplane) enum Next {
+    /// Nothing went out: take the next (a paced source waits for its timer first).
+    Poll,
+    /// An operation is under way (a send, a halt, a failure's reply): stop here.
+    Stop,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

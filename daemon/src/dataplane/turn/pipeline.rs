@@ -36,7 +36,7 @@ use crate::dataplane::{
     timespec,
     turn::encode::{encode_pending, encode_token, hold_for_batch, owned_top},
     turn::hold::Pending,
-    turn::phase::{next_phase, Phase},
+    turn::phase::{next_phase, Next, Phase},
     turn::score::{Item, Judged},
     turn::Turn,
 };
@@ -124,14 +124,6 @@ pub(in crate::dataplane) fn release_tool_delta(
     turn.hold
         .push_tool_calls(parts, tokens, &started, arrived_ns);
     ToolReleased::Poll
-}
-
-/// What the pipeline does after taking one thing from the source.
-pub(in crate::dataplane) enum Next {
-    /// Nothing went out: take the next (a paced source waits for its timer first).
-    Poll,
-    /// An operation is under way (a send, a halt, a failure's reply): stop here.
-    Stop,
 }
 
 /// Release: the exfiltration scanner takes `text`; how much of the turn's text it lets go.

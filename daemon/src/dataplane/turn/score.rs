@@ -30,7 +30,7 @@ use crate::dataplane::Step;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind},
     timespec,
-    turn::pipeline::Next,
+    turn::phase::Next,
     turn::Turn,
 };
 use crate::{
