@@ -13,6 +13,9 @@ use sha2::{Digest, Sha256};
 use super::class::FailureClass;
 use super::registry::ToolRegistry;
 
+/// Conversations TokenCircuit keeps by default (`[tool_circuit] conversations`).
+pub const DEFAULT_CONVERSATIONS: usize = 4096;
+
 /// Retries allowed after a failure, per class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -98,7 +101,7 @@ impl Default for CircuitPolicy {
             budgets: Budgets::default(),
             backoff: Backoff::default(),
             registry: ToolRegistry::default(),
-            conversations: super::store::DEFAULT_CONVERSATIONS,
+            conversations: DEFAULT_CONVERSATIONS,
         }
     }
 }

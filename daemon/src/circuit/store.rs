@@ -45,8 +45,7 @@ use super::transcript::Timeline;
 
 /// The request header that names a conversation.
 pub const CONVERSATION_HEADER: &str = "x-haltd-conversation-id";
-/// Conversations kept by default.
-pub const DEFAULT_CONVERSATIONS: usize = 4096;
+pub use super::policy::DEFAULT_CONVERSATIONS;
 /// The most conversations `[tool_circuit] conversations` may ask for.
 pub const MAX_CONVERSATIONS: usize = 1_000_000;
 /// Instants kept per conversation and kind (emitted, arrived).
