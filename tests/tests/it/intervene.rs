@@ -15,8 +15,8 @@ use anyhow::{ensure, Context, Result};
 use haltd::{
     grounding::Snippet,
     source::{
-        builtin::{BuiltinModel, BuiltinSource},
-        resume::{History, Reading},
+        builtin::BuiltinModel,
+        resume::{BuiltinSource, History, Reading},
         Polled, TokenSource,
     },
 };

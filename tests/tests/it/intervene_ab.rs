@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use anyhow::{ensure, Context, Result};
 use haltd::{
     grounding::Snippet,
-    source::{builtin::BuiltinSource, resume::History},
+    source::resume::{BuiltinSource, History},
     wire::{ClientRequest, Endpoint},
 };
 use haltd_tests::{
