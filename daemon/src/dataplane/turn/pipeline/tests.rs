@@ -610,6 +610,12 @@ pub(in crate::dataplane) fn drive_with(
         between(d);
         d.step();
     }
+    // A trip that came while the connection closed still completes its halt, without a
+    // terminal (`conn/mod.rs` `Step::finish_close` claims it once nothing is in flight).
+    let slot = d.table.slot(d.conn.id.slot);
+    if d.conn.closing && slot.state() == SlotState::Tripped && slot.claim_halt() {
+        slot.publish_halted();
+    }
 }
 
 #[test]
