@@ -282,6 +282,9 @@ impl Step<'_> {
             return Ok(());
         }
         crate::crash::worker_step(shared.cfg.faults.panic, slot.tokens_submitted.load(SeqCst));
+        if self.resume_answered()? {
+            return Ok(());
+        }
         self.pump()
     }
 

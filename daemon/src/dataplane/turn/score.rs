@@ -79,6 +79,10 @@ pub(in crate::dataplane) struct Parked {
     pub(in crate::dataplane) item: Item,
     pos: usize,
     now: u64,
+    /// The scorer's answer, when it came while a send of the connection was in flight:
+    /// nothing may be staged then, so the item goes on once that send completed
+    /// (`Step::step`, through `resume_answered`).
+    answered: Option<Woke>,
 }
 
 /// What the detectors say about an item.
@@ -132,7 +136,12 @@ pub(in crate::dataplane) fn observe(
             DetectStep::Done(Some(trip)) => return Observe::Trip(trip),
             DetectStep::Done(None) => pos += 1,
             DetectStep::Wait(w) => {
-                turn.parked = Some(Parked { item, pos, now });
+                turn.parked = Some(Parked {
+                    item,
+                    pos,
+                    now,
+                    answered: None,
+                });
                 return Observe::Wait(w);
             }
         }
@@ -214,7 +223,6 @@ impl Step<'_> {
         let Some(parked) = turn.parked.take() else {
             return Ok(());
         };
-        let paced = turn.source.get().paced();
         let woke = match res {
             0.. => Woke::Ready(fd),
             // Cancelled by its linked timeout: the deadline passed. (A cancellation on close
@@ -222,6 +230,46 @@ impl Step<'_> {
             r if r == -libc::ECANCELED => Woke::TimedOut(fd),
             r => Woke::Failed(fd, io::Error::from_raw_os_error(-r)),
         };
+        if !conn.emit.idle() {
+            // The token before it is still on its way: the answer waits with the item.
+            turn.parked = Some(Parked {
+                answered: Some(woke),
+                ..parked
+            });
+            return Ok(());
+        }
+        self.resume_parked(parked, woke)
+    }
+
+    /// A parked item whose scorer answered while a send was in flight goes on, once nothing
+    /// is in flight; `false` when there is none to resume.
+    pub(in crate::dataplane) fn resume_answered(&mut self) -> io::Result<bool> {
+        let conn = &mut *self.conn;
+        if !conn.emit.idle() {
+            return Ok(false);
+        }
+        let Some(turn) = conn.turn.as_mut() else {
+            return Ok(false);
+        };
+        if turn.parked.as_ref().is_none_or(|p| p.answered.is_none()) {
+            return Ok(false);
+        }
+        let Some(mut parked) = turn.parked.take() else {
+            return Ok(false);
+        };
+        let Some(woke) = parked.answered.take() else {
+            return Ok(false);
+        };
+        self.resume_parked(parked, woke).map(|()| true)
+    }
+
+    /// The parked item's judgment with the scorer's answer, then the rest of its phases.
+    fn resume_parked(&mut self, parked: Parked, woke: Woke) -> io::Result<()> {
+        let paced = self
+            .conn
+            .turn
+            .as_mut()
+            .is_some_and(|t| t.source.get().paced());
         let judged = self.judge(parked.item, parked.pos, Some(woke), parked.now)?;
         match self.judged(judged, parked.now)? {
             Next::Stop => Ok(()),
