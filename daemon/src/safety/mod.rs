@@ -686,3 +686,6 @@ impl SafetyConfig {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod inputs_tests;
