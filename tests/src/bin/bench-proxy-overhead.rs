@@ -72,10 +72,10 @@
 //!
 //! Per N, the report takes the median over the rounds of each figure and prints tables with
 //! PASS or MISS against the targets, and writes the same as JSON to
-//! `target/bench/proxy-overhead.json` (`--out` to change; schema in `docs/bench.md`). A
-//! benchmark reports: missing a target does not fail the run, but any stream error, a run
-//! with no tokens, or haltd, nginx or the upstream exiting does (after the report is written,
-//! where possible).
+//! `target/bench/proxy-overhead.json` (`--out` to change; its keys are the `json!` at the end
+//! of `main`, below). A benchmark reports: missing a target does not fail the run, but any
+//! stream error, a run with no tokens, or haltd, nginx or the upstream exiting does (after the
+//! report is written, where possible).
 
 use std::{
     fs,
