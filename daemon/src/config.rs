@@ -5,12 +5,14 @@
 //! `haltd check-config` runs the same validation without starting anything ([`check`]).
 
 mod addr;
+mod admin;
 pub mod check;
 mod faults;
 pub mod file;
 pub mod layers;
 pub mod reference;
 pub mod sighup;
+mod upstream_watch;
 mod validate;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -18,8 +20,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
+pub use crate::logging::LogFormat;
+pub use admin::{AdminAddr, AdminToken, DEFAULT_ADMIN_SOCKET};
 use faults::parse_faults;
 pub use faults::Faults;
+pub use upstream_watch::{ProbeSettings, WatchSettings};
 
 /// Where tokens come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -30,13 +35,6 @@ pub enum SourceKind {
     Openai,
 }
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 /// Flags of `haltd serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -44,8 +42,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = addr::socket_addr)]
     pub listen: SocketAddr,
     /// Admin API (`POST /admin/streams/{id}/trip`, `GET /admin/streams`, ...): `unix:PATH`, a Unix socket of mode 0660 whose callers are recorded by uid and pid, or `IP:PORT`, which needs --admin-token-file.
-    #[arg(long, default_value = "unix:/run/haltd/admin.sock", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<crate::admin::AdminAddr>()))]
-    pub admin: crate::admin::AdminAddr,
+    #[arg(long, default_value = "unix:/run/haltd/admin.sock", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<AdminAddr>()))]
+    pub admin: AdminAddr,
     /// Group of the admin socket (a name or a gid): its members may use the admin API. Default: the group haltd runs as (root).
     #[arg(long, value_name = "GROUP")]
     pub admin_group: Option<String>,
@@ -278,10 +276,10 @@ pub struct Config {
     pub workers: usize,
     pub faults: Faults,
     /// The upstream of `--source openai`, parsed (its name is resolved by
-    /// [`crate::upstream::watch`], at start and again while haltd runs).
+    /// [`crate::upstream_watch`], at start and again while haltd runs).
     pub upstream: Option<crate::upstream::url::UpstreamUrl>,
     /// How the upstream is watched: its probe and the re-resolution of its name.
-    pub upstream_watch: crate::upstream::watch::WatchSettings,
+    pub upstream_watch: WatchSettings,
     /// The TLS configuration of an `https://` upstream (trust roots, SNI, ALPN).
     pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
     /// The key of `--upstream-api-key-file`, sent upstream instead of the client's.
@@ -289,7 +287,7 @@ pub struct Config {
     /// TLS for clients (`--tls-cert`, `--tls-key`), reloaded on SIGHUP.
     pub client_tls: Option<std::sync::Arc<crate::client_tls::ClientTlsConfig>>,
     /// The token of `--admin-token-file`: a TCP admin listener has one.
-    pub admin_token: Option<crate::admin::AdminToken>,
+    pub admin_token: Option<AdminToken>,
     pub upstream_connect_timeout: Duration,
     pub upstream_first_token_timeout: Duration,
     pub upstream_stall_timeout: Duration,
@@ -342,7 +340,7 @@ impl ServeArgs {
         let upstream_api_key = self.upstream_api_key()?;
         let client_tls = self.client_tls()?;
         self.check_upstream_timeouts()?;
-        let upstream_watch = crate::upstream::watch::WatchSettings::from_args(&self)?;
+        let upstream_watch = WatchSettings::from_args(&self)?;
         let file_at_start = self.read_config_file()?;
         let (
             sampling,

@@ -4,7 +4,9 @@
 //! ([`HaltCore::trip`]), build its terminal frame ([`HaltCore::terminal_frame`]), complete the
 //! halt ([`HaltCore::complete_halt`]) and record it ([`HaltCore::record`]).
 
+pub mod metrics;
 mod terminal;
+mod tls;
 
 pub use terminal::PreparedTerminal;
 
@@ -28,12 +30,12 @@ use crate::{
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
     modes::{KeyId, ModeChange, Modes, RuntimeMode},
+    pulse::{heartbeat_state, HeartbeatState},
     stream::{
         Halter, Initiator, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError,
         TripInfo,
     },
     upstream::UpstreamFailure,
-    watchdog::pulse::{heartbeat_state, HeartbeatState},
     wire::{nonce_hex, StreamId},
 };
 
@@ -52,7 +54,7 @@ pub struct HaltCore {
     /// namespace that shifts this clock shifts neither check.
     pub heartbeat_ns: AtomicU64,
     /// The watchdog's idle mode: its flag and the kicks that wake it.
-    pub pulse: crate::watchdog::Pulse,
+    pub pulse: crate::pulse::Pulse,
     /// When a refused ungovernable connection was last logged (rate limit).
     pub ungovernable_logged_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
@@ -82,7 +84,7 @@ pub struct HaltCore {
     /// One line per request (`--access-log`), reopened on SIGHUP.
     pub access_log: crate::access_log::AccessLog,
     /// The upstream's addresses, probe verdict and model ids (`--source openai`; `None` with
-    /// the built-in source): `upstream/health.rs`, kept by `upstream/watch.rs`.
+    /// the built-in source): `upstream/health.rs`, kept by `upstream_watch.rs`.
     pub upstream_health: Option<crate::upstream::health::UpstreamHealth>,
     /// Grounding rounds for turns whose surprise detector runs in `intervene` mode (spec
     /// 003): the grounder, the round limit and deadline, the upstream's continuation. `None`:
@@ -127,7 +129,7 @@ impl KernelTrip for GateTrip<'_> {
         // exactly one frame of exactly this length with this nonce.
         let terminal = self.shared.prepare_terminal(&slot.snapshot(id.slot));
         let (terminal_len, nonce, framing) =
-            crate::halt_tls::seal_at_trip(self.shared, id, &terminal, nonce_hex(p.nonce));
+            tls::seal_at_trip(self.shared, id, &terminal, nonce_hex(p.nonce));
         self.shared.meta(id.slot).terminal = Some(terminal);
         let max_event = slot.max_event_bytes.load(SeqCst);
         let allowance = u64::from(p.budget) * u64::from(max_event);

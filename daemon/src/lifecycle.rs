@@ -35,8 +35,8 @@ use crate::{
     halt::HaltCore,
     ledger::{Record, RecordKind},
     logging::LogControl,
+    pulse::HeartbeatState,
     stream::SlotState,
-    watchdog::pulse::HeartbeatState,
 };
 
 /// Tells systemd haltd serves (no-op without `NOTIFY_SOCKET`).

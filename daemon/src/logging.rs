@@ -3,7 +3,8 @@
 //!
 //! The level is `HALTD_LOG` when set (an `EnvFilter` directive), else the config file's
 //! `[log] level`, else `info`. It sits behind a reload handle, so SIGHUP applies a changed
-//! `[log] level` without a restart (`lifecycle.rs`).
+//! `[log] level` without a restart (`lifecycle.rs`). Uses nothing else of haltd: the configuration checks a level with
+//! [`check_level`].
 
 use std::io::IsTerminal;
 
@@ -11,7 +12,12 @@ use tracing_subscriber::{
     fmt, layer::SubscriberExt, reload, util::SubscriberInitExt, EnvFilter, Registry,
 };
 
-use crate::config::LogFormat;
+/// Log output format (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// The environment variable that sets the level, over the config file.
 pub const LEVEL_ENV: &str = "HALTD_LOG";

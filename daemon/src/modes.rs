@@ -21,6 +21,8 @@
 //!
 //! One mutex guards all of it: it is taken at turn start and turn end, never per token.
 
+pub mod metrics;
+
 use std::{
     collections::HashMap,
     fmt,

@@ -138,7 +138,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         metrics,
         ledger,
         heartbeat_ns: AtomicU64::new(0),
-        pulse: crate::watchdog::Pulse::default(),
+        pulse: crate::pulse::Pulse::default(),
         ungovernable_logged_ns: AtomicU64::new(0),
         wakers,
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
@@ -166,7 +166,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
                 cfg.args.request_phase_share,
             ),
         ),
-        upstream_health: crate::upstream::health::UpstreamHealth::for_config(&cfg),
+        upstream_health: upstream_health(&cfg),
         grounding,
         cfg,
     });
@@ -178,7 +178,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .ledger
         .append_sync(start_record(&shared, &source))
         .map_err(StartError::Ledger)?;
-    crate::upstream::watch::start(&shared).map_err(io("starting the upstream watch thread"))?;
+    crate::upstream_watch::start(&shared).map_err(io("starting the upstream watch thread"))?;
     watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
@@ -186,6 +186,15 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
     tracing::debug!(threads, "no thread holds a capability");
     serve_control_plane(shared, control, source, log)
+}
+
+/// The state of `--upstream` that the watch thread keeps (none with the built-in source).
+fn upstream_health(cfg: &Config) -> Option<crate::upstream::health::UpstreamHealth> {
+    let url = cfg.upstream.as_ref()?;
+    Some(crate::upstream::health::UpstreamHealth::new(
+        url.authority(),
+        cfg.upstream_watch.probe.is_some(),
+    ))
 }
 
 /// The admin and metrics listeners.
@@ -269,8 +278,8 @@ fn warn_about_exposed_listeners(cfg: &Config) {
     if !cfg.args.metrics.ip().is_loopback() {
         tracing::warn!(metrics = %cfg.args.metrics, "--metrics listens beyond loopback: anyone who can reach it reads haltd's metrics (read-only); restrict it with a firewall or bind 127.0.0.1");
     }
-    if let admin::AdminAddr::Tcp(a) = &cfg.args.admin {
-        tracing::warn!(admin = %a, "the admin API listens on TCP (bearer token of --admin-token-file required); the default unix:{} is attributable to a uid", admin::DEFAULT_ADMIN_SOCKET);
+    if let crate::config::AdminAddr::Tcp(a) = &cfg.args.admin {
+        tracing::warn!(admin = %a, "the admin API listens on TCP (bearer token of --admin-token-file required); the default unix:{} is attributable to a uid", crate::config::DEFAULT_ADMIN_SOCKET);
     }
 }
 

@@ -18,8 +18,8 @@ use axum::{
     serve::IncomingStream,
 };
 use serde::Serialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+
+use crate::config::AdminToken;
 
 /// The caller of one admin request, as its ledger record names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -58,50 +58,6 @@ impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for AdminActor {
         AdminActor::Tcp {
             peer: *stream.remote_addr(),
         }
-    }
-}
-
-/// The TCP admin token, kept as its SHA-256 so the comparison takes the same time whatever the
-/// presented token's length.
-#[derive(Clone)]
-pub struct AdminToken {
-    digest: [u8; 32],
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(..)")
-    }
-}
-
-/// Shortest token accepted: a guessable token is no authentication.
-pub const MIN_TOKEN_LEN: usize = 16;
-
-impl AdminToken {
-    /// The token from the file's first line (surrounding whitespace ignored).
-    pub fn from_file_contents(text: &str) -> Result<Self, String> {
-        let token = text.trim();
-        if token.len() < MIN_TOKEN_LEN {
-            return Err(format!(
-                "the token is {} bytes; at least {MIN_TOKEN_LEN} are required",
-                token.len()
-            ));
-        }
-        if token.bytes().any(|b| !b.is_ascii_graphic()) {
-            return Err("the token must be one line of printable ASCII without spaces".into());
-        }
-        Ok(Self::new(token.as_bytes()))
-    }
-
-    fn new(token: &[u8]) -> Self {
-        AdminToken {
-            digest: Sha256::digest(token).into(),
-        }
-    }
-
-    fn matches(&self, presented: &[u8]) -> bool {
-        let digest: [u8; 32] = Sha256::digest(presented).into();
-        digest.ct_eq(&self.digest).into()
     }
 }
 
@@ -180,17 +136,6 @@ fn is_json(req: &Request) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_compare_whole() {
-        let t = AdminToken::from_file_contents("  0123456789abcdef-secret\n").expect("test setup");
-        assert!(t.matches(b"0123456789abcdef-secret"));
-        assert!(!t.matches(b"0123456789abcdef-secre"));
-        assert!(!t.matches(b"0123456789abcdef-secret "));
-        assert!(!t.matches(b""));
-        assert!(AdminToken::from_file_contents("short").is_err());
-        assert!(AdminToken::from_file_contents("0123456789abcdef 0123").is_err());
-    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {

@@ -10,7 +10,7 @@ use hyper::{body::Bytes, header, Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::AdminAddr;
+use crate::config::AdminAddr;
 
 /// An admin request that did not get an answer.
 #[derive(Debug, thiserror::Error)]

@@ -7,53 +7,18 @@
 //! web page a browser on the node opens, can otherwise reach it.
 
 use std::{
-    fmt, io,
-    net::SocketAddr,
+    io,
     os::unix::{
         fs::{FileTypeExt, PermissionsExt},
         net::{UnixListener, UnixStream},
     },
-    path::{Path, PathBuf},
-    str::FromStr,
+    path::Path,
 };
 
-/// The default admin socket.
-pub const DEFAULT_ADMIN_SOCKET: &str = "/run/haltd/admin.sock";
+use crate::config::AdminAddr;
 
 /// Mode of the admin socket: owner (root) and the admin group may connect.
 const SOCKET_MODE: u32 = 0o660;
-
-/// `--admin`: `unix:PATH` or `HOST:PORT`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AdminAddr {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
-}
-
-impl FromStr for AdminAddr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if !path.starts_with('/') {
-                return Err(format!("{s:?}: a unix socket path must be absolute"));
-            }
-            return Ok(AdminAddr::Unix(PathBuf::from(path)));
-        }
-        s.parse().map(AdminAddr::Tcp).map_err(|_| {
-            format!("{s:?}: expected unix:/ABSOLUTE/PATH or an IP address with a port")
-        })
-    }
-}
-
-impl fmt::Display for AdminAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AdminAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            AdminAddr::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
 
 /// A bound admin listener, not yet handed to tokio.
 #[derive(Debug)]
@@ -133,26 +98,6 @@ fn group_id(name: &str) -> io::Result<libc::gid_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn admin_addresses_parse() {
-        assert_eq!(
-            "unix:/run/haltd/admin.sock".parse::<AdminAddr>(),
-            Ok(AdminAddr::Unix(PathBuf::from("/run/haltd/admin.sock")))
-        );
-        assert_eq!(
-            "127.0.0.1:8081".parse::<AdminAddr>(),
-            Ok(AdminAddr::Tcp(
-                "127.0.0.1:8081".parse().expect("test setup")
-            ))
-        );
-        assert!("unix:relative.sock".parse::<AdminAddr>().is_err());
-        assert!("localhost:8081".parse::<AdminAddr>().is_err());
-        assert_eq!(
-            AdminAddr::Unix(PathBuf::from("/x/a.sock")).to_string(),
-            "unix:/x/a.sock"
-        );
-    }
 
     #[test]
     fn a_socket_gets_mode_0660_and_a_stale_one_is_replaced() {

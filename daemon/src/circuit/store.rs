@@ -140,7 +140,7 @@ struct Inner {
     retained_order: VecDeque<ConversationId>,
 }
 
-/// What the store counts for `/metrics` (`metrics/circuit.rs` registers them).
+/// What the store counts for `/metrics` (`circuit/metrics.rs` registers them).
 #[derive(Clone, Debug, Default)]
 pub struct StoreCounters {
     /// `haltd_tool_circuit_refusals_retained`: evicted conversations kept for their refused

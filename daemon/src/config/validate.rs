@@ -8,18 +8,18 @@ impl ServeArgs {
     /// The admin token: required for a TCP admin listener, read from a file no other user can
     /// read. A token-less TCP admin would let any local user (and any web page a browser on the
     /// node opens) trip streams and end degraded mode.
-    pub(super) fn admin_token(&self) -> Result<Option<crate::admin::AdminToken>, ConfigError> {
+    pub(super) fn admin_token(&self) -> Result<Option<super::AdminToken>, ConfigError> {
         use std::os::unix::fs::PermissionsExt;
         let Some(path) = &self.admin_token_file else {
             return match self.admin {
-                crate::admin::AdminAddr::Tcp(a) => Err(err(
+                super::AdminAddr::Tcp(a) => Err(err(
                     "admin",
-                    format!("{a}: a TCP admin listener needs --admin-token-file (or use the default unix:{})", crate::admin::DEFAULT_ADMIN_SOCKET),
+                    format!("{a}: a TCP admin listener needs --admin-token-file (or use the default unix:{})", super::DEFAULT_ADMIN_SOCKET),
                 )),
-                crate::admin::AdminAddr::Unix(_) => Ok(None),
+                super::AdminAddr::Unix(_) => Ok(None),
             };
         };
-        if let crate::admin::AdminAddr::Unix(_) = self.admin {
+        if let super::AdminAddr::Unix(_) = self.admin {
             return Err(err(
                 "admin-token-file",
                 "is only used with a TCP --admin (the Unix socket is guarded by its mode and group)",
@@ -39,7 +39,7 @@ impl ServeArgs {
         }
         let text = std::fs::read_to_string(path)
             .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))?;
-        crate::admin::AdminToken::from_file_contents(&text)
+        super::AdminToken::from_file_contents(&text)
             .map(Some)
             .map_err(|e| err("admin-token-file", format!("{shown}: {e}")))
     }

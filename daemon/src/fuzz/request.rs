@@ -161,7 +161,7 @@ fn body_views(endpoint: Endpoint, body: &[u8], degraded: bool) {
         }
         Err(e) => check_refusal(&e, "builtin turn"),
     }
-    // The proxy's view (`dataplane/turn/mod.rs`, `prepare_proxied`).
+    // The proxy's view (`dataplane/turn.rs`, `prepare_proxied`).
     let _urls = crate::safety::request_sources(req.json());
     let _system = crate::safety::system_prompt(req.json());
     match upstream::prepare_turn(req, degraded) {

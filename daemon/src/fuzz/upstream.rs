@@ -12,7 +12,7 @@ use crate::{
     wire::{Endpoint, MAX_TOKEN_TEXT_BYTES, MAX_TOP_LOGPROBS},
 };
 
-/// The data plane's limit on an upstream's head (`dataplane/upstream_io/mod.rs`), and a small one
+/// The data plane's limit on an upstream's head (`dataplane/upstream_io.rs`), and a small one
 /// that inputs of a few KiB can reach.
 const HEAD_LIMITS: [usize; 2] = [64 * 1024, 512];
 /// The data plane's limit on one upstream event, and a small one.

@@ -1,5 +1,5 @@
 //! Whether the egress check holds bytes of a socket back for good, asked when haltd closes the
-//! socket (`dataplane/conn/mod.rs` `Step::finish_close`): a graceful close queues the FIN behind
+//! socket (`dataplane/conn.rs` `Step::finish_close`): a graceful close queues the FIN behind
 //! the send queue, so a queue that reaches past the stream's ceiling would keep the FIN, and
 //! the client, waiting for ever (FIN-WAIT-1 until TCP gives up, minutes later). Such a socket
 //! is reset instead (`SO_LINGER 0`).

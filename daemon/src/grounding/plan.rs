@@ -4,7 +4,7 @@
 //! [`GroundPlan`] is built once at start from the configuration: the [`Grounder`] (the router
 //! and its arms), at most how many rounds a reply gets, each round's deadline, and how the
 //! upstream continues a reply ([`Continuation`]). The data plane runs each round off its
-//! worker thread (`dataplane/ground/mod.rs`) and appends a [`RoundRecord`] per round to the turn's
+//! worker thread (`dataplane/ground.rs`) and appends a [`RoundRecord`] per round to the turn's
 //! record.
 
 use std::{fmt, str::FromStr, sync::Arc, time::Duration};
@@ -86,7 +86,7 @@ impl GroundPlan {
     /// continuation and orders of `cfg`.
     pub fn from_config(
         cfg: &GroundingConfig,
-        metrics: Option<crate::metrics::grounding::GroundingMetrics>,
+        metrics: Option<crate::grounding::metrics::GroundingMetrics>,
     ) -> Result<Self, super::GroundingError> {
         Ok(GroundPlan {
             grounder: super::Grounding::from_config(cfg, metrics)?,

@@ -27,7 +27,7 @@ use std::{
 use super::arm::{Arm, ArmError};
 use super::classify::{classify, focus};
 use super::{ArmKind, ArmOutcome, Attempt, Grounder, Round, Snippet, SpanClass, SpanQuery};
-use crate::metrics::grounding::GroundingMetrics;
+use crate::grounding::metrics::GroundingMetrics;
 
 /// Most arm threads still running past their deadline at once.
 pub const MAX_LATE_ARMS: usize = 8;

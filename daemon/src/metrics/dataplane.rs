@@ -7,7 +7,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{metrics::histogram::NsHistogram, stream::Outcome};
+use crate::{histogram::NsHistogram, stream::Outcome};
 
 /// `haltd_token_overhead_seconds` bucket bounds in ns: 5 µs doubling to 164 ms.
 pub const TOKEN_OVERHEAD_BUCKETS_NS: [u64; 16] = {

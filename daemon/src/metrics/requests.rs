@@ -17,10 +17,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{
-    metrics::{histogram::NsHistogram, models::ModelLabels},
-    stream::Outcome,
-};
+use crate::{histogram::NsHistogram, metrics::models::ModelLabels, stream::Outcome};
 
 /// Bounds in ns doubling from `first`.
 const fn doubling<const N: usize>(first: u64) -> [u64; N] {

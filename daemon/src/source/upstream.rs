@@ -1,7 +1,7 @@
 //! The upstream source: what an OpenAI-compatible upstream streamed for a proxied turn, as
 //! the pipeline takes it.
 //!
-//! The data plane's socket I/O (`dataplane/upstream_io/mod.rs`) feeds each SSE event here
+//! The data plane's socket I/O (`dataplane/upstream_io.rs`) feeds each SSE event here
 //! ([`UpstreamSource::push_event`]); the event becomes queued [`Item`]s ([`push_chunk`]: one
 //! per token when the logprob tokens spell the text, else the text framed per character; a
 //! tool-call delta on its own), and [`TokenSource::poll`] hands them to the pipeline in order.
@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use super::{Ending, Polled, Produced, SourceFailure, TokenSource, Tokens};
 use crate::{
-    metrics::upstream::ToolCallKind,
+    upstream::metrics::ToolCallKind,
     upstream::{
         chunk::tokens_spell, framing::Split, ChunkReader, FinishReason, Parsed, SseEventRef,
         UpToken, UpstreamChunk, UpstreamError, UpstreamFailureKind,
@@ -158,7 +158,7 @@ impl UpstreamSource {
         self.items.clear();
     }
 
-    /// A new response continues the turn (a grounded continuation, `dataplane/ground/mod.rs`):
+    /// A new response continues the turn (a grounded continuation, `dataplane/ground.rs`):
     /// nothing queued, and its own end, finish reason and usage to come.
     pub fn restart(&mut self) {
         self.items.clear();
@@ -322,13 +322,13 @@ fn failed(
 
 /// Counts the tool calls a degraded turn suppresses: each delta entry that starts one (with
 /// its id) once.
-pub fn count_suppressed(metrics: &crate::metrics::Metrics, delta: &Value) {
+pub fn count_suppressed(metrics: &crate::upstream::metrics::UpstreamMetrics, delta: &Value) {
     let n = delta.as_array().map_or(0, |l| {
         l.iter()
             .filter(|d| d.get("id").is_some_and(|i| !i.is_null()))
             .count()
     }) as u64;
-    metrics.upstream.tool_calls(ToolCallKind::Suppressed, n);
+    metrics.tool_calls(ToolCallKind::Suppressed, n);
 }
 
 fn content(

@@ -235,7 +235,7 @@ impl ChunkReader {
         if data == "[DONE]" {
             return Ok(Parsed::Done);
         }
-        match de::read(endpoint, data, &mut self.chunk, &mut self.scratch)? {
+        match shape::read(endpoint, data, &mut self.chunk, &mut self.scratch)? {
             de::Top::Chunk => Ok(Parsed::Chunk),
             de::Top::NotObject => Err(malformed("chunk is not a JSON object")),
             // An error object (rare): read again, whole, as the error it is.

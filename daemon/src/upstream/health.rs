@@ -109,15 +109,6 @@ impl UpstreamHealth {
         last != 0 && now_ns.saturating_sub(last) <= window.as_nanos() as u64
     }
 
-    /// The state of `--upstream` (`None` with the built-in source).
-    pub fn for_config(cfg: &crate::config::Config) -> Option<Self> {
-        let url = cfg.upstream.as_ref()?;
-        Some(Self::new(
-            url.authority(),
-            cfg.upstream_watch.probe.is_some(),
-        ))
-    }
-
     /// The address a new upstream connection goes to: the first of the latest resolution.
     /// On the data plane: one lock-free load, no allocation unless the name never resolved.
     pub fn addr(&self) -> Result<SocketAddr, HttpError> {

@@ -13,7 +13,7 @@
 //! - **per thread**: each thread's time on a CPU (`/proc/PID/task/TID/schedstat`), so a
 //!   regression names its thread;
 //! - **watchdog wake-ups per second** (the watchdog thread's voluntary context switches): about
-//!   1 with nothing open (the watchdog's idle mode, `daemon/src/watchdog/pulse.rs`: it beats
+//!   1 with nothing open (the watchdog's idle mode, `daemon/src/pulse.rs`: it beats
 //!   once a second and a new connection kicks it for a fresh beat before it is served), 200 at
 //!   the default `--heartbeat-interval-ms` of 5 ms while streams are open or were within the
 //!   last second.

@@ -397,7 +397,7 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
 /// again) never panics a worker. Under load: 8 clients, 30 requests each, streamed and batch.
 /// A paced batch turn has nothing in flight at its 3rd token (its timer just completed, no
 /// send), so before issue 28 its connection was removed there and the next lookup crashed the
-/// worker with `invalid key` at `dataplane/ground/mod.rs`, as a worker crashed on a fresh machine
+/// worker with `invalid key` at `dataplane/ground.rs`, as a worker crashed on a fresh machine
 /// (this test, run against that haltd, exits it with 101 at its first batch request). haltd
 /// must still run, every request must end, and each is counted as the `client_gone` it was.
 #[test]

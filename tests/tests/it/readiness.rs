@@ -1,4 +1,4 @@
-//! `/readyz` follows the upstream (`daemon/src/upstream/watch.rs`, `dataplane/conn/readiness.rs`):
+//! `/readyz` follows the upstream (`daemon/src/upstream_watch.rs`, `dataplane/conn/readiness.rs`):
 //! its probe makes haltd not ready after `--upstream-probe-failures` failures in a row and
 //! ready again after `--upstream-probe-successes` successes, and a host name that does not
 //! resolve at start is retried (haltd starts, not ready, and turns get a precise 503) until it

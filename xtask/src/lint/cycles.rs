@@ -14,8 +14,20 @@ use anyhow::Result;
 /// A group of files that import each other, by their paths under the source folder.
 pub(crate) type Cycle = Vec<String>;
 
-/// The cycles between the production files under `src` (a crate's `src/`).
-pub(crate) fn cycles(src: &Path) -> Result<Vec<Cycle>> {
+/// Who imports whom: each production file under `src` (a crate's `src/`) with the files its
+/// paths name, by their paths under `src`.
+pub(crate) type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The cycles of `graph` (from [`graph`]).
+pub(crate) fn cycles(graph: &Graph) -> Vec<Cycle> {
+    strongly_connected(graph)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .collect()
+}
+
+/// The import graph of the production files under `src` (a crate's `src/`).
+pub(crate) fn graph(src: &Path) -> Result<Graph> {
     let mut files = BTreeMap::new();
     for path in super::rust_files(src)? {
         let rel = path
@@ -28,7 +40,7 @@ pub(crate) fn cycles(src: &Path) -> Result<Vec<Cycle>> {
         }
         files.insert(module_of(&rel), (rel, std::fs::read_to_string(&path)?));
     }
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut graph = Graph::new();
     for (module, (rel, text)) in &files {
         if is_test_file(rel) {
             continue;
@@ -47,10 +59,7 @@ pub(crate) fn cycles(src: &Path) -> Result<Vec<Cycle>> {
             }
         }
     }
-    Ok(strongly_connected(&graph)
-        .into_iter()
-        .filter(|c| c.len() > 1)
-        .collect())
+    Ok(graph)
 }
 
 fn is_test_file(rel: &str) -> bool {
@@ -212,7 +221,7 @@ fn expand(prefix: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
 }
 
 /// Tarjan's strongly connected components of `graph`, each sorted.
-fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Cycle> {
+fn strongly_connected(graph: &Graph) -> Vec<Cycle> {
     struct Walk<'g> {
         graph: &'g BTreeMap<String, BTreeSet<String>>,
         index: BTreeMap<&'g str, (usize, usize)>,

@@ -21,7 +21,7 @@
 
 use std::{io, sync::Arc};
 
-use crate::dataplane::conn::SendKind;
+use crate::dataplane::conn::outbox::SendKind;
 use crate::dataplane::Step;
 use crate::{
     client_tls::{lock, Opened},

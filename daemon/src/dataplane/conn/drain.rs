@@ -3,7 +3,7 @@
 //! **Drain.** A client that reads slower than haltd writes (a phone on a weak network, a small
 //! receive buffer) still has bytes waiting in its socket when its stream ends in haltd. If the
 //! connection were closed then and its stream slot freed, the watchdog could go idle
-//! (`watchdog/pulse.rs`: no slot in use for a second), the kernel's heartbeat would age past its
+//! (`pulse.rs`: no slot in use for a second), the kernel's heartbeat would age past its
 //! deadline, and the egress check would latch a ceiling at the next unsent byte plus the
 //! budget's allowance and hold the rest back for good: the client would never get the end of
 //! its stream. So a closing connection whose socket holds bytes TCP has not transmitted yet

@@ -15,7 +15,10 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use crate::dataplane::conn::{frame_len, Conn, SendKind, STAGE_MAX};
+use crate::dataplane::conn::{
+    outbox::{frame_len, SendKind, STAGE_MAX},
+    Conn,
+};
 use crate::{
     client_tls::lock,
     stream::{Slot, SlotState},

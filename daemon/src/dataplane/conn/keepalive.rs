@@ -22,7 +22,7 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use haltd_common::SockPolicy;
 
-use crate::dataplane::conn::{refusal_error, Conn};
+use crate::dataplane::conn::{refusal_error, Conn, KeepAlive};
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::upstream_io::pool;
 use crate::dataplane::Step;
@@ -33,40 +33,8 @@ use crate::{
     gate::SocketView,
     metrics::dataplane::KeepAliveClose,
     stream::{Initiator, Outcome, SentBefore},
-    wire::{http::Persist, RequestHead},
+    wire::RequestHead,
 };
-
-/// What a request's turn does with its connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::dataplane) enum KeepAlive {
-    /// The reply says `connection: close` (the client did not ask to keep it).
-    Close,
-    /// The reply says `connection: keep-alive`; after a normal end the next request is read.
-    Keep,
-    /// The client asked, but this is the connection's last turn (`--max-turns-per-conn`):
-    /// the reply says `connection: close`.
-    LastTurn,
-}
-
-impl KeepAlive {
-    /// What the turn's response head says.
-    pub(in crate::dataplane) fn persist(self) -> Persist {
-        match self {
-            KeepAlive::Keep => Persist::KeepAlive,
-            KeepAlive::Close | KeepAlive::LastTurn => Persist::Close,
-        }
-    }
-
-    /// For a request that `asked` to keep the connection, on a connection that began `turns`
-    /// requests (this one included).
-    pub(in crate::dataplane) fn decide(asked: bool, turns: u32, max_turns: u32) -> Self {
-        match (asked, turns < max_turns) {
-            (false, _) => KeepAlive::Close,
-            (true, true) => KeepAlive::Keep,
-            (true, false) => KeepAlive::LastTurn,
-        }
-    }
-}
 
 /// The socket's frame count if the gate never saw anything tripped on it, else `None`.
 fn never_tripped(view: &SocketView) -> Option<u64> {
@@ -265,6 +233,7 @@ impl Step<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::http::Persist;
     use haltd_common::{EgressState, SockState};
 
     #[test]

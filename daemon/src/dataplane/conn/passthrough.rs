@@ -5,7 +5,7 @@
 //! record. `/v1/models/{id}` is answered from the model list (the built-in model's, or the
 //! upstream's `GET /v1/models`, which every OpenAI-compatible backend serves, unlike
 //! `/v1/models/{id}` itself). `/v1/embeddings` is relayed to the upstream and its answer back,
-//! status and body as they came, up to [`MAX_PASSTHROUGH_BODY`]. The client's credential (or
+//! status and body as they came, up to `MAX_PASSTHROUGH_BODY` (`upstream_io/exchange.rs`). The client's credential (or
 //! `--upstream-api-key-file`) goes upstream as for a turn.
 
 use std::io;
@@ -20,10 +20,6 @@ use crate::{
     upstream,
     wire::{HttpError, RequestHead},
 };
-
-/// Largest relayed embeddings answer: a batch of 256 inputs of 3,072 dimensions is about
-/// 16 MiB of JSON. Larger answers fail as `UPSTREAM_FAILURE` (`malformed`, "too large").
-pub(in crate::dataplane) const MAX_PASSTHROUGH_BODY: usize = 32 << 20;
 
 /// The upstream path of embeddings.
 const EMBEDDINGS_PATH: &str = "/v1/embeddings";

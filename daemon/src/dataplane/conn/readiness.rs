@@ -1,6 +1,6 @@
 //! `/readyz`: whether this haltd should get new turns, and which check says no. Unlike
 //! `/healthz` (liveness: the watchdog and the recorder), readiness also fails while the
-//! upstream is down or unresolved (`upstream/watch.rs`) and while haltd drains, so that a load
+//! upstream is down or unresolved (`upstream_watch.rs`) and while haltd drains, so that a load
 //! balancer sends turns elsewhere instead of to 502s.
 //!
 //! Checks, each with its `reasons[]` entry when it fails:
@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use serde_json::json;
 
-use crate::{clock::monotonic_ns, halt::HaltCore, watchdog::pulse::HeartbeatState};
+use crate::{clock::monotonic_ns, halt::HaltCore, pulse::HeartbeatState};
 
 /// Runs the checks: whether haltd is ready, and the JSON body that says why.
 pub(in crate::dataplane) fn check(shared: &HaltCore) -> (bool, String) {

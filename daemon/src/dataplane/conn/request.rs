@@ -10,8 +10,11 @@ use crate::dataplane::conn::passthrough;
 use crate::dataplane::conn::readiness;
 use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::keepalive::KeepAlive,
-    conn::{frame, SendKind, RECV_CHUNK},
+    conn::KeepAlive,
+    conn::{
+        outbox::{frame, SendKind},
+        RECV_CHUNK,
+    },
     driver::op::{OpBuf, OpKind},
     timespec,
 };
@@ -20,9 +23,9 @@ use crate::{
     config::SourceKind,
     metrics::requests::{ClientError, Route},
     modes::KeyId,
+    pulse::HeartbeatState,
     source::builtin::MODEL_NAME,
     stream::Outcome,
-    watchdog::pulse::HeartbeatState,
     wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
 };
 

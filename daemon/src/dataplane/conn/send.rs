@@ -12,8 +12,8 @@ use crate::dataplane::turn::own_trip;
 use crate::dataplane::Step;
 use crate::dataplane::{
     conn::emit::{Completion, Emitter, FailedSend},
+    conn::outbox::SendKind,
     conn::Conn,
-    conn::SendKind,
     driver::op::{OpBuf, OpKind},
 };
 use crate::{

@@ -9,8 +9,8 @@ use io_uring::{opcode, types};
 
 use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::keepalive::KeepAlive,
-    conn::{frame, SendKind},
+    conn::outbox::{frame, SendKind},
+    conn::KeepAlive,
     driver::op::{OpBuf, OpKind},
     timespec,
 };

@@ -1,7 +1,7 @@
 //! Upstream receive deadlines: one timer per worker instead of a linked timeout per receive.
 //!
 //! A turn's upstream receive must not wait past its deadline (time to the first event from
-//! the request, then the stall deadline from the last event; `upstream_io/mod.rs`
+//! the request, then the stall deadline from the last event; `upstream_io.rs`
 //! `up_arm_recv`). A timeout linked to every receive costs a second submission and a second
 //! completion per token; instead each receive notes its deadline, and while any receive is in
 //! flight the worker runs one timer ([`OpKind::Sweep`]) that cancels the receives whose

@@ -10,7 +10,7 @@
 //! at their completion.
 //!
 //! Closing is a request (`begin_close`): the connection leaves the slab in the driver once the
-//! step has returned and nothing is in flight (`conn/mod.rs` `finish_closes`).
+//! step has returned and nothing is in flight (`conn.rs` `finish_closes`).
 
 use std::{
     io,

@@ -22,17 +22,6 @@ use crate::dataplane::upstream_io::Purpose;
 use crate::dataplane::Step;
 use crate::grounding::{plan::bracketed, resume_request::resume_body, Round};
 
-/// What a proxied turn needs to re-issue its request.
-#[derive(Debug)]
-pub(in crate::dataplane) struct ResumeSeed {
-    /// The upstream request body as first sent.
-    pub(in crate::dataplane) body: Vec<u8>,
-    pub(in crate::dataplane) endpoint: crate::wire::Endpoint,
-    pub(in crate::dataplane) api_path: &'static str,
-    pub(in crate::dataplane) authorization: Option<String>,
-    pub(in crate::dataplane) system_prompt: String,
-}
-
 impl Step<'_> {
     /// Prepares the continuation of a proxied turn whose last `dropped` tokens are rewound:
     /// the request body is built and the old exchange abandoned. `false` (nothing changed):

@@ -7,7 +7,7 @@
 //! it comes. The first intervene-mode breach notes its span (the last `hold_back` tokens'
 //! text, which the client has already); once the text is complete and every frame went out,
 //! the turn pauses for one grounding round (the same thread, deadline and halt rules as a
-//! mid-stream round, `ground/mod.rs`), and what it finds goes out **after** the reply, in one
+//! mid-stream round, `ground.rs`), and what it finds goes out **after** the reply, in one
 //! more chunk before the final one: no choices, the evidence under `haltd_grounding`
 //! ([`annotation`]; docs/wire-format.md). Text the client already has is never rewritten.
 

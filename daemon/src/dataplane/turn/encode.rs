@@ -4,7 +4,7 @@
 //! frame buffer or the turn, and the pipeline accounts and sends.
 
 use crate::dataplane::{
-    conn::{frame, Conn},
+    conn::{outbox::frame, Conn},
     turn::hold::{Pending, PendingKind},
     turn::{HeldToken, Turn},
 };

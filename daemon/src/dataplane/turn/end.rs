@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::frame,
+    conn::outbox::frame,
     turn::{HeldToken, Turn},
 };
 use crate::{

@@ -18,7 +18,10 @@ use crate::dataplane::conn::emit::HaltStep;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::{frame, Conn, SendKind},
+    conn::{
+        outbox::{frame, SendKind},
+        Conn,
+    },
     AfterRecord,
 };
 use crate::{
@@ -97,7 +100,7 @@ impl Step<'_> {
     /// frame (after any send in flight). If the watchdog holds the halt, wait for its wake-up.
     pub(in crate::dataplane) fn halt(&mut self) -> io::Result<()> {
         if let Some(g) = self.conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) {
-            // A halt wins over grounding: the round in flight is cancelled (`ground/mod.rs`).
+            // A halt wins over grounding: the round in flight is cancelled (`ground.rs`).
             g.cancel();
         }
         if self.io.shared.table.slot(self.conn.id.slot).is_tripped() {

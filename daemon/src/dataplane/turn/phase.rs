@@ -62,7 +62,7 @@ pub(in crate::dataplane) enum Next {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{dataplane::conn::SendKind, upstream::framing::Split, wire::Channel};
+    use crate::{dataplane::conn::outbox::SendKind, upstream::framing::Split, wire::Channel};
 
     /// A hold queue with `texts` pushed as whole tokens, the scanner having released `released`
     /// bytes of them.

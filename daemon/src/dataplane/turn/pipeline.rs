@@ -30,8 +30,11 @@ use serde_json::Value;
 use crate::dataplane::turn::own_trip;
 use crate::dataplane::Step;
 use crate::dataplane::{
-    conn::keepalive::KeepAlive,
-    conn::{frame, Conn, SendKind, STAGE_MAX},
+    conn::KeepAlive,
+    conn::{
+        outbox::{frame, SendKind, STAGE_MAX},
+        Conn,
+    },
     driver::op::{OpBuf, OpKind},
     timespec,
     turn::encode::{encode_pending, encode_token, hold_for_batch, owned_top},
@@ -319,7 +322,7 @@ impl Step<'_> {
                 return Ok(());
             };
             // A token waiting for its score (`score.rs`), or the turn for a grounding round
-            // (`ground/mod.rs`): nothing goes past it.
+            // (`ground.rs`): nothing goes past it.
             let waiting = turn.parked.is_some() || turn.grounding_wait();
             match next_phase(&conn.emit, conn.closing, waiting, &mut turn.hold) {
                 Phase::Wait => return Ok(()),
@@ -409,7 +412,7 @@ impl Step<'_> {
                 };
                 self.fault_close_during_step();
                 if self.maybe_ground()? {
-                    // Parked until the round answers (`ground/mod.rs`).
+                    // Parked until the round answers (`ground.rs`).
                     self.send_staged()?;
                     return Ok(Next::Stop);
                 }
@@ -481,7 +484,7 @@ impl Step<'_> {
         match release_tool_delta(turn, slot, delta, tokens, arrived_ns) {
             ToolReleased::Poll => Ok(Next::Poll),
             ToolReleased::Suppressed => {
-                count_suppressed(&shared.metrics, delta);
+                count_suppressed(&shared.metrics.upstream, delta);
                 Ok(Next::Poll)
             }
             ToolReleased::Held => Ok(if self.circuit_release()? {

@@ -11,8 +11,8 @@ use crate::{
     detect::timing::latency_bucket,
     halt::HaltCore,
     ledger::{Record, RecordKind},
-    metrics::upstream::ToolCallKind,
     stream::{Mode, Outcome, SlotSnapshot},
+    upstream::metrics::ToolCallKind,
 };
 
 use std::{

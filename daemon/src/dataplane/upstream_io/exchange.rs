@@ -1,14 +1,11 @@
 //! The upstream side of a proxied turn's connection, as state: what to ask ([`UpstreamRequest`],
 //! [`Purpose`]) and what the exchange holds and has seen ([`Upstream`]: socket, buffers,
-//! parser state, failure, cancellation). The I/O on it is `upstream_io/mod.rs`.
+//! parser state, failure, cancellation). The I/O on it is `upstream_io.rs`.
 
 use std::os::fd::RawFd;
 
 use serde_json::{json, Value};
 
-use crate::dataplane::conn::passthrough;
-use crate::dataplane::upstream_io::reuse::Reuse;
-use crate::dataplane::upstream_io::{MAX_UPSTREAM_BODY, MAX_UPSTREAM_EVENT, MAX_UPSTREAM_HEAD};
 use crate::{
     clock::monotonic_ns,
     upstream::{
@@ -17,6 +14,27 @@ use crate::{
     },
 };
 use io_uring::types;
+
+/// Largest upstream response head.
+pub(in crate::dataplane) const MAX_UPSTREAM_HEAD: usize = 64 * 1024;
+/// Largest single SSE event from the upstream.
+pub(in crate::dataplane) const MAX_UPSTREAM_EVENT: usize = 1 << 20;
+/// Largest non-streaming upstream body (error bodies, `/v1/models`).
+pub(in crate::dataplane) const MAX_UPSTREAM_BODY: usize = 4 << 20;
+/// Largest relayed embeddings answer: a batch of 256 inputs of 3,072 dimensions is about
+/// 16 MiB of JSON. Larger answers fail as `UPSTREAM_FAILURE` (`malformed`, "too large").
+pub(in crate::dataplane) const MAX_PASSTHROUGH_BODY: usize = 32 << 20;
+
+/// Whether an upstream connection may serve another request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::dataplane) enum Reuse {
+    /// No: it is (being) shut down, or its exchange is not over.
+    No,
+    /// The turn has all it needs; the end of the body is still being read.
+    Draining,
+    /// The response ended cleanly: it may go back to the pool once the turn completed.
+    Ready,
+}
 
 /// What to ask the upstream.
 #[derive(Debug)]
@@ -45,7 +63,7 @@ impl Purpose {
     /// The largest whole body (not an event stream) this exchange takes from the upstream.
     pub(in crate::dataplane) fn whole_body_limit(self) -> usize {
         match self {
-            Purpose::Passthrough => passthrough::MAX_PASSTHROUGH_BODY,
+            Purpose::Passthrough => MAX_PASSTHROUGH_BODY,
             Purpose::Turn | Purpose::Models | Purpose::Model => MAX_UPSTREAM_BODY,
         }
     }

@@ -7,7 +7,7 @@
 //!
 //! What goes in: only a connection whose response ended cleanly by its own framing (the
 //! chunked terminator, or `content-length` met), that the upstream did not mark
-//! `connection: close`, of a turn that completed (`upstream_io/mod.rs` decides; a tripped,
+//! `connection: close`, of a turn that completed (`upstream_io.rs` decides; a tripped,
 //! failed, cancelled or cut-short turn closes its connection, since a generation may still
 //! run there). What comes out: the most recently returned connection (the others age out),
 //! after a non-blocking peek that finds neither EOF nor stray bytes; one idle past
@@ -22,11 +22,29 @@
 
 use std::{os::fd::RawFd, time::Duration};
 
-use crate::dataplane::upstream_io::tls::close_kept;
 use crate::{
-    metrics::upstream::{DiscardReason, PoolMetrics},
+    upstream::metrics::{DiscardReason, PoolMetrics},
     upstream::TlsLink,
 };
+
+/// Sends `close_notify` without waiting (a non-blocking send of one small record on an idle
+/// socket; failure only means the peer is gone) and closes the socket.
+pub(in crate::dataplane) fn close_kept(kept: Kept) {
+    if let Some(bytes) = kept.tls.and_then(|mut t| t.close_notify()) {
+        // SAFETY: a send from a live buffer on a socket the caller owns, never blocking.
+        unsafe {
+            libc::send(
+                kept.fd,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+    }
+    // SAFETY: no operation is in flight on the socket and nothing else holds its descriptor
+    // (the caller's contract).
+    unsafe { libc::close(kept.fd) };
+}
 
 /// An upstream connection out of a turn: its socket and, for an `https://` upstream, its TLS
 /// session.
@@ -137,7 +155,7 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
-    use crate::metrics::upstream::UpstreamMetrics;
+    use crate::upstream::metrics::UpstreamMetrics;
 
     fn metrics() -> UpstreamMetrics {
         UpstreamMetrics::register(&mut Registry::default())
@@ -145,7 +163,7 @@ mod tests {
 
     fn discarded(m: &PoolMetrics, reason: DiscardReason) -> u64 {
         m.discarded
-            .get_or_create(&crate::metrics::upstream::DiscardLabels { reason })
+            .get_or_create(&crate::upstream::metrics::DiscardLabels { reason })
             .get()
     }
 

@@ -106,7 +106,7 @@ impl Step<'_> {
                 let resumed = slot.headers_sent.load(std::sync::atomic::Ordering::SeqCst);
                 if !had_head && slot.mode() == Mode::Stream && !resumed {
                     // The upstream accepted the turn: the client's response begins now. (A
-                    // grounded continuation's response continues the client's, `ground/mod.rs`.)
+                    // grounded continuation's response continues the client's, `ground.rs`.)
                     if idle {
                         self.send_stream_head()?;
                     }

@@ -18,26 +18,14 @@ use std::{io, sync::atomic::Ordering::SeqCst, sync::Arc};
 use io_uring::opcode;
 
 use crate::dataplane::{
-    conn::SendKind,
+    conn::outbox::SendKind,
     driver::op::{OpBuf, OpKind},
-    upstream_io::pool::Kept,
+    upstream_io::exchange::{Reuse, Upstream},
+    upstream_io::pool::{close_kept, Kept},
     upstream_io::sock::upstream_socket,
-    upstream_io::tls::close_kept,
-    upstream_io::Upstream,
 };
 use crate::dataplane::{Io, Step};
-use crate::{clock::monotonic_ns, metrics::upstream::DiscardReason, stream::Outcome};
-
-/// Whether an upstream connection may serve another request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::dataplane) enum Reuse {
-    /// No: it is (being) shut down, or its exchange is not over.
-    No,
-    /// The turn has all it needs; the end of the body is still being read.
-    Draining,
-    /// The response ended cleanly: it may go back to the pool once the turn completed.
-    Ready,
-}
+use crate::{clock::monotonic_ns, stream::Outcome, upstream::metrics::DiscardReason};
 
 /// Whether a failed operation's result is what a connection closed by the upstream gives.
 pub(in crate::dataplane) fn closed_by_peer(res: i32) -> bool {

@@ -19,28 +19,9 @@
 
 use std::{io, sync::Arc};
 
+use crate::dataplane::upstream_io::exchange::Reuse;
 use crate::dataplane::Step;
-use crate::dataplane::{upstream_io::pool::Kept, upstream_io::reuse::Reuse};
 use crate::upstream::{tls::Opened, UpstreamFailureKind};
-
-/// Sends `close_notify` without waiting (a non-blocking send of one small record on an idle
-/// socket; failure only means the peer is gone) and closes the socket.
-pub(in crate::dataplane) fn close_kept(kept: Kept) {
-    if let Some(bytes) = kept.tls.and_then(|mut t| t.close_notify()) {
-        // SAFETY: a send from a live buffer on a socket the caller owns, never blocking.
-        unsafe {
-            libc::send(
-                kept.fd,
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-    }
-    // SAFETY: no operation is in flight on the socket and nothing else holds its descriptor
-    // (the caller's contract).
-    unsafe { libc::close(kept.fd) };
-}
 
 impl Step<'_> {
     /// The new connection is up: start its TLS session with the request queued behind the

@@ -2,7 +2,7 @@
 //! write what the proxy needs straight into a reused [`UpstreamChunk`], with no DOM.
 //!
 //! Reading the chunk into a `serde_json::Value` first cost a `BTreeMap` per object and a
-//! `String` per key and per string on every token (the profile of issue 11 put serde_json and
+//! `String` per key and per string on every token (a profile of the proxy put serde_json and
 //! malloc at a fifth of the data plane's user time). Here each position of the chunk shape
 //! has a visitor ([`Shape`]) that takes whatever JSON value is there and decides: the strings
 //! it keeps are copied into the chunk's buffers (reused from the previous chunk, so the
@@ -26,10 +26,8 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::{
-    shape::ChunkShape, ChunkError, UpToken, UpstreamChunk, LOGPROB_EPSILON, NEG_INF_SENTINEL,
-};
-use crate::wire::{truncate_chars, Endpoint, MAX_TOP_LOGPROBS};
+use super::{ChunkError, UpToken, LOGPROB_EPSILON, NEG_INF_SENTINEL};
+use crate::wire::{truncate_chars, MAX_TOP_LOGPROBS};
 
 pub(super) const TOP_MAX: usize = MAX_TOP_LOGPROBS as usize;
 
@@ -54,29 +52,6 @@ pub(super) enum Top {
     Error,
     /// Not a JSON object.
     NotObject,
-}
-
-/// Reads `data` into `out`. `Err` is a `Json` error (the text is no JSON) or the first shape
-/// error, as the `Value` code reported them.
-pub(super) fn read(
-    endpoint: Endpoint,
-    data: &str,
-    out: &mut UpstreamChunk,
-    scratch: &mut Scratch,
-) -> Result<Top, ChunkError> {
-    let json = |e: serde_json::Error| ChunkError::Json {
-        reason: e.to_string(),
-    };
-    let mut de = serde_json::Deserializer::from_str(data);
-    let top = Any(ChunkShape {
-        endpoint,
-        out,
-        scratch,
-    })
-    .deserialize(&mut de)
-    .map_err(json)?;
-    de.end().map_err(json)?;
-    top
 }
 
 /// A scalar JSON value, or the mark of an array or object.

@@ -1,8 +1,8 @@
 //! The chunk's own levels (the top object, `usage`, `choices`, the first choice and its
-//! `delta`), read as [`super::de`] describes: fields checked at their object's end, in the
-//! order the `Value` code checked them.
+//! `delta`), read from the entry point, [`read`], as [`super::de`] describes: fields checked
+//! at their object's end, in the order the `Value` code checked them.
 
-use serde::de::{MapAccess, SeqAccess};
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::Value;
 
 use super::{
@@ -14,6 +14,29 @@ use super::{
     malformed, ChunkError, FinishReason, UpstreamChunk, Usage,
 };
 use crate::wire::Endpoint;
+
+/// Reads `data` into `out`. `Err` is a `Json` error (the text is no JSON) or the first shape
+/// error, as the `Value` code reported them.
+pub(super) fn read(
+    endpoint: Endpoint,
+    data: &str,
+    out: &mut UpstreamChunk,
+    scratch: &mut Scratch,
+) -> Result<Top, ChunkError> {
+    let json = |e: serde_json::Error| ChunkError::Json {
+        reason: e.to_string(),
+    };
+    let mut de = serde_json::Deserializer::from_str(data);
+    let top = Any(ChunkShape {
+        endpoint,
+        out,
+        scratch,
+    })
+    .deserialize(&mut de)
+    .map_err(json)?;
+    de.end().map_err(json)?;
+    top
+}
 
 /// The top level: an object, else [`Top::NotObject`].
 pub(super) struct ChunkShape<'o> {

@@ -1,4 +1,4 @@
-//! The watchdog's idle mode (`daemon/src/watchdog/pulse.rs`): after a second with nothing
+//! The watchdog's idle mode (`daemon/src/pulse.rs`): after a second with nothing
 //! open it beats once a second; a new connection kicks it and is served only under a fresh
 //! beat, and a watchdog that died while idle makes the next stream halt with HEARTBEAT_LOST.
 

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::{Completion, Done, Emitter, FailedSend, HaltNow, HaltStep};
 use crate::{
     codes::FailureCode,
-    dataplane::conn::{SendKind, STAGE_MAX},
+    dataplane::conn::outbox::{SendKind, STAGE_MAX},
     stream::{SlotState, StreamTable},
     wire::StreamId,
 };
@@ -397,7 +397,7 @@ proptest! {
             h.run(e);
         }
         h.settle();
-        // A trip that came while closing still completes its halt (`conn/mod.rs`
+        // A trip that came while closing still completes its halt (`conn.rs`
         // `Step::finish_close` claims it); the harness does the same at the end.
         if h.slot().state() == SlotState::Tripped && h.slot().claim_halt() {
             h.slot().publish_halted();

@@ -26,7 +26,12 @@ use crate::{
     codes::FailureCode,
     config::{Config, ServeArgs},
     dataplane::{
-        conn::{emit::Completion, emit::HaltStep, frame, Conn, SendKind},
+        conn::{
+            emit::Completion,
+            emit::HaltStep,
+            outbox::{frame, SendKind},
+            Conn,
+        },
         turn::{
             circuit::{judge_held, CircuitJudged},
             end::end_of_text,
@@ -611,7 +616,7 @@ pub(in crate::dataplane) fn drive_with(
         d.step();
     }
     // A trip that came while the connection closed still completes its halt, without a
-    // terminal (`conn/mod.rs` `Step::finish_close` claims it once nothing is in flight).
+    // terminal (`conn.rs` `Step::finish_close` claims it once nothing is in flight).
     let slot = d.table.slot(d.conn.id.slot);
     if d.conn.closing && slot.state() == SlotState::Tripped && slot.claim_halt() {
         slot.publish_halted();

@@ -39,6 +39,7 @@ pub mod evaluator;
 pub mod evidence;
 pub mod http;
 pub mod memory;
+pub mod metrics;
 pub mod plan;
 pub mod resume_request;
 pub mod router;
@@ -162,7 +163,7 @@ impl Grounding {
     /// it reads the disk: call it at start, not per round.
     pub fn from_config(
         cfg: &GroundingConfig,
-        metrics: Option<crate::metrics::grounding::GroundingMetrics>,
+        metrics: Option<crate::grounding::metrics::GroundingMetrics>,
     ) -> Result<Arc<dyn Grounder>, GroundingError> {
         let mut arms = router::Arms::default();
         if let Some(dir) = &cfg.memory.dir {

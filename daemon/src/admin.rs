@@ -12,8 +12,8 @@ mod listen;
 
 use std::{net::SocketAddr, sync::Arc};
 
-pub use auth::{AdminActor, AdminToken};
-pub use listen::{bind_admin, AdminAddr, AdminListener, DEFAULT_ADMIN_SOCKET};
+pub use auth::AdminActor;
+pub use listen::{bind_admin, AdminListener};
 
 use axum::{
     body::Bytes,
@@ -32,8 +32,8 @@ use crate::{
     halt::HaltCore,
     ledger::{Record, RecordKind},
     modes::{KeyId, ScopeSel},
+    pulse::HeartbeatState,
     stream::TripError,
-    watchdog::pulse::HeartbeatState,
     wire::StreamId,
 };
 

@@ -12,7 +12,7 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{
+use crate::upstream::{
     request::write_http_request, response::ResponseReader, ResponseError, UpstreamTls, UpstreamUrl,
     MODELS_PATH,
 };

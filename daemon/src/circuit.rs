@@ -33,6 +33,7 @@ pub mod evidence;
 pub mod key;
 pub mod machine;
 pub mod memory;
+pub mod metrics;
 pub mod policy;
 pub mod registry;
 pub mod show;

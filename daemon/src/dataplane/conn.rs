@@ -6,6 +6,7 @@ pub(in crate::dataplane) mod client_tls;
 pub(in crate::dataplane) mod drain;
 pub(in crate::dataplane) mod emit;
 pub(in crate::dataplane) mod keepalive;
+pub(in crate::dataplane) mod outbox;
 pub(in crate::dataplane) mod passthrough;
 pub(in crate::dataplane) mod readiness;
 pub(in crate::dataplane) mod request;
@@ -19,7 +20,6 @@ use io_uring::{opcode, types};
 
 use crate::dataplane::upstream_io::pool;
 use crate::dataplane::{
-    conn::keepalive::KeepAlive,
     driver::op::{OpBuf, OpKind},
     timespec,
     turn::Turn,
@@ -32,32 +32,43 @@ use crate::{
     metrics::requests::Route,
     stream::{Halter, Outcome, SlotState},
     upstream::CancelReason,
-    wire::{http, HttpError, StreamId},
+    wire::{http, http::Persist, HttpError, StreamId},
 };
 use haltd_common::SockPolicy;
 
 /// Bytes read per receive of a request.
 pub(in crate::dataplane) const RECV_CHUNK: usize = 8 * 1024;
 
-/// What the send in flight carries, which decides what happens when it completes.
+/// What a request's turn does with its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::dataplane) enum SendKind {
-    Continue100,
-    Head,
-    Token,
-    /// The last frame of a turn that ends normally.
-    Final,
-    /// An error or health response; the connection closes after it.
-    Reply,
-    Terminal,
-    /// An interim `100 Continue` to a client that half-closed while its proxied turn waits on
-    /// the upstream (see `watch::on_watch`).
-    Probe,
-    /// A TLS handshake flight (`client_tls.rs`).
-    Handshake,
-    /// TLS `close_notify` before haltd closes a connection whose stream did not halt
-    /// (`client_tls.rs`); the close goes on when it completes.
-    CloseNotify,
+pub(in crate::dataplane) enum KeepAlive {
+    /// The reply says `connection: close` (the client did not ask to keep it).
+    Close,
+    /// The reply says `connection: keep-alive`; after a normal end the next request is read.
+    Keep,
+    /// The client asked, but this is the connection's last turn (`--max-turns-per-conn`):
+    /// the reply says `connection: close`.
+    LastTurn,
+}
+
+impl KeepAlive {
+    /// What the turn's response head says.
+    pub(in crate::dataplane) fn persist(self) -> Persist {
+        match self {
+            KeepAlive::Keep => Persist::KeepAlive,
+            KeepAlive::Close | KeepAlive::LastTurn => Persist::Close,
+        }
+    }
+
+    /// For a request that `asked` to keep the connection, on a connection that began `turns`
+    /// requests (this one included).
+    pub(in crate::dataplane) fn decide(asked: bool, turns: u32, max_turns: u32) -> Self {
+        match (asked, turns < max_turns) {
+            (false, _) => KeepAlive::Close,
+            (true, true) => KeepAlive::Keep,
+            (true, false) => KeepAlive::LastTurn,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -153,27 +164,6 @@ pub(in crate::dataplane) struct Conn {
     /// The connection is cut (its client stalled): it closes with a reset, without
     /// `close_notify` or a drain.
     pub(in crate::dataplane) cut: bool,
-}
-
-/// Initial capacity of a connection's frame buffer, allocated with its first frame: a token
-/// event fits; a larger frame (a batch body, an error) grows it, and it is reused.
-const FRAME_CAPACITY: usize = 512;
-
-/// The frame buffer, emptied for the next frame (a new one if a send still had it, which
-/// the callers' `sending` checks rule out).
-pub(in crate::dataplane) fn frame(wbuf: &mut Option<Vec<u8>>) -> &mut Vec<u8> {
-    let b = wbuf.get_or_insert_with(|| Vec::with_capacity(FRAME_CAPACITY));
-    b.clear();
-    b
-}
-
-/// The most token events one send carries: tokens the upstream delivered together go out in
-/// one frame, up to this many (`pipeline.rs`, staging).
-pub(in crate::dataplane) const STAGE_MAX: usize = 16;
-
-/// Bytes of the frame in the buffer.
-pub(in crate::dataplane) fn frame_len(wbuf: &Option<Vec<u8>>) -> usize {
-    wbuf.as_ref().map_or(0, Vec::len)
 }
 
 impl Conn {
@@ -476,7 +466,7 @@ impl Step<'_> {
         }
         conn.closing = true;
         if let Some(g) = conn.turn.as_mut().and_then(|t| t.grounding.as_mut()) {
-            // A round in flight is dropped with the connection (`ground/mod.rs`).
+            // A round in flight is dropped with the connection (`ground.rs`).
             g.cancel();
         }
         let targets = [conn.timer_op, conn.recv_op, conn.watch_op, conn.score_op];

@@ -9,7 +9,7 @@
 //!   them needs a GPU, a network or model weights. Paced by haltd's token timer.
 //! - [`upstream`]: the items an OpenAI-compatible upstream streams (its SSE events, parsed by
 //!   [`crate::upstream`]); the socket I/O that feeds it is the data plane's
-//!   (`dataplane/upstream_io/mod.rs`). Paced by the upstream.
+//!   (`dataplane/upstream_io.rs`). Paced by the upstream.
 //!
 //! A source may also [`peek`](TokenSource::peek): say what its next poll will return before
 //! the pipeline takes it. The exfiltration hold-back uses it to release text that the next

@@ -225,6 +225,7 @@ pub enum Step {
 
 pub mod config;
 pub mod exfil;
+pub mod metrics;
 pub mod pipeline;
 pub mod scorer;
 pub mod surprise;

@@ -38,7 +38,6 @@ use crate::dataplane::Step;
 use crate::dataplane::{
     driver::op::{OpBuf, OpKind},
     timespec,
-    upstream_io::reuse::Reuse,
     upstream_io::sock::{sockaddr, upstream_socket},
 };
 use crate::{
@@ -49,12 +48,6 @@ use crate::{
     wire::HttpError,
 };
 
-/// Largest upstream response head.
-pub(in crate::dataplane) const MAX_UPSTREAM_HEAD: usize = 64 * 1024;
-/// Largest single SSE event from the upstream.
-pub(in crate::dataplane) const MAX_UPSTREAM_EVENT: usize = 1 << 20;
-/// Largest non-streaming upstream body (error bodies, `/v1/models`).
-pub(in crate::dataplane) const MAX_UPSTREAM_BODY: usize = 4 << 20;
 /// Receive buffer per upstream connection.
 pub(in crate::dataplane) const UP_RECV_CHUNK: usize = 16 * 1024;
 /// How long the end of a body (the chunked terminator behind `[DONE]`) may take once the
@@ -62,7 +55,7 @@ pub(in crate::dataplane) const UP_RECV_CHUNK: usize = 16 * 1024;
 pub(in crate::dataplane) const DRAIN_TIMEOUT_NS: u64 = 250_000_000;
 
 pub(in crate::dataplane) use crate::dataplane::upstream_io::exchange::{
-    Purpose, Upstream, UpstreamRequest,
+    Purpose, Reuse, Upstream, UpstreamRequest,
 };
 
 impl Step<'_> {
@@ -86,7 +79,7 @@ impl Step<'_> {
             // Never in clear to an https:// upstream: a pooled connection of such an upstream
             // always has its session; one without would be a bug, and is not used.
             if let Some(k) = pooled.take() {
-                tls::close_kept(k);
+                pool::close_kept(k);
             }
         }
         let tls = pooled.as_mut().and_then(|k| k.tls.take());

@@ -2,11 +2,8 @@
 //! the kernel trip is written, and the terminal frame as it goes on the wire
 //! (architecture.md §6, "The gate on ciphertext").
 
-use crate::{
-    halt::{HaltCore, PreparedTerminal, TurnMeta},
-    stream::SlotSnapshot,
-    wire::StreamId,
-};
+use super::{HaltCore, PreparedTerminal, TurnMeta};
+use crate::{stream::SlotSnapshot, wire::StreamId};
 
 /// On a client TLS connection, seals the terminal record now, before the trip is written
 /// (issue 12): the gate's terminal allowance then matches its first 16 ciphertext bytes,

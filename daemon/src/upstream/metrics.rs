@@ -168,7 +168,7 @@ pub struct UpstreamMetrics {
     /// TLS handshakes with an `https://` upstream completed: one per new connection, none
     /// for a pooled one.
     pub tls_handshakes: Counter,
-    /// 1 while the upstream answers its probe (`upstream/watch.rs`), else 0.
+    /// 1 while the upstream answers its probe (`upstream_watch.rs`), else 0.
     pub up: Gauge,
     pub probe_failures: Counter,
     pub resolve_failures: Counter,

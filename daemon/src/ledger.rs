@@ -50,6 +50,7 @@ use crate::clock::rfc3339_now;
 mod error;
 pub mod head;
 mod key;
+pub mod metrics;
 mod record;
 pub mod show;
 mod verify;

@@ -11,7 +11,7 @@ use prometheus_client::{
 };
 
 use crate::grounding::{ArmKind, ArmOutcome};
-use crate::metrics::histogram::NsHistogram;
+use crate::histogram::NsHistogram;
 
 impl ArmKind {
     /// Every arm, for the series that exist from the start.

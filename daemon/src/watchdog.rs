@@ -35,12 +35,10 @@ use crate::{
 };
 
 pub mod pending;
-pub mod pulse;
 pub mod waits;
 
+use crate::pulse::{self, Sleep};
 use pending::{Claimed, Pending};
-pub use pulse::Pulse;
-use pulse::Sleep;
 use waits::{SendWaits, Verdict};
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send, at

@@ -18,7 +18,8 @@
 //! | | `ticks.rs`, `wake.rs` | the driver's walks over the connections: the stall scan and drain checks; the eventfd's wake-up (trips, records on disk, grounding answers, drain, shutdown) |
 //! | | `op.rs` | operations that own their buffers while the kernel has them |
 //! | | `deadline.rs` | the timer that enforces upstream receive deadlines |
-//! | `conn/` | `mod.rs` | a client connection: accept and govern, its state, closing |
+//! | `conn/` | `conn.rs` (beside the folder) | a client connection: accept and govern, its state (with `KeepAlive`), closing |
+//! | | `outbox.rs` | the frame buffer and what a send carries (`SendKind`), below the connection |
 //! | | `emit.rs` | the connection's sends as a state machine without I/O: staging, accounting, the send in flight, a short write's rest, the terminal that waits for it, delivery |
 //! | | `send.rs` | the driver's half of a send: submitting it, and doing what its completion means |
 //! | | `client_tls.rs` | TLS on client connections (`--tls-cert`): handshake, records, `close_notify` |
@@ -29,7 +30,7 @@
 //! | | `drain.rs` | a closing connection waits for its client to take its last bytes; clients that stop reading are cut |
 //! | | `watch.rs` | noticing a client that leaves while its turn waits on the upstream |
 //! | | `summary.rs` | what a request leaves when it ends: the access log line and the request metrics |
-//! | `turn/` | `mod.rs` | a turn: its state, opening it (mode, budget, detectors) |
+//! | `turn/` | `turn.rs` | a turn: its state, opening it (mode, budget, detectors) |
 //! | | `policy.rs` | the turn's kernel policy |
 //! | | `pipeline.rs` | the per-token step for every source |
 //! | | `phase.rs` | which phase of the pipeline runs next, decided without I/O |
@@ -40,10 +41,11 @@
 //! | | `end.rs` | the end of a turn: the last word of the detectors, SafetyCheck, the final frame |
 //! | | `halt.rs`, `own_trip.rs` | the emitter's side of a halt; a trip the worker raises on its own stream |
 //! | | `record.rs` | the turn's flight-recorder record |
-//! | `ground/` | `mod.rs` | intervene mode's grounding rounds: pause, ground, rewind, resume |
+//! | `ground/` | `ground.rs` | intervene mode's grounding rounds: pause, ground, rewind, resume |
+//! | | `state.rs` | a turn's grounding as state (its rounds, the one in flight, the continuation's seed) |
 //! | | `continuation.rs`, `post_hoc.rs` | a proxied turn's re-issued continuation; the post-hoc fallback |
-//! | `upstream_io/` | `mod.rs` | the upstream exchange of a proxied turn on the ring |
-//! | | `exchange.rs`, `recv.rs` | the exchange as state (what to ask, socket, buffers, parser); what its receives bring |
+//! | `upstream_io/` | `upstream_io.rs` | the upstream exchange of a proxied turn on the ring |
+//! | | `exchange.rs`, `recv.rs` | the exchange as state (what to ask, socket, buffers, parser, limits, `Reuse`); what its receives bring |
 //! | | `sock.rs` | the upstream's TCP socket and the address its connect owns |
 //! | | `tls.rs` | TLS on that socket for an `https://` upstream (rustls over the ring's buffers) |
 //! | | `pool.rs`, `reuse.rs` | the worker's idle keep-alive upstream connections, and when one is pooled or retried |
@@ -169,7 +171,7 @@ struct Io {
     /// Answers waiting for their record to reach the disk, by connection: the
     /// flag turns `true` once it is, and the answer may go out (`halt.rs`, `record.rs`).
     awaiting_records: Vec<(ConnTag, AfterRecord, Arc<std::sync::atomic::AtomicBool>)>,
-    /// The worker's grounding thread, started at its first round (`ground/mod.rs`).
+    /// The worker's grounding thread, started at its first round (`ground.rs`).
     grounding: Option<ground::GroundRunner>,
 }
 

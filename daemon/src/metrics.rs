@@ -1,27 +1,31 @@
 //! Prometheus metrics (prometheus-client), served on `--metrics ADDR` at `/metrics`.
 //!
-//! Each subsystem registers its own families on a sub-registry of the daemon's (prefix
+//! Each subsystem defines its own families next to its code (`halt/metrics.rs`,
+//! `gate/metrics.rs`, ...) and registers them on a sub-registry of the daemon's (prefix
 //! `haltd`), and on a further prefixed one where its names share a prefix (`haltd_kernel_`,
-//! `haltd_ledger_`, `haltd_upstream_`, `haltd_detector_`, `haltd_halt_`, `haltd_watchdog_`):
+//! `haltd_ledger_`, `haltd_upstream_`, `haltd_detector_`, `haltd_halt_`, `haltd_watchdog_`).
+//! This module holds the registry, the families of the data plane and of requests (the data
+//! plane is a driver above the halt core that holds every family, so its families stay with
+//! the registry), and `build_info`:
 //!
 //! | subsystem | module | families |
 //! |---|---|---|
-//! | watchdog and halts | [`halts`] | `halt_tokens_post_trip`, `halt_latency_seconds`, `watchdog_trips`, `halts`, `heartbeat_age_seconds` |
-//! | kernel gate | [`gate`] | `kernel_frames`, `kernel_segments`, `kernel_adoptions`, `kernel_halt_events`, `kernel_gate_enabled`, `gate_errors`, `ungovernable_connections` |
+//! | watchdog and halts | [`crate::halt::metrics`] | `halt_tokens_post_trip`, `halt_latency_seconds`, `watchdog_trips`, `halts`, `heartbeat_age_seconds` |
+//! | kernel gate | [`crate::gate::metrics`] | `kernel_frames`, `kernel_segments`, `kernel_adoptions`, `kernel_halt_events`, `kernel_gate_enabled`, `gate_errors`, `ungovernable_connections` |
 //! | data plane | [`dataplane`] | `streams_active`, `streams`, `requests_rejected`, `tokens_emitted`, `token_overhead_seconds`, `ring_events`, `keepalive_turns`, `keepalive_closes`, `client_tls_handshakes`, `client_tls_handshake_failures` |
-//! | flight recorder | [`ledger`] | `ledger_errors`, `ledger_records`, `turn_records`, `crashes_recovered` |
-//! | degraded mode | [`modes`] | `runtime_mode_changes`, `degraded_scopes` |
-//! | upstream | [`upstream`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
-//! | detectors | [`detectors`] | `detector_trips`, `detector_observed` |
-//! | TokenCircuit | [`circuit`] | `tool_circuit_trips` |
-//! | grounding | [`grounding`] | `grounding_rounds`, `grounding_arm_seconds` |
+//! | flight recorder | [`crate::ledger::metrics`] | `ledger_errors`, `ledger_records`, `turn_records`, `crashes_recovered` |
+//! | degraded mode | [`crate::modes::metrics`] | `runtime_mode_changes`, `degraded_scopes` |
+//! | upstream | [`crate::upstream::metrics`] | `upstream_failures`, `upstream_cancels`, `tool_calls` |
+//! | detectors | [`crate::detect::metrics`] | `detector_trips`, `detector_observed` |
+//! | TokenCircuit | [`crate::circuit::metrics`] | `tool_circuit_trips` |
+//! | grounding | [`crate::grounding::metrics`] | `grounding_rounds`, `grounding_arm_seconds` |
 //! | requests | [`requests`] | `requests`, `time_to_first_token_seconds`, `inter_token_latency_seconds`, `request_duration_seconds`, `client_errors` (model labels bounded by [`models`]) |
 //! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
 //! Handles are created once, at start. Label values are enums (each writes the spelling the
 //! exposition always had), and every series of a fixed label set exists from the start. The
 //! per-token path touches only `tokens_emitted`, `token_overhead` and the turn's own
-//! `inter_token_latency` handle (relaxed atomic adds, no lock, no lookup: [`NsHistogram`]);
+//! `inter_token_latency` handle (relaxed atomic adds, no lock, no lookup: [`crate::histogram::NsHistogram`]);
 //! everything else counts per turn, per halt or per scrape.
 
 use prometheus_client::{
@@ -32,20 +36,9 @@ use prometheus_client::{
 
 use crate::build_info;
 
-pub mod circuit;
 pub mod dataplane;
-pub mod detectors;
-pub mod gate;
-pub mod grounding;
-pub mod halts;
-pub mod histogram;
-pub mod ledger;
 pub mod models;
-pub mod modes;
 pub mod requests;
-pub mod upstream;
-
-pub use histogram::NsHistogram;
 
 /// The prefix of every metric name.
 const PREFIX: &str = "haltd";
@@ -54,36 +47,46 @@ const PREFIX: &str = "haltd";
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    pub halts: halts::HaltMetrics,
-    pub gate: gate::GateMetrics,
+    pub halts: crate::halt::metrics::HaltMetrics,
+    pub gate: crate::gate::metrics::GateMetrics,
     pub dataplane: dataplane::DataPlaneMetrics,
-    pub ledger: ledger::LedgerMetrics,
-    pub modes: modes::ModeMetrics,
-    pub upstream: upstream::UpstreamMetrics,
-    pub detectors: detectors::DetectorMetrics,
+    pub ledger: crate::ledger::metrics::LedgerMetrics,
+    pub modes: crate::modes::metrics::ModeMetrics,
+    pub upstream: crate::upstream::metrics::UpstreamMetrics,
+    pub detectors: crate::detect::metrics::DetectorMetrics,
     pub requests: requests::RequestMetrics,
-    pub circuit: circuit::CircuitMetrics,
-    pub grounding: grounding::GroundingMetrics,
+    pub circuit: crate::circuit::metrics::CircuitMetrics,
+    pub grounding: crate::grounding::metrics::GroundingMetrics,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let halts = halts::HaltMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let gate = gate::GateMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let halts =
+            crate::halt::metrics::HaltMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let gate =
+            crate::gate::metrics::GateMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         let dataplane =
             dataplane::DataPlaneMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let ledger = ledger::LedgerMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let modes = modes::ModeMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let upstream =
-            upstream::UpstreamMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let detectors =
-            detectors::DetectorMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let ledger = crate::ledger::metrics::LedgerMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
+        let modes =
+            crate::modes::metrics::ModeMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let upstream = crate::upstream::metrics::UpstreamMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
+        let detectors = crate::detect::metrics::DetectorMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
         let requests =
             requests::RequestMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let circuit = circuit::CircuitMetrics::register(registry.sub_registry_with_prefix(PREFIX));
-        let grounding =
-            grounding::GroundingMetrics::register(registry.sub_registry_with_prefix(PREFIX));
+        let circuit = crate::circuit::metrics::CircuitMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
+        let grounding = crate::grounding::metrics::GroundingMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
             requests,
@@ -299,7 +302,7 @@ mod tests {
             std::fs::write(path, lines.join("\n") + "\n").expect("writing the golden file");
             return;
         }
-        let golden: Vec<&str> = include_str!("exposition.golden").lines().collect();
+        let golden: Vec<&str> = include_str!("metrics/exposition.golden").lines().collect();
         assert_eq!(lines, golden);
     }
 }

@@ -31,6 +31,7 @@
 
 pub(in crate::dataplane) mod continuation;
 pub(in crate::dataplane) mod post_hoc;
+pub(in crate::dataplane) mod state;
 
 use std::{
     io,
@@ -43,6 +44,7 @@ use std::{
 
 use serde_json::{json, Value};
 
+use crate::dataplane::ground::state::Waiting;
 use crate::dataplane::turn;
 use crate::dataplane::turn::hold;
 use crate::dataplane::Step;
@@ -122,47 +124,6 @@ impl GroundRunner {
                 }
             })?;
         Ok(GroundRunner { jobs, done })
-    }
-}
-
-/// A round in flight for a turn.
-#[derive(Debug)]
-pub(in crate::dataplane) struct Waiting {
-    cancel: Arc<AtomicBool>,
-    span: String,
-    started: Instant,
-}
-
-/// A turn's grounding: its rounds so far and the one in flight.
-#[derive(Debug, Default)]
-pub(in crate::dataplane) struct TurnGrounding {
-    /// Rounds started (at most `max_rounds`).
-    pub(in crate::dataplane) rounds: u32,
-    pub(in crate::dataplane) records: Vec<RoundRecord>,
-    pub(in crate::dataplane) waiting: Option<Waiting>,
-    /// The user's last message, for the query's context.
-    pub(in crate::dataplane) prompt: String,
-    /// A proxied turn: what its request is re-issued from (`ground/continuation.rs`).
-    pub(in crate::dataplane) seed: Option<continuation::ResumeSeed>,
-    /// The continuation request, waiting until the old upstream socket is idle.
-    pub(in crate::dataplane) reissue: Option<Vec<u8>>,
-    /// No continuation: the post-hoc fallback (`ground/post_hoc.rs`). Nothing is held; the
-    /// first breach's span is grounded once the text is complete.
-    pub(in crate::dataplane) post_hoc: bool,
-    pub(in crate::dataplane) post_hoc_span: Option<String>,
-    /// The post-hoc round's evidence, sent after the reply.
-    pub(in crate::dataplane) annotation: Option<Value>,
-}
-
-impl TurnGrounding {
-    /// Drops the round in flight, if any: it is recorded as cancelled (a halt came first).
-    pub(in crate::dataplane) fn cancel(&mut self) {
-        if let Some(w) = self.waiting.take() {
-            w.cancel.store(true, Ordering::Release);
-            let rec =
-                RoundRecord::without_result(&w.span, w.started.elapsed(), RoundOutcome::Cancelled);
-            self.records.push(rec);
-        }
     }
 }
 

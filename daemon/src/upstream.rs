@@ -18,9 +18,9 @@
 //!                       ──framing──► how the text is cut into frames, one token each
 //! ```
 //!
-//! Between turns, `watch.rs` keeps the upstream's name resolved and probes it (`probe.rs`, on
-//! blocking sockets of its own thread), publishing both in `health.rs` for the data plane's
-//! connects and for `/readyz`.
+//! Between turns, the watch thread (`crate::upstream_watch`, a layer up: it does blocking
+//! I/O) keeps the upstream's name resolved and probes it, publishing both in `health.rs` for
+//! the data plane's connects and for `/readyz`.
 //!
 //! haltd always streams from the upstream, even for a client's batch request, so that the
 //! detectors see every token as it is generated and a trip can cancel the generation by
@@ -36,13 +36,12 @@ pub mod chunk;
 pub mod failure;
 pub mod framing;
 pub mod health;
-pub mod probe;
+pub mod metrics;
 pub mod request;
 pub mod response;
 pub mod sse;
 pub mod tls;
 pub mod url;
-pub mod watch;
 
 #[cfg(test)]
 pub(crate) mod alloc_tests;

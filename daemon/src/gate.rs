@@ -41,6 +41,7 @@ use haltd_common::{
 
 mod cgroup;
 pub mod held;
+pub mod metrics;
 pub mod selftest;
 
 /// `BPF_NOEXIST`: insert only if the key is absent.

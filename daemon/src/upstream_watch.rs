@@ -6,7 +6,7 @@
 //!   use the latest addresses. A name that does not resolve (at start or later, with no
 //!   earlier addresses) is retried with backoff (100 ms doubling up to 5 s), logged each time;
 //!   meanwhile `/readyz` is 503 and turns get 503 `upstream_unresolved`. haltd does not exit.
-//! - **Probe** (`probe.rs`): every `--upstream-probe-interval-ms`; `--upstream-probe-failures`
+//! - **Probe** (`upstream_watch/probe.rs`): every `--upstream-probe-interval-ms`; `--upstream-probe-failures`
 //!   failures in a row make the upstream down (haltd not ready), `--upstream-probe-successes`
 //!   successes in a row make it up again. It starts down: ready after the first success. A
 //!   probe that times out while some turn received upstream bytes within the last interval ×
@@ -18,14 +18,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    health::{UpstreamHealth, Verdict},
-    probe::{probe, Target},
-};
 use crate::{
-    config::{err, ConfigError, ServeArgs},
+    config::ProbeSettings,
     halt::HaltCore,
+    upstream::health::{UpstreamHealth, Verdict},
 };
+
+mod probe;
+
+use probe::{probe, Target};
 
 /// First wait before resolving again a name that did not resolve.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -34,81 +35,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// How one probe went.
 enum Probed {
-    Answer(super::probe::Answer),
+    Answer(probe::Answer),
     /// It timed out while turns were receiving from the upstream: busy, not down.
     Busy(String),
     Failed(String),
-}
-
-/// How the upstream is probed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeSettings {
-    pub path: String,
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub failures: u32,
-    pub successes: u32,
-}
-
-/// How the upstream is watched (the `--upstream-probe-*` and `--upstream-resolve-*` flags).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchSettings {
-    /// `None`: `--no-upstream-probe`.
-    pub probe: Option<ProbeSettings>,
-    pub resolve_interval: Duration,
-}
-
-impl WatchSettings {
-    /// The settings of `args`, checked.
-    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
-        let path = &args.upstream_probe_path;
-        if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) || path.len() > 512
-        {
-            return Err(err(
-                "upstream-probe-path",
-                format!(
-                    "{path:?}: an absolute path of printable ASCII (e.g. /v1/models or /health)"
-                ),
-            ));
-        }
-        for (flag, v) in [
-            (
-                "upstream-probe-interval-ms",
-                args.upstream_probe_interval_ms,
-            ),
-            ("upstream-probe-timeout-ms", args.upstream_probe_timeout_ms),
-            (
-                "upstream-probe-failures",
-                u64::from(args.upstream_probe_failures),
-            ),
-            (
-                "upstream-probe-successes",
-                u64::from(args.upstream_probe_successes),
-            ),
-            (
-                "upstream-resolve-interval-ms",
-                args.upstream_resolve_interval_ms,
-            ),
-        ] {
-            if v == 0 {
-                return Err(err(
-                    flag,
-                    "must be at least 1 (--no-upstream-probe turns the probe off)",
-                ));
-            }
-        }
-        let probe = (!args.no_upstream_probe).then(|| ProbeSettings {
-            path: path.clone(),
-            interval: Duration::from_millis(args.upstream_probe_interval_ms),
-            timeout: Duration::from_millis(args.upstream_probe_timeout_ms),
-            failures: args.upstream_probe_failures,
-            successes: args.upstream_probe_successes,
-        });
-        Ok(WatchSettings {
-            probe,
-            resolve_interval: Duration::from_millis(args.upstream_resolve_interval_ms),
-        })
-    }
 }
 
 /// Resolves the upstream's name once (before haltd serves, so that the first turns find it;

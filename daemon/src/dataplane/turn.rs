@@ -4,7 +4,7 @@
 //! or without a flight recorder, fix the stream's mode (stream or batch) and budget, start
 //! the turn's detectors, give the kernel gate the turn's policy. Then the built-in turn sends
 //! its head (streaming) and runs the pipeline; the proxied turn opens its upstream exchange
-//! (`upstream_io/mod.rs`) and the pipeline runs as the upstream's items arrive.
+//! (`upstream_io.rs`) and the pipeline runs as the upstream's items arrive.
 
 pub(in crate::dataplane) mod circuit;
 pub(in crate::dataplane) mod circuit_record;
@@ -24,11 +24,10 @@ use std::{collections::BTreeSet, io, sync::atomic::Ordering::SeqCst, sync::Arc};
 
 use serde_json::Value;
 
-use crate::dataplane::ground;
-use crate::dataplane::ground::continuation;
+use crate::dataplane::ground::state::{ResumeSeed, TurnGrounding};
 use crate::dataplane::upstream_io;
 use crate::dataplane::{
-    conn::{frame, SendKind},
+    conn::outbox::{frame, SendKind},
     turn::hold::Hold,
     upstream_io::Purpose,
 };
@@ -75,7 +74,7 @@ pub(in crate::dataplane) struct HeldToken {
 #[derive(Debug, Default)]
 pub(in crate::dataplane) struct TurnObs {
     pub(in crate::dataplane) model_label: Option<Arc<str>>,
-    pub(in crate::dataplane) inter_token: Option<crate::metrics::NsHistogram>,
+    pub(in crate::dataplane) inter_token: Option<crate::histogram::NsHistogram>,
     /// When the first token frame (a batch turn: its whole response) reached the client.
     pub(in crate::dataplane) first_token_ns: u64,
     /// When the last token frame did.
@@ -191,8 +190,8 @@ pub(in crate::dataplane) struct Turn {
     pub(in crate::dataplane) obs: TurnObs,
     /// TokenCircuit (`circuit.rs`): proxied chat turns with `[tool_circuit] enabled`.
     pub(in crate::dataplane) circuit: Option<Box<circuit::TurnCircuit>>,
-    /// Intervene mode with a grounder: the turn's grounding rounds (`ground/mod.rs`).
-    pub(in crate::dataplane) grounding: Option<Box<ground::TurnGrounding>>,
+    /// Intervene mode with a grounder: the turn's grounding rounds (`ground.rs`).
+    pub(in crate::dataplane) grounding: Option<Box<TurnGrounding>>,
 }
 
 impl Turn {
@@ -326,7 +325,7 @@ type Proxied = (
 impl Io {
     /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
     /// or, without continuation, the post-hoc fallback (nothing held).
-    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: continuation::ResumeSeed) {
+    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: ResumeSeed) {
         let resumable = self
             .shared
             .grounding
@@ -338,7 +337,7 @@ impl Io {
             back.open();
         }
         turn.hold.back = Some(back);
-        turn.grounding = Some(Box::new(ground::TurnGrounding {
+        turn.grounding = Some(Box::new(TurnGrounding {
             post_hoc: !resumable,
             prompt: last_user_text(&seed.body),
             seed: Some(seed),
@@ -539,7 +538,7 @@ impl Step<'_> {
                 b.history = crate::source::resume::History::with_capacity(w + 1);
             }
             turn.hold.back = Some(holdback::HoldBack::new(w, 0));
-            turn.grounding = Some(Box::new(ground::TurnGrounding {
+            turn.grounding = Some(Box::new(TurnGrounding {
                 prompt: req.prompt.clone(),
                 ..Default::default()
             }));
@@ -616,7 +615,7 @@ impl Step<'_> {
         };
         let mode = self.io.shared.table.slot(self.conn.id.slot).mode();
         if let Some(w) = self.io.intervene_window(&turn, mode) {
-            let seed = continuation::ResumeSeed {
+            let seed = ResumeSeed {
                 body: up.body.clone(),
                 endpoint,
                 api_path: path,
