@@ -315,6 +315,31 @@ fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {
     Json(json!({"changed": changes, "mode": shared.modes.degraded_view()})).into_response()
 }
 
+/// `GET /admin/state`: what the state store holds (what a restart restores), read once every
+/// change queued before is written.
+async fn state_get(State(shared): State<Arc<HaltCore>>) -> Response {
+    let store = Arc::clone(&shared.state);
+    let read = tokio::task::spawn_blocking(move || store.read()).await;
+    match read {
+        Ok(Ok(held)) => Json(json!({
+            "path": shared.state.path().display().to_string(),
+            "schema_version": crate::state::schema::VERSION,
+            "held": held,
+        }))
+        .into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("reading the state store: {e}"),
+        ),
+    }
+}
+
 /// `GET /admin/circuit`: TokenCircuit's conversations (`circuit::store`), most recently
 /// used first.
 async fn circuit_all(State(shared): State<Arc<HaltCore>>) -> Response {
@@ -401,6 +426,7 @@ pub async fn serve(
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))
         .route("/admin/conversations", get(conversations))
+        .route("/admin/state", get(state_get))
         .route("/admin/circuit", get(circuit_all))
         .route("/admin/circuit/{id}", get(circuit_one))
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
@@ -425,15 +451,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Ends degraded scopes when their timers run out. It sleeps until the first expiry, at most
-/// a second (a wall-clock step is caught within it), and with no timer running until one is
-/// set: an idle haltd's control plane does not wake (it used to, every 250 ms).
+/// Ends degraded scopes when their timers run out, on the monotonic clock (a wall-clock step
+/// changes no timer). It sleeps until the first expiry, at most a second, and with no timer
+/// running until one is set: an idle haltd's control plane does not wake.
 async fn degraded_timer(shared: Arc<HaltCore>) {
     const MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
     const MIN_SLEEP: std::time::Duration = std::time::Duration::from_millis(1);
     loop {
         shared.expire_degraded();
-        match shared.modes.next_expiry(std::time::SystemTime::now()) {
+        match shared.modes.next_expiry(crate::clock::monotonic_ns()) {
             None => shared.modes.timer_set().await,
             Some(d) => {
                 tokio::select! {

@@ -119,9 +119,12 @@ pub struct ServeArgs {
     /// Name a request's identity by this header's value (e.g. a gateway's user header) instead of its Authorization value; requests without it fall back to Authorization.
     #[arg(long, value_name = "HEADER")]
     pub identity_header: Option<String>,
-    /// Directory of haltd's persistent state (the node secret that keys key fingerprints).
+    /// Directory of haltd's persistent state (the node secret that keys key fingerprints, the ledger's key and head, the state store).
     #[arg(long, default_value = "/var/lib/haltd")]
     pub state_dir: PathBuf,
+    /// What a start does when the state store (state.db in --state-dir: the degraded scopes that survive a restart) does not match the ledger: refuse to start (exit 4, with the reason), or start with the whole node degraded until the operator ends it (recorded). Never a silent reset.
+    #[arg(long, value_enum, default_value = "refuse")]
+    pub state_mismatch: crate::state::restore::OnMismatch,
     /// Unprivileged user (a name or a uid) haltd switches to once the gate is loaded and the listeners are bound; the ledger and --state-dir must be that user's. Default: keep the user haltd started as (every capability is dropped either way).
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,

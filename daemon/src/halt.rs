@@ -69,6 +69,9 @@ pub struct HaltCore {
     pub shutting_down: AtomicBool,
     /// Degraded safe mode and committed conversation state.
     pub modes: Modes,
+    /// What survives a restart (`state.rs`): the degraded scopes, written after their
+    /// ledger records.
+    pub state: Arc<crate::state::StateStore>,
     /// TokenCircuit's per-conversation memory: the backoff clock and the intervention
     /// artifacts (`circuit::store`); unused without `[tool_circuit] enabled`.
     pub circuits: crate::circuit::store::ConversationStore,
@@ -335,7 +338,9 @@ impl HaltCore {
 
     /// Records a change of `runtime_mode` and counts it.
     pub fn record_mode_change(&self, ch: &ModeChange) {
-        self.metrics.modes.changed(ch.to, ch.by);
+        if ch.from != ch.to {
+            self.metrics.modes.changed(ch.to, ch.by);
+        }
         self.metrics
             .modes
             .degraded_scopes
@@ -353,12 +358,22 @@ impl HaltCore {
             )),
             ..Record::default()
         };
-        self.record(rec);
+        // The state store follows the ledger: the change is stored once its record is on
+        // disk, with that record's seq and hash (`state.rs`, crash order).
+        let (state, change) = (Arc::clone(&self.state), ch.store_change());
+        let queued = self.ledger.append_linked(rec, move |written| {
+            if let Ok(w) = written {
+                state.apply(Some(w.into()), vec![change]);
+            }
+        });
+        if let Err(e) = queued {
+            self.record_failed(&e);
+        }
     }
 
     /// Ends the degraded scopes whose timer ran out, recording each change.
     pub fn expire_degraded(&self) {
-        for ch in self.modes.expire(std::time::SystemTime::now()) {
+        for ch in self.modes.expire(crate::clock::monotonic_ns()) {
             self.record_mode_change(&ch);
         }
     }

@@ -58,6 +58,13 @@ mod writer;
 
 pub use error::{LedgerError, TAMPERED_EXIT_CODE};
 pub use head::Head;
+
+/// A record as written: its position and its hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub seq: u64,
+    pub hash: String,
+}
 pub use key::{LedgerKey, KEY_FILE};
 pub use record::{Record, RecordKind, GENESIS_HASH};
 use verify::scan;
@@ -250,6 +257,11 @@ impl Ledger {
         self.inner.tx.as_ref().ok_or_else(|| self.gone())
     }
 
+    /// The error of a writer thread that is gone.
+    pub(crate) fn writer_gone(&self) -> LedgerError {
+        self.gone()
+    }
+
     fn gone(&self) -> LedgerError {
         LedgerError::WriterGone {
             path: self.inner.shared.path.clone(),
@@ -292,6 +304,18 @@ impl Ledger {
         self.enqueue(rec, Ack::Then(Box::new(done)))
     }
 
+    /// Queues a record; `done` runs on the writer thread once it is written and fsync'd (or
+    /// failed), with its seq and hash: for state kept elsewhere that follows the ledger (the
+    /// state store), written only after the record it reflects. Otherwise as
+    /// [`Ledger::append_then`].
+    pub fn append_linked(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<Written, LedgerError>) + Send + 'static,
+    ) -> Result<(), LedgerError> {
+        self.enqueue(rec, Ack::Linked(Box::new(done)))
+    }
+
     /// Appends a record and waits until it is written (and fsync'd when the ledger fsyncs);
     /// returns its `seq`. Everything queued before it is then on disk too.
     pub fn append_sync(&self, rec: Record) -> Result<u64, LedgerError> {
@@ -319,10 +343,10 @@ impl Ledger {
 
     /// Rotation: reopens the ledger's path (which an operator or logrotate has moved aside)
     /// and starts a new segment there, its first record `rec` (a lifecycle record; the
-    /// writer adds the `segment` link to the previous head). Returns that record's `seq`.
+    /// writer adds the `segment` link to the previous head). Returns that record's seq and hash.
     /// The path must hold a new, empty file; if it is still the current one, nothing happens
     /// and `Ok(None)` is returned.
-    pub fn reopen(&self, rec: Record) -> Result<Option<u64>, LedgerError> {
+    pub fn reopen(&self, rec: Record) -> Result<Option<Written>, LedgerError> {
         self.inner.shared.check_failed()?;
         rec.validate()?;
         let (ack, done) = mpsc::sync_channel(1);

@@ -75,6 +75,7 @@ pub(crate) mod safety;
 pub mod sampling;
 pub mod server;
 pub mod source;
+pub mod state;
 pub(crate) mod stream;
 pub mod upstream;
 pub(crate) mod upstream_watch;

@@ -131,7 +131,10 @@ fn reopen_ledger(shared: &HaltCore) -> String {
         ..Record::default()
     };
     match shared.ledger.reopen(rec) {
-        Ok(Some(seq)) => {
+        Ok(Some(written)) => {
+            let seq = written.seq;
+            // The store's point must stay in the current segment (`state/restore.rs`).
+            shared.state.link(written.into());
             tracing::info!(path, seq, "ledger reopened on SIGHUP: a new segment");
             format!("ledger reopened: a new segment at {path} from seq {seq}")
         }

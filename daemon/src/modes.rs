@@ -34,7 +34,11 @@ use clap::ValueEnum;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::Serialize;
 
-use crate::{clock::unix_ms, codes::FailureCode};
+use crate::{
+    clock::{monotonic_ns, unix_ms},
+    codes::FailureCode,
+    state::ScopeRow,
+};
 
 /// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
 /// request's credential (`credential.rs`, `identity.rs`).
@@ -103,10 +107,15 @@ pub fn cause_degrades(cause: FailureCode) -> bool {
 #[derive(Clone, Debug, Serialize)]
 pub struct Degraded {
     pub since_unix_ms: u64,
-    /// When the timer ends it (Unix ms); `None`: only the operator does.
+    /// When the timer ends it (Unix ms, what is stored and shown); `None`: only the operator
+    /// does.
     pub until_unix_ms: Option<u64>,
     pub cause: String,
     pub stream_id: String,
+    /// The same end on the monotonic clock, which the timer follows while haltd runs (a
+    /// wall-clock step changes no timer).
+    #[serde(skip)]
+    until_ns: Option<u64>,
 }
 
 /// A scope's `runtime_mode` (records, the `to` label of `haltd_runtime_mode_changes_total`).
@@ -146,6 +155,9 @@ pub enum ChangedBy {
     Operator,
     /// Its `--degraded-for-s` timer ended it.
     Timer,
+    /// The start found a state store that does not match the ledger, and
+    /// `--state-mismatch degrade-node` degraded the node.
+    Start,
 }
 
 impl ChangedBy {
@@ -154,6 +166,7 @@ impl ChangedBy {
             ChangedBy::Halt => "halt",
             ChangedBy::Operator => "operator",
             ChangedBy::Timer => "timer",
+            ChangedBy::Start => "start",
         }
     }
 }
@@ -192,6 +205,42 @@ pub struct ModeChange {
     pub by: ChangedBy,
     pub cause: Option<String>,
     pub stream_id: Option<String>,
+    /// A change to degraded: since when, and until when its timer runs (Unix ms), as the
+    /// state store keeps them (a restart replays the change from the ledger).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_unix_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_unix_ms: Option<u64>,
+}
+
+impl ModeChange {
+    /// A scope back to full.
+    fn to_full(key: Option<KeyId>, by: ChangedBy) -> Self {
+        ModeChange {
+            scope: scope_name(key),
+            from: RuntimeMode::Degraded,
+            to: RuntimeMode::Full,
+            by,
+            cause: None,
+            stream_id: None,
+            since_unix_ms: None,
+            until_unix_ms: None,
+        }
+    }
+
+    /// The state store's change for this one.
+    pub fn store_change(&self) -> crate::state::Change {
+        match self.to {
+            RuntimeMode::Full => crate::state::Change::End(self.scope.clone()),
+            RuntimeMode::Degraded => crate::state::Change::Degrade(ScopeRow {
+                scope: self.scope.clone(),
+                since_unix_ms: self.since_unix_ms.unwrap_or(0),
+                until_unix_ms: self.until_unix_ms,
+                cause: self.cause.clone().unwrap_or_default(),
+                stream_id: self.stream_id.clone().unwrap_or_default(),
+            }),
+        }
+    }
 }
 
 /// Committed state of one conversation: changed only by turns that ended cleanly.
@@ -227,6 +276,20 @@ fn scope_name(key: Option<KeyId>) -> String {
     key.map_or_else(|| "node".to_owned(), |k| format!("key:{k}"))
 }
 
+/// `node` is `Some(None)`, `key:<fingerprint>` is `Some(Some(key))`.
+fn parse_scope(s: &str) -> Option<Option<KeyId>> {
+    if s == "node" {
+        return Some(None);
+    }
+    s.strip_prefix("key:")
+        .and_then(KeyId::parse_fingerprint)
+        .map(Some)
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Modes {
     /// `hold`: how long a degraded scope lasts before the timer ends it (`None`: until the
     /// operator does).
@@ -240,17 +303,16 @@ impl Modes {
     }
 
     /// How long until the first scope's timer runs out (zero if one already has); `None` when
-    /// no scope has a timer.
-    pub fn next_expiry(&self, now: SystemTime) -> Option<Duration> {
-        let now_ms = unix_ms(now);
+    /// no scope has a timer. `now_ns`: the monotonic clock.
+    pub fn next_expiry(&self, now_ns: u64) -> Option<Duration> {
         let inner = self.lock();
         inner
             .node
             .iter()
             .chain(inner.keys.values())
-            .filter_map(|d| d.until_unix_ms)
+            .filter_map(|d| d.until_ns)
             .min()
-            .map(|u| Duration::from_millis(u.saturating_sub(now_ms)))
+            .map(|u| Duration::from_nanos(u.saturating_sub(now_ns)))
     }
 
     /// Resolves once a scope's timer was set after the last wait (a permit is kept when nobody
@@ -268,22 +330,15 @@ impl Modes {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Ends the scopes whose timer ran out; returns the changes to record.
-    pub fn expire(&self, now: SystemTime) -> Vec<ModeChange> {
-        let now_ms = unix_ms(now);
+    /// Ends the scopes whose timer ran out by `now_ns` (the monotonic clock); returns the
+    /// changes to record.
+    pub fn expire(&self, now_ns: u64) -> Vec<ModeChange> {
         let mut inner = self.lock();
         let mut out = Vec::new();
-        let due = |d: &Degraded| d.until_unix_ms.is_some_and(|u| u <= now_ms);
+        let due = |d: &Degraded| d.until_ns.is_some_and(|u| u <= now_ns);
         if inner.node.as_ref().is_some_and(due) {
             inner.node = None;
-            out.push(ModeChange {
-                scope: scope_name(None),
-                from: RuntimeMode::Degraded,
-                to: RuntimeMode::Full,
-                by: ChangedBy::Timer,
-                cause: None,
-                stream_id: None,
-            });
+            out.push(ModeChange::to_full(None, ChangedBy::Timer));
         }
         let mut keys: Vec<KeyId> = inner
             .keys
@@ -294,14 +349,7 @@ impl Modes {
         keys.sort_unstable();
         for k in keys {
             inner.keys.remove(&k);
-            out.push(ModeChange {
-                scope: scope_name(Some(k)),
-                from: RuntimeMode::Degraded,
-                to: RuntimeMode::Full,
-                by: ChangedBy::Timer,
-                cause: None,
-                stream_id: None,
-            });
+            out.push(ModeChange::to_full(Some(k), ChangedBy::Timer));
         }
         out
     }
@@ -314,49 +362,58 @@ impl Modes {
     }
 
     /// A halt of `cause` on a turn of `key`: degrade the configured scope. Returns the change
-    /// to record, or `None` if the cause does not degrade or the scope already was.
+    /// to record: to degraded, or, for a scope already degraded whose timer the halt
+    /// restarts, degraded to degraded with the new end; `None` if the cause does not degrade
+    /// or nothing changes (already degraded, no timer).
     pub fn enter(&self, key: KeyId, cause: FailureCode, stream_id: &str) -> Option<ModeChange> {
         if !cause_degrades(cause) {
             return None;
         }
-        let now = SystemTime::now();
+        let (now, now_ns) = (SystemTime::now(), monotonic_ns());
         let d = Degraded {
             since_unix_ms: unix_ms(now),
             until_unix_ms: self.hold.map(|h| unix_ms(now + h)),
             cause: cause.as_str().to_owned(),
             stream_id: stream_id.to_owned(),
+            until_ns: self.hold.map(|h| now_ns.saturating_add(duration_ns(h))),
         };
         let mut inner = self.lock();
-        if d.until_unix_ms.is_some() {
+        if d.until_ns.is_some() {
             self.timer_set.notify_one();
         }
-        let key = match self.scope {
-            DegradedScope::Node => {
-                if let Some(cur) = inner.node.as_mut() {
-                    // Already degraded: a new halt restarts the timer, no mode change.
-                    cur.until_unix_ms = d.until_unix_ms;
-                    return None;
-                }
-                inner.node = Some(d);
-                None
-            }
-            DegradedScope::Key => {
-                if let Some(cur) = inner.keys.get_mut(&key) {
-                    cur.until_unix_ms = d.until_unix_ms;
-                    return None;
-                }
-                inner.keys.insert(key, d);
-                Some(key)
-            }
+        let key = (self.scope == DegradedScope::Key).then_some(key);
+        let current = match key {
+            None => inner.node.as_mut(),
+            Some(k) => inner.keys.get_mut(&k),
         };
-        Some(ModeChange {
+        let (from, since) = if let Some(cur) = current {
+            // Already degraded: without a timer nothing changes; else the halt restarts it.
+            d.until_ns?;
+            cur.until_unix_ms = d.until_unix_ms;
+            cur.until_ns = d.until_ns;
+            (RuntimeMode::Degraded, cur.since_unix_ms)
+        } else {
+            (RuntimeMode::Full, d.since_unix_ms)
+        };
+        let change = ModeChange {
             scope: scope_name(key),
-            from: RuntimeMode::Full,
+            from,
             to: RuntimeMode::Degraded,
             by: ChangedBy::Halt,
             cause: Some(cause.as_str().to_owned()),
             stream_id: Some(stream_id.to_owned()),
-        })
+            since_unix_ms: Some(since),
+            until_unix_ms: d.until_unix_ms,
+        };
+        if from == RuntimeMode::Full {
+            match key {
+                None => inner.node = Some(d),
+                Some(k) => {
+                    inner.keys.insert(k, d);
+                }
+            }
+        }
+        Some(change)
     }
 
     /// The operator's `mode full`: ends the selected degraded scopes; returns the changes.
@@ -381,15 +438,67 @@ impl Modes {
         }
         ended
             .into_iter()
-            .map(|k| ModeChange {
-                scope: scope_name(k),
-                from: RuntimeMode::Degraded,
-                to: RuntimeMode::Full,
-                by: ChangedBy::Operator,
-                cause: None,
-                stream_id: None,
-            })
+            .map(|k| ModeChange::to_full(k, ChangedBy::Operator))
             .collect()
+    }
+
+    /// The degraded scopes a start restores from the state store, before any turn is served.
+    /// What remains of a timer is its `until_unix_ms` − `now` (a scope whose end passed ends
+    /// at the timer's first look, recorded). Fails on a scope it cannot name, leaving the
+    /// scopes before it restored.
+    pub fn restore(&self, rows: &[ScopeRow], now: SystemTime, now_ns: u64) -> Result<(), String> {
+        let now_ms = unix_ms(now);
+        let mut inner = self.lock();
+        for row in rows {
+            let key = parse_scope(&row.scope).ok_or_else(|| {
+                format!(
+                    "the stored scope {:?} is not node or key:<fingerprint>",
+                    row.scope
+                )
+            })?;
+            let d = Degraded {
+                since_unix_ms: row.since_unix_ms,
+                until_unix_ms: row.until_unix_ms,
+                cause: row.cause.clone(),
+                stream_id: row.stream_id.clone(),
+                until_ns: row.until_unix_ms.map(|u| {
+                    now_ns.saturating_add(u.saturating_sub(now_ms).saturating_mul(1_000_000))
+                }),
+            };
+            match key {
+                None => inner.node = Some(d),
+                Some(k) => {
+                    inner.keys.insert(k, d);
+                }
+            }
+        }
+        if rows.iter().any(|r| r.until_unix_ms.is_some()) {
+            self.timer_set.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The start found a state store that does not match, and `--state-mismatch
+    /// degrade-node` was given: the whole node runs degraded until the operator ends it.
+    pub fn degrade_node_at_start(&self, why: &str) -> ModeChange {
+        let since = unix_ms(SystemTime::now());
+        self.lock().node = Some(Degraded {
+            since_unix_ms: since,
+            until_unix_ms: None,
+            cause: why.to_owned(),
+            stream_id: String::new(),
+            until_ns: None,
+        });
+        ModeChange {
+            scope: scope_name(None),
+            from: RuntimeMode::Full,
+            to: RuntimeMode::Degraded,
+            by: ChangedBy::Start,
+            cause: Some(why.to_owned()),
+            stream_id: None,
+            since_unix_ms: Some(since),
+            until_unix_ms: None,
+        }
     }
 
     /// The degraded scopes, for the admin API.
@@ -498,9 +607,7 @@ mod tests {
         // A second halt on a degraded scope is no change.
         assert_eq!(m.enter(a, FailureCode::ExfilAlert, "1.2"), None);
         // Timers never end it without --degraded-for-s.
-        assert!(m
-            .expire(SystemTime::now() + Duration::from_secs(1 << 30))
-            .is_empty());
+        assert!(m.expire(monotonic_ns() + (1 << 50)).is_empty());
         let ended = m.set_full(ScopeSel::Key(a));
         assert_eq!(ended.len(), 1);
         assert_eq!(ended[0].by, ChangedBy::Operator);
@@ -521,8 +628,8 @@ mod tests {
         m.enter(key("a"), FailureCode::CoherenceBelowThreshold, "2.1")
             .expect("change");
         assert!(m.is_degraded(key("zzz")));
-        assert!(m.expire(SystemTime::now()).is_empty());
-        let ended = m.expire(SystemTime::now() + Duration::from_secs(11));
+        assert!(m.expire(monotonic_ns()).is_empty());
+        let ended = m.expire(monotonic_ns() + 11_000_000_000);
         assert_eq!(ended.len(), 1);
         assert_eq!(
             (ended[0].scope.as_str(), ended[0].by),
@@ -535,7 +642,7 @@ mod tests {
     #[test]
     fn the_timer_task_sleeps_until_the_first_expiry_and_is_told_of_new_timers() {
         let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(10)));
-        let now = SystemTime::now();
+        let now = monotonic_ns();
         assert_eq!(m.next_expiry(now), None, "no timer: the task waits for one");
         m.enter(key("a"), FailureCode::CoherenceBelowThreshold, "3.1")
             .expect("change");
@@ -551,16 +658,53 @@ mod tests {
         });
         let left = m.next_expiry(now).expect("a timer runs");
         assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(11));
-        assert_eq!(
-            m.next_expiry(now + Duration::from_secs(20)),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(m.next_expiry(now + 20_000_000_000), Some(Duration::ZERO));
         m.set_full(ScopeSel::All);
         assert_eq!(m.next_expiry(now), None);
         // Without a hold nothing has a timer, and nobody is told.
         let forever = Modes::new(DegradedScope::Node, None);
         forever.enter(key("b"), FailureCode::CoherenceBelowThreshold, "3.2");
         assert_eq!(forever.next_expiry(now), None);
+    }
+
+    #[test]
+    fn a_halt_restarts_a_timer_and_a_restore_keeps_each_end() {
+        let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(60)));
+        let first = m
+            .enter(key("a"), FailureCode::ExfilAlert, "4.1")
+            .expect("change");
+        let again = m
+            .enter(key("a"), FailureCode::ExfilAlert, "4.2")
+            .expect("restart");
+        assert_eq!(
+            (again.from, again.to),
+            (RuntimeMode::Degraded, RuntimeMode::Degraded)
+        );
+        assert_eq!(again.since_unix_ms, first.since_unix_ms);
+        assert!(again.until_unix_ms >= first.until_unix_ms);
+        // What the store keeps is what a restart restores: 60 s left stays about 60 s, on
+        // the monotonic clock of the new process, however the wall clock reads.
+        let row = match again.store_change() {
+            crate::state::Change::Degrade(row) => row,
+            other => panic!("{other:?}"),
+        };
+        let restored = Modes::new(DegradedScope::Node, None);
+        let (now, now_ns) = (SystemTime::now(), monotonic_ns());
+        restored
+            .restore(std::slice::from_ref(&row), now, now_ns)
+            .expect("restore");
+        assert!(restored.is_degraded(key("a")) && !restored.is_degraded(key("b")));
+        let left = restored.next_expiry(now_ns).expect("its timer");
+        assert!(
+            left > Duration::from_secs(58) && left <= Duration::from_secs(60),
+            "{left:?}"
+        );
+        assert_eq!(restored.expire(now_ns + 61_000_000_000).len(), 1);
+        let bad = ScopeRow {
+            scope: "key:nothex".into(),
+            ..row
+        };
+        assert!(restored.restore(&[bad], now, now_ns).is_err());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! `haltd serve`: builds the shared state, loads the kernel gate, starts the watchdog, the
 //! data-plane workers and the control plane, and reports readiness.
 
+mod restore;
+
 use std::{
     net::TcpListener,
     os::fd::{FromRawFd, OwnedFd},
@@ -38,6 +40,10 @@ pub enum StartError {
     Config(String),
     #[error("the node secret (--state-dir): {0}")]
     Identity(#[source] crate::identity::IdentityError),
+    #[error("{0}")]
+    State(#[source] crate::state::StateError),
+    #[error("the state store {path} does not match the ledger: {why}. haltd does not start with state it cannot trust, and never resets it silently: restore the store that belongs to this ledger, or start once with --state-mismatch degrade-node (the node runs degraded until `haltctl mode full`)")]
+    StateMismatch { path: String, why: String },
     #[error("dropping privileges: {0}")]
     Privileges(#[source] crate::privs::PrivError),
     #[error("{0}")]
@@ -56,6 +62,7 @@ impl StartError {
     pub fn exit_code(&self) -> u8 {
         match self {
             StartError::Ledger(e) if e.is_tampering() => crate::ledger::TAMPERED_EXIT_CODE,
+            StartError::StateMismatch { .. } => crate::state::restore::MISMATCH_EXIT_CODE,
             _ => 1,
         }
     }
@@ -129,6 +136,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     metrics.ledger.crashes_recovered.inc_by(crashes);
     let node_secret = crate::identity::NodeSecret::load_or_create(&cfg.args.state_dir)
         .map_err(StartError::Identity)?;
+    let (state, mismatch) = restore::open_state(&cfg, &node_secret)?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
     let circuits = conversation_store(&cfg, &metrics);
@@ -144,7 +152,8 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
-        modes: crate::modes::Modes::new(cfg.args.degraded_scope, cfg.degraded_for),
+        modes: state.modes,
+        state: state.store,
         circuits,
         detectors: arc_swap::ArcSwap::from_pointee(
             crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
@@ -174,10 +183,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         Some(u) => format!("openai upstream={u}"),
         None => "builtin".to_owned(),
     };
-    shared
-        .ledger
-        .append_sync(start_record(&shared, &source))
-        .map_err(StartError::Ledger)?;
+    restore::record_start(&shared, start_record(&shared, &source), mismatch)?;
     crate::upstream_watch::start(&shared).map_err(io("starting the upstream watch thread"))?;
     watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;

@@ -159,7 +159,7 @@ fn round(
         halt_after_gap(shared, gap);
     }
     beat(shared, now);
-    if shared.ledger.is_failed() {
+    if shared.ledger.is_failed() || shared.state.is_failed() {
         shared.recorder_failed();
     }
     crate::crash::watchdog_pass(cfg.faults.panic, &shared.table);

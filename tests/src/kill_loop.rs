@@ -3,13 +3,15 @@
 //! verify`, against the key and the head) and every record haltd answered for is there: a halt
 //! the client saw (its terminal event), an admin trip it acknowledged (`200`), a committed turn
 //! (the client saw `[DONE]`). Every restart on the killed ledger must succeed: a torn tail is
-//! cut and recorded, a file one record past its head is caught up.
+//! cut and recorded, a file one record past its head is caught up. And a restart never
+//! loosens governance: the degraded scopes the new haltd holds are exactly those the ledger's
+//! mode changes left degraded, each with the same end (`daemon/src/state.rs`).
 //!
 //! Run from `cargo xtask test` (a short loop, `crash::kill_loop_keeps_every_acknowledged_record`)
 //! and `cargo xtask bench --kill-loop` (`bench-kill-loop`, 1,000 kills).
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, HashSet},
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -25,7 +27,7 @@ use serde_json::{json, Value};
 use crate::{
     daemon::Haltd,
     ledger::{read_ledger, state_dir_for, verify_ledger},
-    netns::{spawn_in_netns, NetPair},
+    netns::{in_netns, spawn_in_netns, NetPair},
     sse, temp_dir,
 };
 
@@ -56,6 +58,10 @@ pub struct Report {
     pub halts_checked: usize,
     pub admin_checked: usize,
     pub turns_checked: usize,
+    /// Restarts whose degraded scopes were checked against the ledger's, and the scopes
+    /// checked (a restart never loosens governance: `daemon/src/state.rs`).
+    pub state_checks: usize,
+    pub scopes_checked: usize,
     /// What went wrong (an empty list is a pass).
     pub failures: Vec<String>,
     pub wall: Duration,
@@ -71,7 +77,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}), failures {}, wall {:.1} s",
+            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); failures {}, wall {:.1} s",
             self.kills,
             self.restarts,
             self.recoveries,
@@ -80,6 +86,8 @@ impl std::fmt::Display for Report {
             self.halts_checked,
             self.admin_checked,
             self.turns_checked,
+            self.state_checks,
+            self.scopes_checked,
             self.failures.len(),
             self.wall.as_secs_f64()
         )
@@ -150,6 +158,7 @@ fn one_kill(
     )?;
     if !first {
         report.restarts += 1;
+        check_state(&haltd, ledger, before, report)?;
     }
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -254,6 +263,41 @@ fn admin_tripper(
             thread::sleep(Duration::from_millis(2));
         }
     })
+}
+
+/// The degraded scopes haltd restored are those the ledger's first `before` records (what
+/// the killed instance wrote) leave degraded, each with the same end.
+fn check_state(haltd: &Haltd, ledger: &Path, before: usize, report: &mut Report) -> Result<()> {
+    let records = read_ledger(ledger)?;
+    let mut want: BTreeMap<String, Value> = BTreeMap::new();
+    for r in records.iter().take(before) {
+        let ch = &r["mode_change"];
+        let Some(scope) = ch["scope"].as_str() else {
+            continue;
+        };
+        if ch["to"] == "degraded" {
+            want.insert(scope.to_owned(), ch["until_unix_ms"].clone());
+        } else {
+            want.remove(scope);
+        }
+    }
+    let url = format!("{}/admin/mode", haltd.admin_url());
+    let mode = in_netns(&haltd.client_ns, move || crate::http::get_json_here(&url))?;
+    let mut have: BTreeMap<String, Value> = BTreeMap::new();
+    if let Some(node) = mode.get("node").filter(|n| !n.is_null()) {
+        have.insert("node".to_owned(), node["until_unix_ms"].clone());
+    }
+    for k in mode["keys"].as_array().into_iter().flatten() {
+        let scope = format!("key:{}", k["key"].as_str().unwrap_or_default());
+        have.insert(scope, k["until_unix_ms"].clone());
+    }
+    report.state_checks += 1;
+    report.scopes_checked += want.len();
+    anyhow::ensure!(
+        have == want,
+        "after the restart haltd holds the degraded scopes {have:?}, the ledger says {want:?}"
+    );
+    Ok(())
 }
 
 /// Every acknowledged record is among the records this round wrote.

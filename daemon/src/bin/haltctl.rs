@@ -113,6 +113,12 @@ enum Command {
     },
     /// Committed per-conversation state (turns that ended cleanly).
     Conversations,
+    /// The state that survives a restart (the state store in --state-dir): show it, or end
+    /// one entry.
+    State {
+        #[command(subcommand)]
+        command: StateCommand,
+    },
     /// TokenCircuit (docs/tokencircuit.md): the conversations' tool circuits.
     Circuit {
         #[command(subcommand)]
@@ -262,6 +268,19 @@ struct LedgerView {
     /// Only records of this kind.
     #[arg(long, value_enum)]
     kind: Option<KindArg>,
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// What the store holds: the degraded scopes with their expiry, and the ledger record it
+    /// reflects.
+    Show,
+    /// Ends one held entry: a degraded scope (`node` or `key:<fingerprint>`), recorded in the
+    /// ledger with the operator's identity (as `haltctl mode full --scope S`).
+    Reset {
+        #[arg(long)]
+        scope: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -561,6 +580,17 @@ fn main() -> ExitCode {
             &ctx,
             (Method::POST, "/admin/mode"),
             Some(serde_json::json!({ "mode": mode, "scope": scope })),
+            render::mode_changed,
+        ),
+        Command::State {
+            command: StateCommand::Show,
+        } => admin_call(&ctx, (Method::GET, "/admin/state"), None, render::state),
+        Command::State {
+            command: StateCommand::Reset { scope },
+        } => admin_call(
+            &ctx,
+            (Method::POST, "/admin/mode"),
+            Some(serde_json::json!({ "mode": "full", "scope": scope })),
             render::mode_changed,
         ),
         Command::Conversations => admin_call(

@@ -71,6 +71,7 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
     ("degraded-scope", Restart),
     ("identity-header", Restart),
     ("state-dir", Restart),
+    ("state-mismatch", Restart),
     ("user", Restart),
     ("group", Restart),
     ("degraded-for-s", Restart),

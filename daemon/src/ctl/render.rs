@@ -151,6 +151,34 @@ pub fn mode_changed(v: &Value) -> String {
     out
 }
 
+/// `haltctl state show`.
+pub fn state(v: &Value) -> String {
+    let held = &v["held"];
+    let point = match held.get("ledger").filter(|p| !p.is_null()) {
+        Some(p) => format!("ledger seq {} (hash {})", cell(&p["seq"]), cell(&p["hash"])),
+        None => "no ledger record yet".to_owned(),
+    };
+    let mut out = format!(
+        "store: {} (schema {}), reflects {point}\n",
+        cell(&v["path"]),
+        cell(&v["schema_version"])
+    );
+    let scopes = held["scopes"].as_array().map_or(&[][..], Vec::as_slice);
+    if scopes.is_empty() {
+        out.push_str("no degraded scope is held\n");
+        return out;
+    }
+    let columns = [
+        "scope",
+        "cause",
+        "stream_id",
+        "since_unix_ms",
+        "until_unix_ms",
+    ];
+    out.push_str(&table(&columns, &rows(scopes, &columns)));
+    out
+}
+
 /// `haltctl conversations`.
 pub fn conversations(v: &Value) -> String {
     let list = v["conversations"].as_array().map_or(&[][..], Vec::as_slice);

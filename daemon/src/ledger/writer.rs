@@ -16,7 +16,7 @@ use std::{
 use super::{
     head::{Head, HeadFile},
     key::LedgerKey,
-    lock, open_segment, sync_dir, LedgerError, Record, Shared,
+    lock, open_segment, sync_dir, LedgerError, Record, Shared, Written,
 };
 use crate::clock::rfc3339_now;
 
@@ -25,10 +25,13 @@ pub(super) enum Ack {
     None,
     Sync(SyncSender<Result<u64, LedgerError>>),
     Then(Box<dyn FnOnce(Result<u64, LedgerError>) + Send>),
+    /// Told the record's seq and hash (what a store that follows the ledger links to).
+    Linked(Box<dyn FnOnce(Result<Written, LedgerError>) + Send>),
 }
 
 impl Ack {
-    fn answer(self, result: Result<u64, LedgerError>) {
+    /// `hash`: the record's own, when `result` is its seq.
+    fn answer(self, result: Result<u64, LedgerError>, hash: &str) {
         match self {
             Ack::None => {}
             // The caller may have given up waiting; nothing to do then.
@@ -36,6 +39,10 @@ impl Ack {
                 let _ = tx.send(result);
             }
             Ack::Then(f) => f(result),
+            Ack::Linked(f) => f(result.map(|seq| Written {
+                seq,
+                hash: hash.to_owned(),
+            })),
         }
     }
 }
@@ -51,7 +58,7 @@ pub(super) enum Cmd {
     },
     Reopen {
         rec: Box<Record>,
-        ack: SyncSender<Result<Option<u64>, LedgerError>>,
+        ack: SyncSender<Result<Option<Written>, LedgerError>>,
     },
 }
 
@@ -132,7 +139,7 @@ impl Writer {
                 Cmd::Append { rec, ack } => {
                     let result = self.guarded(|w| w.write(*rec));
                     let ok = result.is_ok();
-                    ack.answer(result);
+                    ack.answer(result, &self.end.hash);
                     if ok {
                         let head = self.write_head();
                         self.fail_on(&head);
@@ -218,7 +225,7 @@ impl Writer {
 
     /// Rotation: a new, empty file at the ledger's path becomes the current segment, its
     /// first record linked to the head.
-    fn reopen(&mut self, mut rec: Record) -> Result<Option<u64>, LedgerError> {
+    fn reopen(&mut self, mut rec: Record) -> Result<Option<Written>, LedgerError> {
         let path = self.shared().path.clone();
         let open_err = |source| LedgerError::Open {
             path: path.clone(),
@@ -251,6 +258,9 @@ impl Writer {
         }));
         let seq = self.write(rec)?;
         self.write_head()?;
-        Ok(Some(seq))
+        Ok(Some(Written {
+            seq,
+            hash: self.end.hash.clone(),
+        }))
     }
 }

@@ -40,6 +40,7 @@ impl ModeMetrics {
             (RuntimeMode::Degraded, ChangedBy::Halt),
             (RuntimeMode::Full, ChangedBy::Operator),
             (RuntimeMode::Full, ChangedBy::Timer),
+            (RuntimeMode::Degraded, ChangedBy::Start),
         ] {
             drop(changes.get_or_create(&ModeChangeLabels { to, by }));
         }

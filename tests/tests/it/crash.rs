@@ -388,6 +388,10 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
         report.halts_checked > 0 && report.admin_checked > 0 && report.turns_checked > 0,
         "the load did not produce every kind of acknowledged record: {report}"
     );
+    ensure!(
+        report.state_checks == kills - 1 && report.scopes_checked > 0,
+        "every restart checks its degraded scopes against the ledger: {report}"
+    );
     Ok(())
 }
 

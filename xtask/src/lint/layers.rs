@@ -45,6 +45,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "sampling",
             "modes",
             "ledger",
+            "state",
             "crash",
             "pulse",
         ],

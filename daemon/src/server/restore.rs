@@ -1,0 +1,119 @@
+//! The start's side of the state store (`crate::state`): opened after the ledger, checked
+//! against it, and restored into degraded safe mode before any turn is served; then linked to
+//! the start's own record.
+
+use std::sync::{mpsc, Arc};
+
+use super::StartError;
+use crate::{
+    config::Config,
+    halt::HaltCore,
+    identity::NodeSecret,
+    ledger::Record,
+    modes::{KeyId, Modes},
+    state::{
+        restore::{self, OnMismatch, Verdict},
+        Snapshot, StateStore,
+    },
+};
+
+/// What the start runs with.
+pub(super) struct Opened {
+    pub(super) store: Arc<StateStore>,
+    pub(super) modes: Modes,
+}
+
+/// The fingerprint of this node's key that the store keeps: the key id of a request without
+/// a credential (`identity.rs`), which changes with the key and reveals nothing of it.
+fn node_check(secret: &NodeSecret) -> String {
+    KeyId::of(secret, crate::credential::Credential::None).fingerprint()
+}
+
+/// Opens the store, checks it against the ledger and restores the degraded scopes. Returns,
+/// with them, the reason a mismatched store was accepted under `--state-mismatch
+/// degrade-node` (the node is then degraded, recorded by the caller).
+pub(super) fn open_state(
+    cfg: &Config,
+    secret: &NodeSecret,
+) -> Result<(Opened, Option<String>), StartError> {
+    let t = std::time::Instant::now();
+    let (store, held) = StateStore::open(&cfg.args.state_dir).map_err(StartError::State)?;
+    let check = node_check(secret);
+    let restored = restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
+    let (scopes, mismatch) = match restored.verdict {
+        Verdict::Mismatch(why) => {
+            if cfg.args.state_mismatch == OnMismatch::Refuse {
+                return Err(StartError::StateMismatch {
+                    path: store.path().display().to_string(),
+                    why,
+                });
+            }
+            tracing::error!(store = %store.path().display(), reason = %why, "the state store does not match the ledger; --state-mismatch degrade-node: the whole node runs degraded until the operator ends it");
+            // Fail closed: what the store held is kept too.
+            (held.scopes, Some(format!("state store mismatch: {why}")))
+        }
+        Verdict::Matched { replayed } => {
+            if replayed > 0 {
+                tracing::warn!(replayed, "the state store was behind the ledger (a crash between a record and its store write): the ledger's mode changes after it were applied");
+            }
+            (restored.scopes, None)
+        }
+        Verdict::New => (restored.scopes, None),
+    };
+    let modes = Modes::new(cfg.args.degraded_scope, cfg.degraded_for);
+    modes
+        .restore(
+            &scopes,
+            std::time::SystemTime::now(),
+            crate::clock::monotonic_ns(),
+        )
+        .map_err(|why| StartError::StateMismatch {
+            path: store.path().display().to_string(),
+            why,
+        })?;
+    tracing::info!(
+        store = %store.path().display(),
+        degraded_scopes = scopes.len(),
+        took_ms = t.elapsed().as_millis() as u64,
+        "state restored"
+    );
+    store.replace(Snapshot {
+        ledger: None,
+        node_check: Some(check),
+        scopes,
+    });
+    let store = Arc::new(store);
+    Ok((Opened { store, modes }, mismatch))
+}
+
+/// Records the node degraded for a mismatched store (`mismatch`: why), then writes the start
+/// record and links the store to it, once every change before it is stored: from here the
+/// store reflects the ledger up to this start.
+pub(super) fn record_start(
+    shared: &HaltCore,
+    rec: Record,
+    mismatch: Option<String>,
+) -> Result<(), StartError> {
+    if let Some(why) = mismatch {
+        let ch = shared.modes.degrade_node_at_start(&why);
+        shared.record_mode_change(&ch);
+    }
+    let (tx, rx) = mpsc::sync_channel(1);
+    shared
+        .ledger
+        .append_linked(rec, move |written| {
+            let _ = tx.send(written);
+        })
+        .map_err(StartError::Ledger)?;
+    let written = rx
+        .recv()
+        .map_err(|_| StartError::Ledger(shared.ledger.writer_gone()))?
+        .map_err(StartError::Ledger)?;
+    shared.state.link(written.into());
+    shared
+        .metrics
+        .modes
+        .degraded_scopes
+        .set(shared.modes.degraded_count() as i64);
+    Ok(())
+}

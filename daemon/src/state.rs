@@ -1,0 +1,288 @@
+//! The state that survives a restart, so that a fault never loosens governance: the degraded
+//! scopes with their expiry, kept in an embedded SQLite database, `<--state-dir>/state.db`
+//! (mode 0600, WAL: a second haltd can open it during an upgrade).
+//!
+//! - **Crash order.** A change is applied after the ledger record that states it is written
+//!   and fsync'd ([`crate::ledger::Ledger::append_linked`]), and in the same transaction the
+//!   store keeps that record's seq and hash, the point of the ledger it reflects. A crash
+//!   between the two leaves the store behind the ledger, never ahead of it.
+//! - **Start-up** ([`restore`]): the store must match the ledger (its point is a record of the
+//!   current segment, under the same `node.key`); mode changes the ledger holds after that
+//!   point are applied from the ledger. A store that does not match stops the start, unless
+//!   `--state-mismatch degrade-node`. Nothing is reset silently.
+//! - **Expiries** are stored as Unix milliseconds; while haltd runs its timers follow the
+//!   monotonic clock (`modes.rs`), and at start what remains is `until_unix_ms` − now.
+//! - **Schema.** `PRAGMA user_version` is the schema version ([`schema::VERSION`]). A new file
+//!   gets the current schema; an older version is migrated forward in one transaction at
+//!   open, one step per version; a newer one (written by a later haltd) is refused, never
+//!   rewritten.
+//!
+//! One thread, `haltd-state`, owns the connection and applies changes in the order they were
+//! queued, off the data plane and off the ledger's writer. A failed write marks the store
+//! failed: the watchdog then fails the daemon closed, as for a failed ledger write.
+
+pub mod restore;
+pub mod schema;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc::{self, Receiver, SyncSender, TrySendError},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+};
+
+use serde::Serialize;
+
+use crate::ledger::Written;
+
+/// The store's file in `--state-dir`.
+pub const STATE_FILE: &str = "state.db";
+
+/// Changes queued before the store's thread must have taken them (it takes one per mode
+/// change; a full queue means the disk stopped answering, and fails the store).
+const QUEUE_CAPACITY: usize = 4096;
+
+/// Why the store could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state store {path}: {op}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state store {path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state store {path}: schema version {found} was written by a newer haltd (this one knows {known}); start that haltd, or move the file aside knowing its state is lost")]
+    Newer {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("state store {path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("state store {path}: its writer thread is gone")]
+    Gone { path: PathBuf },
+    #[error("state store {path}: {capacity} changes are queued and none is written")]
+    QueueFull { path: PathBuf, capacity: usize },
+}
+
+/// A degraded scope as the store keeps it: `node` or `key:<fingerprint>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ScopeRow {
+    pub scope: String,
+    pub since_unix_ms: u64,
+    /// When its timer ends it; `None`: only the operator does.
+    pub until_unix_ms: Option<u64>,
+    pub cause: String,
+    pub stream_id: String,
+}
+
+/// Everything the store holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Snapshot {
+    /// The last ledger record the store reflects (`None`: a new store).
+    pub ledger: Option<Point>,
+    /// The fingerprint of the node key the store was written under.
+    pub node_check: Option<String>,
+    pub scopes: Vec<ScopeRow>,
+}
+
+/// A ledger record the store reflects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Point {
+    pub seq: u64,
+    pub hash: String,
+}
+
+impl From<Written> for Point {
+    fn from(w: Written) -> Self {
+        Point {
+            seq: w.seq,
+            hash: w.hash,
+        }
+    }
+}
+
+/// One change of the held state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A scope is degraded: new, or its timer restarted (the row is replaced).
+    Degrade(ScopeRow),
+    /// A scope is back to full.
+    End(String),
+}
+
+enum Op {
+    Apply {
+        point: Option<Point>,
+        changes: Vec<Change>,
+    },
+    Replace(Snapshot),
+    Read(SyncSender<Result<Snapshot, StateError>>),
+    Flush(SyncSender<()>),
+}
+
+/// The handle to the store's thread. `Send + Sync`; shared through the halt core.
+#[derive(Debug)]
+pub struct StateStore {
+    path: PathBuf,
+    tx: Mutex<Option<SyncSender<Op>>>,
+    failed: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl StateStore {
+    /// Opens (or creates) `<dir>/state.db`, migrating an older schema, and starts its thread.
+    /// Returns the store with what it held.
+    pub fn open(dir: &Path) -> Result<(StateStore, Snapshot), StateError> {
+        let path = dir.join(STATE_FILE);
+        let mut conn = schema::open(&path)?;
+        let held = schema::load(&conn, &path)?;
+        // The store is written only by its thread from here on.
+        let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
+        let failed = Arc::new(AtomicBool::new(false));
+        let (thread_failed, thread_path) = (Arc::clone(&failed), path.clone());
+        let thread = std::thread::Builder::new()
+            .name("haltd-state".to_owned())
+            .spawn(move || run(&mut conn, &thread_path, &rx, &thread_failed))
+            .map_err(|source| StateError::Io {
+                path: path.clone(),
+                op: "starting its thread",
+                source,
+            })?;
+        let store = StateStore {
+            path,
+            tx: Mutex::new(Some(tx)),
+            failed,
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok((store, held))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a write failed (the daemon then fails closed).
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    fn send(&self, op: Op) -> Result<(), StateError> {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = tx.as_ref() else {
+            return Err(self.gone());
+        };
+        let result = match tx.try_send(op) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(StateError::QueueFull {
+                path: self.path.clone(),
+                capacity: QUEUE_CAPACITY,
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(self.gone()),
+        };
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn gone(&self) -> StateError {
+        StateError::Gone {
+            path: self.path.clone(),
+        }
+    }
+
+    fn fail(&self, e: &StateError) {
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(error = %e, "the state store failed");
+        }
+    }
+
+    /// Queues changes, with the ledger record that states them (`None`: changes no record
+    /// states, such as a degraded scope's timer restarted by another halt: the point stays).
+    /// Never waits for the disk.
+    pub fn apply(&self, point: Option<Point>, changes: Vec<Change>) {
+        let _ = self.send(Op::Apply { point, changes });
+    }
+
+    /// Moves the store's point to a record that changes nothing it holds (the start record,
+    /// a rotated segment's first record).
+    pub fn link(&self, point: Point) {
+        self.apply(Some(point), Vec::new());
+    }
+
+    /// Replaces everything the store holds (at start, with the state restored).
+    pub fn replace(&self, held: Snapshot) {
+        let _ = self.send(Op::Replace(held));
+    }
+
+    /// What the store holds now, once every change queued before is written.
+    pub fn read(&self) -> Result<Snapshot, StateError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Op::Read(tx))?;
+        rx.recv().map_err(|_| self.gone())?
+    }
+
+    /// Waits until every change queued before is written.
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if self.send(Op::Flush(tx)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+}
+
+impl Drop for StateStore {
+    fn drop(&mut self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = thread {
+            if t.join().is_err() {
+                tracing::error!(path = %self.path.display(), "the state store's thread panicked");
+            }
+        }
+    }
+}
+
+/// The store's thread: applies each change in its own transaction, in order.
+fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: &AtomicBool) {
+    for op in rx {
+        match op {
+            Op::Apply { point, changes } => {
+                if failed.load(Ordering::Acquire) {
+                    continue;
+                }
+                if let Err(e) = schema::apply(conn, path, point.as_ref(), &changes) {
+                    tracing::error!(error = %e, "the state store failed");
+                    failed.store(true, Ordering::Release);
+                }
+            }
+            Op::Replace(held) => {
+                if let Err(e) = schema::replace(conn, path, &held) {
+                    tracing::error!(error = %e, "the state store failed");
+                    failed.store(true, Ordering::Release);
+                }
+            }
+            Op::Read(tx) => {
+                let _ = tx.send(schema::load(conn, path));
+            }
+            Op::Flush(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

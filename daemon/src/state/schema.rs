@@ -1,0 +1,209 @@
+//! The store's SQL: opening the file (mode 0600, WAL, full sync), the schema and its
+//! migrations, and the statements that read and write it.
+//!
+//! Schema version 1:
+//!
+//! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
+//!   ledger record the store reflects) and `node_check` (the fingerprint of the node key);
+//! - `degraded(scope TEXT PRIMARY KEY, since_unix_ms, until_unix_ms NULL, cause, stream_id)`.
+//!
+//! The migration rule: each version `n` has one step from `n - 1` ([`MIGRATIONS`]), run in
+//! order in one transaction at open; a file whose `user_version` is above [`VERSION`] is
+//! refused.
+
+use std::{fs::OpenOptions, os::unix::fs::OpenOptionsExt, path::Path};
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use super::{Change, Point, ScopeRow, Snapshot, StateError};
+
+/// The schema this haltd writes.
+pub const VERSION: i64 = 1;
+
+/// Step `i` takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+     CREATE TABLE degraded (
+         scope TEXT PRIMARY KEY,
+         since_unix_ms INTEGER NOT NULL,
+         until_unix_ms INTEGER,
+         cause TEXT NOT NULL,
+         stream_id TEXT NOT NULL
+     );",
+];
+
+fn sql<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(rusqlite::Error) -> StateError + 'p {
+    move |source| StateError::Sqlite {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// Opens `path`, creating it with mode 0600, and brings its schema to [`VERSION`].
+pub fn open(path: &Path) -> Result<Connection, StateError> {
+    // Created here, not by SQLite, so that it is never readable by others; SQLite gives its
+    // WAL and shared-memory files the database file's mode.
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| StateError::Io {
+            path: path.to_owned(),
+            op: "creating it",
+            source,
+        })?;
+    let mut conn = Connection::open(path).map_err(sql(path, "opening it"))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql(path, "setting WAL"))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(sql(path, "setting synchronous = FULL"))?;
+    // A second process (an upgrade's new haltd) may hold the write lock for a moment.
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sql(path, "setting the busy timeout"))?;
+    migrate(&mut conn, path)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StateError> {
+    let tx = conn.transaction().map_err(sql(path, "migrating"))?;
+    let found: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql(path, "reading the schema version"))?;
+    if found > VERSION {
+        return Err(StateError::Newer {
+            path: path.to_owned(),
+            found,
+            known: VERSION,
+        });
+    }
+    for step in &MIGRATIONS[usize::try_from(found).unwrap_or(0)..] {
+        tx.execute_batch(step).map_err(sql(path, "migrating"))?;
+    }
+    tx.pragma_update(None, "user_version", VERSION)
+        .map_err(sql(path, "writing the schema version"))?;
+    tx.commit().map_err(sql(path, "migrating"))
+}
+
+fn meta(conn: &Connection, path: &Path, name: &str) -> Result<Option<String>, StateError> {
+    conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
+        r.get(0)
+    })
+    .optional()
+    .map_err(sql(path, "reading meta"))
+}
+
+fn set_meta(tx: &Transaction<'_>, path: &Path, name: &str, value: &str) -> Result<(), StateError> {
+    tx.execute(
+        "INSERT INTO meta (name, value) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        params![name, value],
+    )
+    .map(drop)
+    .map_err(sql(path, "writing meta"))
+}
+
+/// Everything the store holds.
+pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
+    let seq = meta(conn, path, "ledger_seq")?;
+    let hash = meta(conn, path, "ledger_hash")?;
+    let ledger = match (seq, hash) {
+        (Some(seq), Some(hash)) => Some(Point {
+            seq: seq.parse().map_err(|_| StateError::Corrupt {
+                path: path.to_owned(),
+                reason: format!("ledger_seq {seq:?} is not a number"),
+            })?,
+            hash,
+        }),
+        _ => None,
+    };
+    let mut stmt = conn
+        .prepare(
+            "SELECT scope, since_unix_ms, until_unix_ms, cause, stream_id FROM degraded
+             ORDER BY scope",
+        )
+        .map_err(sql(path, "reading the degraded scopes"))?;
+    let scopes = stmt
+        .query_map([], |r| {
+            Ok(ScopeRow {
+                scope: r.get(0)?,
+                since_unix_ms: r.get(1)?,
+                until_unix_ms: r.get(2)?,
+                cause: r.get(3)?,
+                stream_id: r.get(4)?,
+            })
+        })
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading the degraded scopes"))?;
+    Ok(Snapshot {
+        ledger,
+        node_check: meta(conn, path, "node_check")?,
+        scopes,
+    })
+}
+
+fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<(), StateError> {
+    match change {
+        Change::Degrade(row) => tx.execute(
+            "INSERT INTO degraded (scope, since_unix_ms, until_unix_ms, cause, stream_id)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (scope) DO UPDATE SET since_unix_ms = excluded.since_unix_ms,
+                 until_unix_ms = excluded.until_unix_ms, cause = excluded.cause,
+                 stream_id = excluded.stream_id",
+            params![
+                row.scope,
+                row.since_unix_ms,
+                row.until_unix_ms,
+                row.cause,
+                row.stream_id
+            ],
+        ),
+        Change::End(scope) => tx.execute("DELETE FROM degraded WHERE scope = ?1", [scope]),
+    }
+    .map(drop)
+    .map_err(sql(path, "writing a degraded scope"))
+}
+
+fn set_point(tx: &Transaction<'_>, path: &Path, point: &Point) -> Result<(), StateError> {
+    set_meta(tx, path, "ledger_seq", &point.seq.to_string())?;
+    set_meta(tx, path, "ledger_hash", &point.hash)
+}
+
+/// Applies `changes` and moves the point to `point`, in one transaction.
+pub fn apply(
+    conn: &mut Connection,
+    path: &Path,
+    point: Option<&Point>,
+    changes: &[Change],
+) -> Result<(), StateError> {
+    let tx = conn
+        .transaction()
+        .map_err(sql(path, "beginning a change"))?;
+    for c in changes {
+        write_change(&tx, path, c)?;
+    }
+    if let Some(p) = point {
+        set_point(&tx, path, p)?;
+    }
+    tx.commit().map_err(sql(path, "committing a change"))
+}
+
+/// Replaces everything the store holds with `held`, in one transaction.
+pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<(), StateError> {
+    let tx = conn
+        .transaction()
+        .map_err(sql(path, "beginning a change"))?;
+    tx.execute("DELETE FROM degraded", [])
+        .map_err(sql(path, "clearing the degraded scopes"))?;
+    for row in &held.scopes {
+        write_change(&tx, path, &Change::Degrade(row.clone()))?;
+    }
+    if let Some(p) = &held.ledger {
+        set_point(&tx, path, p)?;
+    }
+    if let Some(check) = &held.node_check {
+        set_meta(&tx, path, "node_check", check)?;
+    }
+    tx.commit().map_err(sql(path, "committing a change"))
+}

@@ -1,0 +1,287 @@
+//! The state store's unit tests: the file, the schema, the crash order against a real ledger,
+//! and the start-up check.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, SystemTime},
+};
+
+use super::restore::{check, Verdict};
+use super::*;
+use crate::{
+    codes::FailureCode,
+    ledger::{testing, Ledger, Record, RecordKind},
+    modes::{DegradedScope, KeyId, ModeChange, Modes},
+};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "haltd-state-{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(dir.join("state")).expect("test setup");
+        Self(dir)
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.0.join("fhr.jsonl")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.0.join("state")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn row(scope: &str, until: Option<u64>) -> ScopeRow {
+    ScopeRow {
+        scope: scope.to_owned(),
+        since_unix_ms: 1_000,
+        until_unix_ms: until,
+        cause: "EXFIL_ALERT".to_owned(),
+        stream_id: "1.1".to_owned(),
+    }
+}
+
+/// Records `ch` as the daemon does (`HaltCore::record_mode_change`): the store is written
+/// once the record is on disk, with its point.
+fn record(ledger: &Ledger, store: &Arc<StateStore>, ch: &ModeChange) {
+    let rec = Record {
+        kind: RecordKind::Lifecycle,
+        runtime_mode: ch.to.as_str().to_owned(),
+        kernel_gate: "enforcing".to_owned(),
+        mode_change: serde_json::to_value(ch).ok(),
+        ..Record::default()
+    };
+    let (store, change) = (Arc::clone(store), ch.store_change());
+    ledger
+        .append_linked(rec, move |w| {
+            store.apply(Some(w.expect("written").into()), vec![change]);
+        })
+        .expect("queued");
+}
+
+fn lifecycle(msg: &str) -> Record {
+    Record {
+        kind: RecordKind::Lifecycle,
+        runtime_mode: "full".to_owned(),
+        kernel_gate: "enforcing".to_owned(),
+        message: Some(msg.to_owned()),
+        ..Record::default()
+    }
+}
+
+fn key(s: &str) -> KeyId {
+    KeyId::of(
+        &crate::identity::NodeSecret::from_bytes([7; 32]),
+        crate::credential::Credential::Bearer(s),
+    )
+}
+
+#[test]
+fn the_file_is_private_and_a_newer_schema_is_refused() {
+    let dir = TempDir::new("schema");
+    let (store, held) = StateStore::open(&dir.state()).expect("open");
+    assert_eq!(held, Snapshot::default());
+    let mode = std::fs::metadata(dir.state().join(STATE_FILE))
+        .expect("test setup")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    store.apply(
+        Some(Point {
+            seq: 3,
+            hash: "ab".into(),
+        }),
+        vec![Change::Degrade(row("node", None))],
+    );
+    drop(store);
+    let (store, held) = StateStore::open(&dir.state()).expect("reopen");
+    assert_eq!(held.scopes, [row("node", None)]);
+    assert_eq!(held.ledger.map(|p| p.seq), Some(3));
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.state().join(STATE_FILE)).expect("test setup");
+    conn.pragma_update(None, "user_version", schema::VERSION + 1)
+        .expect("test setup");
+    drop(conn);
+    let err = StateStore::open(&dir.state()).expect_err("refused");
+    assert!(matches!(err, StateError::Newer { .. }), "{err}");
+    assert!(err.to_string().contains("newer haltd"), "{err}");
+}
+
+#[test]
+fn changes_are_stored_after_their_records_and_a_restart_finds_them() {
+    let dir = TempDir::new("order");
+    let ledger = testing::open(&dir.ledger(), true).expect("ledger");
+    let (store, held) = StateStore::open(&dir.state()).expect("open");
+    let restored = check(&held, &dir.ledger(), "n1").expect("check");
+    assert_eq!(restored.verdict, Verdict::New);
+    let store = Arc::new(store);
+    let modes = Modes::new(DegradedScope::Key, Some(Duration::from_secs(600)));
+    let ch = modes
+        .enter(key("a"), FailureCode::ExfilAlert, "2.1")
+        .expect("change");
+    record(&ledger, &store, &ch);
+    let ch = modes
+        .enter(key("b"), FailureCode::ExfilAlert, "2.2")
+        .expect("change");
+    record(&ledger, &store, &ch);
+    for ch in modes.set_full(crate::modes::ScopeSel::Key(key("b"))) {
+        record(&ledger, &store, &ch);
+    }
+    ledger.flush().expect("flush");
+    let held = store.read().expect("read");
+    assert_eq!(held.scopes.len(), 1, "{held:?}");
+    assert_eq!(held.scopes[0].scope, format!("key:{}", key("a")));
+    assert_eq!(held.ledger.as_ref().map(|p| p.seq), Some(2));
+    // The point is a record of this ledger: the store matches, nothing to replay.
+    let restored = check(&held, &dir.ledger(), "n1").expect("check");
+    assert_eq!(restored.verdict, Verdict::Matched { replayed: 0 });
+    assert_eq!(restored.scopes, held.scopes);
+}
+
+#[test]
+fn a_store_behind_its_ledger_catches_up_and_never_loses_a_degrade() {
+    let dir = TempDir::new("behind");
+    let ledger = testing::open(&dir.ledger(), true).expect("ledger");
+    let (store, held) = StateStore::open(&dir.state()).expect("open");
+    let store = Arc::new(store);
+    let w = ledger.reopen(lifecycle("x")).expect("same file");
+    assert!(w.is_none());
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    ledger
+        .append_linked(lifecycle("start"), move |w| {
+            let _ = tx.send(w);
+        })
+        .expect("queued");
+    store.link(rx.recv().expect("answered").expect("written").into());
+    // A crash between the record's fsync and the store's write: the record is in the
+    // ledger, the store never saw it.
+    let modes = Modes::new(DegradedScope::Key, Some(Duration::from_secs(600)));
+    let ch = modes
+        .enter(key("c"), FailureCode::CoherenceBelowThreshold, "3.1")
+        .expect("change");
+    ledger
+        .append_sync(Record {
+            kind: RecordKind::Lifecycle,
+            runtime_mode: "degraded".to_owned(),
+            kernel_gate: "enforcing".to_owned(),
+            mode_change: serde_json::to_value(&ch).ok(),
+            ..Record::default()
+        })
+        .expect("written");
+    let behind = store.read().expect("read");
+    assert!(behind.scopes.is_empty() && held.scopes.is_empty());
+    let restored = check(&behind, &dir.ledger(), "n1").expect("check");
+    assert_eq!(restored.verdict, Verdict::Matched { replayed: 1 });
+    assert_eq!(restored.scopes.len(), 1);
+    assert_eq!(restored.scopes[0].until_unix_ms, ch.until_unix_ms);
+    // And what is restored is degraded, with the same end.
+    let again = Modes::new(DegradedScope::Key, None);
+    again
+        .restore(
+            &restored.scopes,
+            SystemTime::now(),
+            crate::clock::monotonic_ns(),
+        )
+        .expect("restore");
+    assert!(again.is_degraded(key("c")));
+}
+
+#[test]
+fn a_store_that_does_not_match_is_named_never_reset() {
+    let dir = TempDir::new("mismatch");
+    let ledger = testing::open(&dir.ledger(), true).expect("ledger");
+    let modes = Modes::new(DegradedScope::Node, None);
+    let ch = modes
+        .enter(key("d"), FailureCode::ExfilAlert, "4.1")
+        .expect("change");
+    ledger
+        .append_sync(Record {
+            kind: RecordKind::Lifecycle,
+            runtime_mode: "degraded".to_owned(),
+            kernel_gate: "enforcing".to_owned(),
+            mode_change: serde_json::to_value(&ch).ok(),
+            ..Record::default()
+        })
+        .expect("written");
+    // A removed store: new, but the ledger holds a mode change.
+    let new = Snapshot::default();
+    let Verdict::Mismatch(why) = check(&new, &dir.ledger(), "n1").expect("check").verdict else {
+        panic!("a removed store must not pass as new");
+    };
+    assert!(why.contains("records runtime-mode changes"), "{why}");
+    // A store from another ledger: its point is not here.
+    let other = Snapshot {
+        ledger: Some(Point {
+            seq: 0,
+            hash: "00".repeat(32),
+        }),
+        node_check: Some("n1".into()),
+        scopes: vec![row("node", None)],
+    };
+    let Verdict::Mismatch(why) = check(&other, &dir.ledger(), "n1").expect("check").verdict else {
+        panic!("a foreign store must not match");
+    };
+    assert!(why.contains("is not in"), "{why}");
+    // A store written under another node key.
+    let Verdict::Mismatch(why) = check(&other, &dir.ledger(), "n2").expect("check").verdict else {
+        panic!("another node key must not match");
+    };
+    assert!(why.contains("another node.key"), "{why}");
+}
+
+/// Restoring 10,000 degraded scopes: the store's write and read, the check against the
+/// ledger and the restore into degraded mode (the time is printed, for the bench; the test
+/// checks what is restored).
+#[test]
+fn ten_thousand_scopes_are_restored() {
+    let dir = TempDir::new("many");
+    let ledger = testing::open(&dir.ledger(), true).expect("ledger");
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    ledger
+        .append_linked(lifecycle("start"), move |w| {
+            let _ = tx.send(w);
+        })
+        .expect("queued");
+    let point: Point = rx.recv().expect("answered").expect("written").into();
+    let (store, _) = StateStore::open(&dir.state()).expect("open");
+    let rows: Vec<ScopeRow> = (0..10_000u64)
+        .map(|i| row(&format!("key:{}", KeyId(i)), Some(u64::MAX / 2)))
+        .collect();
+    store.replace(Snapshot {
+        ledger: Some(point),
+        node_check: Some("n1".into()),
+        scopes: rows.clone(),
+    });
+    drop(store);
+    let t = std::time::Instant::now();
+    let (store, held) = StateStore::open(&dir.state()).expect("reopen");
+    let restored = check(&held, &dir.ledger(), "n1").expect("check");
+    let modes = Modes::new(DegradedScope::Key, None);
+    modes
+        .restore(
+            &restored.scopes,
+            SystemTime::now(),
+            crate::clock::monotonic_ns(),
+        )
+        .expect("restore");
+    let took = t.elapsed();
+    eprintln!("restored 10,000 scopes in {took:?}");
+    assert_eq!(restored.verdict, Verdict::Matched { replayed: 0 });
+    assert_eq!(modes.degraded_count(), 10_000);
+    assert!(modes.is_degraded(KeyId(9_999)));
+    drop(store);
+}
