@@ -502,6 +502,30 @@ impl HaltCore {
         }
     }
 
+    /// Queues a record (if any), and the state store's change after it once it is on disk;
+    /// with no record, the change at once (a normal turn the sampling leaves unrecorded).
+    pub fn record_with_state(&self, rec: Option<Record>, change: Option<crate::state::Change>) {
+        let Some(change) = change else {
+            if let Some(rec) = rec {
+                self.record(rec);
+            }
+            return;
+        };
+        let Some(rec) = rec else {
+            self.state.apply(None, vec![change]);
+            return;
+        };
+        let state = Arc::clone(&self.state);
+        let queued = self.ledger.append_then(rec, move |written| {
+            if written.is_ok() {
+                state.apply(None, vec![change]);
+            }
+        });
+        if let Err(e) = queued {
+            self.record_failed(&e);
+        }
+    }
+
     /// Appends a record and waits until it is on disk (fsync'd): for records whose answer
     /// must not outrun them. A failure is counted and logged and fails the daemon closed.
     /// Blocks for one fsync: not for the data plane's threads.

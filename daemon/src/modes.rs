@@ -17,7 +17,10 @@
 //! (16 hex digits).
 //!
 //! Committed conversation state ([`Conversation`]) changes only when a turn ends cleanly; a
-//! failed turn (halted, upstream failure, client gone) leaves it as it was.
+//! failed turn (halted, upstream failure, client gone) leaves it as it was. Both the degraded
+//! scopes and this state survive a restart in the state store (`state.rs`): each change
+//! returns the store's change, which the caller queues after the ledger record that states
+//! it, if there is one.
 //!
 //! One mutex guards all of it: it is taken at turn start and turn end, never per token.
 
@@ -37,7 +40,7 @@ use serde::Serialize;
 use crate::{
     clock::{monotonic_ns, unix_ms},
     codes::FailureCode,
-    state::ScopeRow,
+    state::{ConversationRow, ScopeRow},
 };
 
 /// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
@@ -274,6 +277,17 @@ pub struct Modes {
 
 fn scope_name(key: Option<KeyId>) -> String {
     key.map_or_else(|| "node".to_owned(), |k| format!("key:{k}"))
+}
+
+fn conversation_change(key: KeyId, c: &Conversation) -> crate::state::Change {
+    crate::state::Change::Conversation(ConversationRow {
+        key: key.fingerprint(),
+        turns_committed: c.turns_committed,
+        tokens_committed: c.tokens_committed,
+        tool_calls_committed: c.tool_calls_committed,
+        last_committed_turn: c.last_committed_turn.clone(),
+        turns_failed: c.turns_failed,
+    })
 }
 
 /// `node` is `Some(None)`, `key:<fingerprint>` is `Some(Some(key))`.
@@ -524,23 +538,52 @@ impl Modes {
         usize::from(inner.node.is_some()) + inner.keys.len()
     }
 
-    /// Commits a cleanly ended turn into its conversation's state.
-    pub fn commit_turn(&self, key: KeyId, turn_id: &str, tokens: u64, tool_calls: u64) {
+    /// Commits a cleanly ended turn into its conversation's state; returns the state
+    /// store's change.
+    pub fn commit_turn(
+        &self,
+        key: KeyId,
+        turn_id: &str,
+        tokens: u64,
+        tool_calls: u64,
+    ) -> crate::state::Change {
         let mut inner = self.lock();
         let c = inner.conversations.entry(key).or_default();
         c.turns_committed += 1;
         c.tokens_committed += tokens;
         c.tool_calls_committed += tool_calls;
         c.last_committed_turn = Some(turn_id.to_owned());
+        conversation_change(key, c)
     }
 
     /// Notes a failed turn: the count of failures moves, the committed state does not.
-    pub fn fail_turn(&self, key: KeyId) {
-        self.lock()
-            .conversations
-            .entry(key)
-            .or_default()
-            .turns_failed += 1;
+    /// Returns the state store's change.
+    pub fn fail_turn(&self, key: KeyId) -> crate::state::Change {
+        let mut inner = self.lock();
+        let c = inner.conversations.entry(key).or_default();
+        c.turns_failed += 1;
+        conversation_change(key, c)
+    }
+
+    /// The committed conversation state a start restores from the state store.
+    pub fn restore_conversations(&self, rows: &[ConversationRow]) -> Result<(), String> {
+        let mut inner = self.lock();
+        for r in rows {
+            let key = KeyId::parse_fingerprint(&r.key).ok_or_else(|| {
+                format!("the stored conversation key {:?} is no fingerprint", r.key)
+            })?;
+            inner.conversations.insert(
+                key,
+                Conversation {
+                    turns_committed: r.turns_committed,
+                    tokens_committed: r.tokens_committed,
+                    tool_calls_committed: r.tool_calls_committed,
+                    last_committed_turn: r.last_committed_turn.clone(),
+                    turns_failed: r.turns_failed,
+                },
+            );
+        }
+        Ok(())
     }
 
     pub fn conversation(&self, key: KeyId) -> Option<Conversation> {

@@ -1,6 +1,7 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
-//! scopes with their expiry, kept in an embedded SQLite database, `<--state-dir>/state.db`
-//! (mode 0600, WAL: a second haltd can open it during an upgrade).
+//! scopes with their expiry, and each conversation's committed TURN-ACID state, kept in an
+//! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
+//! it during an upgrade).
 //!
 //! - **Crash order.** A change is applied after the ledger record that states it is written
 //!   and fsync'd ([`crate::ledger::Ledger::append_linked`]), and in the same transaction the
@@ -18,8 +19,9 @@
 //!   rewritten.
 //!
 //! One thread, `haltd-state`, owns the connection and applies changes in the order they were
-//! queued, off the data plane and off the ledger's writer. A failed write marks the store
-//! failed: the watchdog then fails the daemon closed, as for a failed ledger write.
+//! queued, off the data plane and off the ledger's writer, the changes queued meanwhile in one
+//! transaction (one fsync for a burst of turns). A failed write marks the store failed: the
+//! watchdog then fails the daemon closed, as for a failed ledger write.
 
 pub mod restore;
 pub mod schema;
@@ -41,9 +43,12 @@ use crate::ledger::Written;
 /// The store's file in `--state-dir`.
 pub const STATE_FILE: &str = "state.db";
 
-/// Changes queued before the store's thread must have taken them (it takes one per mode
-/// change; a full queue means the disk stopped answering, and fails the store).
-const QUEUE_CAPACITY: usize = 4096;
+/// Changes queued before the store's thread must have taken them (one per mode change and
+/// per turn; a full queue means the disk stopped answering, and fails the store).
+const QUEUE_CAPACITY: usize = 65_536;
+
+/// The most queued changes one transaction takes.
+const BATCH_MAX: usize = 1024;
 
 /// Why the store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +92,17 @@ pub struct ScopeRow {
     pub stream_id: String,
 }
 
+/// A conversation's committed state (TURN-ACID), by its key's fingerprint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ConversationRow {
+    pub key: String,
+    pub turns_committed: u64,
+    pub tokens_committed: u64,
+    pub tool_calls_committed: u64,
+    pub last_committed_turn: Option<String>,
+    pub turns_failed: u64,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -95,6 +111,7 @@ pub struct Snapshot {
     /// The fingerprint of the node key the store was written under.
     pub node_check: Option<String>,
     pub scopes: Vec<ScopeRow>,
+    pub conversations: Vec<ConversationRow>,
 }
 
 /// A ledger record the store reflects.
@@ -120,6 +137,8 @@ pub enum Change {
     Degrade(ScopeRow),
     /// A scope is back to full.
     End(String),
+    /// A conversation's committed state after a turn (the row is replaced).
+    Conversation(ConversationRow),
 }
 
 enum Op {
@@ -255,25 +274,30 @@ impl Drop for StateStore {
     }
 }
 
-/// The store's thread: applies each change in its own transaction, in order.
+/// The store's thread: applies the changes in order, those queued together in one
+/// transaction.
 fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: &AtomicBool) {
-    for op in rx {
+    let mut batch: Vec<(Option<Point>, Vec<Change>)> = Vec::new();
+    let mut next = rx.recv().ok();
+    while let Some(op) = next.take() {
         match op {
             Op::Apply { point, changes } => {
-                if failed.load(Ordering::Acquire) {
-                    continue;
+                batch.push((point, changes));
+                // Take what else is queued, up to the batch's end or another kind of op.
+                match rx.try_recv() {
+                    Ok(op) if batch.len() < BATCH_MAX => {
+                        next = Some(op);
+                        if matches!(next, Some(Op::Apply { .. })) {
+                            continue;
+                        }
+                    }
+                    Ok(op) => next = Some(op),
+                    Err(_) => {}
                 }
-                if let Err(e) = schema::apply(conn, path, point.as_ref(), &changes) {
-                    tracing::error!(error = %e, "the state store failed");
-                    failed.store(true, Ordering::Release);
-                }
+                write(failed, || schema::apply(conn, path, &batch));
+                batch.clear();
             }
-            Op::Replace(held) => {
-                if let Err(e) = schema::replace(conn, path, &held) {
-                    tracing::error!(error = %e, "the state store failed");
-                    failed.store(true, Ordering::Release);
-                }
-            }
+            Op::Replace(held) => write(failed, || schema::replace(conn, path, &held)),
             Op::Read(tx) => {
                 let _ = tx.send(schema::load(conn, path));
             }
@@ -281,6 +305,20 @@ fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: 
                 let _ = tx.send(());
             }
         }
+        if next.is_none() {
+            next = rx.recv().ok();
+        }
+    }
+}
+
+/// Runs a write unless one failed before, and marks the store failed if this one fails.
+fn write(failed: &AtomicBool, work: impl FnOnce() -> Result<(), StateError>) {
+    if failed.load(Ordering::Acquire) {
+        return;
+    }
+    if let Err(e) = work() {
+        tracing::error!(error = %e, "the state store failed");
+        failed.store(true, Ordering::Release);
     }
 }
 

@@ -31,6 +31,8 @@ const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-token-instructions"),
     // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
     ("haltd-tests", "bench-kill-loop"),
+    // A start restoring 10,000 degraded scopes from the state store (target: at most 1 s).
+    ("haltd-tests", "bench-state-restore"),
     // Issue 17: haltd in front of llama.cpp's server, beside the scripted upstream.
     ("haltd-tests", "bench-real-backend"),
     // Issue 16: grounding A/B, canary against intervene, on the stand-in and llama.cpp.

@@ -158,8 +158,9 @@ pub fn state(v: &Value) -> String {
         Some(p) => format!("ledger seq {} (hash {})", cell(&p["seq"]), cell(&p["hash"])),
         None => "no ledger record yet".to_owned(),
     };
+    let conversations = held["conversations"].as_array().map_or(0, Vec::len);
     let mut out = format!(
-        "store: {} (schema {}), reflects {point}\n",
+        "store: {} (schema {}), reflects {point}; committed state of {conversations} conversations (haltctl conversations)\n",
         cell(&v["path"]),
         cell(&v["schema_version"])
     );

@@ -61,12 +61,10 @@ pub(super) fn open_state(
         Verdict::New => (restored.scopes, None),
     };
     let modes = Modes::new(cfg.args.degraded_scope, cfg.degraded_for);
+    let now = (std::time::SystemTime::now(), crate::clock::monotonic_ns());
     modes
-        .restore(
-            &scopes,
-            std::time::SystemTime::now(),
-            crate::clock::monotonic_ns(),
-        )
+        .restore(&scopes, now.0, now.1)
+        .and_then(|()| modes.restore_conversations(&held.conversations))
         .map_err(|why| StartError::StateMismatch {
             path: store.path().display().to_string(),
             why,
@@ -74,6 +72,7 @@ pub(super) fn open_state(
     tracing::info!(
         store = %store.path().display(),
         degraded_scopes = scopes.len(),
+        conversations = held.conversations.len(),
         took_ms = t.elapsed().as_millis() as u64,
         "state restored"
     );
@@ -81,6 +80,7 @@ pub(super) fn open_state(
         ledger: None,
         node_check: Some(check),
         scopes,
+        conversations: held.conversations,
     });
     let store = Arc::new(store);
     Ok((Opened { store, modes }, mismatch))

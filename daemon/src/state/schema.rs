@@ -1,11 +1,14 @@
 //! The store's SQL: opening the file (mode 0600, WAL, full sync), the schema and its
 //! migrations, and the statements that read and write it.
 //!
-//! Schema version 1:
+//! Schema version 2:
 //!
 //! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
 //!   ledger record the store reflects) and `node_check` (the fingerprint of the node key);
-//! - `degraded(scope TEXT PRIMARY KEY, since_unix_ms, until_unix_ms NULL, cause, stream_id)`.
+//! - `degraded(scope TEXT PRIMARY KEY, since_unix_ms, until_unix_ms NULL, cause, stream_id)`
+//!   (version 1);
+//! - `conversations(key TEXT PRIMARY KEY, turns_committed, tokens_committed,
+//!   tool_calls_committed, last_committed_turn NULL, turns_failed)` (version 2).
 //!
 //! The migration rule: each version `n` has one step from `n - 1` ([`MIGRATIONS`]), run in
 //! order in one transaction at open; a file whose `user_version` is above [`VERSION`] is
@@ -15,10 +18,10 @@ use std::{fs::OpenOptions, os::unix::fs::OpenOptionsExt, path::Path};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use super::{Change, Point, ScopeRow, Snapshot, StateError};
+use super::{Change, ConversationRow, Point, ScopeRow, Snapshot, StateError};
 
 /// The schema this haltd writes.
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
 
 /// Step `i` takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -29,6 +32,14 @@ const MIGRATIONS: &[&str] = &[
          until_unix_ms INTEGER,
          cause TEXT NOT NULL,
          stream_id TEXT NOT NULL
+     );",
+    "CREATE TABLE conversations (
+         key TEXT PRIMARY KEY,
+         turns_committed INTEGER NOT NULL,
+         tokens_committed INTEGER NOT NULL,
+         tool_calls_committed INTEGER NOT NULL,
+         last_committed_turn TEXT,
+         turns_failed INTEGER NOT NULL
      );",
 ];
 
@@ -136,10 +147,30 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
         })
         .and_then(Iterator::collect)
         .map_err(sql(path, "reading the degraded scopes"))?;
+    let mut stmt = conn
+        .prepare(
+            "SELECT key, turns_committed, tokens_committed, tool_calls_committed,
+                 last_committed_turn, turns_failed FROM conversations ORDER BY key",
+        )
+        .map_err(sql(path, "reading the conversations"))?;
+    let conversations = stmt
+        .query_map([], |r| {
+            Ok(ConversationRow {
+                key: r.get(0)?,
+                turns_committed: r.get(1)?,
+                tokens_committed: r.get(2)?,
+                tool_calls_committed: r.get(3)?,
+                last_committed_turn: r.get(4)?,
+                turns_failed: r.get(5)?,
+            })
+        })
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading the conversations"))?;
     Ok(Snapshot {
         ledger,
         node_check: meta(conn, path, "node_check")?,
         scopes,
+        conversations,
     })
 }
 
@@ -160,6 +191,24 @@ fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<()
             ],
         ),
         Change::End(scope) => tx.execute("DELETE FROM degraded WHERE scope = ?1", [scope]),
+        Change::Conversation(c) => tx.execute(
+            "INSERT INTO conversations (key, turns_committed, tokens_committed,
+                 tool_calls_committed, last_committed_turn, turns_failed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (key) DO UPDATE SET turns_committed = excluded.turns_committed,
+                 tokens_committed = excluded.tokens_committed,
+                 tool_calls_committed = excluded.tool_calls_committed,
+                 last_committed_turn = excluded.last_committed_turn,
+                 turns_failed = excluded.turns_failed",
+            params![
+                c.key,
+                c.turns_committed,
+                c.tokens_committed,
+                c.tool_calls_committed,
+                c.last_committed_turn,
+                c.turns_failed
+            ],
+        ),
     }
     .map(drop)
     .map_err(sql(path, "writing a degraded scope"))
@@ -170,21 +219,23 @@ fn set_point(tx: &Transaction<'_>, path: &Path, point: &Point) -> Result<(), Sta
     set_meta(tx, path, "ledger_hash", &point.hash)
 }
 
-/// Applies `changes` and moves the point to `point`, in one transaction.
+/// Applies each batch's changes and moves the point to its point, in order, all in one
+/// transaction.
 pub fn apply(
     conn: &mut Connection,
     path: &Path,
-    point: Option<&Point>,
-    changes: &[Change],
+    batches: &[(Option<Point>, Vec<Change>)],
 ) -> Result<(), StateError> {
     let tx = conn
         .transaction()
         .map_err(sql(path, "beginning a change"))?;
-    for c in changes {
-        write_change(&tx, path, c)?;
-    }
-    if let Some(p) = point {
-        set_point(&tx, path, p)?;
+    for (point, changes) in batches {
+        for c in changes {
+            write_change(&tx, path, c)?;
+        }
+        if let Some(p) = point {
+            set_point(&tx, path, p)?;
+        }
     }
     tx.commit().map_err(sql(path, "committing a change"))
 }
@@ -196,8 +247,13 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
         .map_err(sql(path, "beginning a change"))?;
     tx.execute("DELETE FROM degraded", [])
         .map_err(sql(path, "clearing the degraded scopes"))?;
+    tx.execute("DELETE FROM conversations", [])
+        .map_err(sql(path, "clearing the conversations"))?;
     for row in &held.scopes {
         write_change(&tx, path, &Change::Degrade(row.clone()))?;
+    }
+    for c in &held.conversations {
+        write_change(&tx, path, &Change::Conversation(c.clone()))?;
     }
     if let Some(p) = &held.ledger {
         set_point(&tx, path, p)?;

@@ -122,6 +122,41 @@ fn the_file_is_private_and_a_newer_schema_is_refused() {
 }
 
 #[test]
+fn a_version_1_store_is_migrated_and_keeps_its_scopes() {
+    let dir = TempDir::new("migrate");
+    let path = dir.state().join(STATE_FILE);
+    let conn = rusqlite::Connection::open(&path).expect("test setup");
+    conn.execute_batch(
+        "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+         CREATE TABLE degraded (scope TEXT PRIMARY KEY, since_unix_ms INTEGER NOT NULL,
+             until_unix_ms INTEGER, cause TEXT NOT NULL, stream_id TEXT NOT NULL);
+         INSERT INTO degraded VALUES ('node', 5, NULL, 'EXFIL_ALERT', '1.1');
+         PRAGMA user_version = 1;",
+    )
+    .expect("test setup");
+    drop(conn);
+    let (store, held) = StateStore::open(&dir.state()).expect("migrated");
+    assert_eq!(held.scopes.len(), 1);
+    let c = ConversationRow {
+        key: format!("{}", key("e")),
+        turns_committed: 2,
+        tokens_committed: 40,
+        tool_calls_committed: 1,
+        last_committed_turn: Some("5.1".into()),
+        turns_failed: 1,
+    };
+    store.apply(None, vec![Change::Conversation(c.clone())]);
+    drop(store);
+    let (_store, held) = StateStore::open(&dir.state()).expect("reopen");
+    assert_eq!(held.conversations, [c]);
+    let conn = rusqlite::Connection::open(&path).expect("test setup");
+    let v: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("test setup");
+    assert_eq!(v, schema::VERSION);
+}
+
+#[test]
 fn changes_are_stored_after_their_records_and_a_restart_finds_them() {
     let dir = TempDir::new("order");
     let ledger = testing::open(&dir.ledger(), true).expect("ledger");
@@ -231,6 +266,7 @@ fn a_store_that_does_not_match_is_named_never_reset() {
         }),
         node_check: Some("n1".into()),
         scopes: vec![row("node", None)],
+        ..Snapshot::default()
     };
     let Verdict::Mismatch(why) = check(&other, &dir.ledger(), "n1").expect("check").verdict else {
         panic!("a foreign store must not match");
@@ -265,6 +301,7 @@ fn ten_thousand_scopes_are_restored() {
         ledger: Some(point),
         node_check: Some("n1".into()),
         scopes: rows.clone(),
+        ..Snapshot::default()
     });
     drop(store);
     let t = std::time::Instant::now();

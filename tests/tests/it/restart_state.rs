@@ -1,7 +1,8 @@
 //! A restart never loosens governance (`daemon/src/state.rs`): a key degraded by a halt is
 //! still degraded, with the same expiry, after haltd stops on SIGTERM and again after it is
-//! killed with SIGKILL while streams are open, and `haltctl state show` lists it; a state
-//! store that does not match the ledger stops the start (exit 4) and is never reset.
+//! killed with SIGKILL while streams are open, and `haltctl state show` lists it; a
+//! conversation's committed TURN-ACID state survives the restart; a state store that does not
+//! match the ledger stops the start (exit 4) and is never reset.
 
 use std::{thread, time::Duration};
 
@@ -42,6 +43,15 @@ fn degraded_entry(rig: &Rig, fingerprint: &str) -> Result<Option<Value>> {
         .and_then(|l| l.iter().find(|k| k["key"] == fingerprint).cloned()))
 }
 
+/// The committed state (TURN-ACID) of `fingerprint` in `GET /admin/conversations`.
+fn committed(rig: &Rig, fingerprint: &str) -> Result<Value> {
+    let all = rig.get_admin("/admin/conversations")?;
+    all["conversations"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["key"] == fingerprint).cloned())
+        .context("no committed state for the key")
+}
+
 /// A request of `auth` is served degraded (`x-haltd-mode: degraded`).
 fn served_degraded(rig: &Rig, auth: &str) -> Result<bool> {
     let o = rig.stream(
@@ -71,6 +81,14 @@ fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() ->
     degrade(&rig, KEY)?;
     let before = degraded_entry(&rig, &fp)?.context("degraded after the halt")?;
     let until = before["until_unix_ms"].as_u64().context("a timer")?;
+    // A conversation with committed turns (TURN-ACID) keeps them too.
+    let other = "Bearer conv-committed";
+    for _ in 0..2 {
+        ensure!(!served_degraded(&rig, other)?, "{other} is degraded");
+    }
+    let other_fp = rig.haltd.key_fingerprint(other)?;
+    let turns = committed(&rig, &other_fp)?;
+    ensure!(turns["turns_committed"] == 2, "{turns}");
 
     // SIGTERM, then a new haltd on the same ledger and state directory.
     let status = rig.haltd.stop()?;
@@ -82,6 +100,13 @@ fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() ->
         "after SIGTERM: {after}, before: {before}"
     );
     ensure!(served_degraded(&rig, KEY)?, "served in full after SIGTERM");
+    let after_turns = committed(&rig, &other_fp)?;
+    ensure!(
+        after_turns["turns_committed"] == 2
+            && after_turns["tokens_committed"] == turns["tokens_committed"]
+            && after_turns["last_committed_turn"] == turns["last_committed_turn"],
+        "committed state after SIGTERM: {after_turns}, before: {turns}"
+    );
     ensure!(
         !served_degraded(&rig, "Bearer other-key")?,
         "another key is degraded"

@@ -11,6 +11,7 @@ use crate::{
     detect::timing::latency_bucket,
     halt::HaltCore,
     ledger::{Record, RecordKind},
+    state::Change,
     stream::{Mode, Outcome, SlotSnapshot},
     upstream::metrics::ToolCallKind,
 };
@@ -34,15 +35,22 @@ impl Io {
         }
         let snap = self.shared.table.slot(conn.id.slot).snapshot(conn.id.slot);
         let outcome = Outcome::of_turn(snap.trip_cause, conn.outcome);
-        if let Some(rec) = self.turn_record(conn, &snap, outcome) {
-            self.shared.record(rec);
-        }
+        let (rec, change) = self.turn_record(conn, &snap, outcome);
+        self.shared.record_with_state(rec, change);
     }
 
-    /// The turn's record (`None`: a normal turn the sampling leaves out), after the metrics
-    /// and the TURN-ACID commit, which happen for every turn.
-    fn turn_record(&self, conn: &Conn, snap: &SlotSnapshot, outcome: Outcome) -> Option<Record> {
-        let turn = conn.turn.as_ref()?;
+    /// The turn's record (`None`: a normal turn the sampling leaves out, or no turn), after
+    /// the metrics and the TURN-ACID commit, which happen for every turn; with the commit's
+    /// change for the state store, to be written after the record.
+    fn turn_record(
+        &self,
+        conn: &Conn,
+        snap: &SlotSnapshot,
+        outcome: Outcome,
+    ) -> (Option<Record>, Option<Change>) {
+        let Some(turn) = conn.turn.as_ref() else {
+            return (None, None);
+        };
         let shared = &self.shared;
         shared.metrics.dataplane.finished(outcome);
         let mut rec = shared.base_record(RecordKind::Turn, snap);
@@ -50,7 +58,7 @@ impl Io {
         rec.detector_refs = turn.detector_refs.clone();
         record_detectors(shared, turn, &mut rec);
         rec.grounding = ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
-        commit_turn(shared, conn, turn, snap, outcome, &mut rec);
+        let change = commit_turn(shared, conn, turn, snap, outcome, &mut rec);
         let policy = shared.cfg.sampling;
         if let Some(p) = &conn.up {
             let finish = turn.source.upstream().and_then(|s| s.finish());
@@ -68,7 +76,10 @@ impl Io {
         // happened for every turn; only the ledger line is sampled.
         let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
         shared.metrics.ledger.turn_record(decision.kind());
-        rec.sampling = Some(decision.field(policy.turn_sample_rate)?);
+        let Some(sampling) = decision.field(policy.turn_sample_rate) else {
+            return (None, Some(change));
+        };
+        rec.sampling = Some(sampling);
         if policy.record_token_text {
             // The text SafetyCheck keeps anyway (`Turn::out_text`, bounded): recording it adds
             // no per-token work, only this copy per recorded turn.
@@ -77,7 +88,7 @@ impl Io {
             rec.text = Some(text);
             rec.text_truncated = Some(truncated);
         }
-        Some(rec)
+        (Some(rec), Some(change))
     }
 }
 
@@ -95,16 +106,22 @@ impl Step<'_> {
             .table
             .slot(conn.id.slot)
             .snapshot(conn.id.slot);
-        let rec = self.io.turn_record(conn, &snap, Outcome::Completed);
+        let (rec, change) = self.io.turn_record(conn, &snap, Outcome::Completed);
         if let Some(turn) = self.conn.turn.as_mut() {
             turn.recorded = true;
         }
         let Some(rec) = rec else {
+            self.io.shared.record_with_state(None, change);
             return self.send_final();
         };
         let on_disk = Arc::new(AtomicBool::new(false));
         let (flag, waker) = (Arc::clone(&on_disk), self.io.shared.waker(self.io.id));
-        let queued = self.io.shared.ledger.append_then(rec, move |_| {
+        let state = Arc::clone(&self.io.shared.state);
+        // Per turn, not per token: the change and the closure are allocated once.
+        let queued = self.io.shared.ledger.append_then(rec, move |written| {
+            if let (Ok(_), Some(c)) = (written, change) {
+                state.apply(None, vec![c]);
+            }
             flag.store(true, Ordering::Release);
             if let Some(w) = waker {
                 crate::halt::wake_fd(&w);
@@ -154,7 +171,7 @@ fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
 
 /// TURN-ACID: only a turn that ended cleanly commits; a failed one leaves the conversation's
 /// state as it was, and tool calls it already emitted are dispatched effects that need
-/// reconciliation.
+/// reconciliation. Returns the state store's change.
 fn commit_turn(
     shared: &HaltCore,
     conn: &Conn,
@@ -162,7 +179,7 @@ fn commit_turn(
     snap: &SlotSnapshot,
     outcome: Outcome,
     rec: &mut Record,
-) {
+) -> Change {
     let committed = outcome == Outcome::Completed;
     rec.turn_status = Some(if committed { "committed" } else { "failed" }.to_owned());
     let tool_status = if committed {
@@ -199,8 +216,8 @@ fn commit_turn(
             &conn.id.to_string(),
             tokens,
             turn.tool_calls.len() as u64,
-        );
+        )
     } else {
-        shared.modes.fail_turn(turn.key_id);
+        shared.modes.fail_turn(turn.key_id)
     }
 }
