@@ -322,3 +322,40 @@ fn ten_thousand_scopes_are_restored() {
     assert!(modes.is_degraded(KeyId(9_999)));
     drop(store);
 }
+
+/// A rotated ledger: the store links to the new segment's first record (as `lifecycle.rs`
+/// does on SIGHUP), so a start on the new segment finds it, with the scopes degraded before
+/// the rotation; without the link the start would refuse the store.
+#[test]
+fn a_store_linked_at_rotation_matches_the_new_segment() {
+    let dir = TempDir::new("rotate");
+    let ledger = testing::open(&dir.ledger(), true).expect("ledger");
+    let (store, _) = StateStore::open(&dir.state()).expect("open");
+    let store = Arc::new(store);
+    let modes = Modes::new(DegradedScope::Key, None);
+    let ch = modes
+        .enter(key("r"), FailureCode::ExfilAlert, "6.1")
+        .expect("change");
+    record(&ledger, &store, &ch);
+    ledger.flush().expect("flush");
+    std::fs::rename(dir.ledger(), dir.0.join("fhr.jsonl.1")).expect("rotate");
+    let unlinked = store.read().expect("read");
+    let first = ledger
+        .reopen(lifecycle("rotated"))
+        .expect("reopen")
+        .expect("a new segment");
+    // Before the link, the store's point is in the old segment only.
+    let Verdict::Mismatch(why) = check(&unlinked, &dir.ledger(), "n1")
+        .expect("check")
+        .verdict
+    else {
+        panic!("a point in a rotated-away segment must not match");
+    };
+    assert!(why.contains("rotated away"), "{why}");
+    store.link(first.into());
+    let held = store.read().expect("read");
+    let restored = check(&held, &dir.ledger(), "n1").expect("check");
+    assert_eq!(restored.verdict, Verdict::Matched { replayed: 0 });
+    assert_eq!(restored.scopes.len(), 1);
+    assert_eq!(restored.scopes[0].scope, format!("key:{}", key("r")));
+}
