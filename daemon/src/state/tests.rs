@@ -359,3 +359,23 @@ fn a_store_linked_at_rotation_matches_the_new_segment() {
     assert_eq!(restored.scopes.len(), 1);
     assert_eq!(restored.scopes[0].scope, format!("key:{}", key("r")));
 }
+
+/// A write that fails marks the store failed (the watchdog then fails haltd closed), and
+/// nothing is written after it.
+#[test]
+fn a_failed_write_fails_the_store() {
+    let dir = TempDir::new("fail");
+    let (store, _) = StateStore::open(&dir.state()).expect("open");
+    assert!(!store.is_failed());
+    // The table gone under the store (a broken file): the next write fails.
+    let conn = rusqlite::Connection::open(dir.state().join(STATE_FILE)).expect("test setup");
+    conn.execute_batch("DROP TABLE degraded;")
+        .expect("test setup");
+    drop(conn);
+    store.apply(None, vec![Change::Degrade(row("node", None))]);
+    store.flush();
+    assert!(store.is_failed());
+    store.apply(None, vec![Change::End("node".into())]);
+    store.flush();
+    assert!(store.is_failed());
+}

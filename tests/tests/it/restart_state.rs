@@ -4,10 +4,11 @@
 //! conversation's committed TURN-ACID state survives the restart; a state store that does not
 //! match the ledger stops the start (exit 4) and is never reset.
 
-use std::{thread, time::Duration};
+use std::{process::Command, thread, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
+    haltctl_bin,
     rig::{chat, Rig},
     spawn_in_netns, trip_here, EventKind, Haltd,
 };
@@ -61,6 +62,31 @@ fn served_degraded(rig: &Rig, auth: &str) -> Result<bool> {
         |_, _| {},
     )?;
     Ok(o.mode_header.as_deref() == Some("degraded"))
+}
+
+/// `haltctl --json ARGS` against the rig's haltd, from the client namespace: its output as
+/// JSON and the plain output of the same command.
+fn haltctl(rig: &Rig, args: &[&str]) -> Result<(Value, String)> {
+    let run = |json: bool| -> Result<String> {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &rig.pair.cli])
+            .arg(haltctl_bin()?)
+            .arg("--admin")
+            .arg(rig.haltd.admin.to_string())
+            .arg("--admin-token-file")
+            .arg(rig.haltd.admin_token_file());
+        if json {
+            c.arg("--json");
+        }
+        let out = c.args(args).output()?;
+        ensure!(
+            out.status.success(),
+            "haltctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    Ok((serde_json::from_str(&run(true)?)?, run(false)?))
 }
 
 /// haltd again, on the ledger (and so the state directory) of the one `rig` ran; the old
@@ -147,6 +173,36 @@ fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() ->
         "after SIGKILL: {after}, before: {before}"
     );
     ensure!(served_degraded(&rig, KEY)?, "served in full after SIGKILL");
+
+    // `haltctl state show` lists the key; `haltctl state reset` ends it, recorded with the
+    // operator's identity, and the store forgets it too.
+    let scope = format!("key:{fp}");
+    let (shown, text) = haltctl(&rig, &["state", "show"])?;
+    ensure!(
+        shown["held"]["scopes"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|r| r["scope"] == scope.as_str())),
+        "{shown}"
+    );
+    ensure!(
+        text.contains(&scope) && text.contains("reflects ledger seq"),
+        "{text}"
+    );
+    haltctl(&rig, &["state", "reset", "--scope", &scope])?;
+    ensure!(
+        degraded_entry(&rig, &fp)?.is_none(),
+        "still degraded after the reset"
+    );
+    rig.wait_record("the reset", |r| {
+        r["admin"]["action"] == "mode" && r["admin"]["request"]["scope"] == scope.as_str()
+    })?;
+    let (shown, _) = haltctl(&rig, &["state", "show"])?;
+    ensure!(
+        !shown["held"]["scopes"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|r| r["scope"] == scope.as_str())),
+        "the store still holds the reset scope: {shown}"
+    );
     drop(rig);
     drop(kept);
     Ok(())
