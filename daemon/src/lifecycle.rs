@@ -261,6 +261,9 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
     };
     let _ = shared.ledger.append_sync(rec);
     let _ = shared.ledger.flush();
+    // Every change queued for the state store is committed before the process ends (the
+    // exit runs no destructor).
+    shared.state.flush();
     std::process::exit(0);
 }
 

@@ -58,6 +58,10 @@ pub(super) fn open_state(
             }
             (restored.scopes, None)
         }
+        Verdict::Rebuilt { replayed } => {
+            tracing::warn!(replayed, ledger = %cfg.args.ledger.display(), "no state store: the degraded scopes were rebuilt from the ledger, whose current segment is the whole chain");
+            (restored.scopes, None)
+        }
         Verdict::New => (restored.scopes, None),
     };
     let modes = Modes::new(cfg.args.degraded_scope, cfg.degraded_for);

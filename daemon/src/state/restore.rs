@@ -7,8 +7,10 @@
 //!   start's record).
 //! - Mode changes that the ledger holds after the point (a crash between a record's fsync and
 //!   the store's commit) are applied from the ledger, whose records are authenticated: the
-//!   store catches up, it is never reset. A new store is accepted only if the segment holds
-//!   no mode change at all.
+//!   store catches up, it is never reset. A new store (none before, or a new state
+//!   directory) is rebuilt from the ledger when the current segment is the whole chain (it
+//!   starts at seq 0): every mode change is there. If the segment continues a rotated one and
+//!   holds a mode change, earlier changes are missing: a mismatch.
 //!
 //! Anything else is a mismatch: the start stops with [`MISMATCH_EXIT_CODE`] unless
 //! `--state-mismatch degrade-node`.
@@ -38,6 +40,9 @@ pub enum OnMismatch {
 pub enum Verdict {
     /// No store before, and nothing in the ledger that one would have held.
     New,
+    /// No store before, and a ledger whose current segment is the whole chain (it starts at
+    /// seq 0, never rotated): the scopes were rebuilt from its `replayed` mode changes.
+    Rebuilt { replayed: usize },
     /// The store matched; `replayed` mode changes were applied from the ledger.
     Matched { replayed: usize },
     /// The store does not match: why.
@@ -73,17 +78,19 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         .collect();
     // Before the point: whether any mode change is there (for a new store); after it: the
     // changes to apply. Streamed: a segment may hold millions of records.
+    // Without a point, every mode change of the segment applies (a rebuild, accepted only
+    // when the segment is the whole chain); with one, those after it. Streamed: a segment
+    // may hold millions of records.
     let (mut found, mut first_change, mut replayed) = (held.ledger.is_none(), None, 0);
+    let mut whole_chain = None;
     for_each_record(ledger, |seq, rec| {
+        whole_chain.get_or_insert(seq == 0 && rec.get("segment").is_none_or(Value::is_null));
         let change = rec.get("mode_change");
         if found {
-            if held.ledger.is_some() {
-                if let Some(ch) = change {
-                    replay(&mut scopes, ch);
-                    replayed += 1;
-                }
-            } else if change.is_some() && first_change.is_none() {
-                first_change = Some(seq);
+            if let Some(ch) = change {
+                first_change.get_or_insert(seq);
+                replay(&mut scopes, ch);
+                replayed += 1;
             }
         } else if let Some(p) = &held.ledger {
             found = seq == p.seq && rec.get("hash").and_then(Value::as_str) == Some(&p.hash);
@@ -93,15 +100,21 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         if !held.scopes.is_empty() {
             return mismatch("it holds degraded scopes but no ledger record".to_owned());
         }
-        if let Some(seq) = first_change {
+        let Some(seq) = first_change else {
+            return Ok(Restored {
+                verdict: Verdict::New,
+                scopes: Vec::new(),
+            });
+        };
+        if whole_chain != Some(true) {
             return mismatch(format!(
-                "it is new, but the ledger {} records runtime-mode changes (seq {seq}): the store was removed, or this is the first start of a haltd that keeps one",
+                "it is new, but the ledger {} records runtime-mode changes (seq {seq}) in a segment that continues a rotated one, whose earlier changes are not here: the store was removed, or this is the first start of a haltd that keeps one",
                 ledger.display()
             ));
         }
         return Ok(Restored {
-            verdict: Verdict::New,
-            scopes: Vec::new(),
+            verdict: Verdict::Rebuilt { replayed },
+            scopes: scopes.into_values().collect(),
         });
     };
     if !found {

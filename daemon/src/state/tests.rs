@@ -252,12 +252,29 @@ fn a_store_that_does_not_match_is_named_never_reset() {
             ..Record::default()
         })
         .expect("written");
-    // A removed store: new, but the ledger holds a mode change.
+    // A removed store, or a new state directory: the segment is the whole chain, so every
+    // mode change is here, and the scopes are rebuilt from it.
     let new = Snapshot::default();
+    let rebuilt = check(&new, &dir.ledger(), "n1").expect("check");
+    assert_eq!(rebuilt.verdict, Verdict::Rebuilt { replayed: 1 });
+    assert_eq!(rebuilt.scopes.len(), 1);
+    assert_eq!(rebuilt.scopes[0].scope, "node");
+    // After a rotation the segment misses what came before: a new store does not match.
+    std::fs::rename(dir.ledger(), dir.0.join("fhr.jsonl.1")).expect("rotate");
+    ledger.reopen(lifecycle("rotated")).expect("reopen");
+    ledger
+        .append_sync(Record {
+            kind: RecordKind::Lifecycle,
+            runtime_mode: "degraded".to_owned(),
+            kernel_gate: "enforcing".to_owned(),
+            mode_change: serde_json::to_value(&ch).ok(),
+            ..Record::default()
+        })
+        .expect("written");
     let Verdict::Mismatch(why) = check(&new, &dir.ledger(), "n1").expect("check").verdict else {
-        panic!("a removed store must not pass as new");
+        panic!("a removed store must not pass as new after a rotation");
     };
-    assert!(why.contains("records runtime-mode changes"), "{why}");
+    assert!(why.contains("continues a rotated one"), "{why}");
     // A store from another ledger: its point is not here.
     let other = Snapshot {
         ledger: Some(Point {
