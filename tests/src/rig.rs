@@ -214,6 +214,49 @@ impl<U> Rig<U> {
         })
     }
 
+    /// Streams a long turn of `auth` and trips it through the admin API at its second token;
+    /// returns its stream id once the halt ended the stream cleanly (`OPERATOR_TRIP`).
+    pub fn trip_stream_of(&self, auth: &str) -> Result<String> {
+        let admin = self.haltd.admin_url();
+        let o = self.stream(
+            "/v1/chat/completions",
+            &chat("[[script:normal tokens=200 pace_ms=5]]", true),
+            Some(auth),
+            |p, ev| {
+                if matches!(ev.kind, crate::EventKind::Token(_)) && p.tokens == 2 {
+                    let _ = crate::trip_here(
+                        &format!("{admin}/admin/streams/{}/trip", p.stream_id),
+                        None,
+                    );
+                }
+            },
+        )?;
+        o.halted_cleanly("OPERATOR_TRIP")?;
+        Ok(o.stream_id)
+    }
+
+    /// `haltctl [--json] ARGS` against this rig's haltd, from the client namespace; its
+    /// standard output (fails on a non-zero exit, with its standard error).
+    pub fn haltctl(&self, json: bool, args: &[&str]) -> Result<String> {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &self.pair.cli])
+            .arg(crate::haltctl_bin()?)
+            .arg("--admin")
+            .arg(self.haltd.admin.to_string())
+            .arg("--admin-token-file")
+            .arg(self.haltd.admin_token_file());
+        if json {
+            c.arg("--json");
+        }
+        let out = c.args(args).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "haltctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// `GET <admin API><path>` as JSON, from the client namespace.
     pub fn get_admin(&self, path: &str) -> Result<Value> {
         let url = format!("{}{path}", self.haltd.admin_url());

@@ -102,6 +102,15 @@ pub fn streams(v: &Value) -> String {
     table(&columns, &rows(list, &columns))
 }
 
+/// The columns of a degraded scope, in `haltctl mode` and `haltctl state show`.
+const SCOPE_COLUMNS: [&str; 5] = [
+    "scope",
+    "cause",
+    "stream_id",
+    "since_unix_ms",
+    "until_unix_ms",
+];
+
 /// `haltctl mode`: the policy, then the degraded scopes.
 pub fn mode(v: &Value) -> String {
     let hold = match v["degraded_for_s"].as_f64() {
@@ -127,14 +136,7 @@ pub fn mode(v: &Value) -> String {
         out.push_str("no scope is degraded\n");
         return out;
     }
-    let columns = [
-        "scope",
-        "cause",
-        "stream_id",
-        "since_unix_ms",
-        "until_unix_ms",
-    ];
-    out.push_str(&table(&columns, &rows(&scopes, &columns)));
+    out.push_str(&table(&SCOPE_COLUMNS, &rows(&scopes, &SCOPE_COLUMNS)));
     out
 }
 
@@ -169,14 +171,7 @@ pub fn state(v: &Value) -> String {
         out.push_str("no degraded scope is held\n");
         return out;
     }
-    let columns = [
-        "scope",
-        "cause",
-        "stream_id",
-        "since_unix_ms",
-        "until_unix_ms",
-    ];
-    out.push_str(&table(&columns, &rows(scopes, &columns)));
+    out.push_str(&table(&SCOPE_COLUMNS, &rows(scopes, &SCOPE_COLUMNS)));
     out
 }
 

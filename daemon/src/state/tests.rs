@@ -58,19 +58,23 @@ fn row(scope: &str, until: Option<u64>) -> ScopeRow {
 /// Records `ch` as the daemon does (`HaltCore::record_mode_change`): the store is written
 /// once the record is on disk, with its point.
 fn record(ledger: &Ledger, store: &Arc<StateStore>, ch: &ModeChange) {
-    let rec = Record {
+    let (store, change) = (Arc::clone(store), ch.store_change());
+    ledger
+        .append_linked(mode_record(ch), move |w| {
+            store.apply(Some(w.expect("written").into()), vec![change]);
+        })
+        .expect("queued");
+}
+
+/// The record that states `ch`, as `HaltCore::record_mode_change` writes it.
+fn mode_record(ch: &ModeChange) -> Record {
+    Record {
         kind: RecordKind::Lifecycle,
         runtime_mode: ch.to.as_str().to_owned(),
         kernel_gate: "enforcing".to_owned(),
         mode_change: serde_json::to_value(ch).ok(),
         ..Record::default()
-    };
-    let (store, change) = (Arc::clone(store), ch.store_change());
-    ledger
-        .append_linked(rec, move |w| {
-            store.apply(Some(w.expect("written").into()), vec![change]);
-        })
-        .expect("queued");
+    }
 }
 
 fn lifecycle(msg: &str) -> Record {
@@ -208,15 +212,7 @@ fn a_store_behind_its_ledger_catches_up_and_never_loses_a_degrade() {
     let ch = modes
         .enter(key("c"), FailureCode::CoherenceBelowThreshold, "3.1")
         .expect("change");
-    ledger
-        .append_sync(Record {
-            kind: RecordKind::Lifecycle,
-            runtime_mode: "degraded".to_owned(),
-            kernel_gate: "enforcing".to_owned(),
-            mode_change: serde_json::to_value(&ch).ok(),
-            ..Record::default()
-        })
-        .expect("written");
+    ledger.append_sync(mode_record(&ch)).expect("written");
     let behind = store.read().expect("read");
     assert!(behind.scopes.is_empty() && held.scopes.is_empty());
     let restored = check(&behind, &dir.ledger(), "n1").expect("check");
@@ -243,15 +239,7 @@ fn a_store_that_does_not_match_is_named_never_reset() {
     let ch = modes
         .enter(key("d"), FailureCode::ExfilAlert, "4.1")
         .expect("change");
-    ledger
-        .append_sync(Record {
-            kind: RecordKind::Lifecycle,
-            runtime_mode: "degraded".to_owned(),
-            kernel_gate: "enforcing".to_owned(),
-            mode_change: serde_json::to_value(&ch).ok(),
-            ..Record::default()
-        })
-        .expect("written");
+    ledger.append_sync(mode_record(&ch)).expect("written");
     // A removed store, or a new state directory: the segment is the whole chain, so every
     // mode change is here, and the scopes are rebuilt from it.
     let new = Snapshot::default();
@@ -262,15 +250,7 @@ fn a_store_that_does_not_match_is_named_never_reset() {
     // After a rotation the segment misses what came before: a new store does not match.
     std::fs::rename(dir.ledger(), dir.0.join("fhr.jsonl.1")).expect("rotate");
     ledger.reopen(lifecycle("rotated")).expect("reopen");
-    ledger
-        .append_sync(Record {
-            kind: RecordKind::Lifecycle,
-            runtime_mode: "degraded".to_owned(),
-            kernel_gate: "enforcing".to_owned(),
-            mode_change: serde_json::to_value(&ch).ok(),
-            ..Record::default()
-        })
-        .expect("written");
+    ledger.append_sync(mode_record(&ch)).expect("written");
     let Verdict::Mismatch(why) = check(&new, &dir.ledger(), "n1").expect("check").verdict else {
         panic!("a removed store must not pass as new after a rotation");
     };

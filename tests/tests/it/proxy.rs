@@ -16,14 +16,13 @@
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
-    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
-    curl, haltctl_bin, in_netns, openai_sdk,
+    curl, in_netns, openai_sdk,
     rig::{chat, Rig},
     sse, trip_here, EventKind, Haltd, NetPair, StreamOutcome,
 };
@@ -777,39 +776,12 @@ fn fingerprint(rig: &Rig, auth: &str) -> String {
 }
 
 fn haltctl(rig: &Rig, args: &[&str]) -> Result<Value> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &rig.pair.cli])
-        .arg(haltctl_bin()?)
-        .arg("--admin")
-        .arg(rig.haltd.admin.to_string())
-        .arg("--admin-token-file")
-        .arg(rig.haltd.admin_token_file())
-        .arg("--json")
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "haltctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
+    Ok(serde_json::from_str(&rig.haltctl(true, args)?)?)
 }
 
-/// Trips a stream of `auth` (operator) and waits for its halt to be recorded.
+/// Trips a stream of `auth` (operator).
 fn trip_one(rig: &Rig, auth: &str) -> Result<String> {
-    let admin = rig.haltd.admin_url();
-    let o = rig.stream(
-        "/v1/chat/completions",
-        &chat("[[script:normal tokens=200 pace_ms=5]]", true),
-        Some(auth),
-        |p, ev| {
-            if matches!(ev.kind, EventKind::Token(_)) && p.tokens == 2 {
-                let _ = trip_here(&format!("{admin}/admin/streams/{}/trip", p.stream_id), None);
-            }
-        },
-    )?;
-    o.halted_cleanly("OPERATOR_TRIP")?;
-    Ok(o.stream_id)
+    rig.trip_stream_of(auth)
 }
 
 /// Key A is degraded: its stream requests with tools are served as batch, without the tools;

@@ -4,13 +4,12 @@
 //! conversation's committed TURN-ACID state survives the restart; a removed store is rebuilt
 //! from the ledger, and another haltd's store stops the start (exit 4), never reset.
 
-use std::{process::Command, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
-    haltctl_bin,
     rig::{chat, Rig},
-    spawn_in_netns, trip_here, EventKind, Haltd,
+    spawn_in_netns, Haltd,
 };
 use serde_json::Value;
 
@@ -20,18 +19,7 @@ const KEY: &str = "Bearer key-restart";
 
 /// Trips a stream of `auth` (operator) and waits until its key's mode change is recorded.
 fn degrade(rig: &Rig, auth: &str) -> Result<()> {
-    let admin = rig.haltd.admin_url();
-    let o = rig.stream(
-        "/v1/chat/completions",
-        &chat("[[script:normal tokens=200 pace_ms=5]]", true),
-        Some(auth),
-        |p, ev| {
-            if matches!(ev.kind, EventKind::Token(_)) && p.tokens == 2 {
-                let _ = trip_here(&format!("{admin}/admin/streams/{}/trip", p.stream_id), None);
-            }
-        },
-    )?;
-    o.halted_cleanly("OPERATOR_TRIP")?;
+    rig.trip_stream_of(auth)?;
     rig.wait_record("mode change", |r| r["mode_change"]["to"] == "degraded")?;
     Ok(())
 }
@@ -64,29 +52,12 @@ fn served_degraded(rig: &Rig, auth: &str) -> Result<bool> {
     Ok(o.mode_header.as_deref() == Some("degraded"))
 }
 
-/// `haltctl --json ARGS` against the rig's haltd, from the client namespace: its output as
-/// JSON and the plain output of the same command.
+/// `haltctl --json ARGS` as JSON, and the plain output of the same command.
 fn haltctl(rig: &Rig, args: &[&str]) -> Result<(Value, String)> {
-    let run = |json: bool| -> Result<String> {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &rig.pair.cli])
-            .arg(haltctl_bin()?)
-            .arg("--admin")
-            .arg(rig.haltd.admin.to_string())
-            .arg("--admin-token-file")
-            .arg(rig.haltd.admin_token_file());
-        if json {
-            c.arg("--json");
-        }
-        let out = c.args(args).output()?;
-        ensure!(
-            out.status.success(),
-            "haltctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    Ok((serde_json::from_str(&run(true)?)?, run(false)?))
+    Ok((
+        serde_json::from_str(&rig.haltctl(true, args)?)?,
+        rig.haltctl(false, args)?,
+    ))
 }
 
 /// haltd again, on the ledger (and so the state directory) of the one `rig` ran; the old
