@@ -91,6 +91,11 @@ fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() ->
     ensure!(status.success(), "SIGTERM: {status}");
     let mut kept = vec![restart(&mut rig, &extra)?];
     same_degraded(&rig, &fp, &before, "SIGTERM")?;
+    let gauge = rig.haltd.metrics()?.sum("haltd_degraded_scopes");
+    ensure!(
+        gauge == 1.0,
+        "haltd_degraded_scopes = {gauge} after SIGTERM"
+    );
     let after_turns = committed(&rig, &other_fp)?;
     ensure!(
         after_turns["turns_committed"] == 2
