@@ -367,8 +367,99 @@ fn circuit_view(shared: &HaltCore, id: Option<&str>) -> Response {
         "kept": kept,
         "evicted": evicted,
         "conversations": conversations,
+        "unreconciled": shared.circuits.dispatched.list(false),
     }))
     .into_response()
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReconcileQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+/// `GET /admin/reconcile[?all=true]`: the dispatched calls of failed turns that wait for an
+/// outcome (with `all`, the reconciled ones too), delivered first.
+async fn reconcile_list(
+    State(shared): State<Arc<HaltCore>>,
+    axum::extract::Query(q): axum::extract::Query<ReconcileQuery>,
+) -> Response {
+    Json(json!({"calls": shared.circuits.dispatched.list(q.all)})).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileBody {
+    #[serde(rename = "ref")]
+    reference: String,
+    outcome: String,
+}
+
+/// `POST /admin/reconcile {"ref": R, "outcome": "done" | "not_done" | "compensated"}`: the
+/// operator's outcome for a dispatched call, recorded in the ledger with the caller's
+/// identity, then kept in the state store (crash order: the record first).
+async fn reconcile(
+    State(shared): State<Arc<HaltCore>>,
+    Extension(actor): Extension<AdminActor>,
+    body: Bytes,
+) -> Response {
+    use crate::circuit::dispatched::Outcome;
+    let parsed = serde_json::from_slice::<ReconcileBody>(&body)
+        .map_err(|e| format!("invalid JSON body: {e}"))
+        .and_then(|b| match Outcome::parse(&b.outcome) {
+            Some(o) => Ok((b.reference, o)),
+            None => Err(format!(
+                "outcome {:?}: expected done, not_done or compensated",
+                b.outcome
+            )),
+        });
+    let (status, resp, call) = match parsed {
+        Err(why) => (
+            StatusCode::BAD_REQUEST,
+            error(StatusCode::BAD_REQUEST, "invalid_request_error", why),
+            None,
+        ),
+        Ok((reference, outcome)) => {
+            let now = crate::clock::unix_ms_now();
+            match shared
+                .circuits
+                .dispatched
+                .reconcile(&reference, outcome, json!(actor), now)
+            {
+                Ok(c) => (
+                    StatusCode::OK,
+                    Json(json!({"call": c})).into_response(),
+                    Some(c),
+                ),
+                Err(e) => {
+                    let (status, kind) = match e {
+                        crate::circuit::dispatched::ReconcileError::Unknown(_) => {
+                            (StatusCode::NOT_FOUND, "not_found")
+                        }
+                        crate::circuit::dispatched::ReconcileError::Already { .. } => {
+                            (StatusCode::CONFLICT, "conflict")
+                        }
+                    };
+                    (status, error(status, kind, e.to_string()), None)
+                }
+            }
+        }
+    };
+    let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
+    let mut action = json!({"action": "reconcile", "request": request, "call": call});
+    if let Some(c) = &call {
+        action["stream_id"] = json!(c.stream_id);
+    }
+    match record_action(&shared, &actor, action, status).await {
+        Ok(()) => {
+            if let Some(c) = &call {
+                shared.circuits.dispatched.keep(c);
+            }
+            resp
+        }
+        Err(unrecorded) => unrecorded,
+    }
 }
 
 /// `GET /admin/conversations`: committed per-conversation state (TURN-ACID).
@@ -429,6 +520,7 @@ pub async fn serve(
         .route("/admin/state", get(state_get))
         .route("/admin/circuit", get(circuit_all))
         .route("/admin/circuit/{id}", get(circuit_one))
+        .route("/admin/reconcile", get(reconcile_list).post(reconcile))
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.

@@ -3,7 +3,7 @@
 //! haltd sees both halves of every tool round trip: the model's tool calls stream out
 //! through it, and their results come back in the next request as `role: "tool"` messages.
 //! This module is the pure part: it judges a tool call from the conversation's own history,
-//! so it needs no store and survives a restart.
+//! so it needs no store for what a transcript shows.
 //!
 //! * [`key`]: the [`EquivalenceKey`], the raw fields a failure is grouped by.
 //! * [`class`]: the six [`FailureClass`]es with their next allowed action, default budget
@@ -23,12 +23,19 @@
 //!   artifacts), per conversation, bounded, in memory; [`show`] prints its admin view.
 //! * [`memory`]: the failed calls the store remembers, so that a trimmed or flattened
 //!   transcript does not restore a budget.
+//! * [`dispatched`]: the tool calls failed turns delivered, held until an operator
+//!   reconciles them; a retry of one is refused meanwhile.
+//!
+//! The store and the dispatched calls are kept in the state store (`crate::state`), so a
+//! restart or a crash forgets neither.
 
 pub mod artifact;
 pub mod canonical;
 pub mod class;
 pub mod classify;
 pub mod config;
+pub mod conversation;
+pub mod dispatched;
 pub mod evidence;
 pub mod key;
 pub mod machine;

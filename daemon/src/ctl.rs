@@ -9,8 +9,10 @@
 //!   came);
 //! * [`reader`]: `haltctl ledger show` and `tail`;
 //! * [`verify`]: `haltctl ledger verify` and its exit codes;
+//! * [`circuit`]: the admin requests of `haltctl circuit show` and `haltctl reconcile`;
 //! * [`fingerprint`]: `haltctl key fingerprint`, a key's fingerprint as haltd computes it.
 
+pub mod circuit;
 pub mod fingerprint;
 pub mod out;
 pub mod reader;

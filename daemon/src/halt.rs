@@ -504,21 +504,21 @@ impl HaltCore {
 
     /// Queues a record (if any), and the state store's change after it once it is on disk;
     /// with no record, the change at once (a normal turn the sampling leaves unrecorded).
-    pub fn record_with_state(&self, rec: Option<Record>, change: Option<crate::state::Change>) {
-        let Some(change) = change else {
+    pub fn record_with_state(&self, rec: Option<Record>, changes: Vec<crate::state::Change>) {
+        if changes.is_empty() {
             if let Some(rec) = rec {
                 self.record(rec);
             }
             return;
-        };
+        }
         let Some(rec) = rec else {
-            self.state.apply(None, vec![change]);
+            self.state.apply(None, changes);
             return;
         };
         let state = Arc::clone(&self.state);
         let queued = self.ledger.append_then(rec, move |written| {
             if written.is_ok() {
-                state.apply(None, vec![change]);
+                state.apply(None, changes);
             }
         });
         if let Err(e) = queued {

@@ -139,7 +139,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let (state, mismatch) = restore::open_state(&cfg, &node_secret)?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
-    let circuits = conversation_store(&cfg, &metrics);
+    let circuits = restore::conversation_store(&cfg, &metrics, &state)?;
     let shared = Arc::new(HaltCore {
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -225,12 +225,6 @@ fn grounding_plan(
     crate::grounding::plan::GroundPlan::from_config(&cfg.grounding, Some(metrics.grounding.clone()))
         .map(Some)
         .map_err(|e| StartError::Config(e.to_string()))
-}
-
-/// TokenCircuit's conversation store, counting into `/metrics`.
-fn conversation_store(cfg: &Config, metrics: &Metrics) -> crate::circuit::store::ConversationStore {
-    crate::circuit::store::ConversationStore::for_policy(cfg.tool_circuit.as_deref())
-        .counting_into(metrics.circuit.store.clone())
 }
 
 /// The daemon's metrics: the gate's state, and the model names `--metric-models` fixes.

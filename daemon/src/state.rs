@@ -1,5 +1,7 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
-//! scopes with their expiry, and each conversation's committed TURN-ACID state, kept in an
+//! scopes with their expiry, each conversation's committed TURN-ACID state, TokenCircuit's
+//! per-conversation memory (its backoff clock and failed calls) and the dispatched tool calls
+//! of failed turns with their reconciliation, kept in an
 //! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
 //! it during an upgrade).
 //!
@@ -103,6 +105,26 @@ pub struct ConversationRow {
     pub turns_failed: u64,
 }
 
+/// TokenCircuit's memory of one conversation (`circuit::persist` reads and writes `body`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CircuitRow {
+    /// The key fingerprint, the conversation's id and where the id came from.
+    pub key: String,
+    pub id: String,
+    pub source: String,
+    /// Evicted, kept only for its refused keys.
+    pub retained: bool,
+    pub body: serde_json::Value,
+}
+
+/// A dispatched tool call of a failed turn and its reconciliation (`circuit::dispatched`
+/// reads and writes `body`), by its reference.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DispatchedRow {
+    pub reference: String,
+    pub body: serde_json::Value,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -112,6 +134,8 @@ pub struct Snapshot {
     pub node_check: Option<String>,
     pub scopes: Vec<ScopeRow>,
     pub conversations: Vec<ConversationRow>,
+    pub circuits: Vec<CircuitRow>,
+    pub dispatched: Vec<DispatchedRow>,
 }
 
 /// A ledger record the store reflects.
@@ -139,6 +163,12 @@ pub enum Change {
     End(String),
     /// A conversation's committed state after a turn (the row is replaced).
     Conversation(ConversationRow),
+    /// TokenCircuit's memory of a conversation (the row is replaced).
+    Circuit(CircuitRow),
+    /// TokenCircuit forgot a conversation: `(key, id, source)`.
+    CircuitGone(String, String, String),
+    /// A dispatched call of a failed turn, new or reconciled (the row is replaced).
+    Dispatched(DispatchedRow),
 }
 
 enum Op {

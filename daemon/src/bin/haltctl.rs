@@ -124,6 +124,21 @@ enum Command {
         #[command(subcommand)]
         command: CircuitCommand,
     },
+    /// The tool calls failed turns delivered, which wait for an operator's outcome: list
+    /// them, or record one (`haltctl reconcile REF --outcome done|not_done|compensated`), in
+    /// the ledger with your identity. A retry of an unreconciled call is refused; `not_done`
+    /// allows it once.
+    Reconcile {
+        /// The call's reference (as the list shows it); without it, list.
+        reference: Option<String>,
+        /// What the call did: `done` (took effect), `not_done` (did not: one retry is
+        /// allowed) or `compensated` (took effect and was undone).
+        #[arg(long, requires = "reference", value_parser = ["done", "not_done", "compensated"])]
+        outcome: Option<String>,
+        /// List the reconciled calls too.
+        #[arg(long, conflicts_with = "reference")]
+        all: bool,
+    },
     /// Flight-recorder tools.
     Ledger {
         #[command(subcommand)]
@@ -412,29 +427,19 @@ fn admin_call(
     }
 }
 
-/// `haltctl circuit show`: `GET /admin/circuit[/{id}]`.
-fn circuit_show(ctx: &Ctx, conversation: Option<&str>) -> ExitCode {
-    let path = match conversation {
-        // A header value is any visible ASCII: every byte but [A-Za-z0-9-_.~] is escaped.
-        Some(id) => format!(
-            "/admin/circuit/{}",
-            id.bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                        char::from(b).to_string()
-                    }
-                    _ => format!("%{b:02X}"),
-                })
-                .collect::<String>()
-        ),
-        None => "/admin/circuit".to_owned(),
-    };
-    admin_call(
-        ctx,
-        (Method::GET, &path),
-        None,
-        haltd::circuit::show::render,
-    )
+/// `haltctl circuit show` and `haltctl reconcile`: one admin request (`haltd::ctl::circuit`).
+fn circuit_call(
+    ctx: &Ctx,
+    request: Result<haltd::ctl::circuit::AdminRequest, &str>,
+    render: fn(&Value) -> String,
+) -> ExitCode {
+    match request {
+        Ok((method, path, body)) => admin_call(ctx, (method, &path), body, render),
+        Err(e) => {
+            eprintln!("haltctl: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `haltctl calibrate`: offline, it never talks to haltd.
@@ -601,7 +606,25 @@ fn main() -> ExitCode {
         ),
         Command::Circuit {
             command: CircuitCommand::Show { conversation },
-        } => circuit_show(&ctx, conversation.as_deref()),
+        } => circuit_call(
+            &ctx,
+            Ok(haltd::ctl::circuit::show(conversation.as_deref())),
+            haltd::circuit::show::render,
+        ),
+        Command::Reconcile {
+            reference,
+            outcome,
+            all,
+        } => {
+            let request =
+                haltd::ctl::circuit::reconcile(reference.as_deref(), outcome.as_deref(), *all);
+            let render = if reference.is_some() {
+                haltd::circuit::show::render_reconciled
+            } else {
+                haltd::circuit::show::render_calls
+            };
+            circuit_call(&ctx, request, render)
+        }
         Command::Calibrate(args) => calibrate(args.clone(), ctx.json),
         Command::Key {
             command: KeyCommand::Fingerprint { header, state_dir },

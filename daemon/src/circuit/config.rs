@@ -7,6 +7,7 @@
 //! budgets = { transient = 2, validation = 1, missing_resource = 1, ambiguous_effect = 1 }
 //! backoff = { base_ms = 500, cap_ms = 30000 }
 //! conversations = 4096
+//! reconcile_alert_after_s = 3600
 //!
 //! [tool_circuit.tools.run_sql]
 //! resource_class = "sql_namespace"
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::policy::{Backoff, Budgets, CircuitPolicy};
+use super::policy::{Backoff, Budgets, CircuitPolicy, DEFAULT_RECONCILE_ALERT_AFTER_S};
 use super::registry::{AuthScopeSource, ToolRegistry};
 use super::store::{DEFAULT_CONVERSATIONS, MAX_CONVERSATIONS};
 
@@ -26,6 +27,8 @@ use super::store::{DEFAULT_CONVERSATIONS, MAX_CONVERSATIONS};
 pub const MAX_BUDGET: u32 = 100;
 /// The longest backoff cap (ms): ten minutes.
 pub const MAX_BACKOFF_MS: u64 = 600_000;
+/// The longest `reconcile_alert_after_s`: 30 days.
+pub const MAX_RECONCILE_ALERT_AFTER_S: u64 = 30 * 86_400;
 
 /// The section as written.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -42,6 +45,9 @@ pub struct ToolCircuitSection {
     /// Conversations whose backoff clock and artifacts are kept in memory (default 4096;
     /// the least recently used is evicted).
     pub conversations: usize,
+    /// The age (s) past which an unreconciled dispatched call raises
+    /// `HaltdUnreconciledToolCalls` (default 3600, 60 to 30 days).
+    pub reconcile_alert_after_s: u64,
 }
 
 impl Default for ToolCircuitSection {
@@ -52,6 +58,7 @@ impl Default for ToolCircuitSection {
             backoff: Backoff::default(),
             tools: ToolRegistry::default(),
             conversations: DEFAULT_CONVERSATIONS,
+            reconcile_alert_after_s: DEFAULT_RECONCILE_ALERT_AFTER_S,
         }
     }
 }
@@ -90,6 +97,7 @@ impl ToolCircuitSection {
                 backoff: section.backoff,
                 registry: section.tools,
                 conversations: section.conversations,
+                reconcile_alert_after_s: section.reconcile_alert_after_s,
             })
         }))
     }
@@ -114,6 +122,15 @@ impl ToolCircuitSection {
             return Err(bad(
                 "tool_circuit.conversations",
                 format!("need 1 to {MAX_CONVERSATIONS}, got {}", self.conversations),
+            ));
+        }
+        if !(60..=MAX_RECONCILE_ALERT_AFTER_S).contains(&self.reconcile_alert_after_s) {
+            return Err(bad(
+                "tool_circuit.reconcile_alert_after_s",
+                format!(
+                    "need 60 to {MAX_RECONCILE_ALERT_AFTER_S}, got {}",
+                    self.reconcile_alert_after_s
+                ),
             ));
         }
         let o = &self.backoff;

@@ -15,6 +15,8 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
+
 /// Failed calls remembered per conversation.
 pub const MAX_FAILED_CALLS: usize = 512;
 /// Bytes of names, arguments and results remembered per conversation.
@@ -23,7 +25,7 @@ pub const MAX_MEMORY_BYTES: usize = 64 * 1024;
 pub const MAX_FIELD_BYTES: usize = 8 * 1024;
 
 /// A call whose result came back failed, as a transcript showed them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailedCall {
     pub id: String,
     pub name: String,

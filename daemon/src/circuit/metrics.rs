@@ -6,7 +6,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::circuit::{store::StoreCounters, FailureClass};
+use crate::circuit::{dispatched::DispatchedGauges, store::StoreCounters, FailureClass};
 
 impl EncodeLabelValue for FailureClass {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
@@ -27,6 +27,8 @@ pub struct CircuitMetrics {
     tokens_saved: Counter,
     /// The conversation store's own (`circuit::store::StoreCounters`).
     pub store: StoreCounters,
+    /// The dispatched calls of failed turns (`circuit::dispatched`).
+    pub dispatched: DispatchedGauges,
 }
 
 impl CircuitMetrics {
@@ -58,10 +60,27 @@ impl CircuitMetrics {
             "Evicted conversations whose refused keys TokenCircuit forgot because the set of retained ones was full (a refused key that may re-open)",
             store.forgotten.clone(),
         );
+        let dispatched = DispatchedGauges::default();
+        reg.register(
+            "tool_circuit_unreconciled_calls",
+            "Tool calls that failed turns delivered to the client and no operator has reconciled yet (haltctl reconcile); a retry of one is refused meanwhile",
+            dispatched.unreconciled.clone(),
+        );
+        reg.register(
+            "tool_circuit_unreconciled_oldest_delivered_seconds",
+            "Unix time (s) the oldest unreconciled tool call was delivered; 0 with none",
+            dispatched.oldest_delivered_seconds.clone(),
+        );
+        reg.register(
+            "tool_circuit_reconcile_alert_after_seconds",
+            "The age past which an unreconciled tool call alerts ([tool_circuit] reconcile_alert_after_s)",
+            dispatched.alert_after_seconds.clone(),
+        );
         CircuitMetrics {
             trips,
             tokens_saved,
             store,
+            dispatched,
         }
     }
 

@@ -93,7 +93,12 @@ pub struct CircuitPolicy {
     pub registry: ToolRegistry,
     /// Conversations the in-memory store keeps (`store.rs`).
     pub conversations: usize,
+    /// The age (s) past which an unreconciled dispatched call alerts (`dispatched.rs`).
+    pub reconcile_alert_after_s: u64,
 }
+
+/// `[tool_circuit] reconcile_alert_after_s` by default: an hour.
+pub const DEFAULT_RECONCILE_ALERT_AFTER_S: u64 = 3600;
 
 impl Default for CircuitPolicy {
     fn default() -> Self {
@@ -102,6 +107,7 @@ impl Default for CircuitPolicy {
             backoff: Backoff::default(),
             registry: ToolRegistry::default(),
             conversations: DEFAULT_CONVERSATIONS,
+            reconcile_alert_after_s: DEFAULT_RECONCILE_ALERT_AFTER_S,
         }
     }
 }

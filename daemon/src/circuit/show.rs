@@ -84,6 +84,58 @@ pub fn render(view: &Value) -> String {
             }
         }
     }
+    if let Some(calls) = view["unreconciled"].as_array() {
+        let _ = writeln!(out, "\n{} unreconciled dispatched call(s)", calls.len());
+        for c in calls {
+            call_line(&mut out, c);
+        }
+    }
+    out
+}
+
+/// One dispatched call: reference, conversation, tool, arguments digest, delivery, outcome.
+fn call_line(out: &mut String, c: &Value) {
+    let delivered = c["delivered_unix_ms"].as_u64().map_or_else(
+        || "-".to_owned(),
+        |ms| crate::clock::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+    );
+    let _ = writeln!(
+        out,
+        "  {} conversation {} key {} tool {} args sha256:{} call {} delivered {} (stream {}): {}",
+        text(&c["ref"]),
+        text(&c["conversation"]["id"]),
+        text(&c["key"]),
+        text(&c["tool"]),
+        text(&c["arguments_sha256"]),
+        text(&c["call_id"]),
+        delivered,
+        text(&c["stream_id"]),
+        match c["outcome"].as_str() {
+            None => "unreconciled".to_owned(),
+            Some(o) => format!("{o} (by {})", text(&c["reconciled_by"])),
+        },
+    );
+}
+
+/// `GET /admin/reconcile` as text: the dispatched calls waiting for an outcome.
+pub fn render_calls(view: &Value) -> String {
+    let mut out = String::new();
+    let empty = Vec::new();
+    let calls = view["calls"].as_array().unwrap_or(&empty);
+    let _ = writeln!(out, "{} dispatched call(s)", calls.len());
+    for c in calls {
+        call_line(&mut out, c);
+    }
+    if !calls.is_empty() {
+        out.push_str("record one: haltctl reconcile REF --outcome done|not_done|compensated\n");
+    }
+    out
+}
+
+/// `POST /admin/reconcile`'s answer as text.
+pub fn render_reconciled(view: &Value) -> String {
+    let mut out = String::from("reconciled:\n");
+    call_line(&mut out, &view["call"]);
     out
 }
 
@@ -127,5 +179,28 @@ mod tests {
         assert!(s.contains("receipt: HTTP 503"), "{s}");
         assert!(s.contains("interventions: 0"), "{s}");
         assert!(render(&json!({"enabled": false})).starts_with("TokenCircuit is off"));
+    }
+
+    #[test]
+    fn dispatched_calls_are_printed() {
+        let c = json!({"ref": "0123456789ab", "key": "00000000000000aa",
+            "conversation": {"key": "00000000000000aa", "id": "c-1", "source": "header"},
+            "call_id": "call_1", "tool": "send_email", "arguments_sha256": "ff00",
+            "delivered_unix_ms": 0, "stream_id": "hs_9", "outcome": null});
+        let s = render_calls(&json!({"calls": [c.clone()]}));
+        assert!(s.starts_with("1 dispatched call(s)"), "{s}");
+        assert!(
+            s.contains("0123456789ab conversation c-1 key 00000000000000aa tool send_email")
+                && s.contains("args sha256:ff00 call call_1 delivered 1970-01-01T00:00:00")
+                && s.contains("(stream hs_9): unreconciled"),
+            "{s}"
+        );
+        let mut done = c;
+        done["outcome"] = json!("not_done");
+        done["reconciled_by"] = json!("uid:0");
+        let s = render_reconciled(&json!({"call": done}));
+        assert!(s.contains(": not_done (by uid:0)"), "{s}");
+        let s = render(&json!({"enabled": true, "conversations": [], "unreconciled": []}));
+        assert!(s.contains("0 unreconciled dispatched call(s)"), "{s}");
     }
 }

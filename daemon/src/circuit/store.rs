@@ -29,19 +29,22 @@
 //! `haltd_tool_circuit_refusals_forgotten_total` and logged. One mutex, taken when a request
 //! arrives and when a turn's calls are judged, never per token.
 
+pub mod persist;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
-use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use super::artifact::DiagnosticArtifact;
+pub use super::conversation::{ConversationId, IdSource};
 use super::memory::{FailedCall, Memory};
 use super::transcript::Timeline;
+use crate::state::{Change, CircuitRow, StateStore};
+use persist::WallClock;
 
 /// The request header that names a conversation.
 pub const CONVERSATION_HEADER: &str = "x-haltd-conversation-id";
@@ -54,59 +57,6 @@ pub const MAX_CALLS: usize = 512;
 pub const MAX_ARTIFACTS: usize = 8;
 /// Evicted conversations whose refused keys are kept.
 pub const MAX_RETAINED: usize = 4096;
-
-/// Where a conversation's name came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IdSource {
-    /// The client's `x-haltd-conversation-id`.
-    Header,
-    /// The digest of the transcript's stable prefix.
-    Digest,
-}
-
-/// A conversation: its name, scoped by the caller's key fingerprint (two tenants choosing
-/// the same header value are two conversations).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ConversationId {
-    /// The key fingerprint (`KeyId::fingerprint`).
-    pub key: String,
-    /// The header's value, or 32 hex digits of the prefix digest.
-    pub id: String,
-    pub source: IdSource,
-}
-
-impl ConversationId {
-    /// The conversation of a chat request: the header's value if the client sent one, else
-    /// the digest of its `messages` before the first assistant message, with `key`.
-    pub fn of(header: Option<&str>, key: &str, messages: &[Value]) -> Self {
-        if let Some(h) = header {
-            return ConversationId {
-                key: key.to_owned(),
-                id: h.to_owned(),
-                source: IdSource::Header,
-            };
-        }
-        let mut d = Sha256::new();
-        d.update(key.as_bytes());
-        let prefix = messages
-            .iter()
-            .take_while(|m| m.get("role").and_then(Value::as_str) != Some("assistant"));
-        for m in prefix {
-            d.update([0]);
-            d.update(m.to_string().as_bytes());
-        }
-        let id = d.finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        ConversationId {
-            key: key.to_owned(),
-            id,
-            source: IdSource::Digest,
-        }
-    }
-}
 
 /// One conversation's memory.
 #[derive(Debug)]
@@ -125,6 +75,22 @@ struct Entry {
     tokens: u64,
     /// Tokens not generated because haltd answered without the model.
     tokens_saved: u64,
+}
+
+impl Entry {
+    fn empty(now: Instant) -> Self {
+        Entry {
+            timeline: Timeline::default(),
+            memory: Memory::default(),
+            artifacts: VecDeque::new(),
+            open: Vec::new(),
+            last_seen: now,
+            tick: 0,
+            turns: 0,
+            tokens: 0,
+            tokens_saved: 0,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -174,6 +140,10 @@ pub struct ConversationStore {
     capacity: usize,
     inner: Mutex<Inner>,
     counters: StoreCounters,
+    /// Where each change is kept (`None`: in memory only, as in unit tests).
+    persist: Option<Arc<StateStore>>,
+    /// The dispatched calls of failed turns, until reconciled.
+    pub dispatched: super::dispatched::Dispatched,
 }
 
 impl Default for ConversationStore {
@@ -210,7 +180,75 @@ impl ConversationStore {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
             counters: StoreCounters::default(),
+            persist: None,
+            dispatched: super::dispatched::Dispatched::default(),
         }
+    }
+
+    /// The store, with `dispatched` as its registry of dispatched calls.
+    #[must_use]
+    pub fn with_dispatched(mut self, dispatched: super::dispatched::Dispatched) -> Self {
+        self.dispatched = dispatched;
+        self
+    }
+
+    /// The store, keeping every change of what it remembers in `state` from now on (TokenCircuit
+    /// forgets nothing in a restart).
+    #[must_use]
+    pub fn persisting_to(mut self, state: Arc<StateStore>) -> Self {
+        self.persist = Some(state);
+        self
+    }
+
+    /// Takes back what the state store kept (at start, before any request): the conversations
+    /// used most recently, up to the capacity (the others evicted as usual), and the evicted
+    /// ones kept for their refused keys. Writes nothing. `Err`: a row it cannot read.
+    pub fn restore(&self, rows: &[CircuitRow], clock: &WallClock) -> Result<(), String> {
+        let mut kept = Vec::new();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        for row in rows {
+            let conv = persist::conversation(row)?;
+            if row.retained {
+                let memory = persist::retained(row)?;
+                inner.retained_order.push_back(conv.clone());
+                inner.retained.insert(conv, memory);
+            } else {
+                let (entry, seen) = persist::entry(row, clock)?;
+                kept.push((seen, conv, entry));
+            }
+        }
+        kept.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        for (_, conv, mut entry) in kept {
+            inner.tick += 1;
+            entry.tick = inner.tick;
+            inner.lru.insert(entry.tick, conv.clone());
+            inner.map.insert(conv, entry);
+            while inner.map.len() > self.capacity {
+                let Some((_, victim)) = inner.lru.pop_first() else {
+                    break;
+                };
+                if let Some(gone) = inner.map.remove(&victim) {
+                    self.retain_refusals(&mut inner, victim, &gone);
+                }
+            }
+        }
+        self.counters.retained.set(inner.retained.len() as i64);
+        Ok(())
+    }
+
+    /// Queues a change for the state store (under the store's lock, once per request or judged
+    /// turn, never per token: the row is serialized here).
+    fn keep(&self, change: impl FnOnce() -> Change) {
+        if let Some(state) = &self.persist {
+            state.apply(None, vec![change()]);
+        }
+    }
+
+    fn forget(&self, conv: &ConversationId) {
+        self.keep(|| {
+            let source = persist::source_str(conv.source).to_owned();
+            Change::CircuitGone(conv.key.clone(), conv.id.clone(), source)
+        });
     }
 
     /// The store, counting into `counters` (the ones `/metrics` shows).
@@ -223,6 +261,28 @@ impl ConversationStore {
     /// Runs `f` on the conversation's entry, created (evicting the least recently used one
     /// when full) if absent, and marks it used.
     fn with<R>(&self, conv: &ConversationId, now: Instant, f: impl FnOnce(&mut Entry) -> R) -> R {
+        self.with_kept(conv, now, false, f)
+    }
+
+    /// [`Self::with`] for a change the state store keeps (`f` changes the clock, the failed
+    /// calls or the counts; the open keys and the artifacts are the operator's view, and are
+    /// kept with the next such change).
+    fn with_saved<R>(
+        &self,
+        conv: &ConversationId,
+        now: Instant,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> R {
+        self.with_kept(conv, now, true, f)
+    }
+
+    fn with_kept<R>(
+        &self,
+        conv: &ConversationId,
+        now: Instant,
+        save: bool,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> R {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *inner;
         inner.tick += 1;
@@ -245,15 +305,9 @@ impl ConversationStore {
             inner.map.insert(
                 conv.clone(),
                 Entry {
-                    timeline: Timeline::default(),
                     memory,
-                    artifacts: VecDeque::new(),
-                    open: Vec::new(),
-                    last_seen: now,
                     tick,
-                    turns: 0,
-                    tokens: 0,
-                    tokens_saved: 0,
+                    ..Entry::empty(now)
                 },
             );
         }
@@ -262,7 +316,11 @@ impl ConversationStore {
         inner.lru.insert(tick, conv.clone());
         entry.tick = tick;
         entry.last_seen = entry.last_seen.max(now);
-        f(entry)
+        let r = f(entry);
+        if save {
+            self.keep(|| Change::Circuit(persist::row(conv, entry, &WallClock::now())));
+        }
+        r
     }
 
     /// Keeps what an evicted conversation knows of its exhausted keys (the failed calls of
@@ -276,6 +334,7 @@ impl ConversationStore {
             .collect();
         let kept = gone.memory.only_tools(&tools);
         if kept.is_empty() {
+            self.forget(&conv);
             return;
         }
         while inner.retained.len() >= MAX_RETAINED {
@@ -283,6 +342,7 @@ impl ConversationStore {
                 break;
             };
             inner.retained.remove(&oldest);
+            self.forget(&oldest);
             self.counters.forgotten.inc();
             tracing::warn!(
                 conversation = %oldest.id,
@@ -292,6 +352,7 @@ impl ConversationStore {
                  conversations"
             );
         }
+        self.keep(|| Change::Circuit(persist::retained_row(&conv, &kept)));
         inner.retained_order.push_back(conv.clone());
         inner.retained.insert(conv, kept);
         self.counters.retained.set(inner.retained.len() as i64);
@@ -306,7 +367,7 @@ impl ConversationStore {
         answered: &[&str],
         now: Instant,
     ) -> (Timeline, Memory) {
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             for id in answered {
                 let _ = note(&mut e.timeline.arrived, id, now);
             }
@@ -319,7 +380,7 @@ impl ConversationStore {
         if failed.is_empty() {
             return;
         }
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             for f in failed {
                 e.memory.remember(f);
             }
@@ -333,7 +394,7 @@ impl ConversationStore {
         ids: impl IntoIterator<Item = &'a str>,
         now: Instant,
     ) {
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             for id in ids {
                 // A call forgotten is no longer known delivered either: it fails closed.
                 if let Some(old) = note(&mut e.timeline.emitted, id, now) {
@@ -352,7 +413,7 @@ impl ConversationStore {
         ids: impl IntoIterator<Item = &'a str>,
         now: Instant,
     ) {
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             for id in ids {
                 if e.timeline.emitted.contains_key(id) && !e.timeline.delivered.contains(id) {
                     e.timeline.delivered.insert(id.to_owned());
@@ -363,7 +424,7 @@ impl ConversationStore {
 
     /// A turn of it generated `tokens` (its text and tool calls).
     pub fn generated(&self, conv: &ConversationId, tokens: u64, now: Instant) {
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             e.turns += 1;
             e.tokens += tokens;
         });
@@ -372,7 +433,7 @@ impl ConversationStore {
     /// haltd answers a request of it without the model: the tokens that saves, estimated as
     /// its mean tokens per turn so far (`None` before its first turn), added to its total.
     pub fn answered(&self, conv: &ConversationId, now: Instant) -> Option<u64> {
-        self.with(conv, now, |e| {
+        self.with_saved(conv, now, |e| {
             let saved = e.tokens.checked_div(e.turns)?;
             e.tokens_saved += saved;
             Some(saved)
@@ -423,189 +484,4 @@ impl ConversationStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use serde_json::json;
-
-    use super::*;
-
-    fn conv(id: &str) -> ConversationId {
-        ConversationId::of(Some(id), "k", &[])
-    }
-
-    #[test]
-    fn the_header_names_the_conversation_else_the_prefix_digest() {
-        let first = [
-            json!({"role": "system", "content": "be brief"}),
-            json!({"role": "user", "content": "weather?"}),
-        ];
-        let mut later = first.to_vec();
-        later.push(json!({"role": "assistant", "tool_calls": []}));
-        later.push(json!({"role": "tool", "tool_call_id": "a", "content": "x"}));
-        later.push(json!({"role": "user", "content": "and tomorrow?"}));
-        let a = ConversationId::of(None, "k1", &first);
-        assert_eq!(a.source, IdSource::Digest);
-        assert_eq!(a.id.len(), 32);
-        assert_eq!(
-            a,
-            ConversationId::of(None, "k1", &later),
-            "prefix is stable"
-        );
-        assert_ne!(a, ConversationId::of(None, "k2", &first), "scoped by key");
-        let other = [json!({"role": "user", "content": "weather in Rome?"})];
-        assert_ne!(a, ConversationId::of(None, "k1", &other));
-        let h = ConversationId::of(Some("c-1"), "k1", &first);
-        assert_eq!((h.id.as_str(), h.source), ("c-1", IdSource::Header));
-        assert_ne!(h, ConversationId::of(Some("c-1"), "k2", &first));
-    }
-
-    #[test]
-    fn an_arrival_is_kept_from_the_first_request_that_carried_it() {
-        let s = ConversationStore::new(4);
-        let t0 = Instant::now();
-        let t1 = t0 + Duration::from_secs(3);
-        let c = conv("c");
-        assert_eq!(s.arrive(&c, &["a"], t0).0.arrived["a"], t0);
-        let t = s.arrive(&c, &["a", "b"], t1).0;
-        assert_eq!((t.arrived["a"], t.arrived["b"]), (t0, t1));
-        s.emitted(&c, ["x"], t1);
-        assert_eq!(s.arrive(&c, &[], t1).0.emitted["x"], t1);
-        assert!(s.arrive(&conv("other"), &[], t1).0.emitted.is_empty());
-    }
-
-    #[test]
-    fn only_a_call_released_and_never_accepted_is_known_undelivered() {
-        let s = ConversationStore::new(4);
-        let (c, now) = (conv("c"), Instant::now());
-        s.emitted(&c, ["sent", "halted"], now);
-        s.delivered(&c, ["sent", "never-released"], now);
-        let t = s.arrive(&c, &[], now).0;
-        assert!(t.dispatched("sent"), "released and accepted");
-        assert!(
-            !t.dispatched("halted"),
-            "released, its frame never accepted"
-        );
-        assert!(t.dispatched("unknown"), "never seen here: fails closed");
-        assert!(
-            !t.delivered.contains("never-released"),
-            "only released calls are kept"
-        );
-        assert!(s.arrive(&conv("other"), &[], now).0.dispatched("halted"));
-    }
-
-    #[test]
-    fn the_least_recently_used_conversation_is_evicted() {
-        let s = ConversationStore::new(2);
-        let now = Instant::now();
-        s.emitted(&conv("a"), ["1"], now);
-        s.emitted(&conv("b"), ["2"], now);
-        // `a` used again: `b` is now the least recently used.
-        s.arrive(&conv("a"), &[], now);
-        s.arrive(&conv("c"), &[], now);
-        assert_eq!(s.counts(), (2, 1));
-        let ids: Vec<String> = s.view(None, now).into_iter().map(|v| v.id.id).collect();
-        assert_eq!(ids, ["c", "a"]);
-        assert!(
-            s.arrive(&conv("b"), &[], now).0.emitted.is_empty(),
-            "b forgotten"
-        );
-        assert_eq!(
-            s.arrive(&conv("a"), &[], now).0.emitted.len(),
-            0,
-            "a evicted by b"
-        );
-    }
-
-    /// Eviction never re-opens a refused key: an evicted conversation with an exhausted key
-    /// keeps that tool's failed calls; past [`MAX_RETAINED`] the oldest is forgotten, counted.
-    #[test]
-    fn an_evicted_conversation_keeps_its_refused_keys() {
-        use crate::circuit::{transcript::rebuild_with, CircuitPolicy, ToolCall, Verdict};
-        let s = ConversationStore::new(1);
-        let now = Instant::now();
-        let policy = std::sync::Arc::new(CircuitPolicy::default());
-        let messages = [
-            json!({"role": "user", "content": "x"}),
-            json!({"role": "assistant", "tool_calls": [{"id": "p1", "type": "function",
-                   "function": {"name": "run_sql", "arguments": "{}"}}]}),
-            json!({"role": "tool", "tool_call_id": "p1", "content": "permission denied"}),
-        ];
-        let (a, b) = (conv("a"), conv("b"));
-        let (t, m) = s.arrive(&a, &["p1"], now);
-        let (c, failed) = rebuild_with(policy.clone(), &messages, &t, &m).expect("input");
-        s.remember(&a, failed, now);
-        s.observe(&a, c.open_artifacts(), now);
-        assert_eq!(c.exhausted().len(), 1);
-        s.arrive(&b, &[], now); // evicts a
-        assert_eq!(s.counts(), (1, 1));
-        assert_eq!(s.counters.retained.get(), 1);
-        let (t, m) = s.arrive(&a, &[], now); // a is back (evicting b), with its memory
-        assert_eq!(m.len(), 1);
-        assert_eq!(s.counters.retained.get(), 0);
-        let (c, _) = rebuild_with(policy, &messages[..1], &t, &m).expect("input");
-        let call = ToolCall {
-            id: "p2",
-            name: "run_sql",
-            arguments: "{}",
-        };
-        assert!(matches!(c.judge(call, None), Verdict::Deny(_)));
-
-        // A full retained set forgets the oldest, counted.
-        let mut inner = Inner::default();
-        let mut gone = Entry {
-            timeline: Timeline::default(),
-            memory: m,
-            artifacts: VecDeque::new(),
-            open: c.open_artifacts(),
-            last_seen: now,
-            tick: 0,
-            turns: 0,
-            tokens: 0,
-            tokens_saved: 0,
-        };
-        gone.open[0].budget_exhausted = true;
-        for i in 0..=MAX_RETAINED {
-            s.retain_refusals(&mut inner, conv(&format!("r{i}")), &gone);
-        }
-        assert_eq!(inner.retained.len(), MAX_RETAINED);
-        assert!(!inner.retained.contains_key(&conv("r0")));
-        assert_eq!(s.counters.forgotten.get(), 1);
-    }
-
-    #[test]
-    fn tokens_saved_are_the_mean_tokens_per_turn() {
-        let s = ConversationStore::new(2);
-        let (c, now) = (conv("c"), Instant::now());
-        assert_eq!(s.answered(&c, now), None, "no turn known yet");
-        s.generated(&c, 10, now);
-        s.generated(&c, 20, now);
-        assert_eq!(s.answered(&c, now), Some(15));
-        assert_eq!(s.answered(&c, now), Some(15));
-        assert_eq!(s.view(Some("c"), now)[0].tokens_saved, 30);
-    }
-
-    #[test]
-    fn per_conversation_memory_is_bounded() {
-        let s = ConversationStore::new(1);
-        let c = conv("c");
-        let t0 = Instant::now();
-        for i in 0..MAX_CALLS + 10 {
-            s.emitted(
-                &c,
-                [format!("call{i}").as_str()],
-                t0 + Duration::from_millis(i as u64),
-            );
-        }
-        // call10 is the oldest kept; a new call drops it, and its delivery with it.
-        s.delivered(&c, ["call0", "call10", "call11"], t0);
-        s.emitted(&c, ["late"], t0 + Duration::from_secs(1));
-        let t = s.arrive(&c, &[], t0).0;
-        assert_eq!(t.emitted.len(), MAX_CALLS);
-        assert!(!t.emitted.contains_key("call0"), "the oldest dropped");
-        assert!(t.delivered.len() == 1 && t.delivered.contains("call11"));
-        assert!(t.dispatched("call10"), "forgotten: fails closed");
-        assert!(!t.dispatched("late"), "released, not accepted");
-        assert!(t.emitted.contains_key(&format!("call{}", MAX_CALLS + 9)));
-    }
-}
+mod tests;

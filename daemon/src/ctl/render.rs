@@ -160,11 +160,14 @@ pub fn state(v: &Value) -> String {
         Some(p) => format!("ledger seq {} (hash {})", cell(&p["seq"]), cell(&p["hash"])),
         None => "no ledger record yet".to_owned(),
     };
-    let conversations = held["conversations"].as_array().map_or(0, Vec::len);
+    let count = |field: &str| held[field].as_array().map_or(0, Vec::len);
     let mut out = format!(
-        "store: {} (schema {}), reflects {point}; committed state of {conversations} conversations (haltctl conversations)\n",
+        "store: {} (schema {}), reflects {point}; committed state of {} conversations (haltctl conversations); TokenCircuit's memory of {} conversations (haltctl circuit show); {} dispatched calls of failed turns (haltctl reconcile)\n",
         cell(&v["path"]),
-        cell(&v["schema_version"])
+        cell(&v["schema_version"]),
+        count("conversations"),
+        count("circuits"),
+        count("dispatched"),
     );
     let scopes = held["scopes"].as_array().map_or(&[][..], Vec::as_slice);
     if scopes.is_empty() {

@@ -6,6 +6,11 @@ use std::sync::{mpsc, Arc};
 
 use super::StartError;
 use crate::{
+    circuit::{
+        dispatched::Dispatched,
+        policy::DEFAULT_RECONCILE_ALERT_AFTER_S,
+        store::{persist::WallClock, ConversationStore},
+    },
     config::Config,
     halt::HaltCore,
     identity::NodeSecret,
@@ -13,7 +18,7 @@ use crate::{
     modes::{KeyId, Modes},
     state::{
         restore::{self, OnMismatch, Verdict},
-        Snapshot, StateStore,
+        CircuitRow, DispatchedRow, Snapshot, StateError, StateStore,
     },
 };
 
@@ -21,6 +26,11 @@ use crate::{
 pub(super) struct Opened {
     pub(super) store: Arc<StateStore>,
     pub(super) modes: Modes,
+    /// TokenCircuit's memory and the dispatched calls, for the conversation store.
+    pub(super) circuits: Vec<CircuitRow>,
+    pub(super) dispatched: Vec<DispatchedRow>,
+    /// The ledger's records after the store's point that state dispatched calls.
+    pub(super) dispatched_records: Vec<serde_json::Value>,
 }
 
 /// The fingerprint of this node's key that the store keeps: the key id of a request without
@@ -39,7 +49,9 @@ pub(super) fn open_state(
     let t = std::time::Instant::now();
     let (store, held) = StateStore::open(&cfg.args.state_dir).map_err(StartError::State)?;
     let check = node_check(secret);
-    let restored = restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
+    let mut restored =
+        restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
+    let dispatched_records = std::mem::take(&mut restored.dispatched_records);
     let (scopes, mismatch) = match restored.verdict {
         Verdict::Mismatch(why) => {
             if cfg.args.state_mismatch == OnMismatch::Refuse {
@@ -77,17 +89,71 @@ pub(super) fn open_state(
         store = %store.path().display(),
         degraded_scopes = scopes.len(),
         conversations = held.conversations.len(),
+        tool_circuit_conversations = held.circuits.len(),
+        dispatched_calls = held.dispatched.len(),
         took_ms = t.elapsed().as_millis() as u64,
         "state restored"
     );
+    let (circuits, dispatched) = (held.circuits.clone(), held.dispatched.clone());
     store.replace(Snapshot {
         ledger: None,
         node_check: Some(check),
         scopes,
         conversations: held.conversations,
+        circuits: held.circuits,
+        dispatched: held.dispatched,
     });
     let store = Arc::new(store);
-    Ok((Opened { store, modes }, mismatch))
+    let opened = Opened {
+        store,
+        modes,
+        circuits,
+        dispatched,
+        dispatched_records,
+    };
+    Ok((opened, mismatch))
+}
+
+/// TokenCircuit's conversation store, counting into `/metrics`, holding what the state store
+/// kept and keeping every change there from now on.
+pub(super) fn conversation_store(
+    cfg: &Config,
+    metrics: &crate::metrics::Metrics,
+    opened: &Opened,
+) -> Result<ConversationStore, StartError> {
+    let corrupt = |reason: String| {
+        StartError::State(StateError::Corrupt {
+            path: opened.store.path().to_owned(),
+            reason,
+        })
+    };
+    let policy = cfg.tool_circuit.as_deref();
+    let store = ConversationStore::for_policy(policy).counting_into(metrics.circuit.store.clone());
+    store
+        .restore(&opened.circuits, &WallClock::now())
+        .map_err(corrupt)?;
+    let gauges = metrics.circuit.dispatched.clone();
+    let alert_after = policy.map_or(DEFAULT_RECONCILE_ALERT_AFTER_S, |p| {
+        p.reconcile_alert_after_s
+    });
+    gauges
+        .alert_after_seconds
+        .set(i64::try_from(alert_after).unwrap_or(i64::MAX));
+    let persist = Some(Arc::clone(&opened.store));
+    let dispatched = Dispatched::new(gauges, persist, &opened.dispatched).map_err(corrupt)?;
+    // A crash between a failed turn's record (or a reconciliation's) and the store's write:
+    // the ledger has it, the store catches up.
+    let caught_up = dispatched.replay(&opened.dispatched_records);
+    if !caught_up.is_empty() {
+        tracing::warn!(
+            calls = caught_up.len(),
+            "the state store was behind the ledger: dispatched calls were taken from it"
+        );
+        opened.store.apply(None, caught_up);
+    }
+    Ok(store
+        .with_dispatched(dispatched)
+        .persisting_to(Arc::clone(&opened.store)))
 }
 
 /// Records the node degraded for a mismatched store (`mismatch`: why), then writes the start

@@ -12,6 +12,11 @@
 //!   starts at seq 0): every mode change is there. If the segment continues a rotated one and
 //!   holds a mode change, earlier changes are missing: a mismatch.
 //!
+//! - The records after the point that state dispatched calls (a failed turn's
+//!   `reconciliation: required` calls, an operator's `reconcile`) are handed to the start
+//!   ([`Restored::dispatched_records`]): a crash between such a record and the store's write
+//!   loses neither (`circuit::dispatched` replays them, idempotently).
+//!
 //! Anything else is a mismatch: the start stops with [`MISMATCH_EXIT_CODE`] unless
 //! `--state-mismatch degrade-node`.
 
@@ -55,12 +60,28 @@ pub struct Restored {
     pub verdict: Verdict,
     /// The degraded scopes (empty on a mismatch: the caller decides).
     pub scopes: Vec<ScopeRow>,
+    /// The records after the point that state dispatched calls or their reconciliation, in
+    /// order (empty on a mismatch).
+    pub dispatched_records: Vec<Value>,
+}
+
+/// Whether `rec` states a dispatched call (a turn record with a call that needs
+/// reconciliation) or its outcome (an `admin` record of a `reconcile`).
+fn states_dispatched(rec: &Value) -> bool {
+    let needs = |c: &Value| c.get("reconciliation").is_some_and(|r| r == "required");
+    rec.get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(needs))
+        || rec
+            .pointer("/admin/action")
+            .is_some_and(|a| a == "reconcile")
 }
 
 fn mismatch(why: String) -> Result<Restored, StateError> {
     Ok(Restored {
         verdict: Verdict::Mismatch(why),
         scopes: Vec::new(),
+        dispatched_records: Vec::new(),
     })
 }
 
@@ -83,9 +104,13 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
     // may hold millions of records.
     let (mut found, mut first_change, mut replayed) = (held.ledger.is_none(), None, 0);
     let mut whole_chain = None;
+    let mut dispatched_records = Vec::new();
     for_each_record(ledger, |seq, rec| {
         whole_chain.get_or_insert(seq == 0 && rec.get("segment").is_none_or(Value::is_null));
         let change = rec.get("mode_change");
+        if found && states_dispatched(rec) {
+            dispatched_records.push(rec.clone());
+        }
         if found {
             if let Some(ch) = change {
                 first_change.get_or_insert(seq);
@@ -104,6 +129,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
             return Ok(Restored {
                 verdict: Verdict::New,
                 scopes: Vec::new(),
+                dispatched_records,
             });
         };
         if whole_chain != Some(true) {
@@ -115,6 +141,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         return Ok(Restored {
             verdict: Verdict::Rebuilt { replayed },
             scopes: scopes.into_values().collect(),
+            dispatched_records,
         });
     };
     if !found {
@@ -128,6 +155,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
     Ok(Restored {
         verdict: Verdict::Matched { replayed },
         scopes: scopes.into_values().collect(),
+        dispatched_records,
     })
 }
 

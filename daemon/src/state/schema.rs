@@ -1,14 +1,18 @@
 //! The store's SQL: opening the file (mode 0600, WAL, full sync), the schema and its
 //! migrations, and the statements that read and write it.
 //!
-//! Schema version 2:
+//! Schema version 3:
 //!
 //! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
 //!   ledger record the store reflects) and `node_check` (the fingerprint of the node key);
 //! - `degraded(scope TEXT PRIMARY KEY, since_unix_ms, until_unix_ms NULL, cause, stream_id)`
 //!   (version 1);
 //! - `conversations(key TEXT PRIMARY KEY, turns_committed, tokens_committed,
-//!   tool_calls_committed, last_committed_turn NULL, turns_failed)` (version 2).
+//!   tool_calls_committed, last_committed_turn NULL, turns_failed)` (version 2);
+//! - `circuits(key, id, source, retained, body)`, primary key `(key, id, source)`, and
+//!   `dispatched(reference TEXT PRIMARY KEY, body)` (version 3): TokenCircuit's memory and the
+//!   dispatched calls of failed turns, each body a JSON document whose fields
+//!   `circuit::persist` and `circuit::dispatched` own (a field added later has a default).
 //!
 //! The migration rule: each version `n` has one step from `n - 1` ([`MIGRATIONS`]), run in
 //! order in one transaction at open; a file whose `user_version` is above [`VERSION`] is
@@ -18,10 +22,12 @@ use std::{fs::OpenOptions, os::unix::fs::OpenOptionsExt, path::Path};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use super::{Change, ConversationRow, Point, ScopeRow, Snapshot, StateError};
+use super::{
+    Change, CircuitRow, ConversationRow, DispatchedRow, Point, ScopeRow, Snapshot, StateError,
+};
 
 /// The schema this haltd writes.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 /// Step `i` takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -41,6 +47,15 @@ const MIGRATIONS: &[&str] = &[
          last_committed_turn TEXT,
          turns_failed INTEGER NOT NULL
      );",
+    "CREATE TABLE circuits (
+         key TEXT NOT NULL,
+         id TEXT NOT NULL,
+         source TEXT NOT NULL,
+         retained INTEGER NOT NULL,
+         body TEXT NOT NULL,
+         PRIMARY KEY (key, id, source)
+     );
+     CREATE TABLE dispatched (reference TEXT PRIMARY KEY, body TEXT NOT NULL);",
 ];
 
 fn sql<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(rusqlite::Error) -> StateError + 'p {
@@ -171,7 +186,58 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
         node_check: meta(conn, path, "node_check")?,
         scopes,
         conversations,
+        circuits: load_circuits(conn, path)?,
+        dispatched: load_dispatched(conn, path)?,
     })
+}
+
+/// A body column's JSON.
+fn body(path: &Path, table: &str, text: &str) -> Result<serde_json::Value, StateError> {
+    serde_json::from_str(text).map_err(|e| StateError::Corrupt {
+        path: path.to_owned(),
+        reason: format!("a {table} row's body is not JSON: {e}"),
+    })
+}
+
+fn load_circuits(conn: &Connection, path: &Path) -> Result<Vec<CircuitRow>, StateError> {
+    let mut stmt = conn
+        .prepare("SELECT key, id, source, retained, body FROM circuits ORDER BY key, id, source")
+        .map_err(sql(path, "reading TokenCircuit's conversations"))?;
+    let rows: Vec<(String, String, String, bool, String)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading TokenCircuit's conversations"))?;
+    rows.into_iter()
+        .map(|(key, id, source, retained, text)| {
+            Ok(CircuitRow {
+                key,
+                id,
+                source,
+                retained,
+                body: body(path, "circuits", &text)?,
+            })
+        })
+        .collect()
+}
+
+fn load_dispatched(conn: &Connection, path: &Path) -> Result<Vec<DispatchedRow>, StateError> {
+    let mut stmt = conn
+        .prepare("SELECT reference, body FROM dispatched ORDER BY reference")
+        .map_err(sql(path, "reading the dispatched calls"))?;
+    let rows: Vec<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading the dispatched calls"))?;
+    rows.into_iter()
+        .map(|(reference, text)| {
+            Ok(DispatchedRow {
+                reference,
+                body: body(path, "dispatched", &text)?,
+            })
+        })
+        .collect()
 }
 
 fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<(), StateError> {
@@ -209,9 +275,36 @@ fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<()
                 c.turns_failed
             ],
         ),
+        Change::Circuit(c) => tx.execute(
+            "INSERT INTO circuits (key, id, source, retained, body) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (key, id, source) DO UPDATE SET retained = excluded.retained,
+                 body = excluded.body",
+            params![c.key, c.id, c.source, c.retained, c.body.to_string()],
+        ),
+        Change::CircuitGone(key, id, source) => tx.execute(
+            "DELETE FROM circuits WHERE key = ?1 AND id = ?2 AND source = ?3",
+            params![key, id, source],
+        ),
+        Change::Dispatched(d) => tx.execute(
+            "INSERT INTO dispatched (reference, body) VALUES (?1, ?2)
+             ON CONFLICT (reference) DO UPDATE SET body = excluded.body",
+            params![d.reference, d.body.to_string()],
+        ),
     }
     .map(drop)
-    .map_err(sql(path, "writing a degraded scope"))
+    .map_err(sql(path, change.op()))
+}
+
+impl Change {
+    /// What writing it is, for an error.
+    fn op(&self) -> &'static str {
+        match self {
+            Change::Degrade(_) | Change::End(_) => "writing a degraded scope",
+            Change::Conversation(_) => "writing a conversation's committed state",
+            Change::Circuit(_) | Change::CircuitGone(..) => "writing TokenCircuit's memory",
+            Change::Dispatched(_) => "writing a dispatched call",
+        }
+    }
 }
 
 fn set_point(tx: &Transaction<'_>, path: &Path, point: &Point) -> Result<(), StateError> {
@@ -247,13 +340,21 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
         .map_err(sql(path, "beginning a change"))?;
     tx.execute("DELETE FROM degraded", [])
         .map_err(sql(path, "clearing the degraded scopes"))?;
-    tx.execute("DELETE FROM conversations", [])
-        .map_err(sql(path, "clearing the conversations"))?;
+    for table in ["conversations", "circuits", "dispatched"] {
+        tx.execute(&format!("DELETE FROM {table}"), [])
+            .map_err(sql(path, "clearing a table"))?;
+    }
     for row in &held.scopes {
         write_change(&tx, path, &Change::Degrade(row.clone()))?;
     }
     for c in &held.conversations {
         write_change(&tx, path, &Change::Conversation(c.clone()))?;
+    }
+    for c in &held.circuits {
+        write_change(&tx, path, &Change::Circuit(c.clone()))?;
+    }
+    for d in &held.dispatched {
+        write_change(&tx, path, &Change::Dispatched(d.clone()))?;
     }
     if let Some(p) = &held.ledger {
         set_point(&tx, path, p)?;

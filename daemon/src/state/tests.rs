@@ -149,10 +149,37 @@ fn a_version_1_store_is_migrated_and_keeps_its_scopes() {
         last_committed_turn: Some("5.1".into()),
         turns_failed: 1,
     };
-    store.apply(None, vec![Change::Conversation(c.clone())]);
+    // Version 3's tables: TokenCircuit's memory and the dispatched calls.
+    let circuit = CircuitRow {
+        key: "aa".into(),
+        id: "c-1".into(),
+        source: "header".into(),
+        retained: false,
+        body: serde_json::json!({"turns": 2}),
+    };
+    let gone = CircuitRow {
+        id: "c-2".into(),
+        ..circuit.clone()
+    };
+    let dispatched = DispatchedRow {
+        reference: "0123456789ab".into(),
+        body: serde_json::json!({"tool": "send_email"}),
+    };
+    store.apply(
+        None,
+        vec![
+            Change::Conversation(c.clone()),
+            Change::Circuit(circuit.clone()),
+            Change::Circuit(gone),
+            Change::CircuitGone("aa".into(), "c-2".into(), "header".into()),
+            Change::Dispatched(dispatched.clone()),
+        ],
+    );
     drop(store);
     let (_store, held) = StateStore::open(&dir.state()).expect("reopen");
     assert_eq!(held.conversations, [c]);
+    assert_eq!(held.circuits, [circuit]);
+    assert_eq!(held.dispatched, [dispatched]);
     let conn = rusqlite::Connection::open(&path).expect("test setup");
     let v: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -213,10 +240,23 @@ fn a_store_behind_its_ledger_catches_up_and_never_loses_a_degrade() {
         .enter(key("c"), FailureCode::CoherenceBelowThreshold, "3.1")
         .expect("change");
     ledger.append_sync(mode_record(&ch)).expect("written");
+    // So for a failed turn's dispatched call: handed to the start to replay.
+    let mut turn = Record {
+        kind: RecordKind::Turn,
+        ..lifecycle("turn")
+    };
+    turn.tool_calls = vec![serde_json::json!({"id": "c0", "status": "dispatched",
+        "reconciliation": "required", "ref": "abc"})];
+    ledger.append_sync(turn).expect("written");
     let behind = store.read().expect("read");
     assert!(behind.scopes.is_empty() && held.scopes.is_empty());
     let restored = check(&behind, &dir.ledger(), "n1").expect("check");
     assert_eq!(restored.verdict, Verdict::Matched { replayed: 1 });
+    assert_eq!(restored.dispatched_records.len(), 1);
+    assert_eq!(
+        restored.dispatched_records[0]["tool_calls"][0]["ref"],
+        "abc"
+    );
     assert_eq!(restored.scopes.len(), 1);
     assert_eq!(restored.scopes[0].until_unix_ms, ch.until_unix_ms);
     // And what is restored is degraded, with the same end.

@@ -67,7 +67,7 @@
 //! | script | after the `tokens` content tokens |
 //! |---|---|
 //! | `normal` | final chunk, usage chunk (if `stream_options.include_usage`), `[DONE]` |
-//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`, `args=` the first call's arguments, JSON written with `'` for `"`; `name_every=1`: every arguments delta repeats the call's `id`, `type` and `name`, as llama.cpp's server sends them (OpenAI and vLLM name the call in its first delta only); `needs_tool=1`: as `normal` when the request's `tools` do not offer `name`, as a model cannot call a tool it was not given), then as `normal` |
+//! | `tool_call` | tool-call deltas (`name=` (default get_weather), `args_chunks=` (default 3), `calls=1\|2`, `args=` the first call's arguments, JSON written with `'` for `"`; `name_every=1`: every arguments delta repeats the call's `id`, `type` and `name`, as llama.cpp's server sends them (OpenAI and vLLM name the call in its first delta only); `needs_tool=1`: as `normal` when the request's `tools` do not offer `name`, as a model cannot call a tool it was not given; `die=1`: the connection is cut 300 ms after the calls, a turn that fails after they were dispatched), then as `normal` |
 //! | `error_event` | `data: {"error":{..}}` (`code=` (default 400), `msg=`, `object=1` adds vLLM's `"object":"error","param":null`), `[DONE]` |
 //! | `llama_error` | `error: {"code":..,"message":..,"type":..}` and a blank line (`code=` (default 500), `msg=`), end |
 //! | `garbage` | `data: {this is not json`, then `after=` (default 4) more tokens and a normal end |
@@ -964,6 +964,9 @@ struct Script {
     needs_tool: bool,
     /// Every arguments delta repeats `id`, `type` and `name` (llama.cpp's shape).
     name_every: bool,
+    /// `tool_call die`: the upstream dies a moment after the calls went out (a turn that
+    /// fails after its calls were dispatched).
+    die_after_tools: bool,
     code: u16,
     msg: Option<String>,
     error_object: bool,
@@ -1110,6 +1113,7 @@ impl Script {
                 s.args = k.take::<String>("args")?.map(|a| a.replace('\'', "\""));
                 s.needs_tool = k.flag("needs_tool")?;
                 s.name_every = k.flag("name_every")?;
+                s.die_after_tools = k.flag("die")?;
                 if !(1..=2).contains(&s.calls) {
                     return Err("calls must be 1 or 2".into());
                 }
@@ -1183,6 +1187,7 @@ impl Script {
             args: None,
             needs_tool: false,
             name_every: false,
+            die_after_tools: false,
             code: 500,
             msg: None,
             error_object: false,
@@ -2122,6 +2127,11 @@ async fn run_stream(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<
         }
         Kind::ToolCall => {
             emit_tools(&mut g, out, prog).await?;
+            if s.die_after_tools {
+                // Long enough for haltd to judge the calls and send them on.
+                pause(Duration::from_millis(300)).await;
+                return Ok(Outcome::Died);
+            }
             finish(&mut g, out, prog).await
         }
         Kind::ErrorEvent => {

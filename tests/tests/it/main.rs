@@ -40,6 +40,7 @@ mod proxy;
 mod readiness;
 mod real_backend;
 mod reload;
+mod restart_circuit;
 mod restart_state;
 mod slow_readers;
 mod token_instructions;

@@ -15,17 +15,17 @@ use serde_json::Value;
 
 use crate::UPSTREAM_BIN;
 
-const KEY: &str = "Bearer key-restart";
+pub(crate) const KEY: &str = "Bearer key-restart";
 
 /// Trips a stream of `auth` (operator) and waits until its key's mode change is recorded.
-fn degrade(rig: &Rig, auth: &str) -> Result<()> {
+pub(crate) fn degrade(rig: &Rig, auth: &str) -> Result<()> {
     rig.trip_stream_of(auth)?;
     rig.wait_record("mode change", |r| r["mode_change"]["to"] == "degraded")?;
     Ok(())
 }
 
 /// The degraded entry of `fingerprint` in `GET /admin/mode`, if any.
-fn degraded_entry(rig: &Rig, fingerprint: &str) -> Result<Option<Value>> {
+pub(crate) fn degraded_entry(rig: &Rig, fingerprint: &str) -> Result<Option<Value>> {
     let mode = rig.get_admin("/admin/mode")?;
     Ok(mode["keys"]
         .as_array()
@@ -62,7 +62,7 @@ fn haltctl(rig: &Rig, args: &[&str]) -> Result<(Value, String)> {
 
 /// haltd again, on the ledger (and so the state directory) of the one `rig` ran; the old
 /// instance is returned, to keep its directory until the test ends.
-fn restart(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
+pub(crate) fn restart(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
     let mut args = vec!["--source", "openai", "--upstream", rig.up.url.as_str()];
     args.extend_from_slice(extra);
     let ledger = rig.haltd.ledger.clone();
@@ -118,7 +118,7 @@ fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() ->
 }
 
 /// `fp` is degraded with the same end and cause as `before`, and served degraded.
-fn same_degraded(rig: &Rig, fp: &str, before: &Value, after_what: &str) -> Result<()> {
+pub(crate) fn same_degraded(rig: &Rig, fp: &str, before: &Value, after_what: &str) -> Result<()> {
     let after =
         degraded_entry(rig, fp)?.with_context(|| format!("not degraded after {after_what}"))?;
     ensure!(
@@ -135,7 +135,7 @@ fn same_degraded(rig: &Rig, fp: &str, before: &Value, after_what: &str) -> Resul
 }
 
 /// SIGKILLs haltd while 4 streams are open, then starts it again; returns the killed one.
-fn crash_under_load(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
+pub(crate) fn crash_under_load(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
     let load: Vec<_> = (0..4)
         .map(|_| {
             let client = rig.haltd.client();

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 
 use crate::UPSTREAM_BIN;
 
-const CHAT: &str = "/v1/chat/completions";
+pub(crate) const CHAT: &str = "/v1/chat/completions";
 
 fn rig_with(config: &str) -> Result<(Rig, PathBuf)> {
     let dir = temp_dir("tool-circuit")?;
@@ -43,7 +43,7 @@ fn rig_with(config: &str) -> Result<(Rig, PathBuf)> {
 
 /// A conversation in which the model called `get_weather` with `args` and got `result`;
 /// `directive` scripts the model's next answer.
-fn conversation(args: &str, result: &str, directive: &str) -> Value {
+pub(crate) fn conversation(args: &str, result: &str, directive: &str) -> Value {
     json!({
         "model": "scripted",
         "stream": true,
@@ -60,7 +60,7 @@ fn conversation(args: &str, result: &str, directive: &str) -> Value {
     })
 }
 
-fn tool_call_deltas(o: &StreamOutcome) -> usize {
+pub(crate) fn tool_call_deltas(o: &StreamOutcome) -> usize {
     o.events
         .iter()
         .filter(|e| e.data.contains("\"tool_calls\":["))
@@ -69,7 +69,7 @@ fn tool_call_deltas(o: &StreamOutcome) -> usize {
 
 /// The artifact of a `TOOL_CIRCUIT_OPEN` halt; fails unless the stream ended so, with none
 /// of the call sent.
-fn circuit_halt(o: &StreamOutcome) -> Result<Value> {
+pub(crate) fn circuit_halt(o: &StreamOutcome) -> Result<Value> {
     let err = o.error.as_ref().context("the stream ends with an error")?;
     ensure!(err["code"] == "TOOL_CIRCUIT_OPEN", "{err}");
     ensure!(
@@ -102,7 +102,7 @@ fn haltctl(rig: &Rig, args: &[&str]) -> Result<String> {
 }
 
 /// The id of the first tool call the stream sent.
-fn first_call_id(o: &StreamOutcome) -> Result<String> {
+pub(crate) fn first_call_id(o: &StreamOutcome) -> Result<String> {
     o.events
         .iter()
         .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
@@ -115,7 +115,7 @@ fn first_call_id(o: &StreamOutcome) -> Result<String> {
 }
 
 /// `conversation`, then the model's call `id` (the Paris arguments) and its `result`.
-fn then_call(mut b: Value, id: &str, result: &str) -> Result<Value> {
+pub(crate) fn then_call(mut b: Value, id: &str, result: &str) -> Result<Value> {
     let messages = b["messages"].as_array_mut().context("messages")?;
     messages.push(
         json!({"role": "assistant", "content": null, "tool_calls": [{
@@ -126,7 +126,7 @@ fn then_call(mut b: Value, id: &str, result: &str) -> Result<Value> {
     Ok(b)
 }
 
-const PARIS: &str = r#"{"location": "Paris, France", "unit": "celsius"}"#;
+pub(crate) const PARIS: &str = r#"{"location": "Paris, France", "unit": "celsius"}"#;
 
 /// The chat requests the upstream has finished, oldest first.
 fn upstream_chats(rig: &Rig) -> Result<Vec<Value>> {

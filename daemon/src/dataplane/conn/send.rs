@@ -207,6 +207,7 @@ fn token_delivered(shared: &HaltCore, conn: &mut Conn) {
     if !turn.tools_in_flight.is_empty() {
         let circuit = turn.circuit.as_deref();
         circuit::delivered(&shared.circuits, circuit, &turn.tools_in_flight);
+        stamp_delivered(&mut turn.tools_in_flight);
     }
     turn.tool_calls.append(&mut turn.tools_in_flight);
 }
@@ -229,6 +230,16 @@ fn batch_delivered(shared: &HaltCore, turn: Option<&mut turn::Turn>) {
     if !turn.tool_calls.is_empty() {
         let circuit = turn.circuit.as_deref();
         circuit::delivered(&shared.circuits, circuit, &turn.tool_calls);
+        stamp_delivered(&mut turn.tool_calls);
+    }
+}
+
+/// Notes when the kernel accepted the calls (`delivered_unix_ms`, in the turn's record): the
+/// time a failed turn's dispatched call is listed with (`haltctl reconcile`).
+fn stamp_delivered(calls: &mut [serde_json::Value]) {
+    let now = crate::clock::unix_ms_now();
+    for c in calls {
+        c["delivered_unix_ms"] = now.into();
     }
 }
 

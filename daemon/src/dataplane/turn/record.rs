@@ -47,9 +47,9 @@ impl Io {
         conn: &Conn,
         snap: &SlotSnapshot,
         outcome: Outcome,
-    ) -> (Option<Record>, Option<Change>) {
+    ) -> (Option<Record>, Vec<Change>) {
         let Some(turn) = conn.turn.as_ref() else {
-            return (None, None);
+            return (None, Vec::new());
         };
         let shared = &self.shared;
         shared.metrics.dataplane.finished(outcome);
@@ -77,7 +77,7 @@ impl Io {
         let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
         shared.metrics.ledger.turn_record(decision.kind());
         let Some(sampling) = decision.field(policy.turn_sample_rate) else {
-            return (None, Some(change));
+            return (None, change);
         };
         rec.sampling = Some(sampling);
         if policy.record_token_text {
@@ -88,7 +88,7 @@ impl Io {
             rec.text = Some(text);
             rec.text_truncated = Some(truncated);
         }
-        (Some(rec), Some(change))
+        (Some(rec), change)
     }
 }
 
@@ -119,8 +119,8 @@ impl Step<'_> {
         let state = Arc::clone(&self.io.shared.state);
         // Per turn, not per token: the change and the closure are allocated once.
         let queued = self.io.shared.ledger.append_then(rec, move |written| {
-            if let (Ok(_), Some(c)) = (written, change) {
-                state.apply(None, vec![c]);
+            if written.is_ok() && !change.is_empty() {
+                state.apply(None, change);
             }
             flag.store(true, Ordering::Release);
             if let Some(w) = waker {
@@ -171,7 +171,8 @@ fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
 
 /// TURN-ACID: only a turn that ended cleanly commits; a failed one leaves the conversation's
 /// state as it was, and tool calls it already emitted are dispatched effects that need
-/// reconciliation. Returns the state store's change.
+/// reconciliation (held by `circuit::dispatched` until an operator records what happened).
+/// Returns the state store's changes.
 fn commit_turn(
     shared: &HaltCore,
     conn: &Conn,
@@ -179,7 +180,7 @@ fn commit_turn(
     snap: &SlotSnapshot,
     outcome: Outcome,
     rec: &mut Record,
-) -> Change {
+) -> Vec<Change> {
     let committed = outcome == Outcome::Completed;
     rec.turn_status = Some(if committed { "committed" } else { "failed" }.to_owned());
     let tool_status = if committed {
@@ -211,13 +212,68 @@ fn commit_turn(
         } else {
             snap.tokens_delivered
         };
-        shared.modes.commit_turn(
+        vec![shared.modes.commit_turn(
             turn.key_id,
             &conn.id.to_string(),
             tokens,
             turn.tool_calls.len() as u64,
-        )
+        )]
     } else {
-        shared.modes.fail_turn(turn.key_id)
+        let mut changes = hold_dispatched(shared, conn, turn, &mut rec.tool_calls);
+        changes.push(shared.modes.fail_turn(turn.key_id));
+        changes
     }
+}
+
+/// A failed turn's dispatched calls (`calls`, its record's), held until reconciled: each gets
+/// its reference and arguments digest in the record too. Returns the state store's changes.
+/// Per failed turn with calls, never per token.
+fn hold_dispatched(
+    shared: &HaltCore,
+    conn: &Conn,
+    turn: &Turn,
+    calls: &mut [serde_json::Value],
+) -> Vec<Change> {
+    use crate::circuit::dispatched::{arguments_digest, reference, DispatchedCall};
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let conversation = turn.circuit.as_deref().map(|c| c.conversation().clone());
+    let merged = turn.source.upstream().map_or(&[][..], |s| s.tool_calls());
+    let (key, stream_id) = (turn.key_id.fingerprint(), conn.id.to_string());
+    let held = calls
+        .iter_mut()
+        .map(|c| {
+            let call_id = c["id"].as_str().unwrap_or_default().to_owned();
+            let tool = c["name"].as_str().unwrap_or_default().to_owned();
+            let arguments = c["index"]
+                .as_u64()
+                .and_then(|i| merged.get(usize::try_from(i).ok()?))
+                .and_then(|m| m.pointer("/function/arguments"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            let delivered_unix_ms = c["delivered_unix_ms"]
+                .as_u64()
+                .unwrap_or_else(crate::clock::unix_ms_now);
+            let call = DispatchedCall {
+                reference: reference(&stream_id, &call_id, delivered_unix_ms),
+                key: key.clone(),
+                conversation: conversation.clone(),
+                call_id,
+                tool,
+                arguments_sha256: arguments_digest(arguments),
+                delivered_unix_ms,
+                stream_id: stream_id.clone(),
+                outcome: None,
+                reconciled_unix_ms: None,
+                reconciled_by: None,
+                retried: false,
+            };
+            c["ref"] = call.reference.clone().into();
+            c["arguments_sha256"] = call.arguments_sha256.clone().into();
+            c["conversation"] = serde_json::to_value(&call.conversation).unwrap_or_default();
+            call
+        })
+        .collect();
+    shared.circuits.dispatched.add(held)
 }
