@@ -7,6 +7,9 @@
 //! loosens governance: the degraded scopes the new haltd holds are exactly those the ledger's
 //! mode changes left degraded, each with the same end (`daemon/src/state.rs`).
 //!
+//! With a scripted upstream (`Options::upstream_bin`), TokenCircuit's memory and the failed
+//! turns' dispatched calls are checked at every restart too (`kill_loop/circuit.rs`).
+//!
 //! Run from `cargo xtask test` (a short loop, `crash::kill_loop_keeps_every_acknowledged_record`)
 //! and `cargo xtask bench --kill-loop` (`bench-kill-loop`, 1,000 kills).
 
@@ -20,6 +23,8 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
+
+mod circuit;
 
 use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
@@ -43,6 +48,9 @@ pub struct Options {
     /// whole chain at every start, so one ledger for 1,000 rounds would make each start slower
     /// than the last.
     pub kills_per_ledger: usize,
+    /// `scripted-upstream`: proxy it with `[tool_circuit]` enabled and check TokenCircuit's
+    /// state at every restart; `None`: the built-in source only.
+    pub upstream_bin: Option<String>,
 }
 
 /// What the loop did and found.
@@ -62,6 +70,11 @@ pub struct Report {
     /// checked (a restart never loosens governance: `daemon/src/state.rs`).
     pub state_checks: usize,
     pub scopes_checked: usize,
+    /// Restarts whose TokenCircuit state was checked: the dispatched calls (against the
+    /// ledger) and the settled used-up budgets checked.
+    pub circuit_checks: usize,
+    pub dispatched_checked: usize,
+    pub budgets_checked: usize,
     /// What went wrong (an empty list is a pass).
     pub failures: Vec<String>,
     pub wall: Duration,
@@ -77,7 +90,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); failures {}, wall {:.1} s",
+            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); TokenCircuit state checked at {} restarts ({} dispatched calls, {} used-up budgets); failures {}, wall {:.1} s",
             self.kills,
             self.restarts,
             self.recoveries,
@@ -88,6 +101,9 @@ impl std::fmt::Display for Report {
             self.turns_checked,
             self.state_checks,
             self.scopes_checked,
+            self.circuit_checks,
+            self.dispatched_checked,
+            self.budgets_checked,
             self.failures.len(),
             self.wall.as_secs_f64()
         )
@@ -110,6 +126,11 @@ pub fn run(pair: &NetPair, opts: &Options) -> Result<Report> {
     let t0 = Instant::now();
     let mut dir = temp_dir("kill-loop")?;
     let mut report = Report::default();
+    let upstream = match &opts.upstream_bin {
+        Some(bin) => Some(crate::upstream::ScriptedUpstream::start(pair, bin, &[])?),
+        None => None,
+    };
+    let mut settled = Vec::new();
     for i in 0..opts.kills {
         if i > 0 && i % opts.kills_per_ledger.max(1) == 0 && report.failures.is_empty() {
             let _ = std::fs::remove_dir_all(&dir);
@@ -117,8 +138,18 @@ pub fn run(pair: &NetPair, opts: &Options) -> Result<Report> {
         }
         let ledger = dir.join("ledger.jsonl");
         let first = i % opts.kills_per_ledger.max(1) == 0;
-        if let Err(e) = one_kill(pair, &ledger, first, opts.clients, &mut report) {
-            report.failures.push(format!("kill {i}: {e:#}"));
+        if first {
+            settled.clear();
+        }
+        let round = Round {
+            index: i,
+            first,
+            clients: opts.clients,
+            upstream: upstream.as_ref().map(|u| u.url.as_str()),
+        };
+        match one_kill(pair, &ledger, &round, &settled, &mut report) {
+            Ok(now) => settled = now,
+            Err(e) => report.failures.push(format!("kill {i}: {e:#}")),
         }
         report.wall = t0.elapsed();
         if opts.progress_every > 0 && (i + 1) % opts.progress_every == 0 {
@@ -137,36 +168,73 @@ pub fn run(pair: &NetPair, opts: &Options) -> Result<Report> {
     Ok(report)
 }
 
+/// One round's place in the loop.
+struct Round<'a> {
+    index: usize,
+    /// The first on its ledger: nothing to check yet.
+    first: bool,
+    clients: usize,
+    /// The scripted upstream's URL: proxy it, with TokenCircuit.
+    upstream: Option<&'a str>,
+}
+
+/// haltd on `ledger` for `round`.
+fn start(pair: &NetPair, ledger: &Path, round: &Round<'_>) -> Result<Haltd> {
+    let state = state_dir_for(ledger).display().to_string();
+    let mut args = vec![
+        "--builtin-token-interval-us".to_owned(),
+        "1000".to_owned(),
+        "--state-dir".to_owned(),
+        state,
+    ];
+    if let Some(url) = round.upstream {
+        let config = ledger.with_file_name("haltd.toml");
+        std::fs::write(&config, circuit::CONFIG)?;
+        for a in ["--source", "openai", "--upstream", url, "--config"] {
+            args.push(a.to_owned());
+        }
+        args.push(config.display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Haltd::start_with_ledger(pair, Some(ledger), &args)
+}
+
 /// One round: (re)start haltd on the ledger, load it, SIGKILL it at a random moment, check.
+/// Returns the conversations TokenCircuit settled (checked after the next restart).
 fn one_kill(
     pair: &NetPair,
     ledger: &Path,
-    first: bool,
-    clients: usize,
+    round: &Round<'_>,
+    settled_before: &[String],
     report: &mut Report,
-) -> Result<()> {
+) -> Result<Vec<String>> {
     let before = if ledger.exists() {
         read_ledger(ledger)?.len()
     } else {
         0
     };
-    let state = state_dir_for(ledger).display().to_string();
-    let mut haltd = Haltd::start_with_ledger(
-        pair,
-        Some(ledger),
-        &["--builtin-token-interval-us", "1000", "--state-dir", &state],
-    )?;
-    if !first {
+    let mut haltd = start(pair, ledger, round)?;
+    if !round.first {
         report.restarts += 1;
         check_state(&haltd, ledger, before, report)?;
+        if round.upstream.is_some() {
+            let records = read_ledger(ledger)?;
+            let written = records.get(..before).unwrap_or_default();
+            circuit::check(&haltd, written, settled_before, report)?;
+        }
     }
     let acked = Arc::new(Mutex::new(Vec::new()));
+    let settled = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut load = Vec::new();
-    for c in 0..clients {
-        load.push(stream_client(&haltd, c, &acked, &stop));
+    let proxied = round.upstream.is_some();
+    for c in 0..round.clients {
+        load.push(stream_client(&haltd, c, proxied, &acked, &stop));
     }
     load.push(admin_tripper(&haltd, &acked, &stop));
+    if proxied {
+        load.push(circuit::client(&haltd, round.index, &settled, &stop));
+    }
     thread::sleep(Duration::from_millis(rand::random_range(20..400)));
     haltd.crash()?;
     report.kills += 1;
@@ -183,7 +251,9 @@ fn one_kill(
     let after = records.get(before..).unwrap_or_default();
     report.recoveries += after.iter().filter(|r| r["recovery"].is_object()).count();
     let acked = std::mem::take(&mut *acked.lock().map_err(|_| anyhow!("poisoned"))?);
-    check_acked(&acked, after, report)
+    check_acked(&acked, after, report)?;
+    let settled = std::mem::take(&mut *settled.lock().map_err(|_| anyhow!("poisoned"))?);
+    Ok(settled)
 }
 
 /// A client that streams turns one after another, most of them short enough to complete,
@@ -191,6 +261,7 @@ fn one_kill(
 fn stream_client(
     haltd: &Haltd,
     c: usize,
+    proxied: bool,
     acked: &Arc<Mutex<Vec<Acked>>>,
     stop: &Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
@@ -205,11 +276,18 @@ fn stream_client(
             } else {
                 rand::random_range(2..30)
             };
-            let body = json!({
-                "model": "builtin", "stream": true, "max_tokens": max_tokens,
-                "seed": c as u64 * 1_000_000 + n, "ignore_eos": true,
-                "messages": [{"role": "user", "content": "kill loop"}],
-            });
+            let body = if proxied {
+                // The scripted model, at about the built-in source's pace.
+                let script = format!("[[script:normal tokens={max_tokens} pace_ms=1]]");
+                json!({"model": "scripted", "stream": true,
+                       "messages": [{"role": "user", "content": script}]})
+            } else {
+                json!({
+                    "model": "builtin", "stream": true, "max_tokens": max_tokens,
+                    "seed": c as u64 * 1_000_000 + n, "ignore_eos": true,
+                    "messages": [{"role": "user", "content": "kill loop"}],
+                })
+            };
             let Ok(o) = sse::stream(&url, &body, Duration::from_secs(10), |_, _| {}) else {
                 thread::sleep(Duration::from_millis(5));
                 continue;

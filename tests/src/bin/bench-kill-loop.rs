@@ -1,7 +1,8 @@
 //! Issue 13, point 5: the kill loop at full length. SIGKILL haltd at random moments under heavy
 //! trip and turn load, `--kills` times (1,000 by default) on one ledger; after every kill the
 //! chain verifies against its key and head, and every record haltd answered for is present
-//! (`haltd_tests::kill_loop`). Prints progress every `--progress-every` kills and the counts at
+//! (`haltd_tests::kill_loop`); haltd proxies `scripted-upstream` (taken from this executable's
+//! directory) with TokenCircuit on, and its state is checked at every restart too. Prints progress every `--progress-every` kills and the counts at
 //! the end; exits 1 on any failure. Root only (network namespaces, the kernel gate).
 //!
 //! `cargo xtask bench --kill-loop [KILLS]` runs it alone; `cargo xtask bench` runs it last.
@@ -37,6 +38,7 @@ fn main() -> Result<()> {
             clients: args.clients,
             progress_every: args.progress_every,
             kills_per_ledger: args.kills_per_ledger,
+            upstream_bin: Some(haltd_tests::bench_files::sibling("scripted-upstream")?),
         },
     )?;
     println!("bench-kill-loop: {report}");

@@ -376,6 +376,7 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
             clients: 6,
             progress_every: 5,
             kills_per_ledger: 100,
+            upstream_bin: Some(crate::UPSTREAM_BIN.to_owned()),
         },
     )?;
     println!("kill loop: {report}");
@@ -391,6 +392,12 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
     ensure!(
         report.state_checks == kills - 1 && report.scopes_checked > 0,
         "every restart checks its degraded scopes against the ledger: {report}"
+    );
+    ensure!(
+        report.circuit_checks == kills - 1
+            && report.dispatched_checked > 0
+            && report.budgets_checked > 0,
+        "every restart checks TokenCircuit's state: {report}"
     );
     Ok(())
 }
