@@ -442,6 +442,17 @@ fn circuit_call(
     }
 }
 
+/// `haltctl reconcile [REF --outcome O] [--all]`.
+fn reconcile(ctx: &Ctx, reference: Option<&str>, outcome: Option<&str>, all: bool) -> ExitCode {
+    let render = if reference.is_some() {
+        haltd::circuit::show::render_reconciled
+    } else {
+        haltd::circuit::show::render_calls
+    };
+    let request = haltd::ctl::circuit::reconcile(reference, outcome, all);
+    circuit_call(ctx, request, render)
+}
+
 /// `haltctl calibrate`: offline, it never talks to haltd.
 fn calibrate(args: CalibrateArgs, json: bool) -> ExitCode {
     use haltd::calibrate as cal;
@@ -615,16 +626,7 @@ fn main() -> ExitCode {
             reference,
             outcome,
             all,
-        } => {
-            let request =
-                haltd::ctl::circuit::reconcile(reference.as_deref(), outcome.as_deref(), *all);
-            let render = if reference.is_some() {
-                haltd::circuit::show::render_reconciled
-            } else {
-                haltd::circuit::show::render_calls
-            };
-            circuit_call(&ctx, request, render)
-        }
+        } => reconcile(&ctx, reference.as_deref(), outcome.as_deref(), *all),
         Command::Calibrate(args) => calibrate(args.clone(), ctx.json),
         Command::Key {
             command: KeyCommand::Fingerprint { header, state_dir },
