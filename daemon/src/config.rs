@@ -209,7 +209,7 @@ pub struct ServeArgs {
     /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`.
+    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`, `state-write-fails-after=N`.
     #[arg(long = "fault", value_name = "FAULT")]
     pub faults: Vec<String>,
     /// Log format on stderr.

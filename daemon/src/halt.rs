@@ -577,7 +577,7 @@ impl HaltCore {
         if self.recorder_failed.swap(true, SeqCst) {
             return;
         }
-        tracing::error!(ledger = %self.ledger.path().display(), "the flight recorder failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger");
+        tracing::error!(ledger = %self.ledger.path().display(), state = %self.state.path().display(), "the flight recorder or the state store failed: halting every stream and refusing new turns until haltd is restarted with a writable ledger and state directory");
         self.trip_all(FailureCode::RecorderFailure);
     }
 }

@@ -81,6 +81,10 @@ pub enum StateError {
     Gone { path: PathBuf },
     #[error("state store {path}: {capacity} changes are queued and none is written")]
     QueueFull { path: PathBuf, capacity: usize },
+    #[error(
+        "state store {path}: a write failed by the test fault --fault state-write-fails-after"
+    )]
+    Injected { path: PathBuf },
 }
 
 /// A degraded scope as the store keeps it: `node` or `key:<fingerprint>`.
@@ -194,6 +198,15 @@ impl StateStore {
     /// Opens (or creates) `<dir>/state.db`, migrating an older schema, and starts its thread.
     /// Returns the store with what it held.
     pub fn open(dir: &Path) -> Result<(StateStore, Snapshot), StateError> {
+        StateStore::open_with_fault(dir, None)
+    }
+
+    /// [`Self::open`]; with `fail_after = Some(n)` (the test fault `--fault
+    /// state-write-fails-after=N`) every change after the first `n` fails to be written.
+    pub fn open_with_fault(
+        dir: &Path,
+        fail_after: Option<u64>,
+    ) -> Result<(StateStore, Snapshot), StateError> {
         let path = dir.join(STATE_FILE);
         let mut conn = schema::open(&path)?;
         let held = schema::load(&conn, &path)?;
@@ -203,7 +216,13 @@ impl StateStore {
         let (thread_failed, thread_path) = (Arc::clone(&failed), path.clone());
         let thread = std::thread::Builder::new()
             .name("haltd-state".to_owned())
-            .spawn(move || run(&mut conn, &thread_path, &rx, &thread_failed))
+            .spawn(move || {
+                let failed = Failed {
+                    flag: &thread_failed,
+                    after: fail_after,
+                };
+                run(&mut conn, &thread_path, &rx, &failed);
+            })
             .map_err(|source| StateError::Io {
                 path: path.clone(),
                 op: "starting its thread",
@@ -304,9 +323,16 @@ impl Drop for StateStore {
     }
 }
 
+/// Whether the store failed, and the test fault's count of writes that succeed.
+struct Failed<'a> {
+    flag: &'a AtomicBool,
+    after: Option<u64>,
+}
+
 /// The store's thread: applies the changes in order, those queued together in one
 /// transaction.
-fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: &AtomicBool) {
+fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: &Failed<'_>) {
+    let mut applied = 0u64;
     let mut batch: Vec<(Option<Point>, Vec<Change>)> = Vec::new();
     let mut next = rx.recv().ok();
     while let Some(op) = next.take() {
@@ -324,10 +350,18 @@ fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: 
                     Ok(op) => next = Some(op),
                     Err(_) => {}
                 }
-                write(failed, || schema::apply(conn, path, &batch));
+                applied += 1;
+                if failed.after.is_some_and(|n| applied > n) {
+                    let injected = StateError::Injected {
+                        path: path.to_owned(),
+                    };
+                    write(failed.flag, || Err(injected));
+                } else {
+                    write(failed.flag, || schema::apply(conn, path, &batch));
+                }
                 batch.clear();
             }
-            Op::Replace(held) => write(failed, || schema::replace(conn, path, &held)),
+            Op::Replace(held) => write(failed.flag, || schema::replace(conn, path, &held)),
             Op::Read(tx) => {
                 let _ = tx.send(schema::load(conn, path));
             }

@@ -20,6 +20,9 @@ pub struct Faults {
     /// of a turn's Nth text (the moment a trip, a failed send or a gone client can close it),
     /// before the pipeline goes on with the same connection.
     pub close_during_step: Option<u64>,
+    /// Every state-store write after the first N fails (`state.rs`): a disk that stopped
+    /// taking the store's writes.
+    pub state_write_fails_after: Option<u64>,
 }
 
 pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
@@ -57,6 +60,11 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 )
             })?;
             out.close_during_step = Some(n);
+        } else if let Some(n) = f.strip_prefix("state-write-fails-after=") {
+            let n: u64 = n
+                .parse()
+                .map_err(|_| err("fault", format!("{f:?}: N must be a whole number")))?;
+            out.state_write_fails_after = Some(n);
         } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
             let fault = crate::crash::PanicFault::parse(spec)
                 .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
@@ -65,7 +73,7 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N)"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N, state-write-fails-after=N)"
                 ),
             ));
         }

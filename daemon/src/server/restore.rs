@@ -47,7 +47,9 @@ pub(super) fn open_state(
     secret: &NodeSecret,
 ) -> Result<(Opened, Option<String>), StartError> {
     let t = std::time::Instant::now();
-    let (store, held) = StateStore::open(&cfg.args.state_dir).map_err(StartError::State)?;
+    let fault = cfg.faults.state_write_fails_after;
+    let (store, held) =
+        StateStore::open_with_fault(&cfg.args.state_dir, fault).map_err(StartError::State)?;
     let check = node_check(secret);
     let mut restored =
         restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;

@@ -416,3 +416,22 @@ fn a_failed_write_fails_the_store() {
     store.flush();
     assert!(store.is_failed());
 }
+
+#[test]
+fn the_test_fault_fails_every_write_after_the_first_n() {
+    let dir = TempDir::new("fault");
+    let (store, _) = StateStore::open_with_fault(&dir.state(), Some(1)).expect("open");
+    store.apply(None, vec![Change::Degrade(row("node", None))]);
+    store.flush();
+    assert!(!store.is_failed(), "the first write is kept");
+    store.apply(None, vec![Change::End("node".into())]);
+    store.flush();
+    assert!(store.is_failed(), "the second fails");
+    drop(store);
+    let (_store, held) = StateStore::open(&dir.state()).expect("reopen");
+    assert_eq!(
+        held.scopes,
+        [row("node", None)],
+        "nothing after the fault is written"
+    );
+}

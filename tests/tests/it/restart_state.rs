@@ -2,7 +2,8 @@
 //! still degraded, with the same expiry, after haltd stops on SIGTERM and again after it is
 //! killed with SIGKILL while streams are open, and `haltctl state show` lists it; a
 //! conversation's committed TURN-ACID state survives the restart; a removed store is rebuilt
-//! from the ledger, and another haltd's store stops the start (exit 4), never reset.
+//! from the ledger, and another haltd's store stops the start (exit 4), never reset; a failed
+//! store write fails haltd closed.
 
 use std::{thread, time::Duration};
 
@@ -253,5 +254,41 @@ fn a_removed_store_is_rebuilt_and_a_foreign_one_stops_the_start() -> Result<()> 
     drop(rig);
     drop(kept);
     drop(other_haltd);
+    Ok(())
+}
+
+/// A state-store write that fails (`--fault state-write-fails-after=1`: the start's own link
+/// is written, the first turn's commit is not) fails haltd closed, as a failed ledger write
+/// does: later turns get 503 `recorder_failed`, and the log names the store.
+#[test]
+fn a_failed_state_write_fails_haltd_closed() -> Result<()> {
+    let rig = Rig::start(UPSTREAM_BIN, &["--fault", "state-write-fails-after=1"])?;
+    let first = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=3]]", true),
+        Some(KEY),
+        |_, _| {},
+    )?;
+    ensure!(
+        first.error.is_none() && first.done_at.is_some(),
+        "{first:?}"
+    );
+    let refused = haltd_tests::wait_for(Duration::from_secs(5), "a refused turn", || {
+        let o = rig.stream(
+            "/v1/chat/completions",
+            &chat("[[script:normal tokens=3]]", true),
+            Some(KEY),
+            |_, _| {},
+        )?;
+        Ok((o.status == 503).then_some(o))
+    })?;
+    let body = refused.body.unwrap_or_default();
+    ensure!(body.contains("recorder_failed"), "{body}");
+    let log = rig.haltd.log_file("stderr.log")?;
+    ensure!(
+        log.contains("the state store failed") && log.contains("state-write-fails-after"),
+        "{}",
+        rig.haltd.log_tail(20)
+    );
     Ok(())
 }
