@@ -75,6 +75,7 @@ pub struct Report {
     pub circuit_checks: usize,
     pub dispatched_checked: usize,
     pub budgets_checked: usize,
+    pub premature_checked: usize,
     /// What went wrong (an empty list is a pass).
     pub failures: Vec<String>,
     pub wall: Duration,
@@ -90,7 +91,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); TokenCircuit state checked at {} restarts ({} dispatched calls, {} used-up budgets); failures {}, wall {:.1} s",
+            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); TokenCircuit state checked at {} restarts ({} dispatched calls, {} used-up budgets, {} premature retries); failures {}, wall {:.1} s",
             self.kills,
             self.restarts,
             self.recoveries,
@@ -104,6 +105,7 @@ impl std::fmt::Display for Report {
             self.circuit_checks,
             self.dispatched_checked,
             self.budgets_checked,
+            self.premature_checked,
             self.failures.len(),
             self.wall.as_secs_f64()
         )
@@ -205,9 +207,9 @@ fn one_kill(
     pair: &NetPair,
     ledger: &Path,
     round: &Round<'_>,
-    settled_before: &[String],
+    settled_before: &[circuit::Settled],
     report: &mut Report,
-) -> Result<Vec<String>> {
+) -> Result<Vec<circuit::Settled>> {
     let before = if ledger.exists() {
         read_ledger(ledger)?.len()
     } else {

@@ -5,13 +5,18 @@
 //! - a **dispatched call**: a turn whose upstream dies after its first tool call reached the
 //!   client (`tool_call calls=2 die=1`), so the call waits for reconciliation;
 //! - a **used-up budget**: a conversation whose permission/auth failure haltd answers itself
-//!   (409), *settled* once `GET /admin/state` answered after it (the store's thread wrote
-//!   everything queued before it).
+//!   (409);
+//! - a **premature retry**: a conversation whose 503 the model retried at once, before its
+//!   minute of backoff (two units of three charged).
+//!
+//! Each conversation is *settled* once `GET /admin/state` answered after it (the store's
+//! thread wrote everything queued before it).
 //!
 //! After each restart: the calls haltd lists for reconciliation are exactly the failed turns'
 //! dispatched calls in the ledger the killed instance wrote (the store, caught up from the
-//! ledger), and every conversation settled in the round before is still refused when its
-//! transcript no longer shows the failure.
+//! ledger), every used-up budget settled in the round before is still refused when its
+//! transcript no longer shows the failure, and every premature retry settled then is still
+//! charged two units: the next early retry is halted.
 
 use std::{
     collections::BTreeSet,
@@ -34,7 +39,57 @@ use crate::{
 };
 
 /// haltd's config file in the loop's directory.
-pub(super) const CONFIG: &str = "[tool_circuit]\nenabled = true\n";
+pub(super) const CONFIG: &str = "[tool_circuit]\nenabled = true\nbudgets = { transient = 3 }\n\
+     backoff = { base_ms = 60000, cap_ms = 60000 }\n";
+
+/// A conversation settled before a kill, to check after the restart.
+#[derive(Debug, Clone)]
+pub(super) enum Settled {
+    /// Its permission/auth budget is used up.
+    Denied(String),
+    /// Its model retried a 503 at once; the body of the next request (the retry failed too,
+    /// and the model retries again).
+    Premature(String, Value),
+}
+
+const RETRY: &str = "[[script:tool_call tokens=2]]";
+const FAILED: &str = "HTTP 503 Service Unavailable";
+
+/// The messages of a `get_weather` call `id` that came back `result`.
+fn exchange(id: &str, result: &str) -> [Value; 2] {
+    [
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+               "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": id, "content": result}),
+    ]
+}
+
+fn with_history(history: &[Value]) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "weather?"})];
+    messages.extend_from_slice(history);
+    json!({"model": "scripted", "stream": true, "tools": tools(), "messages": messages})
+}
+
+/// Starts a premature retry in conversation `id`; the next request's body once settled.
+fn premature(url: &str, id: &str) -> Option<Value> {
+    let first = exchange("call_prev", &format!("{FAILED} {RETRY}"));
+    let o = stream(url, &with_history(&first), id).ok()?;
+    if o.error.is_some() {
+        return None;
+    }
+    let retry = o
+        .events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+        .find_map(|v| {
+            v.pointer("/choices/0/delta/tool_calls/0/id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })?;
+    let mut history = first.to_vec();
+    history.extend(exchange(&retry, &format!("{FAILED} {RETRY}")));
+    Some(with_history(&history))
+}
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -51,13 +106,10 @@ fn opening(directive: &str) -> Value {
 
 /// A conversation whose `get_weather` call came back 403.
 fn denied() -> Value {
-    json!({"model": "scripted", "stream": true, "tools": tools(), "messages": [
-        {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_prev",
-         "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_prev",
-         "content": "HTTP 403 Forbidden: permission denied [[script:tool_call tokens=2]]"},
-    ]})
+    with_history(&exchange(
+        "call_prev",
+        &format!("HTTP 403 Forbidden: permission denied {RETRY}"),
+    ))
 }
 
 /// The request headers of conversation `id` (its own key: a trip of another stream never
@@ -79,7 +131,7 @@ fn stream(url: &str, body: &Value, id: &str) -> Result<sse::StreamOutcome> {
 pub(super) fn client(
     haltd: &Haltd,
     round: usize,
-    settled: &Arc<Mutex<Vec<String>>>,
+    settled: &Arc<Mutex<Vec<Settled>>>,
     stop: &Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     let url = format!("{}{CHAT}", haltd.api_url());
@@ -93,9 +145,12 @@ pub(super) fn client(
             let _ = stream(&url, &dying, &format!("kl-{round}-{n}-dispatched"));
             let id = format!("kl-{round}-{n}-denied");
             let answered = stream(&url, &denied(), &id).is_ok_and(|o| o.status == 409);
-            if answered && crate::http::get_json_here(&state).is_ok() {
+            let denied = answered.then_some(Settled::Denied(id));
+            let id = format!("kl-{round}-{n}-premature");
+            let early = premature(&url, &id).map(|next| Settled::Premature(id, next));
+            if crate::http::get_json_here(&state).is_ok() {
                 if let Ok(mut s) = settled.lock() {
-                    s.push(id);
+                    s.extend(denied.into_iter().chain(early));
                 }
             }
             thread::sleep(Duration::from_millis(5));
@@ -109,7 +164,7 @@ pub(super) fn client(
 pub(super) fn check(
     haltd: &Haltd,
     records: &[Value],
-    settled: &[String],
+    settled: &[Settled],
     report: &mut Report,
 ) -> Result<()> {
     let want: BTreeSet<String> = records
@@ -134,16 +189,34 @@ pub(super) fn check(
         "after the restart haltd lists the dispatched calls {have:?}, the ledger says {want:?}"
     );
     let url = format!("{}{CHAT}", haltd.api_url());
-    for id in settled {
-        let (url, id) = (url.clone(), id.clone());
-        let o = in_netns(&haltd.client_ns, move || {
-            stream(&url, &opening("[[script:tool_call tokens=2]]"), &id)
+    for s in settled {
+        let (url, s) = (url.clone(), s.clone());
+        let (o, s) = in_netns(&haltd.client_ns, move || {
+            let o = match &s {
+                Settled::Denied(id) => stream(&url, &opening(RETRY), id),
+                Settled::Premature(id, next) => stream(&url, next, id),
+            };
+            o.map(|o| (o, s))
         })?;
-        report.budgets_checked += 1;
-        ensure!(
-            o.status == 409,
-            "conversation settled before the kill is no longer refused after the restart: {o:?}"
-        );
+        match s {
+            Settled::Denied(_) => {
+                report.budgets_checked += 1;
+                ensure!(
+                    o.status == 409,
+                    "a used-up budget settled before the kill is not refused after the restart: {o:?}"
+                );
+            }
+            Settled::Premature(..) => {
+                report.premature_checked += 1;
+                let charged = o.error.as_ref().is_some_and(|e| {
+                    e["code"] == "TOOL_CIRCUIT_OPEN" && e["tool_circuit"]["retry_count"] == 2
+                });
+                ensure!(
+                    charged,
+                    "a premature retry settled before the kill is not charged two units after the restart: {o:?}"
+                );
+            }
+        }
     }
     Ok(())
 }

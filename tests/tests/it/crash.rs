@@ -396,7 +396,8 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
     ensure!(
         report.circuit_checks == kills - 1
             && report.dispatched_checked > 0
-            && report.budgets_checked > 0,
+            && report.budgets_checked > 0
+            && report.premature_checked > 0,
         "every restart checks TokenCircuit's state: {report}"
     );
     Ok(())
