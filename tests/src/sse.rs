@@ -250,6 +250,18 @@ impl StreamOutcome {
 }
 
 impl StreamOutcome {
+    /// The id of the first tool call the stream sent, if any.
+    pub fn first_tool_call_id(&self) -> Option<String> {
+        self.events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .find_map(|v| {
+                v.pointer("/choices/0/delta/tool_calls/0/id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+    }
+
     /// An outcome with the response head read and nothing of the body yet.
     pub(crate) fn new(
         status: u16,

@@ -77,15 +77,7 @@ fn premature(url: &str, id: &str) -> Option<Value> {
     if o.error.is_some() {
         return None;
     }
-    let retry = o
-        .events
-        .iter()
-        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
-        .find_map(|v| {
-            v.pointer("/choices/0/delta/tool_calls/0/id")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })?;
+    let retry = o.first_tool_call_id()?;
     let mut history = first.to_vec();
     history.extend(exchange(&retry, &format!("{FAILED} {RETRY}")));
     Some(with_history(&history))

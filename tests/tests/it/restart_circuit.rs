@@ -218,6 +218,7 @@ fn reconcile_not_done(rig: &Rig, held: &Held) -> Result<()> {
     );
     let done = rig.haltctl(false, &["reconcile", r, "--outcome", "not_done"])?;
     ensure!(done.contains("not_done (by"), "{done}");
+    println!("$ haltctl reconcile\n{text}$ haltctl reconcile {r} --outcome not_done\n{done}");
     let rec = rig.wait_record("the reconcile record", |rec| {
         rec["admin"]["action"] == "reconcile" && rec["admin"]["call"]["ref"] == r.as_str()
     })?;
@@ -225,6 +226,7 @@ fn reconcile_not_done(rig: &Rig, held: &Held) -> Result<()> {
         rec["admin"]["actor"].is_object() && rec["admin"]["call"]["outcome"] == "not_done",
         "{rec}"
     );
+    println!("its ledger record's admin field: {}", rec["admin"]);
     let again = rig.haltctl(true, &["reconcile", r, "--outcome", "done"]);
     ensure!(
         again.as_ref().is_err_and(|e| e.to_string().contains("409")),

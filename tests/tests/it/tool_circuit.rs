@@ -103,14 +103,7 @@ fn haltctl(rig: &Rig, args: &[&str]) -> Result<String> {
 
 /// The id of the first tool call the stream sent.
 pub(crate) fn first_call_id(o: &StreamOutcome) -> Result<String> {
-    o.events
-        .iter()
-        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
-        .find_map(|v| {
-            v.pointer("/choices/0/delta/tool_calls/0/id")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
+    o.first_tool_call_id()
         .with_context(|| format!("no tool call id in {:?}", o.events))
 }
 
