@@ -241,5 +241,18 @@ mod tests {
             m.contains("key:49d4b86b01011bd0") && m.contains("OPERATOR_TRIP"),
             "{m}"
         );
+        let st = state(
+            &json!({"path": "/s/state.db", "schema_version": 3, "held": {
+            "ledger": {"seq": 4, "hash": "ab"}, "scopes": [], "conversations": [{}],
+            "circuits": [{}, {}], "dispatched": [{}, {}, {}]}}),
+        );
+        assert!(
+            st.contains("reflects ledger seq 4")
+                && st.contains("committed state of 1 conversations")
+                && st.contains("TokenCircuit's memory of 2 conversations")
+                && st.contains("3 dispatched calls of failed turns")
+                && st.ends_with("no degraded scope is held\n"),
+            "{st}"
+        );
     }
 }

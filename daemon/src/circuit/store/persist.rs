@@ -54,9 +54,10 @@ impl WallClock {
         }
     }
 
-    /// The instant of `unix_ms`. One from before this machine's boot is not representable:
-    /// the earliest of a day, an hour or a minute before now that is stands for it (every
-    /// backoff of the policy is shorter than a minute's wait past that).
+    /// The instant of `unix_ms`. One the monotonic clock cannot represent (too far back)
+    /// becomes a day, else an hour, before now: still past every backoff (at most
+    /// `MAX_BACKOFF_MS`, ten minutes); failing both, now itself (the backoff starts again:
+    /// stricter, never looser).
     pub fn instant(&self, unix_ms: u64) -> Instant {
         if unix_ms >= self.unix_ms {
             return self.instant + Duration::from_millis(unix_ms - self.unix_ms);
@@ -68,7 +69,6 @@ impl WallClock {
             Duration::from_secs(3_600),
         ]
         .into_iter()
-        .chain([Duration::from_secs(60)])
         .find_map(|d| self.instant.checked_sub(d.min(back)))
         .unwrap_or(self.instant)
     }
