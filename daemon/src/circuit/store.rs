@@ -223,14 +223,7 @@ impl ConversationStore {
             entry.tick = inner.tick;
             inner.lru.insert(entry.tick, conv.clone());
             inner.map.insert(conv, entry);
-            while inner.map.len() > self.capacity {
-                let Some((_, victim)) = inner.lru.pop_first() else {
-                    break;
-                };
-                if let Some(gone) = inner.map.remove(&victim) {
-                    self.retain_refusals(&mut inner, victim, &gone);
-                }
-            }
+            while inner.map.len() > self.capacity && self.evict_lru(&mut inner) {}
         }
         self.counters.retained.set(inner.retained.len() as i64);
         Ok(())
@@ -288,13 +281,7 @@ impl ConversationStore {
         inner.tick += 1;
         let tick = inner.tick;
         if !inner.map.contains_key(conv) {
-            while inner.map.len() >= self.capacity {
-                let Some((_, victim)) = inner.lru.pop_first() else {
-                    break;
-                };
-                if let Some(gone) = inner.map.remove(&victim) {
-                    self.retain_refusals(inner, victim, &gone);
-                }
+            while inner.map.len() >= self.capacity && self.evict_lru(inner) {
                 inner.evicted += 1;
             }
             let memory = inner.retained.remove(conv).unwrap_or_default();
@@ -321,6 +308,18 @@ impl ConversationStore {
             self.keep(|| Change::Circuit(persist::row(conv, entry, &WallClock::now())));
         }
         r
+    }
+
+    /// Evicts the conversation used least recently, keeping its refused keys; false when none
+    /// is left.
+    fn evict_lru(&self, inner: &mut Inner) -> bool {
+        let Some((_, victim)) = inner.lru.pop_first() else {
+            return false;
+        };
+        if let Some(gone) = inner.map.remove(&victim) {
+            self.retain_refusals(inner, victim, &gone);
+        }
+        true
     }
 
     /// Keeps what an evicted conversation knows of its exhausted keys (the failed calls of
