@@ -209,7 +209,10 @@ pub struct ServeArgs {
     /// Data-plane worker threads, one io_uring each (default: CPUs, at most 8).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`, `state-write-fails-after=N`.
+    /// A data-plane worker that completes no step for this long (ms) while it has open streams is stuck (a check that never returns): the watchdog halts its streams with DETECTOR_FAILURE and haltd exits 70 for the service manager to restart it.
+    #[arg(long, default_value_t = 1_000)]
+    pub worker_stall_ms: u64,
+    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`, `state-write-fails-after=N`, `detector-hang=NAME`, `ledger-write-fails-after=N`.
     #[arg(long = "fault", value_name = "FAULT")]
     pub faults: Vec<String>,
     /// Log format on stderr.
@@ -271,6 +274,8 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     pub heartbeat_deadline: Duration,
     pub halt_grace: Duration,
+    /// `--worker-stall-ms`: how long a worker with open streams may take over one step.
+    pub worker_stall: Duration,
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub client_idle_timeout: Duration,
@@ -365,6 +370,7 @@ impl ServeArgs {
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
             heartbeat_deadline: Duration::from_millis(self.heartbeat_deadline_ms),
             halt_grace: Duration::from_millis(self.halt_grace_ms),
+            worker_stall: Duration::from_millis(self.worker_stall_ms),
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             client_idle_timeout: Duration::from_millis(self.client_idle_timeout_ms),

@@ -115,6 +115,9 @@ pub fn spawn_workers(
                             grounding: None,
                         },
                     };
+                    if let Some(beat) = w.io.shared.workers.get(worker) {
+                        crate::progress::attach(std::sync::Arc::clone(beat));
+                    }
                     if let Err(e) = w.run() {
                         // A dead worker cannot police its streams: stop the daemon (fail closed).
                         tracing::error!(worker, error = %e, "data-plane worker failed; exiting");

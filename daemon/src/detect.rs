@@ -20,7 +20,7 @@ use std::fmt;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use serde::{Deserialize, Serialize};
 
-use crate::codes::FailureCode;
+use crate::{codes::FailureCode, progress::Check};
 use scorer::{ScoreWait, Woke};
 
 /// Which detector (or end-of-turn check) judged a stream: its config key
@@ -59,6 +59,33 @@ impl DetectorId {
             DetectorId::LatencyAnomaly => "latency_anomaly",
             DetectorId::Exfil => "exfil",
             DetectorId::Safety => "safety",
+        }
+    }
+}
+
+impl DetectorId {
+    /// The check a worker records while this detector runs ([`crate::progress`]).
+    pub const fn check(self) -> Check {
+        match self {
+            DetectorId::HaltMonitor => Check::HaltMonitor,
+            DetectorId::Surprise => Check::Surprise,
+            DetectorId::ComputeBudget => Check::ComputeBudget,
+            DetectorId::LatencyAnomaly => Check::LatencyAnomaly,
+            DetectorId::Exfil => Check::Exfil,
+            DetectorId::Safety => Check::Safety,
+        }
+    }
+
+    /// The detector a worker's recorded check names, if it is one.
+    pub const fn of_check(check: Check) -> Option<Self> {
+        match check {
+            Check::None => None,
+            Check::HaltMonitor => Some(DetectorId::HaltMonitor),
+            Check::Surprise => Some(DetectorId::Surprise),
+            Check::ComputeBudget => Some(DetectorId::ComputeBudget),
+            Check::LatencyAnomaly => Some(DetectorId::LatencyAnomaly),
+            Check::Exfil => Some(DetectorId::Exfil),
+            Check::Safety => Some(DetectorId::Safety),
         }
     }
 }
@@ -199,6 +226,10 @@ pub trait Detector: Send + fmt::Debug {
     fn end_of_turn(&mut self, _now_ns: u64) -> Finding {
         Finding::Clear
     }
+    /// A timing detector's part of the turn's timing fields now; `None` for the others.
+    fn timing_state(&self) -> Option<timing::TimingState> {
+        None
+    }
     /// What the detector saw in this turn, for the turn record.
     fn summary(&self) -> serde_json::Value {
         serde_json::Value::Null
@@ -284,6 +315,13 @@ pub struct TurnDetectors {
     cursor: usize,
     trip: Option<Trip>,
     started_ns: u64,
+    /// Test fault (`--fault detector-hang=NAME`): this detector hangs its worker.
+    hang: Option<DetectorId>,
+    /// Breaches seen so far (any detector, any mode): the timing fields may have changed
+    /// when this moves ([`TurnDetectors::timing_now`]).
+    breaches_seen: u32,
+    /// `breaches_seen` when the timing fields were last handed out.
+    published: Option<u32>,
 }
 
 /// Observe-mode findings kept per turn for the record: enough to see what happened, bounded.
@@ -314,6 +352,11 @@ impl TurnDetectors {
 
     pub fn is_empty(&self) -> bool {
         self.armed.is_empty()
+    }
+
+    /// The test fault `--fault detector-hang=NAME`: `id` never returns, once.
+    pub fn hang_on(&mut self, id: Option<DetectorId>) {
+        self.hang = id;
     }
 
     /// Runs every detector on `tok`; the first hard trip wins (in configuration order). Every
@@ -351,10 +394,17 @@ impl TurnDetectors {
             let (observed, t0) = match woke.take() {
                 Some(w) => (a.detector.resume(w), self.started_ns),
                 None => {
+                    // For the watchdog: a detector that never returns is named by it.
+                    let id = a.detector.id();
+                    crate::progress::running(id.check());
+                    if self.hang == Some(id) && tok.index >= crate::progress::HANG_AT_TOKEN {
+                        crate::progress::hang_once(id.check());
+                    }
                     let t0 = if a.policy.deadline_ns > 0 { clock() } else { 0 };
                     (a.detector.start(tok), t0)
                 }
             };
+            crate::progress::running(Check::None);
             let finding = match observed {
                 Observed::Done(f) => f,
                 Observed::Wait(w) => {
@@ -363,6 +413,9 @@ impl TurnDetectors {
                 }
             };
             let finding = Self::timed(a, finding, t0, &clock);
+            if matches!(finding, Finding::Breach { .. }) {
+                self.breaches_seen = self.breaches_seen.wrapping_add(1);
+            }
             let found = (&mut self.trip, &mut self.intervention);
             Self::record(a, finding, found, &mut self.observed);
             self.cursor += 1;
@@ -456,6 +509,9 @@ impl TurnDetectors {
         let mut trip = None;
         for a in &mut self.armed {
             let finding = a.detector.end_of_turn(now_ns);
+            if matches!(finding, Finding::Breach { .. }) {
+                self.breaches_seen = self.breaches_seen.wrapping_add(1);
+            }
             // End-of-turn findings are not debounced: there is no next token.
             a.streak = a.policy.debounce.saturating_sub(1);
             if let Some(t) = Self::judge(a, finding) {
@@ -543,6 +599,42 @@ impl TurnDetectors {
     /// Observe-mode findings of this turn.
     pub fn observed(&self) -> &[Trip] {
         &self.observed
+    }
+
+    /// The timing fields ([`Self::timing_now`]) when they may have changed since the last
+    /// call (a detector breached meanwhile), and at the first call. One comparison otherwise:
+    /// the data plane asks per token.
+    pub fn timing_if_changed(&mut self) -> Option<timing::TurnTiming> {
+        if self.published == Some(self.breaches_seen) {
+            return None;
+        }
+        self.published = Some(self.breaches_seen);
+        Some(self.timing_now())
+    }
+
+    /// The timing fields in force now: `rts_mode` and `tig_breach` as the turn record's
+    /// ([`timing::fhr_timing`]), and the timing detectors that breached so far.
+    pub fn timing_now(&self) -> timing::TurnTiming {
+        let (mut latency, mut budget) = (None, false);
+        let mut incidents = Vec::new();
+        for a in &self.armed {
+            match a.detector.timing_state() {
+                Some(timing::TimingState::Latency { rts_mode, breach }) => {
+                    latency = Some((rts_mode, None, breach));
+                }
+                Some(timing::TimingState::Budget { breached }) => budget |= breached,
+                None => continue,
+            }
+            if a.breaches > 0 {
+                incidents.push(a.detector.code());
+            }
+        }
+        let fhr = timing::combine(latency, budget);
+        timing::TurnTiming {
+            rts_mode: fhr.rts_mode,
+            tig_breach: fhr.tig_breach,
+            incidents,
+        }
     }
 }
 

@@ -59,6 +59,8 @@ pub struct HaltCore {
     pub ungovernable_logged_ns: AtomicU64,
     /// One eventfd per data-plane worker: writing it makes the worker look at its streams.
     pub wakers: Vec<std::sync::Arc<OwnedFd>>,
+    /// One beat per data-plane worker: the watchdog finds a stuck one (`progress.rs`).
+    pub workers: crate::progress::WorkerBeats,
     /// Set once the flight recorder failed: every stream halts and no new turn starts.
     pub recorder_failed: AtomicBool,
     /// Set on SIGTERM/SIGINT: new turns get 503, readiness fails, open streams may finish
@@ -106,6 +108,9 @@ pub struct TurnMeta {
     pub upstream_failure: Option<UpstreamFailure>,
     /// The detector that tripped the stream and what it measured.
     pub detector_trip: Option<(DetectorId, String)>,
+    /// The turn's timing fields in force, published by its worker at the turn's start and
+    /// whenever a detector breached: what an incident record carries.
+    pub timing: Option<crate::detect::timing::TurnTiming>,
     /// TokenCircuit's diagnostic artifact of a `TOOL_CIRCUIT_OPEN` halt (JSON).
     pub tool_circuit: Option<serde_json::Value>,
     /// The terminal frame prepared at the trip (see [`PreparedTerminal`]).
@@ -412,12 +417,16 @@ impl HaltCore {
         let mut rec = self.base_record(RecordKind::Incident, snap);
         rec.detector_refs = detector_refs;
         rec.kernel = self.kernel_socket_state(fd);
-        let detector = self
-            .meta(snap.id.slot)
+        let meta = self.meta(snap.id.slot);
+        if let Some(timing) = &meta.timing {
+            timing.fill(&mut rec);
+        }
+        let detector = meta
             .detector_trip
             .as_ref()
             .map(|(name, detail)| format!("; detector {name}: {detail}"))
             .unwrap_or_default();
+        drop(meta);
         rec.message = Some(format!("{terminal}{detector}"));
         rec
     }

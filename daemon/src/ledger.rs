@@ -96,6 +96,9 @@ pub struct LedgerConfig<'a> {
     /// Test-only fault (`--fault ledger-slow-write-ms=N`): every record takes this much
     /// longer to write, as on a busy disk.
     pub slow_write: Option<std::time::Duration>,
+    /// Test-only fault (`--fault ledger-write-fails-after=N`): the Nth record written by this
+    /// process, and every one after it, fails with EIO, as on a disk that stopped writing.
+    pub fail_writes_from: Option<u64>,
 }
 
 /// State shared between the handles and the writer.
@@ -219,7 +222,8 @@ impl Ledger {
         }
         tracing::info!(path = %path.display(), records = scan.next_seq, "ledger opened");
         let writer = Writer::new(file, cfg.fsync, end, scan.len, head_file, key)
-            .with_slow_write(cfg.slow_write);
+            .with_slow_write(cfg.slow_write)
+            .with_failing_writes(cfg.fail_writes_from);
         let ledger = Self::start(path, writer)?;
         if let Some(t) = torn {
             ledger.append_sync(recovery_record(path, &t, cfg.kernel_gate))?;
@@ -558,6 +562,7 @@ pub(crate) mod testing {
             fsync,
             kernel_gate: "enforcing",
             slow_write: None,
+            fail_writes_from: None,
         })
     }
 

@@ -31,6 +31,8 @@
 //!   turns; [`metrics`] the Prometheus surface.
 //! * [`privs`] gives up every capability, in every thread, once the gate is loaded and the
 //!   listeners are bound (and switches to `--user`).
+//! * [`progress`] is what each worker is doing (its loop count and the check it runs): the
+//!   watchdog halts the streams of a worker stuck in one step, and haltd exits 70.
 //! * [`crash`] fails closed on a panic: the process ends at once and the next start records
 //!   the crash.
 //! * [`source`] is the built-in deterministic language model; [`monitor`] the HaltMonitor of
@@ -70,6 +72,7 @@ pub mod modes;
 pub(crate) mod monitor;
 pub(crate) mod pem;
 pub mod privs;
+pub mod progress;
 pub(crate) mod pulse;
 pub(crate) mod safety;
 pub mod sampling;

@@ -35,7 +35,7 @@
 //! |---|---|---|
 //! | `preserve_versor_closure` | `versor_condition < 1e-6` | a versor condition is supplied (never by haltd: it has no field state) |
 //! | `no_fabricated_source` | cited URLs ⊆ request source URLs, after [`normalize_url`] | both sets are known |
-//! | `no_silent_correction` | every halt/refusal of the turn ended typed | the data plane says so |
+//! | `no_silent_correction` | every byte sent is the byte the model produced there; a completed turn sent all of it (`delivery.rs`) | the turn's text is at most 256 KiB |
 //! | `no_identity_override` | identity digest as requested = as answered | both digests are known |
 //! | `no_hot_path_repair` | nothing: a code-path boundary | never (static analysis and code review) |
 //!
@@ -53,7 +53,10 @@ use serde::{ser::SerializeStruct, Deserialize, Serialize, Serializer};
 
 use crate::codes::FailureCode;
 
+mod delivery;
 mod inputs;
+
+pub use delivery::{no_silent_correction, TextDelivery, TextTrail};
 
 pub use inputs::{
     extract_urls, identity_digest, normalize_url, request_sources, system_prompt, url_digest,
@@ -109,11 +112,9 @@ pub struct SafetyContext {
     pub request_source_urls: Option<BTreeSet<String>>,
     /// URLs cited in the turn's output text: [`extract_urls`] of the text the turn produced.
     pub cited_urls: Option<BTreeSet<String>>,
-    /// Whether every halt or refusal of the turn ended with haltd's typed end: the terminal
-    /// `error` event (`"type":"halted"`) of a stream, the degraded-safe batch body, or a typed
-    /// HTTP error object. `Some(true)` also for a turn with no halt or refusal at all (nothing
-    /// was corrected); `Some(false)` when haltd cut, dropped or altered output without one.
-    pub last_refusal_was_typed: Option<bool>,
+    /// The text the model produced against the text haltd sent for it ([`TextTrail`]);
+    /// `None` when the turn's text went past what is kept to compare.
+    pub text_delivery: Option<TextDelivery>,
     /// [`identity_digest`] of the identity the client asked for: the request's `model` and its
     /// [`system_prompt`]. Leave `None` when the request named no model.
     pub identity_before: Option<String>,
@@ -491,30 +492,6 @@ pub fn no_fabricated_source(ctx: &SafetyContext) -> SafetyCheckResult {
         result = result.with_evidence("unmatched_sha256_16", digests.join(","));
     }
     result
-}
-
-/// `no_silent_correction`: holds iff `last_refusal_was_typed` is `Some(true)`.
-pub fn no_silent_correction(ctx: &SafetyContext) -> SafetyCheckResult {
-    let id = NO_SILENT_CORRECTION;
-    match ctx.last_refusal_was_typed {
-        None => missing(id, "last_refusal_was_typed"),
-        Some(true) => SafetyCheckResult::upheld(
-            id,
-            "every halt or refusal of the turn ended with a typed terminal event or error object",
-        ),
-        Some(false) => SafetyCheckResult::violated(
-            id,
-            "a halt or refusal of the turn ended without a typed terminal event or error object",
-        ),
-    }
-    .with_evidence(
-        "last_refusal_was_typed",
-        match ctx.last_refusal_was_typed {
-            None => "unknown",
-            Some(true) => "true",
-            Some(false) => "false",
-        },
-    )
 }
 
 /// `no_identity_override`: holds iff `identity_before == identity_after` (both

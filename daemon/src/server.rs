@@ -149,6 +149,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         pulse: crate::pulse::Pulse::default(),
         ungovernable_logged_ns: AtomicU64::new(0),
         wakers,
+        workers: crate::progress::WorkerBeats::new(cfg.workers),
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
@@ -295,6 +296,7 @@ fn open_ledger(cfg: &Config, gate_label: &'static str) -> Result<Ledger, StartEr
         fsync: !cfg.args.ledger_no_fsync,
         kernel_gate: gate_label,
         slow_write: cfg.faults.ledger_slow_write,
+        fail_writes_from: cfg.faults.ledger_write_fails_after,
     })
     .map_err(StartError::Ledger)
 }

@@ -35,10 +35,12 @@ use crate::{
 };
 
 pub mod pending;
+pub mod stall;
 pub mod waits;
 
 use crate::pulse::{self, Sleep};
 use pending::{Claimed, Pending};
+use stall::Stalls;
 use waits::{SendWaits, Verdict};
 
 /// How long past the grace period the watchdog waits for an emitter's in-flight send, at
@@ -105,6 +107,7 @@ fn run(shared: &HaltCore) {
     let interval = shared.cfg.heartbeat_interval;
     let mut pending = Pending::new();
     let mut waits = SendWaits::default();
+    let mut stalls = Stalls::default();
     let mut last_busy = monotonic_ns();
     let mut planned = interval;
     loop {
@@ -121,7 +124,12 @@ fn run(shared: &HaltCore) {
         // Before the clock is read: the beat below is stamped after every kick it answers.
         let kicked = shared.pulse.take_kick();
         let now = monotonic_ns();
-        round(shared, now, planned, (&mut pending, &mut waits));
+        round(
+            shared,
+            now,
+            planned,
+            (&mut pending, &mut waits, &mut stalls),
+        );
         if kicked {
             shared.pulse.answer();
         }
@@ -136,13 +144,13 @@ fn run(shared: &HaltCore) {
     }
 }
 
-/// One round at `now`, after a sleep of `planned`: the gap check, the beat, the halts due and
-/// those whose incident is on disk, the gate's events.
+/// One round at `now`, after a sleep of `planned`: the gap check, the beat, a stuck worker,
+/// the halts due and those whose incident is on disk, the gate's events.
 fn round(
     shared: &HaltCore,
     now: u64,
     planned: Duration,
-    (pending, waits): (&mut Pending, &mut SendWaits),
+    (pending, waits, stalls): (&mut Pending, &mut SendWaits, &mut Stalls),
 ) {
     let last = shared.heartbeat_ns.load(SeqCst);
     let cfg = &shared.cfg;
@@ -163,8 +171,10 @@ fn round(
         shared.recorder_failed();
     }
     crate::crash::watchdog_pass(cfg.faults.panic, &shared.table);
-    enforce(shared, now, pending, waits);
+    stalls.look(shared, now);
+    enforce(shared, now, pending, (waits, stalls.stuck()));
     pending.finish_written(shared);
+    stalls.exit_when_recorded(shared, now, !pending.is_empty());
     if let Some(gate) = &shared.gate {
         let mut events = 0u64;
         if let Err(e) = gate.drain_halt_events(&mut |ev| {
@@ -207,7 +217,14 @@ fn beat(shared: &HaltCore, now: u64) {
     shared.heartbeat_ns.store(now, SeqCst);
 }
 
-fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending, waits: &mut SendWaits) {
+/// Claims the halts that are due. `stuck`: a worker stuck in one step ([`stall`]), whose
+/// tripped streams are due at once (it will never send their terminal).
+fn enforce(
+    shared: &HaltCore,
+    now: u64,
+    pending: &mut Pending,
+    (waits, stuck): (&mut SendWaits, Option<u32>),
+) {
     let grace = shared.cfg.halt_grace.as_nanos() as u64;
     let window = waits::client_window(shared.cfg.halt_grace);
     waits.begin_round();
@@ -219,18 +236,24 @@ fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending, waits: &mut SendW
         let kernel_missing = shared.gate.is_some() && !slot.kernel_tripped.load(SeqCst);
         let budget_spent =
             slot.post_trip_delivered.load(SeqCst) >= u64::from(slot.budget.load(SeqCst));
-        let send_stuck = slot.send_inflight.load(SeqCst);
+        let owner_stuck = stuck == Some(slot.worker.load(SeqCst));
         let fd = slot.fd.load(SeqCst);
+        // A stuck worker never reaps its completions, so its flag says nothing: its send can
+        // only still be under way with bytes waiting in the socket.
+        let send_stuck = slot.send_inflight.load(SeqCst) && (!owner_stuck || queued(fd));
         // From the trip on: is the send in flight waiting on a client that takes bytes?
         let waiting = send_stuck.then(|| {
             let generation = slot.generation.load(SeqCst);
             waits.look((idx, generation), fd, now, window)
         });
-        let due = kernel_missing || since_trip > grace || (budget_spent && since_trip > grace / 4);
+        let due = owner_stuck
+            || kernel_missing
+            || since_trip > grace
+            || (budget_spent && since_trip > grace / 4);
         if !due {
             continue;
         }
-        if send_stuck && !kernel_missing {
+        if send_stuck && !kernel_missing && !owner_stuck {
             // The emitter's send will complete (or fail); writing now could interleave. A send
             // that waits on a client that takes bytes is left to it; one over an empty queue
             // (a stuck emitter) or to a client that took nothing for the window is not.
@@ -265,6 +288,14 @@ fn enforce(shared: &HaltCore, now: u64, pending: &mut Pending, waits: &mut SendW
         pending.queue(shared, claim, rec);
     }
     waits.end_round();
+}
+
+/// Whether bytes wait in the socket `fd` (a tripped slot's, open until its halt completes).
+fn queued(fd: i32) -> bool {
+    // SAFETY: a tripped slot's socket stays open until its halt completes (only its worker
+    // closes it, after the halt).
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    crate::gate::held::SendQueue::of(sock).is_some_and(|q| q.queued() > 0)
 }
 
 /// Asks for a real-time priority so a busy node cannot starve the heartbeat; without the

@@ -23,6 +23,12 @@ pub struct Faults {
     /// Every state-store write after the first N fails (`state.rs`): a disk that stopped
     /// taking the store's writes.
     pub state_write_fails_after: Option<u64>,
+    /// The named in-process detector never returns, the first time it judges a turn's token
+    /// 20 (`exfil`: its first text; `safety`: SafetyCheck at its first turn's end): its worker
+    /// hangs (`progress.rs`).
+    pub detector_hang: Option<crate::detect::DetectorId>,
+    /// Every ledger write from the Nth on (counted from the start) fails with EIO.
+    pub ledger_write_fails_after: Option<u64>,
 }
 
 pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
@@ -65,6 +71,25 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 .parse()
                 .map_err(|_| err("fault", format!("{f:?}: N must be a whole number")))?;
             out.state_write_fails_after = Some(n);
+        } else if let Some(name) = f.strip_prefix("detector-hang=") {
+            let id = crate::detect::DetectorId::ALL
+                .into_iter()
+                .find(|d| d.as_str() == name)
+                .ok_or_else(|| {
+                    err(
+                        "fault",
+                        format!("{f:?}: NAME must be one of halt_monitor, surprise, compute_budget, latency_anomaly, exfil, safety"),
+                    )
+                })?;
+            out.detector_hang = Some(id);
+        } else if let Some(n) = f.strip_prefix("ledger-write-fails-after=") {
+            let n: u64 = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                err(
+                    "fault",
+                    format!("{f:?}: N must be a whole number, at least 1"),
+                )
+            })?;
+            out.ledger_write_fails_after = Some(n);
         } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
             let fault = crate::crash::PanicFault::parse(spec)
                 .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
@@ -73,7 +98,7 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N, state-write-fails-after=N)"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N, state-write-fails-after=N, detector-hang=NAME, ledger-write-fails-after=N)"
                 ),
             ));
         }

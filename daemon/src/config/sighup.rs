@@ -100,6 +100,7 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
     ("client-idle-timeout-ms", Restart),
     ("max-turns-per-conn", Restart),
     ("workers", Restart),
+    ("worker-stall-ms", Restart),
     ("fault", Restart),
     ("log-format", Restart),
     // The file is reopened at its path (after logrotate); the destination is fixed.

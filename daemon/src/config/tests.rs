@@ -78,6 +78,7 @@ fn bad_values_name_their_flag() {
         (&["--max-streams", "0"][..], "max-streams"),
         (&["--fault", "sneeze"][..], "fault"),
         (&["--workers", "0"][..], "workers"),
+        (&["--worker-stall-ms", "49"][..], "worker-stall-ms"),
         (&["--source", "openai"][..], "upstream"),
         (
             &[
@@ -264,4 +265,20 @@ fn faults_parse() {
     );
     let e = parse(&["--fault", "panic-after-tokens=0"]).expect_err("N = 0");
     assert_eq!(e.flag, "fault", "{e}");
+    let c = parse(&[
+        "--fault",
+        "detector-hang=surprise",
+        "--fault",
+        "ledger-write-fails-after=3",
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.faults.detector_hang,
+        Some(crate::detect::DetectorId::Surprise)
+    );
+    assert_eq!(c.faults.ledger_write_fails_after, Some(3));
+    for bad in ["detector-hang=nope", "ledger-write-fails-after=0"] {
+        let e = parse(&["--fault", bad]).expect_err(bad);
+        assert_eq!(e.flag, "fault", "{e}");
+    }
 }

@@ -78,20 +78,8 @@ impl ServeArgs {
             })
     }
 
-    /// The limits of the plain flags, in the order they are reported.
-    pub(super) fn check_limits(&self) -> Result<(), ConfigError> {
-        if self.budget > MAX_BUDGET {
-            return Err(err(
-                "budget",
-                format!("{} exceeds the maximum of {MAX_BUDGET}", self.budget),
-            ));
-        }
-        if !self.hard_limit.is_finite() || !(0.0..=1.0).contains(&self.hard_limit) {
-            return Err(err(
-                "hard-limit",
-                format!("{} is not a probability in [0, 1]", self.hard_limit),
-            ));
-        }
+    /// The watchdog's timings: heartbeat, halt grace, worker stall.
+    fn check_watchdog(&self) -> Result<(), ConfigError> {
         if self.heartbeat_interval_ms == 0 {
             return Err(err("heartbeat-interval-ms", "must be at least 1"));
         }
@@ -107,6 +95,33 @@ impl ServeArgs {
         if self.halt_grace_ms == 0 {
             return Err(err("halt-grace-ms", "must be at least 1"));
         }
+        if self.worker_stall_ms < 10 * self.heartbeat_interval_ms {
+            return Err(err(
+                "worker-stall-ms",
+                format!(
+                    "{} must be at least ten times --heartbeat-interval-ms ({}): the watchdog looks once per beat",
+                    self.worker_stall_ms, self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The limits of the plain flags, in the order they are reported.
+    pub(super) fn check_limits(&self) -> Result<(), ConfigError> {
+        if self.budget > MAX_BUDGET {
+            return Err(err(
+                "budget",
+                format!("{} exceeds the maximum of {MAX_BUDGET}", self.budget),
+            ));
+        }
+        if !self.hard_limit.is_finite() || !(0.0..=1.0).contains(&self.hard_limit) {
+            return Err(err(
+                "hard-limit",
+                format!("{} is not a probability in [0, 1]", self.hard_limit),
+            ));
+        }
+        self.check_watchdog()?;
         if self.max_streams == 0 || self.max_streams > 1 << 20 {
             return Err(err("max-streams", "must be between 1 and 1048576"));
         }

@@ -169,6 +169,7 @@ pub(in crate::dataplane) fn apply_rewind(turn: &mut Turn, keep: usize) -> Result
     }
     let dropped = turn.hold.rewind(keep);
     turn.text_len = dropped.first().map_or(turn.text_len, |p| p.offset);
+    turn.trail.rewind(turn.text_len);
     turn.tokens_generated = turn.tokens_generated.saturating_sub(dropped.len() as u64);
     turn.hold.scanned = released;
     let rescan = turn.gov.rewound(&unreleased);

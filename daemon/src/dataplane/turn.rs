@@ -158,6 +158,8 @@ pub(in crate::dataplane) struct Turn {
     /// Emitted text, for SafetyCheck (bounded, [`MAX_SAFETY_TEXT`]).
     pub(in crate::dataplane) out_text: String,
     pub(in crate::dataplane) out_text_truncated: bool,
+    /// The text the model produced against the text sent, for `no_silent_correction`.
+    pub(in crate::dataplane) trail: safety::TextTrail,
     /// SafetyCheck inputs fixed at turn start.
     pub(in crate::dataplane) request_urls: BTreeSet<String>,
     pub(in crate::dataplane) identity_before: Option<String>,
@@ -219,6 +221,7 @@ impl Turn {
             first_frame_sent: false,
             out_text: String::new(),
             out_text_truncated: false,
+            trail: safety::TextTrail::default(),
             request_urls: BTreeSet::new(),
             identity_before: None,
             identity_after: None,
@@ -257,12 +260,14 @@ impl Turn {
         }
     }
 
-    /// SafetyCheck's verdict on this turn (spec 004), as the record stores it.
-    pub(in crate::dataplane) fn safety_verdict(&self, typed_end: bool) -> safety::SafetyVerdict {
+    /// SafetyCheck's verdict on this turn (spec 004), as the record stores it. `completed`:
+    /// the turn ends with its final frame (everything it produced must have been sent), not
+    /// with a typed halt or error.
+    pub(in crate::dataplane) fn safety_verdict(&self, completed: bool) -> safety::SafetyVerdict {
         let ctx = SafetyContext {
             request_source_urls: Some(self.request_urls.clone()),
             cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
-            last_refusal_was_typed: Some(typed_end),
+            text_delivery: self.trail.delivery(completed),
             identity_before: self.identity_before.clone(),
             identity_after: self.identity_after.clone(),
             versor_condition: None,
@@ -416,6 +421,7 @@ impl Step<'_> {
             meta.model = Some(model);
             meta.upstream_failure = None;
             meta.detector_trip = None;
+            meta.timing = None;
             meta.tool_circuit = None;
             meta.request_id.clone_from(&conn.request_id);
         }
@@ -434,6 +440,19 @@ impl Step<'_> {
         let label = requests.models.label(Some(&turn.enc.model));
         turn.obs.inter_token = Some(requests.inter_token_handle(route, &label));
         turn.obs.model_label = Some(label);
+        self.publish_timing();
+    }
+
+    /// Hands the turn's timing fields to its incident record ([`crate::halt::TurnMeta`]) when
+    /// they may have changed: at the turn's start and after a breach. A lock then, never per
+    /// token.
+    pub(in crate::dataplane) fn publish_timing(&mut self) {
+        let Some(turn) = self.conn.turn.as_mut() else {
+            return;
+        };
+        if let Some(t) = turn.gov.set.timing_if_changed() {
+            self.io.shared.meta(self.conn.id.slot).timing = Some(t);
+        }
     }
 
     /// The detectors of a new turn and their references for records. A detector that cannot
@@ -444,7 +463,8 @@ impl Step<'_> {
     ) -> ((TurnGovernor, Vec<String>), Option<Trip>) {
         let id = self.conn.id;
         match detectors.turn(&id.to_string(), monotonic_ns()) {
-            Ok(gov) => {
+            Ok(mut gov) => {
+                gov.set.hang_on(self.io.shared.cfg.faults.detector_hang);
                 let mut refs = vec!["operator".to_owned(), "watchdog:heartbeat".to_owned()];
                 refs.extend(gov.refs());
                 refs.push(match detectors.cfg.safety.mode {

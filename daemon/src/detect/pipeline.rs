@@ -417,7 +417,12 @@ impl TurnGovernor {
         let Some((scanner, mode)) = self.exfil.as_mut() else {
             return Gate::Release(text.len());
         };
+        crate::progress::running(crate::progress::Check::Exfil);
+        if self.set.hang == Some(DetectorId::Exfil) {
+            crate::progress::hang_once(crate::progress::Check::Exfil);
+        }
         let step = scanner.push(text);
+        crate::progress::running(crate::progress::Check::None);
         self.held_max = self.held_max.max(scanner.held_bytes());
         match step {
             ExfilStep::Release(n) => Gate::Release(n),

@@ -139,6 +139,51 @@ pub use latency::{
     RtsMode, TimingSummary,
 };
 
+/// A timing detector's part of the FHR timing fields now ([`Detector::timing_state`]).
+///
+/// [`Detector::timing_state`]: crate::detect::Detector::timing_state
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimingState {
+    /// The latency detector: its `rts_mode` and whether it breached.
+    Latency { rts_mode: RtsMode, breach: bool },
+    /// The compute budget: whether it breached.
+    Budget { breached: bool },
+}
+
+/// The timing fields in force for a turn so far, which every record of the turn carries, its
+/// incident record included ([`crate::detect::TurnDetectors::timing_now`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnTiming {
+    pub rts_mode: RtsMode,
+    pub tig_breach: bool,
+    /// The codes of the timing detectors that breached in the turn (in any mode: an
+    /// observe-mode or not yet debounced breach counts), once each.
+    pub incidents: Vec<crate::codes::FailureCode>,
+}
+
+impl TurnTiming {
+    /// The record's `timing_incidents[]`: the timing findings, then `WATCHDOG_TRIP` when the
+    /// turn halted.
+    pub fn incidents_field(&self, halted: bool) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .incidents
+            .iter()
+            .map(|c| c.as_str().to_owned())
+            .collect();
+        if halted {
+            v.push(crate::codes::FailureCode::WatchdogTrip.as_str().to_owned());
+        }
+        v
+    }
+
+    /// Writes these fields into a record of the turn.
+    pub fn fill(&self, rec: &mut crate::ledger::Record) {
+        rec.rts_mode = self.rts_mode.as_str().to_owned();
+        rec.tig_breach = self.tig_breach;
+        rec.timing_incidents = self.incidents_field(rec.watchdog_trip);
+    }
+}
+
 /// The FHR timing fields of a turn record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct FhrTiming {
@@ -178,7 +223,7 @@ pub fn fhr_timing_from_json(
     combine(latency, budget_breach)
 }
 
-fn combine(
+pub(crate) fn combine(
     latency: Option<(RtsMode, Option<&'static str>, bool)>,
     budget_breach: bool,
 ) -> FhrTiming {

@@ -74,6 +74,10 @@ pub(super) struct Writer {
     shared: Option<Arc<Shared>>,
     /// Test-only fault: a pause after every record's write ([`super::LedgerConfig`]).
     slow_write: Option<std::time::Duration>,
+    /// Test-only fault: records written so far by this process, and from which one on every
+    /// write fails ([`super::LedgerConfig`]).
+    writes: u64,
+    fail_writes_from: Option<u64>,
 }
 
 impl Writer {
@@ -94,11 +98,18 @@ impl Writer {
             key,
             shared: None,
             slow_write: None,
+            writes: 0,
+            fail_writes_from: None,
         }
     }
 
     pub(super) fn with_slow_write(mut self, slow_write: Option<std::time::Duration>) -> Self {
         self.slow_write = slow_write;
+        self
+    }
+
+    pub(super) fn with_failing_writes(mut self, from: Option<u64>) -> Self {
+        self.fail_writes_from = from;
         self
     }
 
@@ -184,7 +195,13 @@ impl Writer {
         line.push(b'\n');
 
         let path = &self.shared.as_ref().expect("shared").path;
-        if let Err(source) = self.file.write_all(&line) {
+        self.writes += 1;
+        let written = if self.fail_writes_from.is_some_and(|n| self.writes >= n) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            self.file.write_all(&line)
+        };
+        if let Err(source) = written {
             // Best effort: cut a partial line off so the file stays a valid chain. The ledger
             // stays failed either way.
             let _ = self.file.set_len(self.len);

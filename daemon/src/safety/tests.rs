@@ -17,11 +17,21 @@ pub(super) fn evidence<'a>(r: &'a SafetyCheckResult, key: &str) -> Option<&'a st
         .map(|(_, v)| v.as_str())
 }
 
+/// A completed turn's 4 bytes, sent as produced unless `differs` names an offset.
+pub(super) fn delivered(differs: Option<usize>) -> TextDelivery {
+    TextDelivery {
+        produced_bytes: 4,
+        sent_bytes: 4,
+        first_difference: differs,
+        completed: true,
+    }
+}
+
 pub(super) fn full_ctx() -> SafetyContext {
     SafetyContext {
         request_source_urls: set(&["https://a.example/doc"]),
         cited_urls: set(&["https://a.example/doc"]),
-        last_refusal_was_typed: Some(true),
+        text_delivery: Some(delivered(None)),
         identity_before: Some(identity_digest("m", "sys")),
         identity_after: Some(identity_digest("m", "sys")),
         versor_condition: None,
@@ -171,21 +181,21 @@ fn unmatched_digests_are_capped_but_counted() {
 // --- no_silent_correction ----------------------------------------------------------------
 
 #[test]
-fn silent_correction_follows_the_typed_flag() {
+fn silent_correction_follows_the_text_delivered() {
     let with = |v| {
         no_silent_correction(&SafetyContext {
-            last_refusal_was_typed: v,
+            text_delivery: v,
             ..SafetyContext::default()
         })
     };
-    let r = with(Some(true));
+    let r = with(Some(delivered(None)));
     assert!(r.upheld && r.runtime_checkable);
-    let r = with(Some(false));
+    let r = with(Some(delivered(Some(2))));
     assert!(!r.upheld && r.runtime_checkable);
-    assert_eq!(evidence(&r, "last_refusal_was_typed"), Some("false"));
+    assert_eq!(evidence(&r, "sent_bytes"), Some("4"));
     let r = with(None);
     assert!(r.upheld && !r.runtime_checkable);
-    assert!(r.reason.contains("last_refusal_was_typed not provided"));
+    assert!(r.reason.contains("text_delivery"));
 }
 
 // --- no_identity_override ----------------------------------------------------------------
@@ -377,7 +387,7 @@ fn aggregation_lex_order_violations_and_counts() {
     let ctx = SafetyContext {
         request_source_urls: set(&[]),
         cited_urls: set(&["https://made.up/x"]),
-        last_refusal_was_typed: Some(false),
+        text_delivery: Some(delivered(Some(0))),
         identity_before: Some(identity_digest("a", "")),
         identity_after: Some(identity_digest("a", "")),
         versor_condition: None,
@@ -448,9 +458,7 @@ fn require_runtime_checkable_turns_unchecked_boundaries_into_violations() {
         &SafetyPack::new("p", [NO_SILENT_CORRECTION]),
     );
     assert!(!v.upheld);
-    assert!(v.results[0]
-        .reason
-        .contains("last_refusal_was_typed not provided"));
+    assert!(v.results[0].reason.contains("text_delivery"));
 }
 
 #[test]
@@ -473,7 +481,11 @@ fn verdict_serialises_for_the_turn_record() {
     assert_eq!(j["results"][1]["runtime_checkable"], true);
     assert_eq!(
         j["results"][1]["evidence"],
-        json!([["last_refusal_was_typed", "true"]])
+        json!([
+            ["produced_bytes", "4"],
+            ["sent_bytes", "4"],
+            ["completed", "true"]
+        ])
     );
     assert_eq!(j["results"][2]["reason"], NO_PREDICATE_REASON);
 }
@@ -550,7 +562,7 @@ fn config_validation_names_the_key() {
 fn enforce_trips_with_safety_boundary_violated_observe_never() {
     let violated = SafetyCheck::new().check(
         &SafetyContext {
-            last_refusal_was_typed: Some(false),
+            text_delivery: Some(delivered(Some(1))),
             ..SafetyContext::default()
         },
         &SafetyPack::v1(),

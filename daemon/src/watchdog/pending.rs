@@ -70,6 +70,11 @@ impl Pending {
         }
     }
 
+    /// Whether a claimed halt still waits for its record.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
     /// Finishes every halt whose incident the writer reported (written, or failed: then the
     /// daemon fails closed first).
     pub fn finish_written(&mut self, shared: &HaltCore) {

@@ -55,6 +55,7 @@ fn prepare(args: &Args, dir: &std::path::Path, state_dir: &std::path::Path) -> R
         fsync: true,
         kernel_gate: "enforcing",
         slow_write: None,
+        fail_writes_from: None,
     })?;
     let (tx, rx) = mpsc::sync_channel(1);
     ledger.append_linked(

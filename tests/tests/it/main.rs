@@ -24,6 +24,7 @@ mod config;
 mod crash;
 mod detectors;
 mod drain;
+mod fail_closed;
 mod guarantee;
 mod haltctl_cli;
 mod hostile;

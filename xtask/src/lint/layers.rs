@@ -48,6 +48,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "state",
             "crash",
             "pulse",
+            "progress",
         ],
     },
     Layer {

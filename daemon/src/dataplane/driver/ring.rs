@@ -85,9 +85,19 @@ impl Worker {
         }
         self.io.arm_accept()?;
         self.io.arm_wake(Box::new(0))?;
+        let beat = self.io.shared.workers.get(self.io.id as usize).cloned();
         loop {
             let mut retry = false;
-            match self.io.ring.submit_and_wait(1) {
+            // For the watchdog (`progress.rs`): waiting here is no stall, a step that never
+            // returns is.
+            if let Some(b) = &beat {
+                b.waiting();
+            }
+            let waited = self.io.ring.submit_and_wait(1);
+            if let Some(b) = &beat {
+                b.handling();
+            }
+            match waited {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => {

@@ -68,6 +68,8 @@ pub(in crate::dataplane) fn hold_for_batch(turn: &mut Turn, t: Produced, offset:
         Channel::Reasoning => turn.held_reasoning.push_str(&t.text),
     }
     turn.note_output(&t.text);
+    // Into the batch body: what the client gets if the turn completes.
+    turn.trail.sent(&t.text);
     let channel = t.channel;
     match t.tokens {
         Tokens::Builtin { logprob, top } => turn.held_tokens.push(HeldToken {
@@ -132,8 +134,12 @@ pub(in crate::dataplane) fn encode_pending(conn: &mut Conn, mut p: Pending) -> b
                 top: &tops[..n],
             };
             turn.enc.token_event(out, tok, offset, first, p.channel);
+            turn.trail.sent(text);
         }
-        PendingKind::Chars => turn.enc.text_event(out, text, first, p.channel),
+        PendingKind::Chars => {
+            turn.enc.text_event(out, text, first, p.channel);
+            turn.trail.sent(text);
+        }
         PendingKind::ToolCall {
             index, ref header, ..
         } => {

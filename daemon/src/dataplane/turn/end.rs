@@ -16,6 +16,7 @@ use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
     detect::{pipeline::Gate, DetectorId, Trip, TripKind},
+    progress::Check,
     safety::SafetyMode,
     stream::Mode,
     wire::{
@@ -241,7 +242,12 @@ impl Step<'_> {
         let Some(turn) = conn.turn.as_mut() else {
             return Ok(true);
         };
+        crate::progress::running(Check::Safety);
+        if self.io.shared.cfg.faults.detector_hang == Some(DetectorId::Safety) {
+            crate::progress::hang_once(Check::Safety);
+        }
         let verdict = turn.safety_verdict(true);
+        crate::progress::running(Check::None);
         let upheld = verdict.upheld;
         let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
         turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));

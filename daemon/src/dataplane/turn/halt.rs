@@ -65,11 +65,19 @@ impl Conn {
 
 impl Step<'_> {
     /// An answer whose record is now on disk goes out: the halt's terminal frame, or the
-    /// turn's final frame (unless the connection is closing).
+    /// turn's final frame (unless the connection is closing). A final frame whose record may
+    /// have failed (the recorder failed meanwhile) does not: the turn is not answered as
+    /// complete, and the connection ends without it (fail closed). A halt's terminal goes
+    /// out either way: it ends the stream.
     pub(in crate::dataplane) fn send_recorded(&mut self, after: AfterRecord) -> io::Result<()> {
         match after {
             AfterRecord::Terminal => self.send_terminal(),
             AfterRecord::Final if self.conn.closing => Ok(()),
+            AfterRecord::Final if self.io.shared.ledger.is_failed() => {
+                tracing::warn!(stream_id = %self.conn.id, "the flight recorder failed before this turn's record was on disk: its final frame is not sent");
+                self.begin_close();
+                Ok(())
+            }
             AfterRecord::Final => self.send_final(),
         }
     }
@@ -85,6 +93,7 @@ impl Step<'_> {
         shared.metrics.detectors.tripped(trip.detector, trip.code);
         // Bounded: the terminal frame must fit the gate's terminal allowance.
         let detail: String = trip.detail.chars().take(240).collect();
+        self.publish_timing();
         shared.meta(id.slot).detector_trip = Some((trip.detector, detail));
         let own = own_trip::trip_own(&shared, id, trip.code, Initiator::Detector);
         if let own_trip::OwnTrip::AlreadyTripped(first) = own {

@@ -215,6 +215,7 @@ fn release_text(conn: &mut Conn, slot: &Slot, faults: &Faults, t: Produced, now:
     turn.tokens_generated += frames;
     let offset = turn.text_len;
     turn.text_len += t.text.len();
+    turn.trail.produced(&t.text);
     if slot.mode() == Mode::Batch {
         // Held, not sent: batch responses are committed whole.
         hold_for_batch(turn, t, offset);
@@ -233,6 +234,7 @@ fn release_text(conn: &mut Conn, slot: &Slot, faults: &Faults, t: Produced, now:
         encode_token(turn, out, &t, offset);
         turn.first_frame_sent = true;
         turn.note_output(&t.text);
+        turn.trail.sent(&t.text);
         conn.emit.stage(t.arrived_ns);
         // Encoded: the source may reuse the text's buffers for its next token.
         turn.source.get().recycle(t);

@@ -56,7 +56,7 @@ impl Io {
         let mut rec = shared.base_record(RecordKind::Turn, snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
-        record_detectors(shared, turn, &mut rec);
+        record_detectors(shared, turn, outcome == Outcome::Completed, &mut rec);
         rec.grounding = ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
         let change = commit_turn(shared, conn, turn, snap, outcome, &mut rec);
         let policy = shared.cfg.sampling;
@@ -142,8 +142,8 @@ impl Step<'_> {
 }
 
 /// The detectors' part of the record: their summaries, the timing fields, SafetyCheck's
-/// verdict.
-fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
+/// verdict (`completed`: the turn ended with its final frame).
+fn record_detectors(shared: &HaltCore, turn: &Turn, completed: bool, rec: &mut Record) {
     let gaps = turn.tokens_generated.saturating_sub(1).max(1);
     rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
     for t in turn.gov.set.observed() {
@@ -160,12 +160,16 @@ fn record_detectors(shared: &HaltCore, turn: &Turn, rec: &mut Record) {
     }
     rec.rts_mode = timing.rts_mode.as_str().to_owned();
     rec.tig_breach = timing.tig_breach;
+    // The timing findings of the turn (observe-mode ones too), then WATCHDOG_TRIP if halted.
+    rec.timing_incidents = turn.gov.set.timing_now().incidents_field(rec.watchdog_trip);
     rec.detectors = Some(detectors);
     rec.safety_verdict = Some(match &turn.safety {
         Some(v) => v.clone(),
         // Not judged at a clean end: judge what the turn did (its halt, if any, ended
         // with the typed terminal event).
-        None => serde_json::to_value(turn.safety_verdict(true)).unwrap_or(serde_json::Value::Null),
+        None => {
+            serde_json::to_value(turn.safety_verdict(completed)).unwrap_or(serde_json::Value::Null)
+        }
     });
 }
 

@@ -163,7 +163,9 @@ impl Step<'_> {
             // No turn (it ended meanwhile): the item is dropped, never released.
             return Ok(Judged::Later);
         };
-        match observe(turn, item, pos, woke, now) {
+        let observed = observe(turn, item, pos, woke, now);
+        self.publish_timing();
+        match observed {
             Observe::Clear(item) => Ok(Judged::Clear(item)),
             Observe::Trip(trip) => Ok(Judged::Trip(trip)),
             Observe::Wait(w) => self.arm_score(w).map(|()| Judged::Later),

@@ -183,4 +183,10 @@ impl Detector for ComputeBudget {
     fn summary(&self) -> serde_json::Value {
         serde_json::to_value(self.budget_summary()).unwrap_or(serde_json::Value::Null)
     }
+
+    fn timing_state(&self) -> Option<super::TimingState> {
+        Some(super::TimingState::Budget {
+            breached: self.breach.is_some(),
+        })
+    }
 }

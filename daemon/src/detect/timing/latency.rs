@@ -659,4 +659,18 @@ impl Detector for LatencyAnomaly {
     fn summary(&self) -> serde_json::Value {
         serde_json::to_value(self.timing_summary()).unwrap_or(serde_json::Value::Null)
     }
+
+    fn timing_state(&self) -> Option<super::TimingState> {
+        let rts_mode = if self.breaches > 0 {
+            RtsMode::Breach
+        } else if !self.warm {
+            RtsMode::WarmingUp
+        } else {
+            RtsMode::Normal
+        };
+        Some(super::TimingState::Latency {
+            rts_mode,
+            breach: self.breaches > 0,
+        })
+    }
 }
