@@ -665,6 +665,29 @@ mod tests {
         assert!(!m.is_degraded(key("a")));
     }
 
+    /// README's and the guide's statement: every halt degrades its scope except an upstream
+    /// failure, an open tool circuit and a client that stopped reading (a shutdown's halts
+    /// never reach `enter`: `halt.rs` skips it once `shutting_down` is set).
+    #[test]
+    fn every_cause_degrades_but_upstream_failures_open_circuits_and_stalled_clients() {
+        let spared = [
+            FailureCode::UpstreamFailure,
+            FailureCode::ToolCircuitOpen,
+            FailureCode::ClientStalled,
+        ];
+        for (i, code) in FailureCode::ALL.into_iter().enumerate() {
+            let m = Modes::new(DegradedScope::Key, None);
+            let change = m.enter(key("a"), code, &format!("{i}.1"));
+            let degrades = !spared.contains(&code);
+            assert_eq!(change.is_some(), degrades, "{code}");
+            assert_eq!(m.is_degraded(key("a")), degrades, "{code}");
+            assert!(
+                !m.is_degraded(key("b")),
+                "{code}: key scope is the key only"
+            );
+        }
+    }
+
     #[test]
     fn node_scope_degrades_everyone_and_the_timer_ends_it() {
         let m = Modes::new(DegradedScope::Node, Some(Duration::from_secs(10)));

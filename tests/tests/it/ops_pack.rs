@@ -7,6 +7,8 @@
 //!
 //! Run serially (`--test-threads=1`), like the other topics.
 
+mod dashboard;
+
 use std::{
     collections::BTreeSet,
     fs,
@@ -419,6 +421,37 @@ struct Prometheus {
 }
 
 impl Prometheus {
+    /// Prometheus in the client namespace of `pair`, scraping haltd's metrics port there
+    /// every second (job `haltd`), its API on 127.0.0.1:9090.
+    fn start(pair: &NetPair) -> Result<Self> {
+        let dir = temp_dir("prometheus")?;
+        let config = dir.join("prometheus.yml");
+        fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: haltd\n    static_configs:\n      \
+                 - targets: [\"{}\"]\n",
+                pair.srv_addr(PORT_METRICS)
+            ),
+        )?;
+        let log = fs::File::create(dir.join("prometheus.log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &pair.cli, PROMETHEUS])
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg("--web.listen-address=127.0.0.1:9090")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawning prometheus")?;
+        Ok(Prometheus { child, dir })
+    }
+
     fn log_tail(&self, n: usize) -> String {
         let log = fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
@@ -486,32 +519,7 @@ fn a_real_prometheus_scrapes_haltd() -> Result<()> {
         "the operator trip did not halt the turn: {tripped:?}"
     );
 
-    let dir = temp_dir("prometheus")?;
-    let config = dir.join("prometheus.yml");
-    fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: haltd\n    static_configs:\n      \
-             - targets: [\"{}\"]\n",
-            pair.srv_addr(PORT_METRICS)
-        ),
-    )?;
-    let log = fs::File::create(dir.join("prometheus.log"))?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", &pair.cli, PROMETHEUS])
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg("--web.listen-address=127.0.0.1:9090")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("spawning prometheus")?;
-    let prom = Prometheus { child, dir };
+    let prom = Prometheus::start(&pair)?;
 
     let trips = r#"haltd_watchdog_trips_total{cause="OPERATOR_TRIP"}"#;
     let deadline = Instant::now() + Duration::from_secs(30);
