@@ -1,4 +1,5 @@
-//! Nothing left behind (issue 33, item 3): the cgroup leaves of haltd processes that are gone.
+//! Nothing left behind (issue 33, item 3): the cgroup leaves of haltd processes that are gone,
+//! and a ledger whose head is missing.
 //!
 //! - A start removes the leaf of every earlier haltd that is gone, killed (`SIGKILL`, reaped)
 //!   or a zombie (killed, not reaped by its parent), logs each and names them in its start
@@ -6,19 +7,24 @@
 //!   the cgroup it was started in lets the user it serves as write it (a delegated cgroup, as
 //!   systemd's `Delegate=yes` makes the unit's). That the programs keep policing the sockets
 //!   of a removed leaf is `kernel_gate::egress::egress_holds_after_its_leaf_is_removed`.
+//! - A ledger with records but no head stops the start (exit 3, the error says what to do),
+//!   until `haltctl ledger reanchor --operator NAME` takes the chain as it stands, recorded in
+//!   it (`daemon/src/ledger/reanchor.rs`).
 
 use std::{
     fs,
     path::{Path, PathBuf},
+    process::Command,
     time::Duration,
 };
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{
     gate::{cgroup2_mount, cgroup_of, in_cgroup},
-    require_root, wait_for, Haltd, NetPair,
+    haltctl_bin, in_netns, read_ledger, require_root, sse, state_dir_for, temp_dir, verify_ledger,
+    wait_for, Haltd, NetPair,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// haltd's own leaf while it serves (`haltd.<pid>.<start>.<n>`).
 fn leaf_of(haltd: &Haltd) -> Result<PathBuf> {
@@ -186,6 +192,164 @@ fn stop_in(pair: &NetPair, cg: &Path) -> Result<()> {
         fs::read_dir(cg)?.flatten().all(|e| !e.path().is_dir()),
         "a leaf stayed in {}",
         cg.display()
+    );
+    Ok(())
+}
+
+/// Three short turns, so that the ledger has records to cut.
+fn turns(haltd: &Haltd, n: usize) -> Result<()> {
+    let url = format!("{}/v1/chat/completions", haltd.api_url());
+    for i in 0..n {
+        let body = json!({
+            "model": "builtin", "stream": true, "max_tokens": 3, "seed": i,
+            "messages": [{"role": "user", "content": "reanchor"}],
+        });
+        let url = url.clone();
+        let o = in_netns(&haltd.client_ns, move || {
+            sse::stream(&url, &body, Duration::from_secs(10), |_, _| {})
+        })?;
+        ensure!(o.done_at.is_some(), "turn {i} did not end: {o:?}");
+    }
+    Ok(())
+}
+
+/// `haltctl ARGS`: exit code, stdout and stderr.
+fn haltctl(args: &[&str]) -> Result<(Option<i32>, String, String)> {
+    let out = Command::new(haltctl_bin()?).args(args).output()?;
+    Ok((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// The head file of the only ledger in `state`.
+fn head_file(state: &Path) -> Result<PathBuf> {
+    fs::read_dir(state)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ledger-") && n.ends_with(".head"))
+        })
+        .with_context(|| format!("no ledger-<id>.head in {}", state.display()))
+}
+
+/// The head file deleted and the last records cut off: the start stops (exit 3, saying what
+/// to do) and writes nothing; `haltctl ledger reanchor --operator` takes the chain as it
+/// stands, recorded with the operator; then the chain verifies and haltd starts.
+#[test]
+fn a_missing_head_stops_the_start_until_the_operator_reanchors() -> Result<()> {
+    require_root()?;
+    let pair = NetPair::new()?;
+    let dir = temp_dir("reanchor")?;
+    let ledger = dir.join("ledger.jsonl");
+    let state = state_dir_for(&ledger);
+    let mut first = Haltd::start_with_ledger(&pair, Some(&ledger), &[])?;
+    turns(&first, 3)?;
+    first.stop()?;
+    let records = read_ledger(&ledger)?;
+    ensure!(records.len() >= 5, "{} records", records.len());
+    // Cut the last two records off and delete the head: the cut is invisible to the chain.
+    let kept = records.len() - 2;
+    let text = fs::read_to_string(&ledger)?;
+    let cut: String = text.split_inclusive('\n').take(kept).collect();
+    fs::write(&ledger, cut)?;
+    let head = head_file(&state)?;
+    fs::remove_file(&head)?;
+
+    let (status, stderr) = Haltd::start_refused(&pair, &ledger, &[])?;
+    ensure!(
+        status.code() == Some(3),
+        "haltd started or failed otherwise ({status}):\n{stderr}"
+    );
+    ensure!(
+        stderr.contains(&format!("its head {} is missing", head.display()))
+            && stderr.contains("haltctl ledger reanchor --operator NAME")
+            && stderr.contains("refusing to start"),
+        "the error does not say what to do:\n{stderr}"
+    );
+    ensure!(!head.exists(), "the refused start left a head file behind");
+    let incidents = fs::read_to_string(state.join("ledger-incidents.jsonl"))?;
+    ensure!(
+        incidents.contains("LEDGER_HEAD_MISSING"),
+        "no incident line: {incidents}"
+    );
+
+    let (st, l) = (state.display().to_string(), ledger.display().to_string());
+    let (code, _, err) = haltctl(&["ledger", "reanchor", "--state-dir", &st, &l])
+        .context("reanchor without --operator")?;
+    ensure!(
+        code == Some(2),
+        "reanchor without --operator: {code:?} {err}"
+    );
+    let (code, out, err) = haltctl(&[
+        "ledger",
+        "reanchor",
+        "--operator",
+        "alice",
+        "--state-dir",
+        &st,
+        &l,
+    ])?;
+    ensure!(code == Some(0), "reanchor: {code:?}\n{out}{err}");
+    println!("{}", out.trim_end());
+    let (code, _, err) = haltctl(&[
+        "ledger",
+        "reanchor",
+        "--operator",
+        "alice",
+        "--state-dir",
+        &st,
+        &l,
+    ])?;
+    ensure!(
+        code == Some(1) && err.contains("nothing to re-anchor"),
+        "a second reanchor: {code:?} {err}"
+    );
+    let verified = verify_ledger(&ledger)?;
+    println!("after the reanchor: {}", verified.trim_end());
+
+    let after = read_ledger(&ledger)?;
+    ensure!(after.len() == kept + 1, "{} records", after.len());
+    check_reanchor_record(&after[kept], &records[kept - 1], kept)?;
+
+    let mut next = Haltd::start_with_ledger(&pair, Some(&ledger), &[])?;
+    next.stop()?;
+    verify_ledger(&ledger)?;
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The re-anchor record: who, and where the chain stood (the last record kept).
+fn check_reanchor_record(rec: &Value, last: &Value, kept: usize) -> Result<()> {
+    let a = &rec["admin"];
+    ensure!(
+        rec["kind"] == "admin" && a["action"] == "ledger_reanchor",
+        "{rec}"
+    );
+    ensure!(
+        a["actor"]["operator"] == "alice"
+            && a["actor"]["transport"] == "local"
+            && a["actor"]["uid"] == 0,
+        "the operator: {a}"
+    );
+    ensure!(
+        a["reanchor"]["from_seq"] == last["seq"]
+            && a["reanchor"]["from_hash"] == last["hash"]
+            && a["reanchor"]["records"] == kept,
+        "where the chain stood: {a}, last record kept {last}"
+    );
+    ensure!(
+        rec["prev_hash"] == last["hash"],
+        "the record continues the chain"
+    );
+    ensure!(
+        rec["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("re-anchored by the operator alice")),
+        "{rec}"
     );
     Ok(())
 }
