@@ -1,4 +1,4 @@
-//! `haltctl`'s parts that are more than argument parsing (`src/bin/haltctl.rs` wires them):
+//! `haltctl`'s parts that are more than argument parsing (`src/bin/haltctl/` wires them):
 //!
 //! * [`out`]: writing to standard output, ending quietly when the reader went away
 //!   (`haltctl ledger show | head`);
@@ -9,6 +9,8 @@
 //!   came);
 //! * [`reader`]: `haltctl ledger show` and `tail`;
 //! * [`verify`]: `haltctl ledger verify` and its exit codes;
+//! * [`reanchor`]: `haltctl ledger reanchor`, the operator's acceptance of a ledger whose head
+//!   is missing;
 //! * [`circuit`]: the admin requests of `haltctl circuit show` and `haltctl reconcile`;
 //! * [`fingerprint`]: `haltctl key fingerprint`, a key's fingerprint as haltd computes it.
 
@@ -16,6 +18,7 @@ pub mod circuit;
 pub mod fingerprint;
 pub mod out;
 pub mod reader;
+pub mod reanchor;
 pub mod render;
 pub mod settings;
 pub mod verify;

@@ -40,6 +40,7 @@ use haltd_common::{
 };
 
 mod cgroup;
+pub use cgroup::{Owner as LeafOwner, RemovedLeaf};
 pub mod held;
 pub mod metrics;
 pub mod selftest;
@@ -384,6 +385,20 @@ impl KernelGate {
     /// The cgroup the egress and adoption programs are attached to.
     pub fn cgroup(&self) -> &Path {
         &self.cgroup.path
+    }
+
+    /// The leftover cgroup leaves of earlier haltd processes this load removed.
+    pub fn removed_leaves(&self) -> &[RemovedLeaf] {
+        &self.cgroup.removed
+    }
+
+    /// A clean stop's last step: moves haltd back to the cgroup it was started in and removes
+    /// its leaf (`gate/cgroup.rs`, `Leaf::leave`). The programs keep policing the sockets
+    /// still charged to the leaf; sockets made afterwards are not governed.
+    pub fn leave_cgroup(&self) -> Result<(), GateError> {
+        self.cgroup
+            .leave()
+            .map_err(GateError::io("removing haltd's cgroup leaf"))
     }
 
     /// Makes `halt_adopt` govern every connection accepted on local port `port` from now on.

@@ -20,7 +20,9 @@
 //!    names what was cut. A file behind its head, or not ending at it, or broken anywhere
 //!    before its last line is tampering: [`Ledger::open`] refuses it ([`LedgerError::Tampered`],
 //!    [`LedgerError::ChainBroken`]) and appends an incident to `ledger-incidents.jsonl` in the
-//!    state directory, which the attacker cannot write;
+//!    state directory, which the attacker cannot write. So is a file with records but no head
+//!    ([`LedgerError::HeadMissing`]): records cut off its end could not be ruled out, until
+//!    the operator re-anchors the chain on purpose, recorded in it ([`Ledger::reanchor`]);
 //! 3. rotation ([`Ledger::reopen`]) starts a new segment whose first record links to the
 //!    previous head; [`verify_series`] checks a series of segments;
 //! 4. `--ledger-no-fsync` skips both fsyncs: the guarantees above hold only while the
@@ -51,6 +53,7 @@ mod error;
 pub mod head;
 mod key;
 pub mod metrics;
+mod reanchor;
 mod record;
 pub mod show;
 mod verify;
@@ -58,6 +61,7 @@ mod writer;
 
 pub use error::{LedgerError, TAMPERED_EXIT_CODE};
 pub use head::Head;
+pub use reanchor::{Anchor, Reanchored};
 
 /// A record as written: its position and its hash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,14 +180,24 @@ impl Ledger {
     /// and resumes the chain (the lifecycle in the module doc).
     ///
     /// Refuses a file whose chain is broken before its last line ([`LedgerError::ChainBroken`]),
-    /// one that does not end at its head ([`LedgerError::Tampered`]), and a file another
-    /// process holds ([`LedgerError::Locked`]).
+    /// one that does not end at its head ([`LedgerError::Tampered`]), one with records but no
+    /// head ([`LedgerError::HeadMissing`]: only [`Ledger::reanchor`] takes it), and a file
+    /// another process holds ([`LedgerError::Locked`]).
     pub fn open(cfg: &LedgerConfig<'_>) -> Result<Ledger, LedgerError> {
+        let opened = Self::open_with(cfg, MissingHead::Refuse)?;
+        if let Some(t) = opened.torn {
+            opened
+                .ledger
+                .append_sync(recovery_record(cfg.path, &t, cfg.kernel_gate))?;
+        }
+        Ok(opened.ledger)
+    }
+
+    /// [`Ledger::open`], with `missing` deciding what a ledger with records but no head
+    /// becomes. A re-anchored ledger's head is written only after its first record (the
+    /// caller's re-anchor record): a crash before it leaves the head missing still.
+    fn open_with(cfg: &LedgerConfig<'_>, missing: MissingHead) -> Result<Opened, LedgerError> {
         let path = cfg.path;
-        let open_err = |source| LedgerError::Open {
-            path: path.to_owned(),
-            source,
-        };
         let file = open_segment(path)?;
         lock(&file, path)?;
         let key = LedgerKey::load_or_create(cfg.state_dir).map_err(|e| LedgerError::Key {
@@ -206,29 +220,39 @@ impl Ledger {
             };
             return Err(incident(cfg.state_dir, err));
         }
-        check_head(cfg, &scan, head, &head_file)?;
+        let anchor = check_head(cfg, &scan, head, &head_file, missing).inspect_err(|_| {
+            // A refused start leaves the state directory as it found it.
+            if head_file.is_new() {
+                let _ = std::fs::remove_file(head_file.path());
+            }
+        })?;
         let torn = cut_torn_tail(path, &file, &scan, cfg.fsync)?;
         let end = scan.end();
-        head_file
-            .write(&end, cfg.fsync)
-            .map_err(|source| LedgerError::Head {
-                path: head_file.path().to_owned(),
-                source,
-            })?;
+        if anchor.is_none() {
+            head_file
+                .write(&end, cfg.fsync)
+                .map_err(|source| LedgerError::Head {
+                    path: head_file.path().to_owned(),
+                    source,
+                })?;
+        }
         if scan.records == 0 && cfg.fsync {
             // A new file: make its directory entry durable too, or a crash could lose the
             // whole file along with the records acknowledged in it.
-            sync_dir(path).map_err(open_err)?;
+            sync_dir(path).map_err(|source| LedgerError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
         }
         tracing::info!(path = %path.display(), records = scan.next_seq, "ledger opened");
         let writer = Writer::new(file, cfg.fsync, end, scan.len, head_file, key)
             .with_slow_write(cfg.slow_write)
             .with_failing_writes(cfg.fail_writes_from);
-        let ledger = Self::start(path, writer)?;
-        if let Some(t) = torn {
-            ledger.append_sync(recovery_record(path, &t, cfg.kernel_gate))?;
-        }
-        Ok(ledger)
+        Ok(Opened {
+            ledger: Self::start(path, writer)?,
+            anchor,
+            torn,
+        })
     }
 
     /// Starts the writer over an already-checked file positioned at its end.
@@ -405,24 +429,52 @@ fn open_segment(path: &Path) -> Result<File, LedgerError> {
         })
 }
 
-/// Step 2 of the lifecycle: the end of the chain against its head. `Err`: tampering, recorded
-/// as an incident in the state directory.
+/// What [`Ledger::open_with`] does with a ledger that has records but no head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MissingHead {
+    /// Refuse it: a start ([`LedgerError::HeadMissing`]).
+    Refuse,
+    /// Take its chain as it stands, and only such a ledger: `haltctl ledger reanchor`.
+    Reanchor,
+}
+
+/// An opened ledger, and what the open found.
+struct Opened {
+    ledger: Ledger,
+    /// Where a re-anchored chain stood ([`MissingHead::Reanchor`] only).
+    anchor: Option<Anchor>,
+    torn: Option<TornTail>,
+}
+
+/// Step 2 of the lifecycle: the end of the chain against its head. `Err`: tampering (a
+/// missing head included), recorded as an incident in the state directory, or a ledger
+/// [`MissingHead::Reanchor`] does not take. `Ok(Some)`: the chain is re-anchored there.
 fn check_head(
     cfg: &LedgerConfig<'_>,
     scan: &verify::Scan,
     head: Option<Head>,
     head_file: &head::HeadFile,
-) -> Result<(), LedgerError> {
+    missing: MissingHead,
+) -> Result<Option<Anchor>, LedgerError> {
     let path = cfg.path;
+    if missing == MissingHead::Reanchor {
+        return reanchor::check(cfg, scan, head.as_ref(), head_file).map(Some);
+    }
     let head = match head {
         Some(h) => h,
         None if head_file.is_new() && scan.records > 0 => {
-            // A chain that verifies under the key but has no head here: the ledger moved,
-            // or the state directory is new (a copy). Adopted as it stands.
-            tracing::warn!(path = %path.display(), head = %head_file.path().display(), records = scan.records, "ledger has no head in the state directory (moved, or a new state directory): adopting its chain as it is; records cut off its end before this start cannot be detected");
-            return Ok(());
+            // A chain that verifies under the key but has no head here: the head file was
+            // deleted (and records may have been cut off with it), the ledger moved, or the
+            // state directory is another. Only the operator can tell which.
+            let err = LedgerError::HeadMissing {
+                path: path.to_owned(),
+                head: head_file.path().to_owned(),
+                state_dir: cfg.state_dir.to_owned(),
+                records: scan.records,
+            };
+            return Err(incident(cfg.state_dir, err));
         }
-        None if head_file.is_new() => return Ok(()),
+        None if head_file.is_new() => return Ok(None),
         None => {
             let err = LedgerError::Tampered {
                 path: path.to_owned(),
@@ -435,10 +487,10 @@ fn check_head(
         }
     };
     match scan.against(&head) {
-        Ok(HeadMatch::Equal) => Ok(()),
+        Ok(HeadMatch::Equal) => Ok(None),
         Ok(HeadMatch::AheadByOne) => {
             tracing::warn!(path = %path.display(), seq = head.next_seq, "ledger one record past its head: haltd stopped between a record's fsync and the head's; the head catches up");
-            Ok(())
+            Ok(None)
         }
         Err(reason) => {
             let err = LedgerError::Tampered {
@@ -525,7 +577,7 @@ fn incident(state_dir: &Path, err: LedgerError) -> LedgerError {
     let line = serde_json::json!({
         "ts": rfc3339_now(),
         "pid": std::process::id(),
-        "incident": "LEDGER_TAMPERED",
+        "incident": err.incident_name(),
         "error": err.to_string(),
     });
     let path = state_dir.join(INCIDENTS_FILE);

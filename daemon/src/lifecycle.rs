@@ -8,7 +8,9 @@
 //!   `shutting_down` and `retry-after: 1`, while open streams may finish for up to
 //!   `--drain-timeout-ms`. What is still open then halts with `SERVICE_SHUTDOWN` (typed terminal
 //!   event, within the budget, recorded; it degrades nobody), and haltd exits 0 once those
-//!   halts are recorded. A second signal during the drain ends it at once.
+//!   halts are recorded. On the way out it moves back to the cgroup it was started in and
+//!   removes its own cgroup leaf (said in the stop record; where that is not allowed, the next
+//!   start removes it). A second signal during the drain ends it at once.
 //! - **SIGHUP** reloads what can change without a restart: the detectors and SafetyCheck
 //!   (`[detectors.*]`, `[safety]` of `--config`) for turns that start afterwards, and the log
 //!   level (`[log] level`, unless `HALTD_LOG` is set), and the client TLS certificate and key
@@ -241,6 +243,7 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
         "drain over; halting what is still open with SERVICE_SHUTDOWN and stopping"
     );
     wait_for_halts(shared).await;
+    let leaf = leave_cgroup(shared);
     let left = shared.table.active_count();
     let how = if drained.interrupted {
         "cut short by a second signal"
@@ -253,7 +256,7 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
         kind: RecordKind::Lifecycle,
         kernel_gate: shared.kernel_gate_label().into(),
         message: Some(format!(
-            "haltd stopping on signal: drain {how} after {} ms ({} streams open at the signal), {halted} open streams halted with SERVICE_SHUTDOWN, {left} still open at exit",
+            "haltd stopping on signal: drain {how} after {} ms ({} streams open at the signal), {halted} open streams halted with SERVICE_SHUTDOWN, {left} still open at exit{leaf}",
             drained.took.as_millis(),
             drained.open_at_start,
         )),
@@ -265,6 +268,26 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
     // exit runs no destructor).
     shared.state.flush();
     std::process::exit(0);
+}
+
+/// Removes haltd's own cgroup leaf on the way out (`gate/cgroup.rs`): once every halt is
+/// under way no socket is opened any more, and the programs stay with the sockets still
+/// charged to the leaf. Says what happened, for the stop record (empty without a gate).
+fn leave_cgroup(shared: &HaltCore) -> String {
+    let Some(gate) = &shared.gate else {
+        return String::new();
+    };
+    let leaf = gate.cgroup().display().to_string();
+    match gate.leave_cgroup() {
+        Ok(()) => {
+            tracing::info!(leaf, "removed haltd's own cgroup leaf on the way out; its gate programs stay with the sockets still charged to it until they close");
+            format!("; cgroup leaf {leaf} removed")
+        }
+        Err(e) => {
+            tracing::warn!(leaf, error = %e, "haltd's own cgroup leaf stays; the next start removes it");
+            format!("; cgroup leaf {leaf} left for the next start to remove: {e}")
+        }
+    }
 }
 
 /// How long the shutdown waits, past the emitters' and the watchdog's time to claim the

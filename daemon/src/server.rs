@@ -385,7 +385,21 @@ fn start_record(shared: &HaltCore, source: &str) -> Record {
         shared.cfg.sampling.record_token_text,
         if shared.cfg.args.faults.is_empty() { String::new() } else { format!(" faults={:?}", shared.cfg.args.faults) },
     ));
+    if let Some(leaves) = removed_leaves(shared) {
+        start.message = start.message.map(|m| m + &leaves);
+    }
     start
+}
+
+/// ` removed_cgroup_leaves=[NAME (owner WHY), ...]`: the leftover cgroup leaves of earlier
+/// haltd processes this start removed (`gate/cgroup/leftovers.rs`); `None` when it removed none.
+fn removed_leaves(shared: &HaltCore) -> Option<String> {
+    let removed = shared.gate.as_ref()?.removed_leaves();
+    if removed.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = removed.iter().map(ToString::to_string).collect();
+    Some(format!(" removed_cgroup_leaves=[{}]", names.join(", ")))
 }
 
 /// Serve nothing before the first heartbeat: until then every stream would halt with

@@ -148,6 +148,34 @@ impl Haltd {
         wrapper: &[&str],
         extra: &[&str],
     ) -> Result<Self> {
+        let mut haltd = Self::spawn(pair, ledger, wrapper, extra)?;
+        haltd
+            .wait_ready(Duration::from_secs(20))
+            .with_context(|| format!("haltd {extra:?} did not become ready"))?;
+        Ok(haltd)
+    }
+
+    /// Starts haltd as [`Haltd::start_with_ledger`] does, where it must refuse to start:
+    /// returns its exit status and its stderr, or fails if it became ready (or ran on) instead.
+    pub fn start_refused(
+        pair: &NetPair,
+        ledger: &Path,
+        extra: &[&str],
+    ) -> Result<(ExitStatus, String)> {
+        let mut haltd = Self::spawn(pair, Some(ledger), &[], extra)?;
+        let status = haltd
+            .wait_exit(Duration::from_secs(20))
+            .context("haltd was to refuse to start")?;
+        Ok((status, haltd.log_file("stderr.log")?))
+    }
+
+    /// Spawns `haltd serve` (through `wrapper`) and returns at once.
+    fn spawn(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
         let api = pair.srv_addr(PORT_API);
@@ -182,7 +210,7 @@ impl Haltd {
             .stderr(stderr)
             .spawn()
             .with_context(|| format!("starting {} in {}", bin.display(), pair.srv))?;
-        let mut haltd = Haltd {
+        Ok(Haltd {
             child: Some(child),
             dir,
             api,
@@ -192,11 +220,7 @@ impl Haltd {
             client_ns: pair.cli.clone(),
             state_dir,
             tls: None,
-        };
-        haltd
-            .wait_ready(Duration::from_secs(20))
-            .with_context(|| format!("haltd {extra:?} did not become ready"))?;
-        Ok(haltd)
+        })
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
@@ -306,6 +330,21 @@ impl Haltd {
     /// The whole of haltd's `stdout.log` or `stderr.log` so far.
     pub fn log_file(&self, name: &str) -> Result<String> {
         fs::read_to_string(self.dir.join(name)).with_context(|| format!("reading {name}"))
+    }
+
+    /// The leftover cgroup leaves this instance said it removed at its start (one log line
+    /// each, `gate/cgroup/leftovers.rs`): their paths as haltd named them.
+    pub fn removed_leaves(&self) -> Result<Vec<String>> {
+        Ok(self
+            .log_file("stderr.log")?
+            .lines()
+            .filter(|l| l.contains("removed the cgroup leaf of a haltd that is gone"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("leaf="))
+                    .map(|p| p.trim_matches('"').to_owned())
+            })
+            .collect())
     }
 
     /// Whether the process is still running.

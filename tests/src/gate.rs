@@ -47,6 +47,31 @@ fn current_cgroup() -> Result<PathBuf> {
     Ok(cgroup2_mount()?.join(path.trim_start_matches('/')))
 }
 
+/// The cgroup directory process `pid` sits in, as the test process sees the hierarchy: a
+/// haltd's cgroup leaf while it serves.
+pub fn cgroup_of(pid: u32) -> Result<PathBuf> {
+    let file = format!("/proc/{pid}/cgroup");
+    let text = fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .with_context(|| format!("{file} has no cgroup v2 entry"))?;
+    Ok(cgroup2_mount()?.join(path.trim_start_matches('/')))
+}
+
+/// Runs `f` with the test process moved into the cgroup `cg` (a process started meanwhile,
+/// such as a haltd, starts there), then moves it back to the cgroup it came from.
+pub fn in_cgroup<T>(cg: &Path, f: impl FnOnce() -> T) -> Result<T> {
+    let home = current_cgroup()?;
+    let me = std::process::id().to_string();
+    fs::write(cg.join("cgroup.procs"), &me)
+        .with_context(|| format!("moving the test process into {}", cg.display()))?;
+    let out = f();
+    fs::write(home.join("cgroup.procs"), &me)
+        .with_context(|| format!("moving the test process back to {}", home.display()))?;
+    Ok(out)
+}
+
 /// A [`KernelGate`] loaded by the test process; dropping it unloads the gate, moves the
 /// process back into the cgroup it was in before the load and removes the gate's leaf.
 #[derive(Debug)]

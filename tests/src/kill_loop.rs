@@ -10,12 +10,16 @@
 //! With a scripted upstream (`Options::upstream_bin`), TokenCircuit's memory and the failed
 //! turns' dispatched calls are checked at every restart too (`kill_loop/circuit.rs`).
 //!
+//! Nothing is left behind: each killed haltd leaves its cgroup leaf (its gate programs attached,
+//! no process in it), and the next start must remove it and say so in its log
+//! (`daemon/src/gate/cgroup/leftovers.rs`); the report counts the leaves the starts removed.
+//!
 //! Run from `cargo xtask test` (a short loop, `crash::kill_loop_keeps_every_acknowledged_record`)
 //! and `cargo xtask bench --kill-loop` (`bench-kill-loop`, 1,000 kills).
 
 use std::{
     collections::{BTreeMap, HashSet},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -76,6 +80,10 @@ pub struct Report {
     pub dispatched_checked: usize,
     pub budgets_checked: usize,
     pub premature_checked: usize,
+    /// Leftover cgroup leaves the starts removed (their log lines), and the restarts that
+    /// removed the leaf of the haltd killed just before.
+    pub leaves_removed: usize,
+    pub killed_leaves_removed: usize,
     /// What went wrong (an empty list is a pass).
     pub failures: Vec<String>,
     pub wall: Duration,
@@ -91,7 +99,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); TokenCircuit state checked at {} restarts ({} dispatched calls, {} used-up budgets, {} premature retries); failures {}, wall {:.1} s",
+            "kills {}, restarts {}, recoveries: torn tail cut {}, head one record behind {}; acknowledged records checked {} (halts {}, admin trips {}, committed turns {}); degraded state checked at {} restarts ({} scopes); TokenCircuit state checked at {} restarts ({} dispatched calls, {} used-up budgets, {} premature retries); cgroup leaves removed at the starts {} (the killed haltd's at {} restarts); failures {}, wall {:.1} s",
             self.kills,
             self.restarts,
             self.recoveries,
@@ -106,6 +114,8 @@ impl std::fmt::Display for Report {
             self.dispatched_checked,
             self.budgets_checked,
             self.premature_checked,
+            self.leaves_removed,
+            self.killed_leaves_removed,
             self.failures.len(),
             self.wall.as_secs_f64()
         )
@@ -133,6 +143,7 @@ pub fn run(pair: &NetPair, opts: &Options) -> Result<Report> {
         None => None,
     };
     let mut settled = Vec::new();
+    let mut killed_leaf = None;
     for i in 0..opts.kills {
         if i > 0 && i % opts.kills_per_ledger.max(1) == 0 && report.failures.is_empty() {
             let _ = std::fs::remove_dir_all(&dir);
@@ -149,7 +160,14 @@ pub fn run(pair: &NetPair, opts: &Options) -> Result<Report> {
             clients: opts.clients,
             upstream: upstream.as_ref().map(|u| u.url.as_str()),
         };
-        match one_kill(pair, &ledger, &round, &settled, &mut report) {
+        match one_kill(
+            pair,
+            &ledger,
+            &round,
+            &settled,
+            &mut killed_leaf,
+            &mut report,
+        ) {
             Ok(now) => settled = now,
             Err(e) => report.failures.push(format!("kill {i}: {e:#}")),
         }
@@ -203,11 +221,14 @@ fn start(pair: &NetPair, ledger: &Path, round: &Round<'_>) -> Result<Haltd> {
 
 /// One round: (re)start haltd on the ledger, load it, SIGKILL it at a random moment, check.
 /// Returns the conversations TokenCircuit settled (checked after the next restart).
+/// `killed_leaf`: the cgroup leaf of the haltd killed last, which this start must remove; the
+/// leaf of the one this round kills on return.
 fn one_kill(
     pair: &NetPair,
     ledger: &Path,
     round: &Round<'_>,
     settled_before: &[circuit::Settled],
+    killed_leaf: &mut Option<PathBuf>,
     report: &mut Report,
 ) -> Result<Vec<circuit::Settled>> {
     let before = if ledger.exists() {
@@ -216,6 +237,10 @@ fn one_kill(
         0
     };
     let mut haltd = start(pair, ledger, round)?;
+    check_leaves(&haltd, killed_leaf.take(), report)?;
+    *killed_leaf = Some(crate::gate::cgroup_of(
+        haltd.pid().ok_or_else(|| anyhow!("haltd is not running"))?,
+    )?);
     if !round.first {
         report.restarts += 1;
         check_state(&haltd, ledger, before, report)?;
@@ -256,6 +281,27 @@ fn one_kill(
     check_acked(&acked, after, report)?;
     let settled = std::mem::take(&mut *settled.lock().map_err(|_| anyhow!("poisoned"))?);
     Ok(settled)
+}
+
+/// The leftover cgroup leaves `haltd`'s start removed are counted, and among them must be
+/// `killed`, the leaf of the haltd killed before it, now gone.
+fn check_leaves(haltd: &Haltd, killed: Option<PathBuf>, report: &mut Report) -> Result<()> {
+    let removed = haltd.removed_leaves()?;
+    report.leaves_removed += removed.len();
+    let Some(killed) = killed else {
+        return Ok(());
+    };
+    let name = killed
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    anyhow::ensure!(
+        !killed.exists() && removed.iter().any(|p| p.ends_with(&name)),
+        "the start after the kill did not remove the killed haltd's cgroup leaf {} (removed: {removed:?})",
+        killed.display()
+    );
+    report.killed_leaves_removed += 1;
+    Ok(())
 }
 
 /// A client that streams turns one after another, most of them short enough to complete,

@@ -6,8 +6,14 @@
 //! plain `BPF_PROG_ATTACH`, not a link: an attachment outlives the daemon, so a segment still
 //! queued on a tripped stream's socket when haltd dies is judged like any other, and the
 //! gate's maps (held by the attached programs) keep policing sockets that outlive the process.
-//! A later start removes the leaves of daemons that are gone; the kernel releases their
-//! programs once the last socket charged to them closes.
+//!
+//! Nothing is left behind: a start removes the leaves of earlier haltd processes that are
+//! gone, zombies included, and logs each ([`leftovers`]: how a gone owner is told from a live
+//! one, pid reuse included, and why the removal is safe for the sockets still charged to a
+//! leaf: the kernel releases its programs once the last of them closes). A clean stop moves
+//! haltd back to the parent cgroup and removes its own leaf on the way out ([`Leaf::leave`]);
+//! where that is not allowed (the parent is not writable without the capabilities haltd
+//! dropped), the next start removes it.
 //!
 //! Under systemd the unit is started in its own cgroup (`Delegate=yes` lets it make the leaf);
 //! in a shell it is the shell's cgroup. The kernel must have cgroup v2 (pure v2, or the hybrid
@@ -18,9 +24,14 @@ use std::{
     fs,
     io::{self, BufRead},
     os::fd::{AsRawFd, BorrowedFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
 };
+
+mod leftovers;
+
+use leftovers::LeafName;
+pub use leftovers::{Owner, RemovedLeaf};
 
 /// Where haltd mounts the cgroup v2 hierarchy itself when its mount namespace has none (as
 /// under `ip netns exec`, which mounts a fresh `/sys` without the cgroup file systems).
@@ -113,12 +124,16 @@ fn current_cgroup() -> io::Result<String> {
 pub struct Leaf {
     pub path: PathBuf,
     pub fd: OwnedFd,
+    /// The cgroup it was made under: where [`Leaf::leave`] moves the process back.
+    parent: PathBuf,
+    /// The leftover leaves of earlier haltd processes removed before this one was made.
+    pub removed: Vec<RemovedLeaf>,
 }
 
 static LEAVES: AtomicU32 = AtomicU32::new(0);
 
-/// Makes `haltd.<pid>.<n>` under this process's cgroup, moves the whole process into it, and
-/// removes the leaves of haltd processes that no longer exist.
+/// Makes `haltd.<pid>.<start>.<n>` under this process's cgroup, moves the whole process into
+/// it, and removes the leaves of haltd processes that are gone ([`leftovers`]).
 pub fn make_leaf() -> io::Result<Leaf> {
     let mount = cgroup2_mount()?;
     let current = current_cgroup()?;
@@ -128,14 +143,13 @@ pub fn make_leaf() -> io::Result<Leaf> {
     if parent
         .file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| parse_leaf(n).is_some())
+        .is_some_and(|n| LeafName::parse(n).is_some())
     {
         parent.pop();
     }
-    remove_stale_leaves(&parent);
-    let pid = std::process::id();
-    let n = LEAVES.fetch_add(1, Ordering::Relaxed);
-    let path = parent.join(format!("haltd.{pid}.{n}"));
+    let removed = leftovers::remove_stale(&parent);
+    let name = LeafName::mine(LEAVES.fetch_add(1, Ordering::Relaxed))?;
+    let path = parent.join(name.to_string());
     match fs::create_dir(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -146,40 +160,43 @@ pub fn make_leaf() -> io::Result<Leaf> {
             ))
         }
     }
-    fs::write(path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+    fs::write(path.join("cgroup.procs"), name.pid.to_string()).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("moving haltd into the cgroup {}: {e}", path.display()),
         )
     })?;
     let fd = fs::File::open(&path)?.into();
-    Ok(Leaf { path, fd })
+    Ok(Leaf {
+        path,
+        fd,
+        parent,
+        removed,
+    })
 }
 
-/// `(pid, n)` of a leaf name `haltd.<pid>.<n>`.
-fn parse_leaf(name: &str) -> Option<(u32, u32)> {
-    let rest = name.strip_prefix("haltd.")?;
-    let (pid, n) = rest.split_once('.')?;
-    Some((pid.parse().ok()?, n.parse().ok()?))
-}
-
-/// Removes the leaves under `parent` whose process is gone, or earlier leaves of this process
-/// that it has left. A leaf in use cannot be removed (`EBUSY`) and is left alone.
-fn remove_stale_leaves(parent: &Path) {
-    let Ok(entries) = fs::read_dir(parent) else {
-        return;
-    };
-    let me = std::process::id();
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some((pid, _)) = name.to_str().and_then(parse_leaf) else {
-            continue;
-        };
-        let gone = pid == me || !Path::new(&format!("/proc/{pid}")).exists();
-        if gone {
-            // An empty leaf goes; one still holding a process (ours, being current) stays.
-            let _ = fs::remove_dir(e.path());
-        }
+impl Leaf {
+    /// The clean stop's last step: moves the whole process back to the cgroup the leaf was
+    /// made under (a cgroup with a process in it cannot be removed), then removes the leaf.
+    /// Its programs stay with the sockets still charged to it until they close
+    /// ([`leftovers`]); a socket made after this call is no longer under them, so call it
+    /// only once haltd opens none. Fails, leaving the leaf to the next start, where the user
+    /// haltd runs as may not write the parent cgroup without the capabilities it dropped (a
+    /// delegated cgroup, as systemd's `Delegate=yes` makes the unit's, allows it).
+    pub fn leave(&self) -> io::Result<()> {
+        let procs = self.parent.join("cgroup.procs");
+        fs::write(&procs, std::process::id().to_string()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("moving haltd back to {}: {e}", procs.display()),
+            )
+        })?;
+        fs::remove_dir(&self.path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("removing the cgroup {}: {e}", self.path.display()),
+            )
+        })
     }
 }
 
@@ -231,13 +248,6 @@ pub fn prog_attach(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn leaf_names_parse() {
-        assert_eq!(parse_leaf("haltd.123.4"), Some((123, 4)));
-        assert_eq!(parse_leaf("haltd.123"), None);
-        assert_eq!(parse_leaf("system.slice"), None);
-    }
 
     #[test]
     fn mountinfo_escapes_unescape() {

@@ -40,6 +40,26 @@ pub enum LedgerError {
     )]
     Tampered { path: PathBuf, reason: String },
     #[error(
+        "ledger {}: it holds {records} records, but its head {} is missing, so records cut off \
+         its end cannot be ruled out (the head file was deleted, the ledger moved, or the state \
+         directory is another one); refusing to start. If you know why the head is gone, \
+         re-anchor the chain on purpose, recorded with your name: `haltctl ledger reanchor \
+         --operator NAME --state-dir {} {}` with haltd stopped, then start haltd again (see \
+         docs/operations.md, \"The ledger refused\")",
+        path.display(),
+        head.display(),
+        state_dir.display(),
+        path.display()
+    )]
+    HeadMissing {
+        path: PathBuf,
+        head: PathBuf,
+        state_dir: PathBuf,
+        records: u64,
+    },
+    #[error("ledger {}: not re-anchored: {reason}", path.display())]
+    NotReanchored { path: PathBuf, reason: String },
+    #[error(
         "ledger {}: chain broken at line {line}{}: {reason}; refusing to append (possible tampering: see docs/operations.md, \"The ledger refused\")",
         path.display(),
         fmt_seq(*seq)
@@ -105,11 +125,22 @@ impl LedgerError {
     pub fn is_tampering(&self) -> bool {
         matches!(
             self,
-            LedgerError::Tampered { .. } | LedgerError::ChainBroken { .. }
+            LedgerError::Tampered { .. }
+                | LedgerError::ChainBroken { .. }
+                | LedgerError::HeadMissing { .. }
         )
+    }
+
+    /// The `incident` of the line a refused start appends to the state directory's
+    /// incident file.
+    pub(super) fn incident_name(&self) -> &'static str {
+        match self {
+            LedgerError::HeadMissing { .. } => "LEDGER_HEAD_MISSING",
+            _ => "LEDGER_TAMPERED",
+        }
     }
 }
 
 /// haltd's exit status when it refuses to start on a ledger that does not verify against its
-/// key and head.
+/// key and head (a missing head included).
 pub const TAMPERED_EXIT_CODE: u8 = 3;

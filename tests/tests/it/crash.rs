@@ -400,6 +400,10 @@ fn kill_loop_keeps_every_acknowledged_record() -> Result<()> {
             && report.premature_checked > 0,
         "every restart checks TokenCircuit's state: {report}"
     );
+    ensure!(
+        report.killed_leaves_removed == kills - 1,
+        "every restart removes the killed haltd's cgroup leaf: {report}"
+    );
     Ok(())
 }
 

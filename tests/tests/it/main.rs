@@ -33,6 +33,7 @@ mod intervene_ab;
 mod keepalive;
 mod kernel_gate;
 mod ledger_cli;
+mod leftovers;
 mod logs;
 mod namespaces;
 mod ops_pack;

@@ -115,23 +115,55 @@ fn read_for_a_second(client: &mut TcpStream) -> Result<Vec<u8>> {
 /// B × E + T), and let every pre-trip byte through.
 #[test]
 fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
+    holds_beyond_the_ceiling(Leaf::Kept)
+}
+
+/// The same, with the gate's cgroup leaf removed (as a clean stop or the next start removes
+/// it: `haltd::gate::KernelGate::leave_cgroup`) once the socket is governed and before it is
+/// filled: the socket still belongs to the removed leaf, whose programs the kernel keeps for
+/// it until it closes, so the egress check still holds every byte beyond the ceiling. Here
+/// the bytes must go beyond it, so that the check has something to hold.
+#[test]
+fn egress_holds_after_its_leaf_is_removed() -> Result<()> {
+    holds_beyond_the_ceiling(Leaf::Removed)
+}
+
+/// What becomes of the gate's cgroup leaf during [`holds_beyond_the_ceiling`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leaf {
+    Kept,
+    /// Removed once the socket is governed.
+    Removed,
+}
+
+/// A loopback connection whose server side (tiny send buffer, nonblocking) is governed with
+/// largest event `e` and budget `b`; then the gate's leaf is removed if `leaf` says so.
+fn backpressured(gate: &KernelGate, e: u32, b: u32, leaf: Leaf) -> Result<(TcpStream, TcpStream)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let client = TcpStream::connect(listener.local_addr()?)?;
+    let (server, _) = listener.accept()?;
+    set_int(server.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4096)?;
+    server.set_nonblocking(true)?;
+    let policy = SockPolicy {
+        max_event_bytes: e,
+        ..untripped(b)
+    };
+    gate.govern(server.as_fd(), &policy)?;
+    if leaf == Leaf::Removed {
+        let path = gate.cgroup().to_path_buf();
+        gate.leave_cgroup().context("removing the gate's leaf")?;
+        ensure!(!path.exists(), "{} is still there", path.display());
+    }
+    Ok((client, server))
+}
+
+fn holds_beyond_the_ceiling(leaf: Leaf) -> Result<()> {
     const SMALL_E: u32 = 256;
     const B: u32 = 1;
     const POST_TRIP_ATTEMPTS: usize = 400;
     let t = terminal_len();
     let gate = live_gate()?;
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let mut client = TcpStream::connect(listener.local_addr()?)?;
-    let (server, _) = listener.accept()?;
-    set_int(server.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4096)?;
-    server.set_nonblocking(true)?;
-    gate.govern(
-        server.as_fd(),
-        &SockPolicy {
-            max_event_bytes: SMALL_E,
-            ..untripped(B)
-        },
-    )?;
+    let (mut client, server) = backpressured(&gate, SMALL_E, B, leaf)?;
 
     // Fill: whole frames until a short write or EAGAIN.
     let (accepted, frames, fill_end) = fill_socket(&server)?;
@@ -180,6 +212,11 @@ fn egress_holds_bytes_beyond_the_ceiling() -> Result<()> {
         st.post_trip_frames <= u64::from(B),
         "the send check passed {} post-trip frames",
         st.post_trip_frames
+    );
+    ensure!(
+        leaf == Leaf::Kept || total > ceiling,
+        "{total} bytes accepted, within the ceiling {ceiling}: nothing for the egress check of \
+         the removed leaf to hold"
     );
     if total > ceiling {
         ensure!(
