@@ -254,3 +254,51 @@ fn a_missed_deadline_is_a_failure() {
     assert_eq!(t.kind, TripKind::Failed(FailureKind::DeadlineMissed));
     assert!(t.detail.contains("deadline"), "{}", t.detail);
 }
+
+#[test]
+fn the_timing_fields_follow_the_budget_breach_in_observe_mode() {
+    use timing::{ComputeBudget, ComputeBudgetConfig, RtsMode};
+    let cfg = ComputeBudgetConfig {
+        max_tokens: 2,
+        max_wall_ms: 0,
+    };
+    let mut d = TurnDetectors::new();
+    d.add(
+        Box::new(ComputeBudget::starting_at(&cfg, 0)),
+        Policy {
+            mode: DetectorMode::Observe,
+            ..Policy::default()
+        },
+    );
+    let first = d
+        .timing_if_changed()
+        .expect("the first call hands the fields out");
+    assert_eq!((first.rts_mode, first.tig_breach), (RtsMode::Off, false));
+    assert!(first.incidents.is_empty());
+    for i in 0..2 {
+        let t = TokenObs {
+            index: i,
+            ..tok("ok")
+        };
+        assert!(matches!(d.begin(&t, || 0), Step::Done(None)));
+        assert!(
+            d.timing_if_changed().is_none(),
+            "nothing changed at token {i}"
+        );
+    }
+    let t = TokenObs {
+        index: 2,
+        ..tok("ok")
+    };
+    assert!(
+        matches!(d.begin(&t, || 0), Step::Done(None)),
+        "observe mode"
+    );
+    let now = d.timing_if_changed().expect("a breach changes them");
+    assert_eq!((now.rts_mode, now.tig_breach), (RtsMode::Breach, true));
+    assert_eq!(now.incidents, vec![FailureCode::ComputeBudgetExceeded]);
+    assert_eq!(
+        now.incidents_field(true),
+        vec!["COMPUTE_BUDGET_EXCEEDED", "WATCHDOG_TRIP"]
+    );
+}

@@ -516,17 +516,22 @@ impl LatencyAnomaly {
         self.tokens.saturating_sub(1)
     }
 
-    pub fn timing_summary(&self) -> TimingSummary {
-        let gaps = self.gaps();
-        let mean_gap_ns = (gaps > 0)
-            .then(|| u64::try_from(self.gap_sum_ns / u128::from(gaps)).unwrap_or(u64::MAX));
-        let rts_mode = if self.breaches > 0 {
+    /// This detector's part of `rts_mode` now: a breach, else whether it judges at all.
+    fn rts_mode(&self) -> RtsMode {
+        if self.breaches > 0 {
             RtsMode::Breach
         } else if !self.warm {
             RtsMode::WarmingUp
         } else {
             RtsMode::Normal
-        };
+        }
+    }
+
+    pub fn timing_summary(&self) -> TimingSummary {
+        let gaps = self.gaps();
+        let mean_gap_ns = (gaps > 0)
+            .then(|| u64::try_from(self.gap_sum_ns / u128::from(gaps)).unwrap_or(u64::MAX));
+        let rts_mode = self.rts_mode();
         let note = (!self.warm).then(|| {
             format!(
                 "warming up: baseline has {} of {} gaps, {} of {} turns",
@@ -661,15 +666,8 @@ impl Detector for LatencyAnomaly {
     }
 
     fn timing_state(&self) -> Option<super::TimingState> {
-        let rts_mode = if self.breaches > 0 {
-            RtsMode::Breach
-        } else if !self.warm {
-            RtsMode::WarmingUp
-        } else {
-            RtsMode::Normal
-        };
         Some(super::TimingState::Latency {
-            rts_mode,
+            rts_mode: self.rts_mode(),
             breach: self.breaches > 0,
         })
     }
