@@ -14,8 +14,9 @@
 //! A worker is not replaced in place: its ring owns its connections (their operations and
 //! buffers are in the kernel under that ring) and the accepts queued on it, and the thread
 //! cannot be stopped from outside without leaving all of that half done. haltd exits 70 once
-//! the stuck worker's halts are recorded, and the service manager restarts it; the durable
-//! state (`state.rs`) makes that restart loosen nothing.
+//! the stuck worker's halts are recorded and the other workers' streams ended typed
+//! (`watchdog/stall.rs`), and the service manager restarts it; the durable state
+//! (`state.rs`) makes that restart loosen nothing.
 
 use std::{
     cell::OnceCell,

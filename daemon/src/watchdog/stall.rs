@@ -7,9 +7,10 @@
 //! policed by it any more, so the watchdog trips every one of them with `DETECTOR_FAILURE`
 //! (naming the check that was running when the worker recorded one; the kernel gate holds the
 //! budget B from the trip on) and halts them at once, without the grace period an emitter
-//! gets: this one will never answer. Once those halts are on disk (or after
-//! [`EXIT_WAIT`]), it records why and ends the process with [`EXIT_CODE`]. The other
-//! workers' streams flow until then.
+//! gets: this one will never answer. The other workers' streams flow until those halts are
+//! on disk (or [`EXIT_WAIT`] passed); then they end as at the end of a drain, with the typed
+//! `SERVICE_SHUTDOWN` terminal, and once those are recorded too the watchdog records why and
+//! ends the process with [`EXIT_CODE`].
 //!
 //! The worker is not replaced in place: its io_uring owns its connections (their operations
 //! and buffers are with the kernel under that ring) and the accepts queued on it; the thread
@@ -52,6 +53,9 @@ pub struct Stuck {
     pub stalled: Duration,
     /// When it was found (monotonic ns).
     found_ns: u64,
+    /// When the other workers' streams were halted for the exit, and how many.
+    shutdown_ns: Option<u64>,
+    others: usize,
 }
 
 /// The watchdog's view of the workers' progress. Owned by the watchdog thread.
@@ -93,6 +97,8 @@ impl Stalls {
                 check: beat.check(),
                 stalled: Duration::from_nanos(stalled),
                 found_ns: now,
+                shutdown_ns: None,
+                others: 0,
             };
             self.stuck = Some(stuck);
             trip_streams(shared, &stuck);
@@ -100,44 +106,63 @@ impl Stalls {
         }
     }
 
-    /// Once every stream of the stuck worker is halted and its record on disk (or past
-    /// [`EXIT_WAIT`]), records why and ends the process. `halts_pending`: the watchdog's own
-    /// halts still waiting for their record.
-    pub fn exit_when_recorded(&self, shared: &HaltCore, now: u64, halts_pending: bool) {
-        let Some(stuck) = self.stuck else {
+    /// The exit, in two steps. Once every stream of the stuck worker is halted and its
+    /// record on disk (or past [`EXIT_WAIT`]), the other workers' streams are halted with
+    /// `SERVICE_SHUTDOWN`, as at the end of a drain (typed terminal, recorded, degrading
+    /// nobody), so that the exit cuts no client without its terminal; once those are done
+    /// too (or past [`EXIT_WAIT`] again), it records why and ends the process.
+    /// `halts_pending`: the watchdog's own halts still waiting for their record.
+    pub fn exit_when_recorded(&mut self, shared: &HaltCore, now: u64, halts_pending: bool) {
+        let Some(stuck) = self.stuck.as_mut() else {
             return;
         };
-        let unfinished = shared
-            .table
-            .live()
-            .any(|(_, s)| s.worker.load(SeqCst) == stuck.worker && s.state() != SlotState::Halted);
-        let waited = Duration::from_nanos(now.saturating_sub(stuck.found_ns));
+        let since = stuck.shutdown_ns.unwrap_or(stuck.found_ns);
+        let waited = Duration::from_nanos(now.saturating_sub(since));
+        let worker = stuck.worker;
+        let unfinished = shared.table.live().any(|(_, s)| {
+            s.state() != SlotState::Halted
+                && (stuck.shutdown_ns.is_some() || s.worker.load(SeqCst) == worker)
+        });
         if (unfinished || halts_pending) && waited < EXIT_WAIT {
             return;
         }
+        if stuck.shutdown_ns.is_none() {
+            shared.draining.store(true, SeqCst);
+            stuck.others = shared.halt_all_for_shutdown();
+            stuck.shutdown_ns = Some(now);
+            return;
+        }
         let message = format!(
-            "data-plane worker {} was stuck for {} ms in {}; its streams were halted with DETECTOR_FAILURE ({}); haltd exits {EXIT_CODE} for the service manager to restart it",
+            "data-plane worker {} was stuck for {} ms in {}; its streams were halted with DETECTOR_FAILURE, then the other workers' {} streams with SERVICE_SHUTDOWN ({}); haltd exits {EXIT_CODE} for the service manager to restart it",
             stuck.worker,
             stuck.stalled.as_millis(),
             check_name(stuck.check),
+            stuck.others,
             if unfinished || halts_pending {
-                "some halts were not recorded in time"
+                "some halts were not done in time"
             } else {
                 "every halt recorded"
             },
         );
-        tracing::error!("{message}");
-        let rec = Record {
-            kind: RecordKind::Lifecycle,
-            kernel_gate: shared.kernel_gate_label().into(),
-            message: Some(message),
-            ..Record::default()
-        };
-        let _ = shared.ledger.append_sync(rec);
-        let _ = shared.ledger.flush();
-        shared.state.flush();
-        std::process::exit(EXIT_CODE);
+        exit(shared, message);
     }
+}
+
+/// Records why, flushes the recorder and the state store, and ends the process.
+fn exit(shared: &HaltCore, message: String) -> ! {
+    tracing::error!("{message}");
+    let rec = Record {
+        kind: RecordKind::Lifecycle,
+        kernel_gate: shared.kernel_gate_label().into(),
+        message: Some(message),
+        ..Record::default()
+    };
+    if let Err(e) = shared.ledger.append_sync(rec) {
+        tracing::error!(error = %e, "the exit's lifecycle record could not be written");
+    }
+    let _ = shared.ledger.flush();
+    shared.state.flush();
+    std::process::exit(EXIT_CODE);
 }
 
 /// What a recorded check is called in records and logs.

@@ -4,8 +4,9 @@
 //! - `--fault detector-hang=surprise`: the surprise detector never returns at token 20 of the
 //!   first turn that gets there; its worker hangs. The watchdog must trip that worker's
 //!   streams with `DETECTOR_FAILURE` within `--worker-stall-ms` plus the heartbeat deadline,
-//!   the kernel gate must hold B, the other worker's streams must flow until haltd exits 70,
-//!   and the records must be on disk.
+//!   the kernel gate must hold B, the other worker's streams must flow until those halts are
+//!   recorded and then end with the typed `SERVICE_SHUTDOWN` terminal, haltd must exit 70, and
+//!   the records must be on disk.
 //! - `--fault ledger-write-fails-after=N`, and a ledger on a full tmpfs: every open stream
 //!   halts with `RECORDER_FAILURE` within B, new turns get 503, `/readyz` and `/healthz` say
 //!   why, and after a restart without the fault the chain verifies.
@@ -13,6 +14,7 @@
 //! Run serially (`cargo xtask test` passes `--test-threads=1`), like the other topics.
 
 use std::{
+    process::ExitStatus,
     sync::{Arc, Barrier},
     time::{Duration, Instant},
 };
@@ -31,7 +33,7 @@ mod records;
 const BUDGET: u64 = 5;
 const STALL_MS: u64 = 300;
 const DEADLINE_MS: u64 = 200;
-const STREAMS: usize = 6;
+const STREAMS: usize = 8;
 /// The built-in source's pacing: token 20 (the hang) comes after about 100 ms, every stream
 /// is under way by then, and a stream of 1,000 tokens would run 5 s.
 const TOKEN_INTERVAL_US: u64 = 5_000;
@@ -74,11 +76,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-#[test]
-fn a_stuck_worker_halts_its_streams_and_haltd_exits_70() -> Result<()> {
-    let pair = NetPair::new()?;
+/// One run of the stuck-worker scenario: haltd's exit status, its records, the streams.
+fn stuck_worker_run(pair: &NetPair) -> Result<(ExitStatus, Vec<Value>, Vec<StreamOutcome>)> {
     let mut haltd = Haltd::start(
-        &pair,
+        pair,
         &[
             "--workers",
             "2",
@@ -95,13 +96,35 @@ fn a_stuck_worker_halts_its_streams_and_haltd_exits_70() -> Result<()> {
         ],
     )?;
     let outcomes = run_streams(&haltd, STREAMS)?;
-    let status = haltd.wait_exit(Duration::from_secs(15))?;
+    let status = haltd.wait_exit(Duration::from_secs(30))?;
     ensure!(
         status.code() == Some(70),
         "haltd ended with {status:?}, expected exit 70\n{}",
         haltd.log_tail(30)
     );
-    let records = haltd.ledger_records()?;
+    verify_ledger(&haltd.ledger)?;
+    Ok((status, haltd.ledger_records()?, outcomes))
+}
+
+#[test]
+fn a_stuck_worker_halts_its_streams_and_haltd_exits_70() -> Result<()> {
+    let pair = NetPair::new()?;
+    // The kernel hands the connections to the workers' accepts; a run where every stream
+    // landed on the stuck worker shows nothing of the others, so it runs again (at most 3).
+    let mut attempt = 0;
+    let (status, records, outcomes) = loop {
+        attempt += 1;
+        let run = stuck_worker_run(&pair)?;
+        let split = run.2.iter().any(|o| {
+            o.error
+                .as_ref()
+                .is_some_and(|e| e["code"] != "DETECTOR_FAILURE")
+        });
+        if split || attempt == 3 {
+            break run;
+        }
+        println!("stuck worker: every stream was on the stuck worker; running again");
+    };
     let (halted, flowing): (Vec<_>, Vec<_>) = outcomes.iter().partition(|o| {
         o.error
             .as_ref()
@@ -115,22 +138,22 @@ fn a_stuck_worker_halts_its_streams_and_haltd_exits_70() -> Result<()> {
             .map(|o| (&o.error, o.tokens))
             .collect::<Vec<_>>()
     );
-    let (worst, first_halt) = check_halted(&halted, &records)?;
-    // The other worker's streams flowed past the stuck worker's halts, until the exit.
+    let (worst, stopped) = check_halted(&halted, &records)?;
+    // The other worker's streams flowed while the stuck worker's stood still.
     let flowed: Vec<usize> = flowing
         .iter()
-        .map(|o| {
-            token_arrivals(o)
-                .iter()
-                .filter(|t| **t > first_halt)
-                .count()
-        })
+        .map(|o| token_arrivals(o).iter().filter(|t| **t > stopped).count())
         .collect();
     ensure!(
         flowed.iter().any(|n| *n > 0),
-        "no stream of another worker got a token after the halts: {flowed:?} ({} halted of {STREAMS})",
+        "no stream of another worker got a token after the stuck one stopped: {flowed:?} ({} halted of {STREAMS})",
         halted.len()
     );
+    // Then they ended typed, as at the end of a drain, before the exit.
+    for o in &flowing {
+        o.halted_cleanly("SERVICE_SHUTDOWN")
+            .with_context(|| format!("stream {} on another worker", o.stream_id))?;
+    }
     let exit_rec = records
         .iter()
         .find(|r| {
@@ -148,19 +171,19 @@ fn a_stuck_worker_halts_its_streams_and_haltd_exits_70() -> Result<()> {
         "{exit_rec}"
     );
     println!(
-        "stuck worker: {} of {STREAMS} streams halted with DETECTOR_FAILURE, worst {worst:.1} ms after their last token (bound {STALL_MS} + {DEADLINE_MS} ms); tokens after the halts on the others: {flowed:?}; exit {status:?}",
+        "stuck worker (run {attempt}): {} of {STREAMS} streams halted with DETECTOR_FAILURE, worst {worst:.1} ms after their last token (bound {STALL_MS} + {DEADLINE_MS} ms); tokens the others got after it stopped: {flowed:?}; exit {status:?}",
         halted.len()
     );
-    verify_ledger(&haltd.ledger)?;
     Ok(())
 }
 
 /// The stuck worker's streams: each halted cleanly within the bound, its record right. The
-/// worst time from a stream's last token to its terminal, and the first terminal's arrival.
+/// worst time from a stream's last token to its terminal, and when the worker stopped (the
+/// last token any of its streams got).
 fn check_halted(halted: &[&StreamOutcome], records: &[Value]) -> Result<(f64, Instant)> {
     let bound = (STALL_MS + DEADLINE_MS) as f64 + SLACK_MS;
     let mut worst = 0f64;
-    let mut first_halt = None::<Instant>;
+    let mut stopped = None::<Instant>;
     for o in halted {
         o.halted_cleanly("DETECTOR_FAILURE")?;
         check_halt_record(incident_of(records, &o.stream_id)?, o)?;
@@ -178,14 +201,14 @@ fn check_halted(halted: &[&StreamOutcome], records: &[Value]) -> Result<(f64, In
             .unwrap_or(o.started);
         let took = ms(halt_at - last_token);
         worst = worst.max(took);
-        first_halt = Some(first_halt.map_or(halt_at, |f| f.min(halt_at)));
+        stopped = Some(stopped.map_or(last_token, |f| f.max(last_token)));
         ensure!(
             took <= bound,
             "stream {} halted {took:.1} ms after its last token, over {bound} ms",
             o.stream_id
         );
     }
-    Ok((worst, first_halt.context("a halt")?))
+    Ok((worst, stopped.context("a halt")?))
 }
 
 /// The arrival times of `o`'s token events.
