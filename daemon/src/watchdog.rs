@@ -246,11 +246,12 @@ fn enforce(
             let generation = slot.generation.load(SeqCst);
             waits.look((idx, generation), fd, now, window)
         });
-        let due = owner_stuck
-            || kernel_missing
-            || since_trip > grace
-            || (budget_spent && since_trip > grace / 4);
-        if !due {
+        let why = Due {
+            owner_stuck,
+            kernel_missing,
+            budget_spent,
+        };
+        if !why.at(since_trip, grace) {
             continue;
         }
         if send_stuck && !kernel_missing && !owner_stuck {
@@ -290,6 +291,27 @@ fn enforce(
     waits.end_round();
 }
 
+/// What makes a tripped stream's halt due before its emitter halts it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Due {
+    /// Its worker is stuck ([`stall`]): it will never answer.
+    owner_stuck: bool,
+    /// The kernel trip map was not written: only userspace holds the stream.
+    kernel_missing: bool,
+    /// Its B post-trip frames went out: nothing more may, so it need not wait the whole grace.
+    budget_spent: bool,
+}
+
+impl Due {
+    /// Whether the halt is due `since_trip` ns after the trip, with a grace of `grace` ns.
+    fn at(self, since_trip: u64, grace: u64) -> bool {
+        self.owner_stuck
+            || self.kernel_missing
+            || since_trip > grace
+            || (self.budget_spent && since_trip > grace / 4)
+    }
+}
+
 /// Whether bytes wait in the socket `fd` (a tripped slot's, open until its halt completes).
 fn queued(fd: i32) -> bool {
     // SAFETY: a tripped slot's socket stays open until its halt completes (only its worker
@@ -307,5 +329,34 @@ fn raise_priority() {
     let rc = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
     if rc != 0 {
         tracing::info!("watchdog runs without real-time priority (no CAP_SYS_NICE?)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Due;
+
+    #[test]
+    fn a_halt_is_due_after_the_grace_or_a_quarter_of_it_once_the_budget_is_spent() {
+        let grace = 40;
+        let plain = Due::default();
+        assert!(!plain.at(40, grace) && plain.at(41, grace));
+        let spent = Due {
+            budget_spent: true,
+            ..Due::default()
+        };
+        assert!(!spent.at(10, grace) && spent.at(11, grace));
+        for at_once in [
+            Due {
+                owner_stuck: true,
+                ..Due::default()
+            },
+            Due {
+                kernel_missing: true,
+                ..Due::default()
+            },
+        ] {
+            assert!(at_once.at(0, grace), "{at_once:?}");
+        }
     }
 }
