@@ -35,7 +35,7 @@
 //! |---|---|---|
 //! | `preserve_versor_closure` | `versor_condition < 1e-6` | a versor condition is supplied (never by haltd: it has no field state) |
 //! | `no_fabricated_source` | cited URLs ⊆ request source URLs, after [`normalize_url`] | both sets are known |
-//! | `no_silent_correction` | every byte sent is the byte the model produced there; a completed turn sent all of it (`delivery.rs`) | the turn's text is at most 256 KiB |
+//! | `no_silent_correction` | every byte sent is the byte the model produced there; a completed turn sent all of it (`delivery.rs`) | at most 256 KiB of produced text waits unsent |
 //! | `no_identity_override` | identity digest as requested = as answered | both digests are known |
 //! | `no_hot_path_repair` | nothing: a code-path boundary | never (static analysis and code review) |
 //!

@@ -10,13 +10,17 @@
 //! with them ([`TextTrail::rewind`]).
 //!
 //! The data plane keeps a [`TextTrail`] per turn: the produced text (content and reasoning
-//! tokens, as the source delivered them and the detectors passed them), bounded, and, per
-//! sent piece, a comparison with the produced text at the same offset. No second copy, and
-//! no allocation per token once the produced text's buffer has grown.
+//! tokens, as the source delivered them and the detectors passed them) that was not sent yet,
+//! and, per sent piece, a comparison with the produced text at the same offset, after which
+//! that piece is dropped. A rewind never takes back sent text, so nothing before the sent
+//! offset is needed again: the trail holds only what the hold-back window and the scanner
+//! hold (usually nothing), whatever the turn's length. No allocation per token once its
+//! buffer has grown.
 
 use super::{missing, SafetyCheckResult, NO_SILENT_CORRECTION};
 
-/// Most produced text a turn keeps for the comparison; past it the boundary is not checkable.
+/// Most produced text the trail holds unsent; past it the boundary is not checkable (the
+/// hold-back window and the scanner hold far less).
 pub const MAX_TRAIL_BYTES: usize = 256 * 1024;
 
 /// The evidence for `no_silent_correction` ([`TextTrail::delivery`]).
@@ -32,24 +36,27 @@ pub struct TextDelivery {
     pub completed: bool,
 }
 
-/// One turn's produced text and how what was sent compares with it.
+/// One turn's produced text not sent yet, and how what was sent compares with it.
 #[derive(Clone, Debug, Default)]
 pub struct TextTrail {
-    produced: String,
+    /// Produced bytes from offset `sent` on.
+    unsent: Vec<u8>,
+    produced: usize,
     sent: usize,
     first_difference: Option<usize>,
-    /// The produced text went past [`MAX_TRAIL_BYTES`]: no comparison.
+    /// The unsent text went past [`MAX_TRAIL_BYTES`]: no comparison.
     overflow: bool,
 }
 
 impl TextTrail {
     /// The model produced `text` (the next token's, after the detectors passed it).
     pub fn produced(&mut self, text: &str) {
-        if self.overflow || self.produced.len() + text.len() > MAX_TRAIL_BYTES {
+        self.produced += text.len();
+        if self.overflow || self.unsent.len() + text.len() > MAX_TRAIL_BYTES {
             self.overflow = true;
             return;
         }
-        self.produced.push_str(text);
+        self.unsent.extend_from_slice(text.as_bytes());
     }
 
     /// haltd sent `text` as the next piece of the turn's text.
@@ -59,33 +66,36 @@ impl TextTrail {
         }
         let at = self.sent;
         self.sent += text.len();
-        if self.first_difference.is_some() {
-            return;
+        let n = text.len().min(self.unsent.len());
+        if self.first_difference.is_none() {
+            let produced = &self.unsent[..n];
+            if n < text.len() || produced != text.as_bytes() {
+                let off = text
+                    .bytes()
+                    .zip(produced)
+                    .position(|(a, b)| a != *b)
+                    .unwrap_or(n);
+                self.first_difference = Some(at + off);
+            }
         }
-        let produced = self.produced.as_bytes().get(at..).unwrap_or_default();
-        let same = produced.len() >= text.len() && &produced[..text.len()] == text.as_bytes();
-        if !same {
-            let off = text
-                .bytes()
-                .zip(produced)
-                .position(|(a, b)| a != *b)
-                .unwrap_or(produced.len().min(text.len()));
-            self.first_difference = Some(at + off);
-        }
+        // Compared: those bytes are never needed again.
+        self.unsent.drain(..n);
     }
 
     /// The text past `keep` (a text offset at or after everything sent) was dropped unsent
     /// by a rewind.
     pub fn rewind(&mut self, keep: usize) {
-        if !self.overflow && keep < self.produced.len() && self.produced.is_char_boundary(keep) {
-            self.produced.truncate(keep);
+        if keep < self.sent || keep > self.produced {
+            return;
         }
+        self.produced = keep;
+        self.unsent.truncate(keep - self.sent);
     }
 
     /// The evidence, or `None` when the text went past [`MAX_TRAIL_BYTES`].
     pub fn delivery(&self, completed: bool) -> Option<TextDelivery> {
         (!self.overflow).then_some(TextDelivery {
-            produced_bytes: self.produced.len(),
+            produced_bytes: self.produced,
             sent_bytes: self.sent,
             first_difference: self.first_difference,
             completed,
@@ -185,7 +195,20 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_it_is_not_checkable() {
+    fn sent_text_is_not_kept_however_long_the_turn() {
+        let mut t = TextTrail::default();
+        let piece = "x".repeat(4096);
+        for _ in 0..(2 * MAX_TRAIL_BYTES / piece.len()) {
+            t.produced(&piece);
+            t.sent(&piece);
+        }
+        assert!(t.unsent.is_empty());
+        let r = verdict(&t, true);
+        assert!(r.upheld && r.runtime_checkable, "{r:?}");
+    }
+
+    #[test]
+    fn past_the_bound_of_unsent_text_it_is_not_checkable() {
         let mut t = TextTrail::default();
         let big = "x".repeat(MAX_TRAIL_BYTES);
         t.produced(&big);

@@ -201,6 +201,33 @@ fn a_grounded_span_is_rewound_unseen_and_resumed_byte_for_byte() -> Result<()> {
         "{g}"
     );
     ensure!(g["arm_order"]["computable"][0] == "memory", "{g}");
+    no_silent_correction_after_the_rewind(&haltd, &o)
+}
+
+/// The rewound tokens were never sent, and the continuation replaced them: the turn record's
+/// `no_silent_correction` holds, checked, over exactly the text the client got.
+fn no_silent_correction_after_the_rewind(haltd: &Haltd, o: &StreamOutcome) -> Result<()> {
+    let id = o.stream_id.clone();
+    let turn = haltd.wait_record("the turn record", |r| {
+        r["kind"] == "turn" && r["stream_id"] == id.as_str()
+    })?;
+    let silent = turn["safety_verdict"]["results"]
+        .as_array()
+        .and_then(|r| {
+            r.iter()
+                .find(|x| x["boundary_id"] == "no_silent_correction")
+        })
+        .context("no_silent_correction")?;
+    let sent = o.text.len().to_string();
+    let expected = json!([
+        ["produced_bytes", sent],
+        ["sent_bytes", sent],
+        ["completed", "true"]
+    ]);
+    ensure!(
+        silent["status"] == "upheld" && silent["evidence"] == expected,
+        "{silent}"
+    );
     Ok(())
 }
 
