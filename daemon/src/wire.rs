@@ -20,11 +20,15 @@
 pub mod encode;
 pub mod endpoint;
 pub mod http;
+pub mod json_write;
+pub mod messages;
 pub mod request;
 pub mod secret;
 pub mod stream_id;
+pub mod surface;
 pub mod terminal;
 pub mod text;
+pub mod token;
 pub mod trace;
 
 pub use encode::{

@@ -439,7 +439,14 @@ impl Io {
         // A TLS client cannot read a plain answer, and sealing one needs a handshake first:
         // it is only closed.
         if shared.cfg.client_tls.is_none() {
-            http::write_error_response(&mut out, err, None, Some(&request_id));
+            // Refused before its path was read: in the OpenAI shape.
+            http::write_error_response(
+                &mut out,
+                err,
+                None,
+                Some(&request_id),
+                crate::wire::Endpoint::Chat,
+            );
         }
         // SAFETY: plain non-blocking write and close of the socket we just accepted.
         unsafe {

@@ -292,7 +292,7 @@ fn prepare_proxied(
     let urls = crate::safety::request_sources(req.json());
     let system_prompt = crate::safety::system_prompt(req.json());
     let circuit = match circuit {
-        Some((policy, at)) if endpoint == Endpoint::Chat && !degraded => {
+        Some((policy, at)) if endpoint.is_chat_shaped() && !degraded => {
             let c = circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
             // An exhausted budget: answered here, or forwarded without the tool.
             c.apply_exhausted(req.json_mut(), &at)?;
@@ -501,6 +501,7 @@ impl Step<'_> {
             top_logprobs: ask.top_logprobs,
             tool_calls,
             reasoning,
+            blocks: std::cell::Cell::default(),
         }
     }
 
@@ -519,6 +520,16 @@ impl Step<'_> {
             &[("x-request-id", rid)],
             persist,
         );
+        if let Some(turn) = conn.turn.as_ref() {
+            // `message_start` of a Messages stream goes out with the head, so that a halt
+            // that follows (whose terminal knows nothing of the encoder) ends a started
+            // message.
+            let body = out.len();
+            turn.enc.stream_start(out);
+            if persist == http::Persist::KeepAlive && out.len() > body {
+                http::chunk_in_place(out, body);
+            }
+        }
         let slot = self.io.shared.table.slot(conn.id.slot);
         if conn.count_frame(slot, 0, false) {
             slot.headers_sent.store(true, SeqCst);
@@ -585,6 +596,12 @@ impl Step<'_> {
         body: &[u8],
     ) -> io::Result<()> {
         let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
+        // The Anthropic SDK's `x-api-key` goes upstream as the bearer token chat backends
+        // read.
+        let auth = match (auth, endpoint, head.bearer.as_ref()) {
+            (None, Endpoint::Messages, Some(key)) => Some(format!("Bearer {}", key.as_str())),
+            (auth, ..) => auth,
+        };
         let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
         self.io.shared.expire_degraded();
@@ -614,7 +631,7 @@ impl Step<'_> {
         let ((gov, mut detector_refs), failed) = self.turn_governor(&detectors);
         detector_refs.push("upstream:integrity".to_owned());
         // Degraded mode emits no tool calls (a degraded stream is batch anyway).
-        let chat = endpoint == Endpoint::Chat;
+        let chat = endpoint.is_chat_shaped();
         // Reasoning is forwarded in degraded mode too (it is text); tool calls are not.
         let enc = self.encoder(&up.ask, model, (chat && !degraded, chat));
         let source = TurnSource::Upstream(UpstreamSource::new(degraded));
@@ -629,8 +646,8 @@ impl Step<'_> {
         );
         turn.request_urls = request_urls;
         turn.circuit = circuit;
-        let path = match endpoint {
-            Endpoint::Chat => upstream::CHAT_PATH,
+        let path = match endpoint.request_shape() {
+            Endpoint::Chat | Endpoint::Messages => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
         };
         let mode = self.io.shared.table.slot(self.conn.id.slot).mode();

@@ -52,8 +52,8 @@ pub fn resume_body(
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(original) else {
         return Err(ResumeError::NotAnObject);
     };
-    match endpoint {
-        Endpoint::Chat => resume_chat(&mut obj, shape, segment, kept)?,
+    match endpoint.request_shape() {
+        Endpoint::Chat | Endpoint::Messages => resume_chat(&mut obj, shape, segment, kept)?,
         Endpoint::Completion => resume_completion(&mut obj, segment, kept)?,
     }
     for budget in ["max_tokens", "max_completion_tokens"] {

@@ -45,6 +45,8 @@ pub enum Route {
     Chat,
     /// `/v1/completions`.
     Completions,
+    /// `/v1/messages` (and its refused `count_tokens`).
+    Messages,
     /// `/v1/models`, `/v1/models/{id}`.
     Models,
     /// `/v1/embeddings` (relayed, no tokens governed).
@@ -61,6 +63,7 @@ impl Route {
         match self {
             Route::Chat => "chat",
             Route::Completions => "completions",
+            Route::Messages => "messages",
             Route::Models => "models",
             Route::Embeddings => "embeddings",
             Route::Health => "health",
@@ -70,7 +73,7 @@ impl Route {
 
     /// Whether requests of this route are turns (they have tokens and latency histograms).
     pub const fn is_turn(self) -> bool {
-        matches!(self, Route::Chat | Route::Completions)
+        matches!(self, Route::Chat | Route::Completions | Route::Messages)
     }
 }
 

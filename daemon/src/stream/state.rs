@@ -294,6 +294,7 @@ impl AtomicRepr for Endpoint {
     fn from_raw(raw: u8) -> Self {
         match raw {
             1 => Endpoint::Completion,
+            2 => Endpoint::Messages,
             _ => Endpoint::Chat,
         }
     }
@@ -314,7 +315,7 @@ mod tests {
         for m in [Mode::Pending, Mode::Stream, Mode::Batch] {
             assert_eq!(Mode::from_raw(m.to_raw()), m);
         }
-        for e in [Endpoint::Chat, Endpoint::Completion] {
+        for e in [Endpoint::Chat, Endpoint::Completion, Endpoint::Messages] {
             assert_eq!(Endpoint::from_raw(e.to_raw()), e);
         }
     }

@@ -82,10 +82,10 @@ fn stream(endpoint: Endpoint, logprobs: bool, words: &[&str], n: usize) -> Vec<V
                     json!({"token": t, "logprob": -0.5 - j as f64, "bytes": t.as_bytes()})
                 })
                 .collect();
-            let choice = match (endpoint, logprobs) {
+            let choice = match (endpoint.request_shape(), logprobs) {
                 (Endpoint::Chat, true) => json!({"index": 0, "delta": {"content": w}, "logprobs": {"content": [{"token": w, "logprob": -0.25, "bytes": w.as_bytes(), "top_logprobs": alts}]}, "finish_reason": null}),
                 (Endpoint::Chat, false) => json!({"index": 0, "delta": {"content": w}, "logprobs": null, "finish_reason": null}),
-                (Endpoint::Completion, _) => json!({"index": 0, "text": w, "logprobs": {"tokens": [w], "token_logprobs": [-0.25], "top_logprobs": [{" a": -1.0, " b": -2.0, w: -0.25}], "text_offset": [i]}, "finish_reason": null}),
+                (_, _) => json!({"index": 0, "text": w, "logprobs": {"tokens": [w], "token_logprobs": [-0.25], "top_logprobs": [{" a": -1.0, " b": -2.0, w: -0.25}], "text_offset": [i]}, "finish_reason": null}),
             };
             let c = json!({"id": "chatcmpl-8f9c2a7d", "object": "chat.completion.chunk", "created": 1_718_000_000, "model": "meta-llama/Llama-3.1-8B-Instruct", "choices": [choice]});
             format!("data: {c}\n\n").into_bytes()
@@ -166,6 +166,7 @@ fn the_per_token_path_allocates_nothing_once_warm() {
                 top_logprobs: 5,
                 tool_calls: false,
                 reasoning: false,
+                blocks: std::cell::Cell::default(),
             },
             out: Vec::new(),
         };

@@ -161,7 +161,10 @@ fn check_prompt(obj: &Map<String, Value>) -> Result<(), HttpError> {
 /// Errors are 400s naming the field; a request for more than one choice is refused with code
 /// [`CODE_N_NOT_SUPPORTED`]. `degraded` removes every field in [`TOOL_FIELDS`].
 pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, HttpError> {
-    let endpoint = req.endpoint;
+    // The client's surface answers; the body is shaped as its request shape (a Messages
+    // request was translated to chat when it was parsed).
+    let surface = req.endpoint;
+    let endpoint = surface.request_shape();
     let Value::Object(mut obj) = req.into_json() else {
         return Err(HttpError::bad_request("request body must be a JSON object"));
     };
@@ -170,7 +173,7 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
     check_choices(&obj)?;
     let include_usage = include_usage(&obj)?;
     let (logprobs, top_logprobs) = match endpoint {
-        Endpoint::Chat => {
+        Endpoint::Chat | Endpoint::Messages => {
             check_messages(&obj)?;
             chat_logprobs(&obj)?
         }
@@ -199,7 +202,7 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
     })?;
     Ok(UpstreamTurn {
         ask: Ask {
-            endpoint,
+            endpoint: surface,
             stream,
             logprobs,
             top_logprobs,
@@ -286,7 +289,7 @@ fn own_streaming_fields(obj: &mut Map<String, Value>, endpoint: Endpoint, top_lo
     so.insert("include_usage".into(), Value::Bool(true));
     obj.insert("stream_options".into(), Value::Object(so));
     match endpoint {
-        Endpoint::Chat => {
+        Endpoint::Chat | Endpoint::Messages => {
             obj.insert("logprobs".into(), Value::Bool(true));
             obj.insert("top_logprobs".into(), Value::from(top_logprobs));
         }

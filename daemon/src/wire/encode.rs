@@ -6,121 +6,26 @@
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
 //! token once the buffer has grown); the rarer shapes (batch bodies) use `serde_json::Value`.
 
-use std::{io::Write as _, sync::Arc};
+use std::{cell::Cell, io::Write as _, sync::Arc};
 
 use serde_json::{json, Value};
 
-use crate::wire::{endpoint::Endpoint, stream_id::StreamId, text::truncate_text};
+pub use crate::wire::token::{
+    Channel, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
+    MAX_TOOL_NAME_BYTES,
+};
+use crate::wire::{
+    endpoint::Endpoint,
+    json_write::{write_hex8, write_logprob, write_str, write_u64},
+    messages::encode::{self as messages, Blocks},
+    stream_id::StreamId,
+    text::truncate_text,
+};
 
 pub mod bound;
 
 /// Highest `top_logprobs` / `logprobs` accepted (the OpenAI limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
-
-/// Longest text one token frame carries, in bytes.
-///
-/// Real tokenizer tokens are short: BPE vocabularies are dominated by tokens of a few bytes,
-/// their rare long entries are runs of spaces or punctuation (indentation, separator lines),
-/// and the built-in source's longest token is 13 bytes. A token whose text is longer
-/// is split, at UTF-8 character boundaries, into pieces of at most this many bytes, each its own
-/// frame counted as one token (see `docs/wire-format.md`, "Framing"). The cap is what makes
-/// [`ChunkEncoder::max_event_bytes`] small: every text an event carries (the token, its
-/// `bytes`, each alternative) is bounded by it. 64 keeps real tokens whole, and a chat event
-/// with 20 alternatives under 15 KiB (with a short model name).
-pub const MAX_TOKEN_TEXT_BYTES: usize = 64;
-/// Longest function name a tool-call frame carries whole (OpenAI's own limit on function
-/// names); a proxied upstream that sends a longer one fails the turn as malformed.
-pub const MAX_TOOL_NAME_BYTES: usize = 64;
-/// Longest tool-call id a tool-call frame carries (vLLM's `chatcmpl-tool-<32 hex>` is 46
-/// bytes, OpenAI's `call_<24>` 29); longer fails the turn as malformed.
-pub const MAX_TOOL_CALL_ID_BYTES: usize = 128;
-
-/// One generated token as the encoder needs it.
-#[derive(Debug, Clone, Copy)]
-pub struct Token<'a> {
-    pub text: &'a str,
-    pub logprob: f32,
-    /// Alternatives, most likely first; the encoder writes at most `top_logprobs` of them,
-    /// each cut to [`MAX_TOKEN_TEXT_BYTES`] at a character boundary.
-    pub top: &'a [(&'a str, f32)],
-}
-
-/// Which field of a chat delta a token's text goes in.
-///
-/// Reasoning models (vLLM with a reasoning parser, Ollama, DeepSeek-R1 and Qwen3 servers)
-/// stream their thinking as `delta.reasoning_content` before the answer's `delta.content`.
-/// haltd governs both alike (observed, scanned, counted, halted within B) and forwards each in
-/// its own field, so a token carries its channel from the source to the encoder. Completions
-/// have only `text`: the channel is always [`Channel::Content`] there.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Channel {
-    /// `delta.content` (chat), `text` (completions).
-    #[default]
-    Content,
-    /// `delta.reasoning_content` (chat only).
-    Reasoning,
-}
-
-impl Channel {
-    /// The chat delta's key and colon, as written.
-    fn delta_key(self) -> &'static [u8] {
-        match self {
-            Channel::Content => b"\"content\":",
-            Channel::Reasoning => b"\"reasoning_content\":",
-        }
-    }
-}
-
-/// One call's part of a chat tool-call delta, as a frame carries it: a header (`id` and
-/// `type`, the function's `name`, empty `arguments`) or a piece of the arguments.
-#[derive(Debug, Clone, Copy)]
-pub struct ToolCallDelta<'a> {
-    /// The call's position in `tool_calls` (its `index`).
-    pub index: u32,
-    /// At most [`MAX_TOOL_CALL_ID_BYTES`]; written with `"type":"function"`.
-    pub id: Option<&'a str>,
-    /// At most [`MAX_TOOL_NAME_BYTES`].
-    pub name: Option<&'a str>,
-    /// At most [`MAX_TOKEN_TEXT_BYTES`] in a streamed frame.
-    pub arguments: &'a str,
-}
-
-/// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
-pub(super) fn write_logprob(out: &mut Vec<u8>, lp: f32) {
-    if lp.is_finite() {
-        let _ = write!(out, "{lp}");
-    } else {
-        out.extend_from_slice(b"-9999.0");
-    }
-}
-
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    // Serialising a &str into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
-}
-
-/// A decimal number, without `fmt` (once per frame and per byte of a `bytes` field).
-fn write_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
-}
-
-/// `{:08x}`, without `fmt`.
-fn write_hex8(out: &mut Vec<u8>, v: u32) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..8).rev() {
-        out.push(HEX[(v >> (shift * 4)) as usize & 0xf]);
-    }
-}
 
 /// A JSON array of numbers.
 fn write_numbers(out: &mut Vec<u8>, items: impl IntoIterator<Item = u64>) {
@@ -140,7 +45,7 @@ fn write_bytes(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Encodes the chunks of one turn. Holds the id and `created` stamp shared by its chunks.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChunkEncoder {
     pub endpoint: Endpoint,
     pub stream_id: StreamId,
@@ -157,6 +62,9 @@ pub struct ChunkEncoder {
     /// The stream may carry reasoning frames (a proxied chat turn): the bound is measured on
     /// a `reasoning_content` delta, whose key is the longer.
     pub reasoning: bool,
+    /// A Messages stream's open block ([`crate::wire::messages::encode`]); unused by chat
+    /// and completions, whose chunks carry no state.
+    pub blocks: Cell<Blocks>,
 }
 
 impl ChunkEncoder {
@@ -164,6 +72,7 @@ impl ChunkEncoder {
         match self.endpoint {
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completion => "cmpl-",
+            Endpoint::Messages => "msg_",
         }
     }
 
@@ -174,7 +83,7 @@ impl ChunkEncoder {
 
     fn chunk_head(&self, out: &mut Vec<u8>) {
         let object = match self.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Chat | Endpoint::Messages => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         };
         // As `{"id":"<prefix><stream id>","object":...,"created":...,"model":` written with
@@ -217,10 +126,13 @@ impl ChunkEncoder {
     /// [`ChunkEncoder::max_event_bytes`] bytes for a text of at most [`MAX_TOKEN_TEXT_BYTES`].
     pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool, channel: Channel) {
         debug_assert!(text.len() <= MAX_TOKEN_TEXT_BYTES, "text frames are split");
+        if self.endpoint == Endpoint::Messages {
+            return messages::text_delta(self.messages(), out, text, channel);
+        }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::Messages => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{");
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
@@ -252,10 +164,14 @@ impl ChunkEncoder {
         first: bool,
         channel: Channel,
     ) {
+        if self.endpoint == Endpoint::Messages {
+            // The Messages API has no logprobs.
+            return messages::text_delta(self.messages(), out, text, channel);
+        }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::Messages => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{");
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
@@ -294,6 +210,9 @@ impl ChunkEncoder {
     /// logprobs. At most [`ChunkEncoder::max_event_bytes`] bytes when the encoder has
     /// `tool_calls` and the delta keeps to the caps of [`ToolCallDelta`].
     pub fn tool_call_event(&self, out: &mut Vec<u8>, call: ToolCallDelta<'_>, first: bool) {
+        if self.endpoint == Endpoint::Messages {
+            return messages::tool_delta(self.messages(), out, call);
+        }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         out.extend_from_slice(b"{\"index\":0,\"delta\":{");
@@ -387,12 +306,31 @@ impl ChunkEncoder {
         out.push(b'}');
     }
 
+    /// The Messages writers' view of this encoder.
+    fn messages(&self) -> messages::Stream<'_> {
+        messages::Stream {
+            stream_id: self.stream_id,
+            model: &self.model,
+            blocks: &self.blocks,
+        }
+    }
+
+    /// What a stream writes right after its response head: `message_start` on a Messages
+    /// stream, nothing on the others.
+    pub fn stream_start(&self, out: &mut Vec<u8>) {
+        if self.endpoint == Endpoint::Messages {
+            messages::message_start(self.messages(), out);
+        }
+    }
+
     /// The SSE event of the final chunk: no content, `finish_reason` set.
     pub(super) fn final_chunk(&self, out: &mut Vec<u8>, finish_reason: &str) {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat => out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null"),
+            Endpoint::Chat | Endpoint::Messages => {
+                out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null")
+            }
             Endpoint::Completion => {
                 out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null")
             }
@@ -407,6 +345,9 @@ impl ChunkEncoder {
     /// a reply, e.g. `haltd_grounding`): shaped like the usage chunk, so OpenAI clients take
     /// it as one more chunk with nothing to show.
     pub fn annotation_event(&self, out: &mut Vec<u8>, field: &str, value: &serde_json::Value) {
+        if self.endpoint == Endpoint::Messages {
+            return messages::annotation(self.messages(), out, field, value);
+        }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         out.extend_from_slice(b"],");
@@ -418,6 +359,9 @@ impl ChunkEncoder {
 
     /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
     pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
+        if self.endpoint == Endpoint::Messages {
+            return messages::finish(self.messages(), out, finish_reason, usage);
+        }
         self.final_chunk(out, finish_reason);
         if let Some((prompt, completion)) = usage {
             out.extend_from_slice(b"data: ");
@@ -442,10 +386,20 @@ impl ChunkEncoder {
         (prompt_tokens, completion_tokens): (u64, u64),
         tool_calls: Option<&Value>,
     ) -> Vec<u8> {
+        if self.endpoint == Endpoint::Messages {
+            let usage = (prompt_tokens, completion_tokens);
+            return messages::batch_body(
+                self.messages(),
+                (text, reasoning),
+                finish_reason,
+                usage,
+                tool_calls,
+            );
+        }
         let mut logprobs = Vec::new();
         let logprobs: Value = if self.logprobs {
             match self.endpoint {
-                Endpoint::Chat => {
+                Endpoint::Chat | Endpoint::Messages => {
                     logprobs.extend_from_slice(b"{\"content\":[");
                     for (i, t) in toks.iter().enumerate() {
                         if i > 0 {
@@ -462,7 +416,7 @@ impl ChunkEncoder {
             Value::Null
         };
         let choice = match self.endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::Messages => {
                 let mut message = json!({"role": "assistant", "content": text});
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = reasoning.into();
@@ -477,7 +431,7 @@ impl ChunkEncoder {
             }
         };
         let object = match self.endpoint {
-            Endpoint::Chat => "chat.completion",
+            Endpoint::Chat | Endpoint::Messages => "chat.completion",
             Endpoint::Completion => "text_completion",
         };
         json!({

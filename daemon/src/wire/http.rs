@@ -12,7 +12,7 @@ use std::io::Write as _;
 
 use crate::{
     credential::Credential,
-    wire::{secret::Secret, stream_id::StreamId},
+    wire::{endpoint::Endpoint, secret::Secret, stream_id::StreamId},
 };
 
 /// Most headers a request may carry.
@@ -47,6 +47,9 @@ pub struct RequestHead {
     /// The client's `x-haltd-conversation-id` (TokenCircuit's conversation identity,
     /// `circuit::store`): 1 to 128 visible ASCII bytes.
     pub conversation_id: Option<String>,
+    /// The request carried `anthropic-version` (the Anthropic SDKs send it on every
+    /// request). Accepted with any value; it picks the Anthropic form where a path has two.
+    pub anthropic_version: bool,
 }
 
 impl RequestHead {
@@ -215,6 +218,7 @@ pub fn parse_head_with(
         request_id: fields.request_id.flatten(),
         traceparent: fields.traceparent.flatten(),
         conversation_id: fields.conversation_id,
+        anthropic_version: fields.anthropic_version,
     }))
 }
 
@@ -261,6 +265,7 @@ struct HeadFields {
     request_id: Option<Option<String>>,
     traceparent: Option<Option<String>>,
     conversation_id: Option<String>,
+    anthropic_version: bool,
 }
 
 /// A correlation header: the first well-formed one is kept, a second one voids it.
@@ -337,6 +342,10 @@ impl HeadFields {
                 .eq_ignore_ascii_case(crate::circuit::store::CONVERSATION_HEADER)
             {
                 f.conversation(h.value)?;
+                continue;
+            }
+            if h.name.eq_ignore_ascii_case("anthropic-version") {
+                f.anthropic_version = true;
                 continue;
             }
             if h.name.eq_ignore_ascii_case("traceparent") {
@@ -544,25 +553,47 @@ pub fn chunk_in_place(out: &mut Vec<u8>, start: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// A whole JSON error response in the OpenAI error shape.
+/// A whole JSON error response in the error shape of `schema`, the surface the request came
+/// in on (OpenAI's for chat and completions, Anthropic's for Messages).
 /// `request_id` is echoed as `x-request-id`.
 pub fn write_error_response(
     out: &mut Vec<u8>,
     err: &HttpError,
     stream_id: Option<StreamId>,
     request_id: Option<&str>,
+    schema: Endpoint,
 ) {
-    let mut body = serde_json::json!({
-        "error": {
-            "message": err.message,
-            "type": err.kind,
-            "param": null,
-            "code": err.code,
+    let body = match schema {
+        Endpoint::Messages => {
+            // Anthropic's shape: `{"type":"error","error":{type, message}}`, with haltd's
+            // code and detail inside the error object.
+            let mut body = serde_json::json!({"type": "error", "error": {
+                "type": crate::wire::messages::terminal::error_type(err.status),
+                "message": err.message,
+            }});
+            if let Some(code) = err.code {
+                body["error"]["code"] = code.into();
+            }
+            if let Some((name, value)) = &err.detail {
+                body["error"][*name] = (**value).clone();
+            }
+            body
         }
-    });
-    if let Some((name, value)) = &err.detail {
-        body["error"][*name] = (**value).clone();
-    }
+        Endpoint::Chat | Endpoint::Completion => {
+            let mut body = serde_json::json!({
+                "error": {
+                    "message": err.message,
+                    "type": err.kind,
+                    "param": null,
+                    "code": err.code,
+                }
+            });
+            if let Some((name, value)) = &err.detail {
+                body["error"][*name] = (**value).clone();
+            }
+            body
+        }
+    };
     let body = body.to_string();
     let extra = [
         ("allow", err.allow),

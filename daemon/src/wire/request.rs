@@ -70,8 +70,14 @@ impl BuiltinTurn {
 impl ClientRequest {
     /// Parses a request body. Only JSON syntax is checked here (`invalid JSON body: ...`);
     /// each source's view checks the fields it needs.
+    /// A Messages request is translated to chat here ([`crate::wire::messages::request`]):
+    /// its errors name the Messages field.
     pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, HttpError> {
-        let json = serde_json::from_slice(body).map_err(json_error)?;
+        let json: Value = serde_json::from_slice(body).map_err(json_error)?;
+        let json = match endpoint {
+            Endpoint::Messages => crate::wire::messages::request::to_chat(&json)?,
+            Endpoint::Chat | Endpoint::Completion => json,
+        };
         Ok(ClientRequest { endpoint, json })
     }
 
@@ -93,9 +99,11 @@ impl ClientRequest {
     /// The built-in source's view: validated for the one model it serves (`served_model`).
     pub fn builtin_turn(&self, served_model: &str) -> Result<BuiltinTurn, HttpError> {
         match self.endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::Messages => {
                 let b = ChatBody::deserialize(&self.json).map_err(json_error)?;
-                builtin_chat(b, served_model)
+                let mut turn = builtin_chat(b, served_model)?;
+                turn.ask.endpoint = self.endpoint;
+                Ok(turn)
             }
             Endpoint::Completion => {
                 let b = CompletionBody::deserialize(&self.json).map_err(json_error)?;

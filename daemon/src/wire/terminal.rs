@@ -13,6 +13,7 @@ use crate::{
         encode::ChunkEncoder,
         endpoint::Endpoint,
         http::write_head_fields,
+        messages::terminal::HaltedEnd,
         stream_id::{nonce_hex, StreamId},
     },
 };
@@ -54,7 +55,27 @@ impl Halt {
         obj
     }
 
-    fn sse_events(&self, out: &mut Vec<u8>) {
+    /// What the Messages writers need of this halt.
+    fn ended<'a>(&self, stream: crate::wire::messages::encode::Stream<'a>) -> HaltedEnd<'a> {
+        HaltedEnd {
+            code: self.code,
+            halt: self.error_object(),
+            output_tokens: self.trip_token_index + self.post_trip_tokens,
+            stream,
+        }
+    }
+
+    fn messages_end<'a>(&self, enc: &'a ChunkEncoder) -> HaltedEnd<'a> {
+        self.ended(crate::wire::messages::encode::Stream {
+            stream_id: enc.stream_id,
+            model: &enc.model,
+            blocks: &enc.blocks,
+        })
+    }
+
+    /// The events after the nonce line; `whole` when no head (so no `message_start` of a
+    /// Messages stream) went out before.
+    fn sse_events(&self, out: &mut Vec<u8>, whole: bool) {
         let enc = ChunkEncoder {
             endpoint: self.endpoint,
             stream_id: self.stream_id,
@@ -64,7 +85,12 @@ impl Halt {
             top_logprobs: 0,
             tool_calls: false,
             reasoning: false,
+            blocks: std::cell::Cell::default(),
         };
+        if self.endpoint == Endpoint::Messages {
+            let end = self.messages_end(&enc);
+            return crate::wire::messages::terminal::halt_events(end, out, whole);
+        }
         enc.final_chunk(out, "content_filter");
         let _ = write!(out, "data: {}\n\n", json!({ "error": self.error_object() }));
         out.extend_from_slice(b"data: [DONE]\n\n");
@@ -77,7 +103,7 @@ impl Halt {
         out.extend_from_slice(SSE_TERMINAL_PREFIX);
         out.extend_from_slice(&nonce_hex(self.nonce));
         out.push(b'\n');
-        self.sse_events(out);
+        self.sse_events(out, false);
     }
 
     /// [`Halt::sse_terminal`] for a chunked response (a kept connection, docs/wire-format.md
@@ -92,7 +118,7 @@ impl Halt {
         out.extend_from_slice(&SSE_TERMINAL_PREFIX[..SSE_TERMINAL_PREFIX.len() - SIZE_LINE]);
         out.extend_from_slice(&nonce_hex(self.nonce));
         out.push(b'\n');
-        self.sse_events(out);
+        self.sse_events(out, false);
         let payload = out.len() - start - SIZE_LINE;
         let size = format!("{payload:08x}");
         out[start..start + 8].copy_from_slice(size.as_bytes());
@@ -120,7 +146,7 @@ impl Halt {
         let extra = &headers[..n];
         if stream {
             write_head_fields(out, "text/event-stream", None, Some(self.stream_id), extra);
-            self.sse_events(out);
+            self.sse_events(out, true);
         } else {
             let body = self.degraded_body();
             write_head_fields(
@@ -138,6 +164,15 @@ impl Halt {
     /// the error object, in the endpoint's response shape.
     pub fn degraded_body(&self) -> Vec<u8> {
         let (id, object, choice) = match self.endpoint {
+            Endpoint::Messages => {
+                let blocks = std::cell::Cell::default();
+                let stream = crate::wire::messages::encode::Stream {
+                    stream_id: self.stream_id,
+                    model: &self.model,
+                    blocks: &blocks,
+                };
+                return crate::wire::messages::terminal::degraded_body(self.ended(stream));
+            }
             Endpoint::Chat => (
                 format!("chatcmpl-{}", self.stream_id),
                 "chat.completion",

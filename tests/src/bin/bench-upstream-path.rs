@@ -300,6 +300,7 @@ fn encoder(s: &Stream) -> ChunkEncoder {
         top_logprobs: s.top_logprobs,
         tool_calls: s.tool_calls,
         reasoning: false,
+        blocks: std::cell::Cell::default(),
     }
 }
 

@@ -26,8 +26,50 @@ use crate::{
     pulse::HeartbeatState,
     source::builtin::MODEL_NAME,
     stream::Outcome,
-    wire::{http, ClientRequest, Endpoint, HttpError, RequestHead},
+    wire::{
+        http,
+        surface::{self, Handling},
+        ClientRequest, Endpoint, HttpError, RequestHead,
+    },
 };
+
+/// The `endpoint` label of a routed request.
+fn route_label(row: &surface::Route) -> Route {
+    match row.handling {
+        Handling::Governed(Endpoint::Chat) => Route::Chat,
+        Handling::Governed(Endpoint::Completion) => Route::Completions,
+        Handling::Governed(Endpoint::Messages) | Handling::Refused(Endpoint::Messages, _) => {
+            Route::Messages
+        }
+        Handling::Refused(..) => Route::Other,
+        Handling::Models => Route::Models,
+        Handling::Embeddings => Route::Embeddings,
+        Handling::Health => Route::Health,
+    }
+}
+
+/// The 404 for a path no row of the routing table serves: `unsupported_endpoint` under
+/// `/v1/` (a surface haltd does not govern), `not_found` elsewhere.
+fn unrouted(method: &str, path: &str) -> HttpError {
+    let shown: String = path.chars().take(200).collect();
+    if surface::is_api_path(path) {
+        return HttpError::new(
+            404,
+            "invalid_request_error",
+            format!("{shown} is not served by haltd (docs/wire-format.md lists what is)"),
+        )
+        .with_code(surface::UNSUPPORTED_ENDPOINT);
+    }
+    HttpError::new(
+        404,
+        "invalid_request_error",
+        format!(
+            "no route for {} {shown}",
+            method.chars().take(32).collect::<String>()
+        ),
+    )
+    .with_code("not_found")
+}
 
 impl Step<'_> {
     /// Receives more of the request, linked to the request deadline. The request buffer
@@ -184,28 +226,21 @@ impl Step<'_> {
         self.route(head, body)
     }
 
+    /// Routes a request by the table of `wire::surface`.
     pub(in crate::dataplane) fn route(&mut self, head: RequestHead, body: &[u8]) -> io::Result<()> {
         let path = head.path.split('?').next().unwrap_or_default();
-        let endpoint = match path {
-            "/v1/chat/completions" => Some(Endpoint::Chat),
-            "/v1/completions" => Some(Endpoint::Completion),
-            _ => None,
+        let Some(row) = surface::route(path) else {
+            self.conn.route = Route::Other;
+            return self.reply_error(&unrouted(&head.method, path));
         };
+        self.conn.route = route_label(row);
+        if head.method != row.method {
+            return self.reply_error(&HttpError::method_not_allowed(&head.method, row.method));
+        }
         let proxied = self.io.shared.cfg.args.source == SourceKind::Openai;
-        // `GET /v1/models/{id}` (`passthrough.rs`).
-        let model = passthrough::model_id(path).map(|r| r.map(str::to_owned));
-        self.conn.route = match (path, endpoint) {
-            (_, Some(Endpoint::Chat)) => Route::Chat,
-            (_, Some(Endpoint::Completion)) => Route::Completions,
-            ("/v1/embeddings", _) => Route::Embeddings,
-            ("/v1/models", _) => Route::Models,
-            _ if model.is_some() => Route::Models,
-            ("/healthz" | "/readyz", _) => Route::Health,
-            _ => Route::Other,
-        };
-        match (head.method.as_str(), path, endpoint) {
-            ("POST", _, Some(endpoint)) if proxied => self.start_proxy_turn(endpoint, &head, body),
-            ("POST", _, Some(endpoint)) => {
+        match row.handling {
+            Handling::Governed(endpoint) if proxied => self.start_proxy_turn(endpoint, &head, body),
+            Handling::Governed(endpoint) => {
                 let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
                 match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
                 {
@@ -213,40 +248,42 @@ impl Step<'_> {
                     Err(e) => self.reply_error(&e),
                 }
             }
-            (_, _, Some(_)) => {
-                self.reply_error(&HttpError::method_not_allowed(&head.method, "POST"))
-            }
-            ("POST", "/v1/embeddings", _) => self.start_embeddings(head, body),
-            ("GET", _, _) if model.is_some() => match model {
-                Some(Ok(id)) => self.start_model(head, &id),
-                Some(Err(e)) => self.reply_error(&e),
-                None => Ok(()),
-            },
-            ("GET", "/healthz", _) => self.reply_health(),
-            ("GET", "/readyz", _) => self.reply_ready(),
-            ("GET", "/v1/models", _) if proxied => self.start_proxy_models(head),
-            ("GET", "/v1/models", _) => {
-                let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
-                self.reply(200, "application/json", body.as_bytes())
-            }
-            (_, "/healthz" | "/readyz" | "/v1/models", _) => {
-                self.reply_error(&HttpError::method_not_allowed(&head.method, "GET"))
-            }
-            (_, "/v1/embeddings", _) => {
-                self.reply_error(&HttpError::method_not_allowed(&head.method, "POST"))
-            }
-            _ => self.reply_error(
+            Handling::Refused(_, why) => self.reply_error(
+                &HttpError::new(404, "invalid_request_error", format!("{path}: {why}"))
+                    .with_code(surface::UNSUPPORTED_ENDPOINT),
+            ),
+            Handling::Embeddings => self.start_embeddings(head, body),
+            Handling::Health if path == "/healthz" => self.reply_health(),
+            Handling::Health => self.reply_ready(),
+            Handling::Models => self.route_models(&head, path, proxied),
+        }
+    }
+
+    /// `GET /v1/models` and `/v1/models/{id}`: the OpenAI list. A client that says
+    /// `anthropic-version` (the Anthropic SDK's `models.list()`) is refused explicitly: the
+    /// Anthropic form of the list is not served.
+    fn route_models(&mut self, head: &RequestHead, path: &str, proxied: bool) -> io::Result<()> {
+        if head.anthropic_version {
+            return self.reply_error(
                 &HttpError::new(
                     404,
                     "invalid_request_error",
-                    format!(
-                        "no route for {} {}",
-                        head.method,
-                        path.chars().take(200).collect::<String>()
-                    ),
+                    "the Anthropic form of the model list is not served; GET /v1/models without anthropic-version gives the OpenAI list",
                 )
-                .with_code("not_found"),
-            ),
+                .with_code(surface::UNSUPPORTED_ENDPOINT),
+            );
+        }
+        match passthrough::model_id(path) {
+            Some(Ok(id)) => {
+                let id = id.to_owned();
+                self.start_model(head.clone(), &id)
+            }
+            Some(Err(e)) => self.reply_error(&e),
+            None if proxied => self.start_proxy_models(head.clone()),
+            None => {
+                let body = serde_json::json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "haltd"}]}).to_string();
+                self.reply(200, "application/json", body.as_bytes())
+            }
         }
     }
 
@@ -331,7 +368,17 @@ impl Step<'_> {
         let conn = &mut *self.conn;
         tracing::debug!(stream_id = %conn.id, status = err.status, detail = %err.message, "request refused");
         let rid = request_id(&mut conn.request_id);
-        http::write_error_response(frame(&mut conn.wbuf), err, Some(conn.id), Some(&rid));
+        let schema = match conn.route {
+            Route::Messages => Endpoint::Messages,
+            _ => Endpoint::Chat,
+        };
+        http::write_error_response(
+            frame(&mut conn.wbuf),
+            err,
+            Some(conn.id),
+            Some(&rid),
+            schema,
+        );
         conn.status = err.status;
         self.io.shared.metrics.dataplane.rejected(err.status);
         if let Some(reason) = ClientError::of_status(err.status) {

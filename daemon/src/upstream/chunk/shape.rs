@@ -248,7 +248,7 @@ impl<'de> Shape<'de> for ChoiceShape<'_> {
         let mut body = Ok(());
         let mut logprobs = Ok(());
         while let Some(field) = next_field(&mut map, &NAMES)? {
-            match (field, endpoint) {
+            match (field, endpoint.request_shape()) {
                 (0, _) => index = map.next_value_seed(kind(read_index))?,
                 (1, _) => finish = map.next_value_seed(kind(read_finish))?,
                 (2, Endpoint::Chat) => {

@@ -66,8 +66,7 @@ use crate::wire::{
 pub const MAX_LOGPROB_BYTES: usize = 48;
 /// The f32 whose `Display` is the longest ([`MAX_LOGPROB_BYTES`]): −1e-45.
 pub const LONGEST_LOGPROB: f32 = f32::from_bits(0x8000_0001);
-/// Bytes a JSON-escaped string takes per byte of text, at most (`\u001f`).
-pub const ESCAPED_PER_BYTE: usize = 6;
+pub use crate::wire::json_write::ESCAPED_PER_BYTE;
 /// Bytes a text written both as a JSON string and as its `bytes` array takes per byte, at most
 /// (`\u001f` and `31,`).
 pub const ESCAPED_AND_BYTES_PER_BYTE: usize = 9;
@@ -82,6 +81,10 @@ impl ChunkEncoder {
     /// module docs and `docs/wire-format.md`. Computed per call (one small allocation for the
     /// template); call it once per turn.
     pub fn max_event_bytes(&self) -> u32 {
+        if self.endpoint == Endpoint::Messages {
+            let e = crate::wire::messages::encode::max_event_bytes(self.stream_id, &self.model);
+            return u32::try_from(e).unwrap_or(u32::MAX);
+        }
         let tokens = self.max_token_event_bytes();
         let tools = if self.tool_calls && self.endpoint == Endpoint::Chat {
             self.max_tool_call_event_bytes()
@@ -101,7 +104,9 @@ impl ChunkEncoder {
         let k = self.top_n();
         match (self.endpoint, self.logprobs) {
             (_, false) => ESCAPED_PER_BYTE,
-            (Endpoint::Chat, true) => ESCAPED_PER_BYTE + ESCAPED_AND_BYTES_PER_BYTE * (1 + k),
+            (Endpoint::Chat | Endpoint::Messages, true) => {
+                ESCAPED_PER_BYTE + ESCAPED_AND_BYTES_PER_BYTE * (1 + k)
+            }
             (Endpoint::Completion, true) => ESCAPED_PER_BYTE * (2 + k),
         }
     }

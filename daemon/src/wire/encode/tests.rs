@@ -17,6 +17,7 @@ fn enc(endpoint: Endpoint, logprobs: bool) -> ChunkEncoder {
         top_logprobs: 2,
         tool_calls: false,
         reasoning: false,
+        blocks: std::cell::Cell::default(),
     }
 }
 
@@ -74,7 +75,7 @@ fn numbers_and_the_chunk_head_are_written_as_fmt_writes_them() {
             let mut out = Vec::new();
             e.chunk_head(&mut out);
             let object = match endpoint {
-                Endpoint::Chat => "chat.completion.chunk",
+                Endpoint::Chat | Endpoint::Messages => "chat.completion.chunk",
                 Endpoint::Completion => "text_completion",
             };
             let want = format!(
@@ -180,7 +181,7 @@ fn text_events_carry_null_logprobs_even_when_asked() {
         let v = event_json(&out);
         assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
         let text = match endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::Messages => {
                 assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
                 &v["choices"][0]["delta"]["content"]
             }

@@ -156,6 +156,7 @@ fn error_responses_are_openai_shaped_json() {
         &HttpError::bad_request("bad \"json\""),
         None,
         None,
+        crate::wire::Endpoint::Chat,
     );
     let text = String::from_utf8(out).expect("utf8");
     let (head, body) = text.split_once("\r\n\r\n").expect("head and body");

@@ -171,6 +171,7 @@ impl Driver {
             top_logprobs: ask.top_logprobs,
             tool_calls: false,
             reasoning: false,
+            blocks: std::cell::Cell::default(),
         };
         let gov = (gov, Vec::new());
         let mut turn = Turn::new(

@@ -154,8 +154,8 @@ fn read_choice(
     choice: &Map<String, Value>,
     chunk: &mut UpstreamChunk,
 ) -> Result<(), ChunkError> {
-    match endpoint {
-        Endpoint::Chat => match choice.get("delta") {
+    match endpoint.request_shape() {
+        Endpoint::Chat | Endpoint::Messages => match choice.get("delta") {
             None | Some(Value::Null) => {}
             Some(Value::Object(delta)) => {
                 chunk.role = delta.get("role").is_some_and(Value::is_string);

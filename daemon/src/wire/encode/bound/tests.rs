@@ -10,7 +10,7 @@ use proptest::{
 use serde_json::Value;
 
 use super::*;
-use crate::wire::{encode::write_logprob, stream_id::StreamId, text::truncate_text};
+use crate::wire::{json_write::write_logprob, stream_id::StreamId, text::truncate_text};
 
 fn encoder(
     endpoint: Endpoint,
@@ -31,6 +31,7 @@ fn encoder(
         top_logprobs,
         tool_calls,
         reasoning: false,
+        blocks: std::cell::Cell::default(),
     }
 }
 
@@ -188,7 +189,9 @@ fn worst_case_events_reach_the_bound() {
                     let mut enc = encoder(endpoint, lp, k, "m\u{1}\"", tools);
                     enc.reasoning = reasoning;
                     let top: Vec<(&str, f32)> = match endpoint {
-                        Endpoint::Chat => vec![(worst.as_str(), LONGEST_LOGPROB); k as usize],
+                        Endpoint::Chat | Endpoint::Messages => {
+                            vec![(worst.as_str(), LONGEST_LOGPROB); k as usize]
+                        }
                         Endpoint::Completion => distinct
                             .iter()
                             .take(k as usize)
@@ -316,6 +319,7 @@ fn any_encoder() -> impl Strategy<Value = ChunkEncoder> {
                     top_logprobs,
                     tool_calls,
                     reasoning,
+                    blocks: std::cell::Cell::default(),
                 }
             },
         )
