@@ -5,6 +5,7 @@
 //! client bytes ──http::parse_head──► RequestHead (method, path, sizes, Authorization)
 //!              ──request::ClientRequest──► the body, parsed once; each token source takes its
 //!                                           view of it
+//! a Messages API body ──messages::request::to_chat──► the chat body it is served as
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
 //! a trip ──terminal::Halt──► the terminal frame, nonce at byte 31
@@ -20,6 +21,7 @@
 pub mod encode;
 pub mod endpoint;
 pub mod http;
+pub mod messages;
 pub mod request;
 pub mod secret;
 pub mod stream_id;
