@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | [`request_head`] | a client's request bytes | `wire::http::parse_head_with`, then the body as the data plane routes it |
 //! | [`request_body`] | selector byte + a request body | `ClientRequest::parse`, `builtin_turn`, `upstream::prepare_turn`, SafetyCheck's inputs |
+//! | [`messages_request`] | a Messages API request body | `wire::messages::request::to_chat`, then the chat path as in `request_body` |
 //! | [`upstream_response`] | an upstream's response bytes | `upstream::ResponseReader` (head, content-length and chunked framing) |
 //! | [`upstream_sse`] | an upstream's event-stream body | `upstream::SseParser`, `ChunkReader`, `source::upstream::UpstreamSource` |
 //! | [`config_file`] | a `--config` file | `config::parse_config_text`, `ServeArgs::file_settings` |
@@ -26,6 +27,7 @@
 
 mod config;
 mod ledger;
+mod messages;
 mod request;
 mod upstream;
 
@@ -34,6 +36,7 @@ mod tests;
 
 pub use config::config_file;
 pub use ledger::ledger_verify;
+pub use messages::messages_request;
 pub use request::{request_body, request_head};
 pub use upstream::{upstream_response, upstream_sse};
 

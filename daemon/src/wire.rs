@@ -5,6 +5,7 @@
 //! client bytes ──http::parse_head──► RequestHead (method, path, sizes, Authorization)
 //!              ──request::ClientRequest──► the body, parsed once; each token source takes its
 //!                                           view of it
+//! a Messages API body ──messages::request::to_chat──► the chat body it is served as
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
 //! a trip ──terminal::Halt──► the terminal frame, nonce at byte 31

@@ -33,6 +33,7 @@ use crate::{
 pub(crate) const TARGETS: &[&str] = &[
     "request_head",
     "request_body",
+    "messages_request",
     "upstream_response",
     "upstream_sse",
     "config_file",

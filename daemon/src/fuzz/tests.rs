@@ -56,6 +56,11 @@ fn request_body_corpus() {
 }
 
 #[test]
+fn messages_request_corpus() {
+    replay("messages_request", super::messages_request);
+}
+
+#[test]
 fn upstream_response_corpus() {
     replay("upstream_response", super::upstream_response);
 }
