@@ -1,4 +1,4 @@
-//! Real clients run in a namespace: curl and the official OpenAI Python SDK.
+//! Real clients run in a namespace: curl and the official OpenAI and Anthropic Python SDKs.
 
 use std::{env, path::Path, process::Command};
 
@@ -28,6 +28,16 @@ pub fn openai_sdk_keepalive(ns: &str, args: &[&str]) -> Result<Value> {
 /// always failing) in namespace `ns`; returns its one JSON line.
 pub fn openai_agent(ns: &str, args: &[&str]) -> Result<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/openai_agent.py");
+    python_sdk(ns, &script.display().to_string(), args)
+}
+
+/// Runs the official Anthropic Python SDK client (`tests/py/anthropic_client.py`, one turn of
+/// `POST /v1/messages`) in namespace `ns`; returns its one JSON line. `args` are the script's
+/// (`--base-url` is haltd's root, without `/v1`: the SDK adds `/v1/messages`); the line's keys
+/// are listed in the script's docstring, e.g. `ok`, `stop_reason`, `text`, `events`, `halt`,
+/// `exception`.
+pub fn anthropic_client(ns: &str, args: &[&str]) -> Result<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/anthropic_client.py");
     python_sdk(ns, &script.display().to_string(), args)
 }
 

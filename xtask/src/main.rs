@@ -41,8 +41,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what is missing: Debian packages, nightly rust-src, bpf-linker, the openai SDK
-    /// venv, llama.cpp's server in it and the tiny model it serves; mount bpffs.
+    /// Install what is missing: Debian packages, nightly rust-src, bpf-linker, the venv with the
+    /// openai and anthropic SDKs, llama.cpp's server in it and the tiny model it serves; mount
+    /// bpffs.
     Setup,
     /// Build the BPF halt gate (nightly, bpfel-unknown-none, with BTF).
     BuildEbpf,

@@ -64,7 +64,7 @@ pub(crate) fn setup_with(ctx: &Ctx, real_backend: RealBackend) -> Result<()> {
     packages::ensure(ctx, &mut report)?;
     let sysroot = toolchain::ensure_nightly(ctx, &mut report)?;
     toolchain::ensure_bpf_linker(ctx, &sysroot, &mut report)?;
-    python::ensure_openai_sdk(ctx, &mut report)?;
+    python::ensure_sdks(ctx, &mut report)?;
     if real_backend == RealBackend::Install {
         llama::ensure_server(ctx, &mut report)?;
         llama::ensure_model(ctx, &mut report)?;

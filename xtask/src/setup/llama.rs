@@ -33,7 +33,7 @@ const MODEL_SEED: u32 = 17;
 const PROBE: &str = "import importlib.metadata as m, llama_cpp, gguf, numpy, uvicorn, fastapi, \
 sse_starlette; print(llama_cpp.__version__, m.version('gguf'), numpy.__version__)";
 
-/// Makes sure the venv (made by the `openai` step) holds the pinned server and model packages.
+/// Makes sure the venv (made by the SDK step) holds the pinned server and model packages.
 pub(super) fn ensure_server(ctx: &Ctx, report: &mut Report) -> Result<()> {
     let want = format!(
         "{LLAMA_CPP_PYTHON_VERSION} {} {}",

@@ -1,5 +1,5 @@
-//! A Python virtual environment with the official `openai` SDK, the integration tests' real
-//! client (`tests/py/openai_client.py`).
+//! A Python virtual environment with the official `openai` and `anthropic` SDKs, the
+//! integration tests' real clients (`tests/py/openai_client.py`, `tests/py/anthropic_client.py`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,10 +11,11 @@ use crate::{
     util::{capture, run},
 };
 
-/// Version of the official `openai` Python SDK in the test venv (pinned; known to work here).
-const OPENAI_SDK_VERSION: &str = "3.57.0";
+/// The official SDKs in the test venv, pinned (known to work here), as (PyPI package, version).
+/// Each package imports under its own name and has a `__version__`.
+const PINNED_SDKS: [(&str, &str); 2] = [("openai", "3.57.0"), ("anthropic", "2.17.0")];
 
-/// The virtual environment that holds the `openai` SDK for the integration tests.
+/// The virtual environment that holds the SDKs for the integration tests.
 fn venv_dir(ctx: &Ctx) -> PathBuf {
     ctx.home.join(".local/share/haltd/venv")
 }
@@ -24,45 +25,70 @@ pub(crate) fn venv_python(ctx: &Ctx) -> PathBuf {
     venv_dir(ctx).join("bin/python")
 }
 
-/// Makes sure the venv exists and holds `openai==OPENAI_SDK_VERSION`.
-pub(super) fn ensure_openai_sdk(ctx: &Ctx, report: &mut Report) -> Result<()> {
+/// Makes sure the venv exists and imports every SDK of [`PINNED_SDKS`] at its pinned version.
+/// When one is missing or at another version, one pip run installs them all: pip resolves the
+/// pins together, so the dependencies they share (pydantic, the HTTP client) suit both.
+pub(super) fn ensure_sdks(ctx: &Ctx, report: &mut Report) -> Result<()> {
     let venv = venv_dir(ctx);
-    match sdk_version(ctx) {
-        Some(v) if v == OPENAI_SDK_VERSION => {
-            println!("[setup] openai SDK {v}: present in {}", venv.display());
-            report.present("openai SDK");
-            return Ok(());
+    let mut missing = Vec::new();
+    for (package, version) in PINNED_SDKS {
+        match sdk_version(ctx, package) {
+            Some(v) if v == version => {
+                println!("[setup] {package} SDK {v}: present in {}", venv.display());
+                report.present(&format!("{package} SDK"));
+            }
+            Some(v) => {
+                println!(
+                    "[setup] {package} SDK {v} in {} is not the pinned {version}: reinstalling",
+                    venv.display()
+                );
+                missing.push(package);
+            }
+            None => {
+                println!(
+                    "[setup] {package} SDK {version} missing from {}",
+                    venv.display()
+                );
+                missing.push(package);
+            }
         }
-        Some(v) => println!(
-            "[setup] openai SDK {v} in {} is not the pinned {OPENAI_SDK_VERSION}: reinstalling",
-            venv.display()
-        ),
-        None => println!(
-            "[setup] openai SDK {OPENAI_SDK_VERSION} missing from {}",
-            venv.display()
-        ),
+    }
+    if missing.is_empty() {
+        return Ok(());
     }
     ensure_venv(ctx)?;
     pip_install(ctx)?;
-    match sdk_version(ctx) {
-        Some(v) if v == OPENAI_SDK_VERSION => {
-            println!("[setup] openai SDK {v} installed in {}", venv.display());
+    // All of them, not only the missing ones: the run may have moved a shared dependency.
+    for (package, version) in PINNED_SDKS {
+        match sdk_version(ctx, package) {
+            Some(v) if v == version => {
+                if missing.contains(&package) {
+                    println!("[setup] {package} SDK {v} installed in {}", venv.display());
+                    report.installed(&format!("{package} SDK"));
+                }
+            }
+            other => bail!(
+                "pip installed {package}=={version} into {}, but `{} -c '{}'` gives {other:?}",
+                venv.display(),
+                venv_python(ctx).display(),
+                version_probe(package)
+            ),
         }
-        other => bail!(
-            "pip installed openai=={OPENAI_SDK_VERSION} into {}, but `{} -c 'import openai; print(openai.__version__)'` gives {other:?}",
-            venv.display(),
-            venv_python(ctx).display()
-        ),
     }
-    report.installed("openai SDK");
     Ok(())
 }
 
-/// The SDK version the venv's interpreter imports; `None` if it cannot.
-fn sdk_version(ctx: &Ctx) -> Option<String> {
+/// The Python one-liner that prints the version of `package` as the venv imports it.
+fn version_probe(package: &str) -> String {
+    format!("import {package}; print({package}.__version__)")
+}
+
+/// The version of `package` that the venv's interpreter imports; `None` if it cannot.
+fn sdk_version(ctx: &Ctx, package: &str) -> Option<String> {
     capture(
         ctx.cmd(venv_python(ctx))
-            .args(["-c", "import openai; print(openai.__version__)"]),
+            .arg("-c")
+            .arg(version_probe(package)),
     )
     .map(|v| v.trim().to_owned())
 }
@@ -108,12 +134,15 @@ fn ensure_venv(ctx: &Ctx) -> Result<()> {
     })
 }
 
+/// `pip install` every pin of [`PINNED_SDKS`] into the venv, in one run.
 fn pip_install(ctx: &Ctx) -> Result<()> {
     let venv = venv_dir(ctx);
-    println!(
-        "[setup] pip install openai=={OPENAI_SDK_VERSION} into {}",
-        venv.display()
-    );
+    let requirements: Vec<String> = PINNED_SDKS
+        .iter()
+        .map(|(package, version)| format!("{package}=={version}"))
+        .collect();
+    let shown = requirements.join(" ");
+    println!("[setup] pip install {shown} into {}", venv.display());
     run(ctx
         .cmd(venv_python(ctx))
         .args([
@@ -124,10 +153,10 @@ fn pip_install(ctx: &Ctx) -> Result<()> {
             "--disable-pip-version-check",
             "--no-input",
         ])
-        .arg(format!("openai=={OPENAI_SDK_VERSION}")))
+        .args(&requirements))
     .with_context(|| {
         format!(
-            "pip could not install openai=={OPENAI_SDK_VERSION} into {} (is PyPI reachable from here?)",
+            "pip could not install {shown} into {} (is PyPI reachable from here?)",
             venv.display()
         )
     })
