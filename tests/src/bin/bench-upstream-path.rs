@@ -174,8 +174,8 @@ fn chat_entry(i: usize, alts: usize, llama: bool) -> Value {
 
 fn finish(out: &mut Vec<Vec<u8>>, head: &Value, endpoint: Endpoint, n: usize, reason: &str) {
     let mut last = head.clone();
-    last["choices"] = match endpoint {
-        Endpoint::Chat => {
+    last["choices"] = match endpoint.request_shape() {
+        Endpoint::Chat | Endpoint::Messages => {
             json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}])
         }
         Endpoint::Completion => {

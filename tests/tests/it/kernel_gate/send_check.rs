@@ -746,6 +746,7 @@ fn eighty_events_in_one_send_are_dropped() -> Result<()> {
         top_logprobs: 0,
         tool_calls: false,
         reasoning: false,
+        blocks: std::cell::Cell::default(),
     };
     let e = enc.max_event_bytes();
     let event = |out: &mut Vec<u8>, i: usize| {
