@@ -62,6 +62,8 @@ pub struct Entry<'a> {
     pub key: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<&'a str>,
+    /// Whose API the request spoke (`openai`, `anthropic`, `haltd`, `other`).
+    pub surface: &'a str,
     pub endpoint: &'a str,
     pub status: u16,
     pub tokens: u64,
@@ -195,6 +197,7 @@ impl AccessLog {
                     request_id = e.request_id,
                     key = e.key,
                     model = e.model,
+                    surface = e.surface,
                     endpoint = e.endpoint,
                     status = e.status,
                     tokens = e.tokens,
@@ -228,6 +231,7 @@ mod tests {
             request_id: "r-1",
             key: Some("00000000000000ab"),
             model: Some("builtin"),
+            surface: "openai",
             endpoint: "chat",
             status: 200,
             tokens: 13,

@@ -71,6 +71,18 @@ impl Route {
         }
     }
 
+    /// The API family the route belongs to: the `surface` label.
+    pub const fn surface(self) -> Surface {
+        match self {
+            Route::Chat | Route::Completions | Route::Models | Route::Embeddings => {
+                Surface::Openai
+            }
+            Route::Messages => Surface::Anthropic,
+            Route::Health => Surface::Haltd,
+            Route::Other => Surface::Other,
+        }
+    }
+
     /// Whether requests of this route are turns (they have tokens and latency histograms).
     pub const fn is_turn(self) -> bool {
         matches!(self, Route::Chat | Route::Completions | Route::Messages)
@@ -78,6 +90,35 @@ impl Route {
 }
 
 impl EncodeLabelValue for Route {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+/// Whose API a request spoke: the `surface` label (OpenAI's chat, completions, models and
+/// embeddings; Anthropic's Messages; haltd's own health checks; anything unrouted).
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Surface {
+    Openai,
+    Anthropic,
+    Haltd,
+    #[default]
+    Other,
+}
+
+impl Surface {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Surface::Openai => "openai",
+            Surface::Anthropic => "anthropic",
+            Surface::Haltd => "haltd",
+            Surface::Other => "other",
+        }
+    }
+}
+
+impl EncodeLabelValue for Surface {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
         std::fmt::Write::write_str(encoder, self.as_str())
     }
@@ -156,6 +197,7 @@ pub struct RouteLabels {
 /// The labels of `haltd_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
+    pub surface: Surface,
     pub endpoint: Route,
     pub model: String,
     pub outcome: Outcome,
@@ -195,7 +237,7 @@ impl RequestMetrics {
         let requests = Family::<RequestLabels, Counter>::default();
         reg.register(
             "requests",
-            "Requests answered, by endpoint, model (a known name, other or none) and outcome; one per access log line",
+            "Requests answered, by surface (whose API: openai, anthropic, haltd), endpoint, model (a known name, other or none) and outcome; one per access log line",
             requests.clone(),
         );
         let ttft: NsFamily = Family::new_with_constructor(|| NsHistogram::new(&TTFT_BUCKETS_NS));
@@ -261,6 +303,7 @@ impl RequestMetrics {
     pub fn observe(&self, o: &Observed<'_>) {
         self.requests
             .get_or_create(&RequestLabels {
+                surface: o.endpoint.surface(),
                 endpoint: o.endpoint,
                 model: o.model.to_owned(),
                 outcome: o.outcome,
