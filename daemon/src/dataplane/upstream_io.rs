@@ -43,9 +43,10 @@ use crate::dataplane::{
 use crate::{
     clock::monotonic_ns,
     codes::FailureCode,
+    metrics::requests::Route,
     stream::Outcome,
     upstream::{self, CancelReason, UpstreamFailure, UpstreamFailureKind},
-    wire::HttpError,
+    wire::{messages, HttpError},
 };
 
 /// Receive buffer per upstream connection.
@@ -456,13 +457,21 @@ impl Step<'_> {
             // Nothing of the response went out: answer with a status that says whose fault
             // it was, and the error object.
             let status = failure.http_status();
-            let body = json!({"error": {
+            let mut error = json!({
                 "message": failure.message,
                 "type": failure.error_type(),
                 "code": FailureCode::UpstreamFailure.as_str(),
                 "upstream": {"kind": kind.as_str(), "status": upstream_status},
                 "stream_id": id.to_string(),
-            }})
+            });
+            // In the error shape of the client's surface, as every other error: a Messages
+            // client's SDK reads Anthropic's `{"type": "error", "error": {type, ...}}`.
+            let body = if conn.route == Route::Messages {
+                error["type"] = messages::terminal::error_type(status).into();
+                json!({"type": "error", "error": error})
+            } else {
+                json!({ "error": error })
+            }
             .to_string();
             let mut extra: Vec<(&str, &str)> = Vec::new();
             if let Some(ra) = retry_after.as_deref() {
