@@ -125,6 +125,22 @@ impl HttpError {
     }
 }
 
+/// The path (without its query) of a request whose request line arrived whole, however the
+/// rest of its head turns out: which surface a refused head (two credentials, a body too
+/// large) is answered for, in that surface's error schema. `None` without a whole line, or
+/// for a line that is not `METHOD SP /path SP VERSION`.
+pub fn request_path(buf: &[u8]) -> Option<&str> {
+    let line = &buf[..buf.iter().position(|&b| b == b'\n')?];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|&b| b == b' ');
+    let (_method, target, _version) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || !target.starts_with(b"/") {
+        return None;
+    }
+    let path = target.split(|&b| b == b'?').next()?;
+    std::str::from_utf8(path).ok()
+}
+
 /// Parses the head of a request from what has arrived so far.
 ///
 /// `Ok(None)` means more bytes are needed. Errors carry the status to answer.

@@ -174,6 +174,11 @@ impl Step<'_> {
             Ok(Some(h)) => h,
             Ok(None) => return self.arm_recv(),
             Err(e) => {
+                // Answered in the error schema of the path's surface when its line was read
+                // (a Messages client's two credentials: Anthropic's), and logged as its route.
+                if let Some(row) = http::request_path(rbuf).and_then(surface::route) {
+                    conn.route = route_label(row);
+                }
                 conn.leave_request_phase(&self.io.shared.admission);
                 return self.reply_error(&e);
             }

@@ -149,6 +149,29 @@ fn refuses_bad_input_with_precise_statuses() {
 }
 
 #[test]
+fn a_refused_head_still_names_its_path() {
+    let two_keys =
+        b"POST /v1/messages?beta=true HTTP/1.1\r\nx-api-key: a\r\nauthorization: Bearer b\r\n\r\n";
+    assert_eq!(parse_head(two_keys, 100).expect_err("refused").status, 400);
+    assert_eq!(request_path(two_keys), Some("/v1/messages"));
+    assert_eq!(request_path(b"GET /healthz HTTP/1.1\n"), Some("/healthz"));
+    for no_path in [
+        &b"POST /v1/messages HTTP/1.1"[..],
+        b"POST /v1/messages\r\n",
+        b"POST v1/messages HTTP/1.1\r\n",
+        b"POST /v1/messages HTTP/1.1 x\r\n",
+        b"POST /\xff HTTP/1.1\r\n",
+    ] {
+        assert_eq!(
+            request_path(no_path),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(no_path)
+        );
+    }
+}
+
+#[test]
 fn error_responses_are_openai_shaped_json() {
     let mut out = Vec::new();
     write_error_response(
