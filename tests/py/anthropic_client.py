@@ -12,6 +12,7 @@ Usage (see --help):
         --mode stream --max-tokens 50 [--system TEXT] [--tools JSON|FILE] \
         [--tool-choice auto|any|none|tool:NAME|JSON] [--thinking-budget N] \
         [--messages-json JSON|FILE] [--timeout SECONDS]
+    anthropic_client.py --base-url URL [common options] --turns JSON|FILE
 
 --base-url is haltd's root (no /v1): the SDK appends /v1/messages itself. The modes:
 
@@ -25,7 +26,15 @@ Usage (see --help):
 --messages-json the whole messages array (multi-turn, tool_use / tool_result blocks), in place
 of --prompt. --thinking-budget N sends thinking={"type": "enabled", "budget_tokens": N}.
 
-Output, exactly one line of JSON on stdout, every key always present:
+--turns runs several turns in one process, one after the other (importing the SDK takes a
+second or two of CPU, which a test of many turns would otherwise pay per turn): a JSON array
+(inline, or the path of a file) with one array of arguments per turn, each parsed after the
+other options on the command line, so that a turn's own options override the common ones, e.g.
+--turns '[["--mode", "create"], ["--mode", "stream", "--api-key", "k2"]]'. Every turn's
+arguments are checked before the first turn runs; each turn has a client of its own, and
+prints its line as soon as it ended.
+
+Output, exactly one line of JSON on stdout per turn, every key always present:
 
     {"ok": bool,                   # no exception was raised
      "mode": str,                  # --mode
@@ -125,7 +134,12 @@ def parse_args(argv):
     p.add_argument("--messages-json", default=None, metavar="JSON|FILE",
                    help="the whole messages array, in place of --prompt")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds, per request [30]")
+    p.add_argument("--turns", default=None, metavar="JSON|FILE",
+                   help="several turns in one process: a JSON array of argument arrays, each "
+                   "parsed after the other options (one output line per turn)")
     a = p.parse_args(argv)
+    if a.turns is not None:
+        p.error("--turns: not inside a turn's own arguments")
     if a.max_tokens < 1:
         p.error("--max-tokens must be >= 1")
     if a.timeout <= 0:
@@ -378,19 +392,46 @@ class Turn:
         }
 
 
+def turn_argvs(argv):
+    """The argument lists of the turns to run: `argv` itself, or with `--turns SPEC`, the
+    other arguments followed by each turn's own (see the module docstring)."""
+    at = [i for i, a in enumerate(argv) if a == "--turns" or a.startswith("--turns=")]
+    if not at:
+        return [argv]
+    p = argparse.ArgumentParser(prog="anthropic_client.py")
+    if len(at) > 1:
+        p.error("--turns: given twice")
+    i = at[0]
+    if argv[i].startswith("--turns="):
+        spec, rest = argv[i][len("--turns="):], argv[i + 1:]
+    elif i + 1 < len(argv):
+        spec, rest = argv[i + 1], argv[i + 2:]
+    else:
+        p.error("--turns: expected one argument")
+    turns = json_arg(p, "--turns", spec)
+    if not isinstance(turns, list) or not turns or not all(
+            isinstance(t, list) and all(isinstance(x, str) for x in t) for t in turns):
+        p.error("--turns: a non-empty JSON array of arrays of strings")
+    common = argv[:i] + rest
+    return [common + t for t in turns]
+
+
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    client = anthropic.Anthropic(
-        base_url=args.base_url,
-        api_key=args.api_key,
-        timeout=args.timeout,
-        max_retries=0,  # one request per run: the tests count turns and streams
-        http_client=anthropic.DefaultHttpxClient(trust_env=False),  # no proxies from the env
-    )
-    turn = Turn(args)
-    turn.run(client)
-    sys.stdout.write(json.dumps(turn.result()) + "\n")
-    sys.stdout.flush()
+    argvs = turn_argvs(sys.argv[1:] if argv is None else argv)
+    # Every turn's arguments are checked before the first one runs.
+    turns = [parse_args(a) for a in argvs]
+    for args in turns:
+        client = anthropic.Anthropic(
+            base_url=args.base_url,
+            api_key=args.api_key,
+            timeout=args.timeout,
+            max_retries=0,  # one request per turn: the tests count turns and streams
+            http_client=anthropic.DefaultHttpxClient(trust_env=False),  # no proxies from the env
+        )
+        turn = Turn(args)
+        turn.run(client)
+        sys.stdout.write(json.dumps(turn.result()) + "\n")
+        sys.stdout.flush()
     return 0
 
 

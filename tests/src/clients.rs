@@ -41,9 +41,48 @@ pub fn anthropic_client(ns: &str, args: &[&str]) -> Result<Value> {
     python_sdk(ns, &script.display().to_string(), args)
 }
 
+/// Runs several turns of [`anthropic_client`] in one process (`--turns`: the SDK is imported
+/// once, which takes a second or two of CPU): `args` are common to every turn, `turns[i]` are
+/// turn i's own (after them, so they override). Returns one JSON line per turn, in order.
+pub fn anthropic_turns<T: AsRef<str>>(
+    ns: &str,
+    args: &[&str],
+    turns: &[Vec<T>],
+) -> Result<Vec<Value>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/anthropic_client.py");
+    let turns: Vec<Vec<&str>> = turns
+        .iter()
+        .map(|t| t.iter().map(AsRef::as_ref).collect())
+        .collect();
+    let spec = serde_json::to_string(&turns)?;
+    let mut all = args.to_vec();
+    all.extend(["--turns", spec.as_str()]);
+    let script = script.display().to_string();
+    let stdout = python_stdout(ns, &script, &all)?;
+    let lines = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("{script} printed {stdout:?}")))
+        .collect::<Result<Vec<Value>>>()?;
+    ensure!(
+        lines.len() == turns.len(),
+        "{script}: {} lines for {} turns: {lines:?}",
+        lines.len(),
+        turns.len()
+    );
+    Ok(lines)
+}
+
 /// Runs a Python script of `tests/py` with the venv's interpreter in namespace `ns`; returns
 /// the JSON of its last line.
 fn python_sdk(ns: &str, script: &str, args: &[&str]) -> Result<Value> {
+    let stdout = python_stdout(ns, script, args)?;
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("{script} printed {stdout:?}"))
+}
+
+/// Runs a Python script of `tests/py` with the venv's interpreter in namespace `ns`; returns
+/// its standard output (fails on a non-zero exit, with its standard error).
+fn python_stdout(ns: &str, script: &str, args: &[&str]) -> Result<String> {
     let python = env::var("HALTD_PYTHON")
         .context("HALTD_PYTHON is not set: run the tests with `cargo xtask test`")?;
     let out = Command::new("ip")
@@ -58,8 +97,7 @@ fn python_sdk(ns: &str, script: &str, args: &[&str]) -> Result<Value> {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("{script} printed {stdout:?}"))
+    Ok(stdout.into_owned())
 }
 
 /// Runs curl in namespace `ns` with `args`; returns (exit status success, stdout).

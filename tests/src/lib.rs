@@ -66,7 +66,9 @@ pub mod tls_client;
 pub mod upstream;
 
 pub use api::{ApiClient, Transport};
-pub use clients::{anthropic_client, curl, openai_agent, openai_sdk, openai_sdk_keepalive};
+pub use clients::{
+    anthropic_client, anthropic_turns, curl, openai_agent, openai_sdk, openai_sdk_keepalive,
+};
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
 };
