@@ -35,6 +35,7 @@ mod kernel_gate;
 mod ledger_cli;
 mod leftovers;
 mod logs;
+mod messages;
 mod namespaces;
 mod ops_pack;
 mod privileges;
