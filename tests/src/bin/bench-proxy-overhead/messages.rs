@@ -188,9 +188,15 @@ fn ttfb_rounds(args: &Args, rig: &Rig) -> Result<Value> {
             }
         }
     }
+    let rounded = |v: &[f64]| v.iter().copied().map(round1).collect::<Vec<_>>();
+    let per_round = json!({
+        "chat": {"added_p50_us": rounded(&added[0][0]), "added_p99_us": rounded(&added[0][1])},
+        "messages": {"added_p50_us": rounded(&added[1][0]), "added_p99_us": rounded(&added[1][1])},
+    });
     let [chat, messages] = added.map(|[p50, p99]| (Spread::of(p50), Spread::of(p99)));
     Ok(json!({
         "requests_per_route_per_round": args.ttfb_requests,
+        "per_round": per_round,
         "chat": {"added_p50_us": Spread::to_json(chat.0), "added_p99_us": Spread::to_json(chat.1)},
         "messages": {"added_p50_us": Spread::to_json(messages.0), "added_p99_us": Spread::to_json(messages.1)},
         "messages_over_chat_p50": compare(chat.0, messages.0, true),
