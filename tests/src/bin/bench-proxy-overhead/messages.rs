@@ -229,15 +229,17 @@ fn run_once(
         args.messages_rounds,
         leg.name()
     );
-    let pid = rig.haltd.proc.pid();
     let (all0, kids0) = (machine_busy_us(), children_cpu_us());
-    let (cpu0, t0) = (rig.cpu_clock.read_us(pid)?, Instant::now());
+    // haltd's and the upstream's (nginx is stopped).
+    let ((h0, _, u0), t0) = (rig.cpu_us()?, Instant::now());
     let client = run_client_with(client_bin, &url, n, tokens, args.pace_ms, extra)?;
     thread::sleep(SETTLE);
     let window_s = t0.elapsed().as_secs_f64();
-    let haltd_cpu_us = rig.cpu_clock.read_us(pid)? - cpu0;
+    let (h1, _, u1) = rig.cpu_us()?;
+    let haltd_cpu_us = h1 - h0;
     let capacity_us = window_s * 1e6 * rig.nproc.max(1) as f64;
-    let ours = haltd_cpu_us + children_cpu_us() - kids0;
+    // The bench's processes: haltd, the upstream and the client (a waited-for child).
+    let ours = haltd_cpu_us + (u1 - u0) + children_cpu_us() - kids0;
     let others_pct = ((machine_busy_us() - all0 - ours) / capacity_us * 100.0).max(0.0);
     eprintln!(
         "{tag} {} tokens, {} errors; latency µs p50 {} p99 {}; first byte µs p50 {}; \
