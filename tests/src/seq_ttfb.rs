@@ -8,6 +8,9 @@
 //! with one on a kept connection (HTTP keep-alive, `connection: keep-alive` on both);
 //! [`keepalive_probe_over`] does the same in TLS (haltd with `--tls-cert`), where a new
 //! connection also pays the handshake.
+//!
+//! [`probe_apis`] takes each route's API: chat, or the Anthropic Messages API that haltd
+//! serves by translation, so that one probe measures both surfaces of one haltd in turn.
 
 use std::{
     io::{Read, Write},
@@ -22,13 +25,32 @@ use serde_json::json;
 /// Reads a socket until EOF; a route that misbehaves fails the probe instead of hanging it.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The API a probe's request speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/messages` (the same body: Messages takes `model`, `stream`, `max_tokens` and
+    /// string `messages` alike).
+    Messages,
+}
+
 /// A streamed completion request of `tokens` tokens of the scripted upstream.
 fn request(addr: &str, tokens: usize, connection: &str) -> String {
+    request_on(Api::Chat, addr, tokens, connection)
+}
+
+/// [`request`] in `api`.
+fn request_on(api: Api, addr: &str, tokens: usize, connection: &str) -> String {
     let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
         "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens}]]")}]})
     .to_string();
+    let path = match api {
+        Api::Chat => "/v1/chat/completions",
+        Api::Messages => "/v1/messages",
+    };
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
          accept: text/event-stream\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n{body}",
         body.len()
     )
@@ -38,7 +60,12 @@ fn request(addr: &str, tokens: usize, connection: &str) -> String {
 /// from the request's write to the first response byte. The body is read to its end, and the
 /// response must be a `200`.
 pub fn one(addr: &str, tokens: usize) -> Result<Duration> {
-    let req = request(addr, tokens, "close");
+    one_on(Api::Chat, addr, tokens)
+}
+
+/// [`one`] in `api`.
+pub fn one_on(api: Api, addr: &str, tokens: usize) -> Result<Duration> {
+    let req = request_on(api, addr, tokens, "close");
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_nodelay(true).context("TCP_NODELAY")?;
     s.set_read_timeout(Some(READ_TIMEOUT))
@@ -75,10 +102,22 @@ pub fn probe(
     warmup: usize,
     tokens: usize,
 ) -> Result<Vec<Vec<Duration>>> {
-    let mut times = vec![Vec::with_capacity(requests); addrs.len()];
+    let routes: Vec<(&str, Api)> = addrs.iter().map(|&a| (a, Api::Chat)).collect();
+    probe_apis(&routes, requests, warmup, tokens)
+}
+
+/// [`probe`] over routes that each speak their own API: (`host:port`, API).
+pub fn probe_apis(
+    routes: &[(&str, Api)],
+    requests: usize,
+    warmup: usize,
+    tokens: usize,
+) -> Result<Vec<Vec<Duration>>> {
+    let mut times = vec![Vec::with_capacity(requests); routes.len()];
     for i in 0..warmup + requests {
-        for (route, addr) in addrs.iter().enumerate() {
-            let t = one(addr, tokens).with_context(|| format!("request {i} to {addr}"))?;
+        for (route, &(addr, api)) in routes.iter().enumerate() {
+            let t = one_on(api, addr, tokens)
+                .with_context(|| format!("request {i} to {addr} ({api:?})"))?;
             if i >= warmup {
                 times[route].push(t);
             }

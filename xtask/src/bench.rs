@@ -20,14 +20,16 @@ use crate::{
 /// arguments after `cargo xtask bench --` go to it.
 const BENCHES: &[(&str, &str)] = &[
     ("haltd-tests", "bench-halt-slo"),
-    // The cost figures beside nginx, TTFB and the scorer stall (bench-halt-slo runs it without
-    // them).
+    // The cost figures beside nginx, TTFB, the scorer stall, and (issue 34) the TTFB and
+    // per-token latency haltd adds on the Messages API beside chat (bench-halt-slo runs it
+    // without them).
     ("haltd-tests", "bench-proxy-overhead"),
     ("haltd-tests", "bench-detectors"),
     // Issue 11: haltd's CPU with nothing open and 8,192 slots.
     ("haltd-tests", "bench-idle-cpu"),
     ("haltd-tests", "bench-upstream-path"),
-    // Issue 30: instructions per proxied token in the data-plane thread (callgrind).
+    // Issue 30: instructions per proxied token in the data-plane thread (callgrind); issue 34:
+    // on chat, chat without logprobs and Messages, with the ratio Messages / chat-plain.
     ("haltd-tests", "bench-token-instructions"),
     // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
     ("haltd-tests", "bench-kill-loop"),

@@ -74,9 +74,7 @@ impl Route {
     /// The API family the route belongs to: the `surface` label.
     pub const fn surface(self) -> Surface {
         match self {
-            Route::Chat | Route::Completions | Route::Models | Route::Embeddings => {
-                Surface::Openai
-            }
+            Route::Chat | Route::Completions | Route::Models | Route::Embeddings => Surface::Openai,
             Route::Messages => Surface::Anthropic,
             Route::Health => Surface::Haltd,
             Route::Other => Surface::Other,

@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+/// Largest `max_tokens` accepted, on every endpoint.
+pub const MAX_MAX_TOKENS: u32 = 1_000_000;
+
 /// Which endpoint a stream answers: the client's surface.
 ///
 /// [`Endpoint::Messages`] is served by translation ([`crate::wire::messages`]): its request is

@@ -17,8 +17,7 @@ use crate::wire::{encode::MAX_TOP_LOGPROBS, endpoint::Endpoint, http::HttpError}
 pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
 /// `max_tokens` when a completion request gives none (the OpenAI default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
-/// Largest `max_tokens` accepted.
-pub const MAX_MAX_TOKENS: u32 = 1_000_000;
+pub use crate::wire::endpoint::MAX_MAX_TOKENS;
 
 /// A client's chat or completion request: the endpoint it came in on and its body, parsed
 /// once. Every token source takes its view of it; nothing parses the body again.

@@ -229,7 +229,19 @@ mod tests {
 
     #[test]
     fn terminal_frames_carry_the_nonce_where_the_gate_looks() {
-        let h = halt();
+        for endpoint in [Endpoint::Chat, Endpoint::Completion, Endpoint::Messages] {
+            for code in [FailureCode::OperatorTrip, FailureCode::UpstreamFailure] {
+                let h = Halt {
+                    endpoint,
+                    code,
+                    ..halt()
+                };
+                nonce_at_the_offset(&h);
+            }
+        }
+    }
+
+    fn nonce_at_the_offset(h: &Halt) {
         for frame in [
             {
                 let mut o = Vec::new();
@@ -298,6 +310,61 @@ mod tests {
         assert!(payload.starts_with(b": haltd-halt "));
         assert_eq!(payload.len() + 10, plain.len());
         assert_eq!(&payload[21..], &plain[31..]);
+    }
+
+    /// The SSE events of a frame (after the nonce comment): (event name, data JSON).
+    fn messages_events(frame: &[u8]) -> Vec<(String, Value)> {
+        let text = std::str::from_utf8(frame).expect("utf8");
+        let sse = text.split_once("\r\n\r\n").map_or(text, |(_, body)| body);
+        sse.split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                let mut lines = e.lines().filter(|l| !l.starts_with(':'));
+                let name = lines.next().and_then(|l| l.strip_prefix("event: "));
+                let data = lines.next().and_then(|l| l.strip_prefix("data: "));
+                let data: Value = serde_json::from_str(data.expect("data")).expect("json");
+                (name.expect("event").to_owned(), data)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_halted_messages_stream_ends_with_a_refusal_and_message_stop() {
+        let h = Halt {
+            endpoint: Endpoint::Messages,
+            ..halt()
+        };
+        let mut sse = Vec::new();
+        h.sse_terminal(&mut sse);
+        let ev = messages_events(&sse);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["message_delta", "message_stop"]);
+        assert_eq!(ev[0].1["delta"]["stop_reason"], "refusal");
+        assert_eq!(ev[0].1["haltd"]["code"], "OPERATOR_TRIP");
+        assert_eq!(ev[0].1["haltd"]["post_trip_tokens"], 2);
+        assert_eq!(ev[0].1["usage"]["output_tokens"], 14);
+        // A whole response: no head went out before, so message_start comes first.
+        let mut whole = Vec::new();
+        h.http_terminal(&mut whole, true);
+        let ev = messages_events(&whole);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["message_start", "message_delta", "message_stop"]);
+        let failed = Halt {
+            code: FailureCode::UpstreamFailure,
+            ..h.clone()
+        };
+        let mut sse = Vec::new();
+        failed.sse_terminal(&mut sse);
+        let ev = messages_events(&sse);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].0, "error");
+        assert_eq!(ev[0].1["error"]["type"], "api_error");
+        assert_eq!(ev[0].1["error"]["haltd"]["code"], "UPSTREAM_FAILURE");
+        let v: Value = serde_json::from_slice(&h.degraded_body()).expect("json");
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["content"], serde_json::json!([]));
+        assert_eq!(v["stop_reason"], "refusal");
+        assert_eq!(v["haltd"]["code"], "OPERATOR_TRIP");
     }
 
     #[test]

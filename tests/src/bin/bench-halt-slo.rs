@@ -1458,9 +1458,16 @@ fn overhead_run(streams: &[usize], extra: &[String], out: &Path) -> Result<Value
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    // The nginx route and the scorer-stall scenario are issue 11's figures, measured by
-    // running bench-proxy-overhead itself; here it stays the direct-versus-haltd overhead.
-    let fixed = ["--rounds", "1", "--no-nginx", "--no-scorer-stall"];
+    // The nginx route and the scorer-stall scenario are issue 11's figures, the Messages
+    // comparison issue 34's, measured by running bench-proxy-overhead itself; here it stays
+    // the direct-versus-haltd overhead.
+    let fixed = [
+        "--rounds",
+        "1",
+        "--no-nginx",
+        "--no-scorer-stall",
+        "--no-messages",
+    ];
     eprintln!(
         "[halt-slo] streaming overhead against a plain relay: {} --streams {list} {} {}",
         bin.display(),

@@ -11,6 +11,7 @@
 //!     [--nginx /usr/sbin/nginx | --no-nginx]
 //!     [--stall-streams 100] [--scorer-deadline-us 2000] [--stall-us US] [--no-scorer-stall]
 //!     [--ttfb-requests 200] [--upstream-tls] [--client-tls] [--tls-streams 1,100]
+//!     [--no-messages] [--messages-streams 1,100] [--messages-rounds 5]
 //! ```
 //!
 //! Needs root (haltd loads its kernel halt gate) and a release haltd in `HALTD_BIN`;
@@ -62,6 +63,11 @@
 //! with it sleeping `--stall-us` (default 90 % of D) before each answer for the victim's
 //! tokens only. The measured streams' per-token latency p99 with the stall over without it is
 //! the isolation figure (target ≤ 1.10). See [`stall`] and docs/bench.md.
+//!
+//! Then (unless `--no-messages`), on the same upstream and haltd with nginx stopped, the
+//! Anthropic Messages API beside chat (issue 34, point 7): the time to first byte haltd adds
+//! unloaded and the latency it adds per token, on chat and on Messages, medians of
+//! `--messages-rounds` alternating rounds; see [`messages`] and docs/bench.md.
 //!
 //! With `--upstream-tls`, last, the cost of TLS to the upstream: haltd in front of a TLS twin
 //! of the upstream against haltd in front of the plain one, in the same run (CPU per token,
@@ -184,6 +190,16 @@ struct Args {
     /// by default nginx's `keepalive_timeout` here (600 s). haltd's own default is 4 s.
     #[arg(long, default_value_t = NGINX_KEEPALIVE_TIMEOUT_S * 1000)]
     haltd_pool_idle_timeout_ms: u64,
+    /// Leave out the Messages comparison (see `messages`).
+    #[arg(long)]
+    no_messages: bool,
+    /// Concurrent stream counts of the Messages comparison, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
+    messages_streams: Vec<usize>,
+    /// Rounds of the Messages comparison (each: direct, chat and Messages, alternating), for
+    /// the bursts and for the unloaded time to first byte.
+    #[arg(long, default_value_t = 5)]
+    messages_rounds: usize,
 }
 
 /// Tokens per stream for N streams: each run takes a few seconds at 20 ms pace. Above 100
@@ -313,8 +329,10 @@ fn main() -> Result<()> {
 
     let nginx_json = nginx_json(&args, rig.nginx.as_ref(), nginx_skipped.as_deref(), &idle);
     // The proxies of the overhead runs go before the scorer-stall scenario starts its own
-    // haltd, so that their background does not load the machine.
-    drop(rig.nginx);
+    // haltd, so that their background does not load the machine; nginx before the Messages
+    // comparison, which runs on this haltd.
+    rig.nginx = None;
+    let messages_report = run_messages(&args, &mut rig, &bins.client);
     drop(rig.haltd);
 
     let stall_report = if args.no_scorer_stall {
@@ -353,6 +371,7 @@ fn main() -> Result<()> {
         "scorer_stall": stall_report,
         "upstream_tls": tls_report,
         "client_tls": client_tls_report,
+        "messages": messages_report,
         "sequential_ttfb": SeqTtfb::report(seq_ttfb.as_ref(), args.ttfb_requests),
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
@@ -409,6 +428,13 @@ fn check_args(args: &Args) -> Result<()> {
         "--streams counts must be positive"
     );
     ensure!(args.rounds > 0, "--rounds must be at least 1");
+    ensure!(
+        args.no_messages
+            || (args.messages_rounds > 0
+                && !args.messages_streams.is_empty()
+                && args.messages_streams.iter().all(|&n| n > 0)),
+        "--messages-rounds and every --messages-streams count must be at least 1"
+    );
     ensure!(args.tokens != Some(0), "--tokens must be at least 1");
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
@@ -718,6 +744,17 @@ fn run_stall(ctx: &stall::Context<'_>, upstream: &mut Upstream) -> Value {
     }
 }
 
+/// The Messages comparison's report, its error as a problem, or why it was skipped.
+fn run_messages(args: &Args, rig: &mut Rig, client_bin: &Path) -> Value {
+    if args.no_messages {
+        return json!({"skipped": "--no-messages"});
+    }
+    messages::run(args, rig, client_bin).unwrap_or_else(|e| {
+        eprintln!("bench-proxy-overhead: Messages comparison failed: {e:#}");
+        json!({"problems": [format!("{e:#}")]})
+    })
+}
+
 /// The upstream TLS scenario's report (`--upstream-tls`), its error as a problem, or why it
 /// was skipped.
 fn run_upstream_tls(
@@ -793,6 +830,13 @@ fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
     let client_tls_problems = report["client_tls"]["problems"].as_array();
     for p in client_tls_problems.into_iter().flatten() {
         bad.push(format!("client TLS: {}", p.as_str().unwrap_or_default()));
+    }
+    for p in report["messages"]["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        bad.push(format!("Messages: {}", p.as_str().unwrap_or_default()));
     }
     ensure!(
         bad.is_empty(),
@@ -2219,6 +2263,9 @@ mod client_tls;
 
 #[path = "bench-proxy-overhead/tls_compare.rs"]
 mod tls_compare;
+
+#[path = "bench-proxy-overhead/messages.rs"]
+mod messages;
 
 mod stall {
     use std::{

@@ -1,10 +1,13 @@
 //! `bench-proxy`: per-token latency under load, for an OpenAI-compatible server that streams
 //! `scripted-upstream`'s `bench` script: the upstream itself (the baseline) or haltd in front of
-//! it (the same numbers plus what the proxy adds).
+//! it (the same numbers plus what the proxy adds), on chat, completions or, through haltd, the
+//! Anthropic Messages API (`--endpoint messages`: `POST /v1/messages`, tokens read from the
+//! `text_delta` events, the stream ended by `message_stop`).
 //!
 //! ```text
 //! bench-proxy --url http://HOST:PORT --streams N --tokens T --pace-ms P
-//!             [--endpoint chat|completions] [--duration-s S] [--timeout-s S] [--align] [--json]
+//!             [--endpoint chat|completions|messages] [--duration-s S] [--timeout-s S] [--align]
+//!             [--json]
 //! ```
 //!
 //! Opens N concurrent streaming requests whose prompt is `[[script:bench tokens=T pace_ms=P]]`
@@ -26,7 +29,8 @@
 //! "ttfb_n","ttfb_p50_us","ttfb_p99_us","ttfb_max_us","ttft_n","ttft_p50_us","ttft_p99_us","ttft_max_us"}`
 //! (latencies in microseconds, one decimal; null when no token arrived; `ttfb_n` and `ttft_n`
 //! count the requests that got a first byte and a first token). A stream that fails
-//! (connect or read error, non-200, an `error` event, no `[DONE]`, fewer or more than T tokens)
+//! (connect or read error, non-200, an `error` event, no `[DONE]` (Messages: no
+//! `message_stop`, or a halted end, `"stop_reason":"refusal"`), fewer or more than T tokens)
 //! counts as an error, and the first few are described on stderr; the run goes on.
 //!
 //! The client is deliberately thin and identical for both targets: hand-written HTTP/1.1 with
@@ -54,6 +58,8 @@ use tokio::{
 enum Endpoint {
     Chat,
     Completions,
+    /// The Anthropic Messages API (haltd translates it to chat for the upstream).
+    Messages,
 }
 
 /// Per-token latency load client (see the crate docs).
@@ -72,7 +78,7 @@ struct Args {
     /// Upstream delay before each token, in milliseconds.
     #[arg(long)]
     pace_ms: u64,
-    /// Which OpenAI endpoint to call.
+    /// Which endpoint to call.
     #[arg(long, value_enum, default_value_t = Endpoint::Chat)]
     endpoint: Endpoint,
     /// Keep restarting streams until this many seconds have passed (default: each runs once).
@@ -311,6 +317,11 @@ fn build_request(args: &Args, host: &str) -> Vec<u8> {
             json!({"model": "scripted", "stream": true, "max_tokens": args.tokens,
                    "prompt": directive}),
         ),
+        Endpoint::Messages => (
+            "/v1/messages",
+            json!({"model": "scripted", "stream": true, "max_tokens": args.tokens,
+                   "messages": [{"role": "user", "content": directive}]}),
+        ),
     };
     let body = body.to_string();
     let mut req = format!(
@@ -540,14 +551,23 @@ impl Conn {
     }
 }
 
-/// One SSE event's data: `[DONE]`, an error, or a chunk whose text holds ` t<NS>` tokens.
+/// One SSE event's data: the end (`[DONE]`, Messages' `message_stop`), an error (Messages:
+/// an `error` event or a halted end), or a chunk whose text holds ` t<NS>` tokens.
 fn handle_event(data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
-    if data == b"[DONE]" {
+    if data == b"[DONE]" || data.starts_with(b"{\"type\":\"message_stop\"") {
         seen.done = true;
         return;
     }
     let trimmed = data.trim_ascii_start();
-    if trimmed.starts_with(b"{\"error\"") {
+    // A halted Messages stream: a `message_delta` with `stop_reason` "refusal" (its keys in
+    // serde_json's order: `{"delta":...`), then `message_stop`.
+    const REFUSAL: &[u8] = b"\"stop_reason\":\"refusal\"";
+    let halted = || {
+        (trimmed.starts_with(b"{\"delta\"") || trimmed.starts_with(b"{\"type\":\"message_delta\""))
+            && trimmed.windows(REFUSAL.len()).any(|w| w == REFUSAL)
+    };
+    if trimmed.starts_with(b"{\"error\"") || trimmed.starts_with(b"{\"type\":\"error\"") || halted()
+    {
         if seen.error.is_none() {
             seen.error = Some(String::from_utf8_lossy(&trimmed[..trimmed.len().min(300)]).into());
         }
@@ -573,8 +593,9 @@ fn handle_event(data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
 }
 
 /// The raw (unescaped-free) value of the first `"content"` or `"text"` key whose value is a
-/// string: the chat delta's content or the completion's text. `"content":[` (chat logprobs)
-/// and `"content":null` are skipped.
+/// string: the chat delta's content, the completion's text or a Messages `text_delta`'s text.
+/// `"content":[` (chat logprobs, Messages' `message_start`) and `"content":null` are skipped,
+/// and a Messages block's empty start text holds no token.
 fn token_text(data: &[u8]) -> Option<&[u8]> {
     let mut i = 0;
     while i < data.len() {
@@ -837,6 +858,37 @@ mod tests {
             let (_, seen, ended) = decode(EVENTS.as_bytes(), Body::Length(len), step);
             assert!(ended && seen.done && seen.tokens == 3);
         }
+    }
+
+    const MESSAGES: &str = "event: message_start\n\
+        data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"content\":[],\"usage\":{}}}\n\n\
+        event: content_block_start\n\
+        data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+        event: content_block_delta\n\
+        data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" t1\"}}\n\n\
+        event: content_block_delta\n\
+        data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" t2\"}}\n\n";
+
+    #[test]
+    fn messages_events_give_tokens_and_end_at_message_stop() {
+        let stop = "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        for step in [1, 7, 4096] {
+            let wire = format!("{MESSAGES}{stop}");
+            let (lat, seen, _) = decode(wire.as_bytes(), Body::Close, step);
+            assert!(seen.done && seen.error.is_none(), "step {step}");
+            assert_eq!((lat.len(), seen.tokens), (2, 2), "step {step}");
+        }
+        let halted = ": haltd-halt 0123\nevent: message_delta\ndata: {\"delta\":{\"stop_reason\":\
+            \"refusal\",\"stop_sequence\":null},\"type\":\"message_delta\"}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let (_, seen, _) = decode(format!("{MESSAGES}{halted}").as_bytes(), Body::Close, 64);
+        assert!(seen.error.is_some_and(|e| e.contains("refusal")));
+        let error =
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n";
+        let (_, seen, _) = decode(format!("{MESSAGES}{error}").as_bytes(), Body::Close, 64);
+        assert!(seen.error.is_some_and(|e| e.contains("api_error")) && !seen.done);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! `bench-token-instructions`: the instructions haltd's data-plane thread executes per proxied
-//! token, counted by callgrind, for one haltd or for two side by side (issue 30, point 5).
+//! token, counted by callgrind, for one haltd or for two side by side (issue 30, point 5), on
+//! each client surface: chat and the Anthropic Messages API (issue 34, point 7).
 //!
 //! ```text
 //! HALTD_BIN=target/release/haltd bench-token-instructions [--before OLD_HALTD]
-//!     [--tokens 2000] [--streams 1,20] [--rounds 3] [--out FILE]
+//!     [--surfaces chat,chat-plain,messages] [--tokens 2000] [--streams 1,20] [--rounds 3]
+//!     [--out FILE]
 //! ```
 //!
 //! Why instructions: on these 2-vCPU machines single timing rounds scatter by ±30 %, and the
@@ -16,17 +18,41 @@
 //! and one `haltd serve --source openai --workers 1 --no-kernel-gate` in front of it under
 //! `valgrind --tool=callgrind`, collecting only inside the worker's event loop
 //! (`--toggle-collect=*Worker>::run`: the data-plane thread, nothing of the watchdog, the
-//! ledger writer or start-up). After one warm-up turn of 50 tokens it zeroes the counters
-//! (`callgrind_control -z`), runs N concurrent streams of `--tokens` tokens each (the
-//! upstream's `normal` script, chat, with logprobs), dumps the counters (`callgrind_control
-//! -d`) and divides the instructions by the tokens the clients received. The heartbeat
-//! deadline is raised to 120 s: under callgrind haltd runs some 50 times slower, and a
-//! stream must not halt with `HEARTBEAT_LOST` while it is measured.
+//! ledger writer or start-up). After one warm-up turn of 50 tokens on the surface measured it
+//! zeroes the counters (`callgrind_control -z`), runs N concurrent streams of `--tokens`
+//! tokens each (the upstream's `normal` script), dumps the counters (`callgrind_control -d`)
+//! and divides the instructions by the tokens the clients received. The heartbeat deadline is
+//! raised to 120 s: under callgrind haltd runs some 50 times slower, and a stream must not
+//! halt with `HEARTBEAT_LOST` while it is measured.
+//!
+//! The surfaces (`--surfaces`, comma-separated; all three by default), each a streamed turn of
+//! the same script, so the upstream's work is the same (haltd asks it for logprobs on every
+//! surface):
+//! - `chat`: `POST /v1/chat/completions` with `logprobs: true`, as this bench always measured
+//!   (its figures stay comparable with earlier runs). A token is a `"content":"` delta; the
+//!   stream must end in `data: [DONE]`.
+//! - `chat-plain`: the same without logprobs, so haltd writes no logprobs to the client: the
+//!   fair baseline for Messages, which has none.
+//! - `messages`: `POST /v1/messages` (the request translated to chat for the upstream, the
+//!   stream written as Messages events). A token is a `"type":"text_delta"` event; the last
+//!   event must be `message_stop`, and no `"stop_reason":"refusal"` (a halt) may come.
+//!
+//! Every round measures every surface once, the order rotating from round to round. Per
+//! stream count the table gives each surface's median with its min–max, then the ratios
+//! messages / chat-plain and messages / chat of the medians; the Messages target (issue 34)
+//! passes when messages / chat-plain ≤ 1.10.
 //!
 //! With `--before`, every round measures the old binary and then `HALTD_BIN`, alternating,
-//! and the table gives each one's median with its min–max, and the ratio of the medians. A
-//! figure passes (issue 30's rule) when it is within 5 % of before, or inside before's
-//! min–max. Needs valgrind (`cargo xtask setup` installs it); no root, no BPF.
+//! per surface, and the table gives each one's median with its min–max, and the ratio of the
+//! medians. A figure passes (issue 30's rule) when it is within 5 % of before, or inside
+//! before's min–max. The surface ratios are printed for each binary. Needs valgrind (`cargo
+//! xtask setup` installs it); no root, no BPF.
+//!
+//! The JSON report (`--out`): `tokens`, `rounds`, `surfaces`, and per stream count in
+//! `results`: `streams`, `surfaces` (per surface: `surface`, `per_binary` with each binary's
+//! `counts`, and `verdict`, after against before, or null) and `ratios` (per binary:
+//! `messages_over_chat_plain`, `messages_over_chat`, `pass`; null where a surface was not
+//! measured).
 
 use std::{
     io::{Read, Write},
@@ -37,8 +63,12 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use haltd_tests::{temp_dir, wait_for};
+use serde_json::{json, Value};
+
+/// The Messages target (issue 34): messages / chat-plain instructions per token, at most.
+const TARGET_MESSAGES_RATIO: f64 = 1.10;
 
 #[derive(Debug, Parser)]
 #[command(name = "bench-token-instructions")]
@@ -46,18 +76,44 @@ struct Args {
     /// A second haltd to compare against (before a change); `HALTD_BIN` is the one after.
     #[arg(long)]
     before: Option<PathBuf>,
+    /// Client surfaces to measure, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [Surface::Chat, Surface::ChatPlain, Surface::Messages])]
+    surfaces: Vec<Surface>,
     /// Tokens per stream.
     #[arg(long, default_value_t = 2000)]
     tokens: u32,
     /// Concurrent stream counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 20])]
     streams: Vec<u32>,
-    /// Rounds per binary and stream count.
+    /// Rounds per binary, surface and stream count.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// The report as JSON.
     #[arg(long, default_value = "target/bench/token-instructions.json")]
     out: PathBuf,
+}
+
+/// The API a client speaks to haltd (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Surface {
+    /// Chat completions with logprobs.
+    Chat,
+    /// Chat completions without logprobs.
+    ChatPlain,
+    /// The Anthropic Messages API.
+    Messages,
+}
+
+impl Surface {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::ChatPlain => "chat-plain",
+            Self::Messages => "messages",
+        }
+    }
 }
 
 /// One measurement: instructions and the tokens they carried.
@@ -73,11 +129,46 @@ impl Count {
     }
 }
 
+/// A binary measured: its name in the table (`before`, `after`) and path.
+type Bin<'a> = (&'static str, &'a Path);
+
 fn main() -> Result<()> {
     let args = Args::parse();
+    ensure!(!args.surfaces.is_empty(), "--surfaces needs at least one");
+    ensure!(args.rounds > 0, "--rounds must be at least 1");
     let after = PathBuf::from(std::env::var_os("HALTD_BIN").context(
         "HALTD_BIN is not set: point it at a release haltd (`cargo xtask bench` sets it)",
     )?);
+    let upstream = prerequisites()?;
+    let mut bins: Vec<Bin<'_>> = Vec::new();
+    if let Some(b) = &args.before {
+        bins.push(("before", b));
+    }
+    bins.push(("after", &after));
+    let mut report = Vec::new();
+    for &streams in &args.streams {
+        let counts = measure_rounds(&args, &bins, &upstream, streams)?;
+        report.push(summarize(&args.surfaces, &bins, streams, &counts));
+    }
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let json = json!({
+        "bench": "token-instructions",
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "surfaces": args.surfaces,
+        "target_messages_over_chat_plain": TARGET_MESSAGES_RATIO,
+        "results": report,
+    });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("report: {}", args.out.display());
+    Ok(())
+}
+
+/// The upstream beside this executable, once valgrind is known to be there.
+fn prerequisites() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let upstream = exe.with_file_name("scripted-upstream");
     ensure!(
@@ -92,54 +183,84 @@ fn main() -> Result<()> {
             .is_ok_and(|o| o.status.success()),
         "valgrind is missing: run `cargo xtask setup` as root (or `apt-get install -y valgrind`)"
     );
-    let mut bins: Vec<(&str, &Path)> = Vec::new();
-    if let Some(b) = &args.before {
-        bins.push(("before", b));
-    }
-    bins.push(("after", &after));
-    let mut report = Vec::new();
-    for &streams in &args.streams {
-        let mut counts: Vec<Vec<Count>> = vec![Vec::new(); bins.len()];
-        for round in 1..=args.rounds {
+    Ok(upstream)
+}
+
+/// Every round of one stream count: each binary on each surface, the surfaces' order rotating
+/// from round to round. `counts[surface][binary]` holds a count per round.
+fn measure_rounds(
+    args: &Args,
+    bins: &[Bin<'_>],
+    upstream: &Path,
+    streams: u32,
+) -> Result<Vec<Vec<Vec<Count>>>> {
+    let mut counts = vec![vec![Vec::new(); bins.len()]; args.surfaces.len()];
+    for round in 1..=args.rounds {
+        let mut order: Vec<usize> = (0..args.surfaces.len()).collect();
+        order.rotate_left((round - 1) as usize % args.surfaces.len());
+        for s in order {
+            let surface = args.surfaces[s];
             for (i, (name, bin)) in bins.iter().enumerate() {
-                let c = measure(bin, &upstream, streams, args.tokens)?;
+                let c = measure(bin, upstream, surface, streams, args.tokens)?;
                 eprintln!(
-                    "[{name} N={streams} round {round}/{}] {} tokens, {} instructions, {:.0} per token",
+                    "[{name} {} N={streams} round {round}/{}] {} tokens, {} instructions, {:.0} per token",
+                    surface.name(),
                     args.rounds,
                     c.tokens,
                     c.instructions,
                     c.per_token()
                 );
-                counts[i].push(c);
+                counts[s][i].push(c);
             }
         }
-        report.push(summarize(&bins, streams, &counts));
     }
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let json = serde_json::json!({"bench": "token-instructions", "tokens": args.tokens, "rounds": args.rounds, "results": report});
-    std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!("report: {}", args.out.display());
-    Ok(())
+    Ok(counts)
 }
 
-/// Prints one stream count's line and returns it as JSON.
-fn summarize(bins: &[(&str, &Path)], streams: u32, counts: &[Vec<Count>]) -> serde_json::Value {
-    let stats: Vec<(f64, f64, f64)> = counts
+/// Median, min and max of the per-token figures of `counts`.
+fn stats(counts: &[Count]) -> (f64, f64, f64) {
+    let mut v: Vec<f64> = counts.iter().map(|c| c.per_token()).collect();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// Prints one stream count's lines (one per surface, then the ratios) and returns them as
+/// JSON.
+fn summarize(
+    surfaces: &[Surface],
+    bins: &[Bin<'_>],
+    streams: u32,
+    counts: &[Vec<Vec<Count>>],
+) -> Value {
+    let per_surface: Vec<Value> = surfaces
         .iter()
-        .map(|c| {
-            let mut v: Vec<f64> = c.iter().map(|c| c.per_token()).collect();
-            v.sort_by(f64::total_cmp);
-            (v[v.len() / 2], v[0], v[v.len() - 1])
+        .zip(counts)
+        .map(|(&surface, c)| surface_line(surface, bins, streams, c))
+        .collect();
+    let median_of = |surface: Surface, bin: usize| {
+        let s = surfaces.iter().position(|&x| x == surface)?;
+        Some(stats(&counts[s][bin]).0)
+    };
+    let ratios: Vec<Value> = bins
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            let messages = median_of(Surface::Messages, i);
+            let over = |base| Some(messages? / median_of(base, i)?);
+            ratio_line(name, streams, over(Surface::ChatPlain), over(Surface::Chat))
         })
         .collect();
-    let mut line = format!("N={streams:<5}");
+    json!({"streams": streams, "surfaces": per_surface, "ratios": ratios})
+}
+
+/// One surface's line: each binary's median (min–max), and after against before.
+fn surface_line(surface: Surface, bins: &[Bin<'_>], streams: u32, counts: &[Vec<Count>]) -> Value {
+    let stats: Vec<(f64, f64, f64)> = counts.iter().map(|c| stats(c)).collect();
+    let mut line = format!("N={streams:<5} {:<10}", surface.name());
     for ((name, _), (med, min, max)) in bins.iter().zip(&stats) {
         line += &format!(" | {name} {med:.0} ({min:.0}–{max:.0}) instructions/token");
     }
-    let mut verdict = serde_json::Value::Null;
+    let mut verdict = Value::Null;
     if let [(b, bmin, bmax), (a, _, _)] = stats[..] {
         let ratio = a / b;
         let pass = ratio <= 1.05 || (bmin..=bmax).contains(&a);
@@ -147,15 +268,39 @@ fn summarize(bins: &[(&str, &Path)], streams: u32, counts: &[Vec<Count>]) -> ser
             " | after/before {ratio:.4} {}",
             if pass { "PASS" } else { "MISS" }
         );
-        verdict = serde_json::json!({"ratio": ratio, "pass": pass});
+        verdict = json!({"ratio": ratio, "pass": pass});
     }
     println!("{line}");
-    serde_json::json!({
-        "streams": streams,
-        "per_binary": bins.iter().zip(counts).map(|((n, p), c)| serde_json::json!({
+    json!({
+        "surface": surface,
+        "per_binary": bins.iter().zip(counts).map(|((n, p), c)| json!({
             "binary": n, "path": p, "counts": c,
         })).collect::<Vec<_>>(),
         "verdict": verdict,
+    })
+}
+
+/// One binary's surface ratios: messages / chat-plain (the target) and messages / chat.
+fn ratio_line(name: &str, streams: u32, plain: Option<f64>, chat: Option<f64>) -> Value {
+    let pass = plain.map(|r| r <= TARGET_MESSAGES_RATIO);
+    if plain.is_some() || chat.is_some() {
+        let show = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.4}"));
+        let target = match pass {
+            Some(true) => format!("PASS (target ≤ {TARGET_MESSAGES_RATIO:.2})"),
+            Some(false) => format!("MISS (target ≤ {TARGET_MESSAGES_RATIO:.2})"),
+            None => "(not measured)".to_owned(),
+        };
+        println!(
+            "N={streams:<5} {name}: messages/chat-plain {} {target} | messages/chat {}",
+            show(plain),
+            show(chat)
+        );
+    }
+    json!({
+        "binary": name,
+        "messages_over_chat_plain": plain,
+        "messages_over_chat": chat,
+        "pass": pass,
     })
 }
 
@@ -169,11 +314,10 @@ impl Drop for Reaped {
     }
 }
 
-/// One haltd under callgrind in front of one upstream: `streams` streams of `tokens` tokens.
-fn measure(haltd: &Path, upstream: &Path, streams: u32, tokens: u32) -> Result<Count> {
-    let dir = temp_dir("token-instructions")?;
+/// A `scripted-upstream` writing its address into `dir`; the process and the address.
+fn start_upstream(upstream: &Path, dir: &Path) -> Result<(Reaped, String)> {
     let ready = dir.join("upstream.addr");
-    let _up = Reaped(
+    let up = Reaped(
         Command::new(upstream)
             .args(["--listen", "127.0.0.1:0", "--keep-alive", "--ready-file"])
             .arg(&ready)
@@ -182,11 +326,25 @@ fn measure(haltd: &Path, upstream: &Path, streams: u32, tokens: u32) -> Result<C
             .spawn()
             .context("starting scripted-upstream")?,
     );
-    let up_addr = wait_for(Duration::from_secs(10), "the upstream's address", || {
+    let addr = wait_for(Duration::from_secs(10), "the upstream's address", || {
         Ok(std::fs::read_to_string(&ready)
             .ok()
             .filter(|s| !s.trim().is_empty()))
     })?;
+    Ok((up, addr))
+}
+
+/// One haltd under callgrind in front of one upstream: `streams` streams of `tokens` tokens
+/// on `surface`.
+fn measure(
+    haltd: &Path,
+    upstream: &Path,
+    surface: Surface,
+    streams: u32,
+    tokens: u32,
+) -> Result<Count> {
+    let dir = temp_dir("token-instructions")?;
+    let (_up, up_addr) = start_upstream(upstream, &dir)?;
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let cg = dir.join("callgrind.out");
     let mut cmd = Command::new("valgrind");
@@ -222,10 +380,10 @@ fn measure(haltd: &Path, upstream: &Path, streams: u32, tokens: u32) -> Result<C
         "haltd ready under callgrind",
         || Ok(get_status(port, "/readyz").ok().filter(|&s| s == 200)),
     )?;
-    stream(port, 50)?;
+    stream(port, surface, 50)?;
     control(&["-z", &pid])?;
     let workers: Vec<_> = (0..streams)
-        .map(|_| std::thread::spawn(move || stream(port, tokens)))
+        .map(|_| std::thread::spawn(move || stream(port, surface, tokens)))
         .collect();
     let mut received = 0;
     for w in workers {
@@ -290,27 +448,51 @@ fn get_status(port: u16, path: &str) -> Result<u16> {
     Ok(code.parse()?)
 }
 
-/// One streamed chat turn of `tokens` tokens; the content events received.
-fn stream(port: u16, tokens: u32) -> Result<u64> {
-    let body = format!(
-        r#"{{"model":"scripted","stream":true,"logprobs":true,"messages":[{{"role":"user","content":"[[script:normal tokens={tokens}]]"}}]}}"#
-    );
+/// One streamed turn of `tokens` tokens on `surface`; the tokens received.
+fn stream(port: u16, surface: Surface, tokens: u32) -> Result<u64> {
+    let script = format!("[[script:normal tokens={tokens}]]");
+    let (path, body) = match surface {
+        Surface::Chat | Surface::ChatPlain => (
+            "/v1/chat/completions",
+            json!({"model": "scripted", "stream": true,
+                   "logprobs": surface == Surface::Chat,
+                   "messages": [{"role": "user", "content": script}]}),
+        ),
+        Surface::Messages => (
+            "/v1/messages",
+            json!({"model": "scripted", "stream": true, "max_tokens": tokens.max(4096),
+                   "messages": [{"role": "user", "content": script}]}),
+        ),
+    };
+    let body = body.to_string();
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
          connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     let text = String::from_utf8_lossy(&out);
-    if !text.contains("data: [DONE]") {
+    let complete = match surface {
+        Surface::Chat | Surface::ChatPlain => text.contains("data: [DONE]"),
+        Surface::Messages => {
+            text.rfind("event: ")
+                .is_some_and(|i| text[i..].starts_with("event: message_stop"))
+                && !text.contains(r#""stop_reason":"refusal""#)
+        }
+    };
+    if !complete {
         bail!(
-            "the stream did not complete: {}",
+            "the {} stream did not complete: {}",
+            surface.name(),
             text.chars().take(300).collect::<String>()
         );
     }
-    Ok(text.matches(r#""content":""#).count() as u64)
+    Ok(match surface {
+        Surface::Chat | Surface::ChatPlain => text.matches(r#""content":""#).count(),
+        Surface::Messages => text.matches(r#""type":"text_delta""#).count(),
+    } as u64)
 }

@@ -962,20 +962,21 @@ fn batch_trip(transport: Transport) -> Result<()> {
 const MAX_BODY: usize = 65_536;
 
 /// Malformed, unknown, wrong-method, invalid and oversized requests each get their status
-/// and an OpenAI-style error body; returns what went wrong.
+/// and an error body (OpenAI's shape; Anthropic's on `/v1/messages`, whose `error.type` is the
+/// same here); returns what went wrong.
 fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<String> {
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
         ("malformed request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
         ("unknown path", format!("GET /nope HTTP/1.1\r\n{host}\r\n").into_bytes(), 404),
         (
-            "the Responses API (not served)",
+            "the Responses API (not served: unsupported_endpoint)",
             format!("POST /v1/responses HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}").into_bytes(),
             404,
         ),
         (
-            "the Messages API (not served)",
+            "the Messages API without its required fields",
             format!("POST /v1/messages HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}").into_bytes(),
-            404,
+            400,
         ),
         ("wrong method", format!("GET /v1/chat/completions HTTP/1.1\r\n{host}\r\n").into_bytes(), 405),
         (
@@ -1000,7 +1001,13 @@ fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<St
                     Ok(v)
                         if v["error"]["type"] == "invalid_request_error"
                             && v["error"]["message"].is_string()
-                            && (want != 404 || v["error"]["code"] == "not_found") => {}
+                            && (want != 404
+                                || v["error"]["code"]
+                                    == if what.starts_with("unknown") {
+                                        "not_found"
+                                    } else {
+                                        "unsupported_endpoint"
+                                    }) => {}
                     other => failures.push(format!(
                         "{what}: body is not an OpenAI-style error: {other:?}"
                     )),

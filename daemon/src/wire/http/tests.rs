@@ -234,3 +234,41 @@ fn authorization_is_kept_redacted_and_checked() {
     let binary = b"GET / HTTP/1.1\r\nauthorization: \xff\xfe\r\n\r\n";
     assert_eq!(parse_head(binary, 100).expect_err("refused").status, 400);
 }
+
+#[test]
+fn messages_errors_are_anthropic_shaped_with_haltd_s_code() {
+    let cases = [
+        (
+            HttpError::bad_request("max_tokens: required"),
+            "invalid_request_error",
+        ),
+        (
+            HttpError::new(404, "invalid_request_error", "no").with_code("unsupported_endpoint"),
+            "not_found_error",
+        ),
+        (
+            HttpError::new(429, "rate_limit", "slow down"),
+            "rate_limit_error",
+        ),
+        (
+            HttpError::new(503, "server_error", "down").with_code("recorder_failed"),
+            "overloaded_error",
+        ),
+        (HttpError::new(502, "server_error", "bad"), "api_error"),
+    ];
+    for (err, kind) in cases {
+        let mut out = Vec::new();
+        write_error_response(&mut out, &err, None, None, crate::wire::Endpoint::Messages);
+        let text = String::from_utf8(out).expect("utf8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {} ", err.status)),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], kind);
+        assert_eq!(v["error"]["message"], err.message.as_str());
+        assert_eq!(v["error"]["code"].as_str(), err.code);
+    }
+}

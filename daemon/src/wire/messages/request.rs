@@ -24,7 +24,7 @@ use std::fmt::Display;
 
 use serde_json::{json, Map, Value};
 
-use crate::wire::{http::HttpError, request::MAX_MAX_TOKENS, text::truncate_chars};
+use crate::wire::{endpoint::MAX_MAX_TOKENS, http::HttpError, text::truncate_chars};
 use FieldRule::{Accepted, Refused, Translated};
 
 #[cfg(test)]
