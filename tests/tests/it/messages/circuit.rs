@@ -440,10 +440,11 @@ fn judged_calls_are_held_whole_and_let_out_before_the_turn_ends(rig: &Rig) -> Re
         }
     }
     ensure!(blocks.len() == 2, "two tool_use blocks: {events:?}");
+    // Not held, a block's start and its three pieces would span 450 ms.
     for (start, last, pieces) in &blocks {
         let spread = last.duration_since(*start);
         ensure!(
-            *pieces >= 3 && spread < Duration::from_millis(100),
+            *pieces >= 3 && spread < Duration::from_millis(250),
             "a call's {pieces} pieces reached the client over {spread:?}: not held until whole"
         );
     }
