@@ -63,9 +63,12 @@ impl PreparedTerminal {
     }
 
     /// Makes the number after `key` (its last occurrence with `last`, else its first) a field
-    /// of `base` plus the post-trip tokens, wide enough for `most`: JSON allows whitespace
-    /// before a value, so it is padded with spaces. Nothing changes unless the number there
-    /// is `base`. (A key cannot occur inside a JSON string, whose quotes are escaped.)
+    /// of `base` plus the post-trip tokens. The frame was encoded with the most post-trip
+    /// tokens there can be, so the number there reads `most` and the field is as wide as
+    /// it: a smaller number is written right-aligned after spaces (JSON allows whitespace
+    /// before a value), and the frame keeps its length, the size line of a chunked frame
+    /// staying true. Nothing changes unless the number there is `most`. (A key cannot occur
+    /// inside a JSON string, whose quotes are escaped.)
     pub fn with_field(mut self, key: &[u8], last: bool, base: u64, most: u64) -> Self {
         let mut found = self
             .bytes
@@ -80,26 +83,28 @@ impl PreparedTerminal {
         let Some(at) = found.map(|(i, _)| i + key.len()) else {
             return self;
         };
-        let digits = base.to_string();
+        let digits = most.to_string();
         let end = at + digits.len();
-        let is_base = self.bytes.get(at..end) == Some(digits.as_bytes())
+        let is_most = self.bytes.get(at..end) == Some(digits.as_bytes())
             && !self.bytes.get(end).is_some_and(u8::is_ascii_digit);
-        if !is_base {
+        if !is_most || base > most {
             return self;
         }
-        let width = most.max(base).to_string().len();
-        let pad = width - digits.len();
-        self.bytes.splice(at..at, std::iter::repeat_n(b' ', pad));
-        for f in &mut self.count_fields {
-            if f.at > at {
-                f.at += pad;
-            }
-        }
-        self.count_fields.push(CountField { at, width, base });
+        self.count_fields.push(CountField {
+            at,
+            width: digits.len(),
+            base,
+        });
         self.count_fields.sort_by_key(|f| f.at);
         self
     }
 }
+
+/// The key of haltd's `post_trip_tokens` in the terminal's halt object.
+const POST_TRIP_KEY: &[u8] = b"\"post_trip_tokens\":";
+
+/// The key of a Messages `usage.output_tokens`.
+const OUTPUT_TOKENS_KEY: &[u8] = b"\"output_tokens\":";
 
 impl HaltCore {
     /// The terminal frame for a tripped stream, in the form its response needs: the one
@@ -114,20 +119,20 @@ impl HaltCore {
 
     /// Encodes the terminal frame with `post_trip_tokens` in a field as wide as the stream's
     /// budget needs; on a Messages stream also `usage.output_tokens` (τ plus the post-trip
-    /// tokens), as wide as τ plus the budget needs.
+    /// tokens), as wide as τ plus the budget needs. It is encoded with B post-trip tokens,
+    /// its widest, and written with the count at the halt ([`PreparedTerminal::write`]).
     pub fn prepare_terminal(&self, snap: &SlotSnapshot) -> PreparedTerminal {
         let mut bytes = Vec::with_capacity(1024);
-        self.encode_terminal(snap, 0, &mut bytes);
         let budget = u64::from(snap.budget);
-        let prepared =
-            PreparedTerminal::new(bytes).with_field(b"\"post_trip_tokens\":", false, 0, budget);
+        self.encode_terminal(snap, budget, &mut bytes);
+        let prepared = PreparedTerminal::new(bytes).with_field(POST_TRIP_KEY, false, 0, budget);
         if snap.endpoint != Endpoint::Messages {
             return prepared;
         }
         // The halted end's `message_delta`: the last one (a whole response's
         // `message_start`, before it, says 0).
         let tau = snap.trip_token_index;
-        prepared.with_field(b"\"output_tokens\":", true, tau, tau + budget)
+        prepared.with_field(OUTPUT_TOKENS_KEY, true, tau, tau + budget)
     }
 
     fn encode_terminal(&self, snap: &SlotSnapshot, post_trip_tokens: u64, out: &mut Vec<u8>) {
@@ -178,7 +183,10 @@ impl HaltCore {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::wire::StreamId;
 
     fn written(t: &PreparedTerminal, post: u64) -> String {
         let mut out = Vec::new();
@@ -186,37 +194,90 @@ mod tests {
         String::from_utf8(out).expect("utf8")
     }
 
-    #[test]
-    fn every_count_field_grows_with_the_post_trip_tokens_at_a_fixed_length() {
-        // A halted Messages end at τ = 98, B = 5: both numbers, at their widths.
-        let frame = br#"{"usage":{"output_tokens":0}}{"haltd":{"post_trip_tokens":0},"usage":{"output_tokens":98}}"#;
-        let t = PreparedTerminal::new(frame.to_vec())
-            .with_field(br#""post_trip_tokens":"#, false, 0, 5)
-            .with_field(br#""output_tokens":"#, true, 98, 103);
-        assert_eq!(t.count_fields.len(), 2);
-        let at_trip = written(&t, 0);
-        assert_eq!(
-            at_trip,
-            r#"{"usage":{"output_tokens":0}}{"haltd":{"post_trip_tokens":0},"usage":{"output_tokens": 98}}"#
-        );
-        let five = written(&t, 5);
-        assert_eq!(five.len(), at_trip.len());
-        assert!(five.ends_with(r#"{"post_trip_tokens":5},"usage":{"output_tokens":103}}"#));
-        let v: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&five)
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .expect("still JSON");
-        assert_eq!(v[0]["usage"]["output_tokens"], 0, "message_start's stays");
-        assert_eq!(v[1]["usage"]["output_tokens"], 103);
-        // More than the field holds: a longer frame (the gate drops it).
-        assert!(written(&t, 1000).len() > at_trip.len());
+    /// The terminal of a Messages or chat stream tripped at `tau`, encoded as at the trip
+    /// (with `budget` post-trip tokens), chunked when `chunked`.
+    fn prepared(endpoint: Endpoint, tau: u64, budget: u64, chunked: bool) -> PreparedTerminal {
+        let halt = Halt {
+            stream_id: StreamId {
+                slot: 1,
+                generation: 2,
+            },
+            endpoint,
+            created: 1,
+            model: Arc::from("m"),
+            code: FailureCode::OperatorTrip,
+            trip_token_index: tau,
+            post_trip_tokens: budget,
+            nonce: 7,
+            degraded: false,
+            detail: Vec::new(),
+            request_id: None,
+        };
+        let mut bytes = Vec::new();
+        if chunked {
+            halt.sse_terminal_chunked(&mut bytes);
+        } else {
+            halt.sse_terminal(&mut bytes);
+        }
+        let t = PreparedTerminal::new(bytes).with_field(POST_TRIP_KEY, false, 0, budget);
+        match endpoint {
+            Endpoint::Messages => t.with_field(OUTPUT_TOKENS_KEY, true, tau, tau + budget),
+            _ => t,
+        }
+    }
+
+    /// The JSON of each `data:` line of an SSE text.
+    fn data(text: &str) -> Vec<serde_json::Value> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect()
     }
 
     #[test]
-    fn a_number_other_than_its_base_is_no_field() {
+    fn every_count_field_grows_with_the_post_trip_tokens_at_a_fixed_length() {
+        // τ crossing a power of ten with B (5 + 5, 98 + 5), B of two digits, B = 0.
+        for (tau, budget) in [(5, 5), (98, 5), (3, 12), (0, 0)] {
+            let t = prepared(Endpoint::Messages, tau, budget, false);
+            assert_eq!(t.count_fields.len(), 2, "τ {tau} B {budget}");
+            let len = t.bytes.len();
+            for post in 0..=budget {
+                let out = written(&t, post);
+                assert_eq!(out.len(), len, "τ {tau} B {budget} post {post}");
+                let end = data(&out)
+                    .into_iter()
+                    .find(|v| v["type"] == "message_delta")
+                    .expect("message_delta");
+                assert_eq!(end["usage"]["output_tokens"], tau + post, "{out}");
+                assert_eq!(end["haltd"]["post_trip_tokens"], post, "{out}");
+            }
+            // More than the field holds: a longer frame (the gate drops it).
+            assert!(written(&t, budget + 1000).len() > len);
+        }
+    }
+
+    #[test]
+    fn a_chunked_terminal_s_size_line_stays_true() {
+        for endpoint in [Endpoint::Chat, Endpoint::Messages] {
+            for (tau, budget) in [(5, 5), (3, 12), (0, 100)] {
+                let t = prepared(endpoint, tau, budget, true);
+                let out = written(&t, budget / 2);
+                let size = usize::from_str_radix(&out[..8], 16).expect("a size line");
+                assert_eq!(&out[8..10], "\r\n");
+                assert_eq!(
+                    &out[10 + size..],
+                    "\r\n0\r\n\r\n",
+                    "{endpoint:?} τ {tau} B {budget}: the chunk is not {size} bytes: {out:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_number_other_than_the_most_is_no_field() {
         let t = PreparedTerminal::new(br#"{"output_tokens":12}"#.to_vec())
-            .with_field(br#""output_tokens":"#, true, 1, 6)
-            .with_field(br#""post_trip_tokens":"#, false, 0, 5);
+            .with_field(OUTPUT_TOKENS_KEY, true, 1, 6)
+            .with_field(POST_TRIP_KEY, false, 0, 5);
         assert!(t.count_fields.is_empty());
         assert_eq!(written(&t, 3), r#"{"output_tokens":12}"#);
     }
