@@ -82,14 +82,9 @@ import json
 import os
 import sys
 
-try:
-    import anthropic
-except ImportError as e:  # pragma: no cover - environment problem
-    sys.stderr.write(
-        "anthropic_client.py: cannot import the anthropic SDK (%s); run it with the venv python "
-        "that `cargo xtask setup` makes (~/.local/share/haltd/venv/bin/python)\n" % e
-    )
-    sys.exit(1)
+import sdk
+
+anthropic = sdk.require("anthropic", "anthropic_client.py")
 
 MODES = ("create", "stream", "create-stream-raw")
 
@@ -421,15 +416,8 @@ def main(argv=None):
     # Every turn's arguments are checked before the first one runs.
     turns = [parse_args(a) for a in argvs]
     for args in turns:
-        client = anthropic.Anthropic(
-            base_url=args.base_url,
-            api_key=args.api_key,
-            timeout=args.timeout,
-            max_retries=0,  # one request per turn: the tests count turns and streams
-            http_client=anthropic.DefaultHttpxClient(trust_env=False),  # no proxies from the env
-        )
         turn = Turn(args)
-        turn.run(client)
+        turn.run(sdk.client(anthropic, anthropic.Anthropic, args))
         sys.stdout.write(json.dumps(turn.result()) + "\n")
         sys.stdout.flush()
     return 0

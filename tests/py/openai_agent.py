@@ -53,12 +53,10 @@ import argparse
 import json
 import sys
 
-try:
-    import openai
-    from openai import OpenAI
-except ImportError as e:  # pragma: no cover - environment problem
-    sys.stderr.write("openai_agent.py: cannot import the openai SDK (%s)\n" % e)
-    sys.exit(1)
+import sdk
+
+openai = sdk.require("openai", "openai_agent.py")
+OpenAI = openai.OpenAI
 
 WEATHER_TOOL = {
     "type": "function",

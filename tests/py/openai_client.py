@@ -56,15 +56,10 @@ import time
 import urllib.error
 import urllib.request
 
-try:
-    import openai
-    from openai import OpenAI
-except ImportError as e:  # pragma: no cover - environment problem
-    sys.stderr.write(
-        "openai_client.py: cannot import the openai SDK (%s); run it with the venv python "
-        "that `cargo xtask setup` makes (~/.local/share/haltd/venv/bin/python)\n" % e
-    )
-    sys.exit(1)
+import sdk
+
+openai = sdk.require("openai", "openai_client.py")
+OpenAI = openai.OpenAI
 
 # The SDK's HTTP transport (httpx2 in openai 3.x, httpx before): its errors that escape the
 # SDK while a stream is read (a connection reset or cut) are an outcome, not a crash.
@@ -428,15 +423,8 @@ class Turn:
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    client = OpenAI(
-        base_url=args.base_url,
-        api_key=args.api_key,
-        timeout=args.timeout,
-        max_retries=0,  # one request per run: the tests count turns and streams
-        http_client=openai.DefaultHttpxClient(trust_env=False),  # no proxies from the env
-    )
     turn = Turn(args)
-    turn.run(client)
+    turn.run(sdk.client(openai, OpenAI, args))
     sys.stdout.write(json.dumps(turn.result()) + "\n")
     sys.stdout.flush()
     return 0

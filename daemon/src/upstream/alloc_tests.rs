@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::{
     upstream::{framing::Split, ChunkReader, Parsed, SseParser},
-    wire::{Channel, ChunkEncoder, Endpoint, StreamId, Token, MAX_TOP_LOGPROBS},
+    wire::{Channel, ChunkEncoder, Endpoint, Token, MAX_TOP_LOGPROBS},
 };
 
 struct Counting;
@@ -155,18 +155,9 @@ fn the_per_token_path_allocates_nothing_once_warm() {
             sse: SseParser::new(64 * 1024),
             reader: ChunkReader::default(),
             enc: ChunkEncoder {
-                endpoint,
-                stream_id: StreamId {
-                    slot: 7,
-                    generation: 1,
-                },
-                created: 1_700_000_000,
-                model: "m".into(),
                 logprobs,
                 top_logprobs: 5,
-                tool_calls: false,
-                reasoning: false,
-                blocks: std::cell::Cell::default(),
+                ..crate::wire::encode::test_encoder(endpoint, "m")
             },
             out: Vec::new(),
         };

@@ -447,5 +447,25 @@ impl ChunkEncoder {
     }
 }
 
+/// An encoder for tests: stream 7 (generation 3), a fixed `created`, no logprobs, no tool
+/// calls and no reasoning; a test sets what it varies with struct update syntax.
+#[cfg(test)]
+pub(crate) fn test_encoder(endpoint: Endpoint, model: &str) -> ChunkEncoder {
+    ChunkEncoder {
+        endpoint,
+        stream_id: StreamId {
+            slot: 7,
+            generation: 3,
+        },
+        created: 1_700_000_000,
+        model: model.into(),
+        logprobs: false,
+        top_logprobs: 0,
+        tool_calls: false,
+        reasoning: false,
+        blocks: Cell::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

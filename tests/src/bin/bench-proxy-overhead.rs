@@ -801,21 +801,23 @@ fn run_client_tls(
 
 /// Fails when a run went wrong: stream errors, no tokens, a scorer-stall run that did not
 /// hold, or a problem of the upstream TLS scenario.
+/// A run's problem, which fails the bench: stream errors, or no tokens at all.
+fn run_problem(streams: usize, round: usize, name: &str, client: &ClientReport) -> Option<String> {
+    (client.errors > 0 || client.tokens == 0).then(|| {
+        format!(
+            "N={streams} round {} {name}: {} errors, {} tokens",
+            round + 1,
+            client.errors,
+            client.tokens
+        )
+    })
+}
+
 fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
     let stall_report = &report["scorer_stall"];
     let mut bad: Vec<String> = runs
         .iter()
-        .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
-        .map(|r| {
-            format!(
-                "N={} round {} {}: {} errors, {} tokens",
-                r.streams,
-                r.round + 1,
-                r.path.name(),
-                r.client.errors,
-                r.client.tokens
-            )
-        })
+        .filter_map(|r| run_problem(r.streams, r.round, r.path.name(), &r.client))
         .collect();
     if let Some(e) = stall_report["error"].as_str() {
         bad.push(format!("scorer stall: {e}"));

@@ -9,15 +9,10 @@ fn id() -> StreamId {
 
 fn enc(endpoint: Endpoint, logprobs: bool) -> ChunkEncoder {
     ChunkEncoder {
-        endpoint,
         stream_id: id(),
-        created: 1_700_000_000,
-        model: "builtin".into(),
         logprobs,
         top_logprobs: 2,
-        tool_calls: false,
-        reasoning: false,
-        blocks: std::cell::Cell::default(),
+        ..test_encoder(endpoint, "builtin")
     }
 }
 

@@ -5,9 +5,10 @@
 //! It runs on the bench's own upstream and haltd, after the overhead runs (nginx stopped).
 //! First the unloaded time to first byte: `--messages-rounds` rounds, each of
 //! `--ttfb-requests` sequential requests per route (`haltd_tests::seq_ttfb::probe_apis`, routes
-//! taking turns request by request): the upstream directly (chat), haltd on chat and haltd on
-//! Messages; a route's added time is its p50 (p99) less direct's in the same round. Then, per
-//! `--messages-streams` count, `--messages-rounds` rounds of `bench-proxy` runs: direct, then
+//! taking turns request by request, chat and Messages behind direct in alternating order): the
+//! upstream directly (chat), haltd on chat and haltd on Messages; a route's added time is its
+//! p50 (p99) less direct's in the same round. Then, per `--messages-streams` count,
+//! `--messages-rounds` rounds of `bench-proxy` runs: direct, then
 //! chat and Messages through haltd in alternating order (chat first in even rounds, Messages
 //! in odd ones). A surface's added latency per token is its run's p50 (p99) less the direct
 //! run's of the same round; haltd's CPU per token is net of its rate during that direct run.
@@ -21,8 +22,9 @@
 use haltd_tests::seq_ttfb::{self, Api};
 
 use super::{
-    children_cpu_us, default_tokens, json, machine_busy_us, median, round1, run_client_with, show,
-    thread, Args, ClientReport, Instant, Path, Result, Rig, Route, Value, SETTLE, TTFB_WARMUP,
+    children_cpu_us, default_tokens, json, machine_busy_us, median, round1, run_client_with,
+    run_problem, show, thread, Args, ClientReport, Instant, Path, Result, Rig, Route, Value,
+    SETTLE, TTFB_WARMUP,
 };
 
 /// Messages' figure over chat's, at most (issue 34).
@@ -133,7 +135,12 @@ pub(super) fn run(args: &Args, rig: &mut Rig, client_bin: &Path) -> Result<Value
                 [Leg::Direct, Leg::Messages, Leg::Chat]
             };
             for leg in order {
-                runs.push(run_once(args, rig, client_bin, n, round, leg)?);
+                let at = Place {
+                    streams: n,
+                    round,
+                    leg,
+                };
+                runs.push(run_once(args, rig, client_bin, at)?);
                 rig.check_alive()?;
             }
         }
@@ -204,15 +211,22 @@ fn ttfb_rounds(args: &Args, rig: &Rig) -> Result<Value> {
     }))
 }
 
-/// One `bench-proxy` run of `n` streams on `leg`, with haltd's CPU time meanwhile.
-fn run_once(
-    args: &Args,
-    rig: &Rig,
-    client_bin: &Path,
-    n: usize,
+/// Where a run stands in the comparison.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    streams: usize,
     round: usize,
     leg: Leg,
-) -> Result<Run> {
+}
+
+/// One `bench-proxy` run at `at` (its stream count, round and leg), with haltd's CPU time
+/// meanwhile.
+fn run_once(args: &Args, rig: &Rig, client_bin: &Path, at: Place) -> Result<Run> {
+    let Place {
+        streams: n,
+        round,
+        leg,
+    } = at;
     let tokens = args.tokens.unwrap_or_else(|| default_tokens(n));
     let url = rig.url(if leg == Leg::Direct {
         Route::Direct
@@ -339,17 +353,7 @@ fn run_json(r: &Run) -> Value {
 /// The runs with stream errors or no tokens, one line each (they fail the bench).
 fn problems(runs: &[Run]) -> Vec<String> {
     runs.iter()
-        .filter(|r| r.client.errors > 0 || r.client.tokens == 0)
-        .map(|r| {
-            format!(
-                "N={} round {} {}: {} errors, {} tokens",
-                r.streams,
-                r.round + 1,
-                r.leg.name(),
-                r.client.errors,
-                r.client.tokens
-            )
-        })
+        .filter_map(|r| run_problem(r.streams, r.round, r.leg.name(), &r.client))
         .collect()
 }
 

@@ -163,53 +163,50 @@ fn weather_cases() -> Vec<Case> {
 fn verifier_cases() -> Vec<Case> {
     let empty = prev("lookup", paris(), r#"{"rows": []}"#);
     let stations = verify("list_stations", r#"{"stations": ["Paris-Montsouris"]}"#);
-    let lookup = "[[script:tool_call tokens=2 name=lookup]]";
     let timeout = prev(
         "create_order",
         paris(),
         "urllib3.exceptions.ReadTimeoutError: read timed out",
     );
     let order_found = verify("get_order", r#"{"order_id": "o-9"}"#);
-    let order = "[[script:tool_call tokens=2 name=create_order]]";
-    let none = |name| verify(name, "[]");
-    vec![
-        (
-            "stream",
-            "amb-1",
-            history(slice::from_ref(&empty), lookup),
-            "lookup",
-        ),
-        (
-            "stream",
-            "amb-2",
-            history(&[empty.clone(), stations], lookup),
-            "lookup",
-        ),
-        (
-            "stream",
-            "amb-3",
-            history(&[empty, none("list_stations")], lookup),
-            "lookup",
-        ),
-        (
-            "stream",
-            "se-1",
-            history(slice::from_ref(&timeout), order),
-            "create_order",
-        ),
-        (
-            "stream",
-            "se-2",
-            history(&[timeout.clone(), order_found], order),
-            "create_order",
-        ),
-        (
-            "stream",
-            "se-3",
-            history(&[timeout, none("get_order")], order),
-            "create_order",
-        ),
+    let mut cases = uncertain(
+        ["amb-1", "amb-2", "amb-3"],
+        &empty,
+        stations,
+        "list_stations",
+        "lookup",
+    );
+    cases.extend(uncertain(
+        ["se-1", "se-2", "se-3"],
+        &timeout,
+        order_found,
+        "get_order",
+        "create_order",
+    ));
+    cases
+}
+
+/// The three streamed cases of one uncertain call `first` of `tool` (keys `keys`): with no
+/// verifier result, with the verifier's `found`, and with the verifier `verifier` finding
+/// nothing.
+fn uncertain(
+    keys: [&'static str; 3],
+    first: &Call<'static>,
+    found: Call<'static>,
+    verifier: &'static str,
+    tool: &'static str,
+) -> Vec<Case> {
+    let script = format!("[[script:tool_call tokens=2 name={tool}]]");
+    let none = verify(verifier, "[]");
+    [
+        vec![first.clone()],
+        vec![first.clone(), found],
+        vec![first.clone(), none],
     ]
+    .into_iter()
+    .zip(keys)
+    .map(|(calls, key)| ("stream", key, history(&calls, &script), tool))
+    .collect()
 }
 
 /// The SDK turns of [`weather_cases`] then [`verifier_cases`], each with its own key (a

@@ -20,18 +20,10 @@ fn encoder(
     tool_calls: bool,
 ) -> ChunkEncoder {
     ChunkEncoder {
-        endpoint,
-        stream_id: StreamId {
-            slot: 7,
-            generation: 3,
-        },
-        created: 1_700_000_000,
-        model: model.into(),
         logprobs,
         top_logprobs,
         tool_calls,
-        reasoning: false,
-        blocks: std::cell::Cell::default(),
+        ..crate::wire::encode::test_encoder(endpoint, model)
     }
 }
 

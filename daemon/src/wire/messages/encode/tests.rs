@@ -2,22 +2,17 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use super::*;
-use crate::wire::{encode::ChunkEncoder, endpoint::Endpoint, http::chunk_in_place};
+use crate::wire::{
+    encode::{test_encoder, ChunkEncoder},
+    endpoint::Endpoint,
+    http::chunk_in_place,
+};
 
 fn enc(endpoint: Endpoint, model: &str) -> ChunkEncoder {
     ChunkEncoder {
-        endpoint,
-        stream_id: StreamId {
-            slot: 7,
-            generation: 3,
-        },
-        created: 1_700_000_000,
-        model: model.into(),
-        logprobs: false,
-        top_logprobs: 0,
         tool_calls: true,
         reasoning: true,
-        blocks: Cell::default(),
+        ..test_encoder(endpoint, model)
     }
 }
 
