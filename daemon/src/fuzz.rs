@@ -14,7 +14,8 @@
 //! |---|---|---|
 //! | [`request_head`] | a client's request bytes | `wire::http::parse_head_with`, then the body as the data plane routes it |
 //! | [`request_body`] | selector byte + a request body | `ClientRequest::parse`, `builtin_turn`, `upstream::prepare_turn`, SafetyCheck's inputs |
-//! | [`messages_request`] | a Messages API request body | `wire::messages::request::to_chat`, then the chat path as in `request_body` |
+//! | [`messages_request`] | a Messages API request body | `wire::messages::request::to_chat`, then the chat path as in `request_body` ([`chat_path`]) |
+//! | [`responses_request`] | a Responses API request body | `wire::responses::request::to_chat`, then the chat path as in `request_body` ([`chat_path`]) |
 //! | [`upstream_response`] | an upstream's response bytes | `upstream::ResponseReader` (head, content-length and chunked framing) |
 //! | [`upstream_sse`] | an upstream's event-stream body | `upstream::SseParser`, `ChunkReader`, `source::upstream::UpstreamSource` |
 //! | [`config_file`] | a `--config` file | `config::parse_config_text`, `ServeArgs::file_settings` |
@@ -29,7 +30,18 @@ mod config;
 mod ledger;
 mod messages;
 mod request;
+mod responses;
 mod upstream;
+
+use serde_json::Value;
+
+use crate::{
+    upstream::{prepare_turn, request::TOOL_FIELDS},
+    wire::{
+        request::{DEFAULT_CHAT_MAX_TOKENS, MAX_MAX_TOKENS},
+        ClientRequest, Endpoint,
+    },
+};
 
 #[cfg(test)]
 mod tests;
@@ -38,7 +50,46 @@ pub use config::config_file;
 pub use ledger::ledger_verify;
 pub use messages::messages_request;
 pub use request::{request_body, request_head};
+pub use responses::responses_request;
 pub use upstream::{upstream_response, upstream_sse};
+
+/// A translated surface's chat body (a Messages or Responses API request's), read as the data
+/// plane reads every chat body. It must be a JSON object that the chat path takes whole: it
+/// parses as a chat request, the built-in source serves it under its model with its
+/// `max_tokens` (the chat default without one; 1 to 1,000,000) and `stream`, SafetyCheck reads
+/// its inputs, and the proxy accepts it in both modes (the upstream body a JSON object with
+/// `stream: true`, in degraded mode without tool fields).
+fn chat_path(chat: &Value) {
+    assert!(chat.is_object(), "{chat}");
+    let model = chat["model"].as_str().expect("a model").to_owned();
+    let bytes = serde_json::to_vec(chat).expect("a JSON value serialises");
+    let req = ClientRequest::parse(Endpoint::Chat, &bytes).expect("the chat body parses");
+    let turn = req
+        .builtin_turn(&model)
+        .unwrap_or_else(|e| panic!("the built-in source refused {chat}: {e:?}"));
+    assert_eq!(
+        u64::from(turn.max_tokens),
+        chat["max_tokens"]
+            .as_u64()
+            .unwrap_or(u64::from(DEFAULT_CHAT_MAX_TOKENS))
+    );
+    assert!((1..=MAX_MAX_TOKENS).contains(&turn.max_tokens));
+    assert_eq!(turn.ask.stream, chat["stream"] == true);
+    let _urls = crate::safety::request_sources(req.json());
+    let _system = crate::safety::system_prompt(req.json());
+    for degraded in [false, true] {
+        let turn = prepare_turn(req.clone(), degraded)
+            .unwrap_or_else(|e| panic!("the proxy refused {chat}: {e:?}"));
+        let sent: Value = serde_json::from_slice(&turn.body).expect("the upstream body is JSON");
+        let obj = sent.as_object().expect("the upstream body is an object");
+        assert_eq!(obj.get("stream"), Some(&Value::Bool(true)));
+        if degraded {
+            for f in TOOL_FIELDS {
+                assert!(!obj.contains_key(f), "degraded mode forwards {f}");
+            }
+        }
+    }
+}
 
 /// FNV-1a of the input: the seed of its pseudo-random cuts.
 fn seed(data: &[u8]) -> u64 {

@@ -6,6 +6,7 @@
 //!              ──request::ClientRequest──► the body, parsed once; each token source takes its
 //!                                           view of it
 //! a Messages API body ──messages::request::to_chat──► the chat body it is served as
+//! a Responses API body ──responses::request::to_chat──► the chat body (not routed yet)
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
 //! a trip ──terminal::Halt──► the terminal frame, nonce at byte 31
@@ -20,10 +21,12 @@
 
 pub mod encode;
 pub mod endpoint;
+pub mod fields;
 pub mod http;
 pub mod json_write;
 pub mod messages;
 pub mod request;
+pub mod responses;
 pub mod secret;
 pub mod stream_id;
 pub mod surface;

@@ -34,6 +34,7 @@ pub(crate) const TARGETS: &[&str] = &[
     "request_head",
     "request_body",
     "messages_request",
+    "responses_request",
     "upstream_response",
     "upstream_sse",
     "config_file",

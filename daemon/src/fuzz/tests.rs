@@ -61,6 +61,11 @@ fn messages_request_corpus() {
 }
 
 #[test]
+fn responses_request_corpus() {
+    replay("responses_request", super::responses_request);
+}
+
+#[test]
 fn upstream_response_corpus() {
     replay("upstream_response", super::upstream_response);
 }

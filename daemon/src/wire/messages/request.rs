@@ -20,34 +20,23 @@
 //! `add_generation_prompt: false`); llama.cpp's server continues a final assistant message by
 //! itself. As in the chat API, `null` counts as absent.
 
-use std::fmt::Display;
+use serde_json::{json, Value};
 
-use serde_json::{json, Map, Value};
-
-use crate::wire::{endpoint::MAX_MAX_TOKENS, http::HttpError, text::truncate_chars};
+use crate::wire::{
+    endpoint::MAX_MAX_TOKENS,
+    fields::{
+        as_object, as_str, bad, check_fields, field, join, only, opt_bool, opt_str, quote,
+        required, required_str, FieldRule, Object,
+    },
+    http::HttpError,
+};
 use FieldRule::{Accepted, Refused, Translated};
 
 #[cfg(test)]
 mod tests;
 
-type Object = Map<String, Value>;
-
-/// The most characters of a client's name or type quoted back in an error message.
-const QUOTED_CHARS: usize = 64;
-
 /// The image media types the Messages API takes, and so the `data:` URLs haltd writes.
 const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
-
-/// What haltd does with a top-level field of a Messages request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FieldRule {
-    /// Sent upstream as the chat field(s) said.
-    Translated(&'static str),
-    /// Checked, then left out of the chat body: why nothing the client asked for is lost.
-    Accepted(&'static str),
-    /// Refused with 400 (when not `null`): why haltd cannot honour it.
-    Refused(&'static str),
-}
 
 /// Every top-level request field of the Messages API and what haltd does with it, in the
 /// order of the table in docs/wire-format.md. A field not listed is refused as unknown.
@@ -125,7 +114,7 @@ pub fn to_chat(body: &Value) -> Result<Value, HttpError> {
     let req = body
         .as_object()
         .ok_or_else(|| HttpError::bad_request("request body must be a JSON object"))?;
-    check_fields(req)?;
+    check_fields(req, FIELDS)?;
     let mut chat = Object::new();
     chat.insert("model".into(), model(req)?.into());
     chat.insert("max_tokens".into(), max_tokens(req)?.into());
@@ -156,91 +145,12 @@ pub fn to_chat(body: &Value) -> Result<Value, HttpError> {
     Ok(Value::Object(chat))
 }
 
-fn bad(path: &str, why: impl Display) -> HttpError {
-    HttpError::bad_request(format!("{path}: {why}"))
-}
-
-/// A client's string as a short JSON string, for an error message.
-fn quote(s: &str) -> String {
-    Value::from(truncate_chars(s, QUOTED_CHARS)).to_string()
-}
-
-/// `path.name`, or `name` at the top level (`path` empty).
-fn join(path: &str, name: &str) -> String {
-    if path.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{path}.{name}")
-    }
-}
-
-/// A field's value; `null` counts as absent.
-fn field<'a>(obj: &'a Object, name: &str) -> Option<&'a Value> {
-    obj.get(name).filter(|v| !v.is_null())
-}
-
-fn required<'a>(obj: &'a Object, name: &str, path: &str) -> Result<&'a Value, HttpError> {
-    field(obj, name).ok_or_else(|| bad(&join(path, name), "required"))
-}
-
-fn as_object<'a>(v: &'a Value, path: &str) -> Result<&'a Object, HttpError> {
-    v.as_object().ok_or_else(|| bad(path, "must be an object"))
-}
-
-fn as_str<'a>(v: &'a Value, path: &str) -> Result<&'a str, HttpError> {
-    v.as_str().ok_or_else(|| bad(path, "must be a string"))
-}
-
-fn required_str<'a>(obj: &'a Object, name: &str, path: &str) -> Result<&'a str, HttpError> {
-    as_str(required(obj, name, path)?, &join(path, name))
-}
-
-fn opt_str<'a>(obj: &'a Object, name: &str, path: &str) -> Result<Option<&'a str>, HttpError> {
-    field(obj, name)
-        .map(|v| as_str(v, &join(path, name)))
-        .transpose()
-}
-
-fn opt_bool(obj: &Object, name: &str, path: &str) -> Result<Option<bool>, HttpError> {
-    field(obj, name)
-        .map(|v| {
-            v.as_bool()
-                .ok_or_else(|| bad(&join(path, name), "must be true or false"))
-        })
-        .transpose()
-}
-
-/// Refuses a member of `obj` not in `known`: one haltd does not know might change the turn.
-fn only(obj: &Object, path: &str, known: &[&str]) -> Result<(), HttpError> {
-    match obj.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(bad(
-            &join(path, &truncate_chars(k, QUOTED_CHARS)),
-            "unknown field",
-        )),
-        None => Ok(()),
-    }
-}
-
 /// `cache_control` of `obj`, accepted and left out: an object when present.
 fn cache_control(obj: &Object, path: &str) -> Result<(), HttpError> {
     match field(obj, "cache_control") {
         Some(v) => as_object(v, &join(path, "cache_control")).map(drop),
         None => Ok(()),
     }
-}
-
-/// Refuses an unknown top-level field, and a refused one that is set.
-fn check_fields(req: &Object) -> Result<(), HttpError> {
-    for (name, value) in req {
-        match FIELDS.iter().find(|(f, _)| f == name) {
-            None => return Err(bad(&truncate_chars(name, QUOTED_CHARS), "unknown field")),
-            Some((_, Refused(why))) if !value.is_null() => {
-                return Err(bad(name, format!("not supported: {why}")))
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
 }
 
 fn model(req: &Object) -> Result<&str, HttpError> {

@@ -2,6 +2,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::wire::{fields::QUOTED_CHARS, text::truncate_chars};
 
 /// A request with a bit of everything, which translates.
 fn full() -> Value {
