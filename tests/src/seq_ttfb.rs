@@ -106,7 +106,13 @@ pub fn probe(
     probe_apis(&routes, requests, warmup, tokens)
 }
 
-/// [`probe`] over routes that each speak their own API: (`host:port`, API).
+/// [`probe`] over routes that each speak their own API: (`host:port`, API), in an order
+/// that alternates ([`route_order`]): the first route leads every request, and the others
+/// follow it forwards, then backwards. A proxy still finishing its previous request (the
+/// record, the upstream connection going back to its pool) slows whichever request comes
+/// next; in a fixed order that always fell on the same route (measured: Messages after chat
+/// on one haltd took 3 to 17 µs longer at p50 than chat after the upstream, and 1 to 11 µs
+/// less in the other order).
 pub fn probe_apis(
     routes: &[(&str, Api)],
     requests: usize,
@@ -115,7 +121,8 @@ pub fn probe_apis(
 ) -> Result<Vec<Vec<Duration>>> {
     let mut times = vec![Vec::with_capacity(requests); routes.len()];
     for i in 0..warmup + requests {
-        for (route, &(addr, api)) in routes.iter().enumerate() {
+        for route in route_order(i, routes.len()) {
+            let (addr, api) = routes[route];
             let t = one_on(api, addr, tokens)
                 .with_context(|| format!("request {i} to {addr} ({api:?})"))?;
             if i >= warmup {
@@ -127,6 +134,20 @@ pub fn probe_apis(
         t.sort_unstable();
     }
     Ok(times)
+}
+
+/// The order of `n` routes in round `i` of [`probe_apis`]: route 0 first, then 1, 2, … in
+/// even rounds and …, 2, 1 in odd ones.
+fn route_order(i: usize, n: usize) -> Vec<usize> {
+    let rest = 1..n;
+    std::iter::once(0)
+        .take(n)
+        .chain(if i.is_multiple_of(2) {
+            rest.collect::<Vec<_>>()
+        } else {
+            rest.rev().collect()
+        })
+        .collect()
 }
 
 /// What [`keepalive_probe`] measured, each sorted.
@@ -210,6 +231,15 @@ pub fn keepalive_probe_over(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_order_alternates_behind_the_first() {
+        assert_eq!(route_order(0, 3), [0, 1, 2]);
+        assert_eq!(route_order(1, 3), [0, 2, 1]);
+        assert_eq!(route_order(2, 3), [0, 1, 2]);
+        assert_eq!(route_order(5, 1), [0]);
+        assert!(route_order(0, 0).is_empty());
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
