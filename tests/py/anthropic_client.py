@@ -79,7 +79,6 @@ errors; 1 for a crash.
 
 import argparse
 import json
-import os
 import sys
 
 import sdk
@@ -90,20 +89,6 @@ MODES = ("create", "stream", "create-stream-raw")
 
 # Events that `messages.stream()` adds of its own next to the API's (lib/streaming/_types.py).
 HELPER_EVENTS = frozenset(("text", "thinking", "input_json", "signature", "citation"))
-
-
-def json_arg(p, name, value):
-    """Inline JSON (starting with "[" or "{") or the path of a JSON file."""
-    text = value.strip()
-    if not text.startswith(("[", "{")):
-        if not os.path.isfile(value):
-            p.error("%s: neither inline JSON nor a file: %r" % (name, value))
-        with open(value) as f:
-            text = f.read()
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        p.error("%s: not JSON: %s" % (name, e))
 
 
 def parse_args(argv):
@@ -142,7 +127,7 @@ def parse_args(argv):
     if a.thinking_budget is not None and a.thinking_budget < 1:
         p.error("--thinking-budget must be >= 1")
     if a.tools is not None:
-        a.tools = json_arg(p, "--tools", a.tools)
+        a.tools = sdk.json_arg(p, "--tools", a.tools)
         if isinstance(a.tools, dict):
             a.tools = [a.tools]
         if not isinstance(a.tools, list):
@@ -154,11 +139,11 @@ def parse_args(argv):
         elif c.startswith("tool:") and len(c) > len("tool:"):
             a.tool_choice = {"type": "tool", "name": c[len("tool:"):]}
         else:
-            a.tool_choice = json_arg(p, "--tool-choice", c)
+            a.tool_choice = sdk.json_arg(p, "--tool-choice", c)
             if not isinstance(a.tool_choice, dict):
                 p.error("--tool-choice: auto, any, none, tool:NAME or a JSON object")
     if a.messages_json is not None:
-        a.messages_json = json_arg(p, "--messages-json", a.messages_json)
+        a.messages_json = sdk.json_arg(p, "--messages-json", a.messages_json)
         if not isinstance(a.messages_json, list):
             p.error("--messages-json: a JSON array of messages")
     return a
@@ -247,14 +232,9 @@ class Turn:
                 and str(cause) not in message:
             # "Connection error." alone hides why: add the transport's own error.
             message = "%s (%s: %s)" % (message, type(cause).__name__, cause)
-        chain = []
-        for cls in type(e).__mro__:
-            if cls is Exception:
-                break
-            chain.append(cls.__name__)
         self.error = {
             "exception": type(e).__name__,
-            "exception_chain": chain,
+            "exception_chain": sdk.exception_chain(e),
             "body": getattr(e, "body", None),
             "message": message,
         }
@@ -387,32 +367,8 @@ class Turn:
         }
 
 
-def turn_argvs(argv):
-    """The argument lists of the turns to run: `argv` itself, or with `--turns SPEC`, the
-    other arguments followed by each turn's own (see the module docstring)."""
-    at = [i for i, a in enumerate(argv) if a == "--turns" or a.startswith("--turns=")]
-    if not at:
-        return [argv]
-    p = argparse.ArgumentParser(prog="anthropic_client.py")
-    if len(at) > 1:
-        p.error("--turns: given twice")
-    i = at[0]
-    if argv[i].startswith("--turns="):
-        spec, rest = argv[i][len("--turns="):], argv[i + 1:]
-    elif i + 1 < len(argv):
-        spec, rest = argv[i + 1], argv[i + 2:]
-    else:
-        p.error("--turns: expected one argument")
-    turns = json_arg(p, "--turns", spec)
-    if not isinstance(turns, list) or not turns or not all(
-            isinstance(t, list) and all(isinstance(x, str) for x in t) for t in turns):
-        p.error("--turns: a non-empty JSON array of arrays of strings")
-    common = argv[:i] + rest
-    return [common + t for t in turns]
-
-
 def main(argv=None):
-    argvs = turn_argvs(sys.argv[1:] if argv is None else argv)
+    argvs = sdk.turn_argvs(sys.argv[1:] if argv is None else argv, "anthropic_client.py")
     # Every turn's arguments are checked before the first one runs.
     turns = [parse_args(a) for a in argvs]
     for args in turns:

@@ -5,7 +5,10 @@ are installed; any other python most likely lacks them, and says so here rather 
 traceback.
 """
 
+import argparse
 import importlib
+import json
+import os
 import sys
 
 
@@ -34,3 +37,54 @@ def client(sdk, cls, args):
         max_retries=0,
         http_client=sdk.DefaultHttpxClient(trust_env=False),
     )
+
+
+def json_arg(p, name, value):
+    """Inline JSON (starting with "[" or "{") or the path of a JSON file, for option `name` of
+    parser `p` (a usage error if it is neither)."""
+    text = value.strip()
+    if not text.startswith(("[", "{")):
+        if not os.path.isfile(value):
+            p.error("%s: neither inline JSON nor a file: %r" % (name, value))
+        with open(value) as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        p.error("%s: not JSON: %s" % (name, e))
+
+
+def turn_argvs(argv, prog):
+    """The argument lists of the turns a client runs: `argv` itself, or with `--turns SPEC`
+    (a JSON array, inline or a file, of one array of arguments per turn) the other arguments
+    followed by each turn's own, so that a turn's own options override the common ones."""
+    at = [i for i, a in enumerate(argv) if a == "--turns" or a.startswith("--turns=")]
+    if not at:
+        return [argv]
+    p = argparse.ArgumentParser(prog=prog)
+    if len(at) > 1:
+        p.error("--turns: given twice")
+    i = at[0]
+    if argv[i].startswith("--turns="):
+        spec, rest = argv[i][len("--turns="):], argv[i + 1:]
+    elif i + 1 < len(argv):
+        spec, rest = argv[i + 1], argv[i + 2:]
+    else:
+        p.error("--turns: expected one argument")
+    turns = json_arg(p, "--turns", spec)
+    if not isinstance(turns, list) or not turns or not all(
+            isinstance(t, list) and all(isinstance(x, str) for x in t) for t in turns):
+        p.error("--turns: a non-empty JSON array of arrays of strings")
+    common = argv[:i] + rest
+    return [common + t for t in turns]
+
+
+def exception_chain(e):
+    """The classes of exception `e` up to (not including) Exception, e.g.
+    ["BadRequestError", "APIStatusError", "APIError", "OpenAIError"]."""
+    chain = []
+    for cls in type(e).__mro__:
+        if cls is Exception:
+            break
+        chain.append(cls.__name__)
+    return chain

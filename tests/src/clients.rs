@@ -1,4 +1,5 @@
-//! Real clients run in a namespace: curl and the official OpenAI and Anthropic Python SDKs.
+//! Real clients run in a namespace: curl and the official OpenAI and Anthropic Python SDKs
+//! (chat, completions and the Responses API; the Messages API).
 
 use std::{env, path::Path, process::Command};
 
@@ -49,7 +50,35 @@ pub fn anthropic_turns<T: AsRef<str>>(
     args: &[&str],
     turns: &[Vec<T>],
 ) -> Result<Vec<Value>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/anthropic_client.py");
+    python_turns(ns, "anthropic_client.py", args, turns)
+}
+
+/// Runs several turns of `POST /v1/responses` with the official OpenAI Python SDK
+/// (`tests/py/openai_responses.py`: `client.responses.create`, streamed or not, and the
+/// SDK's `responses.stream` helper) in one process, in namespace `ns`, as
+/// [`anthropic_turns`] does: `args` common to every turn (`--base-url` is haltd's `/v1`, to
+/// which the SDK adds `/responses`), `turns[i]` turn i's own. Returns one JSON line per turn,
+/// in order; the line's keys are listed in the script's docstring, e.g. `ok`,
+/// `response_status`, `incomplete_details`, `text`, `events`, `frames`, `halt`, `exception`.
+pub fn openai_responses_turns<T: AsRef<str>>(
+    ns: &str,
+    args: &[&str],
+    turns: &[Vec<T>],
+) -> Result<Vec<Value>> {
+    python_turns(ns, "openai_responses.py", args, turns)
+}
+
+/// Runs `script` of `tests/py` (a client that takes `--turns`) with `args` and `turns`;
+/// returns its lines as JSON, one per turn.
+fn python_turns<T: AsRef<str>>(
+    ns: &str,
+    script: &str,
+    args: &[&str],
+    turns: &[Vec<T>],
+) -> Result<Vec<Value>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
     let turns: Vec<Vec<&str>> = turns
         .iter()
         .map(|t| t.iter().map(AsRef::as_ref).collect())

@@ -67,7 +67,8 @@ pub mod upstream;
 
 pub use api::{ApiClient, Transport};
 pub use clients::{
-    anthropic_client, anthropic_turns, curl, openai_agent, openai_sdk, openai_sdk_keepalive,
+    anthropic_client, anthropic_turns, curl, openai_agent, openai_responses_turns, openai_sdk,
+    openai_sdk_keepalive,
 };
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
