@@ -43,6 +43,7 @@ mod proxy;
 mod readiness;
 mod real_backend;
 mod reload;
+mod responses;
 mod restart_circuit;
 mod restart_state;
 mod slow_readers;

@@ -1,0 +1,165 @@
+//! Operator trips of Responses turns, with the kernel gate on (the harness's default): in the
+//! middle of the text, of a function call's arguments, of the reasoning, and of a batch
+//! turn, at B = 5 and at B = 0. The driver trips its own turn through the admin API once it
+//! has seen [`TRIP_AT`] token frames (`--trip-after`). The SDK's stream ends cleanly: no
+//! exception, `response.incomplete` with `incomplete_details.reason: "content_filter"` and
+//! haltd's halt object (the response's `haltd` member) with the trip's index and at most B
+//! post-trip tokens; exactly that many token frames (deltas and function calls' headers)
+//! after the trip index, `usage.output_tokens` their sum; the flight recorder's turn record
+//! and the kernel's verdicts agree (every halted end passed by its nonce, no frame dropped).
+
+use anyhow::{ensure, Context, Result};
+use haltd_tests::rig::Rig;
+use serde_json::{json, Value};
+
+use super::{refused, sdk, stream_id, trip_args, turn};
+use crate::{
+    messages::{verdicts, verdicts_since},
+    UPSTREAM_BIN,
+};
+
+/// Token frames the SDK has seen when the driver trips: past a call's header and two pieces
+/// of its arguments.
+pub(crate) const TRIP_AT: u64 = 4;
+
+/// Arguments of 600 characters, sent in 300 pieces.
+pub(crate) fn long_args() -> String {
+    format!(
+        "{{'location': 'Paris, France', 'note': '{}'}}",
+        "n".repeat(560)
+    )
+}
+
+/// The turns: (what is tripped, the turn's own SDK arguments). Each has its own key: a trip
+/// degrades its key.
+fn turns(b: u64) -> Vec<(&'static str, Vec<String>)> {
+    let text = "[[script:normal tokens=300 pace_ms=20]]".to_owned();
+    let tool = format!(
+        "[[script:tool_call tokens=1 args_chunks=300 pace_ms=20 args=\"{}\"]]",
+        long_args()
+    );
+    let reasoning = "[[script:normal tokens=300 reasoning=300 pace_ms=20]]".to_owned();
+    let key = |what: &str| format!("sk-trip-{what}-b{b}");
+    let t = |mode: &str, what: &'static str, prompt: &str, extra: &[&str]| {
+        let mut args = turn(&["--mode", mode, "--api-key", &key(what), "--prompt", prompt]);
+        args.extend(turn(extra));
+        (what, args)
+    };
+    vec![
+        t("stream", "text", &text, &[]),
+        t("stream", "arguments", &tool, &["--tools", "weather"]),
+        t("stream", "reasoning", &reasoning, &[]),
+        t("helper", "helper-text", &text, &[]),
+        t("create", "batch", &text, &[]),
+    ]
+}
+
+/// One tripped turn against its trip and its record.
+fn check_trip(rig: &Rig, what: &str, r: &Value, b: u64) -> Result<()> {
+    let trip = &r["trip"];
+    ensure!(
+        trip["status"] == 200 && trip["error"].is_null(),
+        "{what}: the trip: {r}"
+    );
+    let trip = &trip["body"];
+    let batch = r["mode"] == "create";
+    ensure!(
+        trip["kernel_enforced"] == true && trip["budget"] == if batch { 0 } else { b },
+        "{what}: {trip}"
+    );
+    let halt = refused(r, "OPERATOR_TRIP").with_context(|| what.to_owned())?;
+    let tau = trip["trip_token_index"].as_u64().context("τ")?;
+    let post = halt["post_trip_tokens"]
+        .as_u64()
+        .context("post_trip_tokens")?;
+    ensure!(halt["trip_token_index"] == tau, "{what}: {halt} / {trip}");
+    ensure!(post <= b, "{what}: {post} tokens past the trip, B {b}: {r}");
+    let rec = rig.turn_record(&stream_id(r)?)?;
+    ensure!(
+        rec["trip_cause"] == "OPERATOR_TRIP"
+            && rec["turn_status"] == "failed"
+            && rec["trip_token_index"] == tau
+            && rec["halt_tokens_post_trip"] == post,
+        "{what}: the record disagrees with the SDK's halt {halt}: {rec}"
+    );
+    if batch {
+        // A halted batch turn: no output at all.
+        ensure!(r["output_types"] == json!([]) && post == 0, "{what}: {r}");
+        return Ok(());
+    }
+    // The trip came after the driver saw TRIP_AT frames: τ is at least that.
+    ensure!(
+        r["trip"]["after_frames"] == TRIP_AT && tau >= TRIP_AT,
+        "{what}: τ {tau}: {r}"
+    );
+    let seen = r["frames"].as_u64().context("frames")?;
+    ensure!(
+        seen == tau + post && r["usage"]["output_tokens"] == tau + post,
+        "{what}: {seen} frames at the SDK, τ {tau} + {post} post-trip: {r}"
+    );
+    let kinds = match what {
+        "arguments" => json!(["message", "function_call"]),
+        "reasoning" => json!(["reasoning"]),
+        _ => json!(["message"]),
+    };
+    ensure!(r["output_types"] == kinds, "{what}: {r}");
+    if what == "arguments" {
+        // The call's arguments, cut short: a beginning of the whole.
+        let whole = long_args().replace('\'', "\"");
+        let call = &r["function_calls"][0];
+        let got = call["arguments"].as_str().unwrap_or("?");
+        ensure!(
+            call["name"] == "get_weather" && whole.starts_with(got) && got.len() < whole.len(),
+            "{what}: {r}"
+        );
+    }
+    Ok(())
+}
+
+/// The turns at budget `b`, tripped; then the kernel's verdicts: every halted end passed by
+/// its nonce, nothing dropped (userspace kept to B).
+fn trips_at(b: u64) -> Result<Vec<Value>> {
+    let rig = Rig::start(UPSTREAM_BIN, &["--budget", &b.to_string()])?;
+    let turns = turns(b);
+    let args: Vec<Vec<String>> = turns.iter().map(|(_, a)| a.clone()).collect();
+    let before = verdicts(&rig.haltd)?;
+    let common = trip_args(&rig.haltd, TRIP_AT);
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
+    let r = sdk(&rig.haltd, &common, &args)?;
+    for ((what, _), r) in turns.iter().zip(&r) {
+        check_trip(&rig, what, r, b)?;
+    }
+    let m = rig.haltd.metrics()?;
+    ensure!(
+        m.value("haltd_kernel_gate_enabled", &[])? == 1.0,
+        "no kernel gate"
+    );
+    let gate = verdicts_since(&rig.haltd, &before)?;
+    let got = |v: &str| gate.get(v).copied().unwrap_or(0.0);
+    let streams = turns.len() as f64 - 1.0;
+    ensure!(
+        got("pass_terminal") >= streams,
+        "fewer halted ends passed by the kernel than streams halted: {gate:?}"
+    );
+    for v in [
+        "drop_budget",
+        "drop_bytes",
+        "drop_frame_size",
+        "drop_after_terminal",
+        "drop_no_state",
+    ] {
+        ensure!(got(v) == 0.0, "the kernel dropped frames ({v}): {gate:?}");
+    }
+    Ok(r)
+}
+
+#[test]
+fn trips_mid_text_arguments_and_reasoning_end_the_sdk_stream_within_b() -> Result<()> {
+    for b in [5, 0] {
+        let r = trips_at(b)?;
+        // The docs quote a halted stream as the SDK sees it.
+        println!("responses trip, B = {b}, mid-text: {}", r[0]);
+        println!("responses trip, B = {b}, mid-arguments: {}", r[1]);
+    }
+    Ok(())
+}
