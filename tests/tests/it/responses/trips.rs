@@ -39,6 +39,8 @@ fn turns(b: u64) -> Vec<(&'static str, Vec<String>)> {
         long_args()
     );
     let reasoning = "[[script:normal tokens=300 reasoning=300 pace_ms=20]]".to_owned();
+    // A token a millisecond: some go out between the driver's trip and haltd's.
+    let fast = "[[script:normal tokens=300 pace_ms=1]]".to_owned();
     let key = |what: &str| format!("sk-trip-{what}-b{b}");
     let t = |mode: &str, what: &'static str, prompt: &str, extra: &[&str]| {
         let mut args = turn(&["--mode", mode, "--api-key", &key(what), "--prompt", prompt]);
@@ -50,6 +52,7 @@ fn turns(b: u64) -> Vec<(&'static str, Vec<String>)> {
         t("stream", "arguments", &tool, &["--tools", "weather"]),
         t("stream", "reasoning", &reasoning, &[]),
         t("helper", "helper-text", &text, &[]),
+        t("stream", "fast-text", &fast, &[]),
         t("create", "batch", &text, &[]),
     ]
 }
@@ -87,7 +90,8 @@ fn check_trip(rig: &Rig, what: &str, r: &Value, b: u64) -> Result<()> {
         ensure!(r["output_types"] == json!([]) && post == 0, "{what}: {r}");
         return Ok(());
     }
-    // The trip came after the driver saw TRIP_AT frames: τ is at least that.
+    // The trip came after the driver saw TRIP_AT frames: τ is at least that (more when
+    // tokens went out while the trip was on its way).
     ensure!(
         r["trip"]["after_frames"] == TRIP_AT && tau >= TRIP_AT,
         "{what}: τ {tau}: {r}"
@@ -160,6 +164,8 @@ fn trips_mid_text_arguments_and_reasoning_end_the_sdk_stream_within_b() -> Resul
         // The docs quote a halted stream as the SDK sees it.
         println!("responses trip, B = {b}, mid-text: {}", r[0]);
         println!("responses trip, B = {b}, mid-arguments: {}", r[1]);
+        println!("responses trip, B = {b}, the SDK's helper: {}", r[3]);
+        println!("responses trip, B = {b}, a token a millisecond: {}", r[4]);
     }
     Ok(())
 }
