@@ -259,6 +259,17 @@ pub(crate) fn tripping<T: Send>(
     at: u64,
     client: impl FnOnce() -> Result<T> + Send,
 ) -> Result<(T, Trips)> {
+    tripping_on(haltd, &["messages"], at, client)
+}
+
+/// [`tripping`] for the streams of any of `endpoints` (the admin API's `endpoint`: `chat`,
+/// `messages`, `responses`, ...).
+pub(crate) fn tripping_on<T: Send>(
+    haltd: &Haltd,
+    endpoints: &[&str],
+    at: u64,
+    client: impl FnOnce() -> Result<T> + Send,
+) -> Result<(T, Trips)> {
     let done = AtomicBool::new(false);
     let admin = haltd.admin_url();
     thread::scope(|s| {
@@ -267,7 +278,9 @@ pub(crate) fn tripping<T: Send>(
             done.store(true, SeqCst);
             r
         });
-        let trips = in_netns(&haltd.client_ns, || trip_streams(&admin, at, &done));
+        let trips = in_netns(&haltd.client_ns, || {
+            trip_streams(&admin, endpoints, at, &done)
+        });
         let out = runner
             .join()
             .map_err(|_| anyhow!("the client thread panicked"))??;
@@ -276,13 +289,14 @@ pub(crate) fn tripping<T: Send>(
 }
 
 /// [`tripping`]'s loop, in the client namespace, until `done`.
-fn trip_streams(admin: &str, at: u64, done: &AtomicBool) -> Result<Trips> {
+fn trip_streams(admin: &str, endpoints: &[&str], at: u64, done: &AtomicBool) -> Result<Trips> {
     let mut trips = BTreeMap::new();
     while !done.load(SeqCst) {
         let streams = get_json_here(&format!("{admin}/admin/streams"))?;
         for s in streams["streams"].as_array().into_iter().flatten() {
             let id = s["stream_id"].as_str().unwrap_or_default();
-            let due = s["endpoint"] == "messages" && s["tokens"].as_u64().unwrap_or(0) >= at;
+            let endpoint = s["endpoint"].as_str().unwrap_or_default();
+            let due = endpoints.contains(&endpoint) && s["tokens"].as_u64().unwrap_or(0) >= at;
             if due && !trips.contains_key(id) {
                 let answer = trip_here(&format!("{admin}/admin/streams/{id}/trip"), None)?;
                 trips.insert(id.to_owned(), answer);

@@ -17,7 +17,9 @@
 //!   `content_filter` and haltd's halt object, exactly τ plus the post-trip tokens (at most B)
 //!   token frames at the SDK, and the flight recorder and the kernel's verdicts agree;
 //! - `errors`: errors in OpenAI's schema and the SDK exceptions they raise (400 naming the
-//!   field, `previous_response_not_supported`, the upstream's 429, a failure mid-stream).
+//!   field, `previous_response_not_supported`, the upstream's 429, a failure mid-stream);
+//! - `table`: "governed or refused": every cell of surface × {stream, batch} × {text, tool
+//!   call, reasoning} × {normal, tripped}, chat and Messages beside Responses.
 
 use anyhow::{bail, ensure, Context, Result};
 use haltd_tests::{openai_responses_turns, Haltd};
@@ -26,6 +28,7 @@ use serde_json::{json, Value};
 mod builtin;
 mod errors;
 mod scripted;
+mod table;
 mod trips;
 
 pub(crate) use crate::messages::turn;
