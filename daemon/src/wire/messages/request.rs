@@ -26,7 +26,7 @@ use crate::wire::{
     endpoint::MAX_MAX_TOKENS,
     fields::{
         as_object, as_str, bad, check_fields, field, join, only, opt_bool, opt_str, quote,
-        required, required_str, FieldRule, Object,
+        required, required_str, within_nesting, FieldRule, Object,
     },
     http::HttpError,
 };
@@ -142,7 +142,7 @@ pub fn to_chat(body: &Value) -> Result<Value, HttpError> {
         check_thinking(v)?;
     }
     cache_control(req, "")?;
-    Ok(Value::Object(chat))
+    within_nesting(Value::Object(chat))
 }
 
 /// `cache_control` of `obj`, accepted and left out: an object when present.

@@ -896,3 +896,31 @@ proptest! {
         prop_assert!(out.len() >= messages && out.len() <= messages + call_messages);
     }
 }
+
+/// A tool's parameters nested so that the client's body is at serde_json's limit become one
+/// level deeper under `tools[].function`: refused, so that every translation is a body the
+/// chat path could read again from its bytes. One level less translates.
+#[test]
+fn a_translation_past_the_depth_limit_is_refused() {
+    // The body's own nesting: the body, `tools`, the tool, then `parameters` nested `n`.
+    let with_parameters = |n: usize| {
+        let mut p = json!({});
+        for _ in 1..n {
+            p = json!({ "a": p });
+        }
+        let mut body = json!({"model": "m", "input": "hi"});
+        body["tools"] = json!([{"type": "function", "name": "f", "parameters": p}]);
+        body
+    };
+    let at_limit = with_parameters(crate::wire::fields::MAX_NESTING - 3);
+    let text = at_limit.to_string();
+    assert!(
+        serde_json::from_str::<Value>(&text).is_ok(),
+        "the client's body parses"
+    );
+    let e = to_chat(&at_limit).expect_err("one level past the limit once translated");
+    assert_eq!(e.status, 400);
+    assert!(e.message.contains("nests 128 levels deep"), "{}", e.message);
+    let chat = to_chat(&with_parameters(crate::wire::fields::MAX_NESTING - 4)).expect("translates");
+    serde_json::from_str::<Value>(&chat.to_string()).expect("the chat body parses again");
+}
