@@ -13,6 +13,9 @@ use serde_json::{Map, Value};
 
 use crate::wire::{http::HttpError, text::truncate_chars};
 
+#[cfg(test)]
+pub mod testing;
+
 /// A JSON object of the client's body.
 pub type Object = Map<String, Value>;
 
