@@ -6,7 +6,7 @@
 //!              ──request::ClientRequest──► the body, parsed once; each token source takes its
 //!                                           view of it
 //! a Messages API body ──messages::request::to_chat──► the chat body it is served as
-//! a Responses API body ──responses::request::to_chat──► the chat body (not routed yet)
+//! a Responses API body ──responses::request::to_chat──► the chat body it is served as
 //!   (both through fields, the checked reads, and chat_content, the messages they write)
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
