@@ -75,6 +75,10 @@ pub struct Slot {
     pub bytes_submitted: AtomicU64,
     /// Token frames handed to the kernel.
     pub tokens_submitted: AtomicU64,
+    /// A Responses stream's next `sequence_number` as of the last frame counted (stored
+    /// before the frame's window, so a trip reads every event that can go out before it):
+    /// the halted end's terminal event is numbered from it (`wire/responses/terminal.rs`).
+    pub sse_events: AtomicU64,
     /// Token frames the kernel accepted in full.
     pub tokens_delivered: AtomicU64,
     /// Token frames with an index above the trip point that the kernel accepted.
@@ -264,6 +268,7 @@ impl Slot {
             headers_sent: self.headers_sent.load(SeqCst),
             created: self.created.load(SeqCst),
             tokens_submitted: self.tokens_submitted.load(SeqCst),
+            sse_events: self.sse_events.load(SeqCst),
             tokens_delivered: self.tokens_delivered.load(SeqCst),
             post_trip_delivered: self.post_trip_delivered.load(SeqCst),
             trip_cause: self.trip_cause(),
@@ -295,6 +300,7 @@ pub struct SlotSnapshot {
     pub headers_sent: bool,
     pub created: u64,
     pub tokens_submitted: u64,
+    pub sse_events: u64,
     pub tokens_delivered: u64,
     pub post_trip_delivered: u64,
     pub trip_cause: Option<FailureCode>,
@@ -449,6 +455,7 @@ impl StreamTable {
             &s.frames_submitted,
             &s.bytes_submitted,
             &s.tokens_submitted,
+            &s.sse_events,
             &s.tokens_delivered,
             &s.post_trip_delivered,
             &s.trip_token_index,

@@ -6,7 +6,8 @@
 //!              ──request::ClientRequest──► the body, parsed once; each token source takes its
 //!                                           view of it
 //! a Messages API body ──messages::request::to_chat──► the chat body it is served as
-//! a Responses API body ──responses::request::to_chat──► the chat body (not routed yet)
+//! a Responses API body ──responses::request::to_chat──► the chat body it is served as
+//!   (both through fields, the checked reads, and chat_content, the messages they write)
 //! tokens ──encode::ChunkEncoder──► SSE token events, final events, batch bodies
 //!                                  (encode::bound: the largest token event, E)
 //! a trip ──terminal::Halt──► the terminal frame, nonce at byte 31
@@ -19,6 +20,7 @@
 //! (`crate::wire::http::HttpError`), never through the re-exports below, so the layer's module
 //! graph has no cycle either.
 
+pub mod chat_content;
 pub mod encode;
 pub mod endpoint;
 pub mod fields;

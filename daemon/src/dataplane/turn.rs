@@ -502,6 +502,7 @@ impl Step<'_> {
             tool_calls,
             reasoning,
             blocks: std::cell::Cell::default(),
+            output: std::cell::RefCell::default(),
         }
     }
 
@@ -647,7 +648,7 @@ impl Step<'_> {
         turn.request_urls = request_urls;
         turn.circuit = circuit;
         let path = match endpoint.request_shape() {
-            Endpoint::Chat | Endpoint::Messages => upstream::CHAT_PATH,
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => upstream::CHAT_PATH,
             Endpoint::Completion => upstream::COMPLETIONS_PATH,
         };
         let mode = self.io.shared.table.slot(self.conn.id.slot).mode();

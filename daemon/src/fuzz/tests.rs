@@ -113,3 +113,21 @@ fn a_malformed_head_over_the_limit_is_refused_however_it_arrives() {
     assert!(body.is_empty());
     super::upstream_response(&data);
 }
+
+/// Found by reading `messages_request`'s harness (no run reached it): a tool's schema nested
+/// to serde_json's limit is one level deeper once translated (`tools[].function.parameters`),
+/// so the chat body could not be read again from its bytes, as grounding's resume reads it.
+/// The translation now refuses such a body with a 400 that says so.
+#[test]
+fn a_tool_schema_at_the_depth_limit_is_refused_once_translated() {
+    let data = files("regressions", "messages_request")
+        .into_iter()
+        .find(|(p, _)| p.ends_with("tool-schema-at-the-depth-limit"))
+        .expect("the regression input")
+        .1;
+    let body: serde_json::Value = serde_json::from_slice(&data).expect("the client's body parses");
+    let e = crate::wire::messages::request::to_chat(&body).expect_err("refused");
+    assert_eq!(e.status, 400);
+    assert!(e.message.contains("nests 128 levels deep"), "{}", e.message);
+    super::messages_request(&data);
+}

@@ -53,7 +53,9 @@ pub fn resume_body(
         return Err(ResumeError::NotAnObject);
     };
     match endpoint.request_shape() {
-        Endpoint::Chat | Endpoint::Messages => resume_chat(&mut obj, shape, segment, kept)?,
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
+            resume_chat(&mut obj, shape, segment, kept)?
+        }
         Endpoint::Completion => resume_completion(&mut obj, segment, kept)?,
     }
     for budget in ["max_tokens", "max_completion_tokens"] {

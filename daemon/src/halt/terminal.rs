@@ -8,7 +8,7 @@ use crate::{
     codes::FailureCode,
     source::builtin::MODEL_NAME,
     stream::{Mode, SlotSnapshot},
-    wire::{Endpoint, Halt},
+    wire::{responses::terminal::EVENTS_PER_TOKEN, Endpoint, Halt},
 };
 
 use super::HaltCore;
@@ -23,15 +23,17 @@ pub struct PreparedTerminal {
     pub count_fields: Vec<CountField>,
 }
 
-/// A number of the terminal frame that is `base` plus the post-trip tokens: haltd's
-/// `post_trip_tokens` (base 0), and a halted Messages stream's `usage.output_tokens` (base
-/// τ).
+/// A number of the terminal frame that is `base` plus `per` times the post-trip tokens:
+/// haltd's `post_trip_tokens` (base 0), a halted Messages or Responses stream's
+/// `output_tokens` (base τ; and a Responses `total_tokens`), and a Responses terminal's
+/// `sequence_number` (the stream's next one at the trip, [`EVENTS_PER_TOKEN`] per token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CountField {
     /// Offset of the field in the frame.
     pub at: usize,
     pub width: usize,
     pub base: u64,
+    pub per: u64,
 }
 
 impl PreparedTerminal {
@@ -54,7 +56,7 @@ impl PreparedTerminal {
             let _ = write!(
                 out,
                 "{:>width$}",
-                f.base + post_trip_tokens,
+                f.base + f.per * post_trip_tokens,
                 width = f.width
             );
             from = f.at + f.width;
@@ -69,7 +71,19 @@ impl PreparedTerminal {
     /// before a value), and the frame keeps its length, the size line of a chunked frame
     /// staying true. Nothing changes unless the number there is `most`. (A key cannot occur
     /// inside a JSON string, whose quotes are escaped.)
-    pub fn with_field(mut self, key: &[u8], last: bool, base: u64, most: u64) -> Self {
+    pub fn with_field(self, key: &[u8], last: bool, base: u64, most: u64) -> Self {
+        self.with_step_field(key, last, (base, 1), most)
+    }
+
+    /// [`PreparedTerminal::with_field`] for a number that grows by `per` with each post-trip
+    /// token (`base_per`: the base and the step), read `most` when encoded.
+    pub fn with_step_field(
+        mut self,
+        key: &[u8],
+        last: bool,
+        (base, per): (u64, u64),
+        most: u64,
+    ) -> Self {
         let mut found = self
             .bytes
             .windows(key.len())
@@ -94,6 +108,7 @@ impl PreparedTerminal {
             at,
             width: digits.len(),
             base,
+            per,
         });
         self.count_fields.sort_by_key(|f| f.at);
         self
@@ -103,8 +118,15 @@ impl PreparedTerminal {
 /// The key of haltd's `post_trip_tokens` in the terminal's halt object.
 const POST_TRIP_KEY: &[u8] = b"\"post_trip_tokens\":";
 
-/// The key of a Messages `usage.output_tokens`.
+/// The key of a Messages or Responses `usage.output_tokens`.
 const OUTPUT_TOKENS_KEY: &[u8] = b"\"output_tokens\":";
+
+/// The key of a Responses `usage.total_tokens` (no input tokens in a halted response: the
+/// output tokens).
+const TOTAL_TOKENS_KEY: &[u8] = b"\"total_tokens\":";
+
+/// The key of a Responses event's `sequence_number`.
+const SEQUENCE_KEY: &[u8] = b"\"sequence_number\":";
 
 impl HaltCore {
     /// The terminal frame for a tripped stream, in the form its response needs: the one
@@ -126,16 +148,18 @@ impl HaltCore {
         let budget = u64::from(snap.budget);
         self.encode_terminal(snap, budget, &mut bytes);
         let prepared = PreparedTerminal::new(bytes).with_field(POST_TRIP_KEY, false, 0, budget);
-        if snap.endpoint != Endpoint::Messages {
-            return prepared;
-        }
-        // The halted end's `message_delta`: the last one (a whole response's
-        // `message_start`, before it, says 0).
         let tau = snap.trip_token_index;
-        prepared.with_field(OUTPUT_TOKENS_KEY, true, tau, tau + budget)
+        match snap.endpoint {
+            // The halted end's `message_delta`: the last one (a whole response's
+            // `message_start`, before it, says 0).
+            Endpoint::Messages => prepared.with_field(OUTPUT_TOKENS_KEY, true, tau, tau + budget),
+            Endpoint::Responses => responses_fields(prepared, tau, budget),
+            Endpoint::Chat | Endpoint::Completion => prepared,
+        }
     }
 
     fn encode_terminal(&self, snap: &SlotSnapshot, post_trip_tokens: u64, out: &mut Vec<u8>) {
+        let sequence = snap.sse_events;
         let (model, detail, request_id) = {
             let meta = self.meta(snap.id.slot);
             let model = meta.model.clone().unwrap_or_else(|| MODEL_NAME.into());
@@ -169,6 +193,7 @@ impl HaltCore {
             nonce: snap.nonce,
             degraded: snap.degraded,
             detail,
+            sequence,
         };
         out.clear();
         if snap.mode == Mode::Stream && snap.headers_sent && snap.chunked {
@@ -179,6 +204,37 @@ impl HaltCore {
             halt.http_terminal(out, snap.client_sse);
         }
     }
+}
+
+/// A Responses terminal's count fields: the usage's output and total tokens (τ plus the
+/// post-trip tokens), and the terminal event's `sequence_number`, the last one of the frame
+/// (a whole response's start events, before it, are numbered 0 and 1). Encoded with B
+/// post-trip tokens it reads its base plus [`EVENTS_PER_TOKEN`] × B.
+fn responses_fields(prepared: PreparedTerminal, tau: u64, budget: u64) -> PreparedTerminal {
+    let step = EVENTS_PER_TOKEN * budget;
+    let seq = last_number(&prepared.bytes, SEQUENCE_KEY).filter(|&n| n >= step);
+    let prepared = prepared
+        .with_field(OUTPUT_TOKENS_KEY, true, tau, tau + budget)
+        .with_field(TOTAL_TOKENS_KEY, true, tau, tau + budget);
+    match seq {
+        Some(most) => {
+            prepared.with_step_field(SEQUENCE_KEY, true, (most - step, EVENTS_PER_TOKEN), most)
+        }
+        None => prepared,
+    }
+}
+
+/// The number after the last `key` of `bytes`.
+fn last_number(bytes: &[u8], key: &[u8]) -> Option<u64> {
+    let at = bytes.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let digits = bytes[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&bytes[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -212,6 +268,7 @@ mod tests {
             degraded: false,
             detail: Vec::new(),
             request_id: None,
+            sequence: 0,
         };
         let mut bytes = Vec::new();
         if chunked {
@@ -269,6 +326,54 @@ mod tests {
                     "\r\n0\r\n\r\n",
                     "{endpoint:?} τ {tau} B {budget}: the chunk is not {size} bytes: {out:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_responses_terminal_counts_its_sequence_number_and_usage() {
+        for (tau, budget, next) in [(5, 5, 12), (98, 5, 300), (3, 12, 7), (0, 0, 2)] {
+            for chunked in [false, true] {
+                let halt = Halt {
+                    stream_id: StreamId {
+                        slot: 1,
+                        generation: 2,
+                    },
+                    endpoint: Endpoint::Responses,
+                    created: 1,
+                    model: Arc::from("m"),
+                    code: FailureCode::OperatorTrip,
+                    trip_token_index: tau,
+                    post_trip_tokens: budget,
+                    nonce: 7,
+                    degraded: false,
+                    detail: Vec::new(),
+                    request_id: None,
+                    sequence: next,
+                };
+                let mut bytes = Vec::new();
+                if chunked {
+                    halt.sse_terminal_chunked(&mut bytes);
+                } else {
+                    halt.sse_terminal(&mut bytes);
+                }
+                let t = PreparedTerminal::new(bytes).with_field(POST_TRIP_KEY, false, 0, budget);
+                let t = responses_fields(t, tau, budget);
+                assert_eq!(t.count_fields.len(), 4, "τ {tau} B {budget}");
+                let len = t.bytes.len();
+                for post in 0..=budget {
+                    let out = written(&t, post);
+                    assert_eq!(out.len(), len, "τ {tau} B {budget} post {post}");
+                    let end = data(&out)
+                        .into_iter()
+                        .find(|v| v["type"] == "response.incomplete")
+                        .expect("response.incomplete");
+                    let seq = next + EVENTS_PER_TOKEN * post;
+                    assert_eq!(end["sequence_number"], seq, "{out}");
+                    assert_eq!(end["response"]["usage"]["output_tokens"], tau + post);
+                    assert_eq!(end["response"]["usage"]["total_tokens"], tau + post);
+                    assert_eq!(end["response"]["haltd"]["post_trip_tokens"], post);
+                }
             }
         }
     }

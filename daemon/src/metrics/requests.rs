@@ -47,6 +47,8 @@ pub enum Route {
     Completions,
     /// `/v1/messages` (and its refused `count_tokens`).
     Messages,
+    /// `/v1/responses`.
+    Responses,
     /// `/v1/models`, `/v1/models/{id}`.
     Models,
     /// `/v1/embeddings` (relayed, no tokens governed).
@@ -64,6 +66,7 @@ impl Route {
             Route::Chat => "chat",
             Route::Completions => "completions",
             Route::Messages => "messages",
+            Route::Responses => "responses",
             Route::Models => "models",
             Route::Embeddings => "embeddings",
             Route::Health => "health",
@@ -74,7 +77,11 @@ impl Route {
     /// The API family the route belongs to: the `surface` label.
     pub const fn surface(self) -> Surface {
         match self {
-            Route::Chat | Route::Completions | Route::Models | Route::Embeddings => Surface::Openai,
+            Route::Chat
+            | Route::Completions
+            | Route::Responses
+            | Route::Models
+            | Route::Embeddings => Surface::Openai,
             Route::Messages => Surface::Anthropic,
             Route::Health => Surface::Haltd,
             Route::Other => Surface::Other,
@@ -83,7 +90,10 @@ impl Route {
 
     /// Whether requests of this route are turns (they have tokens and latency histograms).
     pub const fn is_turn(self) -> bool {
-        matches!(self, Route::Chat | Route::Completions | Route::Messages)
+        matches!(
+            self,
+            Route::Chat | Route::Completions | Route::Messages | Route::Responses
+        )
     }
 }
 
@@ -93,8 +103,8 @@ impl EncodeLabelValue for Route {
     }
 }
 
-/// Whose API a request spoke: the `surface` label (OpenAI's chat, completions, models and
-/// embeddings; Anthropic's Messages; haltd's own health checks; anything unrouted).
+/// Whose API a request spoke: the `surface` label (OpenAI's chat, completions, responses,
+/// models and embeddings; Anthropic's Messages; haltd's own health checks; anything unrouted).
 #[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Surface {

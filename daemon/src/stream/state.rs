@@ -295,6 +295,7 @@ impl AtomicRepr for Endpoint {
         match raw {
             1 => Endpoint::Completion,
             2 => Endpoint::Messages,
+            3 => Endpoint::Responses,
             _ => Endpoint::Chat,
         }
     }
@@ -315,7 +316,12 @@ mod tests {
         for m in [Mode::Pending, Mode::Stream, Mode::Batch] {
             assert_eq!(Mode::from_raw(m.to_raw()), m);
         }
-        for e in [Endpoint::Chat, Endpoint::Completion, Endpoint::Messages] {
+        for e in [
+            Endpoint::Chat,
+            Endpoint::Completion,
+            Endpoint::Messages,
+            Endpoint::Responses,
+        ] {
             assert_eq!(Endpoint::from_raw(e.to_raw()), e);
         }
     }

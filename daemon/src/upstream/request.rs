@@ -173,7 +173,7 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
     check_choices(&obj)?;
     let include_usage = include_usage(&obj)?;
     let (logprobs, top_logprobs) = match endpoint {
-        Endpoint::Chat | Endpoint::Messages => {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
             check_messages(&obj)?;
             chat_logprobs(&obj)?
         }
@@ -289,7 +289,7 @@ fn own_streaming_fields(obj: &mut Map<String, Value>, endpoint: Endpoint, top_lo
     so.insert("include_usage".into(), Value::Bool(true));
     obj.insert("stream_options".into(), Value::Object(so));
     match endpoint {
-        Endpoint::Chat | Endpoint::Messages => {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
             obj.insert("logprobs".into(), Value::Bool(true));
             obj.insert("top_logprobs".into(), Value::from(top_logprobs));
         }

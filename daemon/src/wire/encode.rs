@@ -6,7 +6,11 @@
 //! Token chunks are written straight into the connection's reused buffer (no allocation per
 //! token once the buffer has grown); the rarer shapes (batch bodies) use `serde_json::Value`.
 
-use std::{cell::Cell, io::Write as _, sync::Arc};
+use std::{
+    cell::{Cell, RefCell},
+    io::Write as _,
+    sync::Arc,
+};
 
 use serde_json::{json, Value};
 
@@ -18,6 +22,7 @@ use crate::wire::{
     endpoint::Endpoint,
     json_write::{write_hex8, write_logprob, write_str, write_u64},
     messages::encode::{self as messages, Blocks},
+    responses::encode::{self as responses, Output},
     stream_id::StreamId,
     text::truncate_text,
 };
@@ -65,6 +70,9 @@ pub struct ChunkEncoder {
     /// A Messages stream's open block ([`crate::wire::messages::encode`]); unused by chat
     /// and completions, whose chunks carry no state.
     pub blocks: Cell<Blocks>,
+    /// A Responses stream's sequence number and output items
+    /// ([`crate::wire::responses::encode`]); unused by the other endpoints.
+    pub output: RefCell<Output>,
 }
 
 impl ChunkEncoder {
@@ -73,6 +81,7 @@ impl ChunkEncoder {
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completion => "cmpl-",
             Endpoint::Messages => "msg_",
+            Endpoint::Responses => "resp_",
         }
     }
 
@@ -83,7 +92,7 @@ impl ChunkEncoder {
 
     fn chunk_head(&self, out: &mut Vec<u8>) {
         let object = match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => "chat.completion.chunk",
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         };
         // As `{"id":"<prefix><stream id>","object":...,"created":...,"model":` written with
@@ -126,13 +135,17 @@ impl ChunkEncoder {
     /// [`ChunkEncoder::max_event_bytes`] bytes for a text of at most [`MAX_TOKEN_TEXT_BYTES`].
     pub fn text_event(&self, out: &mut Vec<u8>, text: &str, first: bool, channel: Channel) {
         debug_assert!(text.len() <= MAX_TOKEN_TEXT_BYTES, "text frames are split");
-        if self.endpoint == Endpoint::Messages {
-            return messages::text_delta(self.messages(), out, text, channel);
+        match self.endpoint {
+            Endpoint::Messages => return messages::text_delta(self.messages(), out, text, channel),
+            Endpoint::Responses => {
+                return responses::text_delta(self.responses(), out, text, channel, None)
+            }
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{");
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
@@ -164,14 +177,19 @@ impl ChunkEncoder {
         first: bool,
         channel: Channel,
     ) {
-        if self.endpoint == Endpoint::Messages {
+        match self.endpoint {
             // The Messages API has no logprobs.
-            return messages::text_delta(self.messages(), out, text, channel);
+            Endpoint::Messages => return messages::text_delta(self.messages(), out, text, channel),
+            Endpoint::Responses => {
+                let logprobs = self.logprobs.then_some((toks, self.top_n()));
+                return responses::text_delta(self.responses(), out, text, channel, logprobs);
+            }
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{");
                 if first {
                     out.extend_from_slice(b"\"role\":\"assistant\",");
@@ -210,8 +228,10 @@ impl ChunkEncoder {
     /// logprobs. At most [`ChunkEncoder::max_event_bytes`] bytes when the encoder has
     /// `tool_calls` and the delta keeps to the caps of [`ToolCallDelta`].
     pub fn tool_call_event(&self, out: &mut Vec<u8>, call: ToolCallDelta<'_>, first: bool) {
-        if self.endpoint == Endpoint::Messages {
-            return messages::tool_delta(self.messages(), out, call);
+        match self.endpoint {
+            Endpoint::Messages => return messages::tool_delta(self.messages(), out, call),
+            Endpoint::Responses => return responses::tool_delta(self.responses(), out, call),
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
@@ -315,11 +335,30 @@ impl ChunkEncoder {
         }
     }
 
+    /// The Responses writers' view of this encoder.
+    fn responses(&self) -> responses::Stream<'_> {
+        responses::Stream {
+            stream_id: self.stream_id,
+            created: self.created,
+            model: &self.model,
+            output: &self.output,
+        }
+    }
+
+    /// The next `sequence_number` of a Responses stream (0 on the other endpoints): the events
+    /// written so far, which the halt core numbers the terminal after.
+    pub fn next_sequence(&self) -> u64 {
+        self.output.borrow().sequence
+    }
+
     /// What a stream writes right after its response head: `message_start` on a Messages
-    /// stream, nothing on the others.
+    /// stream, `response.created` and `response.in_progress` on a Responses stream, nothing
+    /// on the others.
     pub fn stream_start(&self, out: &mut Vec<u8>) {
-        if self.endpoint == Endpoint::Messages {
-            messages::message_start(self.messages(), out);
+        match self.endpoint {
+            Endpoint::Messages => messages::message_start(self.messages(), out),
+            Endpoint::Responses => responses::stream_start(self.responses(), out),
+            Endpoint::Chat | Endpoint::Completion => {}
         }
     }
 
@@ -328,7 +367,7 @@ impl ChunkEncoder {
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
         match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null")
             }
             Endpoint::Completion => {
@@ -345,8 +384,12 @@ impl ChunkEncoder {
     /// a reply, e.g. `haltd_grounding`): shaped like the usage chunk, so OpenAI clients take
     /// it as one more chunk with nothing to show.
     pub fn annotation_event(&self, out: &mut Vec<u8>, field: &str, value: &serde_json::Value) {
-        if self.endpoint == Endpoint::Messages {
-            return messages::annotation(self.messages(), out, field, value);
+        match self.endpoint {
+            Endpoint::Messages => return messages::annotation(self.messages(), out, field, value),
+            Endpoint::Responses => {
+                return responses::annotation(self.responses(), out, field, value)
+            }
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         out.extend_from_slice(b"data: ");
         self.chunk_head(out);
@@ -359,8 +402,14 @@ impl ChunkEncoder {
 
     /// The last frame of a stream that ends normally: final chunk, optional usage chunk, `[DONE]`.
     pub fn finish_events(&self, out: &mut Vec<u8>, finish_reason: &str, usage: Option<(u64, u64)>) {
-        if self.endpoint == Endpoint::Messages {
-            return messages::finish(self.messages(), out, finish_reason, usage);
+        match self.endpoint {
+            Endpoint::Messages => {
+                return messages::finish(self.messages(), out, finish_reason, usage)
+            }
+            Endpoint::Responses => {
+                return responses::finish(self.responses(), out, finish_reason, usage)
+            }
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         self.final_chunk(out, finish_reason);
         if let Some((prompt, completion)) = usage {
@@ -386,20 +435,32 @@ impl ChunkEncoder {
         (prompt_tokens, completion_tokens): (u64, u64),
         tool_calls: Option<&Value>,
     ) -> Vec<u8> {
-        if self.endpoint == Endpoint::Messages {
-            let usage = (prompt_tokens, completion_tokens);
-            return messages::batch_body(
-                self.messages(),
-                (text, reasoning),
-                finish_reason,
-                usage,
-                tool_calls,
-            );
+        let usage = (prompt_tokens, completion_tokens);
+        match self.endpoint {
+            Endpoint::Messages => {
+                return messages::batch_body(
+                    self.messages(),
+                    (text, reasoning),
+                    finish_reason,
+                    usage,
+                    tool_calls,
+                )
+            }
+            Endpoint::Responses => {
+                return responses::batch_body(
+                    self.responses(),
+                    (text, reasoning),
+                    finish_reason,
+                    usage,
+                    tool_calls,
+                )
+            }
+            Endpoint::Chat | Endpoint::Completion => {}
         }
         let mut logprobs = Vec::new();
         let logprobs: Value = if self.logprobs {
             match self.endpoint {
-                Endpoint::Chat | Endpoint::Messages => {
+                Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                     logprobs.extend_from_slice(b"{\"content\":[");
                     for (i, t) in toks.iter().enumerate() {
                         if i > 0 {
@@ -416,7 +477,7 @@ impl ChunkEncoder {
             Value::Null
         };
         let choice = match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 let mut message = json!({"role": "assistant", "content": text});
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = reasoning.into();
@@ -431,7 +492,7 @@ impl ChunkEncoder {
             }
         };
         let object = match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => "chat.completion",
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => "chat.completion",
             Endpoint::Completion => "text_completion",
         };
         json!({
@@ -464,6 +525,7 @@ pub(crate) fn test_encoder(endpoint: Endpoint, model: &str) -> ChunkEncoder {
         tool_calls: false,
         reasoning: false,
         blocks: Cell::default(),
+        output: RefCell::default(),
     }
 }
 

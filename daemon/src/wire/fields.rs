@@ -13,6 +13,9 @@ use serde_json::{Map, Value};
 
 use crate::wire::{http::HttpError, text::truncate_chars};
 
+#[cfg(test)]
+pub mod testing;
+
 /// A JSON object of the client's body.
 pub type Object = Map<String, Value>;
 
@@ -123,4 +126,34 @@ pub fn one_of<'a>(v: &'a Value, path: &str, allowed: &[&str]) -> Result<&'a str,
         None => String::new(),
     };
     Err(bad(path, format!("must be {list}, not {}", quote(s))))
+}
+
+/// The most containers (objects and arrays) nested in one another that a body may have:
+/// serde_json's recursion limit, the deepest body the chat path reads. A translation nests
+/// some of the client's values one level deeper (a tool's schema under `function`), so a
+/// client's body within the limit could become one past it.
+pub const MAX_NESTING: usize = 127;
+
+/// The translated `body` as it is, or a 400 when it nests deeper than [`MAX_NESTING`]: every
+/// translation is a body the chat path could have received, which grounding's resume reads
+/// again from its bytes.
+pub fn within_nesting(body: Value) -> Result<Value, HttpError> {
+    let depth = nesting(&body);
+    if depth > MAX_NESTING {
+        return Err(HttpError::bad_request(format!(
+            "the request nests {depth} levels deep once translated to chat; at most {MAX_NESTING}"
+        )));
+    }
+    Ok(body)
+}
+
+/// How many containers `v` nests: 0 for a scalar, 1 for `[]` or `{}`. Recursive, at most
+/// one level past the limit of the parser that read `v` (translations add one level).
+fn nesting(v: &Value) -> usize {
+    let inner = |items: &mut dyn Iterator<Item = &Value>| items.map(nesting).max().unwrap_or(0);
+    match v {
+        Value::Array(a) => 1 + inner(&mut a.iter()),
+        Value::Object(o) => 1 + inner(&mut o.values()),
+        _ => 0,
+    }
 }

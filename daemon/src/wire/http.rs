@@ -595,7 +595,7 @@ pub fn write_error_response(
             }
             body
         }
-        Endpoint::Chat | Endpoint::Completion => {
+        Endpoint::Chat | Endpoint::Completion | Endpoint::Responses => {
             let mut body = serde_json::json!({
                 "error": {
                     "message": err.message,

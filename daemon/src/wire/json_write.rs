@@ -6,6 +6,10 @@ use std::io::Write as _;
 /// Bytes a JSON-escaped string takes per byte of text, at most (`\u001f`).
 pub const ESCAPED_PER_BYTE: usize = 6;
 
+/// The f32 whose `Display` is the longest (`-0.000…001`, 48 bytes,
+/// [`crate::wire::encode::bound::MAX_LOGPROB_BYTES`]): −1e-45.
+pub const LONGEST_LOGPROB: f32 = f32::from_bits(0x8000_0001);
+
 /// Writes a logprob; non-finite values use vLLM's -9999.0 sentinel, since JSON has no -inf.
 pub fn write_logprob(out: &mut Vec<u8>, lp: f32) {
     if lp.is_finite() {

@@ -75,6 +75,7 @@ impl ClientRequest {
         let json: Value = serde_json::from_slice(body).map_err(json_error)?;
         let json = match endpoint {
             Endpoint::Messages => crate::wire::messages::request::to_chat(&json)?,
+            Endpoint::Responses => crate::wire::responses::request::to_chat(&json)?,
             Endpoint::Chat | Endpoint::Completion => json,
         };
         Ok(ClientRequest { endpoint, json })
@@ -98,7 +99,7 @@ impl ClientRequest {
     /// The built-in source's view: validated for the one model it serves (`served_model`).
     pub fn builtin_turn(&self, served_model: &str) -> Result<BuiltinTurn, HttpError> {
         match self.endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 let b = ChatBody::deserialize(&self.json).map_err(json_error)?;
                 let mut turn = builtin_chat(b, served_model)?;
                 turn.ask.endpoint = self.endpoint;

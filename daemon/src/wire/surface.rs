@@ -62,6 +62,11 @@ pub const ROUTES: &[Route] = &[
         ),
     },
     Route {
+        path: "/v1/responses",
+        method: "POST",
+        handling: Handling::Governed(Endpoint::Responses),
+    },
+    Route {
         path: "/v1/models",
         method: "GET",
         handling: Handling::Models,
@@ -128,8 +133,12 @@ mod tests {
             route("/v1/models/").map(|r| r.path),
             Some("/v1/models/{id}")
         );
-        assert_eq!(route("/v1/responses"), None);
-        assert!(is_api_path("/v1/responses") && !is_api_path("/admin"));
+        assert_eq!(
+            route("/v1/responses").map(|r| r.handling),
+            Some(Handling::Governed(Endpoint::Responses))
+        );
+        assert_eq!(route("/v1/responses/resp_1"), None);
+        assert!(is_api_path("/v1/responses/resp_1") && !is_api_path("/admin"));
     }
 
     #[test]

@@ -175,7 +175,7 @@ fn chat_entry(i: usize, alts: usize, llama: bool) -> Value {
 fn finish(out: &mut Vec<Vec<u8>>, head: &Value, endpoint: Endpoint, n: usize, reason: &str) {
     let mut last = head.clone();
     last["choices"] = match endpoint.request_shape() {
-        Endpoint::Chat | Endpoint::Messages => {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
             json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}])
         }
         Endpoint::Completion => {
@@ -301,6 +301,7 @@ fn encoder(s: &Stream) -> ChunkEncoder {
         tool_calls: s.tool_calls,
         reasoning: false,
         blocks: std::cell::Cell::default(),
+        output: std::cell::RefCell::default(),
     }
 }
 

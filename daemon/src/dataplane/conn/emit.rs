@@ -22,6 +22,7 @@ use crate::dataplane::conn::{
 use crate::{
     client_tls::lock,
     stream::{Slot, SlotState},
+    wire::Endpoint,
 };
 
 /// The client side of one connection's sends.
@@ -355,6 +356,13 @@ impl Conn {
         tokens: u64,
         ignore_halt: bool,
     ) -> bool {
+        if let Some(turn) = self.turn.as_ref() {
+            if turn.enc.endpoint == Endpoint::Responses {
+                // Before the frame's window: a trip after it numbers its terminal after every
+                // event this frame carries.
+                slot.sse_events.store(turn.enc.next_sequence(), SeqCst);
+            }
+        }
         let plain = frame_len(&self.wbuf);
         let Some(tls) = self.tls.as_ref() else {
             return slot.begin_frame(tokens, ignore_halt, plain);

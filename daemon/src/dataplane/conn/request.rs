@@ -41,6 +41,7 @@ fn route_label(row: &surface::Route) -> Route {
         Handling::Governed(Endpoint::Messages) | Handling::Refused(Endpoint::Messages, _) => {
             Route::Messages
         }
+        Handling::Governed(Endpoint::Responses) => Route::Responses,
         Handling::Refused(..) => Route::Other,
         Handling::Models => Route::Models,
         Handling::Embeddings => Route::Embeddings,

@@ -64,9 +64,7 @@ use crate::wire::{
 /// 2^32 values once, and by a test over every binade). Non-finite values are written as
 /// `-9999.0`.
 pub const MAX_LOGPROB_BYTES: usize = 48;
-/// The f32 whose `Display` is the longest ([`MAX_LOGPROB_BYTES`]): −1e-45.
-pub const LONGEST_LOGPROB: f32 = f32::from_bits(0x8000_0001);
-pub use crate::wire::json_write::ESCAPED_PER_BYTE;
+pub use crate::wire::json_write::{ESCAPED_PER_BYTE, LONGEST_LOGPROB};
 /// Bytes a text written both as a JSON string and as its `bytes` array takes per byte, at most
 /// (`\u001f` and `31,`).
 pub const ESCAPED_AND_BYTES_PER_BYTE: usize = 9;
@@ -83,6 +81,11 @@ impl ChunkEncoder {
     pub fn max_event_bytes(&self) -> u32 {
         if self.endpoint == Endpoint::Messages {
             let e = crate::wire::messages::encode::max_event_bytes(self.stream_id, &self.model);
+            return u32::try_from(e).unwrap_or(u32::MAX);
+        }
+        if self.endpoint == Endpoint::Responses {
+            let top = self.logprobs.then(|| self.top_n());
+            let e = crate::wire::responses::encode::max_event_bytes(self.stream_id, top);
             return u32::try_from(e).unwrap_or(u32::MAX);
         }
         let tokens = self.max_token_event_bytes();
@@ -104,7 +107,7 @@ impl ChunkEncoder {
         let k = self.top_n();
         match (self.endpoint, self.logprobs) {
             (_, false) => ESCAPED_PER_BYTE,
-            (Endpoint::Chat | Endpoint::Messages, true) => {
+            (Endpoint::Chat | Endpoint::Messages | Endpoint::Responses, true) => {
                 ESCAPED_PER_BYTE + ESCAPED_AND_BYTES_PER_BYTE * (1 + k)
             }
             (Endpoint::Completion, true) => ESCAPED_PER_BYTE * (2 + k),

@@ -70,7 +70,9 @@ fn numbers_and_the_chunk_head_are_written_as_fmt_writes_them() {
             let mut out = Vec::new();
             e.chunk_head(&mut out);
             let object = match endpoint {
-                Endpoint::Chat | Endpoint::Messages => "chat.completion.chunk",
+                Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
+                    "chat.completion.chunk"
+                }
                 Endpoint::Completion => "text_completion",
             };
             let want = format!(
@@ -176,7 +178,7 @@ fn text_events_carry_null_logprobs_even_when_asked() {
         let v = event_json(&out);
         assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
         let text = match endpoint {
-            Endpoint::Chat | Endpoint::Messages => {
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                 assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
                 &v["choices"][0]["delta"]["content"]
             }

@@ -23,10 +23,11 @@
 use serde_json::{json, Value};
 
 use crate::wire::{
+    chat_content::{content, Part},
     endpoint::MAX_MAX_TOKENS,
     fields::{
         as_object, as_str, bad, check_fields, field, join, only, opt_bool, opt_str, quote,
-        required, required_str, FieldRule, Object,
+        required, required_str, within_nesting, FieldRule, Object,
     },
     http::HttpError,
 };
@@ -142,7 +143,7 @@ pub fn to_chat(body: &Value) -> Result<Value, HttpError> {
         check_thinking(v)?;
     }
     cache_control(req, "")?;
-    Ok(Value::Object(chat))
+    within_nesting(Value::Object(chat))
 }
 
 /// `cache_control` of `obj`, accepted and left out: an object when present.
@@ -212,13 +213,6 @@ enum Role {
     Assistant,
 }
 
-/// A text or image part of a message's content, in order.
-enum Part {
-    Text(String),
-    /// The `image_url` URL.
-    Image(String),
-}
-
 /// A message's content blocks, sorted into where chat takes them.
 #[derive(Default)]
 struct Blocks {
@@ -286,7 +280,9 @@ impl Blocks {
         };
         match (kind, role) {
             ("text", _) => self.parts.push(Part::Text(text_block(b, path)?.to_owned())),
-            ("image", Role::User) => self.parts.push(Part::Image(image_url(b, path)?)),
+            ("image", Role::User) => self
+                .parts
+                .push(Part::Image(json!({"url": image_url(b, path)?}))),
             ("tool_result", Role::User) => self.tool_results.push(tool_message(b, path)?),
             ("tool_use", Role::Assistant) => self.tool_calls.push(tool_call(b, path)?),
             // The backend's chat template takes no earlier thinking.
@@ -305,26 +301,6 @@ impl Blocks {
         Ok(())
     }
 
-    /// The chat `content`: the texts concatenated, or an array of parts when there is an
-    /// image.
-    fn content(parts: Vec<Part>) -> Value {
-        if !parts.iter().any(|p| matches!(p, Part::Image(_))) {
-            let text: String = parts
-                .into_iter()
-                .filter_map(|p| match p {
-                    Part::Text(t) => Some(t),
-                    Part::Image(_) => None,
-                })
-                .collect();
-            return Value::String(text);
-        }
-        let parts = parts.into_iter().map(|p| match p {
-            Part::Text(t) => json!({"type": "text", "text": t}),
-            Part::Image(url) => json!({"type": "image_url", "image_url": {"url": url}}),
-        });
-        Value::Array(parts.collect())
-    }
-
     /// The chat messages of one Messages message: its tool results first (chat wants them
     /// right after the assistant's calls), then the rest, unless tool results were all.
     fn push_to(self, role: Role, out: &mut Vec<Value>) {
@@ -332,9 +308,9 @@ impl Blocks {
         out.extend(self.tool_results);
         match role {
             Role::User if results_only => {}
-            Role::User => out.push(json!({"role": "user", "content": Self::content(self.parts)})),
+            Role::User => out.push(json!({"role": "user", "content": content(self.parts)})),
             Role::Assistant => {
-                let mut m = json!({"role": "assistant", "content": Self::content(self.parts)});
+                let mut m = json!({"role": "assistant", "content": content(self.parts)});
                 if !self.tool_calls.is_empty() {
                     m["tool_calls"] = Value::Array(self.tool_calls);
                 }

@@ -24,7 +24,7 @@ use crate::wire::{
     endpoint::MAX_MAX_TOKENS,
     fields::{
         as_object, as_str, bad, check_fields, field, join, one_of, only, opt_bool, opt_str, quote,
-        required, required_str, FieldRule, Object, QUOTED_CHARS,
+        required, required_str, within_nesting, FieldRule, Object, QUOTED_CHARS,
     },
     http::HttpError,
     text::truncate_chars,
@@ -182,7 +182,7 @@ pub fn to_chat(body: &Value) -> Result<Value, HttpError> {
         chat.insert("user".into(), user.into());
     }
     check_accepted(req)?;
-    Ok(Value::Object(chat))
+    within_nesting(Value::Object(chat))
 }
 
 /// The refusal of `previous_response_id`, with its code.

@@ -747,6 +747,7 @@ fn eighty_events_in_one_send_are_dropped() -> Result<()> {
         tool_calls: false,
         reasoning: false,
         blocks: std::cell::Cell::default(),
+        output: std::cell::RefCell::default(),
     };
     let e = enc.max_event_bytes();
     let event = |out: &mut Vec<u8>, i: usize| {

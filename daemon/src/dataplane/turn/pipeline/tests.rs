@@ -172,6 +172,7 @@ impl Driver {
             tool_calls: false,
             reasoning: false,
             blocks: std::cell::Cell::default(),
+            output: std::cell::RefCell::default(),
         };
         let gov = (gov, Vec::new());
         let mut turn = Turn::new(

@@ -155,7 +155,7 @@ fn read_choice(
     chunk: &mut UpstreamChunk,
 ) -> Result<(), ChunkError> {
     match endpoint.request_shape() {
-        Endpoint::Chat | Endpoint::Messages => match choice.get("delta") {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => match choice.get("delta") {
             None | Some(Value::Null) => {}
             Some(Value::Object(delta)) => {
                 chunk.role = delta.get("role").is_some_and(Value::is_string);

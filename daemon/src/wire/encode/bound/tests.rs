@@ -181,7 +181,7 @@ fn worst_case_events_reach_the_bound() {
                     let mut enc = encoder(endpoint, lp, k, "m\u{1}\"", tools);
                     enc.reasoning = reasoning;
                     let top: Vec<(&str, f32)> = match endpoint {
-                        Endpoint::Chat | Endpoint::Messages => {
+                        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => {
                             vec![(worst.as_str(), LONGEST_LOGPROB); k as usize]
                         }
                         Endpoint::Completion => distinct
@@ -312,6 +312,7 @@ fn any_encoder() -> impl Strategy<Value = ChunkEncoder> {
                     tool_calls,
                     reasoning,
                     blocks: std::cell::Cell::default(),
+                    output: std::cell::RefCell::default(),
                 }
             },
         )
@@ -412,6 +413,119 @@ fn every_event_fits_the_bound() {
         .expect("every event fits max_event_bytes");
     eprintln!(
         "random events / max_event_bytes: at most {:.4}",
+        closest.get()
+    );
+}
+
+/// One token frame of a Responses stream: content or reasoning text (with its logprobs), a
+/// tool call's header (index, id, name) or a piece of its arguments.
+#[derive(Debug, Clone)]
+enum ResponsesFrame {
+    Text(Channel, String, f32, Vec<(String, f32)>),
+    Header(u32, String, String),
+    Args(u32, String),
+}
+
+fn responses_frame() -> impl Strategy<Value = ResponsesFrame> {
+    let channel = prop_oneof![Just(Channel::Content), Just(Channel::Reasoning)];
+    prop_oneof![
+        (
+            channel,
+            text(MAX_TOKEN_TEXT_BYTES),
+            logprob(),
+            alternatives()
+        )
+            .prop_map(|(c, t, l, a)| ResponsesFrame::Text(c, t, l, a)),
+        (
+            0u32..3,
+            text(MAX_TOOL_CALL_ID_BYTES),
+            text(MAX_TOOL_NAME_BYTES)
+        )
+            .prop_map(|(i, id, name)| ResponsesFrame::Header(i, id, name)),
+        (0u32..3, text(MAX_TOKEN_TEXT_BYTES)).prop_map(|(i, a)| ResponsesFrame::Args(i, a)),
+    ]
+}
+
+/// Every token frame of a Responses stream, whatever came before it (items opened by channel
+/// switches and calls, logprobs asked or not), fits the encoder's `max_event_bytes`; every
+/// event of the stream is JSON, and the stream's sequence numbers count from 0.
+#[test]
+fn every_responses_frame_fits_the_bound() {
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        ..Config::default()
+    });
+    let closest = Cell::new(0.0f64);
+    let case = (
+        any::<bool>(),
+        prop_oneof![0u32..=MAX_TOP_LOGPROBS, Just(MAX_TOP_LOGPROBS + 5)],
+        (any::<u32>(), any::<u32>()),
+        proptest::collection::vec(responses_frame(), 1..40),
+    );
+    runner
+        .run(
+            &case,
+            |(logprobs, top_logprobs, (slot, generation), frames)| {
+                let enc = ChunkEncoder {
+                    logprobs,
+                    top_logprobs,
+                    tool_calls: true,
+                    reasoning: true,
+                    stream_id: StreamId { slot, generation },
+                    ..crate::wire::encode::test_encoder(Endpoint::Responses, "m\u{1}\"")
+                };
+                let e = enc.max_event_bytes() as usize;
+                let mut all = Vec::new();
+                enc.stream_start(&mut all);
+                for f in &frames {
+                    let mut out = Vec::new();
+                    match f {
+                        ResponsesFrame::Text(channel, text, lp, alts) => {
+                            let top: Vec<(&str, f32)> =
+                                alts.iter().map(|(s, l)| (s.as_str(), *l)).collect();
+                            let tok = Token {
+                                text,
+                                logprob: *lp,
+                                top: &top,
+                            };
+                            enc.token_event(&mut out, tok, 0, false, *channel);
+                        }
+                        ResponsesFrame::Header(index, id, name) => {
+                            let call = ToolCallDelta {
+                                index: *index,
+                                id: Some(id),
+                                name: Some(name),
+                                arguments: "",
+                            };
+                            enc.tool_call_event(&mut out, call, false);
+                        }
+                        ResponsesFrame::Args(index, args) => {
+                            let call = ToolCallDelta {
+                                index: *index,
+                                id: None,
+                                name: None,
+                                arguments: args,
+                            };
+                            enc.tool_call_event(&mut out, call, false);
+                        }
+                    }
+                    prop_assert!(!out.is_empty(), "every frame carries an event");
+                    prop_assert!(out.len() <= e, "{} > {e}: {f:?}", out.len());
+                    closest.set(closest.get().max(out.len() as f64 / e as f64));
+                    all.extend_from_slice(&out);
+                }
+                enc.finish_events(&mut all, "stop", Some((1, frames.len() as u64)));
+                let ev = crate::wire::responses::encode::tests::events(&all);
+                for (i, (_, data)) in ev.iter().enumerate() {
+                    prop_assert_eq!(&data["sequence_number"], &Value::from(i));
+                }
+                crate::wire::responses::encode::tests::check_required(&ev);
+                Ok(())
+            },
+        )
+        .expect("every Responses frame fits max_event_bytes");
+    eprintln!(
+        "random Responses frames / max_event_bytes: at most {:.4}",
         closest.get()
     );
 }

@@ -144,7 +144,25 @@ const OPEN: [BlockKind; 4] = [
 
 /// A token frame of `e` with the block `open` open: `kind` 0 text, 1 thinking, 2 a tool
 /// call's header (id and name `name`), 3 a piece of a tool call's arguments.
+/// On a Responses stream (which has no blocks), the start events and a token of the kind
+/// `open` names go before it, so the frame is a token frame after an item of that kind.
 fn frame(e: &ChunkEncoder, open: BlockKind, (kind, text, name): (u8, &str, &str)) -> Vec<u8> {
+    if e.endpoint == Endpoint::Responses {
+        let mut before = Vec::new();
+        e.stream_start(&mut before);
+        let call = ToolCallDelta {
+            index: 0,
+            id: Some("c"),
+            name: Some("f"),
+            arguments: "",
+        };
+        match open {
+            BlockKind::None => {}
+            BlockKind::Text => e.text_event(&mut before, "a", true, Channel::Content),
+            BlockKind::Thinking => e.text_event(&mut before, "a", true, Channel::Reasoning),
+            BlockKind::ToolUse(_) => e.tool_call_event(&mut before, call, true),
+        }
+    }
     e.blocks.set(Blocks {
         started: true,
         open,
@@ -191,7 +209,13 @@ proptest! {
     ) {
         use haltd_common::{NONCE_LEN, NONCE_OFFSET};
         let text = short(&text, MAX_TOKEN_TEXT_BYTES);
-        for endpoint in [Endpoint::Chat, Endpoint::Completion, Endpoint::Messages] {
+        let endpoints = [
+            Endpoint::Chat,
+            Endpoint::Completion,
+            Endpoint::Messages,
+            Endpoint::Responses,
+        ];
+        for endpoint in endpoints {
             let kind = if endpoint == Endpoint::Completion { 0 } else { kind };
             let mut chosen = frame(&enc(endpoint, &model), OPEN[open], (kind, text, &name));
             let mut fixed = frame(&enc(endpoint, "m"), OPEN[open], (kind, "", ""));

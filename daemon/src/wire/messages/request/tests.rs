@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::wire::{fields::QUOTED_CHARS, text::truncate_chars};
+use crate::wire::fields::testing::{self, with, Translation};
 
 /// A request with a bit of everything, which translates.
 fn full() -> Value {
@@ -28,36 +28,21 @@ fn full() -> Value {
     })
 }
 
-/// `body` with the value at JSON pointer `at` set to `v` (a new member, or a replaced one).
-fn with(mut body: Value, at: &str, v: Value) -> Value {
-    let (parent, last) = at.rsplit_once('/').expect("a pointer");
-    match body.pointer_mut(parent).expect("the parent exists") {
-        Value::Object(o) => {
-            o.insert(last.to_owned(), v);
-        }
-        Value::Array(a) => a[last.parse::<usize>().expect("an index")] = v,
-        other => panic!("{at}: the parent is {other}"),
-    }
-    body
-}
+/// This surface's translation, for the checks every translated surface shares.
+const TRANSLATION: Translation = Translation {
+    to_chat,
+    fields: FIELDS,
+    section: "Messages API requests",
+};
 
 fn refusal(body: &Value) -> String {
-    let e = to_chat(body).expect_err("refused");
-    assert_eq!((e.status, e.kind), (400, "invalid_request_error"), "{e:?}");
-    e.message
+    TRANSLATION.refusal(body)
 }
 
-/// Each line of `table`: the JSON pointer of the value set, the value (JSON), and how the
-/// refusal's message starts, separated by ` | `.
+/// Each line of `table`: the JSON pointer of the value set in [`full`], the value (JSON), and
+/// how the refusal's message starts, separated by ` | `.
 fn check_refusals(table: &str) {
-    for case in table.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let [at, v, says] = case.splitn(3, " | ").collect::<Vec<_>>()[..] else {
-            panic!("a case of three cells: {case}")
-        };
-        let v = serde_json::from_str(v).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let message = refusal(&with(full(), at, v));
-        assert!(message.starts_with(says), "{case}: {message}");
-    }
+    TRANSLATION.check_refusals(&full(), table);
 }
 
 #[test]
@@ -427,84 +412,17 @@ fn sample(name: &str) -> Value {
 
 #[test]
 fn every_field_is_handled_as_its_rule_says() {
-    for (name, rule) in FIELDS {
-        let body = with(full(), &format!("/{name}"), sample(name));
-        match rule {
-            FieldRule::Translated(_) | FieldRule::Accepted(_) => {
-                assert!(to_chat(&body).is_ok(), "{name}: {:?}", to_chat(&body));
-            }
-            FieldRule::Refused(why) => {
-                assert_eq!(refusal(&body), format!("{name}: not supported: {why}"));
-                // `null` is absent.
-                assert!(to_chat(&with(full(), &format!("/{name}"), Value::Null)).is_ok());
-            }
-        }
-    }
-    let names: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
-    let mut unique = names.clone();
-    unique.sort_unstable();
-    unique.dedup();
-    assert_eq!(unique.len(), names.len(), "a field listed twice");
-}
-
-/// docs/wire-format.md's section "Messages API requests".
-fn documented() -> &'static str {
-    const DOC: &str = include_str!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/wire-format.md"
-    ));
-    let section = DOC
-        .split_once("\n## Messages API requests\n")
-        .expect("the section")
-        .1;
-    section.split("\n## ").next().unwrap_or_default()
-}
-
-/// The rows of the section's table of fields: name, and what haltd does.
-fn documented_fields() -> Vec<(String, String)> {
-    documented()
-        .lines()
-        .skip_while(|l| *l != "| field | haltd |")
-        .skip(2)
-        .take_while(|l| l.starts_with('|'))
-        .map(|row| {
-            let cells: Vec<&str> = row.trim_matches('|').splitn(2, '|').collect();
-            let name = cells[0].trim().trim_matches('`').to_owned();
-            (name, cells.get(1).map_or("", |c| c.trim()).to_owned())
-        })
-        .collect()
+    TRANSLATION.check_every_field(&full(), sample);
 }
 
 #[test]
 fn the_docs_list_every_field_in_order() {
-    let documented = documented_fields();
-    let names: Vec<&str> = documented.iter().map(|(n, _)| n.as_str()).collect();
-    let expected: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, expected, "docs/wire-format.md's table of fields");
-    for ((name, says), (_, rule)) in documented.iter().zip(FIELDS) {
-        let prefix = match rule {
-            FieldRule::Translated(_) => "→ ",
-            FieldRule::Accepted(_) => "accepted, not sent: ",
-            FieldRule::Refused(_) => "400: ",
-        };
-        assert!(says.starts_with(prefix), "{name}: {says:?} for {rule:?}");
-    }
+    TRANSLATION.check_documented_fields();
 }
 
 #[test]
 fn the_documented_example_is_what_haltd_sends() {
-    let blocks: Vec<Value> = documented()
-        .split("```json\n")
-        .skip(1)
-        .map(|b| {
-            let json = b.split_once("```").expect("a closed block").0;
-            serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
-        })
-        .collect();
-    let [request, chat] = &blocks[..] else {
-        panic!("two examples, not {}", blocks.len())
-    };
-    assert_eq!(&to_chat(request).expect("translated"), chat);
+    TRANSLATION.check_documented_example();
 }
 
 /// Names the translation reads, so that generated objects sometimes get past the checks.
@@ -553,64 +471,19 @@ const WORDS: &[&str] = &[
 ];
 
 fn word() -> impl Strategy<Value = String> {
-    prop_oneof![
-        proptest::sample::select(WORDS).prop_map(str::to_owned),
-        "\\PC{0,6}",
-    ]
+    testing::word(WORDS)
 }
 
-/// Arbitrary JSON, leaning to the words and shapes of a Messages request.
 fn any_json() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        (0u64..2_000_000).prop_map(Value::from),
-        any::<f64>()
-            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
-        word().prop_map(Value::from),
-    ];
-    leaf.prop_recursive(5, 96, 6, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            proptest::collection::vec((word(), inner), 0..6)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-        ]
-    })
+    testing::any_json(WORDS)
 }
 
-/// What every translation gives: a model, a non-empty array of messages, a token limit.
 fn check_chat(chat: &Value) -> Result<(), TestCaseError> {
-    let obj = chat.as_object().expect("an object");
-    prop_assert!(obj
-        .get("model")
-        .and_then(Value::as_str)
-        .is_some_and(|m| !m.is_empty()));
-    let messages = obj.get("messages").and_then(Value::as_array);
-    prop_assert!(messages.is_some_and(|m| !m.is_empty() && m.iter().all(Value::is_object)));
-    let max = obj.get("max_tokens").and_then(Value::as_u64);
-    prop_assert!(max.is_some_and(|n| (1..=u64::from(MAX_MAX_TOKENS)).contains(&n)));
-    Ok(())
+    testing::check_chat(chat, true)
 }
 
-/// A refusal names a field of the body (its path's first step) or the body itself.
 fn check_refusal(body: &Value, e: &HttpError) -> Result<(), TestCaseError> {
-    prop_assert_eq!(e.status, 400);
-    if e.message == "request body must be a JSON object" {
-        prop_assert!(!body.is_object());
-        return Ok(());
-    }
-    let first = e.message.split([':', '.', '[']).next().unwrap_or_default();
-    let obj = body.as_object().expect("an object");
-    prop_assert!(
-        FIELDS.iter().any(|(f, _)| *f == first)
-            || obj
-                .keys()
-                .any(|k| e.message == format!("{}: unknown field", truncate_chars(k, QUOTED_CHARS))),
-        "{} names no field of {}",
-        e.message,
-        body
-    );
+    TRANSLATION.check_refusal(body, e)?;
     Ok(())
 }
 

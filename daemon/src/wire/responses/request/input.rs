@@ -21,6 +21,7 @@
 use serde_json::{json, Value};
 
 use crate::wire::{
+    chat_content::{content, Part},
     fields::{
         as_object, bad, field, join, one_of, only, opt_str, quote, required, required_str, Object,
     },
@@ -44,13 +45,6 @@ impl Role {
             Role::Assistant => "assistant",
         }
     }
-}
-
-/// A text or image part of a message's content, in order.
-enum Part {
-    Text(String),
-    /// The chat `image_url` object (`url`, and `detail` when given).
-    Image(Value),
 }
 
 /// Appends the chat messages of `input` (a string or an array of items) to `out`.
@@ -170,25 +164,6 @@ fn message(m: &Object, path: &str) -> Result<(Role, Value), HttpError> {
         }
     };
     Ok((role, json!({"role": role.chat(), "content": content})))
-}
-
-/// The chat `content`: the texts concatenated, or an array of parts when there is an image.
-fn content(parts: Vec<Part>) -> Value {
-    if !parts.iter().any(|p| matches!(p, Part::Image(_))) {
-        let text: String = parts
-            .into_iter()
-            .filter_map(|p| match p {
-                Part::Text(t) => Some(t),
-                Part::Image(_) => None,
-            })
-            .collect();
-        return Value::String(text);
-    }
-    let parts = parts.into_iter().map(|p| match p {
-        Part::Text(t) => json!({"type": "text", "text": t}),
-        Part::Image(image) => json!({"type": "image_url", "image_url": image}),
-    });
-    Value::Array(parts.collect())
 }
 
 /// The content part `v` of a `role` message, at `path`.
