@@ -111,7 +111,7 @@ fn refused_paths_and_credentials(rig: &Rig) -> Result<String> {
         .as_str()
         .context("stream id")?
         .to_owned();
-    let (status, _, v) = post(&rig.haltd, "/v1/responses", &counted, &[])?;
+    let (status, _, v) = post(&rig.haltd, "/v1/responses/resp_1", &counted, &[])?;
     ensure!(
         status == 404 && v["error"]["code"] == "unsupported_endpoint",
         "{status} {v}"
@@ -210,7 +210,7 @@ fn errors_reach_the_sdk_in_anthropic_s_schema() -> Result<()> {
         .count();
     ensure!(
         other >= 1,
-        "no access log line of /v1/responses as endpoint other"
+        "no access log line of /v1/responses/resp_1 as endpoint other"
     );
     drop(rig);
     a_failed_recorder_is_a_503(&NetPair::new()?)
