@@ -221,8 +221,14 @@ fn judge(rig: &Rig, cell: Cell, r: &Value, trips: &Trips) -> Result<&'static str
     let rec = rig.turn_record(&id)?;
     if !cell.tripped {
         ensure!(!s.halted, "halted untripped: {r}");
+        // A batch body is not a token frame: its record's tokens_emitted is 0
+        // (docs/fhr-schema.md).
+        let emitted = if cell.stream { s.tokens } else { 0 };
         ensure!(
-            rec["turn_status"] == "committed" && rec["tokens_emitted"] == s.tokens && s.tokens > 0,
+            rec["turn_status"] == "committed"
+                && rec["outcome"] == "completed"
+                && rec["tokens_emitted"] == emitted
+                && s.tokens > 0,
             "the record {rec} for {s:?}: {r}"
         );
         return Ok("governed");
