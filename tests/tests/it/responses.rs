@@ -18,6 +18,8 @@
 //!   token frames at the SDK, and the flight recorder and the kernel's verdicts agree;
 //! - `errors`: errors in OpenAI's schema and the SDK exceptions they raise (400 naming the
 //!   field, `previous_response_not_supported`, the upstream's 429, a failure mid-stream);
+//! - `fields`: the table of request fields names every field of the pinned SDK's
+//!   `ResponseCreateParams`, and no other;
 //! - `table`: "governed or refused": every cell of surface × {stream, batch} × {text, tool
 //!   call, reasoning} × {normal, tripped}, chat and Messages beside Responses.
 
@@ -27,6 +29,7 @@ use serde_json::{json, Value};
 
 mod builtin;
 mod errors;
+mod fields;
 mod scripted;
 mod table;
 mod trips;

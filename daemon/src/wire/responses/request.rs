@@ -128,6 +128,18 @@ pub const FIELDS: &[(&str, FieldRule)] = &[
         "moderation",
         Refused("haltd runs no moderation model; its own detectors govern the stream"),
     ),
+    (
+        "access_programs",
+        Refused("OpenAI's access programs choose among its models' tiers; the backend has none"),
+    ),
+    (
+        "background_options",
+        Refused("haltd runs nothing in the background; it answers in the request that asks"),
+    ),
+    (
+        "image",
+        Refused("the backend takes no request-level image options"),
+    ),
 ];
 
 /// `include` values that ask for the output of a built-in tool, which haltd does not run.
