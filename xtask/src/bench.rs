@@ -28,8 +28,9 @@ const BENCHES: &[(&str, &str)] = &[
     // Issue 11: haltd's CPU with nothing open and 8,192 slots.
     ("haltd-tests", "bench-idle-cpu"),
     ("haltd-tests", "bench-upstream-path"),
-    // Issue 30: instructions per proxied token in the data-plane thread (callgrind); issue 34:
-    // on chat, chat without logprobs and Messages, with the ratio Messages / chat-plain.
+    // Issue 30: instructions per proxied token in the data-plane thread (callgrind); issues 34
+    // and 35: on chat, chat without logprobs, Messages and Responses, with the ratios Messages
+    // / chat-plain and Responses / chat-plain.
     ("haltd-tests", "bench-token-instructions"),
     // Issue 13: 1,000 SIGKILLs under trip and turn load; every acknowledged record survives.
     ("haltd-tests", "bench-kill-loop"),

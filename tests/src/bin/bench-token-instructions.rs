@@ -1,11 +1,12 @@
 //! `bench-token-instructions`: the instructions haltd's data-plane thread executes per proxied
 //! token, counted by callgrind, for one haltd or for two side by side (issue 30, point 5), on
-//! each client surface: chat and the Anthropic Messages API (issue 34, point 7).
+//! each client surface: chat, the Anthropic Messages API (issue 34, point 7) and the OpenAI
+//! Responses API (issue 35, point 6).
 //!
 //! ```text
 //! HALTD_BIN=target/release/haltd bench-token-instructions [--before OLD_HALTD]
-//!     [--surfaces chat,chat-plain,messages] [--tokens 2000] [--streams 1,20] [--rounds 3]
-//!     [--out FILE]
+//!     [--surfaces chat,chat-plain,messages,responses] [--tokens 2000] [--streams 1,20]
+//!     [--rounds 3] [--keep-callgrind DIR] [--out FILE]
 //! ```
 //!
 //! Why instructions: on these 2-vCPU machines single timing rounds scatter by ±30 %, and the
@@ -25,22 +26,28 @@
 //! raised to 120 s: under callgrind haltd runs some 50 times slower, and a stream must not
 //! halt with `HEARTBEAT_LOST` while it is measured.
 //!
-//! The surfaces (`--surfaces`, comma-separated; all three by default), each a streamed turn of
+//! The surfaces (`--surfaces`, comma-separated; all four by default), each a streamed turn of
 //! the same script, so the upstream's work is the same (haltd asks it for logprobs on every
 //! surface):
 //! - `chat`: `POST /v1/chat/completions` with `logprobs: true`, as this bench always measured
 //!   (its figures stay comparable with earlier runs). A token is a `"content":"` delta; the
 //!   stream must end in `data: [DONE]`.
 //! - `chat-plain`: the same without logprobs, so haltd writes no logprobs to the client: the
-//!   fair baseline for Messages, which has none.
+//!   fair baseline for the translated surfaces, which write none unless asked.
 //! - `messages`: `POST /v1/messages` (the request translated to chat for the upstream, the
 //!   stream written as Messages events). A token is a `"type":"text_delta"` event; the last
 //!   event must be `message_stop`, and no `"stop_reason":"refusal"` (a halt) may come.
+//! - `responses`: `POST /v1/responses` with the script as `input` (translated to chat the same
+//!   way, the stream written as Responses events). A token is a
+//!   `"type":"response.output_text.delta"` event; the last event must be `response.completed`
+//!   (a halt ends in `response.incomplete`).
 //!
 //! Every round measures every surface once, the order rotating from round to round. Per
-//! stream count the table gives each surface's median with its min–max, then the ratios
-//! messages / chat-plain and messages / chat of the medians; the Messages target (issue 34)
-//! passes when messages / chat-plain ≤ 1.10.
+//! stream count the table gives each surface's median with its min–max, then, for each
+//! translated surface measured ([`TRANSLATED`]), its ratios over each chat baseline
+//! ([`BASELINES`]) of the medians: `messages / chat-plain`, `messages / chat`, `responses /
+//! chat-plain`, `responses / chat`. A translated surface's target (issue 34 for Messages, issue
+//! 35 for Responses) passes when its ratio over chat-plain is at most 1.10.
 //!
 //! With `--before`, every round measures the old binary and then `HALTD_BIN`, alternating,
 //! per surface, and the table gives each one's median with its min–max, and the ratio of the
@@ -48,10 +55,16 @@
 //! before's min–max. The surface ratios are printed for each binary. Needs valgrind (`cargo
 //! xtask setup` installs it); no root, no BPF.
 //!
-//! The JSON report (`--out`): `tokens`, `rounds`, `surfaces`, and per stream count in
+//! With `--keep-callgrind DIR`, each measurement's dump is kept as
+//! `DIR/SURFACE-BINARY-nSTREAMS-rROUND.callgrind`, for `callgrind_annotate`.
+//!
+//! The JSON report (`--out`): `tokens`, `rounds`, `surfaces`, `targets` (each target ratio's
+//! name and bound; `target_messages_over_chat_plain` too, as before), and per stream count in
 //! `results`: `streams`, `surfaces` (per surface: `surface`, `per_binary` with each binary's
 //! `counts`, and `verdict`, after against before, or null) and `ratios` (per binary:
-//! `messages_over_chat_plain`, `messages_over_chat`, `pass`; null where a surface was not
+//! `SURFACE_over_BASELINE` for each translated surface and baseline, e.g.
+//! `messages_over_chat_plain`, `responses_over_chat`; `passes`, each translated surface's
+//! target verdict; and `pass`, all measured targets met; null where a surface was not
 //! measured).
 
 use std::{
@@ -67,8 +80,16 @@ use clap::{Parser, ValueEnum};
 use haltd_tests::{temp_dir, wait_for};
 use serde_json::{json, Value};
 
-/// The Messages target (issue 34): messages / chat-plain instructions per token, at most.
-const TARGET_MESSAGES_RATIO: f64 = 1.10;
+/// A translated surface's target (issue 34 for Messages, issue 35 for Responses): its
+/// instructions per token over chat-plain's, at most.
+const TARGET_RATIO: f64 = 1.10;
+
+/// The surfaces translated to chat, each compared with the chat baselines.
+const TRANSLATED: [Surface; 2] = [Surface::Messages, Surface::Responses];
+
+/// The baselines a translated surface is divided by; the first is its target's (no logprobs
+/// written on either side).
+const BASELINES: [Surface; 2] = [Surface::ChatPlain, Surface::Chat];
 
 #[derive(Debug, Parser)]
 #[command(name = "bench-token-instructions")]
@@ -78,7 +99,8 @@ struct Args {
     before: Option<PathBuf>,
     /// Client surfaces to measure, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = [Surface::Chat, Surface::ChatPlain, Surface::Messages])]
+          default_values_t = [Surface::Chat, Surface::ChatPlain, Surface::Messages,
+                              Surface::Responses])]
     surfaces: Vec<Surface>,
     /// Tokens per stream.
     #[arg(long, default_value_t = 2000)]
@@ -89,6 +111,9 @@ struct Args {
     /// Rounds per binary, surface and stream count.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
+    /// Keep each measurement's callgrind dump in this directory.
+    #[arg(long)]
+    keep_callgrind: Option<PathBuf>,
     /// The report as JSON.
     #[arg(long, default_value = "target/bench/token-instructions.json")]
     out: PathBuf,
@@ -104,6 +129,8 @@ enum Surface {
     ChatPlain,
     /// The Anthropic Messages API.
     Messages,
+    /// The OpenAI Responses API.
+    Responses,
 }
 
 impl Surface {
@@ -112,7 +139,13 @@ impl Surface {
             Self::Chat => "chat",
             Self::ChatPlain => "chat-plain",
             Self::Messages => "messages",
+            Self::Responses => "responses",
         }
+    }
+
+    /// The name as a JSON key (`chat_plain`).
+    fn key(self) -> String {
+        self.name().replace('-', "_")
     }
 }
 
@@ -140,6 +173,9 @@ fn main() -> Result<()> {
         "HALTD_BIN is not set: point it at a release haltd (`cargo xtask bench` sets it)",
     )?);
     let upstream = prerequisites()?;
+    if let Some(dir) = &args.keep_callgrind {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let mut bins: Vec<Bin<'_>> = Vec::new();
     if let Some(b) = &args.before {
         bins.push(("before", b));
@@ -158,7 +194,11 @@ fn main() -> Result<()> {
         "tokens": args.tokens,
         "rounds": args.rounds,
         "surfaces": args.surfaces,
-        "target_messages_over_chat_plain": TARGET_MESSAGES_RATIO,
+        "target_messages_over_chat_plain": TARGET_RATIO,
+        "targets": TRANSLATED
+            .iter()
+            .map(|s| (format!("{}_over_{}", s.key(), BASELINES[0].key()), json!(TARGET_RATIO)))
+            .collect::<serde_json::Map<_, _>>(),
         "results": report,
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
@@ -201,7 +241,19 @@ fn measure_rounds(
         for s in order {
             let surface = args.surfaces[s];
             for (i, (name, bin)) in bins.iter().enumerate() {
-                let c = measure(bin, upstream, surface, streams, args.tokens)?;
+                let keep = args.keep_callgrind.as_ref().map(|d| {
+                    d.join(format!(
+                        "{}-{name}-n{streams}-r{round}.callgrind",
+                        surface.name()
+                    ))
+                });
+                let c = measure(
+                    bin,
+                    upstream,
+                    surface,
+                    (streams, args.tokens),
+                    keep.as_deref(),
+                )?;
                 eprintln!(
                     "[{name} {} N={streams} round {round}/{}] {} tokens, {} instructions, {:.0} per token",
                     surface.name(),
@@ -244,11 +296,7 @@ fn summarize(
     let ratios: Vec<Value> = bins
         .iter()
         .enumerate()
-        .map(|(i, (name, _))| {
-            let messages = median_of(Surface::Messages, i);
-            let over = |base| Some(messages? / median_of(base, i)?);
-            ratio_line(name, streams, over(Surface::ChatPlain), over(Surface::Chat))
-        })
+        .map(|(i, (name, _))| ratio_lines(name, streams, |s| median_of(s, i)))
         .collect();
     json!({"streams": streams, "surfaces": per_surface, "ratios": ratios})
 }
@@ -280,28 +328,42 @@ fn surface_line(surface: Surface, bins: &[Bin<'_>], streams: u32, counts: &[Vec<
     })
 }
 
-/// One binary's surface ratios: messages / chat-plain (the target) and messages / chat.
-fn ratio_line(name: &str, streams: u32, plain: Option<f64>, chat: Option<f64>) -> Value {
-    let pass = plain.map(|r| r <= TARGET_MESSAGES_RATIO);
-    if plain.is_some() || chat.is_some() {
+/// One binary's surface ratios, a line per translated surface measured: over chat-plain (the
+/// target) and over chat. `median` is the binary's median per surface, if measured.
+fn ratio_lines(name: &str, streams: u32, median: impl Fn(Surface) -> Option<f64>) -> Value {
+    let mut out = serde_json::Map::new();
+    out.insert("binary".to_owned(), json!(name));
+    let mut passes = serde_json::Map::new();
+    for surface in TRANSLATED {
+        let ratios = BASELINES.map(|base| Some(median(surface)? / median(base)?));
+        let pass = ratios[0].map(|r| r <= TARGET_RATIO);
+        passes.insert(surface.key(), json!(pass));
+        for (base, r) in BASELINES.iter().zip(ratios) {
+            out.insert(format!("{}_over_{}", surface.key(), base.key()), json!(r));
+        }
+        if ratios.iter().all(Option::is_none) {
+            continue;
+        }
         let show = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.4}"));
         let target = match pass {
-            Some(true) => format!("PASS (target ≤ {TARGET_MESSAGES_RATIO:.2})"),
-            Some(false) => format!("MISS (target ≤ {TARGET_MESSAGES_RATIO:.2})"),
+            Some(true) => format!("PASS (target ≤ {TARGET_RATIO:.2})"),
+            Some(false) => format!("MISS (target ≤ {TARGET_RATIO:.2})"),
             None => "(not measured)".to_owned(),
         };
+        let s = surface.name();
         println!(
-            "N={streams:<5} {name}: messages/chat-plain {} {target} | messages/chat {}",
-            show(plain),
-            show(chat)
+            "N={streams:<5} {name}: {s}/{} {} {target} | {s}/{} {}",
+            BASELINES[0].name(),
+            show(ratios[0]),
+            BASELINES[1].name(),
+            show(ratios[1]),
         );
     }
-    json!({
-        "binary": name,
-        "messages_over_chat_plain": plain,
-        "messages_over_chat": chat,
-        "pass": pass,
-    })
+    let measured: Vec<bool> = passes.values().filter_map(Value::as_bool).collect();
+    let all = (!measured.is_empty()).then(|| measured.iter().all(|&p| p));
+    out.insert("passes".to_owned(), Value::Object(passes));
+    out.insert("pass".to_owned(), json!(all));
+    Value::Object(out)
 }
 
 /// Kills a child when dropped (a failed measurement leaves nothing running).
@@ -335,13 +397,13 @@ fn start_upstream(upstream: &Path, dir: &Path) -> Result<(Reaped, String)> {
 }
 
 /// One haltd under callgrind in front of one upstream: `streams` streams of `tokens` tokens
-/// on `surface`.
+/// on `surface`; the dump copied to `keep` if given.
 fn measure(
     haltd: &Path,
     upstream: &Path,
     surface: Surface,
-    streams: u32,
-    tokens: u32,
+    (streams, tokens): (u32, u32),
+    keep: Option<&Path>,
 ) -> Result<Count> {
     let dir = temp_dir("token-instructions")?;
     let (_up, up_addr) = start_upstream(upstream, &dir)?;
@@ -394,6 +456,10 @@ fn measure(
     control(&["-d", &pid])?;
     let instructions = wait_for(Duration::from_secs(60), "callgrind's dump", || dumped(&cg))?;
     drop(haltd);
+    if let Some(keep) = keep {
+        let dump = PathBuf::from(format!("{}.1", cg.display()));
+        std::fs::copy(&dump, keep).with_context(|| format!("keeping {}", keep.display()))?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     ensure!(
         received == u64::from(streams * tokens),
@@ -463,6 +529,11 @@ fn stream(port: u16, surface: Surface, tokens: u32) -> Result<u64> {
             json!({"model": "scripted", "stream": true, "max_tokens": tokens.max(4096),
                    "messages": [{"role": "user", "content": script}]}),
         ),
+        Surface::Responses => (
+            "/v1/responses",
+            json!({"model": "scripted", "stream": true, "max_output_tokens": tokens.max(4096),
+                   "input": script}),
+        ),
     };
     let body = body.to_string();
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -476,13 +547,16 @@ fn stream(port: u16, surface: Surface, tokens: u32) -> Result<u64> {
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     let text = String::from_utf8_lossy(&out);
+    let last_event = |name: &str| {
+        text.rfind("event: ")
+            .is_some_and(|i| text[i..].starts_with(&format!("event: {name}\n")))
+    };
     let complete = match surface {
         Surface::Chat | Surface::ChatPlain => text.contains("data: [DONE]"),
         Surface::Messages => {
-            text.rfind("event: ")
-                .is_some_and(|i| text[i..].starts_with("event: message_stop"))
-                && !text.contains(r#""stop_reason":"refusal""#)
+            last_event("message_stop") && !text.contains(r#""stop_reason":"refusal""#)
         }
+        Surface::Responses => last_event("response.completed"),
     };
     if !complete {
         bail!(
@@ -494,5 +568,8 @@ fn stream(port: u16, surface: Surface, tokens: u32) -> Result<u64> {
     Ok(match surface {
         Surface::Chat | Surface::ChatPlain => text.matches(r#""content":""#).count(),
         Surface::Messages => text.matches(r#""type":"text_delta""#).count(),
+        Surface::Responses => text
+            .matches(r#""type":"response.output_text.delta""#)
+            .count(),
     } as u64)
 }
