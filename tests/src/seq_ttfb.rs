@@ -9,8 +9,9 @@
 //! [`keepalive_probe_over`] does the same in TLS (haltd with `--tls-cert`), where a new
 //! connection also pays the handshake.
 //!
-//! [`probe_apis`] takes each route's API: chat, or the Anthropic Messages API that haltd
-//! serves by translation, so that one probe measures both surfaces of one haltd in turn.
+//! [`probe_apis`] takes each route's API: chat, or the Anthropic Messages API or the OpenAI
+//! Responses API that haltd serves by translation, so that one probe measures the surfaces of
+//! one haltd in turn.
 
 use std::{
     io::{Read, Write},
@@ -33,6 +34,9 @@ pub enum Api {
     /// `POST /v1/messages` (the same body: Messages takes `model`, `stream`, `max_tokens` and
     /// string `messages` alike).
     Messages,
+    /// `POST /v1/responses` (`model`, `stream`, `max_output_tokens` and the prompt as a string
+    /// `input`).
+    Responses,
 }
 
 /// A streamed completion request of `tokens` tokens of the scripted upstream.
@@ -42,13 +46,21 @@ fn request(addr: &str, tokens: usize, connection: &str) -> String {
 
 /// [`request`] in `api`.
 fn request_on(api: Api, addr: &str, tokens: usize, connection: &str) -> String {
-    let body = json!({"model": "scripted", "stream": true, "max_tokens": tokens,
-        "messages": [{"role": "user", "content": format!("[[script:normal tokens={tokens}]]")}]})
-    .to_string();
-    let path = match api {
-        Api::Chat => "/v1/chat/completions",
-        Api::Messages => "/v1/messages",
+    let prompt = format!("[[script:normal tokens={tokens}]]");
+    let chat = || {
+        json!({"model": "scripted", "stream": true, "max_tokens": tokens,
+               "messages": [{"role": "user", "content": prompt}]})
     };
+    let (path, body) = match api {
+        Api::Chat => ("/v1/chat/completions", chat()),
+        Api::Messages => ("/v1/messages", chat()),
+        Api::Responses => (
+            "/v1/responses",
+            json!({"model": "scripted", "stream": true, "max_output_tokens": tokens,
+                   "input": prompt}),
+        ),
+    };
+    let body = body.to_string();
     format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
          accept: text/event-stream\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n{body}",
@@ -239,6 +251,29 @@ mod tests {
         assert_eq!(route_order(2, 3), [0, 1, 2]);
         assert_eq!(route_order(5, 1), [0]);
         assert!(route_order(0, 0).is_empty());
+    }
+
+    #[test]
+    fn each_api_posts_its_path_and_body() {
+        let body = |req: &str| -> serde_json::Value {
+            serde_json::from_str(req.split("\r\n\r\n").nth(1).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        let chat = request_on(Api::Chat, "h:1", 5, "close");
+        assert!(chat.starts_with("POST /v1/chat/completions "));
+        assert_eq!(body(&chat)["max_tokens"], 5);
+        let messages = request_on(Api::Messages, "h:1", 5, "close");
+        assert!(messages.starts_with("POST /v1/messages "));
+        assert_eq!(body(&messages)["messages"], body(&chat)["messages"]);
+        let responses = request_on(Api::Responses, "h:1", 5, "close");
+        assert!(responses.starts_with("POST /v1/responses "));
+        let b = body(&responses);
+        assert_eq!(
+            (&b["max_output_tokens"], &b["stream"]),
+            (&json!(5), &json!(true))
+        );
+        assert_eq!(b["input"], "[[script:normal tokens=5]]");
+        assert!(b.get("messages").is_none() && b.get("max_tokens").is_none());
     }
 
     #[test]

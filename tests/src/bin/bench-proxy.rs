@@ -2,12 +2,14 @@
 //! `scripted-upstream`'s `bench` script: the upstream itself (the baseline) or haltd in front of
 //! it (the same numbers plus what the proxy adds), on chat, completions or, through haltd, the
 //! Anthropic Messages API (`--endpoint messages`: `POST /v1/messages`, tokens read from the
-//! `text_delta` events, the stream ended by `message_stop`).
+//! `text_delta` events, the stream ended by `message_stop`) or the OpenAI Responses API
+//! (`--endpoint responses`: `POST /v1/responses`, tokens read from the
+//! `response.output_text.delta` events, the stream ended by `response.completed`).
 //!
 //! ```text
 //! bench-proxy --url http://HOST:PORT --streams N --tokens T --pace-ms P
-//!             [--endpoint chat|completions|messages] [--duration-s S] [--timeout-s S] [--align]
-//!             [--json]
+//!             [--endpoint chat|completions|messages|responses] [--duration-s S]
+//!             [--timeout-s S] [--align] [--json]
 //! ```
 //!
 //! Opens N concurrent streaming requests whose prompt is `[[script:bench tokens=T pace_ms=P]]`
@@ -30,7 +32,9 @@
 //! (latencies in microseconds, one decimal; null when no token arrived; `ttfb_n` and `ttft_n`
 //! count the requests that got a first byte and a first token). A stream that fails
 //! (connect or read error, non-200, an `error` event, no `[DONE]` (Messages: no
-//! `message_stop`, or a halted end, `"stop_reason":"refusal"`), fewer or more than T tokens)
+//! `message_stop`, or a halted end, `"stop_reason":"refusal"`; Responses: no
+//! `response.completed`, or an end in `response.incomplete` or `response.failed`), fewer or
+//! more than T tokens)
 //! counts as an error, and the first few are described on stderr; the run goes on.
 //!
 //! The client is deliberately thin and identical for both targets: hand-written HTTP/1.1 with
@@ -60,6 +64,8 @@ enum Endpoint {
     Completions,
     /// The Anthropic Messages API (haltd translates it to chat for the upstream).
     Messages,
+    /// The OpenAI Responses API (haltd translates it to chat for the upstream).
+    Responses,
 }
 
 /// Per-token latency load client (see the crate docs).
@@ -322,6 +328,11 @@ fn build_request(args: &Args, host: &str) -> Vec<u8> {
             json!({"model": "scripted", "stream": true, "max_tokens": args.tokens,
                    "messages": [{"role": "user", "content": directive}]}),
         ),
+        Endpoint::Responses => (
+            "/v1/responses",
+            json!({"model": "scripted", "stream": true, "max_output_tokens": args.tokens,
+                   "input": directive}),
+        ),
     };
     let body = body.to_string();
     let mut req = format!(
@@ -551,11 +562,16 @@ impl Conn {
     }
 }
 
-/// One SSE event's data: the end (`[DONE]`, Messages' `message_stop`), an error (Messages:
-/// an `error` event or a halted end), or a chunk whose text holds ` t<NS>` tokens.
+/// One SSE event's data: the end (`[DONE]`, Messages' `message_stop`, Responses'
+/// `response.completed`), an error (Messages: an `error` event or a halted end; Responses: the
+/// same), or a chunk whose text holds ` t<NS>` tokens.
 fn handle_event(data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
     if data == b"[DONE]" || data.starts_with(b"{\"type\":\"message_stop\"") {
         seen.done = true;
+        return;
+    }
+    if let Some(event) = data.strip_prefix(b"{\"type\":\"response.") {
+        responses_event(event, data, seen, lat);
         return;
     }
     let trimmed = data.trim_ascii_start();
@@ -574,6 +590,37 @@ fn handle_event(data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
         return;
     }
     let Some(text) = token_text(data) else { return };
+    tokens_in(text, seen, lat);
+}
+
+/// A Responses event (haltd writes `type` first): `event` is its data past
+/// `{"type":"response.`. Only `output_text.delta` carries tokens, in `delta` (the `.done`
+/// events and the final response repeat the whole text); `completed` ends the stream, and
+/// `incomplete` (a halt, or `max_output_tokens`) or `failed` ends it short.
+fn responses_event(event: &[u8], data: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
+    const DELTA: &[u8] = b"\"delta\":\"";
+    if event.starts_with(b"completed\"") {
+        seen.done = true;
+    } else if event.starts_with(b"incomplete\"") || event.starts_with(b"failed\"") {
+        if seen.error.is_none() {
+            seen.error = Some(String::from_utf8_lossy(&data[..data.len().min(300)]).into());
+        }
+    } else if event.starts_with(b"output_text.delta\"") {
+        let Some(at) = event.windows(DELTA.len()).position(|w| w == DELTA) else {
+            return;
+        };
+        let v = &event[at + DELTA.len()..];
+        // Bench tokens contain no escapes; the first quote ends the value.
+        let Some(end) = v.iter().position(|&b| b == b'"') else {
+            return;
+        };
+        tokens_in(&v[..end], seen, lat);
+    }
+}
+
+/// Counts the ` t<NS>` tokens of `text` (several if the server packed them into one event),
+/// each with its latency.
+fn tokens_in(text: &[u8], seen: &mut Seen, lat: &mut Vec<u64>) {
     let now = monotonic_ns();
     // ` t<digits>` repeated (several tokens if the server packed them into one chunk).
     let mut rest = text;
@@ -889,6 +936,47 @@ mod tests {
             "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n";
         let (_, seen, _) = decode(format!("{MESSAGES}{error}").as_bytes(), Body::Close, 64);
         assert!(seen.error.is_some_and(|e| e.contains("api_error")) && !seen.done);
+    }
+
+    /// A Responses stream as haltd writes it, up to its end: the text appears again in the
+    /// `.done` events, which hold no tokens.
+    const RESPONSES: &str = "event: response.created\n\
+        data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\
+        \"status\":\"in_progress\",\"output\":[],\"text\":{\"format\":{\"type\":\"text\"}}}}\n\n\
+        event: response.content_part.added\n\
+        data: {\"type\":\"response.content_part.added\",\"sequence_number\":3,\"item_id\":\"msg_1\",\
+        \"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":\"\"}}\n\n\
+        event: response.output_text.delta\n\
+        data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,\"item_id\":\"msg_1\",\
+        \"output_index\":0,\"content_index\":0,\"delta\":\" t1\",\"logprobs\":[]}\n\n\
+        event: response.output_text.delta\n\
+        data: {\"type\":\"response.output_text.delta\",\"sequence_number\":5,\"item_id\":\"msg_1\",\
+        \"output_index\":0,\"content_index\":0,\"delta\":\" t2\",\"logprobs\":[]}\n\n\
+        event: response.output_text.done\n\
+        data: {\"type\":\"response.output_text.done\",\"sequence_number\":6,\"item_id\":\"msg_1\",\
+        \"output_index\":0,\"content_index\":0,\"text\":\" t1 t2\",\"logprobs\":[]}\n\n";
+
+    #[test]
+    fn responses_events_give_tokens_and_end_at_completed() {
+        let completed = "event: response.completed\n\
+            data: {\"type\":\"response.completed\",\"sequence_number\":7,\"response\":{\"status\":\
+            \"completed\",\"output\":[{\"content\":[{\"type\":\"output_text\",\"text\":\" t1 t2\"}]}]}}\n\n";
+        for step in [1, 7, 4096] {
+            let wire = format!("{RESPONSES}{completed}");
+            let (lat, seen, _) = decode(wire.as_bytes(), Body::Close, step);
+            assert!(seen.done && seen.error.is_none(), "step {step}");
+            assert_eq!((lat.len(), seen.tokens), (2, 2), "step {step}");
+        }
+        let halted = ": haltd-halt 0123\nevent: response.incomplete\n\
+            data: {\"type\":\"response.incomplete\",\"sequence_number\":7,\"response\":{\"status\":\
+            \"incomplete\",\"incomplete_details\":{\"reason\":\"content_filter\"}}}\n\n";
+        let (lat, seen, _) = decode(format!("{RESPONSES}{halted}").as_bytes(), Body::Close, 64);
+        assert!(seen.error.is_some_and(|e| e.contains("content_filter")) && !seen.done);
+        assert_eq!(lat.len(), 2);
+        let error =
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"code\":\"UPSTREAM\"}}\n\n";
+        let (_, seen, _) = decode(format!("{RESPONSES}{error}").as_bytes(), Body::Close, 64);
+        assert!(seen.error.is_some_and(|e| e.contains("UPSTREAM")) && !seen.done);
     }
 
     #[test]
