@@ -22,8 +22,8 @@ Usage (see --help):
     helper   with client.responses.stream(...) as s: iterate s (the SDK's own accumulation);
              then s.get_final_response() if a response.completed came (the helper raises
              RuntimeError "Didn't receive a `response.completed` event." for any other end,
-             an incomplete response included, so it is not called then: the response of
-             the response.incomplete / response.failed event is taken instead)
+             an incomplete response included: "final_error" reports the class it raised,
+             and the response of the response.incomplete / response.failed event is taken)
 
 --tools takes a list of Responses function tools (or one), inline JSON, a file, or the word
 `weather` (get_weather(location, unit), the scripted model's default tool). --input-json takes
@@ -233,6 +233,7 @@ class Turn:
         self.response_id = None
         self.model = None
         self.final = None  # the final Response (a model)
+        self.final_error = None  # helper mode: what get_final_response() raised, if called
         self.text = []
         self.done_text = None
         self.reasoning = []
@@ -350,6 +351,13 @@ class Turn:
                 self.take_event(event)
             if "response.completed" in self.events:
                 self.take_final(s.get_final_response())
+            else:
+                # What a client of the helper meets on any other end: reported, so that the
+                # tests check the documented behaviour.
+                try:
+                    s.get_final_response()
+                except Exception as e:  # noqa: BLE001 - any class is the outcome reported
+                    self.final_error = type(e).__name__
 
     # -- what was received -------------------------------------------------------------
 
@@ -497,6 +505,7 @@ class Turn:
             "body": error.get("body"),
             "message": error.get("message"),
             "trip": self.trip,
+            "final_error": self.final_error,
         }
 
 

@@ -969,8 +969,13 @@ fn bad_requests(pair: &NetPair, api: std::net::SocketAddr, host: &str) -> Vec<St
         ("malformed request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
         ("unknown path", format!("GET /nope HTTP/1.1\r\n{host}\r\n").into_bytes(), 404),
         (
-            "the Responses API (not served: unsupported_endpoint)",
+            "the Responses API without its required fields",
             format!("POST /v1/responses HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}").into_bytes(),
+            400,
+        ),
+        (
+            "a stored response (not served: unsupported_endpoint)",
+            format!("GET /v1/responses/resp_1 HTTP/1.1\r\n{host}\r\n").into_bytes(),
             404,
         ),
         (

@@ -107,6 +107,14 @@ fn check_trip(rig: &Rig, what: &str, r: &Value, b: u64) -> Result<()> {
         _ => json!(["message"]),
     };
     ensure!(r["output_types"] == kinds, "{what}: {r}");
+    // The SDK's helper has no halted response to return: `get_final_response()` raises, as
+    // docs/wire-format.md says.
+    let final_error = if r["mode"] == "helper" {
+        json!("RuntimeError")
+    } else {
+        Value::Null
+    };
+    ensure!(r["final_error"] == final_error, "{what}: {r}");
     if what == "arguments" {
         // The call's arguments, cut short: a beginning of the whole.
         let whole = long_args().replace('\'', "\"");
