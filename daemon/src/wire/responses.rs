@@ -6,5 +6,6 @@
 //! OpenAI's, as chat's.
 
 pub mod encode;
+pub mod object;
 pub mod request;
 pub mod terminal;

@@ -34,12 +34,13 @@
 //! the connection's frame buffer). A turn's text is held once more in memory, as a batch turn
 //! holds it. Logprobs ride on each `output_text.delta` only; the `.done` events say `[]`.
 
-use std::cell::RefCell;
+use std::{cell::RefCell, ops::Range};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::wire::{
     json_write::{write_hex8, write_logprob, write_str, write_u64, LONGEST_LOGPROB},
+    responses::object::{write_response, Head},
     stream_id::StreamId,
     text::truncate_text,
     token::{
@@ -112,11 +113,6 @@ impl Output {
     }
 }
 
-/// The response id: `resp_` and the stream id.
-pub fn response_id(stream_id: StreamId) -> String {
-    format!("resp_{stream_id}")
-}
-
 /// `event: NAME\ndata: {"type":"NAME","sequence_number":N` (the caller writes the rest).
 fn event_head(out: &mut Vec<u8>, name: &str, seq: u64) {
     out.extend_from_slice(b"event: ");
@@ -154,68 +150,26 @@ fn write_item_id(out: &mut Vec<u8>, stream_id: StreamId, kind: ItemKind, index: 
     out.push(b'"');
 }
 
-fn item_id(stream_id: StreamId, kind: ItemKind, index: u32) -> String {
-    let mut out = Vec::with_capacity(40);
-    write_item_id(&mut out, stream_id, kind, index);
-    // The id is ASCII, quoted: strip the quotes.
-    String::from_utf8_lossy(&out[1..out.len() - 1]).into_owned()
-}
-
-/// The Response object of a stream's lifecycle events and of a batch body: the fields the
-/// openai SDK's `Response` model requires, with what haltd does not echo from the request at
-/// its default (`tools: []`, `tool_choice: "auto"`), and `store: false` (haltd keeps none).
-pub fn response_object(
-    stream_id: StreamId,
-    created: u64,
-    model: &str,
-    status: &str,
-    output: Vec<Value>,
-    usage: Option<Value>,
-) -> Value {
-    json!({
-        "id": response_id(stream_id),
-        "object": "response",
-        "created_at": created,
-        "status": status,
-        "background": false,
-        "error": null,
-        "incomplete_details": null,
-        "instructions": null,
-        "max_output_tokens": null,
-        "metadata": {},
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": true,
-        "previous_response_id": null,
-        "store": false,
-        "temperature": null,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": null,
-        "truncation": "disabled",
-        "usage": usage,
-    })
-}
-
-/// The `usage` object: input, output and reasoning tokens (no cached tokens: the backend's
-/// caching is its own).
-pub fn usage(input: u64, output: u64, reasoning: u64) -> Value {
-    json!({
-        "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": reasoning.min(output)},
-        "total_tokens": input + output,
-    })
-}
-
-/// `response.created` and `response.in_progress`, sequence numbers 0 and 1.
+/// `response.created` and `response.in_progress`, sequence numbers 0 and 1, each with the
+/// response head (in progress, no output, no usage), written once and copied.
 pub fn write_start_events(out: &mut Vec<u8>, stream_id: StreamId, created: u64, model: &str) {
-    let response = response_object(stream_id, created, model, "in_progress", Vec::new(), None);
-    let rest = json!({ "response": response });
-    write_event(out, "response.created", 0, &rest);
-    write_event(out, "response.in_progress", 1, &rest);
+    let head = Head {
+        stream_id,
+        created,
+        model,
+        status: "in_progress",
+        incomplete: None,
+    };
+    event_head(out, "response.created", 0);
+    out.extend_from_slice(b",\"response\":");
+    let start = out.len();
+    write_response(out, head, |_| {}, None);
+    let response = start..out.len();
+    out.extend_from_slice(b"}\n\n");
+    event_head(out, "response.in_progress", 1);
+    out.extend_from_slice(b",\"response\":");
+    out.extend_from_within(response);
+    out.extend_from_slice(b"}\n\n");
 }
 
 /// The start events, once per stream (with the response head, or before the first event of a
@@ -444,71 +398,136 @@ pub fn tool_delta(stream: Stream<'_>, out: &mut Vec<u8>, call: ToolCallDelta<'_>
     out.extend_from_slice(b"}\n\n");
 }
 
-/// An item as `output` lists it, done (`status`: `completed`, or `incomplete`).
-fn item_value(stream_id: StreamId, index: usize, item: &Item, status: &str) -> Value {
-    let at = u32::try_from(index).unwrap_or(u32::MAX);
-    let id = item_id(stream_id, item.kind, at);
+/// A text already written at `at` (escaped, quoted) is copied; else `text` is written.
+fn put_text(out: &mut Vec<u8>, text: &str, at: Option<&Range<usize>>) {
+    match at {
+        Some(r) => out.extend_from_within(r.clone()),
+        None => write_str(out, text),
+    }
+}
+
+/// The part of a message or reasoning item (its `content[0]`), whole.
+fn write_part(out: &mut Vec<u8>, kind: ItemKind, text: &str, at: Option<&Range<usize>>) {
+    if kind == ItemKind::Message {
+        out.extend_from_slice(b"{\"annotations\":[],\"logprobs\":[],\"text\":");
+        put_text(out, text, at);
+        out.extend_from_slice(b",\"type\":\"output_text\"}");
+    } else {
+        out.extend_from_slice(b"{\"text\":");
+        put_text(out, text, at);
+        out.extend_from_slice(b",\"type\":\"reasoning_text\"}");
+    }
+}
+
+/// An item as `output` lists it, completed (its text copied from `at` when written there).
+fn write_item(
+    out: &mut Vec<u8>,
+    stream_id: StreamId,
+    index: usize,
+    item: &Item,
+    at: Option<&Range<usize>>,
+) {
+    let idx = u32::try_from(index).unwrap_or(u32::MAX);
+    let (call_id, name) = item.call.as_ref().map_or(("", ""), |(c, n)| (c, n));
     match item.kind {
-        ItemKind::Message => json!({
-            "id": id, "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}],
-        }),
-        ItemKind::Reasoning => json!({
-            "id": id, "type": "reasoning", "status": status, "summary": [],
-            "content": [{"type": "reasoning_text", "text": item.text}],
-        }),
+        ItemKind::Message | ItemKind::Reasoning => {
+            out.extend_from_slice(b"{\"content\":[");
+            write_part(out, item.kind, &item.text, at);
+            out.extend_from_slice(b"],\"id\":");
+            write_item_id(out, stream_id, item.kind, idx);
+            out.extend_from_slice(if item.kind == ItemKind::Message {
+                b",\"role\":\"assistant\",\"status\":\"completed\",\"type\":\"message\"}"
+            } else {
+                b",\"status\":\"completed\",\"summary\":[],\"type\":\"reasoning\"}"
+            });
+        }
         ItemKind::FunctionCall(_) => {
-            let (call_id, name) = item.call.clone().unwrap_or_default();
-            json!({
-                "id": id, "type": "function_call", "status": status,
-                "call_id": call_id, "name": name, "arguments": item.text,
-            })
+            out.extend_from_slice(b"{\"arguments\":");
+            put_text(out, &item.text, at);
+            out.extend_from_slice(b",\"call_id\":");
+            write_str(out, call_id);
+            out.extend_from_slice(b",\"id\":");
+            write_item_id(out, stream_id, item.kind, idx);
+            out.extend_from_slice(b",\"name\":");
+            write_str(out, name);
+            out.extend_from_slice(b",\"status\":\"completed\",\"type\":\"function_call\"}");
         }
     }
 }
 
-/// The `.done` events of one item: its text's, its part's, its own.
-fn item_done(out: &mut Vec<u8>, o: &mut Output, stream_id: StreamId, index: usize, item: &Item) {
-    let at = u32::try_from(index).unwrap_or(u32::MAX);
-    let id = item_id(stream_id, item.kind, at);
-    let value = item_value(stream_id, index, item, "completed");
-    let part = || json!({"item_id": id, "output_index": at, "content_index": 0});
-    match item.kind {
-        ItemKind::Message | ItemKind::Reasoning => {
-            let (name, mut done) = if item.kind == ItemKind::Message {
-                ("response.output_text.done", part())
-            } else {
-                ("response.reasoning_text.done", part())
-            };
-            done["text"] = item.text.as_str().into();
-            if item.kind == ItemKind::Message {
-                done["logprobs"] = json!([]);
-            }
-            write_event(out, name, o.next(), &done);
-            let mut p = part();
-            p["part"] = value["content"][0].clone();
-            write_event(out, "response.content_part.done", o.next(), &p);
+/// The `.done` events of one item: its text's, its part's, its own. The item's text is
+/// escaped once and copied; returns where the item itself was written, for the response.
+fn item_done(
+    out: &mut Vec<u8>,
+    o: &mut Output,
+    stream_id: StreamId,
+    index: usize,
+    item: &Item,
+) -> Range<usize> {
+    let idx = u32::try_from(index).unwrap_or(u32::MAX);
+    let text = if let ItemKind::FunctionCall(_) = item.kind {
+        event_head(out, "response.function_call_arguments.done", o.next());
+        out.extend_from_slice(b",\"arguments\":");
+        let start = out.len();
+        write_str(out, &item.text);
+        let text = start..out.len();
+        out.extend_from_slice(b",\"item_id\":");
+        write_item_id(out, stream_id, item.kind, idx);
+        out.extend_from_slice(b",\"name\":");
+        write_str(out, item.call.as_ref().map_or("", |c| c.1.as_str()));
+        out.extend_from_slice(b",\"output_index\":");
+        write_u64(out, u64::from(idx));
+        out.extend_from_slice(b"}\n\n");
+        text
+    } else {
+        let message = item.kind == ItemKind::Message;
+        let name = if message {
+            "response.output_text.done"
+        } else {
+            "response.reasoning_text.done"
+        };
+        event_head(out, name, o.next());
+        part_ref(out, stream_id, item.kind, idx);
+        if message {
+            out.extend_from_slice(b",\"logprobs\":[]");
         }
-        ItemKind::FunctionCall(_) => {
-            let done = json!({
-                "item_id": id, "output_index": at,
-                "name": value["name"], "arguments": item.text,
-            });
-            write_event(
-                out,
-                "response.function_call_arguments.done",
-                o.next(),
-                &done,
-            );
-        }
-    }
-    let done = json!({"output_index": at, "item": value});
-    write_event(out, "response.output_item.done", o.next(), &done);
+        out.extend_from_slice(b",\"output_index\":");
+        write_u64(out, u64::from(idx));
+        out.extend_from_slice(b",\"text\":");
+        let start = out.len();
+        write_str(out, &item.text);
+        let text = start..out.len();
+        out.extend_from_slice(b"}\n\n");
+        event_head(out, "response.content_part.done", o.next());
+        part_ref(out, stream_id, item.kind, idx);
+        out.extend_from_slice(b",\"output_index\":");
+        write_u64(out, u64::from(idx));
+        out.extend_from_slice(b",\"part\":");
+        write_part(out, item.kind, &item.text, Some(&text));
+        out.extend_from_slice(b"}\n\n");
+        text
+    };
+    event_head(out, "response.output_item.done", o.next());
+    out.extend_from_slice(b",\"item\":");
+    let start = out.len();
+    write_item(out, stream_id, index, item, Some(&text));
+    let written = start..out.len();
+    out.extend_from_slice(b",\"output_index\":");
+    write_u64(out, u64::from(idx));
+    out.extend_from_slice(b"}\n\n");
+    written
+}
+
+/// `,"content_index":0,"item_id":…` (a `.done` event's keys are in a Value's order).
+fn part_ref(out: &mut Vec<u8>, stream_id: StreamId, kind: ItemKind, index: u32) {
+    out.extend_from_slice(b",\"content_index\":0,\"item_id\":");
+    write_item_id(out, stream_id, kind, index);
 }
 
 /// The end of a stream that ends normally: every item's `.done` events, in output order, then
 /// `response.completed` (or `response.incomplete` with reason `max_output_tokens` for a turn
-/// cut by its `max_tokens`) with the whole output and the usage.
+/// cut by its `max_tokens`) with the whole output (copied from the `output_item.done` events)
+/// and the usage.
 pub fn finish(
     stream: Stream<'_>,
     out: &mut Vec<u8>,
@@ -518,37 +537,45 @@ pub fn finish(
     stream_start(stream, out);
     let mut o = stream.output.borrow_mut();
     let items = std::mem::take(&mut o.items);
-    for (i, item) in items.iter().enumerate() {
-        item_done(out, &mut o, stream.stream_id, i, item);
-    }
-    let output = items
+    let written: Vec<Range<usize>> = items
         .iter()
         .enumerate()
-        .map(|(i, item)| item_value(stream.stream_id, i, item, "completed"))
+        .map(|(i, item)| item_done(out, &mut o, stream.stream_id, i, item))
         .collect();
     let (input, output_tokens) = counts.unwrap_or_default();
-    let usage = usage(input, output_tokens, o.reasoning_tokens);
-    let (name, response) = end_response(stream, finish_reason, output, usage);
-    let seq = o.next();
-    write_event(out, name, seq, &json!({ "response": response }));
+    let usage = (input, output_tokens, o.reasoning_tokens);
+    let (name, head) = end_head(stream, finish_reason);
+    event_head(out, name, o.next());
+    out.extend_from_slice(b",\"response\":");
+    let output = |out: &mut Vec<u8>| {
+        for (k, r) in written.into_iter().enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            out.extend_from_within(r);
+        }
+    };
+    write_response(out, head, output, Some(usage));
+    out.extend_from_slice(b"}\n\n");
 }
 
-/// The response that ends a turn: `completed`, or `incomplete` (`max_output_tokens`) when the
-/// chat turn ended for `length`.
-fn end_response(
-    stream: Stream<'_>,
-    finish_reason: &str,
-    output: Vec<Value>,
-    usage: Value,
-) -> (&'static str, Value) {
-    let (id, created, model) = (stream.stream_id, stream.created, stream.model);
-    if finish_reason == "length" {
-        let mut r = response_object(id, created, model, "incomplete", output, Some(usage));
-        r["incomplete_details"] = json!({"reason": "max_output_tokens"});
-        return ("response.incomplete", r);
-    }
-    let r = response_object(id, created, model, "completed", output, Some(usage));
-    ("response.completed", r)
+/// The event and the head of the response that ends a turn: `completed`, or `incomplete`
+/// (`max_output_tokens`) when the chat turn ended for `length`.
+fn end_head<'a>(stream: Stream<'a>, finish_reason: &str) -> (&'static str, Head<'a>) {
+    let length = finish_reason == "length";
+    let head = Head {
+        stream_id: stream.stream_id,
+        created: stream.created,
+        model: stream.model,
+        status: if length { "incomplete" } else { "completed" },
+        incomplete: length.then_some("max_output_tokens"),
+    };
+    let name = if length {
+        "response.incomplete"
+    } else {
+        "response.completed"
+    };
+    (name, head)
 }
 
 /// haltd's annotation after a reply (e.g. `haltd_grounding`) as an event of its own name,
@@ -600,17 +627,24 @@ pub fn batch_body(
             call: Some((s(&call["id"]), s(&f["name"]))),
         });
     }
-    let output = items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| item_value(stream.stream_id, i, item, "completed"))
-        .collect();
+    let output = |out: &mut Vec<u8>| {
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_item(out, stream.stream_id, i, item, None);
+        }
+    };
+    let mut out = Vec::with_capacity(1024);
     // Reasoning is not counted apart in a batch turn: the upstream's usage does not say.
-    let usage = usage(input_tokens, output_tokens, 0);
-    end_response(stream, finish_reason, output, usage)
-        .1
-        .to_string()
-        .into_bytes()
+    let usage = (input_tokens, output_tokens, 0);
+    write_response(
+        &mut out,
+        end_head(stream, finish_reason).1,
+        output,
+        Some(usage),
+    );
+    out
 }
 
 /// An upper bound on any token frame of a Responses stream (`E`): a new item's added events

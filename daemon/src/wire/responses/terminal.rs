@@ -22,7 +22,10 @@ use serde_json::{json, Value};
 use crate::{
     codes::FailureCode,
     wire::{
-        responses::encode::{response_object, usage, write_event, write_start_events},
+        responses::{
+            encode::{write_event, write_start_events},
+            object::{response_object, usage},
+        },
         stream_id::StreamId,
     },
 };

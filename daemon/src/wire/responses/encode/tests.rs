@@ -1,5 +1,7 @@
 use serde_json::Value;
 
+mod reference;
+
 use super::*;
 use crate::wire::{
     encode::{test_encoder, ChunkEncoder},
