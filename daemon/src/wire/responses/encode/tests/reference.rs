@@ -1,56 +1,14 @@
 //! The Responses encoder's start and end events as they were built before they were written
 //! directly (with `serde_json` Values), kept as the reference the direct writers must match:
-//! the same events in the same order, each one's data the same JSON, byte for byte.
+//! the same events in the same order, each one's data the same JSON, byte for byte. The Value
+//! builders of the object and its usage are `object.rs`'s own, which the halted response
+//! still uses.
 
 use serde_json::{json, Value};
 
 use super::super::*;
 use super::events;
-use crate::wire::responses::object::response_id;
-
-fn response_object(
-    stream_id: StreamId,
-    created: u64,
-    model: &str,
-    status: &str,
-    output: Vec<Value>,
-    usage: Option<Value>,
-) -> Value {
-    json!({
-        "id": response_id(stream_id),
-        "object": "response",
-        "created_at": created,
-        "status": status,
-        "background": false,
-        "error": null,
-        "incomplete_details": null,
-        "instructions": null,
-        "max_output_tokens": null,
-        "metadata": {},
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": true,
-        "previous_response_id": null,
-        "store": false,
-        "temperature": null,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": null,
-        "truncation": "disabled",
-        "usage": usage,
-    })
-}
-
-fn usage(input: u64, output: u64, reasoning: u64) -> Value {
-    json!({
-        "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": reasoning.min(output)},
-        "total_tokens": input + output,
-    })
-}
+use crate::wire::responses::object::{response_object, usage};
 
 fn write_event(out: &mut Vec<u8>, name: &str, seq: u64, rest: &Value) {
     event_head(out, name, seq);
