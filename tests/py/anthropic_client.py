@@ -149,19 +149,11 @@ def parse_args(argv):
     return a
 
 
-def dump(obj):
-    """A model of the SDK as the JSON the API sent (unset fields left out); None stays None."""
-    if obj is None:
-        return None
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict(mode="json")
-    return obj
 
 
-def extra(obj, name):
-    """An extra (undeclared) field the SDK's models keep: pydantic's model_extra."""
-    extras = getattr(obj, "model_extra", None) or {}
-    return extras.get(name)
+
+
+dump, extra = sdk.dump, sdk.extra
 
 
 class Turn:

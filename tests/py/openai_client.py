@@ -152,12 +152,9 @@ def dump(obj):
     return obj
 
 
-def json_or_text(raw):
-    text = raw.decode("utf-8", "replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+
+
+json_or_text = sdk.json_or_text
 
 
 class Turn:

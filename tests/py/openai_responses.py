@@ -201,27 +201,13 @@ def parse_args(argv):
     return a
 
 
-def dump(obj):
-    """A model of the SDK as the JSON the API sent; None stays None."""
-    if obj is None:
-        return None
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict(mode="json")
-    return obj
 
 
-def extra(obj, name):
-    """An extra (undeclared) member the SDK's models keep: pydantic's model_extra."""
-    extras = getattr(obj, "model_extra", None) or {}
-    return extras.get(name)
 
 
-def json_or_text(raw):
-    text = raw.decode("utf-8", "replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+
+
+dump, extra, json_or_text = sdk.dump, sdk.extra, sdk.json_or_text
 
 
 class Turn:

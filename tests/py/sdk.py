@@ -88,3 +88,27 @@ def exception_chain(e):
             break
         chain.append(cls.__name__)
     return chain
+
+
+def dump(obj):
+    """A model of the SDK as the JSON the API sent (its to_dict); None stays None."""
+    if obj is None:
+        return None
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict(mode="json")
+    return obj
+
+
+def extra(obj, name):
+    """An extra (undeclared) member the SDK's models keep: pydantic's model_extra."""
+    extras = getattr(obj, "model_extra", None) or {}
+    return extras.get(name)
+
+
+def json_or_text(raw):
+    """Bytes as the JSON they hold, else as text."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
