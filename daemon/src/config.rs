@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// What goes upstream as `x-request-id`: `uuid`, a v4 UUID haltd makes for each request (backends such as llama-cpp-python refuse any other shape); `client`, the request's id as the access log has it (the client's, or one haltd made); `off`, none. Under `uuid` and `off` the client's own id goes as `x-haltd-client-request-id`.
     #[arg(long, value_enum, default_value = "uuid")]
     pub upstream_request_id: crate::wire::trace::UpstreamRequestId,
+    /// Client surfaces the backend serves itself, comma-separated (`responses`, `messages`): their requests go to the backend's own `/v1/responses` or `/v1/messages` as they came (with `stream: true`, and logprobs asked for on Responses), and its stream in that surface's events is governed and re-encoded like any other. Default: none, every surface is translated to chat completions. Only with `--source openai`.
+    #[arg(long, value_enum, value_name = "SURFACES", value_delimiter = ',')]
+    pub upstream_surfaces: Vec<crate::upstream::UpstreamSurface>,
     /// PEM file of the CA certificates that vouch for an `https://` upstream; they replace the system's trust roots (default: the system store).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca_file: Option<PathBuf>,
@@ -292,6 +295,8 @@ pub struct Config {
     pub upstream_tls: Option<std::sync::Arc<crate::upstream::UpstreamTls>>,
     /// The key of `--upstream-api-key-file`, sent upstream instead of the client's.
     pub upstream_api_key: Option<crate::upstream::UpstreamApiKey>,
+    /// `--upstream-surfaces`: the surfaces passed through to the backend as they came.
+    pub upstream_surfaces: crate::upstream::NativeSurfaces,
     /// TLS for clients (`--tls-cert`, `--tls-key`), reloaded on SIGHUP.
     pub client_tls: Option<std::sync::Arc<crate::client_tls::ClientTlsConfig>>,
     /// The token of `--admin-token-file`: a TCP admin listener has one.
@@ -346,6 +351,7 @@ impl ServeArgs {
         let upstream = self.upstream_url()?;
         let upstream_tls = self.upstream_tls(upstream.as_ref())?;
         let upstream_api_key = self.upstream_api_key()?;
+        let upstream_surfaces = self.upstream_surfaces()?;
         let client_tls = self.client_tls()?;
         self.check_upstream_timeouts()?;
         let upstream_watch = WatchSettings::from_args(&self)?;
@@ -381,6 +387,7 @@ impl ServeArgs {
             upstream_watch,
             upstream_tls,
             upstream_api_key,
+            upstream_surfaces,
             client_tls,
             upstream_connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
             upstream_first_token_timeout: Duration::from_millis(

@@ -37,6 +37,7 @@ pub mod failure;
 pub mod framing;
 pub mod health;
 pub mod metrics;
+pub mod native;
 pub mod request;
 pub mod response;
 pub mod sse;
@@ -52,6 +53,7 @@ pub use chunk::{
     UpstreamError, UpstreamEvent, Usage,
 };
 pub use failure::{CancelReason, FailureSource, UpstreamFailure, UpstreamFailureKind};
+pub use native::{NativeSurfaces, UpstreamSurface};
 pub use request::{
     prepare_turn, valid_header_value, write_http_request, write_http_request_with, UpstreamTurn,
     CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH,

@@ -52,6 +52,7 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
     ("upstream", Restart),
     ("upstream-api-key-file", Restart),
     ("upstream-request-id", Restart),
+    ("upstream-surfaces", Restart),
     ("upstream-ca-file", Restart),
     // The certificate and key files are read again; their paths are fixed at start.
     ("tls-cert", Restart),

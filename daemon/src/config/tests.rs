@@ -282,3 +282,25 @@ fn faults_parse() {
         assert_eq!(e.flag, "fault", "{e}");
     }
 }
+
+#[test]
+fn upstream_surfaces_name_what_the_backend_serves_itself() {
+    let up = ["--source", "openai", "--upstream", "http://127.0.0.1:8000"];
+    let none = parse(&up).expect("valid");
+    assert!(none.upstream_surfaces.is_empty(), "translated by default");
+    let both =
+        parse(&[&up[..], &["--upstream-surfaces", "responses,messages"]].concat()).expect("valid");
+    assert_eq!(
+        both.upstream_surfaces
+            .passes(crate::wire::Endpoint::Messages),
+        Some(crate::upstream::UpstreamSurface::Messages)
+    );
+    assert!(both
+        .upstream_surfaces
+        .passes(crate::wire::Endpoint::Responses)
+        .is_some());
+    let e = parse(&["--upstream-surfaces", "messages"]).expect_err("builtin");
+    assert_eq!(e.flag, "upstream-surfaces", "{e}");
+    let cli = Cli::try_parse_from(["haltd", "--upstream-surfaces", "chat"]);
+    assert!(cli.is_err(), "chat is no surface to pass through");
+}

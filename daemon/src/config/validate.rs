@@ -62,6 +62,18 @@ impl ServeArgs {
             .map_err(|e| err("upstream-api-key-file", e))
     }
 
+    /// `--upstream-surfaces`: only a backend can serve a surface natively.
+    pub(super) fn upstream_surfaces(&self) -> Result<crate::upstream::NativeSurfaces, ConfigError> {
+        let set = crate::upstream::NativeSurfaces::of(&self.upstream_surfaces);
+        if !set.is_empty() && self.source != SourceKind::Openai {
+            return Err(err(
+                "upstream-surfaces",
+                "is only used with --source openai (the built-in source serves every surface itself)",
+            ));
+        }
+        Ok(set)
+    }
+
     /// `--user` and `--group`, looked up now: a missing user is a configuration error.
     pub(super) fn account(&self) -> Result<Option<crate::privs::Account>, ConfigError> {
         let Some(user) = &self.user else {

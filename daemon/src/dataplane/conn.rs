@@ -139,6 +139,9 @@ pub(in crate::dataplane) struct Conn {
     pub(in crate::dataplane) request_id_from_client: bool,
     /// The client's `traceparent`, if well formed: passed to the upstream.
     pub(in crate::dataplane) traceparent: Option<String>,
+    /// Headers of the client's surface that go upstream with a passed-through turn
+    /// (`--upstream-surfaces`; Messages: `x-api-key`, `anthropic-version`, `anthropic-beta`).
+    pub(in crate::dataplane) surface_headers: Vec<(&'static str, String)>,
     /// What the request asked for (the access log's and the metrics' `endpoint`).
     pub(in crate::dataplane) route: Route,
     /// The status the response head said (0: no response went out).
@@ -211,6 +214,7 @@ impl Conn {
             request_id: None,
             request_id_from_client: false,
             traceparent: None,
+            surface_headers: Vec::new(),
             route: Route::Other,
             status: 0,
             tls,
@@ -252,6 +256,25 @@ impl Conn {
             (self.request_id.as_deref(), self.request_id_from_client),
             self.traceparent.as_deref(),
         )
+    }
+
+    /// Every header field haltd adds to an upstream request of this connection: the
+    /// correlation fields, then a passed-through surface's headers (the client's `x-api-key`
+    /// only where no key of haltd's replaces the client's credential).
+    pub(in crate::dataplane) fn upstream_headers(
+        &self,
+        cfg: &crate::config::Config,
+        stream_id: &str,
+    ) -> Vec<(&'static str, String)> {
+        let mut fields = self.correlation(cfg.args.upstream_request_id, stream_id);
+        let own_key = cfg.upstream_api_key.is_some();
+        fields.extend(
+            self.surface_headers
+                .iter()
+                .filter(|(n, _)| !(own_key && *n == "x-api-key"))
+                .cloned(),
+        );
+        fields
     }
 }
 

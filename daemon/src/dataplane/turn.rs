@@ -17,6 +17,7 @@ pub(in crate::dataplane) mod own_trip;
 pub(in crate::dataplane) mod phase;
 pub(in crate::dataplane) mod pipeline;
 pub(in crate::dataplane) mod policy;
+mod proxied;
 pub(in crate::dataplane) mod record;
 pub(in crate::dataplane) mod score;
 
@@ -47,12 +48,9 @@ use crate::{
         Polled, TokenSource,
     },
     stream::Mode,
-    upstream,
-    wire::{
-        http, Ask, BuiltinTurn, Channel, ChunkEncoder, ClientRequest, Endpoint, HttpError,
-        RequestHead,
-    },
+    wire::{http, Ask, BuiltinTurn, Channel, ChunkEncoder, Endpoint, HttpError, RequestHead},
 };
+use proxied::{last_user_text, prepare_proxied, surface_headers, upstream_authorization};
 
 /// Output text kept per turn for SafetyCheck's cited-source check; beyond it the citation
 /// check reports the text as not fully known.
@@ -278,64 +276,18 @@ impl Turn {
     }
 }
 
-/// The client's request, parsed once, prepared for the upstream, with SafetyCheck's inputs
-/// taken from the same parsed request (the URLs it cites, its system prompt).
-/// With TokenCircuit enabled, a chat turn (not degraded: that emits no tool calls) also
-/// gets its conversation's circuit, rebuilt from the request's transcript.
-fn prepare_proxied(
-    endpoint: Endpoint,
-    body: &[u8],
-    degraded: bool,
-    circuit: Option<(&Arc<crate::circuit::CircuitPolicy>, circuit::Arrival<'_>)>,
-) -> Result<Proxied, Box<circuit::Refusal>> {
-    let mut req = ClientRequest::parse(endpoint, body)?;
-    let urls = crate::safety::request_sources(req.json());
-    let system_prompt = crate::safety::system_prompt(req.json());
-    let circuit = match circuit {
-        Some((policy, at)) if endpoint.is_chat_shaped() && !degraded => {
-            let c = circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
-            // An exhausted budget: answered here, or forwarded without the tool.
-            c.apply_exhausted(req.json_mut(), &at)?;
-            Some(Box::new(c))
-        }
-        _ => None,
-    };
-    let up = upstream::prepare_turn(req, degraded)?;
-    Ok((up, urls, system_prompt, circuit))
-}
-
-/// The text of the last user message (chat) or the prompt (completions) of an upstream
-/// request body: a grounding round's context. Once per turn, with intervene mode only.
-fn last_user_text(body: &[u8]) -> String {
-    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    if let Some(p) = v["prompt"].as_str() {
-        return p.to_owned();
-    }
-    v["messages"]
-        .as_array()
-        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// A proxied turn's upstream request, SafetyCheck inputs and circuit.
-type Proxied = (
-    upstream::UpstreamTurn,
-    BTreeSet<String>,
-    String,
-    Option<Box<circuit::TurnCircuit>>,
-);
-
 impl Io {
     /// Intervene mode for a proxied turn: held back `w` tokens and resumed as a continuation,
     /// or, without continuation, the post-hoc fallback (nothing held).
-    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: ResumeSeed) {
-        let resumable = self
-            .shared
-            .grounding
-            .as_ref()
-            .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+    /// A passed-through turn (`chat_shaped` false) is never resumed: a continuation is a
+    /// chat request, which its backend's surface is not.
+    fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: ResumeSeed, chat_shaped: bool) {
+        let resumable = chat_shaped
+            && self
+                .shared
+                .grounding
+                .as_ref()
+                .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
         let mut back = holdback::HoldBack::new(w, 0);
         if !resumable {
             // The post-hoc fallback: token ends are kept for the span, nothing is held.
@@ -596,13 +548,9 @@ impl Step<'_> {
         head: &RequestHead,
         body: &[u8],
     ) -> io::Result<()> {
-        let auth = head.authorization.as_ref().map(|a| a.as_str().to_owned());
-        // The Anthropic SDK's `x-api-key` goes upstream as the bearer token chat backends
-        // read.
-        let auth = match (auth, endpoint, head.bearer.as_ref()) {
-            (None, Endpoint::Messages, Some(key)) => Some(format!("Bearer {}", key.as_str())),
-            (auth, ..) => auth,
-        };
+        let native = self.io.shared.cfg.upstream_surfaces.passes(endpoint);
+        let auth = upstream_authorization(head, endpoint, native);
+        self.conn.surface_headers = surface_headers(head, native);
         let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
         // Degraded mode decides what is forwarded, so look it up before preparing the body.
         self.io.shared.expire_degraded();
@@ -614,14 +562,18 @@ impl Step<'_> {
             key: key_id,
             now: std::time::Instant::now(),
         };
-        let (up, request_urls, system_prompt, circuit) =
-            match prepare_proxied(endpoint, body, degraded, policy.map(|p| (p, arrival))) {
-                Ok(v) => v,
-                Err(r) => {
-                    let e = (*r).settle(&self.io.shared, self.conn.id.to_string());
-                    return self.reply_error(&e);
-                }
-            };
+        let (up, request_urls, system_prompt, circuit) = match prepare_proxied(
+            (endpoint, native.is_some()),
+            body,
+            degraded,
+            policy.map(|p| (p, arrival)),
+        ) {
+            Ok(v) => v,
+            Err(r) => {
+                let e = (*r).settle(&self.io.shared, self.conn.id.to_string());
+                return self.reply_error(&e);
+            }
+        };
         let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, _mode)) =
             self.open_turn(endpoint, up.ask.stream, key_id, Arc::clone(&model))?
@@ -635,7 +587,7 @@ impl Step<'_> {
         let chat = endpoint.is_chat_shaped();
         // Reasoning is forwarded in degraded mode too (it is text); tool calls are not.
         let enc = self.encoder(&up.ask, model, (chat && !degraded, chat));
-        let source = TurnSource::Upstream(UpstreamSource::new(degraded));
+        let source = TurnSource::Upstream(UpstreamSource::native(degraded, up.native));
         let mut turn = Turn::new(
             source,
             &up.ask,
@@ -647,10 +599,7 @@ impl Step<'_> {
         );
         turn.request_urls = request_urls;
         turn.circuit = circuit;
-        let path = match endpoint.request_shape() {
-            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => upstream::CHAT_PATH,
-            Endpoint::Completion => upstream::COMPLETIONS_PATH,
-        };
+        let path = up.api_path();
         let mode = self.io.shared.table.slot(self.conn.id.slot).mode();
         if let Some(w) = self.io.intervene_window(&turn, mode) {
             let seed = ResumeSeed {
@@ -660,7 +609,8 @@ impl Step<'_> {
                 authorization: auth.clone(),
                 system_prompt: system_prompt.clone(),
             };
-            self.io.ground_proxied(&mut turn, w, seed);
+            self.io
+                .ground_proxied(&mut turn, w, seed, up.native.is_none());
         }
         turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
         self.conn.turn = Some(Box::new(turn));

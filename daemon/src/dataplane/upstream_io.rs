@@ -113,9 +113,7 @@ impl Step<'_> {
             None => req.authorization,
         };
         let stream_id = self.conn.id.to_string();
-        let fields = self
-            .conn
-            .correlation(shared.cfg.args.upstream_request_id, &stream_id);
+        let fields = self.conn.upstream_headers(&shared.cfg, &stream_id);
         let refs: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
         upstream::write_http_request_with(
             &mut wbuf,

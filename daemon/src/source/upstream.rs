@@ -123,6 +123,17 @@ impl UpstreamSource {
         }
     }
 
+    /// The source of a turn passed through to a backend that serves `surface` itself: its
+    /// stream is read in that surface's events (`upstream/chunk/native.rs`); `None`: a
+    /// translated turn ([`UpstreamSource::new`]).
+    pub fn native(degraded: bool, surface: Option<crate::upstream::UpstreamSurface>) -> Self {
+        Self {
+            degraded,
+            reader: Box::new(surface.map_or_else(ChunkReader::default, ChunkReader::native)),
+            ..Self::default()
+        }
+    }
+
     /// Whether the I/O should read more: nothing ends the stream yet and the queue has room.
     pub fn wants_more(&self) -> bool {
         !self.saw_done && self.items.len() < MAX_QUEUED_ITEMS
@@ -177,6 +188,10 @@ impl UpstreamSource {
                     self.model.clone_from(&c.model);
                 }
                 push_chunk(&mut self.items, &mut self.spares, c, arrived_ns);
+                if self.reader.ended() {
+                    // A native stream's terminal event: its API sends no `[DONE]`.
+                    self.push_done();
+                }
             }
             Ok(Parsed::Done) => self.push_done(),
             Ok(Parsed::Error(e)) => {

@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 mod de;
 mod logprobs;
+pub mod native;
 mod shape;
 
 use crate::{
@@ -219,9 +220,26 @@ pub enum Parsed {
 pub struct ChunkReader {
     chunk: UpstreamChunk,
     scratch: de::Scratch,
+    /// A surface the backend serves natively: its events, read by their own reader.
+    native: Option<native::NativeReader>,
 }
 
 impl ChunkReader {
+    /// A reader of a stream in `surface`'s own events (`--upstream-surfaces`), not chat's.
+    pub fn native(surface: crate::upstream::native::UpstreamSurface) -> Self {
+        ChunkReader {
+            native: Some(native::NativeReader::new(surface)),
+            ..ChunkReader::default()
+        }
+    }
+
+    /// Whether a native stream's terminal event was read (those APIs send no `[DONE]`).
+    pub fn ended(&self) -> bool {
+        self.native
+            .as_ref()
+            .is_some_and(native::NativeReader::ended)
+    }
+
     /// Reads one SSE event of an `endpoint` stream. After [`Parsed::Chunk`] the chunk is in
     /// [`ChunkReader::chunk`]; after anything else it holds no chunk worth reading.
     pub fn read(&mut self, endpoint: Endpoint, ev: SseEventRef<'_>) -> Result<Parsed, ChunkError> {
@@ -234,6 +252,9 @@ impl ChunkReader {
         }
         if data == "[DONE]" {
             return Ok(Parsed::Done);
+        }
+        if let Some(n) = &mut self.native {
+            return n.read(data, &mut self.chunk, &mut self.scratch);
         }
         match shape::read(endpoint, data, &mut self.chunk, &mut self.scratch)? {
             de::Top::Chunk => Ok(Parsed::Chunk),

@@ -22,7 +22,10 @@ use std::io::Write as _;
 use serde_json::{Map, Value};
 
 use crate::{
-    upstream::url::UpstreamUrl,
+    upstream::{
+        native::{self, UpstreamSurface},
+        url::UpstreamUrl,
+    },
     wire::{request::Ask, ClientRequest, Endpoint, HttpError, MAX_TOP_LOGPROBS},
 };
 
@@ -60,6 +63,21 @@ pub struct UpstreamTurn {
     pub tools_requested: bool,
     /// The upstream request body (always `stream: true`, logprobs on).
     pub body: Vec<u8>,
+    /// The surface the request is passed through as (`--upstream-surfaces`): the body is
+    /// the client's own and goes to that surface's path; `None`: shaped as chat or
+    /// completions.
+    pub native: Option<UpstreamSurface>,
+}
+
+impl UpstreamTurn {
+    /// The backend's path for the turn.
+    pub fn api_path(&self) -> &'static str {
+        match (self.native, self.ask.endpoint.request_shape()) {
+            (Some(s), _) => s.api_path(),
+            (None, Endpoint::Completion) => COMPLETIONS_PATH,
+            (None, _) => CHAT_PATH,
+        }
+    }
 }
 
 fn type_error(field: &str, expected: &str) -> HttpError {
@@ -165,7 +183,8 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
     // request was translated to chat when it was parsed).
     let surface = req.endpoint;
     let endpoint = surface.request_shape();
-    let Value::Object(mut obj) = req.into_json() else {
+    let (json, native) = req.into_parts();
+    let Value::Object(mut obj) = json else {
         return Err(HttpError::bad_request("request body must be a JSON object"));
     };
     let model = required_model(&obj)?;
@@ -187,13 +206,24 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
         Some(Value::Array(a)) => !a.is_empty(),
         Some(_) => true,
     });
-    if degraded {
-        for f in TOOL_FIELDS {
-            obj.remove(f);
+    let passed = native.and_then(|n| Some((UpstreamSurface::of(surface)?, n)));
+    let (native, sent) = match passed {
+        // The translation was checked above; the client's own body goes upstream.
+        Some((s, Value::Object(mut own))) => {
+            native::native_body(s, &mut own, top_logprobs, degraded);
+            (Some(s), Value::Object(own))
         }
-    }
-    own_streaming_fields(&mut obj, endpoint, top_logprobs);
-    let body = serde_json::to_vec(&Value::Object(obj)).map_err(|e| {
+        _ => {
+            if degraded {
+                for f in TOOL_FIELDS {
+                    obj.remove(f);
+                }
+            }
+            own_streaming_fields(&mut obj, endpoint, top_logprobs);
+            (None, Value::Object(obj))
+        }
+    };
+    let body = serde_json::to_vec(&sent).map_err(|e| {
         HttpError::new(
             500,
             "server_error",
@@ -211,6 +241,7 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
         model,
         tools_requested,
         body,
+        native,
     })
 }
 

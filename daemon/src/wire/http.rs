@@ -47,9 +47,13 @@ pub struct RequestHead {
     /// The client's `x-haltd-conversation-id` (TokenCircuit's conversation identity,
     /// `circuit::store`): 1 to 128 visible ASCII bytes.
     pub conversation_id: Option<String>,
-    /// The request carried `anthropic-version` (the Anthropic SDKs send it on every
-    /// request). Accepted with any value; it picks the Anthropic form where a path has two.
-    pub anthropic_version: bool,
+    /// The request's `anthropic-version` (the Anthropic SDKs send it on every request).
+    /// Accepted with any value; it picks the Anthropic form where a path has two, and goes
+    /// upstream with a passed-through Messages request (`--upstream-surfaces`), as does
+    /// `anthropic-beta`.
+    pub anthropic_version: Option<String>,
+    /// The request's `anthropic-beta`.
+    pub anthropic_beta: Option<String>,
 }
 
 impl RequestHead {
@@ -60,6 +64,24 @@ impl RequestHead {
             self.identity.as_ref().map(Secret::as_str),
             self.bearer.as_ref().map(Secret::as_str),
         )
+    }
+
+    /// The headers a Messages request passed through to its backend carries as they came:
+    /// the client's `x-api-key` (when its credential came that way, not as `Authorization`),
+    /// `anthropic-version` and `anthropic-beta`.
+    pub fn messages_headers(&self) -> Vec<(&'static str, String)> {
+        let key = match (&self.authorization, &self.bearer) {
+            (None, Some(k)) => Some(k.as_str().to_owned()),
+            _ => None,
+        };
+        [
+            ("x-api-key", key),
+            ("anthropic-version", self.anthropic_version.clone()),
+            ("anthropic-beta", self.anthropic_beta.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(n, v)| Some((n, v?)))
+        .collect()
     }
 }
 
@@ -235,6 +257,7 @@ pub fn parse_head_with(
         traceparent: fields.traceparent.flatten(),
         conversation_id: fields.conversation_id,
         anthropic_version: fields.anthropic_version,
+        anthropic_beta: fields.anthropic_beta,
     }))
 }
 
@@ -281,7 +304,8 @@ struct HeadFields {
     request_id: Option<Option<String>>,
     traceparent: Option<Option<String>>,
     conversation_id: Option<String>,
-    anthropic_version: bool,
+    anthropic_version: Option<String>,
+    anthropic_beta: Option<String>,
 }
 
 /// A correlation header: the first well-formed one is kept, a second one voids it.
@@ -361,7 +385,16 @@ impl HeadFields {
                 continue;
             }
             if h.name.eq_ignore_ascii_case("anthropic-version") {
-                f.anthropic_version = true;
+                f.anthropic_version = Some(String::from_utf8_lossy(h.value).trim().to_owned());
+                continue;
+            }
+            if h.name.eq_ignore_ascii_case("anthropic-beta") {
+                // Several values are one comma-separated list.
+                let v = String::from_utf8_lossy(h.value).trim().to_owned();
+                f.anthropic_beta = Some(match f.anthropic_beta.take() {
+                    Some(before) => format!("{before},{v}"),
+                    None => v,
+                });
                 continue;
             }
             if h.name.eq_ignore_ascii_case("traceparent") {

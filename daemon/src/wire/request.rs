@@ -25,6 +25,10 @@ pub use crate::wire::endpoint::MAX_MAX_TOKENS;
 pub struct ClientRequest {
     pub endpoint: Endpoint,
     json: Value,
+    /// The body as the client sent it, kept when its surface is passed through to a backend
+    /// that serves it natively (`--upstream-surfaces`, `crate::upstream::native`): that is
+    /// what goes upstream, while `json` (the translation) is what haltd reads.
+    native: Option<Value>,
 }
 
 /// What the client asked for, so that whichever source serves the turn answers in kind:
@@ -72,13 +76,43 @@ impl ClientRequest {
     /// A Messages request is translated to chat here ([`crate::wire::messages::request`]):
     /// its errors name the Messages field.
     pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, HttpError> {
+        Self::parse_keeping(endpoint, body, false)
+    }
+
+    /// [`ClientRequest::parse`] for a surface passed through as it came: translated and
+    /// checked as always, and the client's own body kept ([`ClientRequest::native`]).
+    pub fn parse_native(endpoint: Endpoint, body: &[u8]) -> Result<Self, HttpError> {
+        Self::parse_keeping(endpoint, body, true)
+    }
+
+    fn parse_keeping(endpoint: Endpoint, body: &[u8], keep: bool) -> Result<Self, HttpError> {
         let json: Value = serde_json::from_slice(body).map_err(json_error)?;
-        let json = match endpoint {
+        let translated = match endpoint {
             Endpoint::Messages => crate::wire::messages::request::to_chat(&json)?,
             Endpoint::Responses => crate::wire::responses::request::to_chat(&json)?,
-            Endpoint::Chat | Endpoint::Completion => json,
+            Endpoint::Chat | Endpoint::Completion => {
+                return Ok(ClientRequest {
+                    endpoint,
+                    json,
+                    native: None,
+                })
+            }
         };
-        Ok(ClientRequest { endpoint, json })
+        Ok(ClientRequest {
+            endpoint,
+            json: translated,
+            native: keep.then_some(json),
+        })
+    }
+
+    /// The client's own body of a passed-through surface; `None` when translated.
+    pub fn native(&self) -> Option<&Value> {
+        self.native.as_ref()
+    }
+
+    /// [`ClientRequest::native`], to edit before it is forwarded.
+    pub fn native_mut(&mut self) -> Option<&mut Value> {
+        self.native.as_mut()
     }
 
     /// The body as the client sent it.
@@ -94,6 +128,11 @@ impl ClientRequest {
     /// The body, for a source that forwards it (and edits what haltd owns).
     pub fn into_json(self) -> Value {
         self.json
+    }
+
+    /// The translation and, when passed through, the client's own body.
+    pub fn into_parts(self) -> (Value, Option<Value>) {
+        (self.json, self.native)
     }
 
     /// The built-in source's view: validated for the one model it serves (`served_model`).

@@ -181,6 +181,7 @@ impl Step<'_> {
         conn.request_id = None;
         conn.request_id_from_client = false;
         conn.traceparent = None;
+        conn.surface_headers.clear();
         conn.route = crate::metrics::requests::Route::Other;
         conn.status = 0;
     }

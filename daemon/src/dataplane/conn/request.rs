@@ -269,7 +269,7 @@ impl Step<'_> {
     /// `anthropic-version` (the Anthropic SDK's `models.list()`) is refused explicitly: the
     /// Anthropic form of the list is not served.
     fn route_models(&mut self, head: &RequestHead, path: &str, proxied: bool) -> io::Result<()> {
-        if head.anthropic_version {
+        if head.anthropic_version.is_some() {
             return self.reply_error(
                 &HttpError::new(
                     404,

@@ -140,7 +140,7 @@ impl TurnCircuit {
     /// one) and a system message saying why, so the model can summarize instead of retrying.
     pub(in crate::dataplane) fn apply_exhausted(
         &self,
-        body: &mut Value,
+        req: &mut crate::wire::ClientRequest,
         at: &Arrival<'_>,
     ) -> Result<(), Box<Refusal>> {
         let exhausted = self.circuit.exhausted();
@@ -160,6 +160,8 @@ impl TurnCircuit {
         if exhausted.is_empty() {
             return Ok(());
         }
+        let surface = req.endpoint;
+        let body = req.json_mut();
         let names: Vec<&str> = exhausted
             .iter()
             .map(|a| a.equivalence_key.tool_name.as_str())
@@ -186,6 +188,13 @@ impl TurnCircuit {
         let note: Vec<String> = exhausted.iter().map(|a| a.summary()).collect();
         if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
             messages.push(serde_json::json!({"role": "system", "content": note.join("\n")}));
+        }
+        // Passed through: the same edit, in the surface's own fields.
+        if let (Some(surface), Some(own)) = (
+            crate::upstream::UpstreamSurface::of(surface),
+            req.native_mut(),
+        ) {
+            crate::upstream::native::withhold_tools(surface, own, &names, &note.join("\n"));
         }
         Ok(())
     }

@@ -525,3 +525,73 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&up["logprobs"], &json!(clp.unwrap_or(0).max(1)));
     }
 }
+
+/// A passed-through request (`--upstream-surfaces`): its upstream body and path.
+fn native(
+    endpoint: Endpoint,
+    body: &Value,
+    degraded: bool,
+) -> Result<(Value, &'static str, Ask), HttpError> {
+    let req = ClientRequest::parse_native(endpoint, body.to_string().as_bytes())?;
+    let up = prepare_turn(req, degraded)?;
+    let sent = serde_json::from_slice(&up.body).expect("upstream body is JSON");
+    Ok((sent, up.api_path(), up.ask))
+}
+
+#[test]
+fn a_passed_through_request_goes_as_it_came_to_its_own_path() {
+    let body = json!({"model": "m", "input": [{"role": "user", "content": "hi"}],
+        "instructions": "Be brief.", "store": true, "max_output_tokens": 9,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "metadata": {"k": "v"}, "temperature": 0.5});
+    let (sent, path, ask) = native(Endpoint::Responses, &body, false).expect("passed");
+    assert_eq!(path, native::RESPONSES_PATH);
+    let mut want = body.clone();
+    want["stream"] = json!(true);
+    want["top_logprobs"] = json!(1);
+    want["include"] = json!([native::RESPONSES_LOGPROBS_INCLUDE]);
+    assert_eq!(sent, want);
+    assert_eq!((ask.endpoint, ask.stream), (Endpoint::Responses, false));
+    let body = json!({"model": "m", "max_tokens": 5, "stream": true, "system": "s",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"}});
+    let (sent, path, ask) = native(Endpoint::Messages, &body, true).expect("passed");
+    assert_eq!(path, native::MESSAGES_PATH);
+    assert_eq!(
+        sent,
+        json!({"model": "m", "max_tokens": 5, "stream": true, "system": "s",
+            "messages": [{"role": "user", "content": "hi"}]}),
+        "degraded: no tools"
+    );
+    assert!(ask.stream);
+}
+
+#[test]
+fn a_passed_through_request_is_checked_as_its_translation() {
+    for (endpoint, body, field) in [
+        (
+            Endpoint::Responses,
+            json!({"model": "m", "input": "hi", "previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (Endpoint::Responses, json!({"input": "hi"}), "model"),
+        (
+            Endpoint::Messages,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            "max_tokens",
+        ),
+    ] {
+        let e = native(endpoint, &body, false).expect_err("refused");
+        assert_eq!(e.status, 400, "{body}");
+        assert!(e.message.contains(field), "{body}: {}", e.message);
+    }
+    // Chat and completions have nothing to pass through: shaped as always.
+    let req = ClientRequest::parse_native(
+        Endpoint::Chat,
+        br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .expect("parsed");
+    assert!(req.native().is_none());
+    let up = prepare_turn(req, false).expect("prepared");
+    assert_eq!((up.native, up.api_path()), (None, CHAT_PATH));
+}

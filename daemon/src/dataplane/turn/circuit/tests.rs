@@ -1,4 +1,5 @@
 use super::*;
+use crate::wire::{ClientRequest, Endpoint};
 
 fn body(result: &str) -> Value {
     serde_json::json!({
@@ -35,9 +36,59 @@ fn apply(result: &str) -> (Result<(), HttpError>, Value) {
     let policy = Arc::new(CircuitPolicy::default());
     let store = ConversationStore::new(4);
     let at = arrival(&store);
-    let mut b = body(result);
+    let b = body(result);
     let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
-    (c.apply_exhausted(&mut b, &at).map_err(|r| r.error), b)
+    let mut req = chat(&b);
+    let r = c.apply_exhausted(&mut req, &at).map_err(|r| r.error);
+    (r, req.into_json())
+}
+
+fn chat(b: &Value) -> ClientRequest {
+    ClientRequest::parse(Endpoint::Chat, &serde_json::to_vec(b).expect("json")).expect("parsed")
+}
+
+#[test]
+fn a_passed_through_request_gets_the_same_edit_in_its_own_fields() {
+    let policy = Arc::new(CircuitPolicy::default());
+    let store = ConversationStore::new(4);
+    let at = arrival(&store);
+    let tool = |name: &str| serde_json::json!({"type": "function", "name": name, "parameters": {"type": "object"}});
+    let body = serde_json::json!({
+        "model": "m",
+        "instructions": "Be brief.",
+        "tools": [tool("search"), tool("other")],
+        "input": [
+            {"role": "user", "content": "find it"},
+            {"type": "function_call", "call_id": "a", "name": "search", "arguments": "{\"q\":1}"},
+            {"type": "function_call_output", "call_id": "a", "output": "ValidationError: q must be a string"},
+            {"type": "function_call", "call_id": "b", "name": "search", "arguments": "{\"q\":2}"},
+            {"type": "function_call_output", "call_id": "b", "output": "ValidationError: q must be a string"},
+        ],
+    });
+    let raw = serde_json::to_vec(&body).expect("json");
+    let mut req = ClientRequest::parse_native(Endpoint::Responses, &raw).expect("parsed");
+    let c = TurnCircuit::of_request(&policy, req.json(), &at).expect("replayable");
+    assert!(c.apply_exhausted(&mut req, &at).is_ok());
+    let own = req.native().expect("kept").clone();
+    assert_eq!(own["tools"], serde_json::json!([tool("other")]));
+    let instructions = own["instructions"].as_str().expect("instructions");
+    assert!(
+        instructions.starts_with("Be brief.\n\n") && instructions.contains("validation"),
+        "{instructions}"
+    );
+    assert_eq!(
+        own["input"], body["input"],
+        "the transcript goes as it came"
+    );
+    // The translation got the chat edit, as a translated turn does.
+    let chat = req.json();
+    assert_eq!(
+        chat["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .map(|m| &m["role"]),
+        Some(&Value::from("system"))
+    );
 }
 
 #[test]
@@ -78,11 +129,11 @@ fn open_but_not_exhausted_changes_nothing() {
     let policy = Arc::new(CircuitPolicy::default());
     let store = ConversationStore::new(4);
     let at = arrival(&store);
-    let mut b = body("HTTP 503");
-    let before = b.clone();
+    let b = body("HTTP 503");
     let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
-    assert!(c.apply_exhausted(&mut b, &at).is_ok());
-    assert_eq!(b, before);
+    let mut req = chat(&b);
+    assert!(c.apply_exhausted(&mut req, &at).is_ok());
+    assert_eq!(req.into_json(), b);
 }
 
 /// The conversation of `body` after `n` failed `search` calls (ids `c0`..), all `HTTP 503`.
