@@ -121,6 +121,13 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+#[path = "scripted-upstream/messages.rs"]
+mod messages;
+#[path = "scripted-upstream/native.rs"]
+mod native;
+#[path = "scripted-upstream/responses.rs"]
+mod responses;
+
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, ValueEnum};
 use serde_json::{json, Map, Value};
@@ -706,6 +713,8 @@ async fn handle_request(
     let endpoint = match (req.method.as_str(), route) {
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
         ("POST", "/v1/completions") => Endpoint::Completions,
+        ("POST", "/v1/responses") => Endpoint::Responses,
+        ("POST", "/v1/messages") => Endpoint::Messages,
         ("GET", "/v1/models") => {
             answer_whole(server, stream, entry, t0, 200, MODELS).await;
             return None;
@@ -917,6 +926,10 @@ impl Out<'_> {
 enum Endpoint {
     Chat,
     Completions,
+    /// OpenAI's Responses API, in vLLM's shapes (`responses.rs`).
+    Responses,
+    /// Anthropic's Messages API, in vLLM's shapes (`messages.rs`).
+    Messages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -990,6 +1003,10 @@ struct Script {
     reasoning: usize,
     /// Tokens a continuation request gets (`resume=N`).
     resume: usize,
+    /// Messages: an `event: ping` right after `message_start`, as Anthropic's API sends one.
+    ping: bool,
+    /// Responses `error_event`: `response.failed` instead of an `error` event.
+    failed: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -1127,6 +1144,7 @@ impl Script {
                 s.msg = k.take("msg")?;
                 if kind == Kind::ErrorEvent {
                     s.error_object = k.flag("object")?;
+                    s.failed = k.flag("failed")?;
                 }
                 if kind == Kind::Status {
                     s.retry_after = k.take("retry_after")?;
@@ -1177,6 +1195,7 @@ impl Script {
             drop_reused: k.flag("drop_reused")?,
             reasoning: k.count("reasoning", 0)?,
             resume: k.count("resume", 6)?,
+            ping: k.flag("ping")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1197,6 +1216,7 @@ impl Script {
             retry_after: None,
             empty: false,
             head: Duration::ZERO,
+            failed: false,
         };
         s.read_kind_keys(&mut k)?;
         if !k.0.is_empty() {
@@ -1385,6 +1405,10 @@ enum Lp {
     Completions {
         k: usize,
     },
+    /// Responses `include: ["message.output_text.logprobs"]` with `top_logprobs` alternatives.
+    Responses {
+        top: usize,
+    },
 }
 
 /// Everything about one request that the script run needs.
@@ -1427,6 +1451,11 @@ impl Plan {
         if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
             return Err("tool_call needs /v1/chat/completions".into());
         }
+        if matches!(script.kind, Kind::LlamaError)
+            && matches!(endpoint, Endpoint::Responses | Endpoint::Messages)
+        {
+            return Err("llama_error needs /v1/chat/completions or /v1/completions".into());
+        }
         if script.kind == Kind::ToolCall && script.needs_tool && !offers(body, &script.fn_name) {
             script.kind = Kind::Normal;
         }
@@ -1443,6 +1472,9 @@ impl Plan {
                     k: count_field(body, "logprobs"),
                 }
             }
+            Endpoint::Responses if responses::wants_logprobs(body) => Lp::Responses {
+                top: count_field(body, "top_logprobs"),
+            },
             _ => Lp::None,
         };
         let created = SystemTime::now()
@@ -1454,8 +1486,10 @@ impl Plan {
             framing: script.framing.unwrap_or(framing),
             seq,
             id: match endpoint {
-                Endpoint::Chat => format!("chatcmpl-{seq}"),
+                // vLLM's Messages answer is its chat completion's, id included.
+                Endpoint::Chat | Endpoint::Messages => format!("chatcmpl-{seq}"),
                 Endpoint::Completions => format!("cmpl-{seq}"),
+                Endpoint::Responses => format!("resp_{seq}"),
             },
             created,
             model: body
@@ -1479,6 +1513,8 @@ impl Plan {
             (Endpoint::Chat, true) => "chat.completion.chunk",
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Responses, _) => "response",
+            (Endpoint::Messages, _) => "message",
         }
     }
 
@@ -1494,6 +1530,15 @@ impl Plan {
         let completion = completion_tokens * self.n;
         json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                "total_tokens": self.prompt_tokens + completion})
+    }
+
+    /// An error answer's body in this surface's schema.
+    fn error_body(&self, code: u16) -> String {
+        let msg = self.error_message();
+        match self.endpoint {
+            Endpoint::Messages => messages::error_json(code, &msg),
+            _ => error_json(code, &msg),
+        }
     }
 
     fn error_message(&self) -> String {
@@ -1613,6 +1658,8 @@ fn request_text(endpoint: Endpoint, body: &Map<String, Value>) -> String {
             Some(Value::Array(a)) => joined(a.iter().filter_map(Value::as_str)),
             _ => String::new(),
         },
+        Endpoint::Responses => responses::request_text(body),
+        Endpoint::Messages => messages::request_text(body),
     }
 }
 
@@ -1669,42 +1716,67 @@ struct Tok {
     index: usize,
 }
 
+/// Tokens `range` of the script: their texts one after the other in `texts`, where each is in
+/// `toks`.
+fn load_tokens(s: &Script, range: Range<usize>, texts: &mut String, toks: &mut Vec<Tok>) {
+    texts.clear();
+    toks.clear();
+    for index in range {
+        let start = texts.len();
+        s.push_token(index, texts);
+        toks.push(Tok {
+            start,
+            end: texts.len(),
+            index,
+        });
+    }
+}
+
+/// The list of chat's (and Responses') logprob entries for `toks` (texts in `texts`), each with
+/// its `top` alternatives.
+fn write_entries(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], top: usize) {
+    s.push('[');
+    for (k, t) in toks.iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let text = &texts[t.start..t.end];
+        let named = p.script.token_name(t.index, text);
+        s.push_str(r#"{"token":"#);
+        esc(s, &named);
+        s.push_str(r#","logprob":"#);
+        float(s, p.script.class(t.index).logprob());
+        s.push_str(r#","bytes":"#);
+        utf8_bytes(s, &named);
+        s.push_str(r#","top_logprobs":["#);
+        for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
+            if j > 0 {
+                s.push(',');
+            }
+            s.push_str(r#"{"token":"#);
+            esc(s, alt);
+            s.push_str(r#","logprob":"#);
+            float(s, lp);
+            s.push_str(r#","bytes":"#);
+            utf8_bytes(s, alt);
+            s.push('}');
+        }
+        s.push_str("]}");
+    }
+    s.push(']');
+}
+
 /// The `logprobs` value for `toks` (texts in `texts`); `offset` is the completions
 /// `text_offset` of the first of them.
 fn write_logprobs(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], offset: usize) {
     match p.lp {
         Lp::None => s.push_str("null"),
         Lp::Chat { top } => {
-            s.push_str(r#"{"content":["#);
-            for (k, t) in toks.iter().enumerate() {
-                if k > 0 {
-                    s.push(',');
-                }
-                let text = &texts[t.start..t.end];
-                let named = p.script.token_name(t.index, text);
-                s.push_str(r#"{"token":"#);
-                esc(s, &named);
-                s.push_str(r#","logprob":"#);
-                float(s, p.script.class(t.index).logprob());
-                s.push_str(r#","bytes":"#);
-                utf8_bytes(s, &named);
-                s.push_str(r#","top_logprobs":["#);
-                for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
-                    if j > 0 {
-                        s.push(',');
-                    }
-                    s.push_str(r#"{"token":"#);
-                    esc(s, alt);
-                    s.push_str(r#","logprob":"#);
-                    float(s, lp);
-                    s.push_str(r#","bytes":"#);
-                    utf8_bytes(s, alt);
-                    s.push('}');
-                }
-                s.push_str("]}");
-            }
-            s.push_str("]}");
+            s.push_str(r#"{"content":"#);
+            write_entries(s, p, texts, toks, top);
+            s.push('}');
         }
+        Lp::Responses { top } => write_entries(s, p, texts, toks, top),
         Lp::Completions { k } => {
             let list = |s: &mut String, f: &mut dyn FnMut(&mut String, &Tok, &str)| {
                 s.push('[');
@@ -1788,18 +1860,10 @@ impl<'p> Gen<'p> {
     }
 
     fn load_tokens(&mut self, range: Range<usize>) {
-        self.texts.clear();
-        self.toks.clear();
-        for index in range {
-            let start = self.texts.len();
-            self.p.script.push_token(index, &mut self.texts);
-            self.toks.push(Tok {
-                start,
-                end: self.texts.len(),
-                index,
-            });
-            self.next_index = index + 1;
+        if !range.is_empty() {
+            self.next_index = range.end;
         }
+        load_tokens(&self.p.script, range, &mut self.texts, &mut self.toks);
     }
 
     fn load_piece(&mut self, text: &str) {
@@ -1866,7 +1930,8 @@ impl<'p> Gen<'p> {
                 esc(&mut self.sse, &self.texts);
                 self.sse.push('}');
             }
-            Endpoint::Completions => {
+            // Completions: `Gen` writes only chat's and completions' chunks.
+            _ => {
                 self.sse.push_str(r#""text":"#);
                 esc(&mut self.sse, &self.texts);
             }
@@ -1908,7 +1973,7 @@ impl<'p> Gen<'p> {
                 self.delta_open(role);
                 self.sse.push('}');
             }
-            Endpoint::Completions => self.sse.push_str(r#""text":"""#),
+            _ => self.sse.push_str(r#""text":"""#),
         }
         self.sse.push_str(r#","logprobs":null"#);
         self.end(Some(self.p.finish_reason()));
@@ -2013,16 +2078,21 @@ async fn run(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome
         let body = if s.empty {
             String::new()
         } else {
-            error_json(s.code, &p.error_message())
+            p.error_body(s.code)
         };
         write_simple(&mut out.w, s.code, &body, &extra).await?;
         return Ok(Outcome::Status);
     }
     pause(s.head).await;
-    if p.stream {
-        run_stream(p, out, prog).await
-    } else {
-        run_batch(p, out, prog).await
+    match (p.stream, p.endpoint) {
+        (true, Endpoint::Responses) => {
+            native::run_stream(p, out, prog, &mut responses::Stream::new(p)).await
+        }
+        (true, Endpoint::Messages) => {
+            native::run_stream(p, out, prog, &mut messages::Stream::new(p)).await
+        }
+        (true, _) => run_stream(p, out, prog).await,
+        (false, _) => run_batch(p, out, prog).await,
     }
 }
 
@@ -2059,11 +2129,15 @@ async fn emit_content(
     Ok(())
 }
 
-/// Whether a chat request's `tools` offer a function named `name`.
+/// Whether a request's `tools` offer a function named `name` (chat's
+/// `{function: {name}}`, Responses' and Messages' flat `{name}`).
 fn offers(body: &Map<String, Value>, name: &str) -> bool {
     body.get("tools")
         .and_then(Value::as_array)
-        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == name))
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t["function"]["name"] == name || t["name"] == name)
+        })
 }
 
 /// The calls' arguments: `args=` for the first if given, else `TOOL_ARGS`.
@@ -2195,12 +2269,19 @@ async fn run_batch(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<O
         }
         Kind::Die => return Ok(Outcome::Died),
         Kind::ErrorEvent | Kind::LlamaError => {
-            let body = error_json(s.code, &p.error_message());
+            let body = p.error_body(s.code);
             write_simple(&mut out.w, s.code, &body, &[]).await?;
             return Ok(Outcome::Status);
         }
         Kind::Garbage => "{this is not json".to_owned(),
-        _ => batch_body(p, tool_calls, prog.tokens.load(Ordering::Relaxed)),
+        _ => {
+            let tokens = prog.tokens.load(Ordering::Relaxed);
+            match p.endpoint {
+                Endpoint::Responses => responses::batch_body(p, tokens),
+                Endpoint::Messages => messages::batch_body(p, tokens),
+                Endpoint::Chat | Endpoint::Completions => batch_body(p, tool_calls, tokens),
+            }
+        }
     };
     write_simple(&mut out.w, 200, &body, &[]).await?;
     prog.finished.store(true, Ordering::Relaxed);
@@ -2235,7 +2316,7 @@ fn batch_body(p: &Plan, tool_calls: Vec<Value>, completion_tokens: usize) -> Str
                 json!({"index": idx, "message": message, "logprobs": logprobs,
                        "finish_reason": finish})
             }
-            Endpoint::Completions => json!({"index": idx, "text": g.texts,
+            _ => json!({"index": idx, "text": g.texts,
                 "logprobs": logprobs, "finish_reason": finish}),
         })
         .collect();
