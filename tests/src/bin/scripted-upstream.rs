@@ -125,6 +125,9 @@ use std::{
 mod messages;
 #[path = "scripted-upstream/native.rs"]
 mod native;
+#[cfg(test)]
+#[path = "scripted-upstream/native_tests.rs"]
+mod native_tests;
 #[path = "scripted-upstream/responses.rs"]
 mod responses;
 
