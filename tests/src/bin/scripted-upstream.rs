@@ -28,7 +28,9 @@
 //!
 //! Routes: `GET /v1/models`; `POST /v1/embeddings` (a 4-dimensional embedding per input, made
 //! from its text; 400 without `input`); `POST /v1/chat/completions` and `POST /v1/completions`, streamed
-//! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
+//! (`"stream": true`, SSE) or batch (one JSON body built from the same script); `POST
+//! /v1/responses` (OpenAI's Responses API) and `POST /v1/messages` (Anthropic's Messages API)
+//! in vLLM's shapes, streamed or batch (see [Native surfaces](#native-surfaces)); anything else
 //! is a 404 with an OpenAI-style JSON error. Streamed bodies use `--framing` (default
 //! `chunked`, one HTTP chunk per SSE event as uvicorn/vLLM do; `close`: no length, the body ends
 //! at connection close, as some llama.cpp builds do).
@@ -36,8 +38,12 @@
 //! # Scripts
 //!
 //! The request's text (chat: the last message's `content`, a string or `{type:"text"}` parts,
-//! trailing system messages without a directive skipped; completions: `prompt`) selects a
-//! script with a directive; without one the script is `normal`:
+//! trailing system messages without a directive skipped; completions: `prompt`; Responses:
+//! `input` as a string, or its last item, trailing system / developer messages without a
+//! directive skipped: a message's `content` string or `input_text` parts, a
+//! `function_call_output`'s `output`; Messages: the last message's `content`, a string or its
+//! `text` blocks and `tool_result` blocks' content) selects a script with a directive; without
+//! one the script is `normal`:
 //!
 //! ```text
 //! [[script:NAME key=value key="value with spaces" ...]]
@@ -88,18 +94,110 @@
 //! An unknown script or key, or a bad value, gets a 400 whose message says what was wrong, so a
 //! typo in a test fails loudly instead of running the default script.
 //!
+//! # Native surfaces
+//!
+//! `/v1/responses` and `/v1/messages` run the same scripts with the same keys (`tokens`,
+//! `pace_ms`, `first_ms`, `per_chunk`, `align`, `words`, `reasoning` (a reasoning item /
+//! thinking block before the answer), `finish`, `framing`, `drop_reused`, `no_logprobs`,
+//! `token_ids`, `neginf_at`, `low_at`; `tool_call` with `name`, `args`, `args_chunks`,
+//! `calls`, `needs_tool` (the request's flat `tools[].name`) and `die`; `error_event`,
+//! `garbage`, `stall`, `die`, `status`, `slow_head`, `bench`); `llama_error` is a 400, and
+//! chat's `name_every`, `object`, `n`, continuations do not apply. Each delta event is one
+//! step (one HTTP chunk per event); a step of `per_chunk` tokens is one delta; the tool-call
+//! header and each arguments piece count as a token, as in chat. Ids are deterministic, not
+//! vLLM's random ones: items `item_<seq>_<output_index>`, calls `call_<seq>_<call>` (chat's
+//! tool-call id), responses `resp_<seq>`, messages `chatcmpl-<seq>` (vLLM's Messages answer
+//! carries its chat completion's id), thinking signatures `sig_<seq>_<index>`. JSON keys are
+//! in alphabetical order as vLLM's pydantic dumps of the OpenAI types have them (`type` first
+//! in Messages events). The shapes follow vLLM main at commit 0001948b:
+//! vllm/entrypoints/openai/responses/serving.py (`responses_stream_generator`),
+//! streaming_events.py (01e4fce0, `SimpleStreamingEventProcessor`), api_router.py (SSE as
+//! `event: <type>` + `data:`, no `[DONE]`), and vllm/entrypoints/anthropic/serving.py
+//! (`message_stream_converter`) and api_router.py.
+//!
+//! Responses, streamed; every event has `type` (the SSE event name too) and `sequence_number`
+//! from 0:
+//!
+//! ```text
+//! response.created, response.in_progress     {response: status in_progress, output [], usage null}
+//! reasoning=N:  response.output_item.added   {item: {type reasoning, id, summary [],
+//!                                             status in_progress}}
+//!               response.reasoning_part.added {part: {type reasoning_text, text ""}}
+//!               response.reasoning_text.delta* {delta, item_id, output_index, content_index 0}
+//!               response.reasoning_text.done, response.reasoning_part.done,
+//!               response.output_item.done
+//! answer:       response.output_item.added   {item: {type message, role assistant,
+//!                                             content [], status in_progress}}
+//!               response.content_part.added  {part: {type output_text, text "",
+//!                                             annotations [], logprobs []}}
+//!               response.output_text.delta*  {delta, item_id, output_index, content_index 0,
+//!                                             logprobs}
+//!               response.output_text.done {text, logprobs []}, response.content_part.done,
+//!               response.output_item.done    {item: the message, its output_text with all
+//!                                             logprobs}
+//! tool_call:    per call response.output_item.added {item: {type function_call, id, call_id, name,
+//!               arguments "", status in_progress}}, response.function_call_arguments.delta*
+//!               {delta, item_id, output_index}, response.function_call_arguments.done {arguments,
+//!               name}, response.output_item.done
+//! end:          response.completed {response: status completed, or incomplete with
+//!               incomplete_details.reason max_output_tokens (finish=length) / content_filter;
+//!               output (the done items); usage {input_tokens, input_tokens_details.cached_tokens,
+//!               output_tokens, output_tokens_details.reasoning_tokens, total_tokens}}
+//! ```
+//!
+//! `logprobs` entries (`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`, as
+//! chat's) come only when `include` has `"message.output_text.logprobs"` (vLLM's condition),
+//! with `top_logprobs` alternatives, unless `no_logprobs=1`; reasoning deltas carry none.
+//! (Older vLLM opened a reasoning item with `response.content_part.added` of a
+//! `reasoning_text` part instead of `response.reasoning_part.added`.) `error_event` writes
+//! `event: error` `{type: error, code: "<code>", message, param: null, sequence_number}` (with
+//! `failed=1`: `response.failed` with `response.status: failed`, `response.error: {code,
+//! message}`) and ends the body; vLLM itself, on an error mid-stream, fails to serialize chat's
+//! error object and cuts the stream with no terminal event, which `die` plays. Batch: one
+//! Response object (`output`: reasoning, message, function_call items). `status` and batch
+//! errors: chat's OpenAI error JSON.
+//!
+//! Messages, streamed (each event's `type` first, and its SSE event name):
+//!
+//! ```text
+//! message_start {message: {id, type message, role assistant, content [], model, stop_reason null,
+//!               stop_sequence null, usage {input_tokens, output_tokens 0}}}
+//! ping          only with ping=1 (Anthropic's API sends one; vLLM does not)
+//! reasoning=N:  content_block_start {index, content_block {type thinking, thinking ""}},
+//!               content_block_delta* {delta {type thinking_delta, thinking}},
+//!               content_block_delta {delta {type signature_delta, signature}}, content_block_stop
+//! answer:       content_block_start {content_block {type text, text ""}},
+//!               content_block_delta* {delta {type text_delta, text}}, content_block_stop
+//! tool_call:    per call content_block_start {content_block {type tool_use, id, name, input {}}},
+//!               content_block_delta* {delta {type input_json_delta, partial_json}},
+//!               content_block_stop
+//! end:          message_delta {delta {stop_reason end_turn|max_tokens|tool_use (null for other
+//!               finishes, as vLLM maps them), stop_sequence null}, usage {input_tokens,
+//!               output_tokens}}, message_stop
+//! ```
+//!
+//! `error_event` writes `event: error` `{type: error, error: {type, message}}` and ends the body
+//! without `message_stop`, as vLLM does; the error `type` is Anthropic's for `code=`
+//! (invalid_request_error 400, authentication_error 401, permission_error 403,
+//! not_found_error 404, rate_limit_error 429, overloaded_error 503/529, api_error other 5xx).
+//! Batch: one Message object (`content`: thinking with its signature, text, tool_use with
+//! `input` the parsed arguments, or the string where `args=` is not JSON). `status` and batch
+//! errors: `{type: error, error: {type, message}}` with that type. No logprobs.
+//!
 //! # Log
 //!
 //! With `--log FILE`, JSON Lines appended (and flushed) per request: at the start of a
-//! completions request `{"seq","event":"started","method","path","headers","body","script"}`,
-//! and when any request ends `{"seq","method","path","headers","body","script","tokens_sent",
-//! "outcome","elapsed_ms","cancelled_after_ms"}` (plus `"error"` when the directive was
-//! refused); see [`Outcome`] for the outcomes. `headers` maps lower-cased names to values
-//! (repeats joined with `, `), `body` is the request JSON or null, `script` is null outside the
-//! completion routes, and `tokens_sent` counts content tokens plus tool-call deltas. Times are
-//! milliseconds (three decimals) from the moment the request was fully read. Every line also
-//! has `"conn"`, the 1-based number of the connection the request came on (in accept order),
-//! and `"conn_request"`, the request's 1-based place on that connection.
+//! scripted request (chat, completions, responses, messages)
+//! `{"seq","event":"started","method","path","headers","body","script"}`, and when any request
+//! ends `{"seq","method","path","headers","body","script","tokens_sent","outcome","elapsed_ms",
+//! "cancelled_after_ms"}` (plus `"error"` when the directive was refused); see [`Outcome`] for
+//! the outcomes. `headers` maps lower-cased names to values (repeats joined with `, `; every
+//! header, so `authorization`, `x-api-key`, `anthropic-version` and `anthropic-beta` are there
+//! when sent), `path` tells the routes apart, `body` is the request JSON or null, `script` is
+//! null outside the scripted routes, and `tokens_sent` counts content tokens plus tool-call
+//! deltas. Times are milliseconds (three decimals) from the moment the request was fully read.
+//! Every line also has `"conn"`, the 1-based number of the connection the request came on (in
+//! accept order), and `"conn_request"`, the request's 1-based place on that connection.
 //!
 //! While a response is being written the read half of the socket is watched: a peer that closes
 //! (or a write that fails) cancels the request at once, also during pacing sleeps and stalls, so
