@@ -28,7 +28,9 @@
 //!
 //! Routes: `GET /v1/models`; `POST /v1/embeddings` (a 4-dimensional embedding per input, made
 //! from its text; 400 without `input`); `POST /v1/chat/completions` and `POST /v1/completions`, streamed
-//! (`"stream": true`, SSE) or batch (one JSON body built from the same script); anything else
+//! (`"stream": true`, SSE) or batch (one JSON body built from the same script); `POST
+//! /v1/responses` (OpenAI's Responses API) and `POST /v1/messages` (Anthropic's Messages API)
+//! in vLLM's shapes, streamed or batch (see [Native surfaces](#native-surfaces)); anything else
 //! is a 404 with an OpenAI-style JSON error. Streamed bodies use `--framing` (default
 //! `chunked`, one HTTP chunk per SSE event as uvicorn/vLLM do; `close`: no length, the body ends
 //! at connection close, as some llama.cpp builds do).
@@ -36,8 +38,12 @@
 //! # Scripts
 //!
 //! The request's text (chat: the last message's `content`, a string or `{type:"text"}` parts,
-//! trailing system messages without a directive skipped; completions: `prompt`) selects a
-//! script with a directive; without one the script is `normal`:
+//! trailing system messages without a directive skipped; completions: `prompt`; Responses:
+//! `input` as a string, or its last item, trailing system / developer messages without a
+//! directive skipped: a message's `content` string or `input_text` parts, a
+//! `function_call_output`'s `output`; Messages: the last message's `content`, a string or its
+//! `text` blocks and `tool_result` blocks' content) selects a script with a directive; without
+//! one the script is `normal`:
 //!
 //! ```text
 //! [[script:NAME key=value key="value with spaces" ...]]
@@ -88,18 +94,110 @@
 //! An unknown script or key, or a bad value, gets a 400 whose message says what was wrong, so a
 //! typo in a test fails loudly instead of running the default script.
 //!
+//! # Native surfaces
+//!
+//! `/v1/responses` and `/v1/messages` run the same scripts with the same keys (`tokens`,
+//! `pace_ms`, `first_ms`, `per_chunk`, `align`, `words`, `reasoning` (a reasoning item /
+//! thinking block before the answer), `finish`, `framing`, `drop_reused`, `no_logprobs`,
+//! `token_ids`, `neginf_at`, `low_at`; `tool_call` with `name`, `args`, `args_chunks`,
+//! `calls`, `needs_tool` (the request's flat `tools[].name`) and `die`; `error_event`,
+//! `garbage`, `stall`, `die`, `status`, `slow_head`, `bench`); `llama_error` is a 400, and
+//! chat's `name_every`, `object`, `n`, continuations do not apply. Each delta event is one
+//! step (one HTTP chunk per event); a step of `per_chunk` tokens is one delta; the tool-call
+//! header and each arguments piece count as a token, as in chat. Ids are deterministic, not
+//! vLLM's random ones: items `item_<seq>_<output_index>`, calls `call_<seq>_<call>` (chat's
+//! tool-call id), responses `resp_<seq>`, messages `chatcmpl-<seq>` (vLLM's Messages answer
+//! carries its chat completion's id), thinking signatures `sig_<seq>_<index>`. JSON keys are
+//! in alphabetical order as vLLM's pydantic dumps of the OpenAI types have them (`type` first
+//! in Messages events). The shapes follow vLLM main at commit 0001948b:
+//! vllm/entrypoints/openai/responses/serving.py (`responses_stream_generator`),
+//! streaming_events.py (01e4fce0, `SimpleStreamingEventProcessor`), api_router.py (SSE as
+//! `event: <type>` + `data:`, no `[DONE]`), and vllm/entrypoints/anthropic/serving.py
+//! (`message_stream_converter`) and api_router.py.
+//!
+//! Responses, streamed; every event has `type` (the SSE event name too) and `sequence_number`
+//! from 0:
+//!
+//! ```text
+//! response.created, response.in_progress     {response: status in_progress, output [], usage null}
+//! reasoning=N:  response.output_item.added   {item: {type reasoning, id, summary [],
+//!                                             status in_progress}}
+//!               response.reasoning_part.added {part: {type reasoning_text, text ""}}
+//!               response.reasoning_text.delta* {delta, item_id, output_index, content_index 0}
+//!               response.reasoning_text.done, response.reasoning_part.done,
+//!               response.output_item.done
+//! answer:       response.output_item.added   {item: {type message, role assistant,
+//!                                             content [], status in_progress}}
+//!               response.content_part.added  {part: {type output_text, text "",
+//!                                             annotations [], logprobs []}}
+//!               response.output_text.delta*  {delta, item_id, output_index, content_index 0,
+//!                                             logprobs}
+//!               response.output_text.done {text, logprobs []}, response.content_part.done,
+//!               response.output_item.done    {item: the message, its output_text with all
+//!                                             logprobs}
+//! tool_call:    per call response.output_item.added {item: {type function_call, id, call_id, name,
+//!               arguments "", status in_progress}}, response.function_call_arguments.delta*
+//!               {delta, item_id, output_index}, response.function_call_arguments.done {arguments,
+//!               name}, response.output_item.done
+//! end:          response.completed {response: status completed, or incomplete with
+//!               incomplete_details.reason max_output_tokens (finish=length) / content_filter;
+//!               output (the done items); usage {input_tokens, input_tokens_details.cached_tokens,
+//!               output_tokens, output_tokens_details.reasoning_tokens, total_tokens}}
+//! ```
+//!
+//! `logprobs` entries (`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`, as
+//! chat's) come only when `include` has `"message.output_text.logprobs"` (vLLM's condition),
+//! with `top_logprobs` alternatives, unless `no_logprobs=1`; reasoning deltas carry none.
+//! (Older vLLM opened a reasoning item with `response.content_part.added` of a
+//! `reasoning_text` part instead of `response.reasoning_part.added`.) `error_event` writes
+//! `event: error` `{type: error, code: "<code>", message, param: null, sequence_number}` (with
+//! `failed=1`: `response.failed` with `response.status: failed`, `response.error: {code,
+//! message}`) and ends the body; vLLM itself, on an error mid-stream, fails to serialize chat's
+//! error object and cuts the stream with no terminal event, which `die` plays. Batch: one
+//! Response object (`output`: reasoning, message, function_call items). `status` and batch
+//! errors: chat's OpenAI error JSON.
+//!
+//! Messages, streamed (each event's `type` first, and its SSE event name):
+//!
+//! ```text
+//! message_start {message: {id, type message, role assistant, content [], model, stop_reason null,
+//!               stop_sequence null, usage {input_tokens, output_tokens 0}}}
+//! ping          only with ping=1 (Anthropic's API sends one; vLLM does not)
+//! reasoning=N:  content_block_start {index, content_block {type thinking, thinking ""}},
+//!               content_block_delta* {delta {type thinking_delta, thinking}},
+//!               content_block_delta {delta {type signature_delta, signature}}, content_block_stop
+//! answer:       content_block_start {content_block {type text, text ""}},
+//!               content_block_delta* {delta {type text_delta, text}}, content_block_stop
+//! tool_call:    per call content_block_start {content_block {type tool_use, id, name, input {}}},
+//!               content_block_delta* {delta {type input_json_delta, partial_json}},
+//!               content_block_stop
+//! end:          message_delta {delta {stop_reason end_turn|max_tokens|tool_use (null for other
+//!               finishes, as vLLM maps them), stop_sequence null}, usage {input_tokens,
+//!               output_tokens}}, message_stop
+//! ```
+//!
+//! `error_event` writes `event: error` `{type: error, error: {type, message}}` and ends the body
+//! without `message_stop`, as vLLM does; the error `type` is Anthropic's for `code=`
+//! (invalid_request_error 400, authentication_error 401, permission_error 403,
+//! not_found_error 404, rate_limit_error 429, overloaded_error 503/529, api_error other 5xx).
+//! Batch: one Message object (`content`: thinking with its signature, text, tool_use with
+//! `input` the parsed arguments, or the string where `args=` is not JSON). `status` and batch
+//! errors: `{type: error, error: {type, message}}` with that type. No logprobs.
+//!
 //! # Log
 //!
 //! With `--log FILE`, JSON Lines appended (and flushed) per request: at the start of a
-//! completions request `{"seq","event":"started","method","path","headers","body","script"}`,
-//! and when any request ends `{"seq","method","path","headers","body","script","tokens_sent",
-//! "outcome","elapsed_ms","cancelled_after_ms"}` (plus `"error"` when the directive was
-//! refused); see [`Outcome`] for the outcomes. `headers` maps lower-cased names to values
-//! (repeats joined with `, `), `body` is the request JSON or null, `script` is null outside the
-//! completion routes, and `tokens_sent` counts content tokens plus tool-call deltas. Times are
-//! milliseconds (three decimals) from the moment the request was fully read. Every line also
-//! has `"conn"`, the 1-based number of the connection the request came on (in accept order),
-//! and `"conn_request"`, the request's 1-based place on that connection.
+//! scripted request (chat, completions, responses, messages)
+//! `{"seq","event":"started","method","path","headers","body","script"}`, and when any request
+//! ends `{"seq","method","path","headers","body","script","tokens_sent","outcome","elapsed_ms",
+//! "cancelled_after_ms"}` (plus `"error"` when the directive was refused); see [`Outcome`] for
+//! the outcomes. `headers` maps lower-cased names to values (repeats joined with `, `; every
+//! header, so `authorization`, `x-api-key`, `anthropic-version` and `anthropic-beta` are there
+//! when sent), `path` tells the routes apart, `body` is the request JSON or null, `script` is
+//! null outside the scripted routes, and `tokens_sent` counts content tokens plus tool-call
+//! deltas. Times are milliseconds (three decimals) from the moment the request was fully read.
+//! Every line also has `"conn"`, the 1-based number of the connection the request came on (in
+//! accept order), and `"conn_request"`, the request's 1-based place on that connection.
 //!
 //! While a response is being written the read half of the socket is watched: a peer that closes
 //! (or a write that fails) cancels the request at once, also during pacing sleeps and stalls, so
@@ -120,6 +218,16 @@ use std::{
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+#[path = "scripted-upstream/messages.rs"]
+mod messages;
+#[path = "scripted-upstream/native.rs"]
+mod native;
+#[cfg(test)]
+#[path = "scripted-upstream/native_tests.rs"]
+mod native_tests;
+#[path = "scripted-upstream/responses.rs"]
+mod responses;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -706,6 +814,8 @@ async fn handle_request(
     let endpoint = match (req.method.as_str(), route) {
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
         ("POST", "/v1/completions") => Endpoint::Completions,
+        ("POST", "/v1/responses") => Endpoint::Responses,
+        ("POST", "/v1/messages") => Endpoint::Messages,
         ("GET", "/v1/models") => {
             answer_whole(server, stream, entry, t0, 200, MODELS).await;
             return None;
@@ -917,6 +1027,10 @@ impl Out<'_> {
 enum Endpoint {
     Chat,
     Completions,
+    /// OpenAI's Responses API, in vLLM's shapes (`responses.rs`).
+    Responses,
+    /// Anthropic's Messages API, in vLLM's shapes (`messages.rs`).
+    Messages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -990,6 +1104,10 @@ struct Script {
     reasoning: usize,
     /// Tokens a continuation request gets (`resume=N`).
     resume: usize,
+    /// Messages: an `event: ping` right after `message_start`, as Anthropic's API sends one.
+    ping: bool,
+    /// Responses `error_event`: `response.failed` instead of an `error` event.
+    failed: bool,
 }
 
 /// The directive's `key=value` pairs; keys are removed as they are read so that whatever is
@@ -1127,6 +1245,7 @@ impl Script {
                 s.msg = k.take("msg")?;
                 if kind == Kind::ErrorEvent {
                     s.error_object = k.flag("object")?;
+                    s.failed = k.flag("failed")?;
                 }
                 if kind == Kind::Status {
                     s.retry_after = k.take("retry_after")?;
@@ -1177,6 +1296,7 @@ impl Script {
             drop_reused: k.flag("drop_reused")?,
             reasoning: k.count("reasoning", 0)?,
             resume: k.count("resume", 6)?,
+            ping: k.flag("ping")?,
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1197,6 +1317,7 @@ impl Script {
             retry_after: None,
             empty: false,
             head: Duration::ZERO,
+            failed: false,
         };
         s.read_kind_keys(&mut k)?;
         if !k.0.is_empty() {
@@ -1385,6 +1506,10 @@ enum Lp {
     Completions {
         k: usize,
     },
+    /// Responses `include: ["message.output_text.logprobs"]` with `top_logprobs` alternatives.
+    Responses {
+        top: usize,
+    },
 }
 
 /// Everything about one request that the script run needs.
@@ -1427,6 +1552,11 @@ impl Plan {
         if script.kind == Kind::ToolCall && endpoint == Endpoint::Completions {
             return Err("tool_call needs /v1/chat/completions".into());
         }
+        if matches!(script.kind, Kind::LlamaError)
+            && matches!(endpoint, Endpoint::Responses | Endpoint::Messages)
+        {
+            return Err("llama_error needs /v1/chat/completions or /v1/completions".into());
+        }
         if script.kind == Kind::ToolCall && script.needs_tool && !offers(body, &script.fn_name) {
             script.kind = Kind::Normal;
         }
@@ -1443,6 +1573,9 @@ impl Plan {
                     k: count_field(body, "logprobs"),
                 }
             }
+            Endpoint::Responses if responses::wants_logprobs(body) => Lp::Responses {
+                top: count_field(body, "top_logprobs"),
+            },
             _ => Lp::None,
         };
         let created = SystemTime::now()
@@ -1454,8 +1587,10 @@ impl Plan {
             framing: script.framing.unwrap_or(framing),
             seq,
             id: match endpoint {
-                Endpoint::Chat => format!("chatcmpl-{seq}"),
+                // vLLM's Messages answer is its chat completion's, id included.
+                Endpoint::Chat | Endpoint::Messages => format!("chatcmpl-{seq}"),
                 Endpoint::Completions => format!("cmpl-{seq}"),
+                Endpoint::Responses => format!("resp_{seq}"),
             },
             created,
             model: body
@@ -1479,6 +1614,8 @@ impl Plan {
             (Endpoint::Chat, true) => "chat.completion.chunk",
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Responses, _) => "response",
+            (Endpoint::Messages, _) => "message",
         }
     }
 
@@ -1494,6 +1631,15 @@ impl Plan {
         let completion = completion_tokens * self.n;
         json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                "total_tokens": self.prompt_tokens + completion})
+    }
+
+    /// An error answer's body in this surface's schema.
+    fn error_body(&self, code: u16) -> String {
+        let msg = self.error_message();
+        match self.endpoint {
+            Endpoint::Messages => messages::error_json(code, &msg),
+            _ => error_json(code, &msg),
+        }
     }
 
     fn error_message(&self) -> String {
@@ -1613,6 +1759,8 @@ fn request_text(endpoint: Endpoint, body: &Map<String, Value>) -> String {
             Some(Value::Array(a)) => joined(a.iter().filter_map(Value::as_str)),
             _ => String::new(),
         },
+        Endpoint::Responses => responses::request_text(body),
+        Endpoint::Messages => messages::request_text(body),
     }
 }
 
@@ -1669,42 +1817,67 @@ struct Tok {
     index: usize,
 }
 
+/// Tokens `range` of the script: their texts one after the other in `texts`, where each is in
+/// `toks`.
+fn load_tokens(s: &Script, range: Range<usize>, texts: &mut String, toks: &mut Vec<Tok>) {
+    texts.clear();
+    toks.clear();
+    for index in range {
+        let start = texts.len();
+        s.push_token(index, texts);
+        toks.push(Tok {
+            start,
+            end: texts.len(),
+            index,
+        });
+    }
+}
+
+/// The list of chat's (and Responses') logprob entries for `toks` (texts in `texts`), each with
+/// its `top` alternatives.
+fn write_entries(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], top: usize) {
+    s.push('[');
+    for (k, t) in toks.iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let text = &texts[t.start..t.end];
+        let named = p.script.token_name(t.index, text);
+        s.push_str(r#"{"token":"#);
+        esc(s, &named);
+        s.push_str(r#","logprob":"#);
+        float(s, p.script.class(t.index).logprob());
+        s.push_str(r#","bytes":"#);
+        utf8_bytes(s, &named);
+        s.push_str(r#","top_logprobs":["#);
+        for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
+            if j > 0 {
+                s.push(',');
+            }
+            s.push_str(r#"{"token":"#);
+            esc(s, alt);
+            s.push_str(r#","logprob":"#);
+            float(s, lp);
+            s.push_str(r#","bytes":"#);
+            utf8_bytes(s, alt);
+            s.push('}');
+        }
+        s.push_str("]}");
+    }
+    s.push(']');
+}
+
 /// The `logprobs` value for `toks` (texts in `texts`); `offset` is the completions
 /// `text_offset` of the first of them.
 fn write_logprobs(s: &mut String, p: &Plan, texts: &str, toks: &[Tok], offset: usize) {
     match p.lp {
         Lp::None => s.push_str("null"),
         Lp::Chat { top } => {
-            s.push_str(r#"{"content":["#);
-            for (k, t) in toks.iter().enumerate() {
-                if k > 0 {
-                    s.push(',');
-                }
-                let text = &texts[t.start..t.end];
-                let named = p.script.token_name(t.index, text);
-                s.push_str(r#"{"token":"#);
-                esc(s, &named);
-                s.push_str(r#","logprob":"#);
-                float(s, p.script.class(t.index).logprob());
-                s.push_str(r#","bytes":"#);
-                utf8_bytes(s, &named);
-                s.push_str(r#","top_logprobs":["#);
-                for (j, (alt, lp)) in p.script.alternatives(t.index, text, top).enumerate() {
-                    if j > 0 {
-                        s.push(',');
-                    }
-                    s.push_str(r#"{"token":"#);
-                    esc(s, alt);
-                    s.push_str(r#","logprob":"#);
-                    float(s, lp);
-                    s.push_str(r#","bytes":"#);
-                    utf8_bytes(s, alt);
-                    s.push('}');
-                }
-                s.push_str("]}");
-            }
-            s.push_str("]}");
+            s.push_str(r#"{"content":"#);
+            write_entries(s, p, texts, toks, top);
+            s.push('}');
         }
+        Lp::Responses { top } => write_entries(s, p, texts, toks, top),
         Lp::Completions { k } => {
             let list = |s: &mut String, f: &mut dyn FnMut(&mut String, &Tok, &str)| {
                 s.push('[');
@@ -1788,18 +1961,10 @@ impl<'p> Gen<'p> {
     }
 
     fn load_tokens(&mut self, range: Range<usize>) {
-        self.texts.clear();
-        self.toks.clear();
-        for index in range {
-            let start = self.texts.len();
-            self.p.script.push_token(index, &mut self.texts);
-            self.toks.push(Tok {
-                start,
-                end: self.texts.len(),
-                index,
-            });
-            self.next_index = index + 1;
+        if !range.is_empty() {
+            self.next_index = range.end;
         }
+        load_tokens(&self.p.script, range, &mut self.texts, &mut self.toks);
     }
 
     fn load_piece(&mut self, text: &str) {
@@ -1866,7 +2031,8 @@ impl<'p> Gen<'p> {
                 esc(&mut self.sse, &self.texts);
                 self.sse.push('}');
             }
-            Endpoint::Completions => {
+            // Completions: `Gen` writes only chat's and completions' chunks.
+            _ => {
                 self.sse.push_str(r#""text":"#);
                 esc(&mut self.sse, &self.texts);
             }
@@ -1908,7 +2074,7 @@ impl<'p> Gen<'p> {
                 self.delta_open(role);
                 self.sse.push('}');
             }
-            Endpoint::Completions => self.sse.push_str(r#""text":"""#),
+            _ => self.sse.push_str(r#""text":"""#),
         }
         self.sse.push_str(r#","logprobs":null"#);
         self.end(Some(self.p.finish_reason()));
@@ -2013,16 +2179,21 @@ async fn run(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<Outcome
         let body = if s.empty {
             String::new()
         } else {
-            error_json(s.code, &p.error_message())
+            p.error_body(s.code)
         };
         write_simple(&mut out.w, s.code, &body, &extra).await?;
         return Ok(Outcome::Status);
     }
     pause(s.head).await;
-    if p.stream {
-        run_stream(p, out, prog).await
-    } else {
-        run_batch(p, out, prog).await
+    match (p.stream, p.endpoint) {
+        (true, Endpoint::Responses) => {
+            native::run_stream(p, out, prog, &mut responses::Stream::new(p)).await
+        }
+        (true, Endpoint::Messages) => {
+            native::run_stream(p, out, prog, &mut messages::Stream::new(p)).await
+        }
+        (true, _) => run_stream(p, out, prog).await,
+        (false, _) => run_batch(p, out, prog).await,
     }
 }
 
@@ -2059,11 +2230,15 @@ async fn emit_content(
     Ok(())
 }
 
-/// Whether a chat request's `tools` offer a function named `name`.
+/// Whether a request's `tools` offer a function named `name` (chat's
+/// `{function: {name}}`, Responses' and Messages' flat `{name}`).
 fn offers(body: &Map<String, Value>, name: &str) -> bool {
     body.get("tools")
         .and_then(Value::as_array)
-        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == name))
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t["function"]["name"] == name || t["name"] == name)
+        })
 }
 
 /// The calls' arguments: `args=` for the first if given, else `TOOL_ARGS`.
@@ -2195,12 +2370,19 @@ async fn run_batch(p: &Plan, out: &mut Out<'_>, prog: &Progress) -> io::Result<O
         }
         Kind::Die => return Ok(Outcome::Died),
         Kind::ErrorEvent | Kind::LlamaError => {
-            let body = error_json(s.code, &p.error_message());
+            let body = p.error_body(s.code);
             write_simple(&mut out.w, s.code, &body, &[]).await?;
             return Ok(Outcome::Status);
         }
         Kind::Garbage => "{this is not json".to_owned(),
-        _ => batch_body(p, tool_calls, prog.tokens.load(Ordering::Relaxed)),
+        _ => {
+            let tokens = prog.tokens.load(Ordering::Relaxed);
+            match p.endpoint {
+                Endpoint::Responses => responses::batch_body(p, tokens),
+                Endpoint::Messages => messages::batch_body(p, tokens),
+                Endpoint::Chat | Endpoint::Completions => batch_body(p, tool_calls, tokens),
+            }
+        }
     };
     write_simple(&mut out.w, 200, &body, &[]).await?;
     prog.finished.store(true, Ordering::Relaxed);
@@ -2235,7 +2417,7 @@ fn batch_body(p: &Plan, tool_calls: Vec<Value>, completion_tokens: usize) -> Str
                 json!({"index": idx, "message": message, "logprobs": logprobs,
                        "finish_reason": finish})
             }
-            Endpoint::Completions => json!({"index": idx, "text": g.texts,
+            _ => json!({"index": idx, "text": g.texts,
                 "logprobs": logprobs, "finish_reason": finish}),
         })
         .collect();
