@@ -11,7 +11,7 @@ Usage (see --help):
     anthropic_client.py --base-url http://127.0.0.1:8080 --model builtin --prompt "rivers" \
         --mode stream --max-tokens 50 [--system TEXT] [--tools JSON|FILE] \
         [--tool-choice auto|any|none|tool:NAME|JSON] [--thinking-budget N] \
-        [--messages-json JSON|FILE] [--timeout SECONDS]
+        [--messages-json JSON|FILE] [--beta NAMES] [--timeout SECONDS]
     anthropic_client.py --base-url URL [common options] --turns JSON|FILE
 
 --base-url is haltd's root (no /v1): the SDK appends /v1/messages itself. The modes:
@@ -111,6 +111,8 @@ def parse_args(argv):
                    help='auto, any, none, tool:NAME, or a JSON object / file')
     p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
                    help='thinking={"type": "enabled", "budget_tokens": N}')
+    p.add_argument("--beta", default=None, metavar="NAMES",
+                   help="the anthropic-beta header (comma-separated beta features)")
     p.add_argument("--messages-json", default=None, metavar="JSON|FILE",
                    help="the whole messages array, in place of --prompt")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds, per request [30]")
@@ -192,6 +194,8 @@ class Turn:
             kw["tool_choice"] = a.tool_choice
         if a.thinking_budget is not None:
             kw["thinking"] = {"type": "enabled", "budget_tokens": a.thinking_budget}
+        if a.beta is not None:
+            kw["extra_headers"] = {"anthropic-beta": a.beta}
         return kw
 
     def take_response(self, response):

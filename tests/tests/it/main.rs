@@ -38,6 +38,7 @@ mod logs;
 mod messages;
 mod namespaces;
 mod ops_pack;
+mod passthrough;
 mod privileges;
 mod proxy;
 mod readiness;

@@ -41,7 +41,7 @@ mod circuit;
 mod errors;
 mod identity;
 mod llama;
-mod scripted;
+pub(crate) mod scripted;
 mod trips;
 
 pub(crate) const MESSAGES: &str = "/v1/messages";
@@ -145,6 +145,13 @@ pub(crate) fn in_messages_order(r: &Value, halted: bool) -> Result<()> {
 /// An SDK turn that ended normally with `stop_reason`: no exception, a message id naming the
 /// stream, usage with the output tokens, and (stream modes) the events in order.
 pub(crate) fn answered(r: &Value, stop_reason: &str) -> Result<()> {
+    answered_framed(r, stop_reason, true)
+}
+
+/// [`answered`]; `per_token` false: the text came without logprobs (a passed-through
+/// Messages stream), so it was framed per character and the frames are not the tokens that
+/// usage counts.
+pub(crate) fn answered_framed(r: &Value, stop_reason: &str, per_token: bool) -> Result<()> {
     ensure!(r["ok"] == true && r["exception"].is_null(), "{r}");
     ensure!(r["stop_reason"] == stop_reason, "stop_reason: {r}");
     ensure!(r["halt"].is_null(), "a halt object: {r}");
@@ -161,7 +168,7 @@ pub(crate) fn answered(r: &Value, stop_reason: &str) -> Result<()> {
         // server names the call in every delta) is a frame too, a `ping` the SDK drops.
         let frames = frames_seen(r) as u64;
         ensure!(
-            usage["output_tokens"].as_u64() >= Some(frames),
+            !per_token || usage["output_tokens"].as_u64() >= Some(frames),
             "{frames} frames, usage {usage}: {r}"
         );
     }

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 mod builtin;
 mod errors;
 mod fields;
-mod scripted;
+pub(crate) mod scripted;
 mod table;
 mod trips;
 
@@ -162,6 +162,13 @@ pub(crate) fn in_responses_order(r: &Value, halted: bool) -> Result<()> {
 /// the output tokens, and (stream modes) the events in order, one token frame per output
 /// token.
 pub(crate) fn answered(r: &Value, status: &str) -> Result<()> {
+    answered_framed(r, status, true)
+}
+
+/// [`answered`]; `per_token` false: some of the output came without logprobs (a
+/// passed-through function call's arguments), framed per character, so the frames are not
+/// the tokens that usage counts.
+pub(crate) fn answered_framed(r: &Value, status: &str, per_token: bool) -> Result<()> {
     ensure!(r["ok"] == true && r["exception"].is_null(), "{r}");
     ensure!(
         r["status"] == 200 && r["response_status"] == status,
@@ -186,7 +193,7 @@ pub(crate) fn answered(r: &Value, status: &str) -> Result<()> {
     if r["mode"] != "create" {
         in_responses_order(r, false)?;
         ensure!(
-            usage["output_tokens"] == r["frames"],
+            !per_token || usage["output_tokens"] == r["frames"],
             "{} frames, usage {usage}: {r}",
             r["frames"]
         );

@@ -8,7 +8,7 @@ use haltd_tests::rig::Rig;
 use serde_json::{json, Value};
 
 use super::{
-    access_lines_of, answered, frames_seen, lines_say_messages, paris, sdk, stream_id, turn,
+    access_lines_of, answered_framed, frames_seen, lines_say_messages, paris, sdk, stream_id, turn,
     WEATHER_TOOL,
 };
 use crate::UPSTREAM_BIN;
@@ -26,8 +26,10 @@ fn both_modes(args: &[&[&str]]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Text, a tool call and thinking, as the SDK assembled them.
-fn check_contents(r: &[Value]) -> Result<()> {
+/// Text, a tool call and thinking, as the SDK assembled them; `per_token`: one frame per
+/// token, as a backend with logprobs gives ([`answered_framed`]).
+pub(crate) fn check_contents(r: &[Value], per_token: bool) -> Result<()> {
+    let answered = |t: &Value, stop: &str| answered_framed(t, stop, per_token);
     for t in &r[0..2] {
         answered(t, "end_turn")?;
         ensure!(
@@ -53,7 +55,7 @@ fn check_contents(r: &[Value]) -> Result<()> {
             "{t}"
         );
         ensure!(t["text"] == "The quick", "{t}");
-        if t["mode"] != "create" {
+        if t["mode"] != "create" && per_token {
             // Two text frames, the call's header (the block's start), three pieces of input.
             ensure!(
                 frames_seen(t) == 6 && t["usage"]["output_tokens"] == 6,
@@ -99,9 +101,9 @@ fn tool_went_upstream_as_a_function(rig: &Rig, streamed: &Value) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn scripted_upstream_create_and_stream_with_tools_and_thinking_reach_the_sdk() -> Result<()> {
-    let rig = Rig::start(UPSTREAM_BIN, &["--log-format", "json"])?;
+/// The SDK turns [`check_contents`] judges: text, the length limit and a tool call in both
+/// modes, the tool call in the raw mode, thinking in both modes.
+pub(crate) fn sdk_turns() -> Vec<Vec<String>> {
     let tools: &[&str] = &[
         "--tools",
         WEATHER_TOOL,
@@ -123,8 +125,14 @@ fn scripted_upstream_create_and_stream_with_tools_and_thinking_reach_the_sdk() -
     raw.extend(turn(tools));
     turns.push(raw);
     turns.extend(both_modes(&[thinking]));
-    let r = sdk(&rig.haltd, &[], &turns)?;
-    check_contents(&r)?;
+    turns
+}
+
+#[test]
+fn scripted_upstream_create_and_stream_with_tools_and_thinking_reach_the_sdk() -> Result<()> {
+    let rig = Rig::start(UPSTREAM_BIN, &["--log-format", "json"])?;
+    let r = sdk(&rig.haltd, &[], &sdk_turns())?;
+    check_contents(&r, true)?;
 
     tool_went_upstream_as_a_function(&rig, &r[5])?;
 

@@ -3,8 +3,10 @@
 //! each a turn of the surface's official SDK through the scripted upstream, with the kernel
 //! gate on, is either governed (its turn record is written and agrees with what the client
 //! got: all of its tokens, or, tripped, τ plus at most B post-trip tokens; a tripped batch
-//! turn none) or refused (an HTTP error, no token). No cell is forwarded unpoliced. The
-//! native pass-through column waits for `--upstream-surfaces`.
+//! turn none) or refused (an HTTP error, no token). No cell is forwarded unpoliced. Messages
+//! and Responses cells come twice: translated to chat, and passed through to the scripted
+//! upstream's own surface (`--upstream-surfaces`, a haltd of its own); chat has nothing to
+//! pass through.
 
 use std::fmt::Write as _;
 
@@ -17,6 +19,15 @@ use crate::{
     messages::{self, tripping_on, Trips, WEATHER_TOOL},
     UPSTREAM_BIN,
 };
+
+/// The surfaces, each translated (`false`) and, where a backend can serve it, passed through.
+const GROUPS: [(Surface, bool); 5] = [
+    (Surface::Chat, false),
+    (Surface::Messages, false),
+    (Surface::Responses, false),
+    (Surface::Messages, true),
+    (Surface::Responses, true),
+];
 
 /// The budget of the tripped cells.
 const B: u64 = 5;
@@ -41,6 +52,8 @@ enum Content {
 #[derive(Clone, Copy, Debug)]
 struct Cell {
     surface: Surface,
+    /// Passed through to the backend's own surface, not translated.
+    passed: bool,
     stream: bool,
     content: Content,
     tripped: bool,
@@ -49,12 +62,13 @@ struct Cell {
 impl Cell {
     fn all() -> Vec<Cell> {
         let mut out = Vec::new();
-        for surface in [Surface::Chat, Surface::Messages, Surface::Responses] {
+        for (surface, passed) in GROUPS {
             for stream in [true, false] {
                 for content in [Content::Text, Content::Tool, Content::Reasoning] {
                     for tripped in [false, true] {
                         out.push(Cell {
                             surface,
+                            passed,
                             stream,
                             content,
                             tripped,
@@ -260,34 +274,43 @@ fn judge(rig: &Rig, cell: Cell, r: &Value, trips: &Trips) -> Result<&'static str
 
 #[test]
 fn every_cell_of_every_surface_is_governed_or_refused() -> Result<()> {
-    let rig = Rig::start(UPSTREAM_BIN, &["--budget", &B.to_string()])?;
+    let budget = B.to_string();
+    let translating = Rig::start(UPSTREAM_BIN, &["--budget", &budget])?;
+    let mut args = vec!["--budget", budget.as_str()];
+    args.extend_from_slice(&crate::passthrough::PASS_THROUGH);
+    let passing = Rig::start(UPSTREAM_BIN, &args)?;
     let cells = Cell::all();
     let mut table = String::new();
     let mut failures = Vec::new();
-    for surface in [Surface::Chat, Surface::Messages, Surface::Responses] {
+    for (surface, passed) in GROUPS {
+        let rig = if passed { &passing } else { &translating };
         let of = |tripped: bool| -> Vec<Cell> {
             cells
                 .iter()
                 .copied()
-                .filter(|c| c.surface == surface && c.tripped == tripped)
+                .filter(|c| c.surface == surface && c.passed == passed && c.tripped == tripped)
                 .collect()
         };
         let normal = of(false);
-        let r = run(&rig, surface, &normal)?;
+        let r = run(rig, surface, &normal)?;
         let tripped = of(true);
         let endpoint = match surface {
             Surface::Chat => "chat",
             Surface::Messages => "messages",
             Surface::Responses => "responses",
         };
-        let (rt, trips) =
-            tripping_on(&rig.haltd, &[endpoint], AT, || run(&rig, surface, &tripped))?;
+        let (rt, trips) = tripping_on(&rig.haltd, &[endpoint], AT, || run(rig, surface, &tripped))?;
         for (cell, r) in normal.iter().zip(&r).chain(tripped.iter().zip(&rt)) {
-            let verdict = judge(&rig, *cell, r, &trips);
+            let verdict = judge(rig, *cell, r, &trips);
             let _ = writeln!(
                 table,
-                "{:?} {} {:?} {}: {}",
+                "{:?} {} {} {:?} {}: {}",
                 cell.surface,
+                if cell.passed {
+                    "pass-through"
+                } else {
+                    "translated"
+                },
                 if cell.stream { "stream" } else { "batch" },
                 cell.content,
                 if cell.tripped { "tripped" } else { "normal" },
@@ -301,7 +324,7 @@ fn every_cell_of_every_surface_is_governed_or_refused() -> Result<()> {
             }
         }
     }
-    println!("governed or refused, by translation, B = {B}:\n{table}");
+    println!("governed or refused, B = {B}:\n{table}");
     if !failures.is_empty() {
         bail!(
             "{} cells neither governed nor refused:\n{table}",

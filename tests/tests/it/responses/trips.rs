@@ -7,6 +7,8 @@
 //! post-trip tokens; exactly that many token frames (deltas and function calls' headers)
 //! after the trip index, `usage.output_tokens` their sum; the flight recorder's turn record
 //! and the kernel's verdicts agree (every halted end passed by its nonce, no frame dropped).
+//! The same, with the turns passed through to the scripted upstream's own `/v1/responses`
+//! (`--upstream-surfaces`).
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::rig::Rig;
@@ -130,8 +132,11 @@ fn check_trip(rig: &Rig, what: &str, r: &Value, b: u64) -> Result<()> {
 
 /// The turns at budget `b`, tripped; then the kernel's verdicts: every halted end passed by
 /// its nonce, nothing dropped (userspace kept to B).
-fn trips_at(b: u64) -> Result<Vec<Value>> {
-    let rig = Rig::start(UPSTREAM_BIN, &["--budget", &b.to_string()])?;
+fn trips_at(b: u64, extra: &[&str]) -> Result<Vec<Value>> {
+    let budget = b.to_string();
+    let mut args = vec!["--budget", budget.as_str()];
+    args.extend_from_slice(extra);
+    let rig = Rig::start(UPSTREAM_BIN, &args)?;
     let turns = turns(b);
     let args: Vec<Vec<String>> = turns.iter().map(|(_, a)| a.clone()).collect();
     let before = verdicts(&rig.haltd)?;
@@ -168,12 +173,26 @@ fn trips_at(b: u64) -> Result<Vec<Value>> {
 #[test]
 fn trips_mid_text_arguments_and_reasoning_end_the_sdk_stream_within_b() -> Result<()> {
     for b in [5, 0] {
-        let r = trips_at(b)?;
+        let r = trips_at(b, &[])?;
         // The docs quote a halted stream as the SDK sees it.
         println!("responses trip, B = {b}, mid-text: {}", r[0]);
         println!("responses trip, B = {b}, mid-arguments: {}", r[1]);
         println!("responses trip, B = {b}, the SDK's helper: {}", r[3]);
         println!("responses trip, B = {b}, a token a millisecond: {}", r[4]);
+    }
+    Ok(())
+}
+
+#[test]
+fn trips_of_a_passed_through_stream_end_the_sdk_stream_within_b() -> Result<()> {
+    // The backend's own Responses events, parsed and governed: the same ends as by
+    // translation.
+    for b in [5, 0] {
+        let r = trips_at(b, &crate::passthrough::PASS_THROUGH)?;
+        println!(
+            "responses trip by pass-through, B = {b}, mid-text: {}",
+            r[0]
+        );
     }
     Ok(())
 }
