@@ -159,8 +159,11 @@ impl NativeReader {
         Ok(Parsed::Chunk)
     }
 
+    /// The finish reason of a terminal event. vLLM ends a Response cut by its length with
+    /// `response.completed` whose `status` is `incomplete`: the status decides, not the name.
     fn responses_finish(&self, kind: &str, r: &Value) -> FinishReason {
-        if kind == "response.completed" {
+        let incomplete = kind == "response.incomplete" || r["status"] == "incomplete";
+        if !incomplete {
             return if self.calls.is_empty() {
                 FinishReason::Stop
             } else {

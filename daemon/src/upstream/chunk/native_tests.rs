@@ -124,6 +124,12 @@ fn responses_ends_errors_and_refusals() {
     let (c, ended) = chunks(UpstreamSurface::Responses, &[incomplete]);
     assert!(ended);
     assert_eq!(c[0].finish_reason, Some(FinishReason::Length));
+    // vLLM: `response.completed` with the status `incomplete`.
+    let vllm = json!({"type": "response.completed", "response": {"status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"}, "usage": {"input_tokens": 1, "output_tokens": 4}}});
+    let (c, ended) = chunks(UpstreamSurface::Responses, &[vllm]);
+    assert!(ended);
+    assert_eq!(c[0].finish_reason, Some(FinishReason::Length));
     let failed = json!({"type": "response.failed", "response": {"status": "failed",
         "error": {"code": "server_error", "message": "engine died"}}});
     let error = json!({"type": "error", "code": "429", "message": "slow down"});
