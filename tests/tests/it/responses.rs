@@ -20,8 +20,14 @@
 //!   field, `previous_response_not_supported`, the upstream's 429, a failure mid-stream);
 //! - `fields`: the table of request fields names every field of the pinned SDK's
 //!   `ResponseCreateParams`, and no other;
+//! - `llama`: llama.cpp's real server behind haltd (by translation), streamed and not, with
+//!   and without a tool, and a trip;
 //! - `table`: "governed or refused": every cell of surface × {stream, batch} × {text, tool
-//!   call, reasoning} × {normal, tripped}, chat and Messages beside Responses.
+//!   call, reasoning} × {normal, tripped} × {translated, passed through}, chat and Messages
+//!   beside Responses.
+//!
+//! Trips by native pass-through (`--upstream-surfaces`) are in `trips` too; the rest of
+//! pass-through in the `passthrough` topic.
 
 use anyhow::{bail, ensure, Context, Result};
 use haltd_tests::{openai_responses_turns, Haltd};
@@ -30,6 +36,7 @@ use serde_json::{json, Value};
 mod builtin;
 mod errors;
 mod fields;
+mod llama;
 pub(crate) mod scripted;
 mod table;
 mod trips;
