@@ -45,6 +45,8 @@ fn a_fail_closed_budget_is_answered_without_the_model() {
     let (r, _) = apply("PermissionError: denied");
     let e = r.expect_err("answered by haltd");
     assert_eq!((e.status, e.code), (409, Some("TOOL_CIRCUIT_OPEN")));
+    // The SDKs retry a 409 unless told not to: a retry would get the same answer.
+    assert!(e.no_retry);
     assert!(e.message.contains("`search`"), "{}", e.message);
     let (name, artifact) = e.detail.expect("the artifact");
     assert_eq!(name, "tool_circuit");
