@@ -1,5 +1,5 @@
-//! Real clients run in a namespace: curl and the official OpenAI and Anthropic Python SDKs
-//! (chat, completions and the Responses API; the Messages API).
+//! Real clients run in a namespace: curl, the official OpenAI and Anthropic Python SDKs
+//! (chat, completions and the Responses API; the Messages API) and the OpenAI Agents SDK.
 
 use std::{env, path::Path, process::Command};
 
@@ -66,6 +66,21 @@ pub fn openai_responses_turns<T: AsRef<str>>(
     turns: &[Vec<T>],
 ) -> Result<Vec<Value>> {
     python_turns(ns, "openai_responses.py", args, turns)
+}
+
+/// Runs agent loops of the OpenAI Agents SDK (`tests/py/openai_agents_loop.py`: an
+/// `agents.Agent` with `function_tool`s whose results a scenario scripts, over haltd's
+/// Responses API with the SDK's default Responses model) in one process, in namespace `ns`, as
+/// [`openai_responses_turns`] runs turns: `args` common to every run (`--base-url` is haltd's
+/// `/v1`), `runs[i]` run i's own. Returns one JSON line per run, in order; the line's keys are
+/// listed in the script's docstring, e.g. `requests`, `responses`, `tools_executed`,
+/// `final_output`, `exception`.
+pub fn openai_agents_runs<T: AsRef<str>>(
+    ns: &str,
+    args: &[&str],
+    runs: &[Vec<T>],
+) -> Result<Vec<Value>> {
+    python_turns(ns, "openai_agents_loop.py", args, runs)
 }
 
 /// Runs `script` of `tests/py` (a client that takes `--turns`) with `args` and `turns`;

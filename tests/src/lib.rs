@@ -21,8 +21,9 @@
 //! - [`api`]: the API client over plain HTTP or TLS ([`api::Transport`]), for the halt tests
 //!   that run over both;
 //! - [`http`]: the ureq client, admin trips; [`raw_http`]: hand-written HTTP/1.1 exchanges;
-//! - [`sse`]: the SSE client; [`clients`]: curl and the official OpenAI and Anthropic SDKs;
-//!   [`circuit_loops`]: spec 002's tool-call loops with and without haltd;
+//! - [`sse`]: the SSE client; [`clients`]: curl, the official OpenAI and Anthropic SDKs and
+//!   the OpenAI Agents SDK; [`circuit_loops`]: spec 002's tool-call loops with and without
+//!   haltd;
 //! - [`metrics`]: the strict exposition parser; [`ledger`]: reading and verifying the ledger;
 //! - [`gate`]: the kernel gate loaded in the test process, cgroups, socket options;
 //! - [`adversary`]: the raw adversarial sender; [`slow_reader`]: a client that reads slowly
@@ -67,8 +68,8 @@ pub mod upstream;
 
 pub use api::{ApiClient, Transport};
 pub use clients::{
-    anthropic_client, anthropic_turns, curl, openai_agent, openai_responses_turns, openai_sdk,
-    openai_sdk_keepalive,
+    anthropic_client, anthropic_turns, curl, openai_agent, openai_agents_runs,
+    openai_responses_turns, openai_sdk, openai_sdk_keepalive,
 };
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,

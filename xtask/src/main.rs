@@ -3,10 +3,10 @@
 //! Every task that builds or runs something first runs `setup`, which is idempotent: it checks
 //! what is present and installs only what is missing, so `cargo xtask run` and
 //! `cargo xtask test` work on a fresh Debian machine with rustup (stable + nightly). Setup also
-//! keeps a Python virtual environment with the official `openai` SDK at
-//! `~/.local/share/haltd/venv`, which the integration tests use as a real client; `setup` and
-//! `test` also put llama.cpp's OpenAI server (`llama-cpp-python`, pinned) in that venv and make
-//! the tiny model it serves, the tests' real inference server.
+//! keeps a Python virtual environment with the official `openai` and `anthropic` SDKs and the
+//! OpenAI Agents SDK at `~/.local/share/haltd/venv`, which the integration tests use as real
+//! clients; `setup` and `test` also put llama.cpp's OpenAI server (`llama-cpp-python`, pinned)
+//! in that venv and make the tiny model it serves, the tests' real inference server.
 //!
 //! Nested cargo runs inherit stdio, so their progress shows as it happens.
 

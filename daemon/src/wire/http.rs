@@ -98,6 +98,9 @@ pub struct HttpError {
     pub allow: Option<&'static str>,
     /// For a 503 worth retrying soon: the `retry-after` header, in seconds.
     pub retry_after: Option<&'static str>,
+    /// `x-should-retry: false`: the same request gets the same answer (TokenCircuit's 409),
+    /// and the OpenAI and Anthropic SDKs, which retry a 409 by default, read this header.
+    pub no_retry: bool,
     /// An extra member of the error object (TokenCircuit's `tool_circuit` artifact).
     pub detail: Option<(&'static str, Box<serde_json::Value>)>,
 }
@@ -111,6 +114,7 @@ impl HttpError {
             message: message.into(),
             allow: None,
             retry_after: None,
+            no_retry: false,
             detail: None,
         }
     }
@@ -137,6 +141,12 @@ impl HttpError {
     /// Says `retry-after: SECONDS`.
     pub fn with_retry_after(mut self, seconds: &'static str) -> Self {
         self.retry_after = Some(seconds);
+        self
+    }
+
+    /// Says `x-should-retry: false` (see [`HttpError::no_retry`]).
+    pub fn without_retry(mut self) -> Self {
+        self.no_retry = true;
         self
     }
 
@@ -647,9 +657,10 @@ pub fn write_error_response(
     let extra = [
         ("allow", err.allow),
         ("retry-after", err.retry_after),
+        ("x-should-retry", err.no_retry.then_some("false")),
         ("x-request-id", request_id),
     ];
-    let mut headers = [("", ""); 3];
+    let mut headers = [("", ""); 4];
     let mut n = 0;
     for (name, value) in extra {
         if let Some(value) = value {

@@ -24,7 +24,12 @@
 //!   and without a tool, and a trip;
 //! - `table`: "governed or refused": every cell of surface × {stream, batch} × {text, tool
 //!   call, reasoning} × {normal, tripped} × {translated, passed through}, chat and Messages
-//!   beside Responses.
+//!   beside Responses;
+//! - `agents`: TokenCircuit on the surface, spec 002's five cases as agent loops of the
+//!   OpenAI Agents SDK (`tests/py/openai_agents_loop.py`, its default Responses model):
+//!   `function_call` and `function_call_output` items judged as chat's tool calls and
+//!   results, a forbidden call halted before any of it reaches the SDK, an exhausted budget
+//!   answered without the model or forwarded without the tool.
 //!
 //! Trips by native pass-through (`--upstream-surfaces`) are in `trips` too; the rest of
 //! pass-through in the `passthrough` topic.
@@ -33,6 +38,7 @@ use anyhow::{bail, ensure, Context, Result};
 use haltd_tests::{openai_responses_turns, Haltd};
 use serde_json::{json, Value};
 
+mod agents;
 mod builtin;
 mod errors;
 mod fields;

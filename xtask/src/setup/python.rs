@@ -1,5 +1,6 @@
-//! A Python virtual environment with the official `openai` and `anthropic` SDKs, the
-//! integration tests' real clients (`tests/py/openai_client.py`, `tests/py/anthropic_client.py`).
+//! A Python virtual environment with the official `openai` and `anthropic` SDKs and the OpenAI
+//! Agents SDK, the integration tests' real clients (`tests/py/openai_client.py`,
+//! `tests/py/anthropic_client.py`, `tests/py/openai_agents_loop.py`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,9 +12,35 @@ use crate::{
     util::{capture, run},
 };
 
-/// The official SDKs in the test venv, pinned (known to work here), as (PyPI package, version).
-/// Each package imports under its own name and has a `__version__`.
-const PINNED_SDKS: [(&str, &str); 2] = [("openai", "3.57.0"), ("anthropic", "2.17.0")];
+/// An SDK of the test venv, pinned at a version known to work here.
+#[derive(Debug, Clone, Copy)]
+struct Sdk {
+    /// Its PyPI package.
+    package: &'static str,
+    /// The module it imports as (`openai-agents` imports as `agents`).
+    import: &'static str,
+    version: &'static str,
+}
+
+/// The official SDKs in the test venv. The Agents SDK depends on `openai`: its pin is one that
+/// works with `openai`'s.
+const PINNED_SDKS: [Sdk; 3] = [
+    Sdk {
+        package: "openai",
+        import: "openai",
+        version: "3.57.0",
+    },
+    Sdk {
+        package: "anthropic",
+        import: "anthropic",
+        version: "2.17.0",
+    },
+    Sdk {
+        package: "openai-agents",
+        import: "agents",
+        version: "0.24.0",
+    },
+];
 
 /// The virtual environment that holds the SDKs for the integration tests.
 fn venv_dir(ctx: &Ctx) -> PathBuf {
@@ -31,8 +58,11 @@ pub(crate) fn venv_python(ctx: &Ctx) -> PathBuf {
 pub(super) fn ensure_sdks(ctx: &Ctx, report: &mut Report) -> Result<()> {
     let venv = venv_dir(ctx);
     let mut missing = Vec::new();
-    for (package, version) in PINNED_SDKS {
-        match sdk_version(ctx, package) {
+    for sdk in PINNED_SDKS {
+        let Sdk {
+            package, version, ..
+        } = sdk;
+        match sdk_version(ctx, sdk) {
             Some(v) if v == version => {
                 println!("[setup] {package} SDK {v}: present in {}", venv.display());
                 report.present(&format!("{package} SDK"));
@@ -59,8 +89,11 @@ pub(super) fn ensure_sdks(ctx: &Ctx, report: &mut Report) -> Result<()> {
     ensure_venv(ctx)?;
     pip_install(ctx)?;
     // All of them, not only the missing ones: the run may have moved a shared dependency.
-    for (package, version) in PINNED_SDKS {
-        match sdk_version(ctx, package) {
+    for sdk in PINNED_SDKS {
+        let Sdk {
+            package, version, ..
+        } = sdk;
+        match sdk_version(ctx, sdk) {
             Some(v) if v == version => {
                 if missing.contains(&package) {
                     println!("[setup] {package} SDK {v} installed in {}", venv.display());
@@ -71,26 +104,26 @@ pub(super) fn ensure_sdks(ctx: &Ctx, report: &mut Report) -> Result<()> {
                 "pip installed {package}=={version} into {}, but `{} -c '{}'` gives {other:?}",
                 venv.display(),
                 venv_python(ctx).display(),
-                version_probe(package)
+                version_probe(sdk)
             ),
         }
     }
     Ok(())
 }
 
-/// The Python one-liner that prints the version of `package` as the venv imports it.
-fn version_probe(package: &str) -> String {
-    format!("import {package}; print({package}.__version__)")
+/// The Python one-liner that imports `sdk` and prints its package's installed version (from
+/// the package's metadata: not every SDK has a `__version__`).
+fn version_probe(sdk: Sdk) -> String {
+    format!(
+        "import {}; from importlib.metadata import version; print(version({:?}))",
+        sdk.import, sdk.package
+    )
 }
 
-/// The version of `package` that the venv's interpreter imports; `None` if it cannot.
-fn sdk_version(ctx: &Ctx, package: &str) -> Option<String> {
-    capture(
-        ctx.cmd(venv_python(ctx))
-            .arg("-c")
-            .arg(version_probe(package)),
-    )
-    .map(|v| v.trim().to_owned())
+/// The version of `sdk` that the venv's interpreter imports; `None` if it cannot.
+fn sdk_version(ctx: &Ctx, sdk: Sdk) -> Option<String> {
+    capture(ctx.cmd(venv_python(ctx)).arg("-c").arg(version_probe(sdk)))
+        .map(|v| v.trim().to_owned())
 }
 
 /// A venv whose interpreter runs and has pip is kept; anything else is made anew (`--clear`
@@ -139,7 +172,7 @@ fn pip_install(ctx: &Ctx) -> Result<()> {
     let venv = venv_dir(ctx);
     let requirements: Vec<String> = PINNED_SDKS
         .iter()
-        .map(|(package, version)| format!("{package}=={version}"))
+        .map(|sdk| format!("{}=={}", sdk.package, sdk.version))
         .collect();
     let shown = requirements.join(" ");
     println!("[setup] pip install {shown} into {}", venv.display());

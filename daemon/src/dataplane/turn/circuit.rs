@@ -135,7 +135,7 @@ impl TurnCircuit {
     /// A request whose conversation has used up a key's budget. permission/auth and
     /// invariant_violation: haltd answers itself, without calling the model (409, type
     /// `tool_circuit_open`, code `TOOL_CIRCUIT_OPEN`, the artifact as `tool_circuit` and a
-    /// summary the model can read as the message). Any other class: the turn is forwarded
+    /// summary the model can read as the message; `x-should-retry: false`). Any other class: the turn is forwarded
     /// with the exhausted tools removed from `tools` (and from `tool_choice` when it names
     /// one) and a system message saying why, so the model can summarize instead of retrying.
     pub(in crate::dataplane) fn apply_exhausted(
@@ -151,8 +151,11 @@ impl TurnCircuit {
             at.store.intervened(&self.conversation, a.clone(), at.now);
             let artifact = serde_json::to_value(a).unwrap_or(Value::Null);
             return Err(Box::new(Refusal {
+                // Not to be retried: the conversation's history keeps the failure, so a
+                // retry gets this answer again (and would count it again).
                 error: HttpError::new(409, "tool_circuit_open", a.summary())
                     .with_code("TOOL_CIRCUIT_OPEN")
+                    .without_retry()
                     .with_detail("tool_circuit", artifact),
                 answered: Some(Box::new((self.conversation.clone(), a.clone()))),
             }));

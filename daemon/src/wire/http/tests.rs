@@ -190,6 +190,35 @@ fn error_responses_are_openai_shaped_json() {
     assert_eq!(v["error"]["message"], "bad \"json\"");
 }
 
+#[test]
+fn an_error_not_to_be_retried_says_so_in_every_schema() {
+    let err = HttpError::new(409, "tool_circuit_open", "stopped")
+        .with_code("TOOL_CIRCUIT_OPEN")
+        .without_retry();
+    for schema in [
+        crate::wire::Endpoint::Chat,
+        crate::wire::Endpoint::Responses,
+        crate::wire::Endpoint::Messages,
+    ] {
+        let mut out = Vec::new();
+        write_error_response(&mut out, &err, None, Some("r1"), schema);
+        let text = String::from_utf8(out).expect("utf8");
+        let (head, _) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.starts_with("HTTP/1.1 409 Conflict\r\n"), "{head}");
+        assert!(head.contains("\r\nx-should-retry: false\r\n"), "{head}");
+        assert!(head.contains("\r\nx-request-id: r1\r\n"), "{head}");
+    }
+    let mut out = Vec::new();
+    write_error_response(
+        &mut out,
+        &HttpError::bad_request("no"),
+        None,
+        None,
+        crate::wire::Endpoint::Chat,
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("x-should-retry"));
+}
+
 proptest::proptest! {
     /// Hostile bytes never panic the parser, and every refusal is a 4xx/5xx it can send.
     #[test]

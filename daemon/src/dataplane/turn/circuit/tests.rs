@@ -96,6 +96,8 @@ fn a_fail_closed_budget_is_answered_without_the_model() {
     let (r, _) = apply("PermissionError: denied");
     let e = r.expect_err("answered by haltd");
     assert_eq!((e.status, e.code), (409, Some("TOOL_CIRCUIT_OPEN")));
+    // The SDKs retry a 409 unless told not to: a retry would get the same answer.
+    assert!(e.no_retry);
     assert!(e.message.contains("`search`"), "{}", e.message);
     let (name, artifact) = e.detail.expect("the artifact");
     assert_eq!(name, "tool_circuit");
@@ -295,4 +297,67 @@ fn a_transcript_that_cannot_be_replayed_is_refused() {
     let b = serde_json::json!({"messages": [{"role": "tool", "content": "x"}]});
     let e = TurnCircuit::of_request(&policy, &b, &arrival(&store)).expect_err("no tool_call_id");
     assert_eq!(e.status, 400);
+}
+
+/// What the OpenAI Agents SDK sends to `/v1/responses` after `search` failed `n` times with
+/// `result`: each call a `function_call` item (with the item id and status the SDK keeps)
+/// and its `function_call_output`, then a user message.
+fn responses_body(result: &str, n: usize) -> Value {
+    let mut input = vec![serde_json::json!({"role": "user", "content": "find it"})];
+    for i in 0..n {
+        let id = format!("call_{i}");
+        input.push(
+            serde_json::json!({"type": "function_call", "id": format!("fc_{i}"),
+            "call_id": id, "name": "search", "arguments": format!("{{\"q\":{i}}}"),
+            "status": "completed"}),
+        );
+        input.push(
+            serde_json::json!({"type": "function_call_output", "call_id": id,
+            "output": result}),
+        );
+    }
+    input.push(serde_json::json!({"role": "user", "content": "go on"}));
+    serde_json::json!({
+        "model": "m",
+        "instructions": "You help.",
+        "tools": [{"type": "function", "name": "search", "strict": true,
+                   "parameters": {"type": "object"}}],
+        "input": input,
+    })
+}
+
+#[test]
+fn a_responses_history_feeds_the_circuit_as_chat_s_does() {
+    let policy = Arc::new(CircuitPolicy::default());
+    // Each case its own store: one conversation's store remembers the failed calls.
+    let judged = |result: &str, n: usize| {
+        let store = ConversationStore::new(4);
+        let at = arrival(&store);
+        let mut b = crate::wire::responses::request::to_chat(&responses_body(result, n))
+            .expect("translated");
+        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
+        let r = c.apply_exhausted(&mut b, &at).map_err(|r| r.error);
+        (r, b)
+    };
+    // permission/auth after one failure: answered without the model, not to be retried.
+    let e = judged("PermissionError: denied", 1)
+        .0
+        .expect_err("answered");
+    assert_eq!((e.status, e.code), (409, Some("TOOL_CIRCUIT_OPEN")));
+    assert!(e.no_retry);
+    let (_, artifact) = e.detail.expect("the artifact");
+    assert_eq!(artifact["equivalence_key"]["tool_name"], "search");
+    // validation after its repair failed too: forwarded without the tool, with the note.
+    let (r, b) = judged("ValidationError: q must be a string", 2);
+    assert_eq!(r, Ok(()));
+    assert!(b.get("tools").is_none(), "{b}");
+    let note = b["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .expect("note");
+    assert_eq!(note["role"], "system");
+    // One failure: open, not exhausted; nothing changes.
+    let (r, b) = judged("ValidationError: q must be a string", 1);
+    assert_eq!(r, Ok(()));
+    assert!(b["tools"].is_array(), "{b}");
 }
