@@ -65,9 +65,10 @@
 //! the isolation figure (target ≤ 1.10). See [`stall`] and docs/bench.md.
 //!
 //! Then (unless `--no-messages`), on the same upstream and haltd with nginx stopped, the
-//! Anthropic Messages API beside chat (issue 34, point 7): the time to first byte haltd adds
-//! unloaded and the latency it adds per token, on chat and on Messages, medians of
-//! `--messages-rounds` alternating rounds; see [`messages`] and docs/bench.md.
+//! Anthropic Messages API and the OpenAI Responses API beside chat (issue 34, point 7; issue
+//! 35, point 6): the time to first byte haltd adds unloaded and the latency it adds per
+//! token, on each surface, medians of `--messages-rounds` rotating rounds; see [`messages`]
+//! and docs/bench.md.
 //!
 //! With `--upstream-tls`, last, the cost of TLS to the upstream: haltd in front of a TLS twin
 //! of the upstream against haltd in front of the plain one, in the same run (CPU per token,
@@ -190,14 +191,15 @@ struct Args {
     /// by default nginx's `keepalive_timeout` here (600 s). haltd's own default is 4 s.
     #[arg(long, default_value_t = NGINX_KEEPALIVE_TIMEOUT_S * 1000)]
     haltd_pool_idle_timeout_ms: u64,
-    /// Leave out the Messages comparison (see `messages`).
+    /// Leave out the comparison of the Messages and Responses surfaces with chat (see
+    /// `messages`).
     #[arg(long)]
     no_messages: bool,
-    /// Concurrent stream counts of the Messages comparison, comma-separated.
+    /// Concurrent stream counts of the surfaces' comparison, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
     messages_streams: Vec<usize>,
-    /// Rounds of the Messages comparison (each: direct, chat and Messages, alternating), for
-    /// the bursts and for the unloaded time to first byte.
+    /// Rounds of the surfaces' comparison (each: direct, then chat, Messages and Responses in
+    /// rotating order), for the bursts and for the unloaded time to first byte.
     #[arg(long, default_value_t = 5)]
     messages_rounds: usize,
 }
@@ -371,7 +373,7 @@ fn main() -> Result<()> {
         "scorer_stall": stall_report,
         "upstream_tls": tls_report,
         "client_tls": client_tls_report,
-        "messages": messages_report,
+        "surfaces": messages_report,
         "sequential_ttfb": SeqTtfb::report(seq_ttfb.as_ref(), args.ttfb_requests),
         "wall_s": (elapsed.as_secs_f64() * 10.0).round() / 10.0,
     });
@@ -744,13 +746,13 @@ fn run_stall(ctx: &stall::Context<'_>, upstream: &mut Upstream) -> Value {
     }
 }
 
-/// The Messages comparison's report, its error as a problem, or why it was skipped.
+/// The surfaces' comparison's report, its error as a problem, or why it was skipped.
 fn run_messages(args: &Args, rig: &mut Rig, client_bin: &Path) -> Value {
     if args.no_messages {
         return json!({"skipped": "--no-messages"});
     }
     messages::run(args, rig, client_bin).unwrap_or_else(|e| {
-        eprintln!("bench-proxy-overhead: Messages comparison failed: {e:#}");
+        eprintln!("bench-proxy-overhead: surfaces' comparison failed: {e:#}");
         json!({"problems": [format!("{e:#}")]})
     })
 }
@@ -833,12 +835,12 @@ fn check_runs(runs: &[Run], report: &Value) -> Result<()> {
     for p in client_tls_problems.into_iter().flatten() {
         bad.push(format!("client TLS: {}", p.as_str().unwrap_or_default()));
     }
-    for p in report["messages"]["problems"]
+    for p in report["surfaces"]["problems"]
         .as_array()
         .into_iter()
         .flatten()
     {
-        bad.push(format!("Messages: {}", p.as_str().unwrap_or_default()));
+        bad.push(format!("surfaces: {}", p.as_str().unwrap_or_default()));
     }
     ensure!(
         bad.is_empty(),

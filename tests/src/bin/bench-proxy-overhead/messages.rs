@@ -1,22 +1,23 @@
-//! The Anthropic Messages API beside chat on the same haltd (issue 34, point 7: what Messages
-//! adds per token and to the first byte, against chat; target: within 10 %). On by default;
-//! `--no-messages` leaves it out.
+//! The Anthropic Messages API and the OpenAI Responses API beside chat on the same haltd
+//! (issue 34, point 7, and issue 35, point 6: what each surface adds per token and to the
+//! first byte, against chat; target: within 10 %). On by default; `--no-messages` leaves it
+//! out (both surfaces).
 //!
 //! It runs on the bench's own upstream and haltd, after the overhead runs (nginx stopped).
 //! First the unloaded time to first byte: `--messages-rounds` rounds, each of
 //! `--ttfb-requests` sequential requests per route (`haltd_tests::seq_ttfb::probe_apis`, routes
-//! taking turns request by request, chat and Messages behind direct in alternating order): the
-//! upstream directly (chat), haltd on chat and haltd on Messages; a route's added time is its
-//! p50 (p99) less direct's in the same round. Then, per `--messages-streams` count,
-//! `--messages-rounds` rounds of `bench-proxy` runs: direct, then
-//! chat and Messages through haltd in alternating order (chat first in even rounds, Messages
-//! in odd ones). A surface's added latency per token is its run's p50 (p99) less the direct
-//! run's of the same round; haltd's CPU per token is net of its rate during that direct run.
+//! taking turns request by request, the surfaces behind direct in alternating order): the
+//! upstream directly (chat), haltd on chat, on Messages and on Responses; a route's added
+//! time is its p50 (p99) less direct's in the same round. Then, per `--messages-streams`
+//! count, `--messages-rounds` rounds of `bench-proxy` runs: direct, then chat, Messages and
+//! Responses through haltd in an order that rotates from round to round. A surface's added
+//! latency per token is its run's p50 (p99) less the direct run's of the same round; haltd's
+//! CPU per token is net of its rate during that direct run.
 //!
-//! Each figure is the median over the rounds with its min–max. Messages passes against chat
+//! Each figure is the median over the rounds with its min–max. A surface passes against chat
 //! when its median is at most 1.10 × chat's (or, for the added times, which scatter, inside
 //! chat's min–max); the instruction counts of `bench-token-instructions` are the steady CPU
-//! comparison. The report's `messages` has the figures per N, the first-byte figures, every
+//! comparison. The report's `surfaces` has the figures per N, the first-byte figures, every
 //! run, and `problems` (stream errors, no tokens), which fail the bench.
 
 use haltd_tests::seq_ttfb::{self, Api};
@@ -27,7 +28,7 @@ use super::{
     SETTLE, TTFB_WARMUP,
 };
 
-/// Messages' figure over chat's, at most (issue 34).
+/// A surface's figure over chat's, at most (issues 34 and 35).
 const TARGET_RATIO: f64 = 1.10;
 
 /// Where a run's client goes.
@@ -39,7 +40,12 @@ enum Leg {
     Chat,
     /// haltd, `POST /v1/messages`.
     Messages,
+    /// haltd, `POST /v1/responses`.
+    Responses,
 }
+
+/// The surfaces compared with chat.
+const OTHERS: [Leg; 2] = [Leg::Messages, Leg::Responses];
 
 impl Leg {
     fn name(self) -> &'static str {
@@ -47,6 +53,7 @@ impl Leg {
             Self::Direct => "direct",
             Self::Chat => "chat",
             Self::Messages => "messages",
+            Self::Responses => "responses",
         }
     }
 }
@@ -129,12 +136,10 @@ pub(super) fn run(args: &Args, rig: &mut Rig, client_bin: &Path) -> Result<Value
     let mut runs = Vec::new();
     for &n in &args.messages_streams {
         for round in 0..args.messages_rounds {
-            let order = if round % 2 == 0 {
-                [Leg::Direct, Leg::Chat, Leg::Messages]
-            } else {
-                [Leg::Direct, Leg::Messages, Leg::Chat]
-            };
-            for leg in order {
+            // Direct first; the surfaces in an order that rotates from round to round.
+            let mut surfaces = [Leg::Chat, Leg::Messages, Leg::Responses];
+            surfaces.rotate_left(round % 3);
+            for leg in std::iter::once(Leg::Direct).chain(surfaces) {
                 let at = Place {
                     streams: n,
                     round,
@@ -175,9 +180,10 @@ fn ttfb_rounds(args: &Args, rig: &Rig) -> Result<Value> {
         (direct.as_str(), Api::Chat),
         (via.as_str(), Api::Chat),
         (via.as_str(), Api::Messages),
+        (via.as_str(), Api::Responses),
     ];
-    // Per surface (chat, messages): the added p50 and p99 of each round.
-    let mut added = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    // Per surface (chat, messages, responses): the added p50 and p99 of each round.
+    let mut added: [[Vec<f64>; 2]; 3] = Default::default();
     for round in 0..args.messages_rounds {
         eprintln!(
             "[messages: time to first byte, round {}/{}] {} requests per route",
@@ -196,19 +202,29 @@ fn ttfb_rounds(args: &Args, rig: &Rig) -> Result<Value> {
         }
     }
     let rounded = |v: &[f64]| v.iter().copied().map(round1).collect::<Vec<_>>();
-    let per_round = json!({
-        "chat": {"added_p50_us": rounded(&added[0][0]), "added_p99_us": rounded(&added[0][1])},
-        "messages": {"added_p50_us": rounded(&added[1][0]), "added_p99_us": rounded(&added[1][1])},
-    });
-    let [chat, messages] = added.map(|[p50, p99]| (Spread::of(p50), Spread::of(p99)));
-    Ok(json!({
+    let names = ["chat", "messages", "responses"];
+    let mut per_round = serde_json::Map::new();
+    for (name, a) in names.iter().zip(&added) {
+        per_round.insert(
+            (*name).to_owned(),
+            json!({"added_p50_us": rounded(&a[0]), "added_p99_us": rounded(&a[1])}),
+        );
+    }
+    let spreads = added.map(|[p50, p99]| (Spread::of(p50), Spread::of(p99)));
+    let mut out = json!({
         "requests_per_route_per_round": args.ttfb_requests,
         "per_round": per_round,
-        "chat": {"added_p50_us": Spread::to_json(chat.0), "added_p99_us": Spread::to_json(chat.1)},
-        "messages": {"added_p50_us": Spread::to_json(messages.0), "added_p99_us": Spread::to_json(messages.1)},
-        "messages_over_chat_p50": compare(chat.0, messages.0, true),
-        "messages_over_chat_p99": compare(chat.1, messages.1, true),
-    }))
+    });
+    for (name, s) in names.iter().zip(&spreads) {
+        out[*name] =
+            json!({"added_p50_us": Spread::to_json(s.0), "added_p99_us": Spread::to_json(s.1)});
+    }
+    let chat = spreads[0];
+    for (name, s) in names.iter().zip(&spreads).skip(1) {
+        out[format!("{name}_over_chat_p50")] = compare(chat.0, s.0, true);
+        out[format!("{name}_over_chat_p99")] = compare(chat.1, s.1, true);
+    }
+    Ok(out)
 }
 
 /// Where a run stands in the comparison.
@@ -235,10 +251,11 @@ fn run_once(args: &Args, rig: &Rig, client_bin: &Path, at: Place) -> Result<Run>
     })?;
     let extra: &[&str] = match leg {
         Leg::Messages => &["--endpoint", "messages"],
+        Leg::Responses => &["--endpoint", "responses"],
         Leg::Direct | Leg::Chat => &[],
     };
     let tag = format!(
-        "[messages: N={n} round {}/{} {}]",
+        "[surfaces: N={n} round {}/{} {}]",
         round + 1,
         args.messages_rounds,
         leg.name()
@@ -296,7 +313,7 @@ fn against_direct(runs: &[Run], r: &Run) -> (Option<f64>, Option<f64>, Option<f6
     )
 }
 
-/// One stream count's figures per surface, and Messages against chat.
+/// One stream count's figures per surface, and each surface against chat.
 fn summarize(runs: &[Run], n: usize) -> Value {
     let spreads = |leg: Leg| {
         let mine: Vec<_> = runs
@@ -310,7 +327,7 @@ fn summarize(runs: &[Run], n: usize) -> Value {
             Spread::of(mine.iter().filter_map(|f| f.2).collect()),
         ]
     };
-    let (c, m) = (spreads(Leg::Chat), spreads(Leg::Messages));
+    let c = spreads(Leg::Chat);
     let side = |s: &[Option<Spread>; 3]| {
         json!({
             "added_p50_us": Spread::to_json(s[0]),
@@ -323,15 +340,19 @@ fn summarize(runs: &[Run], n: usize) -> Value {
         .filter(|r| r.streams == n)
         .map(|r| r.others_pct)
         .max_by(f64::total_cmp);
-    json!({
+    let mut out = json!({
         "streams": n,
         "chat": side(&c),
-        "messages": side(&m),
-        "messages_over_chat_added_p50": compare(c[0], m[0], true),
-        "messages_over_chat_added_p99": compare(c[1], m[1], true),
-        "messages_over_chat_cpu": compare(c[2], m[2], false),
         "others_pct_max": others.map(round1),
-    })
+    });
+    for leg in OTHERS {
+        let (name, m) = (leg.name(), spreads(leg));
+        out[name] = side(&m);
+        out[format!("{name}_over_chat_added_p50")] = compare(c[0], m[0], true);
+        out[format!("{name}_over_chat_added_p99")] = compare(c[1], m[1], true);
+        out[format!("{name}_over_chat_cpu")] = compare(c[2], m[2], false);
+    }
+    out
 }
 
 fn run_json(r: &Run) -> Value {
@@ -367,54 +388,62 @@ fn spread_text(v: &Value) -> String {
 
 fn print(args: &Args, report: &Value) {
     println!(
-        "\nMessages beside chat on one haltd (issue 34; target: Messages within {:.0} % of \
-         chat): medians (min–max) of {} rounds; each round direct, then chat and Messages in \
-         alternating order; added = through haltd − direct in the same round, µs; CPU µs/token \
-         net of haltd's rate during the direct run",
+        "\nMessages and Responses beside chat on one haltd (issues 34 and 35; target: each \
+         within {:.0} % of chat): medians (min–max) of {} rounds; each round direct, then \
+         chat, Messages and Responses in rotating order; added = through haltd − direct in the \
+         same round, µs; CPU µs/token net of haltd's rate during the direct run",
         (TARGET_RATIO - 1.0) * 100.0,
         args.messages_rounds
     );
     println!(
-        "{:>7} | {:<8} | {:>26} | {:>26} | {:>22}",
+        "{:>7} | {:<9} | {:>26} | {:>26} | {:>22}",
         "streams", "surface", "added p50", "added p99", "haltd CPU"
     );
     for r in report["results"].as_array().into_iter().flatten() {
-        for surface in ["chat", "messages"] {
+        for surface in ["chat", "messages", "responses"] {
             let s = &r[surface];
             println!(
-                "{:>7} | {surface:<8} | {:>26} | {:>26} | {:>22}",
+                "{:>7} | {surface:<9} | {:>26} | {:>26} | {:>22}",
                 r["streams"].as_u64().unwrap_or_default(),
                 spread_text(&s["added_p50_us"]),
                 spread_text(&s["added_p99_us"]),
                 spread_text(&s["haltd_cpu_net_us_per_token"]),
             );
         }
-        println!(
-            "{:>7} | messages/chat: added p50 {}, added p99 {}, CPU {}{}",
-            r["streams"].as_u64().unwrap_or_default(),
-            verdict(&r["messages_over_chat_added_p50"]),
-            verdict(&r["messages_over_chat_added_p99"]),
-            verdict(&r["messages_over_chat_cpu"]),
-            r["others_pct_max"]
-                .as_f64()
-                .filter(|&o| o > super::OTHERS_WARN_PCT)
-                .map_or_else(String::new, |o| format!(
-                    " (other processes used up to {o:.0}% of the CPUs: disturbed)"
-                )),
-        );
+        for leg in OTHERS {
+            let name = leg.name();
+            println!(
+                "{:>7} | {name}/chat: added p50 {}, added p99 {}, CPU {}{}",
+                r["streams"].as_u64().unwrap_or_default(),
+                verdict(&r[format!("{name}_over_chat_added_p50")]),
+                verdict(&r[format!("{name}_over_chat_added_p99")]),
+                verdict(&r[format!("{name}_over_chat_cpu")]),
+                r["others_pct_max"]
+                    .as_f64()
+                    .filter(|&o| o > super::OTHERS_WARN_PCT)
+                    .map_or_else(String::new, |o| format!(
+                        " (other processes used up to {o:.0}% of the CPUs: disturbed)"
+                    )),
+            );
+        }
     }
     let t = &report["ttfb"];
     if t["chat"].is_object() {
         println!(
             "unloaded time to first byte haltd adds, {} sequential requests per route per round \
-             (µs): chat p50 {} p99 {} | messages p50 {} p99 {} | messages/chat p50 {}, p99 {}",
+             (µs): chat p50 {} p99 {}",
             t["requests_per_route_per_round"],
             spread_text(&t["chat"]["added_p50_us"]),
             spread_text(&t["chat"]["added_p99_us"]),
-            spread_text(&t["messages"]["added_p50_us"]),
-            spread_text(&t["messages"]["added_p99_us"]),
-            verdict(&t["messages_over_chat_p50"]),
-            verdict(&t["messages_over_chat_p99"]),
         );
+        for name in ["messages", "responses"] {
+            println!(
+                "  {name} p50 {} p99 {} | {name}/chat p50 {}, p99 {}",
+                spread_text(&t[name]["added_p50_us"]),
+                spread_text(&t[name]["added_p99_us"]),
+                verdict(&t[format!("{name}_over_chat_p50")]),
+                verdict(&t[format!("{name}_over_chat_p99")]),
+            );
+        }
     }
 }
