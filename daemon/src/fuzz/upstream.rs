@@ -7,7 +7,7 @@ use crate::{
         chunk::{LOGPROB_EPSILON, MAX_ERROR_MESSAGE_CHARS},
         framing::Split,
         parse_event, ChunkReader, Framing, Parsed, ResponseError, ResponseHead, ResponseReader,
-        SseError, SseEvent, SseParser, UpstreamEvent,
+        SseError, SseEvent, SseParser, UpstreamEvent, UpstreamSurface,
     },
     wire::{Endpoint, MAX_TOKEN_TEXT_BYTES, MAX_TOP_LOGPROBS},
 };
@@ -107,8 +107,10 @@ fn read_events(max_event: usize, pieces: &[&[u8]]) -> (Vec<SseEvent>, Option<Sse
     (events, None)
 }
 
-/// An upstream's `text/event-stream` body: the first byte picks the endpoint (bit 0) and
-/// degraded mode (bit 1); the rest is the stream.
+/// An upstream's `text/event-stream` body: the first byte picks the endpoint (bit 0),
+/// degraded mode (bit 1) and a natively served surface (its high half: `0xA` Responses,
+/// `0xB` Messages, read by `upstream/chunk/native.rs`; any other, none); the rest is the
+/// stream.
 ///
 /// Checks: the same events (and error) however the bytes are cut; a smaller event limit
 /// gives a prefix of the same events; a [`ChunkReader`] reused across the stream reads each
@@ -142,6 +144,22 @@ pub fn upstream_sse(data: &[u8]) {
         events.starts_with(&small),
         "a smaller limit changed the events"
     );
+    let native = match sel >> 4 {
+        0xA => Some(UpstreamSurface::Responses),
+        0xB => Some(UpstreamSurface::Messages),
+        _ => None,
+    };
+    if let Some(surface) = native {
+        // A native reader keeps the stream's state (its calls): no fresh read to compare.
+        let mut reader = ChunkReader::native(surface);
+        for ev in &events {
+            if let Ok(Parsed::Chunk) = reader.read(endpoint, ev.view()) {
+                check_chunk(reader.chunk());
+            }
+        }
+        let source = UpstreamSource::native(sel & 2 != 0, Some(surface));
+        return poll_source(source, endpoint, sel & 2 != 0, &events);
+    }
     let mut reader = ChunkReader::default();
     for ev in &events {
         let reused = reader.read(endpoint, ev.view());
@@ -160,7 +178,12 @@ pub fn upstream_sse(data: &[u8]) {
             _ => panic!("{ev:?}: reused {reused:?}, fresh {fresh:?}"),
         }
     }
-    poll_source(endpoint, sel & 2 != 0, &events);
+    poll_source(
+        UpstreamSource::new(sel & 2 != 0),
+        endpoint,
+        sel & 2 != 0,
+        &events,
+    );
 }
 
 fn check_chunk(c: &crate::upstream::UpstreamChunk) {
@@ -173,8 +196,12 @@ fn check_chunk(c: &crate::upstream::UpstreamChunk) {
 }
 
 /// The events through the source the pipeline polls, as `dataplane/upstream_io/recv.rs` feeds it.
-fn poll_source(endpoint: Endpoint, degraded: bool, events: &[SseEvent]) {
-    let mut source = UpstreamSource::new(degraded);
+fn poll_source(
+    mut source: UpstreamSource,
+    endpoint: Endpoint,
+    degraded: bool,
+    events: &[SseEvent],
+) {
     for ev in events {
         if !source.push_event(endpoint, ev.view(), 0) {
             assert!(source.saw_done(), "a stream that broke reads on");

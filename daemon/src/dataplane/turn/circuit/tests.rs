@@ -333,11 +333,11 @@ fn a_responses_history_feeds_the_circuit_as_chat_s_does() {
     let judged = |result: &str, n: usize| {
         let store = ConversationStore::new(4);
         let at = arrival(&store);
-        let mut b = crate::wire::responses::request::to_chat(&responses_body(result, n))
-            .expect("translated");
-        let c = TurnCircuit::of_request(&policy, &b, &at).expect("replayable");
-        let r = c.apply_exhausted(&mut b, &at).map_err(|r| r.error);
-        (r, b)
+        let raw = serde_json::to_vec(&responses_body(result, n)).expect("json");
+        let mut req = ClientRequest::parse(Endpoint::Responses, &raw).expect("translated");
+        let c = TurnCircuit::of_request(&policy, req.json(), &at).expect("replayable");
+        let r = c.apply_exhausted(&mut req, &at).map_err(|r| r.error);
+        (r, req.into_json())
     };
     // permission/auth after one failure: answered without the model, not to be retried.
     let e = judged("PermissionError: denied", 1)
