@@ -17,7 +17,10 @@
 //! model's call in the upstream's answer and none of it (no `function_call` item, no argument
 //! delta) in the events the SDK got; every intervention has its `tool_circuit` ledger record.
 //! And the hold: an allowed call's item and argument deltas reach the agent at once, when the
-//! call is whole and judged, before the turn ends.
+//! call is whole and judged, before the turn ends. The validation case runs once more with
+//! the requests passed through to the backend's own `/v1/responses` (`--upstream-surfaces`):
+//! the same repair, summary and halt, the exhausted tool removed from the request's own
+//! `tools` and the note appended to its `instructions`.
 
 use anyhow::{ensure, Context, Result};
 use haltd_tests::{openai_agents_runs, rig::Rig};
@@ -87,7 +90,10 @@ fn start() -> Result<Rig> {
     Rig::with_config(UPSTREAM_BIN, CONFIG, &[])
 }
 
-/// The chat requests the upstream has finished, oldest first, once it logged `n` (a halted
+/// The backend's own Responses path (native pass-through).
+const RESPONSES: &str = "/v1/responses";
+
+/// The model requests (chat, or Responses passed through) the upstream has finished, oldest first, once it logged `n` (a halted
 /// stream's upstream request ends a moment after the SDK saw the halt).
 fn model_calls(rig: &Rig, n: usize) -> Result<Vec<Value>> {
     for _ in 0..40 {
@@ -95,7 +101,7 @@ fn model_calls(rig: &Rig, n: usize) -> Result<Vec<Value>> {
             .up
             .requests()?
             .into_iter()
-            .filter(|r| r.get("event").is_none() && r["path"] == CHAT)
+            .filter(|r| r.get("event").is_none() && (r["path"] == CHAT || r["path"] == RESPONSES))
             .collect();
         if calls.len() >= n {
             return Ok(calls);
@@ -492,5 +498,57 @@ fn a_judged_call_reaches_the_agent_whole_before_the_turn_ends() -> Result<()> {
         gap >= 300.0,
         "call 0 went out {gap} ms before call 1: held to the end of the turn?"
     );
+    Ok(())
+}
+
+#[test]
+fn a_passed_through_agent_is_judged_as_a_translated_one() -> Result<()> {
+    // The same validation case with the Responses requests passed through as they came to
+    // the backend's own `/v1/responses` (`--upstream-surfaces`): the circuit reads the
+    // translation, the hold and the halt act on the backend's own events, and the exhausted
+    // budget's edit is made in the request's own fields.
+    let rig = Rig::with_config(UPSTREAM_BIN, CONFIG, &crate::passthrough::PASS_THROUGH)?;
+    let slot = |s: &str| call("book_meeting", &format!("{{'room': 'A', 'slot': '{s}'}}"));
+    let invalid = "ValidationError: slot must be HH:MM (24 h)";
+    let repaired = json!({
+        "tools": {"book_meeting": [invalid]},
+        "model": [slot("9am"), slot("9:00 am"), slot("09:00am"), SUMMARY],
+    });
+    let same = json!({
+        "tools": {"book_meeting": [invalid]},
+        "model": [slot("9am"), slot("9am"), SUMMARY],
+    });
+    let runs = agents(
+        &rig,
+        &[
+            run("native-validation", "stream", &repaired),
+            run("native-validation-same", "stream", &same),
+        ],
+    )?;
+    let r = &runs[0];
+    summarized(r)?;
+    ensure!(executed(r) == ["book_meeting", "book_meeting"], "{r}");
+    ensure!(all_ok(r)? == 3, "{r}");
+    let calls = model_calls(&rig, 3)?;
+    ensure!(
+        calls.iter().all(|c| c["path"] == RESPONSES),
+        "not passed through"
+    );
+    let body = &calls[2]["body"];
+    let offered = body["tools"].as_array().into_iter().flatten();
+    ensure!(
+        !offered.clone().any(|t| t["name"] == "book_meeting") && body["input"].is_array(),
+        "book_meeting still offered: {body}"
+    );
+    ensure!(
+        body["instructions"]
+            .as_str()
+            .is_some_and(|s| s.contains("book_meeting") && s.contains("validation")),
+        "the note in the instructions: {body}"
+    );
+    let r = &runs[1];
+    ensure!(executed(r) == ["book_meeting"], "{r}");
+    let a = halted_in_stream(&rig, r, 5)?;
+    ensure!(a["failure_class"] == "validation", "{a}");
     Ok(())
 }
