@@ -51,12 +51,15 @@
 //! its longest) reaches the bound to within one byte per `bytes` array (the last entry has no
 //! comma), over 99 % of it for every configuration (tested).
 
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
 use crate::wire::{
     encode::{
         Channel, ChunkEncoder, Token, ToolCallDelta, MAX_TOKEN_TEXT_BYTES, MAX_TOOL_CALL_ID_BYTES,
         MAX_TOOL_NAME_BYTES, MAX_TOP_LOGPROBS,
     },
     endpoint::Endpoint,
+    stream_id::StreamId,
 };
 
 /// Longest logprob as written: `Display` of an f32 never uses an exponent, and the longest is
@@ -68,6 +71,29 @@ pub use crate::wire::json_write::{ESCAPED_PER_BYTE, LONGEST_LOGPROB};
 /// Bytes a text written both as a JSON string and as its `bytes` array takes per byte, at most
 /// (`\u001f` and `31,`).
 pub const ESCAPED_AND_BYTES_PER_BYTE: usize = 9;
+
+/// The Responses bound per alternatives asked (index 0: no logprobs; `k + 1`: `k`), once
+/// computed; 0 until then.
+static RESPONSES_BOUNDS: [AtomicU32; MAX_TOP_LOGPROBS as usize + 2] =
+    [const { AtomicU32::new(0) }; MAX_TOP_LOGPROBS as usize + 2];
+
+/// The Responses bound (`crate::wire::responses::encode::max_event_bytes`), computed once
+/// per process for each `top`: it depends on nothing else (a stream id is always 19 bytes,
+/// `hs_` and 16 hex digits; the model is not written in a frame), and writing its templates
+/// took some 22,000 instructions, a twentieth of a short turn.
+fn responses_bound(stream_id: StreamId, top: Option<usize>) -> u32 {
+    let top = top.map(|k| k.min(MAX_TOP_LOGPROBS as usize));
+    let slot = &RESPONSES_BOUNDS[top.map_or(0, |k| k + 1)];
+    match slot.load(Relaxed) {
+        0 => {
+            let e = crate::wire::responses::encode::max_event_bytes(stream_id, top);
+            let e = u32::try_from(e).unwrap_or(u32::MAX);
+            slot.store(e, Relaxed);
+            e
+        }
+        e => e,
+    }
+}
 
 /// Distinct one-byte keys for the completions template (its alternatives must not dedupe).
 const TEMPLATE_KEYS: &str = "abcdefghijklmnopqrstuvwxyz";
@@ -84,9 +110,7 @@ impl ChunkEncoder {
             return u32::try_from(e).unwrap_or(u32::MAX);
         }
         if self.endpoint == Endpoint::Responses {
-            let top = self.logprobs.then(|| self.top_n());
-            let e = crate::wire::responses::encode::max_event_bytes(self.stream_id, top);
-            return u32::try_from(e).unwrap_or(u32::MAX);
+            return responses_bound(self.stream_id, self.logprobs.then(|| self.top_n()));
         }
         let tokens = self.max_token_event_bytes();
         let tools = if self.tool_calls && self.endpoint == Endpoint::Chat {

@@ -529,3 +529,37 @@ fn every_responses_frame_fits_the_bound() {
         closest.get()
     );
 }
+
+#[test]
+fn the_responses_bound_is_one_per_top_whatever_the_stream() {
+    // The cache holds one bound per `top`: right only if nothing else changes it.
+    let ids = [
+        StreamId {
+            slot: 0,
+            generation: 0,
+        },
+        StreamId {
+            slot: u32::MAX,
+            generation: u32::MAX,
+        },
+    ];
+    for top in std::iter::once(None).chain((0..=MAX_TOP_LOGPROBS as usize).map(Some)) {
+        let fresh: Vec<usize> = ids
+            .iter()
+            .map(|&id| crate::wire::responses::encode::max_event_bytes(id, top))
+            .collect();
+        assert_eq!(fresh[0], fresh[1], "top {top:?}");
+        for id in ids {
+            // Twice: computed, then from the cache.
+            for _ in 0..2 {
+                assert_eq!(responses_bound(id, top) as usize, fresh[0], "top {top:?}");
+            }
+        }
+    }
+    // A `top` past the cap is the cap's (the encoder writes at most that many).
+    let cap = Some(MAX_TOP_LOGPROBS as usize);
+    assert_eq!(
+        responses_bound(ids[0], Some(1000)),
+        responses_bound(ids[0], cap)
+    );
+}
