@@ -8,15 +8,17 @@
 //! after the trip index, `usage.output_tokens` their sum; the flight recorder's turn record
 //! and the kernel's verdicts agree (every halted end passed by its nonce, no frame dropped).
 //! The same, with the turns passed through to the scripted upstream's own `/v1/responses`
-//! (`--upstream-surfaces`).
+//! (`--upstream-surfaces`). And an emitter that ignores the halt (`--fault
+//! emitter-ignores-halt`): at most B frames past the trip reach the SDK, the kernel passing
+//! the halted end by its nonce or dropping the frame past B.
 
 use anyhow::{ensure, Context, Result};
-use haltd_tests::rig::Rig;
+use haltd_tests::{rig::Rig, Haltd, NetPair};
 use serde_json::{json, Value};
 
 use super::{refused, sdk, stream_id, trip_args, turn};
 use crate::{
-    messages::{verdicts, verdicts_since},
+    messages::{tripping_on, verdicts, verdicts_since},
     UPSTREAM_BIN,
 };
 
@@ -192,6 +194,89 @@ fn trips_of_a_passed_through_stream_end_the_sdk_stream_within_b() -> Result<()> 
         println!(
             "responses trip by pass-through, B = {b}, mid-text: {}",
             r[0]
+        );
+    }
+    Ok(())
+}
+
+/// Budget of the stream whose emitter ignores the halt.
+const IGNORED_B: u64 = 5;
+
+/// With an emitter that keeps writing after the trip (the built-in source restating a long
+/// prompt, a token every `pace_us`; tripped at its third frame), only the watchdog's halt
+/// (after `--halt-grace-ms`) and the kernel gate stop it: at most B frames past the trip
+/// reach the SDK. Either the watchdog's halted end came first (`response.incomplete`, its
+/// counts patched into the end prepared at the trip), or the kernel dropped the frame past B
+/// and the connection's end is all the SDK sees, as the incident record's `kernel` says.
+#[test]
+fn an_emitter_that_ignores_the_halt_is_held_to_b_on_a_responses_stream() -> Result<()> {
+    for pace_us in ["2000", "20000"] {
+        let pair = NetPair::new()?;
+        let b = IGNORED_B.to_string();
+        let haltd = Haltd::start(
+            &pair,
+            &[
+                "--budget",
+                &b,
+                "--fault",
+                "emitter-ignores-halt",
+                "--builtin-restate-prompt",
+                "--builtin-token-interval-us",
+                pace_us,
+            ],
+        )?;
+        let before = verdicts(&haltd)?;
+        let prompt = "rivers run to the sea ".repeat(100);
+        let common = ["--model", "builtin", "--max-output-tokens", "1000"];
+        let args = turn(&["--mode", "stream", "--prompt", prompt.trim()]);
+        let (mut r, mut trips) =
+            tripping_on(&haltd, &["responses"], 3, || sdk(&haltd, &common, &[args]))?;
+        let r = r.pop().context("no turn")?;
+        let id = stream_id(&r)?;
+        let (code, trip) = trips
+            .remove(&id)
+            .with_context(|| format!("not tripped: {r}"))?;
+        let incident = haltd.wait_record("the incident", |rec| {
+            rec["kind"] == "incident" && rec["stream_id"] == id.as_str()
+        })?;
+        let gate = verdicts_since(&haltd, &before)?;
+        ensure!(
+            code == 200 && trip["kernel_enforced"] == true,
+            "{code} {trip}"
+        );
+        let tau = trip["trip_token_index"].as_u64().context("τ")?;
+        let seen = r["frames"].as_u64().context("frames")?;
+        println!("responses, emitter ignores the halt, a token every {pace_us} µs: τ {tau}, {seen} frames at the SDK, gate {gate:?}: {r}");
+        ensure!(seen <= tau + IGNORED_B, "{seen} frames, trip at {tau}: {r}");
+        let got = |v: &str| gate.get(v).copied().unwrap_or(0.0);
+        ensure!(
+            got("pass_post_trip") <= IGNORED_B as f64,
+            "the kernel passed more than B: {gate:?}"
+        );
+        if r["ok"] == true {
+            let halt = refused(&r, "OPERATOR_TRIP")?;
+            let post = halt["post_trip_tokens"].as_u64().context("post")?;
+            ensure!(
+                post <= IGNORED_B
+                    && seen == tau + post
+                    && r["usage"]["output_tokens"] == tau + post,
+                "{seen} frames, τ {tau}, post-trip {post}: {r}"
+            );
+            continue;
+        }
+        ensure!(
+            r["exception"].is_string() && r["response_status"] != "completed",
+            "the end of a stream whose emitter ignored the halt: {r}"
+        );
+        let kernel = &incident["kernel"];
+        ensure!(
+            got("drop_budget") > 0.0
+                && kernel["dropped"] == true
+                && kernel["terminal_sent"] == false
+                && kernel["post_trip_frames"]
+                    .as_u64()
+                    .is_some_and(|k| k <= IGNORED_B),
+            "cut without the kernel's drop: {gate:?} {incident}"
         );
     }
     Ok(())
