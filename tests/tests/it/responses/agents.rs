@@ -277,23 +277,28 @@ fn permission_auth_stops_the_agent_after_its_first_failure() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn validation_gets_one_repair_then_a_forced_summary() -> Result<()> {
-    let rig = start()?;
+/// The validation case's scenarios: `book_meeting` fails validation every time. In the
+/// first, one repair (9:00 am) goes out, and its failure uses the budget of 1 up: the next
+/// turn is forwarded without the tool, and the model summarizes. In the second, the model
+/// "repairs" with the arguments that failed: halted in the stream.
+fn validation_scenarios() -> (Value, Value) {
     let slot = |s: &str| call("book_meeting", &format!("{{'room': 'A', 'slot': '{s}'}}"));
     let invalid = "ValidationError: slot must be HH:MM (24 h)";
-    // One repair (9:00 am) goes out; its failure used the budget of 1 up: the next turn is
-    // forwarded without the tool, and the model summarizes.
     let repaired = json!({
         "tools": {"book_meeting": [invalid]},
         "model": [slot("9am"), slot("9:00 am"), slot("09:00am"), SUMMARY],
     });
-    // The model "repairs" with the arguments that failed: halted in the stream, streamed and
-    // batch (`Runner.run`).
     let same = json!({
         "tools": {"book_meeting": [invalid]},
         "model": [slot("9am"), slot("9am"), SUMMARY],
     });
+    (repaired, same)
+}
+
+#[test]
+fn validation_gets_one_repair_then_a_forced_summary() -> Result<()> {
+    let rig = start()?;
+    let (repaired, same) = validation_scenarios();
     let runs = agents(
         &rig,
         &[
@@ -508,16 +513,7 @@ fn a_passed_through_agent_is_judged_as_a_translated_one() -> Result<()> {
     // translation, the hold and the halt act on the backend's own events, and the exhausted
     // budget's edit is made in the request's own fields.
     let rig = Rig::with_config(UPSTREAM_BIN, CONFIG, &crate::passthrough::PASS_THROUGH)?;
-    let slot = |s: &str| call("book_meeting", &format!("{{'room': 'A', 'slot': '{s}'}}"));
-    let invalid = "ValidationError: slot must be HH:MM (24 h)";
-    let repaired = json!({
-        "tools": {"book_meeting": [invalid]},
-        "model": [slot("9am"), slot("9:00 am"), slot("09:00am"), SUMMARY],
-    });
-    let same = json!({
-        "tools": {"book_meeting": [invalid]},
-        "model": [slot("9am"), slot("9am"), SUMMARY],
-    });
+    let (repaired, same) = validation_scenarios();
     let runs = agents(
         &rig,
         &[
