@@ -10,12 +10,15 @@
 //! shape) and only haltd's fields set (`stream: true`; on Responses the output text's
 //! logprobs); a Messages request carried the client's credential as it came (the pinned
 //! SDK's `Authorization: Bearer`, a raw client's `x-api-key`), `anthropic-version` and
-//! `anthropic-beta` (two headers joined as one list); each turn's flight-recorder record is
-//! written. Trips by pass-through
+//! `anthropic-beta` (two headers joined as one list), and with `--upstream-api-key-file`
+//! haltd's own key instead of the client's (no `x-api-key` then); each turn's flight-recorder
+//! record is written. Trips by pass-through
 //! are in `responses::trips` and the "governed or refused" table (`responses::table`).
 
+use std::{fs, os::unix::fs::PermissionsExt};
+
 use anyhow::{ensure, Context, Result};
-use haltd_tests::rig::Rig;
+use haltd_tests::{rig::Rig, temp_dir};
 use serde_json::Value;
 
 use crate::{messages, responses, UPSTREAM_BIN};
@@ -135,6 +138,34 @@ fn messages_go_upstream_with_their_headers_and_come_back_governed() -> Result<()
             && h["anthropic-beta"] == "a-1,b-2"
             && h.get("authorization").is_none(),
         "{h}"
+    );
+    Ok(())
+}
+
+#[test]
+fn haltd_s_own_key_replaces_the_client_s_x_api_key() -> Result<()> {
+    let dir = temp_dir("native-key")?;
+    let key_file = dir.join("upstream.key");
+    fs::write(&key_file, "sk-node-native-1\n")?;
+    fs::set_permissions(&key_file, fs::Permissions::from_mode(0o600))?;
+    let key_arg = key_file.display().to_string();
+    let mut args = PASS_THROUGH.to_vec();
+    args.extend(["--upstream-api-key-file", key_arg.as_str()]);
+    let rig = Rig::start(UPSTREAM_BIN, &args)?;
+    let headers = [
+        ("x-api-key", "sk-ant-client-1"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let body = messages::body("[[script:normal tokens=2]]", false);
+    let (status, seen, answer) = messages::post(&rig.haltd, messages::MESSAGES, &body, &headers)?;
+    ensure!(status == 200, "{answer}");
+    let id = seen["x-haltd-stream-id"].as_str().context("stream id")?;
+    let h = &upstream_request(&rig, id)?["headers"];
+    ensure!(
+        h["authorization"] == "Bearer sk-node-native-1"
+            && h.get("x-api-key").is_none()
+            && h["anthropic-version"] == "2023-06-01",
+        "the client's key left haltd: {h}"
     );
     Ok(())
 }
