@@ -358,5 +358,4 @@ fn error_object(v: &Value) -> super::UpstreamError {
 }
 
 #[cfg(test)]
-#[path = "native_tests.rs"]
 mod tests;
