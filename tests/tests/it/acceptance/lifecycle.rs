@@ -126,6 +126,7 @@ fn spawn_stopper(
 /// stream runs alongside all of it and completes intact.
 #[test]
 fn slow_clients_and_a_full_table() -> Result<()> {
+    const NORMAL_TOKENS: u32 = 1000;
     let pair = NetPair::new()?;
     let haltd = Haltd::start(
         &pair,
@@ -144,10 +145,13 @@ fn slow_clients_and_a_full_table() -> Result<()> {
     )?;
     let api = haltd.api;
     let normal_url = chat_url(&haltd);
+    // 1,000 tokens at 2 ms: the stream must outlive the slow clients' checks (two 300 ms
+    // timeouts, more on a loaded machine) to hold its slot while the table is filled; 300
+    // tokens ended with them on a loaded machine, and the table was never full.
     let normal = spawn_in_netns(&haltd.client_ns, move || {
         sse::stream(
             &normal_url,
-            &chat("alongside slow clients", 3, 300, true),
+            &chat("alongside slow clients", 3, NORMAL_TOKENS, true),
             Duration::from_secs(20),
             |_, _| {},
         )
@@ -159,7 +163,7 @@ fn slow_clients_and_a_full_table() -> Result<()> {
         .join()
         .map_err(|_| anyhow!("normal stream thread panicked"))??;
     ensure!(
-        o.tokens == 300 && o.finish_reason.as_deref() == Some("length"),
+        o.tokens == NORMAL_TOKENS as usize && o.finish_reason.as_deref() == Some("length"),
         "the stream alongside got {} tokens, finish {:?}",
         o.tokens,
         o.finish_reason
