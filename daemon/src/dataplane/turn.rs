@@ -282,12 +282,11 @@ impl Io {
     /// A passed-through turn (`chat_shaped` false) is never resumed: a continuation is a
     /// chat request, which its backend's surface is not.
     fn ground_proxied(&self, turn: &mut Turn, w: usize, seed: ResumeSeed, chat_shaped: bool) {
-        let resumable = chat_shaped
-            && self
-                .shared
-                .grounding
-                .as_ref()
-                .is_some_and(|p| p.continuation != crate::grounding::plan::Continuation::None);
+        let resumable = self
+            .shared
+            .grounding
+            .as_ref()
+            .is_some_and(|p| p.continuation.resumes(chat_shaped));
         let mut back = holdback::HoldBack::new(w, 0);
         if !resumable {
             // The post-hoc fallback: token ends are kept for the span, nothing is held.

@@ -32,6 +32,14 @@ pub enum Continuation {
 }
 
 impl Continuation {
+    /// Whether a turn is resumed as a continuation: only a chat-shaped one (its request
+    /// is a chat body haltd can extend), and only with decode control. A turn passed through
+    /// to its backend's own surface (`--upstream-surfaces`) never is: it takes the post-hoc
+    /// fallback.
+    pub fn resumes(self, chat_shaped: bool) -> bool {
+        chat_shaped && self != Continuation::None
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Continuation::Vllm => "vllm",
@@ -290,5 +298,15 @@ mod tests {
     fn the_bracketed_segment_holds_only_snippet_tuples() {
         let s = bracketed(&[snippet(1.0, "calc")]);
         assert_eq!(s, "[grounding]\n[\"c\",\"e\",1.0,\"calc\"]\n[/grounding]");
+    }
+
+    #[test]
+    fn only_a_chat_shaped_turn_with_decode_control_resumes() {
+        for c in [Continuation::Vllm, Continuation::LlamaCpp] {
+            assert!(c.resumes(true), "{c}");
+            assert!(!c.resumes(false), "{c}: a passed-through turn resumed");
+        }
+        assert!(!Continuation::None.resumes(true));
+        assert!(!Continuation::None.resumes(false));
     }
 }
