@@ -88,6 +88,12 @@ fn messages_go_upstream_with_their_headers_and_come_back_governed() -> Result<()
     let r = messages::sdk(&rig.haltd, &common, &messages::scripted::sdk_turns())?;
     // The Messages API has no logprobs: framed per character.
     messages::scripted::check_contents(&r, false)?;
+    let text = &r[1];
+    ensure!(
+        text["mode"] == "stream"
+            && messages::frames_seen(text) == "The quick brown fox jumps".len(),
+        "not a frame per character: {text}"
+    );
     for t in &r {
         let id = messages::stream_id(t)?;
         let q = upstream_request(&rig, &id)?;
