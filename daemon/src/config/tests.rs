@@ -122,9 +122,15 @@ fn bad_values_name_their_flag() {
 struct TempConfig(std::path::PathBuf);
 
 impl TempConfig {
+    /// Each file gets its own directory, numbered: tests run in parallel in one
+    /// process, and two of them once shared a tag, so one removed the other's file.
     fn new(tag: &str, text: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("haltd-config-test-{}-{tag}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "haltd-config-test-{}-{n}-{tag}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("haltd.toml");
         std::fs::write(&path, text).expect("write config");

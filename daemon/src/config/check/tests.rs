@@ -7,8 +7,10 @@ use crate::config::layers::{parse, LayerError};
 
 /// `haltd check-config FILE ARGS` with the variables `env`: the report.
 fn check_file(text: &str, args: &[&str], env: &[(&str, &str)]) -> (String, Report) {
-    let dir =
-        std::env::temp_dir().join(format!("haltd-check-{}-{}", std::process::id(), text.len()));
+    // Numbered, not named by the text's length: tests run in parallel in one process.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("haltd-check-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("haltd.toml");
     std::fs::write(&path, text).expect("write");
