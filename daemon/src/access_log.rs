@@ -60,6 +60,10 @@ pub struct Entry<'a> {
     /// The API key's fingerprint (never the key).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<&'a str>,
+    /// With `--client-keys store`: the name of the key the request authenticated with (`key`
+    /// is then its id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<&'a str>,
     /// Whose API the request spoke (`openai`, `anthropic`, `haltd`, `other`).
@@ -230,6 +234,7 @@ mod tests {
             stream_id: "s-1",
             request_id: "r-1",
             key: Some("00000000000000ab"),
+            key_name: None,
             model: Some("builtin"),
             surface: "openai",
             endpoint: "chat",

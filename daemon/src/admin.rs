@@ -8,6 +8,7 @@
 
 mod auth;
 pub mod client;
+mod keys;
 mod listen;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -31,8 +32,9 @@ use crate::{
     codes::FailureCode,
     halt::HaltCore,
     ledger::{Record, RecordKind},
-    modes::{KeyId, ScopeSel},
+    modes::ScopeSel,
     pulse::HeartbeatState,
+    scope::Scope,
     stream::TripError,
     wire::StreamId,
 };
@@ -294,16 +296,13 @@ fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {
     let sel = match body.scope.as_deref().unwrap_or("all") {
         "all" => ScopeSel::All,
         "node" => ScopeSel::Node,
-        other => match other
-            .strip_prefix("key:")
-            .and_then(KeyId::parse_fingerprint)
-        {
-            Some(k) => ScopeSel::Key(k),
+        other => match Scope::parse(other) {
+            Some(k) => ScopeSel::Scope(k),
             None => {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
-                    format!("scope {other:?}: expected all, node or key:<16 hex digits>"),
+                    format!("scope {other:?}: expected all, node or addr:, header:, apikey: or key: and 16 hex digits"),
                 )
             }
         },
@@ -467,6 +466,28 @@ async fn conversations(State(shared): State<Arc<HaltCore>>) -> Response {
     Json(json!({"conversations": shared.modes.conversations_view()})).into_response()
 }
 
+/// `GET /admin/limits`: this node's per-scope limits and what each scope used in its current
+/// minute (`limits.rs`).
+async fn limits(State(shared): State<Arc<HaltCore>>) -> Response {
+    let l = shared.limits.limits();
+    let scopes: Vec<serde_json::Value> = shared
+        .limits
+        .view(monotonic_ns())
+        .into_iter()
+        .map(|(scope, u)| json!({"scope": scope.name(), "in_flight": u.in_flight, "requests": u.requests, "tokens": u.tokens}))
+        .collect();
+    Json(json!({
+        "limits": {
+            "concurrency": l.concurrency,
+            "requests_per_minute": l.requests_per_minute,
+            "tokens_per_minute": l.tokens_per_minute,
+        },
+        "per": "node",
+        "scopes": scopes,
+    }))
+    .into_response()
+}
+
 async fn metrics(State(shared): State<Arc<HaltCore>>) -> Response {
     let now = monotonic_ns();
     let hb = shared.heartbeat_view(now);
@@ -517,6 +538,10 @@ pub async fn serve(
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))
         .route("/admin/conversations", get(conversations))
+        .route("/admin/limits", get(limits))
+        .route("/admin/keys", get(keys::list).post(keys::add))
+        .route("/admin/keys/{id}/rotate", post(keys::rotate))
+        .route("/admin/keys/{id}/revoke", post(keys::revoke))
         .route("/admin/state", get(state_get))
         .route("/admin/circuit", get(circuit_all))
         .route("/admin/circuit/{id}", get(circuit_one))

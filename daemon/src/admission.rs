@@ -109,6 +109,12 @@ impl Admission {
     }
 
     /// The request-phase cap for `max_streams` slots and a share in percent (1..=100).
+    /// How addresses are grouped (the address scopes of degraded mode group them the same
+    /// way, `scope.rs`).
+    pub fn groups(&self) -> AddrGroups {
+        self.groups
+    }
+
     pub fn request_cap(max_streams: u32, share_pct: u32) -> u32 {
         let cap = u64::from(max_streams) * u64::from(share_pct) / 100;
         u32::try_from(cap).unwrap_or(u32::MAX).max(1)

@@ -119,7 +119,10 @@ pub struct ServeArgs {
     /// What a halt puts into degraded safe mode: the conversation's API key, or the whole node.
     #[arg(long, value_enum, default_value = "key")]
     pub degraded_scope: crate::modes::DegradedScope,
-    /// Name a request's identity by this header's value (e.g. a gateway's user header) instead of its Authorization value; requests without it fall back to Authorization.
+    /// Whether clients must hold a key haltd issued (`haltctl key add`): `store` answers every /v1/ request without a valid, unrevoked key with 401, keys degraded mode, TokenCircuit and the limits on the key's id, and never sends the client's key upstream.
+    #[arg(long, value_enum, default_value = "off")]
+    pub client_keys: crate::keys::ClientKeys,
+    /// Name a request's scope (degraded mode, limits) and its conversation by this header's value (a header a trusted gateway sets, e.g. its user header); requests without it fall back to the address group (scope) and the bearer token (conversation).
     #[arg(long, value_name = "HEADER")]
     pub identity_header: Option<String>,
     /// Directory of haltd's persistent state (the node secret that keys key fingerprints, the ledger's key and head, the state store).
@@ -191,6 +194,15 @@ pub struct ServeArgs {
     /// Most open connections from one source address group (more get 429); 0 = no cap. Addresses are grouped by --addr-prefix-v4 and --addr-prefix-v6.
     #[arg(long, default_value_t = 256)]
     pub max_conns_per_addr: u32,
+    /// Most governed turns one scope may have open at once on this node (more get 429); 0 = no limit. A scope is the --identity-header value, else the client address group (docs/operations.md "Who a request is").
+    #[arg(long, default_value_t = 0)]
+    pub limit_concurrency: u32,
+    /// Most governed turns one scope may start per minute on this node (more get 429 with Retry-After); 0 = no limit.
+    #[arg(long, default_value_t = 0)]
+    pub limit_requests_per_minute: u32,
+    /// Most prompt and output tokens one scope may use per minute on this node, counted when each turn ends (a request after the minute's tokens are spent gets 429 with Retry-After); 0 = no limit.
+    #[arg(long, default_value_t = 0)]
+    pub limit_tokens_per_minute: u64,
     /// Prefix length (bits, 1-32) that groups IPv4 client addresses for --max-conns-per-addr: 32 counts each address alone.
     #[arg(long, default_value_t = 32)]
     pub addr_prefix_v4: u8,
@@ -325,6 +337,14 @@ pub struct Config {
     /// The `--config` file as read at start (`None` without one): what SIGHUP compares the
     /// file with, to name the changes that apply only at the next start ([`sighup`]).
     pub file_at_start: Option<toml::Table>,
+}
+
+impl Config {
+    /// Whether the client's credential goes upstream as it came: not when haltd's own key
+    /// replaces it, nor when it is a key of haltd's store.
+    pub fn client_credential_goes_upstream(&self) -> bool {
+        self.upstream_api_key.is_none() && self.args.client_keys == crate::keys::ClientKeys::Off
+    }
 }
 
 /// TokenCircuit's policy as configured: `None` when disabled.

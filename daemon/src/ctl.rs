@@ -16,6 +16,7 @@
 
 pub mod circuit;
 pub mod fingerprint;
+pub mod keys;
 pub mod out;
 pub mod reader;
 pub mod reanchor;

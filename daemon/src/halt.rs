@@ -84,6 +84,10 @@ pub struct HaltCore {
     pub detectors: arc_swap::ArcSwap<crate::detect::pipeline::Detectors>,
     /// What client connections may hold: per-address and request-phase caps.
     pub admission: crate::admission::Admission,
+    /// The key store's keys (`keys.rs`; empty and unused with `--client-keys off`).
+    pub keys: crate::keys::KeyStore,
+    /// The per-scope limits and what each scope used (`limits.rs`).
+    pub limits: Arc<crate::limits::LimitTable>,
     /// The per-node secret that keys key fingerprints (`identity.rs`).
     pub node_secret: crate::identity::NodeSecret,
     /// One line per request (`--access-log`), reopened on SIGHUP.
@@ -449,10 +453,7 @@ impl HaltCore {
         if self.shutting_down.load(SeqCst) {
             return;
         }
-        if let Some(ch) = self
-            .modes
-            .enter(KeyId(snap.key_id), cause, &snap.id.to_string())
-        {
+        if let Some(ch) = self.modes.enter(snap.scope(), cause, &snap.id.to_string()) {
             self.record_mode_change(&ch);
         }
     }
@@ -498,7 +499,15 @@ impl HaltCore {
     /// A record with the fields every record of this stream shares, the trip and halt
     /// fields included once the stream tripped.
     pub fn base_record(&self, kind: RecordKind, snap: &SlotSnapshot) -> Record {
-        base_record(kind, snap, self.kernel_gate_label())
+        let mut rec = base_record(kind, snap, self.kernel_gate_label());
+        if snap.mode != Mode::Pending {
+            rec.scope = Some(snap.scope().name());
+            if self.cfg.args.client_keys == crate::keys::ClientKeys::Store {
+                // A read lock per record, never per token.
+                rec.key_name = self.keys.get(KeyId(snap.key_id)).map(|k| k.name);
+            }
+        }
+        rec
     }
 
     /// Appends a record; a failure is counted and logged (the ledger thread itself fails

@@ -30,6 +30,36 @@ use sha2::Sha256;
 /// with this one (the rule of issue 29 changed every fingerprint).
 pub const IDENTITY_DOMAIN: &[u8] = b"haltd identity v2\0";
 
+/// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
+/// request's credential (`credential.rs`, `identity.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u64);
+
+impl KeyId {
+    /// The key of a request with this credential (`None`: it had none).
+    pub fn of(secret: &NodeSecret, credential: Credential<'_>) -> KeyId {
+        KeyId(secret.key_id(credential))
+    }
+
+    /// The 16-hex-digit fingerprint used in records, metrics-free views and `haltctl`.
+    pub fn fingerprint(self) -> String {
+        format!("{:016x}", self.0)
+    }
+
+    pub fn parse_fingerprint(s: &str) -> Option<KeyId> {
+        (s.len() == 16)
+            .then(|| u64::from_str_radix(s, 16).ok())
+            .flatten()
+            .map(KeyId)
+    }
+}
+
+impl std::fmt::Display for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// Length of the node secret in bytes.
 const SECRET_LEN: usize = 32;
 
@@ -83,20 +113,24 @@ impl NodeSecret {
         NodeSecret(bytes)
     }
 
-    /// The first 8 bytes of HMAC-SHA-256 of [`IDENTITY_DOMAIN`], the credential's namespace,
-    /// a NUL and its bytes (all requests without a credential share one identity).
-    pub fn key_id(&self, credential: Credential<'_>) -> u64 {
+    /// The first 8 bytes of HMAC-SHA-256 of `parts`, concatenated (`scope.rs`).
+    pub fn mac64(&self, parts: &[&[u8]]) -> u64 {
         let mut mac =
             <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        let (namespace, bytes) = credential.domain_and_bytes();
-        mac.update(IDENTITY_DOMAIN);
-        mac.update(namespace);
-        mac.update(b"\0");
-        mac.update(bytes);
+        for p in parts {
+            mac.update(p);
+        }
         let tag = mac.finalize().into_bytes();
         let mut first = [0u8; 8];
         first.copy_from_slice(&tag[..8]);
         u64::from_be_bytes(first)
+    }
+
+    /// The first 8 bytes of HMAC-SHA-256 of [`IDENTITY_DOMAIN`], the credential's namespace,
+    /// a NUL and its bytes (all requests without a credential share one identity).
+    pub fn key_id(&self, credential: Credential<'_>) -> u64 {
+        let (namespace, bytes) = credential.domain_and_bytes();
+        self.mac64(&[IDENTITY_DOMAIN, namespace, b"\0", bytes])
     }
 }
 

@@ -43,38 +43,8 @@ use crate::{
     state::{ConversationRow, ScopeRow},
 };
 
-/// A conversation's key: the first 8 bytes of HMAC-SHA-256, under the node secret, of the
-/// request's credential (`credential.rs`, `identity.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyId(pub u64);
-
-impl KeyId {
-    /// The key of a request with this credential (`None`: it had none).
-    pub fn of(
-        secret: &crate::identity::NodeSecret,
-        credential: crate::credential::Credential<'_>,
-    ) -> KeyId {
-        KeyId(secret.key_id(credential))
-    }
-
-    /// The 16-hex-digit fingerprint used in records, metrics-free views and `haltctl`.
-    pub fn fingerprint(self) -> String {
-        format!("{:016x}", self.0)
-    }
-
-    pub fn parse_fingerprint(s: &str) -> Option<KeyId> {
-        (s.len() == 16)
-            .then(|| u64::from_str_radix(s, 16).ok())
-            .flatten()
-            .map(KeyId)
-    }
-}
-
-impl fmt::Display for KeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
+pub use crate::identity::KeyId;
+use crate::scope::{Identity, Scope};
 
 /// What a halt puts into degraded mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -92,7 +62,8 @@ pub enum ScopeSel {
     /// Every degraded scope (node and keys).
     All,
     Node,
-    Key(KeyId),
+    /// One scope (`addr:`, `header:`, `apikey:` or a legacy `key:`, `scope.rs`).
+    Scope(Scope),
 }
 
 /// Whether a halt of this cause degrades its scope. Safety and integrity breaches do; an
@@ -161,6 +132,9 @@ pub enum ChangedBy {
     /// The start found a state store that does not match the ledger, and
     /// `--state-mismatch degrade-node` degraded the node.
     Start,
+    /// A request whose credential named a scope degraded before issue 36 (`scope.rs`): its
+    /// new scope is degraded with the old one's cause and end.
+    Migration,
 }
 
 impl ChangedBy {
@@ -170,6 +144,7 @@ impl ChangedBy {
             ChangedBy::Operator => "operator",
             ChangedBy::Timer => "timer",
             ChangedBy::Start => "start",
+            ChangedBy::Migration => "migration",
         }
     }
 }
@@ -218,7 +193,7 @@ pub struct ModeChange {
 
 impl ModeChange {
     /// A scope back to full.
-    fn to_full(key: Option<KeyId>, by: ChangedBy) -> Self {
+    fn to_full(key: Option<Scope>, by: ChangedBy) -> Self {
         ModeChange {
             scope: scope_name(key),
             from: RuntimeMode::Degraded,
@@ -260,7 +235,7 @@ pub struct Conversation {
 #[derive(Debug, Default)]
 struct Inner {
     node: Option<Degraded>,
-    keys: HashMap<KeyId, Degraded>,
+    keys: HashMap<Scope, Degraded>,
     conversations: HashMap<KeyId, Conversation>,
 }
 
@@ -275,8 +250,8 @@ pub struct Modes {
     timer_set: tokio::sync::Notify,
 }
 
-fn scope_name(key: Option<KeyId>) -> String {
-    key.map_or_else(|| "node".to_owned(), |k| format!("key:{k}"))
+fn scope_name(key: Option<Scope>) -> String {
+    key.map_or_else(|| "node".to_owned(), Scope::name)
 }
 
 fn conversation_change(key: KeyId, c: &Conversation) -> crate::state::Change {
@@ -290,14 +265,12 @@ fn conversation_change(key: KeyId, c: &Conversation) -> crate::state::Change {
     })
 }
 
-/// `node` is `Some(None)`, `key:<fingerprint>` is `Some(Some(key))`.
-fn parse_scope(s: &str) -> Option<Option<KeyId>> {
+/// `node` is `Some(None)`, `<kind>:<fingerprint>` is `Some(Some(scope))`.
+fn parse_scope(s: &str) -> Option<Option<Scope>> {
     if s == "node" {
         return Some(None);
     }
-    s.strip_prefix("key:")
-        .and_then(KeyId::parse_fingerprint)
-        .map(Some)
+    Scope::parse(s).map(Some)
 }
 
 fn duration_ns(d: Duration) -> u64 {
@@ -354,7 +327,7 @@ impl Modes {
             inner.node = None;
             out.push(ModeChange::to_full(None, ChangedBy::Timer));
         }
-        let mut keys: Vec<KeyId> = inner
+        let mut keys: Vec<Scope> = inner
             .keys
             .iter()
             .filter(|(_, d)| due(d))
@@ -368,18 +341,43 @@ impl Modes {
         out
     }
 
-    /// Whether a turn of this conversation runs degraded (the timer is checked by
-    /// [`Modes::expire`], which callers run first).
-    pub fn is_degraded(&self, key: KeyId) -> bool {
+    /// Whether a turn of this identity runs degraded (the timer is checked by
+    /// [`Modes::expire`], which callers run first): the node is, its scope is, or its
+    /// credential's legacy scope (`scope.rs`) is. In the last case its scope is degraded
+    /// too, until the legacy scope's end: the change to record is returned.
+    pub fn admit(&self, who: &Identity) -> (bool, Option<ModeChange>) {
+        let mut inner = self.lock();
+        if inner.node.is_some() || inner.keys.contains_key(&who.scope) {
+            return (true, None);
+        }
+        let Some(legacy) = inner.keys.get(&who.legacy).cloned() else {
+            return (false, None);
+        };
+        let change = ModeChange {
+            scope: who.scope.name(),
+            from: RuntimeMode::Full,
+            to: RuntimeMode::Degraded,
+            by: ChangedBy::Migration,
+            cause: Some(legacy.cause.clone()),
+            stream_id: Some(legacy.stream_id.clone()),
+            since_unix_ms: Some(legacy.since_unix_ms),
+            until_unix_ms: legacy.until_unix_ms,
+        };
+        inner.keys.insert(who.scope, legacy);
+        (true, Some(change))
+    }
+
+    /// Whether `scope` (or the node) is degraded now.
+    pub fn is_degraded(&self, scope: Scope) -> bool {
         let inner = self.lock();
-        inner.node.is_some() || inner.keys.contains_key(&key)
+        inner.node.is_some() || inner.keys.contains_key(&scope)
     }
 
     /// A halt of `cause` on a turn of `key`: degrade the configured scope. Returns the change
     /// to record: to degraded, or, for a scope already degraded whose timer the halt
     /// restarts, degraded to degraded with the new end; `None` if the cause does not degrade
     /// or nothing changes (already degraded, no timer).
-    pub fn enter(&self, key: KeyId, cause: FailureCode, stream_id: &str) -> Option<ModeChange> {
+    pub fn enter(&self, key: Scope, cause: FailureCode, stream_id: &str) -> Option<ModeChange> {
         if !cause_degrades(cause) {
             return None;
         }
@@ -433,17 +431,17 @@ impl Modes {
     /// The operator's `mode full`: ends the selected degraded scopes; returns the changes.
     pub fn set_full(&self, sel: ScopeSel) -> Vec<ModeChange> {
         let mut inner = self.lock();
-        let mut ended: Vec<Option<KeyId>> = Vec::new();
+        let mut ended: Vec<Option<Scope>> = Vec::new();
         if matches!(sel, ScopeSel::All | ScopeSel::Node) && inner.node.take().is_some() {
             ended.push(None);
         }
         match sel {
             ScopeSel::All => {
-                let mut keys: Vec<KeyId> = inner.keys.drain().map(|(k, _)| k).collect();
+                let mut keys: Vec<Scope> = inner.keys.drain().map(|(k, _)| k).collect();
                 keys.sort_unstable();
                 ended.extend(keys.into_iter().map(Some));
             }
-            ScopeSel::Key(k) => {
+            ScopeSel::Scope(k) => {
                 if inner.keys.remove(&k).is_some() {
                     ended.push(Some(k));
                 }
@@ -466,7 +464,7 @@ impl Modes {
         for row in rows {
             let key = parse_scope(&row.scope).ok_or_else(|| {
                 format!(
-                    "the stored scope {:?} is not node or key:<fingerprint>",
+                    "the stored scope {:?} is not node or <kind>:<fingerprint>",
                     row.scope
                 )
             })?;
@@ -518,7 +516,7 @@ impl Modes {
     /// The degraded scopes, for the admin API.
     pub fn degraded_view(&self) -> serde_json::Value {
         let inner = self.lock();
-        let mut keys: Vec<(&KeyId, &Degraded)> = inner.keys.iter().collect();
+        let mut keys: Vec<(&Scope, &Degraded)> = inner.keys.iter().collect();
         keys.sort_unstable_by_key(|(k, _)| **k);
         serde_json::json!({
             "scope_on_halt": self.scope,
@@ -526,7 +524,8 @@ impl Modes {
             "node": inner.node,
             "keys": keys.into_iter().map(|(k, d)| {
                 let mut v = serde_json::to_value(d).unwrap_or_default();
-                v["key"] = serde_json::Value::String(k.fingerprint());
+                v["key"] = serde_json::Value::String(k.id.fingerprint());
+                v["scope"] = serde_json::Value::String(k.name());
                 v
             }).collect::<Vec<_>>(),
         })
@@ -607,183 +606,4 @@ impl Modes {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secret() -> crate::identity::NodeSecret {
-        crate::identity::NodeSecret::from_bytes([3; 32])
-    }
-
-    fn key(s: &str) -> KeyId {
-        KeyId::of(&secret(), crate::credential::Credential::Bearer(s))
-    }
-
-    #[test]
-    fn key_ids_are_stable_and_distinct() {
-        assert_eq!(key("a"), key("a"));
-        assert_ne!(key("a"), key("b"));
-        let none = crate::credential::Credential::None;
-        assert_eq!(KeyId::of(&secret(), none), KeyId::of(&secret(), none));
-        let k = key("secret");
-        assert_eq!(KeyId::parse_fingerprint(&k.fingerprint()), Some(k));
-        assert!(!k.fingerprint().contains("secret"));
-        assert_eq!(KeyId::parse_fingerprint("xyz"), None);
-    }
-
-    #[test]
-    fn key_scope_degrades_only_that_key_until_the_operator_ends_it() {
-        let m = Modes::new(DegradedScope::Key, None);
-        let (a, b) = (key("a"), key("b"));
-        let ch = m
-            .enter(a, FailureCode::OperatorTrip, "1.1")
-            .expect("change");
-        assert_eq!(
-            (ch.from, ch.to, ch.by),
-            (RuntimeMode::Full, RuntimeMode::Degraded, ChangedBy::Halt)
-        );
-        assert_eq!(
-            serde_json::to_value(&ch).expect("json")["by"],
-            serde_json::json!("halt")
-        );
-        assert!(m.is_degraded(a));
-        assert!(!m.is_degraded(b));
-        // A second halt on a degraded scope is no change.
-        assert_eq!(m.enter(a, FailureCode::ExfilAlert, "1.2"), None);
-        // Timers never end it without --degraded-for-s.
-        assert!(m.expire(monotonic_ns() + (1 << 50)).is_empty());
-        let ended = m.set_full(ScopeSel::Key(a));
-        assert_eq!(ended.len(), 1);
-        assert_eq!(ended[0].by, ChangedBy::Operator);
-        assert!(!m.is_degraded(a));
-        assert!(m.set_full(ScopeSel::Key(a)).is_empty());
-    }
-
-    #[test]
-    fn upstream_failures_do_not_degrade() {
-        let m = Modes::new(DegradedScope::Node, None);
-        assert_eq!(m.enter(key("a"), FailureCode::UpstreamFailure, "1.1"), None);
-        assert!(!m.is_degraded(key("a")));
-    }
-
-    /// README's and the guide's statement: every halt degrades its scope except an upstream
-    /// failure, an open tool circuit and a client that stopped reading (a shutdown's halts
-    /// never reach `enter`: `halt.rs` skips it once `shutting_down` is set).
-    #[test]
-    fn every_cause_degrades_but_upstream_failures_open_circuits_and_stalled_clients() {
-        let spared = [
-            FailureCode::UpstreamFailure,
-            FailureCode::ToolCircuitOpen,
-            FailureCode::ClientStalled,
-        ];
-        for (i, code) in FailureCode::ALL.into_iter().enumerate() {
-            let m = Modes::new(DegradedScope::Key, None);
-            let change = m.enter(key("a"), code, &format!("{i}.1"));
-            let degrades = !spared.contains(&code);
-            assert_eq!(change.is_some(), degrades, "{code}");
-            assert_eq!(m.is_degraded(key("a")), degrades, "{code}");
-            assert!(
-                !m.is_degraded(key("b")),
-                "{code}: key scope is the key only"
-            );
-        }
-    }
-
-    #[test]
-    fn node_scope_degrades_everyone_and_the_timer_ends_it() {
-        let m = Modes::new(DegradedScope::Node, Some(Duration::from_secs(10)));
-        m.enter(key("a"), FailureCode::CoherenceBelowThreshold, "2.1")
-            .expect("change");
-        assert!(m.is_degraded(key("zzz")));
-        assert!(m.expire(monotonic_ns()).is_empty());
-        let ended = m.expire(monotonic_ns() + 11_000_000_000);
-        assert_eq!(ended.len(), 1);
-        assert_eq!(
-            (ended[0].scope.as_str(), ended[0].by),
-            ("node", ChangedBy::Timer)
-        );
-        assert!(!m.is_degraded(key("a")));
-        assert_eq!(m.degraded_count(), 0);
-    }
-
-    #[test]
-    fn the_timer_task_sleeps_until_the_first_expiry_and_is_told_of_new_timers() {
-        let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(10)));
-        let now = monotonic_ns();
-        assert_eq!(m.next_expiry(now), None, "no timer: the task waits for one");
-        m.enter(key("a"), FailureCode::CoherenceBelowThreshold, "3.1")
-            .expect("change");
-        // The permit is kept for the task's next wait.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), m.timer_set())
-                .await
-                .expect("told of the new timer");
-        });
-        let left = m.next_expiry(now).expect("a timer runs");
-        assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(11));
-        assert_eq!(m.next_expiry(now + 20_000_000_000), Some(Duration::ZERO));
-        m.set_full(ScopeSel::All);
-        assert_eq!(m.next_expiry(now), None);
-        // Without a hold nothing has a timer, and nobody is told.
-        let forever = Modes::new(DegradedScope::Node, None);
-        forever.enter(key("b"), FailureCode::CoherenceBelowThreshold, "3.2");
-        assert_eq!(forever.next_expiry(now), None);
-    }
-
-    #[test]
-    fn a_halt_restarts_a_timer_and_a_restore_keeps_each_end() {
-        let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(60)));
-        let first = m
-            .enter(key("a"), FailureCode::ExfilAlert, "4.1")
-            .expect("change");
-        let again = m
-            .enter(key("a"), FailureCode::ExfilAlert, "4.2")
-            .expect("restart");
-        assert_eq!(
-            (again.from, again.to),
-            (RuntimeMode::Degraded, RuntimeMode::Degraded)
-        );
-        assert_eq!(again.since_unix_ms, first.since_unix_ms);
-        assert!(again.until_unix_ms >= first.until_unix_ms);
-        // What the store keeps is what a restart restores: 60 s left stays about 60 s, on
-        // the monotonic clock of the new process, however the wall clock reads.
-        let row = match again.store_change() {
-            crate::state::Change::Degrade(row) => row,
-            other => panic!("{other:?}"),
-        };
-        let restored = Modes::new(DegradedScope::Node, None);
-        let (now, now_ns) = (SystemTime::now(), monotonic_ns());
-        restored
-            .restore(std::slice::from_ref(&row), now, now_ns)
-            .expect("restore");
-        assert!(restored.is_degraded(key("a")) && !restored.is_degraded(key("b")));
-        let left = restored.next_expiry(now_ns).expect("its timer");
-        assert!(
-            left > Duration::from_secs(58) && left <= Duration::from_secs(60),
-            "{left:?}"
-        );
-        assert_eq!(restored.expire(now_ns + 61_000_000_000).len(), 1);
-        let bad = ScopeRow {
-            scope: "key:nothex".into(),
-            ..row
-        };
-        assert!(restored.restore(&[bad], now, now_ns).is_err());
-    }
-
-    #[test]
-    fn failed_turns_leave_committed_state_alone() {
-        let m = Modes::new(DegradedScope::Key, None);
-        let a = key("a");
-        m.commit_turn(a, "1.1", 10, 1);
-        let before = m.conversation(a).expect("state");
-        m.fail_turn(a);
-        let after = m.conversation(a).expect("state");
-        assert_eq!(after.turns_committed, before.turns_committed);
-        assert_eq!(after.tokens_committed, before.tokens_committed);
-        assert_eq!(after.last_committed_turn, before.last_committed_turn);
-        assert_eq!(after.turns_failed, 1);
-    }
-}
+mod tests;

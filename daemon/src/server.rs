@@ -101,6 +101,23 @@ pub fn load_gate(cfg: &Config) -> Result<KernelGate, crate::gate::GateError> {
     Ok(gate)
 }
 
+/// Says what degraded mode keys on (`scope.rs`): the operator must know whether one halt
+/// degrades one tenant or everyone behind one address.
+fn say_scope_rule(cfg: &Config) {
+    let rule = if cfg.args.client_keys == crate::keys::ClientKeys::Store {
+        crate::scope::ScopeRule::Store
+    } else if cfg.args.identity_header.is_some() {
+        crate::scope::ScopeRule::HeaderThenAddr
+    } else {
+        crate::scope::ScopeRule::Addr
+    };
+    tracing::info!(
+        scope = rule.describe(),
+        degraded_scope = ?cfg.args.degraded_scope,
+        "degraded mode and limits are kept per scope: never the raw credential, which a client can respell"
+    );
+}
+
 /// Runs the daemon; returns only on a start-up error.
 pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartError> {
     warn_if_test_build();
@@ -122,6 +139,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     // thread started below.
     let watchdog = drop_privileges(&cfg)?;
     warn_about_sampling(&cfg);
+    say_scope_rule(&cfg);
     let gate_label = gate.as_ref().map_or("disabled", |_| "enforcing");
     let ledger = open_ledger(&cfg, gate_label)?;
     let metrics = new_metrics(&cfg, gate.is_some());
@@ -164,18 +182,10 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
             .map(|_| std::sync::Mutex::default())
             .collect(),
         node_secret,
+        keys: crate::keys::KeyStore::new(state.client_keys),
+        limits: restore::limit_table(&cfg, &state.key_usage),
         access_log: open_access_log(&cfg)?,
-        admission: crate::admission::Admission::new(
-            cfg.args.max_conns_per_addr,
-            crate::admission::AddrGroups {
-                v4: cfg.args.addr_prefix_v4,
-                v6: cfg.args.addr_prefix_v6,
-            },
-            crate::admission::Admission::request_cap(
-                cfg.args.max_streams,
-                cfg.args.request_phase_share,
-            ),
-        ),
+        admission: admission(&cfg),
         upstream_health: upstream_health(&cfg),
         grounding,
         cfg,
@@ -193,6 +203,21 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
     tracing::debug!(threads, "no thread holds a capability");
     serve_control_plane(shared, control, source, log)
+}
+
+/// What client connections may hold (`admission.rs`).
+fn admission(cfg: &Config) -> crate::admission::Admission {
+    crate::admission::Admission::new(
+        cfg.args.max_conns_per_addr,
+        crate::admission::AddrGroups {
+            v4: cfg.args.addr_prefix_v4,
+            v6: cfg.args.addr_prefix_v6,
+        },
+        crate::admission::Admission::request_cap(
+            cfg.args.max_streams,
+            cfg.args.request_phase_share,
+        ),
+    )
 }
 
 /// The state of `--upstream` that the watch thread keeps (none with the built-in source).

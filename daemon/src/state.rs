@@ -1,7 +1,7 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
 //! scopes with their expiry, each conversation's committed TURN-ACID state, TokenCircuit's
 //! per-conversation memory (its backoff clock and failed calls) and the dispatched tool calls
-//! of failed turns with their reconciliation, kept in an
+//! of failed turns with their reconciliation, and the key store's keys (`keys.rs`), kept in an
 //! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
 //! it during an upgrade).
 //!
@@ -129,6 +129,14 @@ pub struct DispatchedRow {
     pub body: serde_json::Value,
 }
 
+/// A key of the key store (`keys.rs` reads and writes `body`), or its counts
+/// (`limits::StoredUsage`), by the key's id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClientKeyRow {
+    pub id: String,
+    pub body: serde_json::Value,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -140,6 +148,8 @@ pub struct Snapshot {
     pub conversations: Vec<ConversationRow>,
     pub circuits: Vec<CircuitRow>,
     pub dispatched: Vec<DispatchedRow>,
+    pub client_keys: Vec<ClientKeyRow>,
+    pub key_usage: Vec<ClientKeyRow>,
 }
 
 /// A ledger record the store reflects.
@@ -173,6 +183,10 @@ pub enum Change {
     CircuitGone(String, String, String),
     /// A dispatched call of a failed turn, new or reconciled (the row is replaced).
     Dispatched(DispatchedRow),
+    /// A key of the key store, added, rotated or revoked (the row is replaced).
+    ClientKey(ClientKeyRow),
+    /// A key's counts after one of its turns ended (the row is replaced).
+    KeyUsage(ClientKeyRow),
 }
 
 enum Op {

@@ -100,9 +100,12 @@ pub struct Slot {
     pub max_event_bytes: AtomicU32,
     /// The emitter has a send on this socket in flight; the watchdog does not write then.
     pub send_inflight: AtomicBool,
-    /// The turn's conversation key (API-key fingerprint, [`crate::modes::KeyId`]): the scope a
-    /// halt puts into degraded mode.
+    /// The turn's conversation key (the credential's fingerprint, [`crate::modes::KeyId`]).
     pub key_id: AtomicU64,
+    /// The turn's degraded scope (`scope.rs`): the scope a halt puts into degraded mode, and
+    /// its kind ([`crate::scope::ScopeKind::as_u8`]).
+    pub scope_id: AtomicU64,
+    pub scope_kind: AtomicU8,
     /// The turn runs in degraded safe mode (FHR `runtime_mode`).
     pub degraded: AtomicBool,
     /// The client asked for `text/event-stream`, even if the turn is served as batch (degraded
@@ -282,6 +285,8 @@ impl Slot {
             started_unix_ms: self.started_unix_ms.load(SeqCst),
             budget: self.budget.load(SeqCst),
             key_id: self.key_id.load(SeqCst),
+            scope_id: self.scope_id.load(SeqCst),
+            scope_kind: self.scope_kind.load(SeqCst),
             degraded: self.degraded.load(SeqCst),
             client_sse: self.client_sse.load(SeqCst),
             chunked: self.chunked.load(SeqCst),
@@ -314,9 +319,21 @@ pub struct SlotSnapshot {
     pub started_unix_ms: u64,
     pub budget: u32,
     pub key_id: u64,
+    pub scope_id: u64,
+    pub scope_kind: u8,
     pub degraded: bool,
     pub client_sse: bool,
     pub chunked: bool,
+}
+
+impl SlotSnapshot {
+    /// The turn's degraded scope (`scope.rs`).
+    pub fn scope(&self) -> crate::scope::Scope {
+        crate::scope::Scope {
+            kind: crate::scope::ScopeKind::from_u8(self.scope_kind),
+            id: crate::identity::KeyId(self.scope_id),
+        }
+    }
 }
 
 impl SlotSnapshot {
@@ -448,6 +465,8 @@ impl StreamTable {
         s.degraded.store(false, SeqCst);
         s.client_sse.store(false, SeqCst);
         s.key_id.store(0, SeqCst);
+        s.scope_id.store(0, SeqCst);
+        s.scope_kind.store(0, SeqCst);
         s.created.store(0, SeqCst);
         s.started_ns.store(now_ns, SeqCst);
         s.started_unix_ms.store(crate::clock::unix_ms_now(), SeqCst);

@@ -39,7 +39,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// The rows of the objects in `list`, one column per key in `columns`.
-fn rows(list: &[Value], columns: &[&str]) -> Vec<Vec<String>> {
+pub fn rows(list: &[Value], columns: &[&str]) -> Vec<Vec<String>> {
     list.iter()
         .map(|o| columns.iter().map(|c| cell(&o[*c])).collect())
         .collect()
@@ -129,7 +129,9 @@ pub fn mode(v: &Value) -> String {
     }
     for k in v["keys"].as_array().into_iter().flatten() {
         let mut k = k.clone();
-        k["scope"] = format!("key:{}", cell(&k["key"])).into();
+        if k["scope"].is_null() {
+            k["scope"] = format!("key:{}", cell(&k["key"])).into();
+        }
         scopes.push(k);
     }
     if scopes.is_empty() {
@@ -193,6 +195,29 @@ pub fn conversations(v: &Value) -> String {
         "last_committed_turn",
     ];
     table(&columns, &rows(list, &columns))
+}
+
+/// `haltctl limits`: the limits, then each scope's use of its current minute.
+pub fn limits(v: &Value) -> String {
+    let l = &v["limits"];
+    let shown = |k: &str| match l[k].as_u64() {
+        Some(0) | None => "none".to_owned(),
+        Some(n) => n.to_string(),
+    };
+    let mut out = format!(
+        "limits per scope, on this node: concurrency {}, requests per minute {}, tokens per minute {}\n",
+        shown("concurrency"),
+        shown("requests_per_minute"),
+        shown("tokens_per_minute")
+    );
+    let list = v["scopes"].as_array().map_or(&[][..], Vec::as_slice);
+    if list.is_empty() {
+        out.push_str("no scope used anything in the last minute\n");
+        return out;
+    }
+    let columns = ["scope", "in_flight", "requests", "tokens"];
+    out.push_str(&table(&columns, &rows(list, &columns)));
+    out
 }
 
 /// `haltctl trip`: the tripped stream.

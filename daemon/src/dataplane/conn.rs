@@ -120,6 +120,12 @@ pub(in crate::dataplane) struct Conn {
     pub(in crate::dataplane) peer_eof: bool,
     /// The client's IP address, read at accept (what `--max-conns-per-addr` counts).
     pub(in crate::dataplane) peer: Option<std::net::IpAddr>,
+    /// The turn's place in its scope's concurrency limit (`limits.rs`): given back when the
+    /// connection goes on to its next request or closes. `None` without limits.
+    pub(in crate::dataplane) place: Option<crate::limits::Place>,
+    /// With `--client-keys store`: the key the request authenticated with (records and the
+    /// access log name it).
+    pub(in crate::dataplane) client_key: Option<crate::keys::KeyMatch>,
     /// When the request began: `--request-timeout-ms` counts from here. Accept for the first
     /// request, the first byte of the request for the later ones of a kept connection.
     pub(in crate::dataplane) accepted_ns: u64,
@@ -206,6 +212,8 @@ impl Conn {
             up: None,
             peer_eof: false,
             peer,
+            place: None,
+            client_key: None,
             accepted_ns,
             keep: KeepAlive::Close,
             turns: 1,
@@ -267,7 +275,8 @@ impl Conn {
         stream_id: &str,
     ) -> Vec<(&'static str, String)> {
         let mut fields = self.correlation(cfg.args.upstream_request_id, stream_id);
-        let own_key = cfg.upstream_api_key.is_some();
+        // haltd's own key replaces the client's, and a key of haltd's store never leaves.
+        let own_key = !cfg.client_credential_goes_upstream();
         fields.extend(
             self.surface_headers
                 .iter()

@@ -41,6 +41,7 @@ use crate::{
     },
     modes::KeyId,
     safety::{self, SafetyContext},
+    scope::Identity,
     source::{
         builtin::{BuiltinModel, MODEL_NAME},
         resume::BuiltinSource,
@@ -173,6 +174,9 @@ pub(in crate::dataplane) struct Turn {
     pub(in crate::dataplane) held_reasoning: String,
     pub(in crate::dataplane) held_tokens: Vec<HeldToken>,
     pub(in crate::dataplane) prompt_tokens: u64,
+    /// The usage the final frame reported (prompt, completion): what the turn is charged
+    /// against its scope's tokens per minute (`limits.rs`).
+    pub(in crate::dataplane) usage: Option<(u64, u64)>,
     pub(in crate::dataplane) detector_refs: Vec<String>,
     pub(in crate::dataplane) last_token_ns: u64,
     pub(in crate::dataplane) token_gap_ns_sum: u64,
@@ -230,6 +234,7 @@ impl Turn {
             held_reasoning: String::new(),
             held_tokens: Vec::new(),
             prompt_tokens: 0,
+            usage: None,
             detector_refs,
             last_token_ns: 0,
             token_gap_ns_sum: 0,
@@ -318,7 +323,7 @@ impl Step<'_> {
         &mut self,
         endpoint: Endpoint,
         client_stream: bool,
-        key_id: KeyId,
+        who: &Identity,
         model: Arc<str>,
     ) -> io::Result<Option<(bool, Mode)>> {
         let shared = Arc::clone(&self.io.shared);
@@ -344,12 +349,17 @@ impl Step<'_> {
         }
         // A lock per turn start (degraded-mode registry), never per token.
         shared.expire_degraded();
-        let degraded = shared.modes.is_degraded(key_id);
+        let (degraded, migrated) = shared.modes.admit(who);
+        if let Some(ch) = migrated {
+            shared.record_mode_change(&ch);
+        }
         let conn = &mut *self.conn;
         let slot = shared.table.slot(conn.id.slot);
         slot.created.store(crate::clock::unix_secs(), SeqCst);
         slot.endpoint.store(endpoint);
-        slot.key_id.store(key_id.0, SeqCst);
+        slot.key_id.store(who.conversation.0, SeqCst);
+        slot.scope_id.store(who.scope.id.0, SeqCst);
+        slot.scope_kind.store(who.scope.kind.as_u8(), SeqCst);
         slot.degraded.store(degraded, SeqCst);
         slot.client_sse.store(client_stream, SeqCst);
         // Degraded safe mode serves streaming requests as batch: held until complete.
@@ -494,11 +504,11 @@ impl Step<'_> {
     pub(in crate::dataplane) fn start_builtin_turn(
         &mut self,
         req: BuiltinTurn,
-        key_id: KeyId,
+        who: Identity,
     ) -> io::Result<()> {
         let ask = &req.ask;
         let Some((degraded, mode)) =
-            self.open_turn(ask.endpoint, ask.stream, key_id, MODEL_NAME.into())?
+            self.open_turn(ask.endpoint, ask.stream, &who, MODEL_NAME.into())?
         else {
             return Ok(());
         };
@@ -508,7 +518,7 @@ impl Step<'_> {
         let restate = self.io.shared.cfg.args.builtin_restate_prompt;
         let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, restate));
         let enc = self.encoder(ask, MODEL_NAME.into(), (false, false));
-        let mut turn = Turn::new(source, ask, key_id, degraded, enc, gov, detectors);
+        let mut turn = Turn::new(source, ask, who.conversation, degraded, enc, gov, detectors);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
         // The built-in model's identity cannot change within a turn: before and after are
@@ -546,19 +556,21 @@ impl Step<'_> {
         endpoint: Endpoint,
         head: &RequestHead,
         body: &[u8],
+        who: Identity,
     ) -> io::Result<()> {
         let native = self.io.shared.cfg.upstream_surfaces.passes(endpoint);
         let auth = upstream_authorization(head, endpoint, native);
         self.conn.surface_headers = surface_headers(head, native);
-        let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
-        // Degraded mode decides what is forwarded, so look it up before preparing the body.
+        // Degraded mode decides what is forwarded, so look it up before preparing the body
+        // (`open_turn` looks again, and records a legacy scope's migration).
         self.io.shared.expire_degraded();
-        let degraded = self.io.shared.modes.is_degraded(key_id);
+        let degraded = self.io.shared.modes.is_degraded(who.scope)
+            || self.io.shared.modes.is_degraded(who.legacy);
         let policy = self.io.shared.cfg.tool_circuit.as_ref();
         let arrival = circuit::Arrival {
             store: &self.io.shared.circuits,
             header: head.conversation_id.as_deref(),
-            key: key_id,
+            key: who.conversation,
             now: std::time::Instant::now(),
         };
         let (up, request_urls, system_prompt, circuit) = match prepare_proxied(
@@ -575,7 +587,7 @@ impl Step<'_> {
         };
         let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, _mode)) =
-            self.open_turn(endpoint, up.ask.stream, key_id, Arc::clone(&model))?
+            self.open_turn(endpoint, up.ask.stream, &who, Arc::clone(&model))?
         else {
             return Ok(());
         };
@@ -590,7 +602,7 @@ impl Step<'_> {
         let mut turn = Turn::new(
             source,
             &up.ask,
-            key_id,
+            who.conversation,
             degraded,
             enc,
             (gov, detector_refs),

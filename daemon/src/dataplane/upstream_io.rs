@@ -107,10 +107,12 @@ impl Step<'_> {
             }
         };
         let mut wbuf = Vec::new();
-        // haltd's own key (`--upstream-api-key-file`) replaces the client's credential.
+        // haltd's own key (`--upstream-api-key-file`) replaces the client's credential; a key
+        // of haltd's store (`--client-keys store`) is haltd's to check and never goes upstream.
         let authorization = match &shared.cfg.upstream_api_key {
             Some(k) => Some(k.header_value()),
-            None => req.authorization,
+            None if shared.cfg.client_credential_goes_upstream() => req.authorization,
+            None => None,
         };
         let stream_id = self.conn.id.to_string();
         let fields = self.conn.upstream_headers(&shared.cfg, &stream_id);

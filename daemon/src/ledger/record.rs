@@ -81,6 +81,13 @@ pub struct Record {
     /// The conversation's key fingerprint (never the key itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
+    /// The degraded scope of the turn (`addr:<fp>`, `header:<fp>`, `apikey:<id>`: `scope.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// With `--client-keys store`: the name of the key the request authenticated with (its
+    /// id is `conversation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
     /// TURN-ACID: `"committed"` (ended cleanly; its state was committed) or `"failed"`
     /// (left no state behind).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +182,8 @@ impl Default for Record {
             kernel: None,
             message: None,
             conversation: None,
+            scope: None,
+            key_name: None,
             turn_status: None,
             upstream: None,
             tool_calls: Vec::new(),

@@ -144,6 +144,21 @@ impl EncodeLabelValue for KeepAliveClose {
     }
 }
 
+/// The `limit` label of `haltd_limit_refusals_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct LimitLabel(pub crate::limits::Limit);
+
+impl EncodeLabelValue for LimitLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.0.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: LimitLabel,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KeepAliveCloseLabels {
     pub reason: KeepAliveClose,
@@ -171,6 +186,8 @@ pub struct DataPlaneMetrics {
     pub connections_draining: Gauge,
     /// Clients cut because they stopped reading (`--send-stall-timeout-ms`).
     pub client_stalls: Family<StallPhaseLabels, Counter>,
+    /// Requests refused by a per-scope limit (`limits.rs`).
+    pub limit_refusals: Family<LimitLabels, Counter>,
 }
 
 impl DataPlaneMetrics {
@@ -230,7 +247,19 @@ impl DataPlaneMetrics {
             "Client TLS handshakes that failed (a bad ClientHello, no common version or suite, no http/1.1 in ALPN, an alert from the client, garbage); each ends only its own connection",
             client_tls_handshake_failures.clone(),
         );
+        let limit_refusals = Family::<LimitLabels, Counter>::default();
+        reg.register(
+            "limit_refusals",
+            "Governed requests answered 429 because their scope was over a limit of this node: concurrency (--limit-concurrency), requests_per_minute, tokens_per_minute",
+            limit_refusals.clone(),
+        );
+        for limit in crate::limits::Limit::ALL {
+            drop(limit_refusals.get_or_create(&LimitLabels {
+                limit: LimitLabel(limit),
+            }));
+        }
         DataPlaneMetrics {
+            limit_refusals,
             client_tls_handshakes,
             client_tls_handshake_failures,
             keepalive_turns,

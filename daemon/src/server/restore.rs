@@ -31,6 +31,9 @@ pub(super) struct Opened {
     pub(super) dispatched: Vec<DispatchedRow>,
     /// The ledger's records after the store's point that state dispatched calls.
     pub(super) dispatched_records: Vec<serde_json::Value>,
+    /// The key store's keys (`keys.rs`) and their counts.
+    pub(super) client_keys: Vec<crate::keys::ClientKey>,
+    pub(super) key_usage: Vec<crate::state::ClientKeyRow>,
 }
 
 /// The fingerprint of this node's key that the store keeps: the key id of a request without
@@ -93,9 +96,11 @@ pub(super) fn open_state(
         conversations = held.conversations.len(),
         tool_circuit_conversations = held.circuits.len(),
         dispatched_calls = held.dispatched.len(),
+        client_keys = held.client_keys.len(),
         took_ms = t.elapsed().as_millis() as u64,
         "state restored"
     );
+    let client_keys = client_keys(&store, &held.client_keys)?;
     let (circuits, dispatched) = (held.circuits.clone(), held.dispatched.clone());
     store.replace(Snapshot {
         ledger: None,
@@ -104,6 +109,8 @@ pub(super) fn open_state(
         conversations: held.conversations,
         circuits: held.circuits,
         dispatched: held.dispatched,
+        client_keys: held.client_keys,
+        key_usage: held.key_usage.clone(),
     });
     let store = Arc::new(store);
     let opened = Opened {
@@ -112,8 +119,57 @@ pub(super) fn open_state(
         circuits,
         dispatched,
         dispatched_records,
+        client_keys,
+        key_usage: held.key_usage,
     };
     Ok((opened, mismatch))
+}
+
+/// The per-scope limits, with the keys' counts the state store kept (their minute goes on
+/// across a restart). A row that does not read is skipped, logged: counts are not governance.
+pub(super) fn limit_table(
+    cfg: &Config,
+    kept: &[crate::state::ClientKeyRow],
+) -> std::sync::Arc<crate::limits::LimitTable> {
+    let table = crate::limits::LimitTable::new(crate::limits::Limits {
+        concurrency: cfg.args.limit_concurrency,
+        requests_per_minute: cfg.args.limit_requests_per_minute,
+        tokens_per_minute: cfg.args.limit_tokens_per_minute,
+    });
+    let now = (
+        crate::clock::monotonic_ns(),
+        crate::clock::unix_ms(std::time::SystemTime::now()),
+    );
+    for row in kept {
+        let id = KeyId::parse_fingerprint(&row.id);
+        let usage = serde_json::from_value::<crate::limits::StoredUsage>(row.body.clone());
+        match (id, usage) {
+            (Some(id), Ok(u)) => {
+                table.restore(crate::scope::Scope::of_api_key(id), &u, now.0, now.1);
+            }
+            _ => {
+                tracing::warn!(key = %row.id, "a key's stored counts do not read; they start at zero")
+            }
+        }
+    }
+    table
+}
+
+/// The key store's keys the state store holds.
+fn client_keys(
+    store: &StateStore,
+    rows: &[crate::state::ClientKeyRow],
+) -> Result<Vec<crate::keys::ClientKey>, StartError> {
+    rows.iter()
+        .map(|row| {
+            serde_json::from_value::<crate::keys::ClientKey>(row.body.clone()).map_err(|e| {
+                StartError::State(StateError::Corrupt {
+                    path: store.path().to_owned(),
+                    reason: format!("client key {}: {e}", row.id),
+                })
+            })
+        })
+        .collect()
 }
 
 /// TokenCircuit's conversation store, counting into `/metrics`, holding what the state store

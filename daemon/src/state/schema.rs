@@ -1,7 +1,7 @@
 //! The store's SQL: opening the file (mode 0600, WAL, full sync), the schema and its
 //! migrations, and the statements that read and write it.
 //!
-//! Schema version 3:
+//! Schema version 4:
 //!
 //! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
 //!   ledger record the store reflects) and `node_check` (the fingerprint of the node key);
@@ -12,7 +12,10 @@
 //! - `circuits(key, id, source, retained, body)`, primary key `(key, id, source)`, and
 //!   `dispatched(reference TEXT PRIMARY KEY, body)` (version 3): TokenCircuit's memory and the
 //!   dispatched calls of failed turns, each body a JSON document whose fields
-//!   `circuit::persist` and `circuit::dispatched` own (a field added later has a default).
+//!   `circuit::persist` and `circuit::dispatched` own (a field added later has a default);
+//! - `client_keys(id TEXT PRIMARY KEY, body)` and `key_usage(id TEXT PRIMARY KEY, body)`
+//!   (version 4): the key store's keys (`keys.rs`: name, secret hashes, revocation, limits)
+//!   and each key's counts (`limits.rs` `StoredUsage`), each body a JSON document.
 //!
 //! The migration rule: each version `n` has one step from `n - 1` ([`MIGRATIONS`]), run in
 //! order in one transaction at open; a file whose `user_version` is above [`VERSION`] is
@@ -23,11 +26,12 @@ use std::{fs::OpenOptions, os::unix::fs::OpenOptionsExt, path::Path};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::{
-    Change, CircuitRow, ConversationRow, DispatchedRow, Point, ScopeRow, Snapshot, StateError,
+    Change, CircuitRow, ClientKeyRow, ConversationRow, DispatchedRow, Point, ScopeRow, Snapshot,
+    StateError,
 };
 
 /// The schema this haltd writes.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 /// Step `i` takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -56,6 +60,8 @@ const MIGRATIONS: &[&str] = &[
          PRIMARY KEY (key, id, source)
      );
      CREATE TABLE dispatched (reference TEXT PRIMARY KEY, body TEXT NOT NULL);",
+    "CREATE TABLE client_keys (id TEXT PRIMARY KEY, body TEXT NOT NULL);
+     CREATE TABLE key_usage (id TEXT PRIMARY KEY, body TEXT NOT NULL);",
 ];
 
 fn sql<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(rusqlite::Error) -> StateError + 'p {
@@ -188,6 +194,8 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
         conversations,
         circuits: load_circuits(conn, path)?,
         dispatched: load_dispatched(conn, path)?,
+        client_keys: load_rows(conn, path, "client_keys")?,
+        key_usage: load_rows(conn, path, "key_usage")?,
     })
 }
 
@@ -235,6 +243,29 @@ fn load_dispatched(conn: &Connection, path: &Path) -> Result<Vec<DispatchedRow>,
             Ok(DispatchedRow {
                 reference,
                 body: body(path, "dispatched", &text)?,
+            })
+        })
+        .collect()
+}
+
+/// The rows of `table` (`client_keys` or `key_usage`: an id and a JSON body).
+fn load_rows(
+    conn: &Connection,
+    path: &Path,
+    table: &'static str,
+) -> Result<Vec<ClientKeyRow>, StateError> {
+    let mut stmt = conn
+        .prepare(&format!("SELECT id, body FROM {table} ORDER BY id"))
+        .map_err(sql(path, "reading the client keys"))?;
+    let rows: Vec<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading the client keys"))?;
+    rows.into_iter()
+        .map(|(id, text)| {
+            Ok(ClientKeyRow {
+                id,
+                body: body(path, table, &text)?,
             })
         })
         .collect()
@@ -290,6 +321,16 @@ fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<()
              ON CONFLICT (reference) DO UPDATE SET body = excluded.body",
             params![d.reference, d.body.to_string()],
         ),
+        Change::ClientKey(k) => tx.execute(
+            "INSERT INTO client_keys (id, body) VALUES (?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+            params![k.id, k.body.to_string()],
+        ),
+        Change::KeyUsage(k) => tx.execute(
+            "INSERT INTO key_usage (id, body) VALUES (?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+            params![k.id, k.body.to_string()],
+        ),
     }
     .map(drop)
     .map_err(sql(path, change.op()))
@@ -303,6 +344,8 @@ impl Change {
             Change::Conversation(_) => "writing a conversation's committed state",
             Change::Circuit(_) | Change::CircuitGone(..) => "writing TokenCircuit's memory",
             Change::Dispatched(_) => "writing a dispatched call",
+            Change::ClientKey(_) => "writing a client key",
+            Change::KeyUsage(_) => "writing a key's usage",
         }
     }
 }
@@ -340,7 +383,13 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
         .map_err(sql(path, "beginning a change"))?;
     tx.execute("DELETE FROM degraded", [])
         .map_err(sql(path, "clearing the degraded scopes"))?;
-    for table in ["conversations", "circuits", "dispatched"] {
+    for table in [
+        "conversations",
+        "circuits",
+        "dispatched",
+        "client_keys",
+        "key_usage",
+    ] {
         tx.execute(&format!("DELETE FROM {table}"), [])
             .map_err(sql(path, "clearing a table"))?;
     }
@@ -355,6 +404,12 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
     }
     for d in &held.dispatched {
         write_change(&tx, path, &Change::Dispatched(d.clone()))?;
+    }
+    for k in &held.client_keys {
+        write_change(&tx, path, &Change::ClientKey(k.clone()))?;
+    }
+    for k in &held.key_usage {
+        write_change(&tx, path, &Change::KeyUsage(k.clone()))?;
     }
     if let Some(p) = &held.ledger {
         set_point(&tx, path, p)?;

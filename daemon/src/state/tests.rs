@@ -126,7 +126,7 @@ fn the_file_is_private_and_a_newer_schema_is_refused() {
 }
 
 #[test]
-fn a_version_1_store_is_migrated_and_keeps_its_scopes() {
+fn a_version_1_store_is_migrated_and_keeps_its_scopes_and_every_later_table() {
     let dir = TempDir::new("migrate");
     let path = dir.state().join(STATE_FILE);
     let conn = rusqlite::Connection::open(&path).expect("test setup");
@@ -165,6 +165,19 @@ fn a_version_1_store_is_migrated_and_keeps_its_scopes() {
         reference: "0123456789ab".into(),
         body: serde_json::json!({"tool": "send_email"}),
     };
+    // Version 4's tables: the key store's keys and their counts.
+    let client_key = ClientKeyRow {
+        id: "0123456789abcdef".into(),
+        body: serde_json::json!({"name": "ci", "revoked_unix_ms": null}),
+    };
+    let revoked = ClientKeyRow {
+        body: serde_json::json!({"name": "ci", "revoked_unix_ms": 7}),
+        ..client_key.clone()
+    };
+    let usage = ClientKeyRow {
+        body: serde_json::json!({"requests_total": 3}),
+        ..client_key.clone()
+    };
     store.apply(
         None,
         vec![
@@ -173,13 +186,24 @@ fn a_version_1_store_is_migrated_and_keeps_its_scopes() {
             Change::Circuit(gone),
             Change::CircuitGone("aa".into(), "c-2".into(), "header".into()),
             Change::Dispatched(dispatched.clone()),
+            Change::ClientKey(client_key),
+            Change::ClientKey(revoked.clone()),
+            Change::KeyUsage(usage.clone()),
         ],
     );
     drop(store);
-    let (_store, held) = StateStore::open(&dir.state()).expect("reopen");
+    let (store, held) = StateStore::open(&dir.state()).expect("reopen");
     assert_eq!(held.conversations, [c]);
     assert_eq!(held.circuits, [circuit]);
     assert_eq!(held.dispatched, [dispatched]);
+    assert_eq!(held.client_keys, [revoked], "the row is replaced");
+    assert_eq!(held.key_usage, [usage]);
+    // A start's replace keeps them.
+    store.replace(held.clone());
+    drop(store);
+    let (_store, again) = StateStore::open(&dir.state()).expect("reopen");
+    assert_eq!(again.client_keys, held.client_keys);
+    assert_eq!(again.key_usage, held.key_usage);
     let conn = rusqlite::Connection::open(&path).expect("test setup");
     let v: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -197,14 +221,24 @@ fn changes_are_stored_after_their_records_and_a_restart_finds_them() {
     let store = Arc::new(store);
     let modes = Modes::new(DegradedScope::Key, Some(Duration::from_secs(600)));
     let ch = modes
-        .enter(key("a"), FailureCode::ExfilAlert, "2.1")
+        .enter(
+            crate::scope::Scope::legacy(key("a")),
+            FailureCode::ExfilAlert,
+            "2.1",
+        )
         .expect("change");
     record(&ledger, &store, &ch);
     let ch = modes
-        .enter(key("b"), FailureCode::ExfilAlert, "2.2")
+        .enter(
+            crate::scope::Scope::legacy(key("b")),
+            FailureCode::ExfilAlert,
+            "2.2",
+        )
         .expect("change");
     record(&ledger, &store, &ch);
-    for ch in modes.set_full(crate::modes::ScopeSel::Key(key("b"))) {
+    for ch in modes.set_full(crate::modes::ScopeSel::Scope(crate::scope::Scope::legacy(
+        key("b"),
+    ))) {
         record(&ledger, &store, &ch);
     }
     ledger.flush().expect("flush");
@@ -237,7 +271,11 @@ fn a_store_behind_its_ledger_catches_up_and_never_loses_a_degrade() {
     // ledger, the store never saw it.
     let modes = Modes::new(DegradedScope::Key, Some(Duration::from_secs(600)));
     let ch = modes
-        .enter(key("c"), FailureCode::CoherenceBelowThreshold, "3.1")
+        .enter(
+            crate::scope::Scope::legacy(key("c")),
+            FailureCode::CoherenceBelowThreshold,
+            "3.1",
+        )
         .expect("change");
     ledger.append_sync(mode_record(&ch)).expect("written");
     // So for a failed turn's dispatched call: handed to the start to replay.
@@ -268,7 +306,7 @@ fn a_store_behind_its_ledger_catches_up_and_never_loses_a_degrade() {
             crate::clock::monotonic_ns(),
         )
         .expect("restore");
-    assert!(again.is_degraded(key("c")));
+    assert!(again.is_degraded(crate::scope::Scope::legacy(key("c"))));
 }
 
 #[test]
@@ -277,7 +315,11 @@ fn a_store_that_does_not_match_is_named_never_reset() {
     let ledger = testing::open(&dir.ledger(), true).expect("ledger");
     let modes = Modes::new(DegradedScope::Node, None);
     let ch = modes
-        .enter(key("d"), FailureCode::ExfilAlert, "4.1")
+        .enter(
+            crate::scope::Scope::legacy(key("d")),
+            FailureCode::ExfilAlert,
+            "4.1",
+        )
         .expect("change");
     ledger.append_sync(mode_record(&ch)).expect("written");
     // A removed store, or a new state directory: the segment is the whole chain, so every
@@ -356,7 +398,7 @@ fn ten_thousand_scopes_are_restored() {
     eprintln!("restored 10,000 scopes in {took:?}");
     assert_eq!(restored.verdict, Verdict::Matched { replayed: 0 });
     assert_eq!(modes.degraded_count(), 10_000);
-    assert!(modes.is_degraded(KeyId(9_999)));
+    assert!(modes.is_degraded(crate::scope::Scope::legacy(KeyId(9_999))));
     drop(store);
 }
 
@@ -371,7 +413,11 @@ fn a_store_linked_at_rotation_matches_the_new_segment() {
     let store = Arc::new(store);
     let modes = Modes::new(DegradedScope::Key, None);
     let ch = modes
-        .enter(key("r"), FailureCode::ExfilAlert, "6.1")
+        .enter(
+            crate::scope::Scope::legacy(key("r")),
+            FailureCode::ExfilAlert,
+            "6.1",
+        )
         .expect("change");
     record(&ledger, &store, &ch);
     ledger.flush().expect("flush");

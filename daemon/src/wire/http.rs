@@ -157,6 +157,19 @@ impl HttpError {
     }
 }
 
+/// `seconds` as a `retry-after` value: 1 to 60 (a minute's window is the longest wait haltd
+/// asks for; more is said as 60).
+pub fn retry_after_seconds(seconds: u64) -> &'static str {
+    const SECONDS: [&str; 60] = [
+        "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+        "32", "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46",
+        "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+    ];
+    let i = usize::try_from(seconds.clamp(1, 60) - 1).unwrap_or(59);
+    SECONDS[i]
+}
+
 /// The path (without its query) of a request whose request line arrived whole, however the
 /// rest of its head turns out: which surface a refused head (two credentials, a body too
 /// large) is answered for, in that surface's error schema. `None` without a whole line, or

@@ -101,17 +101,20 @@ enum Command {
     /// Daemon status: which daemon answered (pid, listen and admin addresses, version,
     /// commit, ledger), then its gate, heartbeat and streams.
     Status,
-    /// Show degraded safe mode, or end it: `haltctl mode full [--scope all|node|key:<fingerprint>]`.
+    /// Show degraded safe mode, or end it: `haltctl mode full [--scope all|node|SCOPE]`.
     Mode {
         /// `full` ends degraded mode for the scope; without it, show the degraded scopes.
         #[arg(value_parser = ["full"])]
         set: Option<String>,
-        /// Which degraded scope to end: every one (`all`), the node-wide one, or one API key by its fingerprint (as records and `haltctl mode` show it).
+        /// Which degraded scope to end: every one (`all`), the node-wide one, or one scope as records and `haltctl mode` name it (`addr:<fp>`, `header:<fp>`, or `key:<fp>` kept from before 0.36).
         #[arg(long, default_value = "all", requires = "set")]
         scope: String,
     },
     /// Committed per-conversation state (turns that ended cleanly).
     Conversations,
+    /// This node's per-scope limits (--limit-*) and what each scope used in its current
+    /// minute: turns in flight, requests and tokens.
+    Limits,
     /// The state that survives a restart (the state store in --state-dir): show it, or end
     /// one entry.
     State {
@@ -208,8 +211,9 @@ struct CalibrateArgs {
 #[derive(Subcommand)]
 enum KeyCommand {
     /// Print the fingerprint haltd gives the key on standard input (one line: the API key, or
-    /// `Bearer KEY`; with --header, an --identity-header value), as records, `haltctl mode` and
-    /// `--scope key:<fingerprint>` show it. Needs the node secret (`<state-dir>/node.key`).
+    /// `Bearer KEY`; with --header, an --identity-header value): the conversation records'
+    /// `conversation`, `haltctl conversations` and a `key:<fingerprint>` scope kept from before
+    /// 0.36 name it by. Needs the node secret (`<state-dir>/node.key`).
     /// Exit status: 0 printed, 2 cannot (no secret, not a key haltd accepts).
     Fingerprint {
         /// The line is the value of haltd's --identity-header, not an API key.
@@ -219,6 +223,38 @@ enum KeyCommand {
         #[arg(long, env = "HALTD_STATE_DIR")]
         state_dir: Option<PathBuf>,
     },
+    /// Issue a key of the key store (--client-keys store): prints its secret once. Recorded
+    /// in the ledger with your identity. Limits not given are the node's --limit-*.
+    Add {
+        /// What the key is for (shown in `key list`, the access log and records).
+        name: String,
+        /// Most turns the key may have open at once on this node.
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// Most turns the key may start per minute on this node.
+        #[arg(long)]
+        rpm: Option<u32>,
+        /// Most prompt and output tokens the key may use per minute on this node.
+        #[arg(long)]
+        tpm: Option<u64>,
+    },
+    /// Revoke a key: its next request gets 401, and its open turns are halted. Recorded.
+    Revoke {
+        /// The key's id (16 hex digits, as `key list` shows it).
+        id: String,
+    },
+    /// Give a key a new secret (printed once); the old one keeps working for --overlap-s.
+    /// Recorded.
+    Rotate {
+        /// The key's id.
+        id: String,
+        /// How long the old secret keeps working, in seconds (0: it stops at once).
+        #[arg(long, default_value_t = 86_400)]
+        overlap_s: u64,
+    },
+    /// Every key: id, name, state (active, rotating, revoked), and its use of the current
+    /// minute against its limits. Never a secret.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -313,6 +349,40 @@ fn circuit_call(
     request: Result<haltd::ctl::circuit::AdminRequest, &str>,
     render: fn(&Value) -> String,
 ) -> ExitCode {
+    match request {
+        Ok((method, path, body)) => admin_call(ctx, (method, &path), body, render),
+        Err(e) => {
+            eprintln!("haltctl: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `haltctl key add|revoke|rotate|list`.
+fn key_call(ctx: &Ctx, command: &KeyCommand) -> ExitCode {
+    use haltd::ctl::keys;
+    let (request, render): (Result<_, String>, fn(&Value) -> String) = match command {
+        KeyCommand::Add {
+            name,
+            concurrency,
+            rpm,
+            tpm,
+        } => (
+            Ok(keys::add(name, *concurrency, *rpm, *tpm)),
+            keys::render_secret,
+        ),
+        KeyCommand::Revoke { id } => (keys::revoke(id), keys::render_revoked),
+        KeyCommand::Rotate { id, overlap_s } => {
+            (keys::rotate(id, Some(*overlap_s)), keys::render_secret)
+        }
+        KeyCommand::List => (
+            Ok((Method::GET, "/admin/keys".to_owned(), None)),
+            keys::render_list,
+        ),
+        KeyCommand::Fingerprint { header, state_dir } => {
+            return key_fingerprint(ctx, &ctx.state_dir(state_dir.as_ref()), *header);
+        }
+    };
     match request {
         Ok((method, path, body)) => admin_call(ctx, (method, &path), body, render),
         Err(e) => {
@@ -489,6 +559,7 @@ fn main() -> ExitCode {
             Some(serde_json::json!({ "mode": "full", "scope": scope })),
             render::mode_changed,
         ),
+        Command::Limits => admin_call(&ctx, (Method::GET, "/admin/limits"), None, render::limits),
         Command::Conversations => admin_call(
             &ctx,
             (Method::GET, "/admin/conversations"),
@@ -508,9 +579,7 @@ fn main() -> ExitCode {
             all,
         } => reconcile(&ctx, reference.as_deref(), outcome.as_deref(), *all),
         Command::Calibrate(args) => calibrate(args.clone(), ctx.json),
-        Command::Key {
-            command: KeyCommand::Fingerprint { header, state_dir },
-        } => key_fingerprint(&ctx, &ctx.state_dir(state_dir.as_ref()), *header),
+        Command::Key { command } => key_call(&ctx, command),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut text = Vec::new();

@@ -170,6 +170,8 @@ impl Step<'_> {
         conn.id = id;
         conn.turns += 1;
         conn.turn = None;
+        conn.place = None;
+        conn.client_key = None;
         conn.keep = KeepAlive::Close;
         conn.outcome = Outcome::Open;
         conn.closing = false;

@@ -21,9 +21,11 @@ use crate::dataplane::{
 use crate::{
     clock::monotonic_ns,
     config::SourceKind,
+    keys::ClientKeys,
+    limits::{Limit, Limits},
     metrics::requests::{ClientError, Route},
-    modes::KeyId,
     pulse::HeartbeatState,
+    scope::Identity,
     source::builtin::MODEL_NAME,
     stream::Outcome,
     wire::{
@@ -244,13 +246,30 @@ impl Step<'_> {
             return self.reply_error(&HttpError::method_not_allowed(&head.method, row.method));
         }
         let proxied = self.io.shared.cfg.args.source == SourceKind::Openai;
+        let keyed = self.io.shared.cfg.args.client_keys == ClientKeys::Store;
+        if keyed && matches!(row.handling, Handling::Embeddings | Handling::Models) {
+            // With the key store every /v1/ request needs a key, before any upstream work
+            // (a governed turn's is checked as it is admitted).
+            if let Err(e) = self.identify(&head) {
+                return self.reply_error(&e);
+            }
+        }
         match row.handling {
-            Handling::Governed(endpoint) if proxied => self.start_proxy_turn(endpoint, &head, body),
+            Handling::Governed(endpoint) if proxied => {
+                let who = match self.admit_turn(&head) {
+                    Ok(who) => who,
+                    Err(e) => return self.reply_error(&e),
+                };
+                self.start_proxy_turn(endpoint, &head, body, who)
+            }
             Handling::Governed(endpoint) => {
-                let key_id = KeyId::of(&self.io.shared.node_secret, head.credential());
+                let who = match self.admit_turn(&head) {
+                    Ok(who) => who,
+                    Err(e) => return self.reply_error(&e),
+                };
                 match ClientRequest::parse(endpoint, body).and_then(|r| r.builtin_turn(MODEL_NAME))
                 {
-                    Ok(req) => self.start_builtin_turn(req, key_id),
+                    Ok(req) => self.start_builtin_turn(req, who),
                     Err(e) => self.reply_error(&e),
                 }
             }
@@ -262,6 +281,81 @@ impl Step<'_> {
             Handling::Health if path == "/healthz" => self.reply_health(),
             Handling::Health => self.reply_ready(),
             Handling::Models => self.route_models(&head, path, proxied),
+        }
+    }
+
+    /// Who the request is (`scope.rs`): its scope and its conversation key, and with
+    /// `--client-keys store` the key it authenticated with, or the 401 to answer. An HMAC
+    /// (and with the store a SHA-256 and a read lock) per request, never per token.
+    fn identify(&mut self, head: &RequestHead) -> Result<(Identity, Limits), HttpError> {
+        let shared = &self.io.shared;
+        let node = shared.limits.limits();
+        if shared.cfg.args.client_keys == ClientKeys::Off {
+            let group = self.conn.peer.map(|a| shared.admission.groups().group(a));
+            let who = Identity::without_store(&shared.node_secret, head.credential(), group);
+            return Ok((who, node));
+        }
+        let token = head.bearer.as_ref().map(|b| b.as_str());
+        match shared
+            .keys
+            .verify(token, crate::clock::unix_ms(std::time::SystemTime::now()))
+        {
+            Ok(key) => {
+                let who = Identity::of_key(&shared.node_secret, head.credential(), key.id);
+                let limits = key.limits.over(node);
+                self.conn.client_key = Some(key);
+                Ok((who, limits))
+            }
+            Err(refusal) => Err(
+                HttpError::new(401, "authentication_error", refusal.to_string())
+                    .with_code("invalid_api_key")
+                    .without_retry(),
+            ),
+        }
+    }
+
+    /// A governed turn's identity and its place in its scope's limits, or the 401 or 429 to
+    /// answer.
+    fn admit_turn(&mut self, head: &RequestHead) -> Result<Identity, HttpError> {
+        let (who, limits) = self.identify(head)?;
+        match self.over_limit(&who, limits) {
+            Some(refused) => Err(refused),
+            None => Ok(who),
+        }
+    }
+
+    /// Takes the turn's place in its scope's limits (`limits.rs`), or the 429 to answer: before
+    /// any upstream work. One lock per request, none without limits.
+    fn over_limit(&mut self, who: &Identity, limits: Limits) -> Option<HttpError> {
+        let shared = &self.io.shared;
+        // A key of the store is always counted (`haltctl key list`, kept across restarts).
+        if limits.is_none() && who.scope.kind != crate::scope::ScopeKind::Apikey {
+            return None;
+        }
+        match shared.limits.admit(who.scope, limits, monotonic_ns()) {
+            Ok(place) => {
+                self.conn.place = Some(place);
+                None
+            }
+            Err(r) => {
+                shared
+                    .metrics
+                    .dataplane
+                    .limit_refusals
+                    .get_or_create(&crate::metrics::dataplane::LimitLabels {
+                        limit: crate::metrics::dataplane::LimitLabel(r.limit),
+                    })
+                    .inc();
+                let kind = match r.limit {
+                    Limit::TokensPerMinute => "tokens",
+                    Limit::Concurrency | Limit::RequestsPerMinute => "requests",
+                };
+                Some(
+                    HttpError::new(429, kind, r.message())
+                        .with_code("rate_limit_exceeded")
+                        .with_retry_after(http::retry_after_seconds(r.retry_after_s)),
+                )
+            }
         }
     }
 

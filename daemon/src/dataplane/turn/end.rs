@@ -154,6 +154,7 @@ impl Step<'_> {
         let usage = ending
             .usage
             .unwrap_or((turn.prompt_tokens, turn.tokens_generated));
+        turn.usage = Some(usage);
         let tools =
             (!ending.tools.is_empty() && !turn.degraded).then_some(Value::Array(ending.tools));
         if batch {

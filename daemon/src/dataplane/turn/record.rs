@@ -58,7 +58,8 @@ impl Io {
         rec.detector_refs = turn.detector_refs.clone();
         record_detectors(shared, turn, outcome == Outcome::Completed, &mut rec);
         rec.grounding = ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
-        let change = commit_turn(shared, conn, turn, snap, outcome, &mut rec);
+        let mut change = commit_turn(shared, conn, turn, snap, outcome, &mut rec);
+        change.extend(charge_limits(shared, conn, turn, snap));
         let policy = shared.cfg.sampling;
         if let Some(p) = &conn.up {
             let finish = turn.source.upstream().and_then(|s| s.finish());
@@ -227,6 +228,33 @@ fn commit_turn(
         changes.push(shared.modes.fail_turn(turn.key_id));
         changes
     }
+}
+
+/// Charges the turn's tokens to its scope's minute (`limits.rs`): what the final frame
+/// reported, else what was generated (and the built-in source's prompt: a halted proxied turn
+/// never learns its prompt's size). A key of the key store gets its counts stored.
+fn charge_limits(
+    shared: &HaltCore,
+    conn: &Conn,
+    turn: &Turn,
+    snap: &SlotSnapshot,
+) -> Option<Change> {
+    let place = conn.place.as_ref()?;
+    let tokens = turn.usage.map_or(
+        turn.prompt_tokens + turn.tokens_generated.max(snap.tokens_delivered),
+        |(p, c)| p + c,
+    );
+    let now = crate::clock::monotonic_ns();
+    let used = shared.limits.charge(place.scope(), tokens, now);
+    let scope = place.scope();
+    (scope.kind == crate::scope::ScopeKind::Apikey).then(|| {
+        let wall = crate::clock::unix_ms(std::time::SystemTime::now());
+        let kept = crate::limits::LimitTable::stored(&used, now, wall);
+        Change::KeyUsage(crate::state::ClientKeyRow {
+            id: scope.id.fingerprint(),
+            body: serde_json::to_value(kept).unwrap_or_default(),
+        })
+    })
 }
 
 /// A failed turn's dispatched calls (`calls`, its record's), held until reconciled: each gets
