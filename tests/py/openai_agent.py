@@ -213,7 +213,7 @@ def main(argv):
     args = parse_args(argv)
     headers = {"x-haltd-conversation-id": args.conversation_id} if args.conversation_id else None
     client = OpenAI(base_url=args.base_url, api_key="sk-agent", max_retries=0,
-                    default_headers=headers)
+                    default_headers=sdk.tenant_headers("sk-agent", headers))
     if args.scenario:
         print(json.dumps(run_scenario(client, args)))
         return 0

@@ -253,7 +253,8 @@ class Run:
         http = openai.DefaultAsyncHttpxClient(
             trust_env=False, event_hooks={"response": [self.on_response]})
         client = openai.AsyncOpenAI(base_url=a.base_url, api_key=a.api_key,
-                                    default_headers=headers, http_client=http,
+                                    default_headers=sdk.tenant_headers(a.api_key, headers),
+                                    http_client=http,
                                     timeout=a.timeout)
         set_default_openai_client(client, use_for_tracing=False)
         agent = Agent(name="assistant", instructions="You help with the user's task.",

@@ -46,6 +46,8 @@ import urllib.request
 import openai
 from openai import AsyncOpenAI
 
+import sdk
+
 _URLLIB = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -129,6 +131,7 @@ async def run(args):
     client = AsyncOpenAI(
         base_url=args.base_url,
         api_key="sk-keepalive",
+        default_headers=sdk.tenant_headers("sk-keepalive"),
         timeout=args.timeout,
         max_retries=0,  # a turn that needed a retry shows as an error
         http_client=openai.DefaultAsyncHttpxClient(**http),

@@ -26,6 +26,21 @@ def require(module, script):
         sys.exit(1)
 
 
+# The header by which the test harness names each request's tenant, as a trusted gateway
+# would (tests/src/daemon.rs TEST_TENANT_HEADER): haltd started by the harness keys degraded
+# mode on it, so that each API key of a test is its own scope. A haltd without
+# `--identity-header x-haltd-test-tenant` ignores it.
+TENANT_HEADER = "x-haltd-test-tenant"
+
+
+def tenant_headers(api_key, extra=None):
+    """The tenant header of `api_key` ("Bearer KEY", as the Rust clients send it), with
+    `extra` headers."""
+    headers = dict(extra or {})
+    headers[TENANT_HEADER] = "Bearer %s" % api_key
+    return headers
+
+
 def client(sdk, cls, args):
     """A client of `sdk`'s class `cls` for one test run's `args` (base_url, api_key, timeout):
     one request per turn, since the tests count turns and streams (max_retries=0), and no
@@ -35,6 +50,7 @@ def client(sdk, cls, args):
         api_key=args.api_key,
         timeout=args.timeout,
         max_retries=0,
+        default_headers=tenant_headers(args.api_key),
         http_client=sdk.DefaultHttpxClient(trust_env=False),
     )
 

@@ -73,6 +73,8 @@ pub struct Haltd {
     pub client_ns: String,
     /// Its `--state-dir` (the node secret).
     pub state_dir: PathBuf,
+    /// It runs with `--identity-header` [`TEST_TENANT_HEADER`] ([`test_tenant`]).
+    pub tenant_header: bool,
     /// The certificate its API serves, when started over [`Transport::Tls`].
     tls: Option<ServedTls>,
 }
@@ -203,7 +205,8 @@ impl Haltd {
             .args(test_drain(extra))
             .args(test_probe(extra))
             .args(state_dir_args(extra, &state_dir))
-            .args(extra)
+            .args(test_tenant(extra))
+            .args(extra.iter().filter(|a| **a != ADDR_SCOPED))
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -219,6 +222,7 @@ impl Haltd {
             ledger,
             client_ns: pair.cli.clone(),
             state_dir,
+            tenant_header: test_tenant(extra).len() == 2,
             tls: None,
         })
     }
@@ -411,12 +415,54 @@ impl Haltd {
     /// The fingerprint this instance gives the `Authorization` value `auth` (keyed with its
     /// node secret, which it created at start).
     pub fn key_fingerprint(&self, auth: &str) -> Result<String> {
+        // Behind the harness's gateway the tenant header, which carries `auth`, names it.
+        self.fingerprint_of(auth, self.tenant_header)
+    }
+
+    /// The degraded scope (`header:<fp>`) of requests carrying `auth` behind the harness's
+    /// gateway ([`TEST_TENANT_HEADER`]): what `haltctl mode` and mode changes name.
+    pub fn scope_of(&self, auth: &str) -> Result<String> {
+        anyhow::ensure!(self.tenant_header, "this instance keys scopes by address");
+        let secret = haltd::identity::NodeSecret::load_or_create(&self.state_dir)
+            .context("reading the instance's node secret")?;
+        Ok(haltd::scope::Scope::of_header(&secret, auth).name())
+    }
+
+    /// The fingerprint of `auth` as a bearer credential, whatever the harness's tenant header
+    /// says (what `haltctl key fingerprint` prints for it).
+    pub fn bearer_fingerprint(&self, auth: &str) -> Result<String> {
+        self.fingerprint_of(auth, false)
+    }
+
+    fn fingerprint_of(&self, auth: &str, as_tenant: bool) -> Result<String> {
         let secret = haltd::identity::NodeSecret::load_or_create(&self.state_dir)
             .context("reading the instance's node secret")?;
         let token = haltd::credential::bearer(Some(auth), None)
             .map_err(|e| anyhow::anyhow!("{auth:?}: {e}"))?;
-        let credential = haltd::credential::Credential::of(None, token);
+        let header = as_tenant.then_some(auth);
+        let credential = haltd::credential::Credential::of(header, token);
         Ok(haltd::modes::KeyId::of(&secret, credential).fingerprint())
+    }
+
+    /// Runs `haltctl --json ARGS` against this haltd from its client namespace; its standard
+    /// output as JSON, or the error with its standard error.
+    pub fn haltctl_json(&self, args: &[&str]) -> Result<Value> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.client_ns])
+            .arg(crate::haltctl_bin()?)
+            .arg("--admin")
+            .arg(self.admin.to_string())
+            .arg("--admin-token-file")
+            .arg(self.admin_token_file())
+            .arg("--json")
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "haltctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     /// Stops haltd with SIGTERM (SIGKILL after 10 s) and returns how it ended.
@@ -461,6 +507,43 @@ fn state_dir_args(extra: &[&str], state_dir: &Path) -> Vec<String> {
         return Vec::new();
     }
     vec!["--state-dir".to_owned(), state_dir.display().to_string()]
+}
+
+/// The header by which the harness names each request's tenant, as a trusted gateway would
+/// (docs/operations.md "Who a request is"): the test clients (`sse.rs`, `api.rs`) send it with
+/// the request's `Authorization` value, so that each test key is its own scope and a trip in
+/// one test stream degrades that key only, not every stream from the client namespace's one
+/// address. Requests without it (other clients) fall back to the address group.
+pub const TEST_TENANT_HEADER: &str = "x-haltd-test-tenant";
+
+/// The [`TEST_TENANT_HEADER`] value a test client sends with `headers`: their
+/// `Authorization` value, unless they carry a tenant header themselves.
+pub fn tenant_of<'a>(headers: &[(&'a str, &'a str)]) -> Option<&'a str> {
+    let own = headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case(TEST_TENANT_HEADER));
+    let auth = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| *v);
+    auth.filter(|_| !own)
+}
+
+/// An argument that starts haltd without [`TEST_TENANT_HEADER`]: scopes by address group, as
+/// haltd's default is (removed from the arguments haltd gets).
+pub const ADDR_SCOPED: &str = "--harness-addr-scoped";
+
+/// `--identity-header` [`TEST_TENANT_HEADER`], unless `extra` names an identity header, the
+/// key store or [`ADDR_SCOPED`].
+pub fn test_tenant(extra: &[&str]) -> &'static [&'static str] {
+    let own = extra.iter().any(|a| {
+        *a == ADDR_SCOPED || a.starts_with("--identity-header") || a.starts_with("--client-keys")
+    });
+    if own {
+        &[]
+    } else {
+        &["--identity-header", TEST_TENANT_HEADER]
+    }
 }
 
 /// [`TEST_SAMPLING`], unless `extra` sets the rate itself.

@@ -66,6 +66,17 @@ pub fn trip_here(url: &str, cause: Option<&str>) -> Result<(u16, Value)> {
     Ok((status, serde_json::from_str(&body).unwrap_or(Value::Null)))
 }
 
+/// POSTs `body` as JSON from the current thread's namespace: the status and the JSON answer.
+pub fn post_json_here(url: &str, body: &Value) -> Result<(u16, Value)> {
+    let mut resp = agent(Duration::from_secs(10))
+        .post(url)
+        .send_json(body)
+        .with_context(|| format!("POST {url}"))?;
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
 /// GETs JSON from the current thread's namespace.
 pub fn get_json_here(url: &str) -> Result<Value> {
     let mut resp = agent(Duration::from_secs(10))

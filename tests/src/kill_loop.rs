@@ -414,7 +414,7 @@ fn check_state(haltd: &Haltd, ledger: &Path, before: usize, report: &mut Report)
         have.insert("node".to_owned(), node["until_unix_ms"].clone());
     }
     for k in mode["keys"].as_array().into_iter().flatten() {
-        let scope = format!("key:{}", k["key"].as_str().unwrap_or_default());
+        let scope = k["scope"].as_str().unwrap_or_default().to_owned();
         have.insert(scope, k["until_unix_ms"].clone());
     }
     report.state_checks += 1;

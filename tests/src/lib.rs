@@ -74,7 +74,7 @@ pub use clients::{
 pub use daemon::{
     haltctl_bin, haltd_bin, test_sampling, Haltd, PORT_ADMIN, PORT_API, PORT_METRICS, TEST_SAMPLING,
 };
-pub use http::{agent, get_json_here, header, trip_here, TEST_ADMIN_TOKEN};
+pub use http::{agent, get_json_here, header, post_json_here, trip_here, TEST_ADMIN_TOKEN};
 pub use ledger::{copy_ledger, read_ledger, state_dir_for, verify_ledger, verify_ledger_copy};
 pub use metrics::Metrics;
 pub use netns::{connect_from, in_netns, netns_exists, netns_path, spawn_in_netns, NetPair};

@@ -178,7 +178,9 @@ impl<U> Rig<U> {
                     .post(&url)
                     .header("content-type", "application/json");
                 if let Some(a) = &auth {
-                    req = req.header("authorization", a.as_str());
+                    req = req
+                        .header("authorization", a.as_str())
+                        .header(crate::daemon::TEST_TENANT_HEADER, a.as_str());
                 }
                 let mut resp = req
                     .send_json(&body)

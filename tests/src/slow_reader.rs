@@ -105,7 +105,8 @@ pub fn slow_stream(
 ) -> Result<SlowRead> {
     let json = serde_json::to_string(body)?;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: {auth}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{json}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\n{}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{json}",
+        crate::sse::auth_lines(auth),
         json.len()
     );
     let (mut s, mut link) = open(addr, tls, req.as_bytes(), pace)?;

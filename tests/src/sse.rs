@@ -356,6 +356,15 @@ pub fn fresh_key() -> String {
     format!("Bearer haltd-test-{}-{n}", std::process::id())
 }
 
+/// The header lines (without the last CRLF) of a raw request carrying `auth`: `authorization`
+/// and the harness's tenant header with it ([`crate::daemon::TEST_TENANT_HEADER`]).
+pub fn auth_lines(auth: &str) -> String {
+    format!(
+        "authorization: {auth}\r\n{}: {auth}",
+        crate::daemon::TEST_TENANT_HEADER
+    )
+}
+
 /// [`stream`] with extra request headers (e.g. `authorization`).
 pub fn stream_with(
     url: &str,
@@ -370,6 +379,9 @@ pub fn stream_with(
         .header("content-type", "application/json");
     for (k, v) in headers {
         req = req.header(*k, *v);
+    }
+    if let Some(tenant) = crate::daemon::tenant_of(headers) {
+        req = req.header(crate::daemon::TEST_TENANT_HEADER, tenant);
     }
     let resp = req.send_json(body).with_context(|| format!("POST {url}"))?;
     let status = resp.status().as_u16();
@@ -440,10 +452,12 @@ pub fn chat_body(prompt: &str, max_tokens: u32, stream: bool) -> Value {
 
 /// A non-streaming POST: (status, `x-haltd-stream-id`, body text).
 pub fn post(url: &str, body: &Value, timeout: Duration) -> Result<(u16, String, String)> {
+    let key = fresh_key();
     let mut resp = agent(timeout)
         .post(url)
         .header("content-type", "application/json")
-        .header("authorization", &fresh_key())
+        .header("authorization", &key)
+        .header(crate::daemon::TEST_TENANT_HEADER, &key)
         .send_json(body)
         .with_context(|| format!("POST {url}"))?;
     let id = header(&resp, "x-haltd-stream-id").unwrap_or_default();

@@ -106,6 +106,12 @@ fn request(
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
+    if let Some(tenant) = crate::daemon::tenant_of(headers) {
+        req.push_str(&format!(
+            "{}: {tenant}\r\n",
+            crate::daemon::TEST_TENANT_HEADER
+        ));
+    }
     // One request per connection, read to the close (`close_notify`, then EOF): say so, or
     // haltd keeps the connection for the next request, as HTTP/1.1 does by default.
     if !headers

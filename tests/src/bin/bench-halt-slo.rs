@@ -474,7 +474,7 @@ async fn open_stream(
     // are held to the end, and the next stream must not inherit that. One request per
     // connection (`close`): the body is read as plain SSE to the end of the connection.
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: haltd\r\nauthorization: Bearer halt-slo-bench-{i}\r\nx-haltd-test-tenant: Bearer halt-slo-bench-{i}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.context("sending")?;

@@ -205,8 +205,8 @@ fn half_closed_request(
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        sse::fresh_key(),
+        "POST {path} HTTP/1.1\r\nhost: x\r\n{}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        sse::auth_lines(&sse::fresh_key()),
         body.len()
     )?;
     s.shutdown(Shutdown::Write)?;

@@ -76,7 +76,7 @@ fn one_turn(haltd: &Haltd, ns: &str) -> Result<()> {
 /// header value differs; a credential haltd refuses is refused.
 fn key_fingerprints_are_haltds(haltd: &Haltd, ns: &str, cfg: &str) -> Result<()> {
     // key fingerprint: haltd's own, for the key and for `Bearer KEY`; a header value differs.
-    let want = haltd.key_fingerprint("Bearer sk-haltctl-7")?;
+    let want = haltd.bearer_fingerprint("Bearer sk-haltctl-7")?;
     for input in ["sk-haltctl-7\n", "Bearer sk-haltctl-7\n"] {
         let got = ok(
             &haltctl_in(ns, &["--config", cfg, "key", "fingerprint"], Some(input))?,

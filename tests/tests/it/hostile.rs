@@ -343,6 +343,9 @@ fn trip_key(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Resu
         .with_context(|| format!("no conversation in {rec}"))
 }
 
+/// Without `--identity-header` or a key store the scope is the client's address group
+/// (issue 36): spellings of the key, and any other key from the same address, stay degraded;
+/// the scope's fingerprint is keyed with the node secret and survives a restart.
 #[test]
 fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_restart() -> Result<()>
 {
@@ -354,6 +357,7 @@ fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_res
         "20000",
         "--state-dir",
         &state_arg,
+        haltd_tests::daemon::ADDR_SCOPED,
     ];
     let mut haltd = Haltd::start(&pair, &args)?;
     let fp = trip_key(&haltd, &pair.cli, "Bearer sk-victim", &[])?;
@@ -365,9 +369,15 @@ fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_res
         );
     }
     ensure!(
-        mode_of(&haltd, &pair.cli, "Bearer sk-other", &[])?.is_none(),
-        "another key is not degraded"
+        mode_of(&haltd, &pair.cli, "Bearer sk-other", &[])?.as_deref() == Some("degraded"),
+        "another key from the same address escaped degraded mode"
     );
+    let rec = haltd.wait_record("the halt's scope", |r| {
+        r["kind"] == "incident" && r["conversation"] == fp.as_str()
+    })?;
+    let scope = rec["scope"].as_str().unwrap_or_default().to_owned();
+    let scope_fp = scope.strip_prefix("addr:").unwrap_or_default().to_owned();
+    ensure!(scope_fp.len() == 16 && scope_fp != fp, "{rec}");
     ensure!(
         fp.len() == 16 && !fp.contains("victim"),
         "fingerprint {fp:?}"
@@ -387,8 +397,8 @@ fn spellings_of_one_key_share_its_degraded_mode_and_its_fingerprint_survives_res
     ensure!(
         mode["keys"]
             .as_array()
-            .is_some_and(|l| l.iter().any(|k| k["key"] == fp.as_str())),
-        "fingerprint {fp} not degraded after the restart: {mode}"
+            .is_some_and(|l| l.iter().any(|k| k["scope"] == scope.as_str())),
+        "scope {scope} not degraded after the restart: {mode}"
     );
     let variant = mode_of(&again, &pair.cli, "bearer  sk-victim", &[])?;
     ensure!(
@@ -452,13 +462,34 @@ fn one_credential_rule_decides_who_a_request_is() -> Result<()> {
     full("Bearer TenantAb9", &[])?;
     refused("tenantab9", &[], "needs a scheme and a token")?;
 
-    // The bearer token (no identity header sent).
-    trip_key(&haltd, ns, "Bearer K-7", &[])?;
-    degraded("bearer K-7", &[])?;
-    degraded("", &[("x-api-key", "K-7")])?;
-    degraded("BEARER K-7", &[("x-api-key", "K-7")])?;
-    full("Bearer k-7", &[])?;
-    full("", &[("x-api-key", "k-7")])?;
+    // The bearer token (no identity header sent) names the conversation: the turn records'
+    // fingerprint. (Degraded mode is kept per scope, the address group here: issue 36.)
+    let conversation = |auth: &str, extra: &[(&str, &str)]| -> Result<String> {
+        let o = answer_of(&haltd, ns, "", auth, extra)?;
+        ensure!(o.status == 200, "{auth:?} {extra:?}: {}", o.status);
+        let id = o.stream_id.clone();
+        let rec = haltd.wait_record("the turn", |r| {
+            r["kind"] == "turn" && r["stream_id"] == id.as_str()
+        })?;
+        Ok(rec["conversation"].as_str().unwrap_or_default().to_owned())
+    };
+    let k7 = conversation("Bearer K-7", &[])?;
+    for (auth, extra) in [
+        ("bearer K-7", &[][..]),
+        ("", &[("x-api-key", "K-7")][..]),
+        ("BEARER K-7", &[("x-api-key", "K-7")][..]),
+    ] {
+        ensure!(
+            conversation(auth, extra)? == k7,
+            "{auth:?} {extra:?} is another conversation"
+        );
+    }
+    for (auth, extra) in [("Bearer k-7", &[][..]), ("", &[("x-api-key", "k-7")][..])] {
+        ensure!(
+            conversation(auth, extra)? != k7,
+            "{auth:?} {extra:?} is K-7's conversation"
+        );
+    }
     refused("K-7", &[], "needs a scheme and a token")?;
     refused("Basic K-7", &[], "Basic\\\" is not accepted")?;
     refused("Bearer \"K-7\"", &[], "not one RFC 6750 token")?;

@@ -30,9 +30,9 @@ fn chat_request(addr: SocketAddr, max_tokens: u32, keep_alive: bool) -> Vec<u8> 
     .to_string();
     let connection = if keep_alive { "keep-alive" } else { "close" };
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\n{}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n{body}",
-        fresh_key(),
+        haltd_tests::sse::auth_lines(&fresh_key()),
         body.len()
     )
     .into_bytes()
@@ -546,9 +546,9 @@ fn proxied_request(addr: SocketAddr, script: &str) -> Vec<u8> {
         "messages": [{"role": "user", "content": script}]})
     .to_string();
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\n{}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: keep-alive\r\n\r\n{body}",
-        fresh_key(),
+        haltd_tests::sse::auth_lines(&fresh_key()),
         body.len()
     )
     .into_bytes()

@@ -892,9 +892,9 @@ fn batch_post_with(
 ) -> Result<(u16, String, String)> {
     let json = body.to_string();
     let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {api}\r\nauthorization: {}\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {api}\r\n{}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{json}",
-        sse::fresh_key(),
+        sse::auth_lines(&sse::fresh_key()),
         json.len()
     );
     let mut conn = client.kept(Duration::from_secs(30))?;

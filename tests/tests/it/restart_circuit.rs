@@ -154,7 +154,7 @@ fn circuit_memory_and_dispatched_calls_survive_sigterm_and_sigkill() -> Result<(
 
     // A ledger rotation, then a restart on the new segment: the store linked to its first
     // record keeps everything, a degraded key included.
-    let fp = rig.haltd.key_fingerprint(KEY)?;
+    let fp = rig.haltd.scope_of(KEY)?;
     degrade(&rig, KEY)?;
     let before = degraded_entry(&rig, &fp)?.context("degraded after the halt")?;
     rotate(&rig)?;

@@ -25,12 +25,12 @@ pub(crate) fn degrade(rig: &Rig, auth: &str) -> Result<()> {
     Ok(())
 }
 
-/// The degraded entry of `fingerprint` in `GET /admin/mode`, if any.
-pub(crate) fn degraded_entry(rig: &Rig, fingerprint: &str) -> Result<Option<Value>> {
+/// The degraded entry of `scope` (its name, `header:<fp>`) in `GET /admin/mode`, if any.
+pub(crate) fn degraded_entry(rig: &Rig, scope: &str) -> Result<Option<Value>> {
     let mode = rig.get_admin("/admin/mode")?;
     Ok(mode["keys"]
         .as_array()
-        .and_then(|l| l.iter().find(|k| k["key"] == fingerprint).cloned()))
+        .and_then(|l| l.iter().find(|k| k["scope"] == scope).cloned()))
 }
 
 /// The committed state (TURN-ACID) of `fingerprint` in `GET /admin/conversations`.
@@ -75,7 +75,7 @@ pub(crate) fn restart(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
 fn a_degraded_key_stays_degraded_with_its_expiry_across_sigterm_and_sigkill() -> Result<()> {
     let extra = ["--degraded-for-s", "3600"];
     let mut rig = Rig::start(UPSTREAM_BIN, &extra)?;
-    let fp = rig.haltd.key_fingerprint(KEY)?;
+    let fp = rig.haltd.scope_of(KEY)?;
     degrade(&rig, KEY)?;
     let before = degraded_entry(&rig, &fp)?.context("degraded after the halt")?;
     // A conversation with committed turns (TURN-ACID) keeps them too.
@@ -163,7 +163,7 @@ pub(crate) fn crash_under_load(rig: &mut Rig, extra: &[&str]) -> Result<Haltd> {
 /// `haltctl state show` lists the key; `haltctl state reset` ends it, recorded with the
 /// operator's identity, and the store forgets it too.
 fn show_and_reset(rig: &Rig, fp: &str) -> Result<()> {
-    let scope = format!("key:{fp}");
+    let scope = fp.to_owned();
     let (shown, text) = haltctl(rig, &["state", "show"])?;
     ensure!(
         shown["held"]["scopes"]
@@ -203,7 +203,7 @@ fn remove_store(haltd: &Haltd) {
 #[test]
 fn a_removed_store_is_rebuilt_and_a_foreign_one_stops_the_start() -> Result<()> {
     let mut rig = Rig::start(UPSTREAM_BIN, &[])?;
-    let fp = rig.haltd.key_fingerprint(KEY)?;
+    let fp = rig.haltd.scope_of(KEY)?;
     degrade(&rig, KEY)?;
     ensure!(rig.haltd.stop()?.success());
     // Removed: the ledger's one segment holds every mode change, so the start rebuilds the

@@ -131,6 +131,13 @@ fn each_record_kind_says_what_the_test_did() -> Result<()> {
     Ok(())
 }
 
+/// The degraded scope of the turn: the harness's tenant header names it (`tests/src/daemon.rs`).
+fn scope_named(rec: &Value) -> Result<()> {
+    let scope = rec["scope"].as_str().unwrap_or_default();
+    ensure!(scope.starts_with("header:") && scope.len() == 23, "{rec}");
+    Ok(())
+}
+
 /// What the trip and the observe-mode budget breach put in the incident record.
 fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> Result<()> {
     chain_ok(rec, "incident")?;
@@ -144,6 +151,7 @@ fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> 
         rec["budget"] == BUDGET && rec["conversation"] == conv,
         "{rec}"
     );
+    scope_named(rec)?;
     // The timing fields in force: the budget breached in observe mode.
     ensure!(
         rec["rts_mode"] == "breach" && rec["tig_breach"] == true,
@@ -166,6 +174,7 @@ fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> 
         "runtime_mode",
         "budget",
         "conversation",
+        "scope",
         "rts_mode",
         "tig_breach",
         "timing_incidents",
@@ -243,6 +252,7 @@ fn check_turn(rec: &Value, o: &StreamOutcome, conv: &str) -> Result<()> {
         rec["conversation"] == conv && rec["stream_id"] == o.stream_id.as_str(),
         "{rec}"
     );
+    scope_named(rec)?;
     ensure!(
         rec["rts_mode"] == "breach" && rec["tig_breach"] == true,
         "{rec}"
@@ -286,6 +296,7 @@ fn check_turn(rec: &Value, o: &StreamOutcome, conv: &str) -> Result<()> {
         "outcome",
         "turn_status",
         "conversation",
+        "scope",
         "stream_id",
         "turn_id",
         "rts_mode",

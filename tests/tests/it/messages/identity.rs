@@ -106,22 +106,35 @@ fn trip_messages_stream(rig: &Rig, key: &str) -> Result<String> {
     Ok(o.stream_id)
 }
 
+/// Degraded mode is one per scope across chat and Messages: without `--identity-header` the
+/// client's address group (issue 36), whichever credential header a request carries.
 #[test]
-fn degraded_mode_is_one_per_credential_across_chat_and_messages() -> Result<()> {
-    let rig = Rig::start(UPSTREAM_BIN, &[])?;
+fn degraded_mode_is_one_per_scope_across_chat_and_messages() -> Result<()> {
+    let rig = Rig::start(UPSTREAM_BIN, &[haltd_tests::daemon::ADDR_SCOPED])?;
     // Halted on chat with `Authorization: Bearer K`: degraded on Messages with `x-api-key: K`.
     let k = "sk-ant-chat-first";
-    rig.trip_stream_of(&format!("Bearer {k}"))?;
+    let first = rig.trip_stream_of(&format!("Bearer {k}"))?;
     degraded_on_messages(&rig, k)?;
-    // Another key is not.
+    // Another key from the same address is the same scope: degraded too.
     let (_, mode, _) = messages_with_tools(&rig, "sk-ant-bystander")?;
-    ensure!(mode.is_none(), "a key never halted is degraded: {mode:?}");
+    ensure!(
+        mode.as_deref() == Some("degraded"),
+        "another key from the same address escaped: {mode:?}"
+    );
+    let change = rig.wait_record("the first mode change", |r| {
+        r["mode_change"]["stream_id"] == first.as_str()
+    })?;
+    let scope = change["mode_change"]["scope"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(scope.starts_with("addr:"), "{change}");
+    rig.haltctl(true, &["mode", "full", "--scope", &scope])?;
 
     // Halted on Messages with `x-api-key: K`: degraded on chat with `Authorization: Bearer K`,
     // and for the SDK (which sends the key as a bearer token).
     let k = "sk-ant-messages-first";
     let id = trip_messages_stream(&rig, k)?;
-    let scope = format!("key:{}", rig.haltd.key_fingerprint(&format!("Bearer {k}"))?);
     let change = rig.wait_record("the mode change", |r| {
         r["mode_change"]["stream_id"] == id.as_str()
     })?;
