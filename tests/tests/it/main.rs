@@ -47,6 +47,7 @@ mod reload;
 mod responses;
 mod restart_circuit;
 mod restart_state;
+mod scopes;
 mod slow_readers;
 mod token_instructions;
 mod tool_circuit;
