@@ -246,6 +246,12 @@ fn a_respelled_credential_stays_in_its_degraded_scope() -> Result<()> {
         &pair,
         &["--builtin-token-interval-us", "20000", daemon::ADDR_SCOPED],
     )?;
+    // haltd says at start which rule names the scopes.
+    let said = haltd.log_file("stdout.log")? + &haltd.log_file("stderr.log")?;
+    ensure!(
+        said.contains("kept per scope") && said.contains("the client address group"),
+        "{said}"
+    );
     let ch = trip_from_here(&haltd, &pair.cli, "Bearer sk-K")?;
     let scope = ch["mode_change"]["scope"]
         .as_str()

@@ -262,8 +262,8 @@ enum StateCommand {
     /// What the store holds: the degraded scopes with their expiry, and the ledger record it
     /// reflects.
     Show,
-    /// Ends one held entry: a degraded scope (`node` or `key:<fingerprint>`), recorded in the
-    /// ledger with the operator's identity (as `haltctl mode full --scope S`).
+    /// Ends one held entry: a degraded scope (`node`, or a scope as `haltctl mode` names it),
+    /// recorded in the ledger with the operator's identity (as `haltctl mode full --scope S`).
     Reset {
         #[arg(long)]
         scope: String,

@@ -238,6 +238,8 @@ fn the_key_store_authenticates_scopes_revokes_rotates_and_survives_a_restart() -
         &state_arg,
     ];
     let mut haltd = Haltd::start(&pair, &args)?;
+    let said = haltd.log_file("stdout.log")? + &haltd.log_file("stderr.log")?;
+    ensure!(said.contains("the key store's key id"), "{said}");
     let (alice_id, alice) = add_key(&haltd, "alice", &[])?;
     let (_, bob) = add_key(&haltd, "bob", &["--rpm", "1000"])?;
     let (ns, here) = (pair.cli.as_str(), pair.cli_ip);
