@@ -51,7 +51,48 @@ fn strangers_get_401(ns: &str, src: Ipv4Addr, api: SocketAddr, alice_id: &str) -
             a.body
         );
     }
+    // The Messages surface answers in Anthropic's error shape.
+    let body = serde_json::json!({"model": "builtin", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]});
+    let m = in_netns(ns, move || {
+        let h = [
+            ("x-api-key", "sk-ant-other"),
+            ("anthropic-version", "2023-06-01"),
+        ];
+        ask(src, api, "/v1/messages", &h, &body)
+    })?;
+    let v: Value = serde_json::from_str(&m.body).unwrap_or_default();
+    ensure!(
+        m.status == 401 && v["type"] == "error" && v["error"]["type"] == "authentication_error",
+        "messages: {} {}",
+        m.status,
+        m.body
+    );
     Ok(())
+}
+
+/// The access log's line of a request by `name`'s key: its id and its name, never the key.
+fn access_logged(path: &std::path::Path, id: &str, name: &str, secret: &str) -> Result<()> {
+    // The line is written as the connection closes, which may come after the client's read.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        ensure!(
+            !text.contains(&secret[20..]),
+            "the access log holds a secret"
+        );
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["key"] == id && v["key_name"] == name);
+        if found {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no access log line names key {id} ({name}):\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The respellings of alice's key `k` after a trip on it, from `here` and `other`, and bob's.
@@ -229,6 +270,8 @@ fn the_key_store_authenticates_scopes_revokes_rotates_and_survives_a_restart() -
     let other = pair.add_client_addr(60)?;
     let state = haltd_tests::temp_dir("key-store-state")?;
     let state_arg = state.display().to_string();
+    let access = state.join("access.jsonl");
+    let access_arg = access.display().to_string();
     let args = [
         "--builtin-token-interval-us",
         "20000",
@@ -236,6 +279,8 @@ fn the_key_store_authenticates_scopes_revokes_rotates_and_survives_a_restart() -
         "store",
         "--state-dir",
         &state_arg,
+        "--access-log",
+        &access_arg,
     ];
     let mut haltd = Haltd::start(&pair, &args)?;
     let said = haltd.log_file("stdout.log")? + &haltd.log_file("stderr.log")?;
@@ -251,6 +296,7 @@ fn the_key_store_authenticates_scopes_revokes_rotates_and_survives_a_restart() -
         a.status,
         a.body
     );
+    access_logged(&access, &alice_id, "alice", &alice)?;
     let ch = trip_from_here(&haltd, ns, &format!("Bearer {alice}"))?;
     ensure!(
         ch["mode_change"]["scope"] == format!("apikey:{alice_id}"),
