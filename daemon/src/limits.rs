@@ -19,7 +19,7 @@
 //! removed by a sweep ([`LimitTable::sweep`]) that admission runs whenever the table has
 //! doubled since the last one (at least [`SWEEP_FLOOR`] scopes): amortised constant work per
 //! request, no timer waking an idle haltd, and memory bounded by twice the scopes of the
-//! last minute.
+//! last minute, plus the key store's keys, whose totals are kept.
 
 use std::{
     collections::HashMap,
@@ -281,13 +281,19 @@ impl LimitTable {
         self.lock().insert(scope, u);
     }
 
-    /// Removes the scopes with nothing in flight whose window ended.
+    /// Removes the scopes with nothing in flight whose window ended, but for keys of the store.
     pub fn sweep(&self, now_ns: u64) {
         Self::sweep_locked(&mut self.lock(), now_ns);
     }
 
     fn sweep_locked(usage: &mut HashMap<Scope, Usage>, now_ns: u64) {
-        usage.retain(|_, u| u.in_flight > 0 || now_ns < u.window_end_ns);
+        // A key of the store keeps its totals (stored, shown by `haltctl key list`); the keys
+        // are as many as the store holds, so they do not grow the table without bound.
+        usage.retain(|scope, u| {
+            u.in_flight > 0
+                || now_ns < u.window_end_ns
+                || scope.kind == crate::scope::ScopeKind::Apikey
+        });
     }
 
     /// What each scope used, for the admin API (its window's counts as of `now_ns`).
