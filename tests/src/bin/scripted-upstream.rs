@@ -94,6 +94,10 @@
 //! An unknown script or key, or a bad value, gets a 400 whose message says what was wrong, so a
 //! typo in a test fails loudly instead of running the default script.
 //!
+//! **Webhooks**: `POST /hooks/<name>` receives what haltd escalates (`--escalation-url`),
+//! logged like any request: `/hooks/fail-N` answers 503 to its first `N` requests, then 200;
+//! any other name 200.
+//!
 //! # Native surfaces
 //!
 //! `/v1/responses` and `/v1/messages` run the same scripts with the same keys (`tokens`,
@@ -335,6 +339,8 @@ struct Server {
     seq: AtomicU64,
     /// Connections accepted so far.
     conns: AtomicU64,
+    /// Requests so far per `/hooks/` path (a webhook receiver for haltd's escalations).
+    hooks: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl Server {
@@ -387,6 +393,7 @@ async fn serve(args: Args) -> Result<()> {
         log,
         seq: AtomicU64::new(0),
         conns: AtomicU64::new(0),
+        hooks: Mutex::default(),
     });
     loop {
         match listener.accept().await {
@@ -811,20 +818,15 @@ async fn handle_request(
     let body: Option<Value> = serde_json::from_slice(&req.body).ok();
     let mut entry = log_entry(seq, &req, body.as_ref(), at);
     let route = req.path.split('?').next().unwrap_or_default();
+    if let Some((code, answer)) = whole_answer(server, (&req.method, route), body.as_ref()) {
+        answer_whole(server, stream, entry, t0, code, &answer).await;
+        return None;
+    }
     let endpoint = match (req.method.as_str(), route) {
         ("POST", "/v1/chat/completions") => Endpoint::Chat,
         ("POST", "/v1/completions") => Endpoint::Completions,
         ("POST", "/v1/responses") => Endpoint::Responses,
         ("POST", "/v1/messages") => Endpoint::Messages,
-        ("GET", "/v1/models") => {
-            answer_whole(server, stream, entry, t0, 200, MODELS).await;
-            return None;
-        }
-        ("POST", "/v1/embeddings") => {
-            let (code, answer) = embeddings(body.as_ref());
-            answer_whole(server, stream, entry, t0, code, &answer).await;
-            return None;
-        }
         _ => {
             let msg = format!("no route for {} {}", req.method, req.path);
             let _ = write_simple(&mut stream, 404, &error_json(404, &msg), &[]).await;
@@ -1455,6 +1457,42 @@ async fn answer_whole(
         (true, _) => Outcome::Status,
     };
     finish_log(server, entry, 0, outcome, t0, None);
+}
+
+/// The answer of a route that answers whole, without a script: `GET /v1/models`, `POST
+/// /v1/embeddings` and the webhooks; `None` for any other.
+fn whole_answer(
+    server: &Server,
+    route: (&str, &str),
+    body: Option<&Value>,
+) -> Option<(u16, String)> {
+    match route {
+        ("GET", "/v1/models") => Some((200, MODELS.to_owned())),
+        ("POST", "/v1/embeddings") => Some(embeddings(body)),
+        ("POST", hook) if hook.starts_with("/hooks/") => Some(webhook(server, hook)),
+        _ => None,
+    }
+}
+
+/// The answer to a webhook, `POST /hooks/<name>`: `/hooks/fail-N` answers 503 to its first
+/// `N` requests, then 200, as an incident endpoint that is down for a while; any other name
+/// answers 200.
+fn webhook(server: &Server, path: &str) -> (u16, String) {
+    let fails: u32 = path
+        .strip_prefix("/hooks/fail-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let mut hooks = server.hooks.lock().unwrap_or_else(PoisonError::into_inner);
+    let seen = hooks.entry(path.to_owned()).or_insert(0);
+    *seen += 1;
+    if *seen <= fails {
+        (
+            503,
+            error_json(503, &format!("down: request {seen} of {fails} refused")),
+        )
+    } else {
+        (200, r#"{"accepted":true}"#.to_owned())
+    }
 }
 
 /// The answer to `POST /v1/embeddings`: per input, its length in bytes, its first byte, its

@@ -31,6 +31,7 @@ fn server() -> String {
         log: None,
         seq: AtomicU64::new(0),
         conns: AtomicU64::new(0),
+        hooks: std::sync::Mutex::default(),
     });
     std::thread::spawn(move || {
         rt.block_on(async move {
