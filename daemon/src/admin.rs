@@ -10,6 +10,7 @@ mod auth;
 pub mod client;
 mod keys;
 mod listen;
+mod trip;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -35,15 +36,7 @@ use crate::{
     modes::ScopeSel,
     pulse::HeartbeatState,
     scope::Scope,
-    stream::TripError,
-    wire::StreamId,
 };
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct TripBody {
-    cause: Option<String>,
-}
 
 fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
     (
@@ -102,92 +95,6 @@ async fn record_action(
             "recorder_failure",
             format!("recording the action: {e}"),
         )),
-    }
-}
-
-async fn trip(
-    State(shared): State<Arc<HaltCore>>,
-    Extension(actor): Extension<AdminActor>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (status, resp, cause) = trip_response(&shared, &id, &body);
-    let action = json!({"action": "trip", "stream_id": id, "cause": cause});
-    match record_action(&shared, &actor, action, status).await {
-        Ok(()) => resp,
-        Err(unrecorded) => unrecorded,
-    }
-}
-
-/// Handles one trip request: the status, the response and the cause asked for.
-fn trip_response(
-    shared: &HaltCore,
-    id: &str,
-    body: &[u8],
-) -> (StatusCode, Response, Option<String>) {
-    let resp = trip_inner(shared, id, body);
-    let cause = serde_json::from_slice::<TripBody>(body)
-        .ok()
-        .and_then(|b| b.cause);
-    (resp.status(), resp, cause)
-}
-
-fn trip_inner(shared: &HaltCore, id: &str, body: &[u8]) -> Response {
-    let id: StreamId = match id.parse() {
-        Ok(id) => id,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                e.to_string(),
-            )
-        }
-    };
-    let body: TripBody = if body.iter().all(u8::is_ascii_whitespace) {
-        TripBody::default()
-    } else {
-        match serde_json::from_slice(body) {
-            Ok(b) => b,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    format!("invalid JSON body: {e}"),
-                )
-            }
-        }
-    };
-    let cause = match body.cause.as_deref().map(str::parse::<FailureCode>) {
-        None => FailureCode::OperatorTrip,
-        Some(Ok(c)) if RESERVED_CAUSES.contains(&c) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                format!("cause {c} is raised only by haltd itself; an operator trip uses OPERATOR_TRIP or a detector's cause"),
-            )
-        }
-        Some(Ok(c)) => c,
-        Some(Err(e)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                e.to_string(),
-            )
-        }
-    };
-    // The trip itself is a few atomics and one BPF map update: fine on the runtime thread.
-    match shared.trip_by(id, cause, crate::stream::Initiator::Operator) {
-        Ok(info) => (StatusCode::OK, Json(json!(info))).into_response(),
-        Err(e @ TripError::Unknown(_)) => error(StatusCode::NOT_FOUND, "not_found", e.to_string()),
-        Err(TripError::AlreadyTripped { id, cause, trip_token_index }) => (
-            StatusCode::CONFLICT,
-            Json(json!({
-                "error": {"type": "already_tripped", "message": format!("stream {id} already tripped")},
-                "stream_id": id.to_string(), "cause": cause, "trip_token_index": trip_token_index,
-            })),
-        )
-            .into_response(),
-        Err(e @ TripError::Finished(_)) => error(StatusCode::CONFLICT, "finished", e.to_string()),
     }
 }
 
@@ -533,7 +440,7 @@ pub async fn serve(
         token: shared.cfg.admin_token.clone().map(Arc::new),
     };
     let admin_app = Router::new()
-        .route("/admin/streams/{id}/trip", post(trip))
+        .route("/admin/streams/{id}/trip", post(trip::trip))
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))

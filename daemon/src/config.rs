@@ -7,6 +7,7 @@
 mod addr;
 mod admin;
 pub mod check;
+pub mod escalation;
 mod faults;
 pub mod file;
 pub mod layers;
@@ -137,9 +138,27 @@ pub struct ServeArgs {
     /// Group (a name or a gid) for --user. Default: the user's primary group.
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
-    /// Degraded mode ends by itself after this many seconds (0: only `haltctl mode full` ends it).
-    #[arg(long, default_value_t = 0)]
+    /// Degraded mode ends by itself after this many seconds; each later halt in the scope restarts its timer (0: only `haltctl mode full` ends it). The default, an hour, is long enough for an operator to be paged and look, and short enough that an unattended node gives its honest clients streams and tools back.
+    #[arg(long, default_value_t = DEFAULT_DEGRADED_FOR_S)]
     pub degraded_for_s: u64,
+    /// HTTPS endpoint that each scope's entry into degraded mode is posted to, as JSON (escalation to a human, spec 000 §4.2 step 4): retried with backoff within --escalation-deadline-ms, and every delivery, or its failure, is a ledger record. Default: none.
+    #[arg(long, value_name = "URL")]
+    pub escalation_url: Option<String>,
+    /// File holding the bearer token sent with each escalation (one line, mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub escalation_token_file: Option<PathBuf>,
+    /// PEM file of the CA certificates that vouch for --escalation-url; they replace the system's trust roots.
+    #[arg(long, value_name = "FILE")]
+    pub escalation_ca_file: Option<PathBuf>,
+    /// Most attempts per escalation (1 to 20); between them haltd waits 250 ms, doubled each time, at most 8 s.
+    #[arg(long, default_value_t = 5)]
+    pub escalation_attempts: u32,
+    /// How long one escalation may take, its attempts and their waits together (100 ms to 10 minutes).
+    #[arg(long, default_value_t = 60_000)]
+    pub escalation_deadline_ms: u64,
+    /// Instruction a degraded turn's model reads first (fact-only literal content, spec 000 §4.2 step 4): a system message before a chat request's messages, or after a passed-through Responses or Messages request's own instructions; empty for none. A degraded turn also goes without tools and at temperature 0. At most 4096 bytes.
+    #[arg(long, default_value = crate::upstream::DegradedShape::DEFAULT.instruction)]
+    pub degraded_instruction: String,
     /// Pace of the built-in source: microseconds between tokens (0 = as fast as the socket takes them).
     #[arg(long, default_value_t = 20_000)]
     pub builtin_token_interval_us: u64,
@@ -319,6 +338,8 @@ pub struct Config {
     pub upstream_pool_idle_timeout: Duration,
     /// `--degraded-for-s`, `None` for 0.
     pub degraded_for: Option<Duration>,
+    /// `--escalation-url` and its flags, checked.
+    pub escalation: Option<std::sync::Arc<escalation::Escalation>>,
     /// The detectors' settings (config file and `--hard-limit`), validated.
     pub detectors: crate::detect::pipeline::DetectorsConfig,
     /// `[log] level` of the config file at start.
@@ -361,6 +382,10 @@ pub type FileSettings = (
 
 /// Most B accepted: a larger budget is no halt budget.
 pub const MAX_BUDGET: u32 = 1000;
+/// `--degraded-for-s` by default: one hour (issue 37; it was 0, until the operator ends it).
+pub const DEFAULT_DEGRADED_FOR_S: u64 = 3600;
+/// Longest `--degraded-instruction`.
+pub const MAX_DEGRADED_INSTRUCTION: usize = 4096;
 /// Most idle upstream connections a worker may keep (`--upstream-pool-idle`).
 pub const MAX_POOL_IDLE: usize = 4096;
 
@@ -389,7 +414,9 @@ impl ServeArgs {
         let workers = self.worker_count()?;
         let admin_token = self.admin_token()?;
         let account = self.account()?;
+        let escalation = self.escalation()?;
         Ok(Config {
+            escalation,
             admin_token,
             account,
             token_interval: Duration::from_micros(self.builtin_token_interval_us),

@@ -78,8 +78,11 @@ fn chat_path(chat: &Value) {
     let _urls = crate::safety::request_sources(req.json());
     let _system = crate::safety::system_prompt(req.json());
     for degraded in [false, true] {
-        let turn = prepare_turn(req.clone(), degraded)
-            .unwrap_or_else(|e| panic!("the proxy refused {chat}: {e:?}"));
+        let turn = prepare_turn(
+            req.clone(),
+            degraded.then_some(crate::upstream::DegradedShape::DEFAULT),
+        )
+        .unwrap_or_else(|e| panic!("the proxy refused {chat}: {e:?}"));
         let sent: Value = serde_json::from_slice(&turn.body).expect("the upstream body is JSON");
         let obj = sent.as_object().expect("the upstream body is an object");
         assert_eq!(obj.get("stream"), Some(&Value::Bool(true)));

@@ -5,6 +5,7 @@
 //! halt ([`HaltCore::complete_halt`]) and record it ([`HaltCore::record`]).
 
 pub mod metrics;
+mod modes;
 mod terminal;
 mod tls;
 
@@ -29,7 +30,7 @@ use crate::{
     gate::KernelGate,
     ledger::{Ledger, Record, RecordKind},
     metrics::Metrics,
-    modes::{KeyId, ModeChange, Modes, RuntimeMode},
+    modes::{KeyId, Modes, RuntimeMode},
     pulse::{heartbeat_state, HeartbeatState},
     stream::{
         Halter, Initiator, KernelTrip, KernelTripPoint, Mode, SlotSnapshot, StreamTable, TripError,
@@ -74,6 +75,9 @@ pub struct HaltCore {
     /// What survives a restart (`state.rs`): the degraded scopes, written after their
     /// ledger records.
     pub state: Arc<crate::state::StateStore>,
+    /// Scopes entering degraded mode, for the escalation thread (`--escalation-url`,
+    /// `escalation.rs`); `None` without one.
+    pub escalations: Option<std::sync::mpsc::SyncSender<serde_json::Value>>,
     /// TokenCircuit's per-conversation memory: the backoff clock and the intervention
     /// artifacts (`circuit::store`); unused without `[tool_circuit] enabled`.
     pub circuits: crate::circuit::store::ConversationStore,
@@ -204,13 +208,23 @@ impl HaltCore {
         cause: FailureCode,
         initiator: Initiator,
     ) -> Result<TripInfo, TripError> {
+        self.trip_with(id, (cause, initiator, true))
+    }
+
+    /// [`HaltCore::trip_by`], saying whether the completed halt degrades the turn's scope
+    /// (false: the operator opted out, or degraded it when it tripped, `admin/trip.rs`).
+    pub fn trip_with(
+        &self,
+        id: StreamId,
+        (cause, initiator, halt_degrades): (FailureCode, Initiator, bool),
+    ) -> Result<TripInfo, TripError> {
         let kernel = self
             .gate
             .as_ref()
             .map(|gate| GateTrip { gate, shared: self });
         let info = self.table.trip_by(
             id,
-            (cause, initiator),
+            (cause, initiator, halt_degrades),
             kernel.as_ref().map(|k| k as &dyn KernelTrip),
             monotonic_ns(),
         )?;
@@ -345,48 +359,6 @@ impl HaltCore {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a change of `runtime_mode` and counts it.
-    pub fn record_mode_change(&self, ch: &ModeChange) {
-        if ch.from != ch.to {
-            self.metrics.modes.changed(ch.to, ch.by);
-        }
-        self.metrics
-            .modes
-            .degraded_scopes
-            .set(self.modes.degraded_count() as i64);
-        tracing::warn!(scope = %ch.scope, from = %ch.from, to = %ch.to, by = %ch.by, cause = ch.cause.as_deref(), "runtime_mode changed");
-        let rec = Record {
-            kind: RecordKind::Lifecycle,
-            runtime_mode: ch.to.as_str().to_owned(),
-            kernel_gate: self.kernel_gate_label().to_owned(),
-            stream_id: ch.stream_id.clone(),
-            mode_change: serde_json::to_value(ch).ok(),
-            message: Some(format!(
-                "runtime_mode {} -> {} for {} ({})",
-                ch.from, ch.to, ch.scope, ch.by
-            )),
-            ..Record::default()
-        };
-        // The state store follows the ledger: the change is stored once its record is on
-        // disk, with that record's seq and hash (`state.rs`, crash order).
-        let (state, change) = (Arc::clone(&self.state), ch.store_change());
-        let queued = self.ledger.append_linked(rec, move |written| {
-            if let Ok(w) = written {
-                state.apply(Some(w.into()), vec![change]);
-            }
-        });
-        if let Err(e) = queued {
-            self.record_failed(&e);
-        }
-    }
-
-    /// Ends the degraded scopes whose timer ran out, recording each change.
-    pub fn expire_degraded(&self) {
-        for ch in self.modes.expire(crate::clock::monotonic_ns()) {
-            self.record_mode_change(&ch);
-        }
-    }
-
     /// Records a completed halt: metrics and the WATCHDOG_TRIP incident record (queued: for
     /// halts whose terminal event did not wait for it, e.g. a client that went away).
     ///
@@ -450,7 +422,7 @@ impl HaltCore {
         tracing::warn!(stream_id = %snap.id, cause = %cause, initiator = initiator.as_str(), trip_token_index = snap.trip_token_index, post_trip_tokens = snap.post_trip_delivered, halt_latency_ms = latency_ms, halted_by = by.as_str(), "WATCHDOG_TRIP: stream halted");
         // Spec 000 §4.2 step 3: after the halt, runtime_mode = degraded for the scope. Not
         // for the halts of a shutdown: the daemon is going away, nothing was breached.
-        if self.shutting_down.load(SeqCst) {
+        if self.shutting_down.load(SeqCst) || !snap.halt_degrades {
             return;
         }
         if let Some(ch) = self.modes.enter(snap.scope(), cause, &snap.id.to_string()) {

@@ -57,6 +57,7 @@ pub mod credential;
 pub mod ctl;
 pub(crate) mod dataplane;
 pub mod detect;
+pub(crate) mod escalation;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod gate;

@@ -373,6 +373,19 @@ impl Modes {
         inner.node.is_some() || inner.keys.contains_key(&scope)
     }
 
+    /// The degraded state that applies to `scope` now: the node's when the node is degraded,
+    /// else the scope's own; `None` when neither is.
+    pub fn degraded_state(&self, scope: Scope) -> Option<serde_json::Value> {
+        let inner = self.lock();
+        let (name, d) = match &inner.node {
+            Some(d) => ("node".to_owned(), d),
+            None => (scope.name(), inner.keys.get(&scope)?),
+        };
+        let mut v = serde_json::json!(d);
+        v["scope"] = name.into();
+        Some(v)
+    }
+
     /// A halt of `cause` on a turn of `key`: degrade the configured scope. Returns the change
     /// to record: to degraded, or, for a scope already degraded whose timer the halt
     /// restarts, degraded to degraded with the new end; `None` if the cause does not degrade
@@ -399,10 +412,16 @@ impl Modes {
             Some(k) => inner.keys.get_mut(&k),
         };
         let (from, since) = if let Some(cur) = current {
-            // Already degraded: without a timer nothing changes; else the halt restarts it.
-            d.until_ns?;
+            // Already degraded: the halt restarts its timer. Never shortens it: a scope
+            // without an end (`--degraded-for-s 0` when it was degraded, a node degraded at
+            // start) keeps none, and an end later than the new one (a longer hold before a
+            // restart) stays.
+            let (cur_until, new_until) = (cur.until_ns?, d.until_ns?);
+            if new_until < cur_until {
+                return None;
+            }
             cur.until_unix_ms = d.until_unix_ms;
-            cur.until_ns = d.until_ns;
+            cur.until_ns = Some(new_until);
             (RuntimeMode::Degraded, cur.since_unix_ms)
         } else {
             (RuntimeMode::Full, d.since_unix_ms)

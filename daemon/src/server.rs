@@ -158,7 +158,13 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
     let circuits = restore::conversation_store(&cfg, &metrics, &state)?;
+    let (escalations, escalated) = cfg
+        .escalation
+        .as_ref()
+        .map(|_| crate::escalation::queue())
+        .unzip();
     let shared = Arc::new(HaltCore {
+        escalations,
         table: StreamTable::new(cfg.args.max_streams),
         gate,
         metrics,
@@ -196,6 +202,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     };
     restore::record_start(&shared, start_record(&shared, &source), mismatch)?;
     crate::upstream_watch::start(&shared).map_err(io("starting the upstream watch thread"))?;
+    crate::escalation::start(&shared, escalated).map_err(io("starting the escalation thread"))?;
     watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;
     dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;

@@ -86,6 +86,10 @@ pub struct Slot {
     pub trip_cause: AtomicU32,
     /// Who tripped it ([`Initiator::as_u8`]; 0 before a trip).
     pub trip_initiator: AtomicU8,
+    /// Whether the completed halt degrades the turn's scope (`HaltCore::halt_completed`):
+    /// fixed with the trip, false when the operator opted out (`haltctl trip --no-degrade`)
+    /// or the admin API already degraded the scope when it tripped.
+    pub halt_degrades: AtomicBool,
     /// τ: tokens handed out before the trip; tokens numbered above it are post-trip.
     pub trip_token_index: AtomicU64,
     pub trip_ns: AtomicU64,
@@ -276,6 +280,7 @@ impl Slot {
             post_trip_delivered: self.post_trip_delivered.load(SeqCst),
             trip_cause: self.trip_cause(),
             trip_initiator: self.trip_initiator(),
+            halt_degrades: self.halt_degrades.load(SeqCst),
             trip_token_index: self.trip_token_index.load(SeqCst),
             trip_ns: self.trip_ns.load(SeqCst),
             nonce: self.nonce.load(SeqCst),
@@ -310,6 +315,7 @@ pub struct SlotSnapshot {
     pub post_trip_delivered: u64,
     pub trip_cause: Option<FailureCode>,
     pub trip_initiator: Option<Initiator>,
+    pub halt_degrades: bool,
     pub trip_token_index: u64,
     pub trip_ns: u64,
     pub nonce: u64,
@@ -489,6 +495,7 @@ impl StreamTable {
         s.chunked.store(false, SeqCst);
         s.trip_cause.store(0, SeqCst);
         s.trip_initiator.store(0, SeqCst);
+        s.halt_degrades.store(true, SeqCst);
         s.kernel_tripped.store(false, SeqCst);
         s.send_inflight.store(false, SeqCst);
         s.halted_by.store(Halter::None);
@@ -572,14 +579,16 @@ impl StreamTable {
         kernel: Option<&dyn KernelTrip>,
         now_ns: u64,
     ) -> Result<TripInfo, TripError> {
-        self.trip_by(id, (cause, Initiator::of(cause)), kernel, now_ns)
+        self.trip_by(id, (cause, Initiator::of(cause), true), kernel, now_ns)
     }
 
-    /// [`StreamTable::trip`], saying who trips: the initiator is fixed with the cause.
+    /// [`StreamTable::trip`], saying who trips and whether the halt degrades the turn's
+    /// scope: both are fixed with the cause, before the stream is TRIPPED, so the halt that
+    /// follows reads them.
     pub fn trip_by(
         &self,
         id: StreamId,
-        (cause, initiator): (FailureCode, Initiator),
+        (cause, initiator, halt_degrades): (FailureCode, Initiator, bool),
         kernel: Option<&dyn KernelTrip>,
         now_ns: u64,
     ) -> Result<TripInfo, TripError> {
@@ -632,6 +641,7 @@ impl StreamTable {
         };
         s.trip_cause.store(cause.as_u32(), SeqCst);
         s.trip_initiator.store(initiator.as_u8(), SeqCst);
+        s.halt_degrades.store(halt_degrades, SeqCst);
         s.trip_token_index.store(tau, SeqCst);
         s.nonce.store(nonce, SeqCst);
         s.trip_ns.store(now_ns, SeqCst);

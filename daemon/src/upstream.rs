@@ -33,6 +33,7 @@
 
 pub mod api_key;
 pub mod chunk;
+pub mod degraded;
 pub mod failure;
 pub mod framing;
 pub mod health;
@@ -55,8 +56,8 @@ pub use chunk::{
 pub use failure::{CancelReason, FailureSource, UpstreamFailure, UpstreamFailureKind};
 pub use native::{NativeSurfaces, UpstreamSurface};
 pub use request::{
-    prepare_turn, valid_header_value, write_http_request, write_http_request_with, UpstreamTurn,
-    CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH,
+    prepare_turn, valid_header_value, write_http_request, write_http_request_with, DegradedShape,
+    UpstreamTurn, CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH,
 };
 pub use response::{Framing, Progress, ResponseError, ResponseHead, ResponseReader};
 pub use sse::{SseError, SseEvent, SseEventRef, SseParser};

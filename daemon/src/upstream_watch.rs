@@ -24,7 +24,7 @@ use crate::{
     upstream::health::{UpstreamHealth, Verdict},
 };
 
-mod probe;
+pub mod probe;
 
 use probe::{probe, Target};
 

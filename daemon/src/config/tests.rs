@@ -18,6 +18,19 @@ fn parse(args: &[&str]) -> Result<Config, ConfigError> {
 fn defaults_are_valid() {
     let c = parse(&[]).expect("valid");
     assert_eq!(c.args.budget, 5);
+    assert_eq!(c.degraded_for, Some(std::time::Duration::from_secs(3600)));
+    assert!(c.escalation.is_none());
+    let c = parse(&[
+        "--escalation-url",
+        "https://hooks.example:8443/haltd/incidents",
+    ])
+    .expect("valid");
+    let e = c.escalation.expect("escalation");
+    assert_eq!(
+        (e.url.host.as_str(), e.url.port, e.path.as_str()),
+        ("hooks.example", 8443, "/haltd/incidents")
+    );
+    assert_eq!((e.attempts, e.deadline.as_millis()), (5, 60_000));
     assert!(!c.args.no_kernel_gate);
     assert_eq!(c.faults, Faults::default());
 }
@@ -113,6 +126,62 @@ fn bad_values_name_their_flag() {
         (&["--turn-sample-rate", "1.5"][..], "turn-sample-rate"),
         (&["--turn-sample-rate", "0.005"][..], "turn-sample-rate"),
         (&["--group", "root"][..], "group"),
+    ] {
+        assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
+    }
+}
+
+#[test]
+fn bad_degraded_mode_and_escalation_values_name_their_flag() {
+    let long = "x".repeat(4097);
+    for (args, flag) in [
+        (
+            &["--degraded-instruction", &long][..],
+            "degraded-instruction",
+        ),
+        (
+            &["--escalation-url", "http://127.0.0.1:9/hooks"][..],
+            "escalation-url",
+        ),
+        (
+            &["--escalation-url", "ftp://127.0.0.1/x"][..],
+            "escalation-url",
+        ),
+        (
+            &["--escalation-token-file", "/etc/hostname"][..],
+            "escalation-token-file",
+        ),
+        (
+            &["--escalation-ca-file", "/etc/hostname"][..],
+            "escalation-ca-file",
+        ),
+        (
+            &[
+                "--escalation-url",
+                "https://127.0.0.1:9/h",
+                "--escalation-attempts",
+                "0",
+            ][..],
+            "escalation-attempts",
+        ),
+        (
+            &[
+                "--escalation-url",
+                "https://127.0.0.1:9/h",
+                "--escalation-deadline-ms",
+                "50",
+            ][..],
+            "escalation-deadline-ms",
+        ),
+        (
+            &[
+                "--escalation-url",
+                "https://127.0.0.1:9/h",
+                "--escalation-token-file",
+                "/nonexistent",
+            ][..],
+            "escalation-token-file",
+        ),
     ] {
         assert_eq!(parse(args).expect_err("invalid").flag, flag, "{args:?}");
     }

@@ -250,7 +250,7 @@ impl ServeArgs {
         }
     }
 
-    /// The upstream timeouts and pool, and `--degraded-for-s`.
+    /// The upstream timeouts and pool, `--degraded-for-s` and `--degraded-instruction`.
     pub(super) fn check_upstream_timeouts(&self) -> Result<(), ConfigError> {
         for (flag, v) in [
             (
@@ -282,6 +282,16 @@ impl ServeArgs {
         }
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));
+        }
+        if self.degraded_instruction.len() > super::MAX_DEGRADED_INSTRUCTION {
+            return Err(err(
+                "degraded-instruction",
+                format!(
+                    "{} bytes: at most {} (the model reads it before every degraded turn)",
+                    self.degraded_instruction.len(),
+                    super::MAX_DEGRADED_INSTRUCTION
+                ),
+            ));
         }
         Ok(())
     }

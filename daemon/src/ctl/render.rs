@@ -221,8 +221,27 @@ pub fn limits(v: &Value) -> String {
 }
 
 /// `haltctl trip`: the tripped stream.
+/// `haltctl trip`: the trip, then what it did to degraded mode (`degrade`), and the scope's
+/// degraded state after it, flattened into its name and end.
 pub fn trip(v: &Value) -> String {
-    object(v, &["stream_id", "cause"])
+    let mut v = v.clone();
+    if let Some(d) = v.get("degraded_scope").filter(|d| d.is_object()).cloned() {
+        v["degraded_scope"] = d["scope"].clone();
+        v["degraded_until_unix_ms"] = match &d["until_unix_ms"] {
+            Value::Null => "until the operator ends it".into(),
+            until => until.clone(),
+        };
+    }
+    object(
+        &v,
+        &[
+            "stream_id",
+            "cause",
+            "degrade",
+            "degraded_scope",
+            "degraded_until_unix_ms",
+        ],
+    )
 }
 
 #[cfg(test)]
@@ -230,6 +249,29 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_trip_says_which_scope_it_degraded_and_until_when() {
+        let t = trip(
+            &json!({"stream_id": "hs_1", "cause": "OPERATOR_TRIP", "budget": 5,
+            "degrade": "degraded", "degraded_scope": {"scope": "addr:00112233aabbccdd",
+            "since_unix_ms": 1, "until_unix_ms": 3_600_001, "cause": "OPERATOR_TRIP",
+            "stream_id": "hs_1"}}),
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[3].starts_with("degrade ") && lines[3].ends_with(" degraded"),
+            "{t}"
+        );
+        assert!(lines[4].ends_with(" addr:00112233aabbccdd"), "{t}");
+        assert!(lines[5].ends_with(" 3600001"), "{t}");
+        let t = trip(&json!({"stream_id": "hs_1", "cause": "OPERATOR_TRIP",
+            "degrade": "declined", "degraded_scope": null}));
+        assert!(t.contains("declined") && !t.contains("until"), "{t}");
+        let t = trip(&json!({"stream_id": "hs_1", "degrade": "degraded",
+            "degraded_scope": {"scope": "node", "until_unix_ms": null}}));
+        assert!(t.contains("until the operator ends it"), "{t}");
+    }
 
     #[test]
     fn tables_align_and_name_the_daemon_first() {

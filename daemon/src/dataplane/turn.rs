@@ -576,7 +576,9 @@ impl Step<'_> {
         let (up, request_urls, system_prompt, circuit) = match prepare_proxied(
             (endpoint, native.is_some()),
             body,
-            degraded,
+            degraded.then_some(crate::upstream::DegradedShape {
+                instruction: &self.io.shared.cfg.args.degraded_instruction,
+            }),
             policy.map(|p| (p, arrival)),
         ) {
             Ok(v) => v,

@@ -164,7 +164,7 @@ fn body_views(endpoint: Endpoint, body: &[u8], degraded: bool) {
     // The proxy's view (`dataplane/turn.rs`, `prepare_proxied`).
     let _urls = crate::safety::request_sources(req.json());
     let _system = crate::safety::system_prompt(req.json());
-    match upstream::prepare_turn(req, degraded) {
+    match upstream::prepare_turn(req, degraded.then_some(upstream::DegradedShape::DEFAULT)) {
         Ok(turn) => {
             assert_eq!(turn.ask.endpoint, endpoint);
             assert!(turn.ask.top_logprobs <= MAX_TOP_LOGPROBS, "{:?}", turn.ask);

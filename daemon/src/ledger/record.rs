@@ -105,6 +105,10 @@ pub struct Record {
     /// A change of `runtime_mode` (degraded safe mode): scope, from, to, by, cause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_change: Option<serde_json::Value>,
+    /// An escalation of a scope entering degraded mode (`escalation.rs`): the endpoint, the
+    /// outcome, every attempt, and the incident posted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<serde_json::Value>,
     /// Per-detector summary of the turn: mode, breaches, failures, what each measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detectors: Option<serde_json::Value>,
@@ -189,6 +193,7 @@ impl Default for Record {
             tool_calls: Vec::new(),
             admin: None,
             mode_change: None,
+            escalation: None,
             detectors: None,
             sampling: None,
             text: None,

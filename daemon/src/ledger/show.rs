@@ -122,7 +122,12 @@ fn detail(r: &Value) -> String {
                 .as_object()
                 .map(|_| format!(" {}", a["request"]))
                 .unwrap_or_default();
-            format!("by {who}: answered {}{what}", a["status"])
+            let opted_out = if a["degrade"] == false {
+                " (no degrade)"
+            } else {
+                ""
+            };
+            format!("by {who}: answered {}{what}{opted_out}", a["status"])
         }
         Some("turn") => {
             let mut d = format!(

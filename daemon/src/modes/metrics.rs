@@ -1,12 +1,51 @@
-//! Degraded safe mode: changes of `runtime_mode` and the scopes in it.
+//! Degraded safe mode: changes of `runtime_mode`, the scopes in it, and the escalations of
+//! scopes entering it (`escalation.rs`).
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
 use crate::modes::{ChangedBy, RuntimeMode};
+
+/// How an escalation ended (the `outcome` label of `haltd_escalations_total`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum EscalationOutcome {
+    /// The endpoint answered 2xx.
+    Delivered,
+    /// Every attempt failed, or the deadline passed.
+    Failed,
+    /// Not attempted: the queue of escalations waiting was full.
+    Dropped,
+}
+
+impl EscalationOutcome {
+    pub const ALL: [EscalationOutcome; 3] = [
+        EscalationOutcome::Delivered,
+        EscalationOutcome::Failed,
+        EscalationOutcome::Dropped,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EscalationOutcome::Delivered => "delivered",
+            EscalationOutcome::Failed => "failed",
+            EscalationOutcome::Dropped => "dropped",
+        }
+    }
+}
+
+impl EncodeLabelValue for EscalationOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EscalationLabels {
+    pub outcome: EscalationOutcome,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeChangeLabels {
@@ -14,11 +53,12 @@ pub struct ModeChangeLabels {
     pub by: ChangedBy,
 }
 
-/// `haltd_runtime_mode_changes_total`, `haltd_degraded_scopes`.
+/// `haltd_runtime_mode_changes_total`, `haltd_degraded_scopes`, `haltd_escalations_total`.
 #[derive(Debug)]
 pub struct ModeMetrics {
     pub changes: Family<ModeChangeLabels, Counter>,
     pub degraded_scopes: Gauge,
+    pub escalations: Family<EscalationLabels, Counter>,
 }
 
 impl ModeMetrics {
@@ -44,9 +84,19 @@ impl ModeMetrics {
         ] {
             drop(changes.get_or_create(&ModeChangeLabels { to, by }));
         }
+        let escalations = Family::<EscalationLabels, Counter>::default();
+        reg.register(
+            "escalations",
+            "Escalations of a scope entering degraded mode to --escalation-url, by outcome: delivered (a 2xx answer), failed (every attempt failed or the deadline passed), dropped (the queue was full)",
+            escalations.clone(),
+        );
+        for outcome in EscalationOutcome::ALL {
+            drop(escalations.get_or_create(&EscalationLabels { outcome }));
+        }
         ModeMetrics {
             changes,
             degraded_scopes,
+            escalations,
         }
     }
 
@@ -54,6 +104,15 @@ impl ModeMetrics {
     pub fn changed(&self, to: RuntimeMode, by: ChangedBy) {
         self.changes
             .get_or_create(&ModeChangeLabels { to, by })
+            .inc();
+    }
+}
+
+impl ModeMetrics {
+    /// One escalation ended so.
+    pub fn escalated(&self, outcome: EscalationOutcome) {
+        self.escalations
+            .get_or_create(&EscalationLabels { outcome })
             .inc();
     }
 }

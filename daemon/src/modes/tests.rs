@@ -268,3 +268,47 @@ fn a_legacy_key_scope_degrades_the_new_scope_of_each_request_with_that_credentia
     );
     assert_eq!(m.admit(&other), (false, None));
 }
+
+#[test]
+fn a_halt_never_shortens_a_degraded_scope() {
+    let scope = crate::scope::Scope::legacy(key("a"));
+    let (now, now_ns) = (SystemTime::now(), monotonic_ns());
+    let row = |until_unix_ms| ScopeRow {
+        scope: scope.name(),
+        since_unix_ms: unix_ms(now),
+        until_unix_ms,
+        cause: "EXFIL_ALERT".into(),
+        stream_id: "4.1".into(),
+    };
+    // Degraded with no end (stored under --degraded-for-s 0), restored under a one-minute
+    // hold: a halt leaves it without an end.
+    let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(60)));
+    m.restore(&[row(None)], now, now_ns).expect("restore");
+    assert_eq!(m.enter(scope, FailureCode::ExfilAlert, "4.2"), None);
+    assert_eq!(m.next_expiry(now_ns), None);
+    assert_eq!(
+        m.degraded_state(scope).expect("degraded")["until_unix_ms"],
+        serde_json::Value::Null
+    );
+    // An end a day away, restored under a one-minute hold: the halt keeps the day.
+    let day = unix_ms(now + Duration::from_secs(86_400));
+    let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(60)));
+    m.restore(&[row(Some(day))], now, now_ns).expect("restore");
+    assert_eq!(m.enter(scope, FailureCode::ExfilAlert, "4.2"), None);
+    let state = m.degraded_state(scope).expect("degraded");
+    assert_eq!(state["until_unix_ms"], day);
+    assert_eq!(state["scope"], scope.name());
+    assert!(m.next_expiry(now_ns).expect("its timer") > Duration::from_secs(86_000));
+    // The node's state is what applies to every scope while the node is degraded.
+    let m = Modes::new(DegradedScope::Node, None);
+    assert_eq!(m.degraded_state(scope), None);
+    m.enter(scope, FailureCode::ExfilAlert, "4.3")
+        .expect("change");
+    let state = m
+        .degraded_state(crate::scope::Scope::legacy(key("b")))
+        .expect("node");
+    assert_eq!(
+        (state["scope"].as_str(), &state["until_unix_ms"]),
+        (Some("node"), &serde_json::Value::Null)
+    );
+}

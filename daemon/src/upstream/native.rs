@@ -108,12 +108,13 @@ impl NativeSurfaces {
 /// owns set. Always `stream: true` (haltd streams from the upstream even for a client's batch
 /// request, as for chat). Responses: `top_logprobs` (at least 1) and the output text's
 /// logprobs in `include`, so the monitors can score every token. Degraded mode removes the
-/// surface's tool fields.
+/// surface's tool fields, sets `temperature` 0 and adds the degraded instruction
+/// ([`super::degraded::DegradedShape`]).
 pub fn native_body(
     surface: UpstreamSurface,
     obj: &mut Map<String, Value>,
     top_logprobs: u32,
-    degraded: bool,
+    degraded: Option<super::degraded::DegradedShape<'_>>,
 ) {
     obj.insert("stream".into(), Value::Bool(true));
     if surface == UpstreamSurface::Responses {
@@ -130,9 +131,13 @@ pub fn native_body(
             }
         }
     }
-    if degraded {
+    if let Some(shape) = degraded {
         for f in surface.tool_fields() {
             obj.remove(*f);
+        }
+        obj.insert("temperature".into(), Value::from(0));
+        if !shape.instruction.is_empty() {
+            add_instruction(surface, obj, shape.instruction);
         }
     }
 }
@@ -169,6 +174,12 @@ pub fn withhold_tools(surface: UpstreamSurface, body: &mut Value, names: &[&str]
         };
         obj.insert("tool_choice".into(), auto);
     }
+    add_instruction(surface, obj, note);
+}
+
+/// `note` after the instructions the model reads (Responses `instructions`, Messages
+/// `system`), as a translated request gets a system message.
+fn add_instruction(surface: UpstreamSurface, obj: &mut Map<String, Value>, note: &str) {
     let field = match surface {
         UpstreamSurface::Responses => "instructions",
         UpstreamSurface::Messages => "system",
@@ -230,7 +241,7 @@ mod tests {
             "model": "m", "input": "hi", "stream": false, "store": true,
             "include": ["reasoning.encrypted_content"], "vendor_x": {"a": 1}, "tools": []
         }));
-        native_body(UpstreamSurface::Responses, &mut o, 0, false);
+        native_body(UpstreamSurface::Responses, &mut o, 0, None);
         assert_eq!(
             Value::Object(o),
             json!({
@@ -243,10 +254,36 @@ mod tests {
             json!({"model": "m", "max_tokens": 5, "messages": [], "tools": [{"name": "t"}],
             "tool_choice": {"type": "any"}}),
         );
-        native_body(UpstreamSurface::Messages, &mut o, 3, true);
+        native_body(
+            UpstreamSurface::Messages,
+            &mut o,
+            3,
+            Some(crate::upstream::DegradedShape { instruction: "" }),
+        );
         assert_eq!(
             Value::Object(o),
-            json!({"model": "m", "max_tokens": 5, "messages": [], "stream": true})
+            json!({"model": "m", "max_tokens": 5, "messages": [], "stream": true,
+                "temperature": 0})
+        );
+        // Degraded with an instruction: after the request's own, at temperature 0.
+        let degraded = Some(crate::upstream::DegradedShape {
+            instruction: "Facts only.",
+        });
+        let mut o = obj(
+            json!({"model": "m", "input": "hi", "instructions": "Be brief.",
+            "temperature": 0.7, "tools": [{"type": "function", "name": "f"}]}),
+        );
+        native_body(UpstreamSurface::Responses, &mut o, 0, degraded);
+        assert_eq!(
+            (&o["instructions"], &o["temperature"], o.get("tools")),
+            (&json!("Be brief.\n\nFacts only."), &json!(0), None)
+        );
+        let mut o = obj(json!({"model": "m", "max_tokens": 5, "messages": [],
+            "system": [{"type": "text", "text": "s"}]}));
+        native_body(UpstreamSurface::Messages, &mut o, 0, degraded);
+        assert_eq!(
+            o["system"],
+            json!([{"type": "text", "text": "s"}, {"type": "text", "text": "Facts only."}])
         );
     }
 

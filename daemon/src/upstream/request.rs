@@ -21,6 +21,7 @@ use std::io::Write as _;
 
 use serde_json::{Map, Value};
 
+pub use crate::upstream::degraded::DegradedShape;
 use crate::{
     upstream::{
         native::{self, UpstreamSurface},
@@ -177,8 +178,11 @@ fn check_prompt(obj: &Map<String, Value>) -> Result<(), HttpError> {
 /// Validates a client's request for forwarding and builds the upstream body from it.
 ///
 /// Errors are 400s naming the field; a request for more than one choice is refused with code
-/// [`CODE_N_NOT_SUPPORTED`]. `degraded` removes every field in [`TOOL_FIELDS`].
-pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, HttpError> {
+/// [`CODE_N_NOT_SUPPORTED`]. A degraded turn (`Some`) is shaped as [`DegradedShape`] says.
+pub fn prepare_turn(
+    req: ClientRequest,
+    degraded: Option<DegradedShape<'_>>,
+) -> Result<UpstreamTurn, HttpError> {
     // The client's surface answers; the body is shaped as its request shape (a Messages
     // request was translated to chat when it was parsed).
     let surface = req.endpoint;
@@ -214,10 +218,8 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
             (Some(s), Value::Object(own))
         }
         _ => {
-            if degraded {
-                for f in TOOL_FIELDS {
-                    obj.remove(f);
-                }
+            if let Some(shape) = degraded {
+                shape_degraded(&mut obj, endpoint, shape);
             }
             own_streaming_fields(&mut obj, endpoint, top_logprobs);
             (None, Value::Object(obj))
@@ -243,6 +245,21 @@ pub fn prepare_turn(req: ClientRequest, degraded: bool) -> Result<UpstreamTurn, 
         body,
         native,
     })
+}
+
+/// [`DegradedShape`] on a request shaped as chat or completions.
+fn shape_degraded(obj: &mut Map<String, Value>, endpoint: Endpoint, shape: DegradedShape<'_>) {
+    for f in TOOL_FIELDS {
+        obj.remove(f);
+    }
+    obj.insert("temperature".into(), Value::from(0));
+    if shape.instruction.is_empty() || endpoint == Endpoint::Completion {
+        return;
+    }
+    if let Some(Value::Array(messages)) = obj.get_mut("messages") {
+        let first = serde_json::json!({"role": "system", "content": shape.instruction});
+        messages.insert(0, first);
+    }
 }
 
 /// `model`: required by the upstream, which serves requests by name.

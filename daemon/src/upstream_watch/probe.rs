@@ -85,6 +85,25 @@ pub struct Target<'a> {
 
 /// Probes the upstream at `addr` once.
 pub fn probe(target: &Target<'_>, addr: SocketAddr) -> Result<Answer, ProbeError> {
+    let (status, body) = send(target, addr, ("GET", None))?;
+    let models = (target.path == MODELS_PATH)
+        .then(|| model_ids(&body))
+        .flatten();
+    Ok(Answer { status, models })
+}
+
+/// `POST`s `body` (JSON) to the target at `addr` once, the same way: its 2xx status, or why
+/// not (the escalation of a degraded scope, `escalation.rs`).
+pub fn post_json(target: &Target<'_>, addr: SocketAddr, body: &[u8]) -> Result<u16, ProbeError> {
+    send(target, addr, ("POST", Some(body))).map(|(status, _)| status)
+}
+
+/// One request and its answer: a 2xx status and the body, or why not.
+fn send(
+    target: &Target<'_>,
+    addr: SocketAddr,
+    (method, body): (&str, Option<&[u8]>),
+) -> Result<(u16, Vec<u8>), ProbeError> {
     let deadline = Instant::now() + target.timeout;
     let tcp = TcpStream::connect_timeout(&addr, target.timeout)
         .map_err(|source| ProbeError::Connect { addr, source })?;
@@ -95,10 +114,10 @@ pub fn probe(target: &Target<'_>, addr: SocketAddr) -> Result<Answer, ProbeError
     write_http_request(
         &mut request,
         target.url,
-        "GET",
+        method,
         target.path,
         target.authorization,
-        None,
+        body,
     );
     let (status, reason, body) = match target.tls {
         None => exchange(Timed(tcp, deadline), &request, target.timeout)?,
@@ -111,10 +130,7 @@ pub fn probe(target: &Target<'_>, addr: SocketAddr) -> Result<Answer, ProbeError
     if !(200..300).contains(&status) {
         return Err(ProbeError::Status { status, reason });
     }
-    let models = (target.path == MODELS_PATH)
-        .then(|| model_ids(&body))
-        .flatten();
-    Ok(Answer { status, models })
+    Ok((status, body))
 }
 
 /// The model ids of a `/v1/models` body (`{"data": [{"id": ...}, ...]}`).

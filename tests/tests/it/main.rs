@@ -22,6 +22,7 @@ mod build_info;
 mod client_tls;
 mod config;
 mod crash;
+mod degraded_policy;
 mod detectors;
 mod drain;
 mod fail_closed;

@@ -65,6 +65,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "watchdog",
             "admin",
             "upstream_watch",
+            "escalation",
             "lifecycle",
             "server",
             "ctl",

@@ -95,6 +95,10 @@ enum Command {
         /// Failure code recorded as the trip cause.
         #[arg(long, default_value = "OPERATOR_TRIP")]
         cause: String,
+        /// Do not put the stream's scope into degraded mode (recorded with the trip). A scope
+        /// that is degraded already stays so.
+        #[arg(long)]
+        no_degrade: bool,
     },
     /// List open streams.
     Streams,
@@ -516,6 +520,15 @@ fn finish_calibration(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The body of `haltctl trip`: its cause, and `"degrade": false` for `--no-degrade`.
+fn trip_body(cause: &str, no_degrade: bool) -> serde_json::Value {
+    let mut body = serde_json::json!({ "cause": cause });
+    if no_degrade {
+        body["degrade"] = false.into();
+    }
+    body
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ctx = match Ctx::new(&cli) {
@@ -526,10 +539,14 @@ fn main() -> ExitCode {
         }
     };
     match &cli.command {
-        Command::Trip { stream_id, cause } => admin_call(
+        Command::Trip {
+            stream_id,
+            cause,
+            no_degrade,
+        } => admin_call(
             &ctx,
             (Method::POST, &format!("/admin/streams/{stream_id}/trip")),
-            Some(serde_json::json!({ "cause": cause })),
+            Some(trip_body(cause, *no_degrade)),
             render::trip,
         ),
         Command::Streams => {

@@ -20,7 +20,7 @@ use crate::{
 pub(super) fn prepare_proxied(
     (endpoint, native): (Endpoint, bool),
     body: &[u8],
-    degraded: bool,
+    degraded: Option<upstream::DegradedShape<'_>>,
     circuit: Option<(&Arc<crate::circuit::CircuitPolicy>, circuit::Arrival<'_>)>,
 ) -> Result<Proxied, Box<circuit::Refusal>> {
     let mut req = if native {
@@ -31,7 +31,7 @@ pub(super) fn prepare_proxied(
     let urls = crate::safety::request_sources(req.json());
     let system_prompt = crate::safety::system_prompt(req.json());
     let circuit = match circuit {
-        Some((policy, at)) if endpoint.is_chat_shaped() && !degraded => {
+        Some((policy, at)) if endpoint.is_chat_shaped() && degraded.is_none() => {
             let c = circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
             // An exhausted budget: answered here, or forwarded without the tool.
             c.apply_exhausted(&mut req, &at)?;

@@ -77,6 +77,11 @@ fn an_admin_row_says_who_acted_and_what_was_answered() {
     assert!(row.contains("trip"), "{row}");
     assert!(row.contains("OPERATOR_TRIP"), "{row}");
     assert!(row.contains("by uid 0 pid 4242: answered 200"), "{row}");
+    assert!(!row.contains("no degrade"), "{row}");
+    let mut opted_out = admin();
+    opted_out["admin"]["degrade"] = false.into();
+    let row = table_row(&opted_out);
+    assert!(row.contains("answered 200 (no degrade)"), "{row}");
 }
 
 #[test]

@@ -2,9 +2,14 @@ use serde_json::json;
 
 use super::*;
 
+/// A degraded turn's shape, with the default instruction, or none.
+fn shape(degraded: bool) -> Option<DegradedShape<'static>> {
+    degraded.then_some(DegradedShape::DEFAULT)
+}
+
 /// The client's request parsed, then prepared for the upstream.
 fn prepare(endpoint: Endpoint, body: &[u8], degraded: bool) -> Result<UpstreamTurn, HttpError> {
-    prepare_turn(ClientRequest::parse(endpoint, body)?, degraded)
+    prepare_turn(ClientRequest::parse(endpoint, body)?, shape(degraded))
 }
 
 /// What the client asked for (with the model and tools) and the upstream body.
@@ -56,7 +61,7 @@ fn one_parse_serves_both_sources_and_they_read_the_same_ask() {
         let builtin = req
             .builtin_turn("builtin")
             .expect("the built-in source takes it");
-        let up = prepare_turn(req, false).expect("the proxy takes it");
+        let up = prepare_turn(req, None).expect("the proxy takes it");
         assert_eq!(builtin.ask, up.ask, "{body}");
     }
 }
@@ -389,7 +394,28 @@ fn tools_removed_only_when_degraded() {
     for f in TOOL_FIELDS {
         assert!(up.get(f).is_none(), "{f} removed in degraded mode");
     }
-    assert_eq!(up["messages"][0]["content"], json!("weather?"));
+    // Fact-only literal content: the instruction first, at temperature 0.
+    assert_eq!(
+        up["messages"][0],
+        json!({"role": "system", "content": DegradedShape::DEFAULT.instruction})
+    );
+    assert_eq!(up["messages"][1]["content"], json!("weather?"));
+    assert_eq!(up["temperature"], json!(0));
+    let completion = json!({"model": "m", "prompt": "p", "temperature": 1.0});
+    let (_, up) = prep(Endpoint::Completion, completion, true);
+    assert_eq!(
+        (&up["prompt"], &up["temperature"]),
+        (&json!("p"), &json!(0))
+    );
+    let silent = Some(DegradedShape { instruction: "" });
+    let req = ClientRequest::parse(
+        Endpoint::Chat,
+        br#"{"model":"m","messages":[{"role":"user","content":"q"}]}"#,
+    )
+    .expect("parsed");
+    let up: Value =
+        serde_json::from_slice(&prepare_turn(req, silent).expect("prepared").body).expect("JSON");
+    assert_eq!(up["messages"].as_array().map(Vec::len), Some(1), "{up}");
 
     let (ask, _) = prep(
         Endpoint::Chat,
@@ -533,7 +559,7 @@ fn native(
     degraded: bool,
 ) -> Result<(Value, &'static str, Ask), HttpError> {
     let req = ClientRequest::parse_native(endpoint, body.to_string().as_bytes())?;
-    let up = prepare_turn(req, degraded)?;
+    let up = prepare_turn(req, shape(degraded))?;
     let sent = serde_json::from_slice(&up.body).expect("upstream body is JSON");
     Ok((sent, up.api_path(), up.ask))
 }
@@ -559,9 +585,10 @@ fn a_passed_through_request_goes_as_it_came_to_its_own_path() {
     assert_eq!(path, native::MESSAGES_PATH);
     assert_eq!(
         sent,
-        json!({"model": "m", "max_tokens": 5, "stream": true, "system": "s",
-            "messages": [{"role": "user", "content": "hi"}]}),
-        "degraded: no tools"
+        json!({"model": "m", "max_tokens": 5, "stream": true,
+            "system": format!("s\n\n{}", DegradedShape::DEFAULT.instruction),
+            "messages": [{"role": "user", "content": "hi"}], "temperature": 0}),
+        "degraded: no tools, the instruction after the request's own, temperature 0"
     );
     assert!(ask.stream);
 }
@@ -592,6 +619,6 @@ fn a_passed_through_request_is_checked_as_its_translation() {
     )
     .expect("parsed");
     assert!(req.native().is_none());
-    let up = prepare_turn(req, false).expect("prepared");
+    let up = prepare_turn(req, None).expect("prepared");
     assert_eq!((up.native, up.api_path()), (None, CHAT_PATH));
 }
