@@ -202,6 +202,7 @@ fn an_escalation_is_retried_until_the_endpoint_accepts_it() -> Result<()> {
         .iter()
         .filter_map(|a| a["at_ms"].as_u64())
         .collect();
+    println!("escalation to /hooks/fail-2: statuses {statuses:?} at {at:?} ms");
     ensure!(
         at.len() == 3 && at[1] >= at[0] + 250 && at[2] >= at[1] + 500,
         "backoff of 250 ms, then 500 ms: {at:?}"
