@@ -141,6 +141,9 @@ pub struct ServeArgs {
     /// Degraded mode ends by itself after this many seconds; each later halt in the scope restarts its timer (0: only `haltctl mode full` ends it). The default, an hour, is long enough for an operator to be paged and look, and short enough that an unattended node gives its honest clients streams and tools back.
     #[arg(long, default_value_t = DEFAULT_DEGRADED_FOR_S)]
     pub degraded_for_s: u64,
+    /// Degraded mode's "ask first": the first turn of each scope after it entered degraded mode is answered with this text instead of the model (a question back to the user, say what they need and on what facts), in the surface's own shape; empty (the default): off. A restart asks each degraded scope's first turn again. At most 4096 bytes.
+    #[arg(long, default_value = "")]
+    pub degraded_ask_first: String,
     /// HTTPS endpoint that each scope's entry into degraded mode is posted to, as JSON (escalation to a human, spec 000 §4.2 step 4): retried with backoff within --escalation-deadline-ms, and every delivery, or its failure, is a ledger record. Default: none.
     #[arg(long, value_name = "URL")]
     pub escalation_url: Option<String>,

@@ -90,6 +90,10 @@ pub struct Degraded {
     /// wall-clock step changes no timer).
     #[serde(skip)]
     until_ns: Option<u64>,
+    /// Its first turn was answered with `--degraded-ask-first` ([`Modes::ask_first`]). Not
+    /// stored: after a restart the scope's first turn is asked again.
+    #[serde(skip)]
+    asked: bool,
 }
 
 /// A scope's `runtime_mode` (records, the `to` label of `haltd_runtime_mode_changes_total`).
@@ -367,6 +371,18 @@ impl Modes {
         (true, Some(change))
     }
 
+    /// Degraded mode's "ask first": whether this turn of `who` is the first of its degraded
+    /// scope (the node's, when the node is degraded) since the scope entered degraded mode,
+    /// and so is answered with the clarification instead of the model. Marks it asked.
+    pub fn ask_first(&self, who: &Identity) -> bool {
+        let mut inner = self.lock();
+        let Inner { node, keys, .. } = &mut *inner;
+        let Some(d) = node.as_mut().or_else(|| keys.get_mut(&who.scope)) else {
+            return false;
+        };
+        !std::mem::replace(&mut d.asked, true)
+    }
+
     /// Whether `scope` (or the node) is degraded now.
     pub fn is_degraded(&self, scope: Scope) -> bool {
         let inner = self.lock();
@@ -401,6 +417,7 @@ impl Modes {
             cause: cause.as_str().to_owned(),
             stream_id: stream_id.to_owned(),
             until_ns: self.hold.map(|h| now_ns.saturating_add(duration_ns(h))),
+            asked: false,
         };
         let mut inner = self.lock();
         if d.until_ns.is_some() {
@@ -495,6 +512,7 @@ impl Modes {
                 until_ns: row.until_unix_ms.map(|u| {
                     now_ns.saturating_add(u.saturating_sub(now_ms).saturating_mul(1_000_000))
                 }),
+                asked: false,
             };
             match key {
                 None => inner.node = Some(d),
@@ -519,6 +537,7 @@ impl Modes {
             cause: why.to_owned(),
             stream_id: String::new(),
             until_ns: None,
+            asked: false,
         });
         ModeChange {
             scope: scope_name(None),

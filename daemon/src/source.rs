@@ -29,6 +29,7 @@ use crate::{
 };
 
 pub mod builtin;
+pub mod fixed;
 pub mod resume;
 pub mod upstream;
 

@@ -77,6 +77,7 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
     ("group", Restart),
     ("degraded-for-s", Restart),
     ("degraded-instruction", Restart),
+    ("degraded-ask-first", Restart),
     ("escalation-url", Restart),
     ("escalation-token-file", Restart),
     ("escalation-ca-file", Restart),

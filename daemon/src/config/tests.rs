@@ -135,6 +135,7 @@ fn bad_values_name_their_flag() {
 fn bad_degraded_mode_and_escalation_values_name_their_flag() {
     let long = "x".repeat(4097);
     for (args, flag) in [
+        (&["--degraded-ask-first", &long][..], "degraded-ask-first"),
         (
             &["--degraded-instruction", &long][..],
             "degraded-instruction",

@@ -283,6 +283,16 @@ impl ServeArgs {
         if self.degraded_for_s > 30 * 86_400 {
             return Err(err("degraded-for-s", "must be at most 30 days"));
         }
+        if self.degraded_ask_first.len() > super::MAX_DEGRADED_INSTRUCTION {
+            return Err(err(
+                "degraded-ask-first",
+                format!(
+                    "{} bytes: at most {}",
+                    self.degraded_ask_first.len(),
+                    super::MAX_DEGRADED_INSTRUCTION
+                ),
+            ));
+        }
         if self.degraded_instruction.len() > super::MAX_DEGRADED_INSTRUCTION {
             return Err(err(
                 "degraded-instruction",

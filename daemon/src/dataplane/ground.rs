@@ -377,6 +377,8 @@ impl Step<'_> {
         match &mut turn.source {
             turn::TurnSource::Builtin(b) => b.resume(dropped, &round.snippets),
             turn::TurnSource::Upstream(_) => self.resume_upstream(dropped, round),
+            // A fixed answer has nothing to resume (and is never grounded: `ask_first.rs`).
+            turn::TurnSource::Fixed(_) => false,
         }
     }
 }

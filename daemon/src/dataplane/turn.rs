@@ -6,6 +6,7 @@
 //! its head (streaming) and runs the pipeline; the proxied turn opens its upstream exchange
 //! (`upstream_io.rs`) and the pipeline runs as the upstream's items arrive.
 
+mod ask_first;
 pub(in crate::dataplane) mod circuit;
 pub(in crate::dataplane) mod circuit_record;
 pub(in crate::dataplane) mod encode;
@@ -100,6 +101,8 @@ impl TurnObs {
 #[derive(Debug)]
 pub(in crate::dataplane) enum TurnSource {
     Builtin(BuiltinSource),
+    /// Degraded mode's "ask first" clarification, instead of the model (`ask_first.rs`).
+    Fixed(crate::source::fixed::FixedSource),
     /// Proxied: what the upstream streamed; its socket is the connection's
     /// [`crate::dataplane::upstream_io::Upstream`].
     Upstream(UpstreamSource),
@@ -109,6 +112,7 @@ impl TurnSource {
     pub(in crate::dataplane) fn get(&mut self) -> &mut dyn TokenSource {
         match self {
             TurnSource::Builtin(b) => b,
+            TurnSource::Fixed(f) => f,
             TurnSource::Upstream(u) => u,
         }
     }
@@ -120,14 +124,14 @@ impl TurnSource {
     pub(in crate::dataplane) fn upstream(&self) -> Option<&UpstreamSource> {
         match self {
             TurnSource::Upstream(u) => Some(u),
-            TurnSource::Builtin(_) => None,
+            TurnSource::Builtin(_) | TurnSource::Fixed(_) => None,
         }
     }
 
     pub(in crate::dataplane) fn upstream_mut(&mut self) -> Option<&mut UpstreamSource> {
         match self {
             TurnSource::Upstream(u) => Some(u),
-            TurnSource::Builtin(_) => None,
+            TurnSource::Builtin(_) | TurnSource::Fixed(_) => None,
         }
     }
 }
@@ -512,6 +516,9 @@ impl Step<'_> {
         else {
             return Ok(());
         };
+        if self.asks_first(&who, degraded) {
+            return self.start_asking(ask, MODEL_NAME.into(), &who, mode);
+        }
         let detectors = self.io.shared.detectors.load_full();
         let (gov, failed) = self.turn_governor(&detectors);
         let model = BuiltinModel::get();
@@ -561,11 +568,7 @@ impl Step<'_> {
         let native = self.io.shared.cfg.upstream_surfaces.passes(endpoint);
         let auth = upstream_authorization(head, endpoint, native);
         self.conn.surface_headers = surface_headers(head, native);
-        // Degraded mode decides what is forwarded, so look it up before preparing the body
-        // (`open_turn` looks again, and records a legacy scope's migration).
-        self.io.shared.expire_degraded();
-        let degraded = self.io.shared.modes.is_degraded(who.scope)
-            || self.io.shared.modes.is_degraded(who.legacy);
+        let degraded = self.io.degraded_now(&who);
         let policy = self.io.shared.cfg.tool_circuit.as_ref();
         let arrival = circuit::Arrival {
             store: &self.io.shared.circuits,
@@ -576,9 +579,7 @@ impl Step<'_> {
         let (up, request_urls, system_prompt, circuit) = match prepare_proxied(
             (endpoint, native.is_some()),
             body,
-            degraded.then_some(crate::upstream::DegradedShape {
-                instruction: &self.io.shared.cfg.args.degraded_instruction,
-            }),
+            degraded.then(|| self.io.degraded_shape()),
             policy.map(|p| (p, arrival)),
         ) {
             Ok(v) => v,
@@ -588,11 +589,14 @@ impl Step<'_> {
             }
         };
         let model: Arc<str> = up.model.as_str().into();
-        let Some((degraded, _mode)) =
+        let Some((degraded, mode)) =
             self.open_turn(endpoint, up.ask.stream, &who, Arc::clone(&model))?
         else {
             return Ok(());
         };
+        if self.asks_first(&who, degraded) {
+            return self.start_asking(&up.ask, model, &who, mode);
+        }
         let detectors = self.io.shared.detectors.load_full();
         let ((gov, mut detector_refs), failed) = self.turn_governor(&detectors);
         detector_refs.push("upstream:integrity".to_owned());

@@ -312,3 +312,36 @@ fn a_halt_never_shortens_a_degraded_scope() {
         (Some("node"), &serde_json::Value::Null)
     );
 }
+
+#[test]
+fn ask_first_takes_the_first_turn_of_each_degraded_scope_once() {
+    use crate::{credential::Credential, scope::Identity};
+    let s = secret();
+    let at = |a: &str| Some(a.parse().expect("addr"));
+    let a = Identity::without_store(&s, Credential::Bearer("sk-a"), at("192.0.2.1"));
+    let b = Identity::without_store(&s, Credential::Bearer("sk-b"), at("203.0.113.9"));
+    let m = Modes::new(DegradedScope::Key, Some(Duration::from_secs(60)));
+    assert!(
+        !m.ask_first(&a),
+        "a scope that is not degraded is never asked"
+    );
+    m.enter(a.scope, FailureCode::ExfilAlert, "4.1")
+        .expect("change");
+    assert!(m.ask_first(&a), "the first turn after the halt");
+    assert!(!m.ask_first(&a), "only the first");
+    assert!(!m.ask_first(&b), "another scope is not degraded");
+    // A later halt restarts the timer, not the question.
+    m.enter(a.scope, FailureCode::ExfilAlert, "4.2")
+        .expect("restart");
+    assert!(!m.ask_first(&a));
+    // Ended and degraded again: asked again.
+    m.set_full(ScopeSel::Scope(a.scope));
+    m.enter(a.scope, FailureCode::ExfilAlert, "4.3")
+        .expect("change");
+    assert!(m.ask_first(&a));
+    // The node degraded: its first turn, whoever's, is asked, once.
+    let node = Modes::new(DegradedScope::Node, None);
+    node.enter(a.scope, FailureCode::ExfilAlert, "4.4")
+        .expect("change");
+    assert!(node.ask_first(&b) && !node.ask_first(&a));
+}

@@ -2,7 +2,8 @@
 //! the stream's scope is degraded now and until when; `haltctl trip --no-degrade` opts a trip
 //! out, and the choice is recorded; `--degraded-for-s` defaults to an hour; a degraded turn's
 //! request is shaped for fact-only literal content (`--degraded-instruction`); a scope entering
-//! degraded mode is escalated to `--escalation-url`, retried until the endpoint accepts it.
+//! degraded mode is escalated to `--escalation-url`, retried until the endpoint accepts it; and
+//! its first turn is answered with `--degraded-ask-first` instead of the model.
 
 use std::{os::unix::fs::PermissionsExt as _, sync::Mutex};
 
@@ -257,5 +258,59 @@ fn a_failed_escalation_is_recorded_and_holds_nothing_up() -> Result<()> {
     ensure!(hook_requests(&rig, "fail-9")?.len() == 2);
     let m = rig.haltd.metrics()?;
     ensure!(m.value("haltd_escalations_total", &[("outcome", "failed")])? == 1.0);
+    Ok(())
+}
+
+/// The clarification of the ask-first test.
+const ASK: &str = "Before I answer: which account do you mean, and as of which date?";
+
+#[test]
+fn the_first_degraded_turn_of_a_scope_asks_first_in_its_surface() -> Result<()> {
+    let rig = Rig::start(UPSTREAM_BIN, &["--degraded-ask-first", ASK])?;
+    let auth = "Bearer key-Q";
+    rig.trip_stream_of(auth)?;
+    // The first turn after the halt: the clarification, not the model (no upstream request).
+    let o = rig.stream(
+        "/v1/chat/completions",
+        &chat("[[script:normal tokens=3]]", true),
+        Some(auth),
+        |_, _| {},
+    )?;
+    ensure!(
+        o.status == 200
+            && o.mode_header.as_deref() == Some("degraded")
+            && o.text == format!(" {ASK}")
+            && o.finish_reason.as_deref() == Some("stop"),
+        "{o:?}"
+    );
+    ensure!(
+        crate::passthrough::upstream_request(&rig, &o.stream_id).is_err(),
+        "the model was asked"
+    );
+    let rec = rig.turn_record(&o.stream_id)?;
+    ensure!(
+        rec["outcome"] == "completed"
+            && rec["runtime_mode"] == "degraded"
+            && rec["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--degraded-ask-first")),
+        "{rec}"
+    );
+    // The next turn goes to the model, degraded.
+    ensure!(runs_degraded(&rig, auth)?, "the second turn");
+    // Degraded again after the operator ended it: asked again, in the Messages shape.
+    rig.haltctl(false, &["mode", "full"])?;
+    rig.trip_stream_of(auth)?;
+    let body = serde_json::json!({"model": "scripted", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "[[script:normal tokens=3]]"}]});
+    let (status, headers, answer) = rig.post("/v1/messages", &body, Some(auth))?;
+    ensure!(
+        status == 200
+            && headers["x-haltd-mode"] == "degraded"
+            && answer["type"] == "message"
+            && answer["content"][0]["text"] == format!(" {ASK}").as_str()
+            && answer["stop_reason"] == "end_turn",
+        "{answer}"
+    );
     Ok(())
 }

@@ -43,6 +43,23 @@ pub(super) fn prepare_proxied(
     Ok((up, urls, system_prompt, circuit))
 }
 
+impl crate::dataplane::Io {
+    /// Whether `who`'s turn runs degraded. Degraded mode decides what is forwarded, so a
+    /// proxied turn looks it up before preparing the body (`open_turn` looks again, and
+    /// records a legacy scope's migration).
+    pub(super) fn degraded_now(&self, who: &crate::scope::Identity) -> bool {
+        self.shared.expire_degraded();
+        self.shared.modes.is_degraded(who.scope) || self.shared.modes.is_degraded(who.legacy)
+    }
+
+    /// How a degraded turn's upstream request is shaped (`--degraded-instruction`).
+    pub(super) fn degraded_shape(&self) -> upstream::DegradedShape<'_> {
+        upstream::DegradedShape {
+            instruction: &self.shared.cfg.args.degraded_instruction,
+        }
+    }
+}
+
 /// The `Authorization` a proxied turn sends upstream (before `--upstream-api-key-file`
 /// replaces it): the client's. Translated, the Anthropic SDK's `x-api-key` goes as the bearer
 /// token chat backends read; passed through, it goes as the `x-api-key` it was

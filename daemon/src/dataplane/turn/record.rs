@@ -68,8 +68,13 @@ impl Io {
                 rec.failure_codes = vec![FailureCode::UpstreamFailure.as_str().to_owned()];
             }
         }
+        let asked = if matches!(turn.source, super::TurnSource::Fixed(_)) {
+            ", answered with --degraded-ask-first instead of the model"
+        } else {
+            ""
+        };
         rec.message = Some(format!(
-            "turn of {} ms",
+            "turn of {} ms{asked}",
             monotonic_ns().saturating_sub(snap.started_ns) / 1_000_000
         ));
         // Spec 000 §6.2: every turn that is not normal is recorded, a normal one with
