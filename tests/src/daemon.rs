@@ -387,6 +387,39 @@ impl Haltd {
         in_netns(&ns, move || trip_here(&url, cause.as_deref()))
     }
 
+    /// Streams a long chat turn from namespace `ns` with `headers`, trips it through the admin
+    /// API as it starts, and returns its stream id once the halt ended it cleanly
+    /// (`OPERATOR_TRIP`).
+    pub fn trip_stream_from(&self, ns: &str, headers: &[(&str, &str)]) -> Result<String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let url = format!("{}/v1/chat/completions", self.api_url());
+        let owned: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let streamer = crate::netns::spawn_in_netns(ns, move || {
+            let h: Vec<(&str, &str)> = owned
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            crate::sse::stream_with(
+                &url,
+                &crate::sse::chat_body("victim", 400, true),
+                &h,
+                Duration::from_secs(30),
+                crate::sse::report_stream_id(tx),
+            )
+        });
+        let id = rx.recv_timeout(Duration::from_secs(10))?;
+        let (status, _) = self.trip(&id, None)?;
+        ensure!(status == 200, "trip answered {status}");
+        streamer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the streamer thread panicked"))??
+            .halted_cleanly("OPERATOR_TRIP")?;
+        Ok(id)
+    }
+
     /// `GET /admin/streams`.
     pub fn list_streams(&self) -> Result<Value> {
         let url = format!("{}/admin/streams", self.admin_url());

@@ -543,6 +543,17 @@ impl Step<'_> {
                 ..Default::default()
             }));
         }
+        self.run_local_turn(turn, failed, mode)
+    }
+
+    /// Starts a turn whose source needs no upstream exchange (the built-in model, a fixed
+    /// answer): governed and armed like any, then its head (streaming) and the pipeline.
+    pub(in crate::dataplane) fn run_local_turn(
+        &mut self,
+        turn: Turn,
+        failed: Option<Trip>,
+        mode: Mode,
+    ) -> io::Result<()> {
         self.conn.turn = Some(Box::new(turn));
         self.observe_turn();
         if !self.arm_turn_policy() {

@@ -314,26 +314,7 @@ fn answer_of(
 /// Trips a stream of `auth` (operator trip: the key enters degraded mode); the halt record's
 /// conversation fingerprint.
 fn trip_key(haltd: &Haltd, ns: &str, auth: &str, extra: &[(&str, &str)]) -> Result<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let headers = Headers::new(auth, extra);
-    let streamer = spawn_in_netns(ns, move || {
-        let h = headers.borrowed();
-        sse::stream_with(
-            &url,
-            &sse::chat_body("victim", 400, true),
-            &h,
-            Duration::from_secs(30),
-            sse::report_stream_id(tx),
-        )
-    });
-    let id = rx.recv_timeout(Duration::from_secs(10))?;
-    let (status, _) = haltd.trip(&id, None)?;
-    ensure!(status == 200, "trip answered {status}");
-    streamer
-        .join()
-        .expect("streamer thread")?
-        .halted_cleanly("OPERATOR_TRIP")?;
+    let id = haltd.trip_stream_from(ns, &Headers::new(auth, extra).borrowed())?;
     let rec = haltd.wait_record("the halt", |r| {
         r["kind"] == "incident" && r["stream_id"] == id.as_str()
     })?;

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{ensure, Result};
-use haltd_tests::{connect_from, daemon, in_netns, spawn_in_netns, sse, Haltd, NetPair};
+use haltd_tests::{connect_from, daemon, in_netns, sse, Haltd, NetPair};
 use serde_json::Value;
 
 /// A response as the raw exchange read it.
@@ -80,25 +80,7 @@ fn short(src: Ipv4Addr, api: SocketAddr, target: &str, headers: &[(&str, &str)])
 
 /// Trips a long stream of `auth` from the namespace's own address; the mode change record.
 fn trip_from_here(haltd: &Haltd, ns: &str, auth: &str) -> Result<Value> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let url = format!("{}/v1/chat/completions", haltd.api_url());
-    let auth = auth.to_owned();
-    let streamer = spawn_in_netns(ns, move || {
-        sse::stream_with(
-            &url,
-            &sse::chat_body("victim", 400, true),
-            &[("authorization", &auth)],
-            Duration::from_secs(30),
-            sse::report_stream_id(tx),
-        )
-    });
-    let id = rx.recv_timeout(Duration::from_secs(10))?;
-    let (status, _) = haltd.trip(&id, None)?;
-    ensure!(status == 200, "trip answered {status}");
-    streamer
-        .join()
-        .expect("streamer thread")?
-        .halted_cleanly("OPERATOR_TRIP")?;
+    let id = haltd.trip_stream_from(ns, &[("authorization", auth)])?;
     haltd.wait_record("the mode change", |r| {
         r["mode_change"]["to"] == "degraded" && r["mode_change"]["stream_id"] == id.as_str()
     })

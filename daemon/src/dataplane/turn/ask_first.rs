@@ -49,17 +49,6 @@ impl Step<'_> {
         // No model spoke: its identity cannot have changed within the turn.
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);
-        self.conn.turn = Some(Box::new(turn));
-        self.observe_turn();
-        if !self.arm_turn_policy() {
-            return self.halt();
-        }
-        if let Some(trip) = failed {
-            return self.detector_trip(trip);
-        }
-        if mode == Mode::Stream {
-            return self.send_stream_head();
-        }
-        self.step()
+        self.run_local_turn(turn, failed, mode)
     }
 }
