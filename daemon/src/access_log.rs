@@ -66,6 +66,12 @@ pub struct Entry<'a> {
     pub key_name: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<&'a str>,
+    /// The profile and route a turn ran under (issue 37); absent for requests that were no
+    /// turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<&'a str>,
     /// Whose API the request spoke (`openai`, `anthropic`, `haltd`, `other`).
     pub surface: &'a str,
     pub endpoint: &'a str,
@@ -201,6 +207,8 @@ impl AccessLog {
                     request_id = e.request_id,
                     key = e.key,
                     model = e.model,
+                    profile = e.profile,
+                    route = e.route,
                     surface = e.surface,
                     endpoint = e.endpoint,
                     status = e.status,
@@ -236,6 +244,8 @@ mod tests {
             key: Some("00000000000000ab"),
             key_name: None,
             model: Some("builtin"),
+            profile: Some("full"),
+            route: Some("default"),
             surface: "openai",
             endpoint: "chat",
             status: 200,

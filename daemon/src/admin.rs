@@ -10,6 +10,7 @@ mod auth;
 pub mod client;
 mod keys;
 mod listen;
+mod policy;
 mod trip;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -190,6 +191,15 @@ fn mode_set_inner(shared: &HaltCore, body: &[u8]) -> Response {
             )
         }
     };
+    if shared.cfg.args.lock_policy {
+        shared.metrics.policy.refused.inc();
+        tracing::warn!("ending degraded mode refused: --lock-policy is set");
+        return error(
+            StatusCode::CONFLICT,
+            "policy_refused",
+            "refused by --lock-policy: ending a degraded scope loosens the policy; it ends when its --degraded-for-s timer does",
+        );
+    }
     if body.mode != "full" {
         return error(
             StatusCode::BAD_REQUEST,
@@ -444,6 +454,9 @@ pub async fn serve(
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))
+        .route("/admin/policy", get(policy::get_policy))
+        .route("/admin/detectors/{name}/mode", post(policy::set_mode))
+        .route("/admin/profile", post(policy::set_profile))
         .route("/admin/conversations", get(conversations))
         .route("/admin/limits", get(limits))
         .route("/admin/keys", get(keys::list).post(keys::add))

@@ -168,9 +168,15 @@ pub struct ServeArgs {
     /// The built-in model starts each reply by restating the request's last user message (a trailing `?` dropped), each word a confident token, then samples as usual. For the grounding A/B harness: the model's surprising text then follows the question, so a grounding round reads the question with it (docs/grounding.md, "The A/B harness"). The model knows nothing: a correct answer can only come from the evidence it reads after a rewind.
     #[arg(long)]
     pub builtin_restate_prompt: bool,
-    /// Halt budget B: token frames that may still reach a client after the trip point.
+    /// Halt budget B: token frames that may still reach a client after the trip point (the default route's; a `[[routes]]` entry may set its own).
     #[arg(long, default_value_t = 5)]
     pub budget: u32,
+    /// Architecture profile (spec 000 §7): `full`, or `mkp`, the Minimal Kernel Profile, which refuses to start with --no-kernel-gate or a B above 5 on any route; `haltctl profile set` switches it at runtime (docs/operations.md "Policy at runtime").
+    #[arg(long, value_enum, default_value = "full")]
+    pub profile: crate::policy::Profile,
+    /// Refuse every runtime or SIGHUP change that loosens the policy: a higher B, batch-only lifted, a detector less strict (hard, observe, off) or a threshold that trips later, a switch away from `mkp`, the end of a degraded scope. Each refusal is a WARN line and a ledger record.
+    #[arg(long)]
+    pub lock_policy: bool,
     /// HaltMonitor hard limit on the per-token score (the token's probability); a token scoring below it halts the stream and is not emitted. 0 disables.
     #[arg(long, default_value_t = 0.0)]
     pub hard_limit: f64,
@@ -299,6 +305,8 @@ impl ConfigError {
 #[derive(Debug, Clone)]
 pub struct Reloadable {
     pub detectors: crate::detect::pipeline::DetectorsConfig,
+    /// `[[routes]]`, in file order.
+    pub routes: Vec<crate::policy::RouteConfig>,
     /// `[log] level` (an `EnvFilter` directive); `HALTD_LOG` wins over it.
     pub log_level: Option<String>,
 }
@@ -345,6 +353,8 @@ pub struct Config {
     pub escalation: Option<std::sync::Arc<escalation::Escalation>>,
     /// The detectors' settings (config file and `--hard-limit`), validated.
     pub detectors: crate::detect::pipeline::DetectorsConfig,
+    /// `[[routes]]` of the config file at start, validated.
+    pub routes: Vec<crate::policy::RouteConfig>,
     /// `[log] level` of the config file at start.
     pub log_level: Option<String>,
     /// What the flight recorder keeps (`--turn-sample-rate`, `--record-token-text`, or
@@ -364,6 +374,44 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the policy set is built from, with the runtime switches `overrides`.
+    pub fn policy_inputs(
+        &self,
+        overrides: crate::policy::Overrides,
+    ) -> crate::policy::PolicyInputs {
+        crate::policy::PolicyInputs {
+            profile: self.args.profile,
+            detectors: self.detectors.clone(),
+            routes: self.routes.clone(),
+            budget: self.args.budget,
+            circuit: self.tool_circuit.clone(),
+            kernel_gate: !self.args.no_kernel_gate,
+            watchdog: self.faults.watchdog_stall_after.is_none(),
+            overrides,
+        }
+    }
+
+    /// Refuses a configuration that breaks its profile's floor (`--profile mkp`), naming the
+    /// key.
+    pub fn check_profile_floor(&self) -> Result<(), ConfigError> {
+        let inputs = self.policy_inputs(crate::policy::Overrides::default());
+        inputs.check_floor(self.args.profile).map_err(|e| {
+            let flag = match e.key.as_str() {
+                "budget" => "budget",
+                "no-kernel-gate" => "no-kernel-gate",
+                "fault" => "fault",
+                _ => "config",
+            };
+            let key = e.key.clone();
+            let error = err(flag, e.to_string());
+            if flag == "config" {
+                error.at(key)
+            } else {
+                error
+            }
+        })
+    }
+
     /// Whether the client's credential goes upstream as it came: not when haltd's own key
     /// replaces it, nor when it is a key of haltd's store.
     pub fn client_credential_goes_upstream(&self) -> bool {
@@ -410,6 +458,7 @@ impl ServeArgs {
             grounding,
             Reloadable {
                 detectors,
+                routes,
                 log_level,
             },
         ) = self.file_settings(file_at_start.clone())?;
@@ -418,7 +467,7 @@ impl ServeArgs {
         let admin_token = self.admin_token()?;
         let account = self.account()?;
         let escalation = self.escalation()?;
-        Ok(Config {
+        let cfg = Config {
             escalation,
             admin_token,
             account,
@@ -446,6 +495,7 @@ impl ServeArgs {
             upstream_stall_timeout: Duration::from_millis(self.upstream_stall_timeout_ms),
             upstream_pool_idle_timeout: Duration::from_millis(self.upstream_pool_idle_timeout_ms),
             detectors,
+            routes,
             log_level,
             sampling,
             tool_circuit,
@@ -454,7 +504,9 @@ impl ServeArgs {
             degraded_for: (self.degraded_for_s > 0)
                 .then(|| Duration::from_secs(self.degraded_for_s)),
             args: self,
-        })
+        };
+        cfg.check_profile_floor()?;
+        Ok(cfg)
     }
 }
 
@@ -509,7 +561,7 @@ impl ServeArgs {
         if let Some(k) = file
             .iter()
             .flat_map(|t| t.keys())
-            .find(|k| !["detectors", "safety"].contains(&k.as_str()))
+            .find(|k| !["detectors", "safety", "routes"].contains(&k.as_str()))
         {
             return Err(err(
                 "config",
@@ -520,11 +572,15 @@ impl ServeArgs {
             )
             .at(k.clone()));
         }
+        let routes = crate::policy::route::load(file.as_ref(), self.hard_limit, MAX_BUDGET)
+            .map_err(|e| err("config", e.to_string()).at(e.at.clone()))?;
+        file.as_mut().map(|t| t.remove("routes"));
         let detectors =
             crate::detect::pipeline::DetectorsConfig::load(file.as_ref(), self.hard_limit)
                 .map_err(|e| err("config", e.to_string()).at(e.at.clone()))?;
         Ok(Reloadable {
             detectors,
+            routes,
             log_level,
         })
     }

@@ -18,6 +18,7 @@ pub mod circuit;
 pub mod fingerprint;
 pub mod keys;
 pub mod out;
+pub mod policy;
 pub mod reader;
 pub mod reanchor;
 pub mod render;

@@ -26,7 +26,7 @@ use scorer::{ScoreWait, Woke};
 /// Which detector (or end-of-turn check) judged a stream: its config key
 /// (`[detectors.<name>]`), `detector` metric label, `detector_refs` entry and the terminal
 /// event's `detector.name`, all spelled by [`DetectorId::as_str`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DetectorId {
     /// The HaltMonitor of spec 001, fed by its scorer.
@@ -599,6 +599,23 @@ impl TurnDetectors {
     /// Observe-mode findings of this turn.
     pub fn observed(&self) -> &[Trip] {
         &self.observed
+    }
+
+    /// What each armed detector did in the turn, for the per-route counters: its id, mode,
+    /// findings (breaches and failures to judge) and whether it is `tripped_by`.
+    pub fn judged(
+        &self,
+        tripped_by: Option<DetectorId>,
+    ) -> impl Iterator<Item = (DetectorId, DetectorMode, u64, bool)> + '_ {
+        self.armed.iter().map(move |a| {
+            let id = a.detector.id();
+            (
+                id,
+                a.policy.mode,
+                a.breaches + a.failures,
+                tripped_by == Some(id),
+            )
+        })
     }
 
     /// The timing fields ([`Self::timing_now`]) when they may have changed since the last

@@ -6,6 +6,9 @@
 
 pub mod metrics;
 mod modes;
+mod policy;
+
+pub use policy::PolicyChangeError;
 mod terminal;
 mod tls;
 
@@ -83,9 +86,14 @@ pub struct HaltCore {
     pub circuits: crate::circuit::store::ConversationStore,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
-    /// The detectors a new turn is governed by: built from the configuration at start, swapped
-    /// whole by a SIGHUP reload (`lifecycle.rs`); each turn keeps the one it started with.
-    pub detectors: arc_swap::ArcSwap<crate::detect::pipeline::Detectors>,
+    /// The profile and routes a new turn starts under, each route with its detectors: built
+    /// from the configuration and the runtime switches at start, swapped whole by a SIGHUP
+    /// reload (`lifecycle.rs`) or a switch (`admin/policy.rs`); each turn keeps the route it
+    /// started with.
+    pub policy: arc_swap::ArcSwap<crate::policy::PolicySet>,
+    /// What [`HaltCore::policy`] was built from (the configuration SIGHUP last applied, the
+    /// switches): a switch or a reload rebuilds from it under this lock, off the data plane.
+    pub policy_inputs: Mutex<crate::policy::PolicyInputs>,
     /// What client connections may hold: per-address and request-phase caps.
     pub admission: crate::admission::Admission,
     /// The key store's keys (`keys.rs`; empty and unused with `--client-keys off`).
@@ -112,6 +120,8 @@ pub struct HaltCore {
 pub struct TurnMeta {
     /// The model name the turn's chunks carry.
     pub model: Option<Arc<str>>,
+    /// The profile and route the turn started under (its records carry them).
+    pub policy: Option<(crate::policy::Profile, Arc<str>)>,
     /// Why the upstream failed, for the error object of the terminal event.
     pub upstream_failure: Option<UpstreamFailure>,
     /// The detector that tripped the stream and what it measured.
@@ -474,6 +484,10 @@ impl HaltCore {
         let mut rec = base_record(kind, snap, self.kernel_gate_label());
         if snap.mode != Mode::Pending {
             rec.scope = Some(snap.scope().name());
+            if let Some((profile, route)) = &self.meta(snap.id.slot).policy {
+                rec.profile = Some(profile.as_str().to_owned());
+                rec.route = Some(route.to_string());
+            }
             if self.cfg.args.client_keys == crate::keys::ClientKeys::Store {
                 // A read lock per record, never per token.
                 rec.key_name = self.keys.get(KeyId(snap.key_id)).map(|k| k.name);

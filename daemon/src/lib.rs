@@ -74,6 +74,7 @@ pub(crate) mod metrics;
 pub mod modes;
 pub(crate) mod monitor;
 pub(crate) mod pem;
+pub mod policy;
 pub mod privs;
 pub mod progress;
 pub(crate) mod pulse;

@@ -33,7 +33,6 @@ use tokio::{
 
 use crate::{
     clock::monotonic_ns,
-    detect::pipeline::Detectors,
     halt::HaltCore,
     ledger::{Record, RecordKind},
     logging::LogControl,
@@ -170,8 +169,12 @@ fn restart_only_changes(shared: &HaltCore) -> Option<String> {
 /// Reads `--config` again and applies it; says what it applied, or why it applied nothing.
 fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
     let next = shared.cfg.args.reloadable().map_err(|e| e.to_string())?;
-    let detectors =
-        Detectors::reloaded(next.detectors, &shared.detectors.load()).map_err(|e| e.to_string())?;
+    let policy = shared
+        .prepare_policy(|inputs| {
+            inputs.detectors = next.detectors;
+            inputs.routes = next.routes;
+        })
+        .map_err(|e| e.to_string())?;
     // Read before anything is applied: a broken pair changes nothing, as a broken file does.
     let tls = match &shared.cfg.client_tls {
         Some(cfg) => Some(cfg.reread().map_err(|e| e.to_string())?),
@@ -184,12 +187,17 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
         .config
         .as_ref()
         .map_or_else(|| "no --config".to_owned(), |p| p.display().to_string());
+    let set = policy.set();
+    let safety = &set.default_route().detectors.cfg.safety;
+    let routes: Vec<&str> = set.routes.iter().map(|r| &*r.name).collect();
     let what = format!(
-        "detectors and SafetyCheck from {file} (safety pack {:?}, {} boundaries), log level {level:?}",
-        detectors.cfg.safety.pack_id,
-        detectors.cfg.safety.boundaries.len(),
+        "detectors and SafetyCheck from {file} (safety pack {:?}, {} boundaries), routes {} under profile {}, log level {level:?}",
+        safety.pack_id,
+        safety.boundaries.len(),
+        routes.join(", "),
+        set.profile,
     );
-    shared.detectors.store(Arc::new(detectors));
+    shared.install_policy(policy);
     let tls = match (&shared.cfg.client_tls, tls) {
         (Some(cfg), Some(next)) => format!(", {}", cfg.install(next)),
         _ => String::new(),

@@ -57,6 +57,7 @@ pub struct Metrics {
     pub requests: requests::RequestMetrics,
     pub circuit: crate::circuit::metrics::CircuitMetrics,
     pub grounding: crate::grounding::metrics::GroundingMetrics,
+    pub policy: crate::policy::metrics::PolicyMetrics,
 }
 
 impl Metrics {
@@ -87,8 +88,12 @@ impl Metrics {
         let grounding = crate::grounding::metrics::GroundingMetrics::register(
             registry.sub_registry_with_prefix(PREFIX),
         );
+        let policy = crate::policy::metrics::PolicyMetrics::register(
+            registry.sub_registry_with_prefix(PREFIX),
+        );
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
+            policy,
             requests,
             circuit,
             grounding,

@@ -118,6 +118,23 @@ fn say_scope_rule(cfg: &Config) {
     );
 }
 
+/// The policy set a start serves under: the configuration with the switches the state store
+/// kept. A kept `haltctl profile set mkp` whose floor this configuration breaks stops the
+/// start (fail closed), naming the key.
+fn policy_set(
+    cfg: &Config,
+    overrides: crate::policy::Overrides,
+) -> Result<(crate::policy::PolicyInputs, crate::policy::PolicySet), StartError> {
+    let inputs = cfg.policy_inputs(overrides);
+    for r in inputs.unknown_routes() {
+        tracing::warn!(route = %r, "a runtime detector mode kept in the state store names a route the configuration no longer has; it applies to nothing");
+    }
+    let set = inputs.build(None).map_err(|e| {
+        StartError::Config(format!("the policy (profile {}): {e}", inputs.profile()))
+    })?;
+    Ok((inputs, set))
+}
+
 /// Runs the daemon; returns only on a start-up error.
 pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartError> {
     warn_if_test_build();
@@ -158,6 +175,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
     let circuits = restore::conversation_store(&cfg, &metrics, &state)?;
+    let (policy_inputs, policy) = policy_set(&cfg, state.overrides.clone())?;
     let (escalations, escalated) = cfg
         .escalation
         .as_ref()
@@ -180,10 +198,8 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         modes: state.modes,
         state: state.store,
         circuits,
-        detectors: arc_swap::ArcSwap::from_pointee(
-            crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
-                .map_err(|e| StartError::Config(e.to_string()))?,
-        ),
+        policy: arc_swap::ArcSwap::from_pointee(policy),
+        policy_inputs: std::sync::Mutex::new(policy_inputs),
         turn_meta: (0..cfg.args.max_streams)
             .map(|_| std::sync::Mutex::default())
             .collect(),
@@ -196,6 +212,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         grounding,
         cfg,
     });
+    shared.metrics.policy.show(&shared.policy.load());
     let source = match &shared.cfg.upstream {
         Some(u) => format!("openai upstream={u}"),
         None => "builtin".to_owned(),

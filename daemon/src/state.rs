@@ -1,7 +1,8 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
 //! scopes with their expiry, each conversation's committed TURN-ACID state, TokenCircuit's
 //! per-conversation memory (its backoff clock and failed calls) and the dispatched tool calls
-//! of failed turns with their reconciliation, and the key store's keys (`keys.rs`), kept in an
+//! of failed turns with their reconciliation, the key store's keys (`keys.rs`) and the runtime
+//! policy switches (`policy.rs`), kept in an
 //! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
 //! it during an upgrade).
 //!
@@ -150,6 +151,8 @@ pub struct Snapshot {
     pub dispatched: Vec<DispatchedRow>,
     pub client_keys: Vec<ClientKeyRow>,
     pub key_usage: Vec<ClientKeyRow>,
+    /// The runtime policy switches (`policy::Overrides` as JSON; `None`: none ever made).
+    pub runtime_policy: Option<serde_json::Value>,
 }
 
 /// A ledger record the store reflects.
@@ -187,6 +190,8 @@ pub enum Change {
     ClientKey(ClientKeyRow),
     /// A key's counts after one of its turns ended (the row is replaced).
     KeyUsage(ClientKeyRow),
+    /// The runtime policy switches after a switch (`policy::Overrides` as JSON, replaced).
+    RuntimePolicy(serde_json::Value),
 }
 
 enum Op {

@@ -32,18 +32,19 @@ use super::file::{ConfigFile, FileError};
 pub const ENV_PREFIX: &str = "HALTD_";
 
 /// The sections of the config file, each read by its own loader.
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 7] = [
     "detectors",
     "safety",
     "flight_recorder",
     "tool_circuit",
     "grounding",
     "log",
+    "routes",
 ];
 
 /// [`SECTIONS`] as messages show them.
 pub const SECTIONS_SHOWN: &str =
-    "[detectors.*], [safety], [flight_recorder], [tool_circuit], [grounding], [log]";
+    "[detectors.*], [safety], [flight_recorder], [tool_circuit], [grounding], [log], [[routes]]";
 
 /// Flags (by clap id) whose file form is a key of a section, read by that section's loader.
 pub const IN_SECTIONS: [(&str, &str); 3] = [

@@ -40,15 +40,19 @@ the same settings) can be given in four places. The first that gives it wins:
 - The file's sections: `[detectors.*]` and `[safety]` ([detectors.md](detectors.md)),
   `[flight_recorder]`, `[tool_circuit]` (TokenCircuit on proxied chat turns, off unless
   `enabled = true`: [tokencircuit.md](tokencircuit.md)), `[grounding]` (the arms, deadlines
-  and arm orders of a grounding round: [grounding.md](grounding.md)) and `[log]` (`level`, an
+  and arm orders of a grounding round: [grounding.md](grounding.md)), `[[routes]]` (which turns
+  get their own B, batch-only, detector modes, TokenCircuit budgets and sampling rate:
+  [operations.md](operations.md), "Policy at runtime") and `[log]` (`level`, an
   `EnvFilter` directive; the variable `HALTD_LOG` wins over it). [deploy/haltd.toml](../deploy/haltd.toml) is a full example. An
   unknown key or section stops haltd with an error naming its line.
 - SIGHUP re-reads the file. The column "on SIGHUP" says what it does with each setting:
   `applied` (to turns and connections that start afterwards), `restart` (it takes effect at
   the next start; when the file changed it, the reload names it in a WARN line, `changed in
   --config but applied only at the next start: ...`, and in its `lifecycle` record) or
-  `refused` (a change that would loosen enforcement while a lock is set; haltd has no such
-  lock yet, so no setting says it). Flags and variables never change under a running haltd.
+  `refused` (applied, except that with `--lock-policy` a change that loosens enforcement is
+  refused, and the whole reload with it: a higher B, batch-only lifted, a detector less
+  strict, a threshold that trips later, a route removed; [operations.md](operations.md),
+  "Policy at runtime"). Flags and variables never change under a running haltd.
   The file's sections are in the second table below.
 - `haltd check-config FILE [FLAGS]` checks the file, the `HALTD_*` variables and the flags as
   `haltd serve --config FILE [FLAGS]` would take them, binding and loading nothing, and says

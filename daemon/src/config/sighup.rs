@@ -14,8 +14,8 @@ pub enum OnSighup {
     /// Read once, at start: a change applies at the next start (SIGHUP names it in a WARN line
     /// and in its ledger record).
     Restart,
-    /// A change that would loosen enforcement while a lock is set is refused. haltd has no
-    /// such lock today, so no setting says this yet.
+    /// Applied as `Applied`, except that with `--lock-policy` a change that loosens
+    /// enforcement (`policy::lock`) is refused, and the whole reload with it.
     Refused,
 }
 
@@ -35,7 +35,7 @@ impl fmt::Display for OnSighup {
     }
 }
 
-use OnSighup::{Applied, Restart};
+use OnSighup::{Applied, Refused, Restart};
 
 /// Every setting of `haltd serve`, by its flag's name. Flags and variables are the process's
 /// own and never change under it; what SIGHUP re-reads is the config file, and of its
@@ -86,7 +86,9 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
     ("builtin-token-interval-us", Restart),
     ("builtin-restate-prompt", Restart),
     ("budget", Restart),
-    ("hard-limit", Applied),
+    ("hard-limit", Refused),
+    ("profile", Restart),
+    ("lock-policy", Restart),
     ("ledger", Restart),
     ("ledger-no-fsync", Restart),
     ("turn-sample-rate", Restart),
@@ -123,8 +125,9 @@ pub const SETTINGS: &[(&str, OnSighup)] = &[
 
 /// The sections of the config file, with what SIGHUP does with them.
 pub const SECTIONS: &[(&str, OnSighup)] = &[
-    ("detectors", Applied),
-    ("safety", Applied),
+    ("detectors", Refused),
+    ("safety", Refused),
+    ("routes", Refused),
     ("log", Applied),
     ("flight_recorder", Restart),
     ("tool_circuit", Restart),

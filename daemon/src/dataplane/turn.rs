@@ -151,9 +151,11 @@ pub(in crate::dataplane) struct Turn {
     pub(in crate::dataplane) tokens_generated: u64,
     /// The turn's detectors and exfiltration scanner.
     pub(in crate::dataplane) gov: TurnGovernor,
-    /// The detector and SafetyCheck configuration the turn started under: a SIGHUP reload
-    /// applies to later turns, never half-way through one.
+    /// The detector and SafetyCheck configuration the turn started under (its route's): a
+    /// SIGHUP reload or a runtime switch applies to later turns, never half-way through one.
     pub(in crate::dataplane) detectors: Arc<Detectors>,
+    /// The profile and route the turn started under (`policy.rs`).
+    pub(in crate::dataplane) policy: crate::policy::TurnPolicy,
     /// Frames the exfiltration scanner holds back.
     pub(in crate::dataplane) hold: Hold,
     /// A content or tool-call frame went out (the chat role goes in the first).
@@ -211,9 +213,11 @@ impl Turn {
         degraded: bool,
         enc: ChunkEncoder,
         (gov, detector_refs): (TurnGovernor, Vec<String>),
-        detectors: Arc<Detectors>,
+        policy: crate::policy::TurnPolicy,
     ) -> Self {
         Turn {
+            detectors: policy.detectors(),
+            policy,
             source,
             stream: ask.stream,
             top_logprobs: ask.top_logprobs,
@@ -222,7 +226,6 @@ impl Turn {
             degraded,
             tokens_generated: 0,
             gov,
-            detectors,
             hold: Hold::default(),
             first_frame_sent: false,
             out_text: String::new(),
@@ -329,6 +332,7 @@ impl Step<'_> {
         client_stream: bool,
         who: &Identity,
         model: Arc<str>,
+        policy: &crate::policy::TurnPolicy,
     ) -> io::Result<Option<(bool, Mode)>> {
         let shared = Arc::clone(&self.io.shared);
         if shared.draining.load(SeqCst) || shared.shutting_down.load(SeqCst) {
@@ -366,8 +370,11 @@ impl Step<'_> {
         slot.scope_kind.store(who.scope.kind.as_u8(), SeqCst);
         slot.degraded.store(degraded, SeqCst);
         slot.client_sse.store(client_stream, SeqCst);
-        // Degraded safe mode serves streaming requests as batch: held until complete.
-        let mode = if client_stream && !degraded {
+        // The route's B; a new turn never inherits a looser one (each turn stores its own).
+        slot.budget.store(policy.route.budget, SeqCst);
+        // Degraded safe mode, and a batch-only route, serve streaming requests as batch:
+        // held until complete.
+        let mode = if client_stream && !degraded && !policy.route.batch_only {
             Mode::Stream
         } else {
             Mode::Batch
@@ -384,6 +391,7 @@ impl Step<'_> {
         {
             let mut meta = shared.meta(conn.id.slot);
             meta.model = Some(model);
+            meta.policy = Some((policy.profile, Arc::clone(&policy.route.name)));
             meta.upstream_failure = None;
             meta.detector_trip = None;
             meta.timing = None;
@@ -511,21 +519,30 @@ impl Step<'_> {
         who: Identity,
     ) -> io::Result<()> {
         let ask = &req.ask;
+        let policy = self
+            .io
+            .shared
+            .policy
+            .load()
+            .for_turn(&crate::policy::TurnKey {
+                endpoint: ask.endpoint,
+                model: MODEL_NAME,
+                key: who.conversation,
+            });
         let Some((degraded, mode)) =
-            self.open_turn(ask.endpoint, ask.stream, &who, MODEL_NAME.into())?
+            self.open_turn(ask.endpoint, ask.stream, &who, MODEL_NAME.into(), &policy)?
         else {
             return Ok(());
         };
         if self.asks_first(&who, degraded) {
-            return self.start_asking(ask, MODEL_NAME.into(), &who, mode);
+            return self.start_asking(ask, MODEL_NAME.into(), &who, (mode, policy));
         }
-        let detectors = self.io.shared.detectors.load_full();
-        let (gov, failed) = self.turn_governor(&detectors);
+        let (gov, failed) = self.turn_governor(&policy.route.detectors);
         let model = BuiltinModel::get();
         let restate = self.io.shared.cfg.args.builtin_restate_prompt;
         let source = TurnSource::Builtin(BuiltinSource::for_turn(&req, restate));
         let enc = self.encoder(ask, MODEL_NAME.into(), (false, false));
-        let mut turn = Turn::new(source, ask, who.conversation, degraded, enc, gov, detectors);
+        let mut turn = Turn::new(source, ask, who.conversation, degraded, enc, gov, policy);
         turn.prompt_tokens = model.count_tokens(&req.prompt) as u64;
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
         // The built-in model's identity cannot change within a turn: before and after are
@@ -580,18 +597,18 @@ impl Step<'_> {
         let auth = upstream_authorization(head, endpoint, native);
         self.conn.surface_headers = surface_headers(head, native);
         let degraded = self.io.degraded_now(&who);
-        let policy = self.io.shared.cfg.tool_circuit.as_ref();
         let arrival = circuit::Arrival {
             store: &self.io.shared.circuits,
             header: head.conversation_id.as_deref(),
             key: who.conversation,
             now: std::time::Instant::now(),
         };
-        let (up, request_urls, system_prompt, circuit) = match prepare_proxied(
+        let routes = self.io.shared.policy.load();
+        let ((up, request_urls, system_prompt, circuit), policy) = match prepare_proxied(
             (endpoint, native.is_some()),
             body,
             degraded.then(|| self.io.degraded_shape()),
-            policy.map(|p| (p, arrival)),
+            (&routes, arrival),
         ) {
             Ok(v) => v,
             Err(r) => {
@@ -601,15 +618,14 @@ impl Step<'_> {
         };
         let model: Arc<str> = up.model.as_str().into();
         let Some((degraded, mode)) =
-            self.open_turn(endpoint, up.ask.stream, &who, Arc::clone(&model))?
+            self.open_turn(endpoint, up.ask.stream, &who, Arc::clone(&model), &policy)?
         else {
             return Ok(());
         };
         if self.asks_first(&who, degraded) {
-            return self.start_asking(&up.ask, model, &who, mode);
+            return self.start_asking(&up.ask, model, &who, (mode, policy));
         }
-        let detectors = self.io.shared.detectors.load_full();
-        let ((gov, mut detector_refs), failed) = self.turn_governor(&detectors);
+        let ((gov, mut detector_refs), failed) = self.turn_governor(&policy.route.detectors);
         detector_refs.push("upstream:integrity".to_owned());
         // Degraded mode emits no tool calls (a degraded stream is batch anyway).
         let chat = endpoint.is_chat_shaped();
@@ -623,7 +639,7 @@ impl Step<'_> {
             degraded,
             enc,
             (gov, detector_refs),
-            detectors,
+            policy,
         );
         turn.request_urls = request_urls;
         turn.circuit = circuit;

@@ -88,6 +88,12 @@ pub struct Record {
     /// id is `conversation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_name: Option<String>,
+    /// The architecture profile the turn started under (`full` or `mkp`, issue 37).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// The route the turn started under (`[[routes]]`'s name, or `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
     /// TURN-ACID: `"committed"` (ended cleanly; its state was committed) or `"failed"`
     /// (left no state behind).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +194,8 @@ impl Default for Record {
             conversation: None,
             scope: None,
             key_name: None,
+            profile: None,
+            route: None,
             turn_status: None,
             upstream: None,
             tool_calls: Vec::new(),

@@ -34,6 +34,8 @@ pub(super) struct Opened {
     /// The key store's keys (`keys.rs`) and their counts.
     pub(super) client_keys: Vec<crate::keys::ClientKey>,
     pub(super) key_usage: Vec<crate::state::ClientKeyRow>,
+    /// The runtime policy switches the store kept (`haltctl detector mode`, `profile set`).
+    pub(super) overrides: crate::policy::Overrides,
 }
 
 /// The fingerprint of this node's key that the store keeps: the key id of a request without
@@ -101,6 +103,7 @@ pub(super) fn open_state(
         "state restored"
     );
     let client_keys = client_keys(&store, &held.client_keys)?;
+    let overrides = kept_overrides(&store, held.runtime_policy.as_ref())?;
     let (circuits, dispatched) = (held.circuits.clone(), held.dispatched.clone());
     store.replace(Snapshot {
         ledger: None,
@@ -111,6 +114,7 @@ pub(super) fn open_state(
         dispatched: held.dispatched,
         client_keys: held.client_keys,
         key_usage: held.key_usage.clone(),
+        runtime_policy: held.runtime_policy.clone(),
     });
     let store = Arc::new(store);
     let opened = Opened {
@@ -121,8 +125,26 @@ pub(super) fn open_state(
         dispatched_records,
         client_keys,
         key_usage: held.key_usage,
+        overrides,
     };
     Ok((opened, mismatch))
+}
+
+/// The runtime policy switches the store kept. Fail closed: a switch that does not read could
+/// have made a detector stricter, so the start stops.
+fn kept_overrides(
+    store: &StateStore,
+    kept: Option<&serde_json::Value>,
+) -> Result<crate::policy::Overrides, StartError> {
+    let Some(v) = kept else {
+        return Ok(crate::policy::Overrides::default());
+    };
+    serde_json::from_value(v.clone()).map_err(|e| {
+        StartError::State(crate::state::StateError::Corrupt {
+            path: store.path().to_owned(),
+            reason: format!("its runtime_policy does not read ({e}); move the file aside knowing its state is lost"),
+        })
+    })
 }
 
 /// The per-scope limits, with the keys' counts the state store kept (their minute goes on

@@ -4,7 +4,9 @@
 //! Schema version 4:
 //!
 //! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
-//!   ledger record the store reflects) and `node_check` (the fingerprint of the node key);
+//!   ledger record the store reflects), `node_check` (the fingerprint of the node key) and
+//!   `runtime_policy` (the switches of `haltctl detector mode` and `haltctl profile set`, a
+//!   JSON document `policy::Overrides` owns; no schema step: a row of `meta`);
 //! - `degraded(scope TEXT PRIMARY KEY, since_unix_ms, until_unix_ms NULL, cause, stream_id)`
 //!   (version 1);
 //! - `conversations(key TEXT PRIMARY KEY, turns_committed, tokens_committed,
@@ -196,6 +198,10 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
         dispatched: load_dispatched(conn, path)?,
         client_keys: load_rows(conn, path, "client_keys")?,
         key_usage: load_rows(conn, path, "key_usage")?,
+        runtime_policy: match meta(conn, path, "runtime_policy")? {
+            Some(text) => Some(body(path, "meta", &text)?),
+            None => None,
+        },
     })
 }
 
@@ -331,6 +337,9 @@ fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<()
              ON CONFLICT (id) DO UPDATE SET body = excluded.body",
             params![k.id, k.body.to_string()],
         ),
+        Change::RuntimePolicy(v) => {
+            return set_meta(tx, path, "runtime_policy", &v.to_string());
+        }
     }
     .map(drop)
     .map_err(sql(path, change.op()))
@@ -346,6 +355,7 @@ impl Change {
             Change::Dispatched(_) => "writing a dispatched call",
             Change::ClientKey(_) => "writing a client key",
             Change::KeyUsage(_) => "writing a key's usage",
+            Change::RuntimePolicy(_) => "writing the runtime policy",
         }
     }
 }
@@ -416,6 +426,9 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
     }
     if let Some(check) = &held.node_check {
         set_meta(&tx, path, "node_check", check)?;
+    }
+    if let Some(v) = &held.runtime_policy {
+        set_meta(&tx, path, "runtime_policy", &v.to_string())?;
     }
     tx.commit().map_err(sql(path, "committing a change"))
 }

@@ -40,6 +40,7 @@ mod messages;
 mod namespaces;
 mod ops_pack;
 mod passthrough;
+mod policy;
 mod privileges;
 mod proxy;
 mod readiness;

@@ -23,7 +23,7 @@ fn turn(haltd: &Haltd) -> Result<sse::StreamOutcome> {
 }
 
 /// Sends SIGHUP and waits for the reload's record (the `n`-th one); returns its message.
-fn hangup(haltd: &mut Haltd, n: usize) -> Result<String> {
+pub(crate) fn hangup(haltd: &mut Haltd, n: usize) -> Result<String> {
     let pid = libc::pid_t::try_from(haltd.pid().context("haltd is not running")?)?;
     // SAFETY: kill(2) on the haltd child this test started and has not reaped.
     let signalled = unsafe { libc::kill(pid, libc::SIGHUP) };

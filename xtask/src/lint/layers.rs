@@ -43,6 +43,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "monitor",
             "safety",
             "detect",
+            "policy",
             "grounding",
             "source",
             "sampling",

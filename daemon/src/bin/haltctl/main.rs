@@ -114,6 +114,18 @@ enum Command {
         #[arg(long, default_value = "all", requires = "set")]
         scope: String,
     },
+    /// The detectors per route: their mode and what they did in it (`list`), or switch one
+    /// between observe and hard for turns that start from now (`mode`).
+    Detector {
+        #[command(subcommand)]
+        command: DetectorCommand,
+    },
+    /// The architecture profile: `haltctl profile set full|mkp` switches it for turns that
+    /// start from now (`mkp` refuses a B above 5 or no kernel gate).
+    Profile {
+        #[command(subcommand)]
+        command: ProfileCommand,
+    },
     /// Committed per-conversation state (turns that ended cleanly).
     Conversations,
     /// This node's per-scope limits (--limit-*) and what each scope used in its current
@@ -172,6 +184,33 @@ enum Command {
     /// Write the man pages (one per command) into DIR (packaging runs it).
     #[command(hide = true)]
     Man { dir: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum DetectorCommand {
+    /// Each route's detectors: mode, turns judged, findings and trips in that mode.
+    List,
+    /// Switch a detector for new turns (open streams keep their mode); recorded in the
+    /// ledger with your identity and kept across a restart.
+    Mode {
+        /// The detector (halt_monitor, surprise, compute_budget, latency_anomaly, exfil).
+        name: String,
+        #[arg(value_parser = ["observe", "hard"])]
+        mode: String,
+        /// Only this route (`[[routes]]`'s name, or `default`); without it, every route.
+        #[arg(long)]
+        route: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProfileCommand {
+    /// Switch the profile for new turns; recorded in the ledger with your identity and kept
+    /// across a restart.
+    Set {
+        #[arg(value_parser = ["full", "mkp"])]
+        profile: String,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -396,6 +435,24 @@ fn key_call(ctx: &Ctx, command: &KeyCommand) -> ExitCode {
     }
 }
 
+/// `haltctl detector list|mode`.
+fn detector_call(ctx: &Ctx, command: &DetectorCommand) -> ExitCode {
+    match command {
+        DetectorCommand::List => admin_call(
+            ctx,
+            (Method::GET, "/admin/policy"),
+            None,
+            haltd::ctl::policy::render_list,
+        ),
+        DetectorCommand::Mode { name, mode, route } => admin_call(
+            ctx,
+            (Method::POST, &format!("/admin/detectors/{name}/mode")),
+            Some(serde_json::json!({ "mode": mode, "route": route })),
+            haltd::ctl::policy::render_mode,
+        ),
+    }
+}
+
 /// `haltctl reconcile [REF --outcome O] [--all]`.
 fn reconcile(ctx: &Ctx, reference: Option<&str>, outcome: Option<&str>, all: bool) -> ExitCode {
     let render = if reference.is_some() {
@@ -597,16 +654,31 @@ fn main() -> ExitCode {
         } => reconcile(&ctx, reference.as_deref(), outcome.as_deref(), *all),
         Command::Calibrate(args) => calibrate(args.clone(), ctx.json),
         Command::Key { command } => key_call(&ctx, command),
-        Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            let mut text = Vec::new();
-            haltd::cli_docs::write_completions(&mut cmd, *shell, &mut text);
-            out::write(&String::from_utf8_lossy(&text));
-            ExitCode::SUCCESS
-        }
+        Command::Detector { command } => detector_call(&ctx, command),
+        Command::Profile { command } => profile_call(&ctx, command),
+        Command::Completions { shell } => completions(*shell),
         Command::Man { dir } => man(dir),
         Command::Ledger { command } => ledger(&ctx, command),
     }
+}
+
+fn completions(shell: haltd::cli_docs::Shell) -> ExitCode {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut text = Vec::new();
+    haltd::cli_docs::write_completions(&mut cmd, shell, &mut text);
+    out::write(&String::from_utf8_lossy(&text));
+    ExitCode::SUCCESS
+}
+
+/// `haltctl profile set P`.
+fn profile_call(ctx: &Ctx, command: &ProfileCommand) -> ExitCode {
+    let ProfileCommand::Set { profile } = command;
+    admin_call(
+        ctx,
+        (Method::POST, "/admin/profile"),
+        Some(serde_json::json!({ "profile": profile })),
+        haltd::ctl::policy::render_profile,
+    )
 }
 
 fn man(dir: &Path) -> ExitCode {

@@ -190,7 +190,7 @@ fn bad_values_are_reported_where_they_are() {
         format!("{path}:8: window: unknown setting"),
         format!("{path}:9: turn_sample_rate: set it as `turn_sample_rate` in [flight_recorder]"),
         format!("{path}:10: config: is not read from the file"),
-        format!("{path}:12: detector: unknown section [detector] (known: [detectors.*], [safety], [flight_recorder], [tool_circuit], [grounding], [log])"),
+        format!("{path}:12: detector: unknown section [detector] (known: [detectors.*], [safety], [flight_recorder], [tool_circuit], [grounding], [log], [[routes]])"),
     ] {
         assert!(
             shown.iter().any(|s| s.starts_with(&want)),

@@ -32,10 +32,9 @@ impl Step<'_> {
         ask: &Ask,
         model: Arc<str>,
         who: &Identity,
-        mode: Mode,
+        (mode, policy): (Mode, crate::policy::TurnPolicy),
     ) -> io::Result<()> {
-        let detectors = self.io.shared.detectors.load_full();
-        let (gov, failed) = self.turn_governor(&detectors);
+        let (gov, failed) = self.turn_governor(&policy.route.detectors);
         let top_n = if ask.logprobs {
             ask.top_logprobs as usize
         } else {
@@ -45,7 +44,7 @@ impl Step<'_> {
         let source = TurnSource::Fixed(FixedSource::new(text, top_n));
         let identity = crate::safety::identity_digest(&model, "");
         let enc = self.encoder(ask, model, (false, false));
-        let mut turn = Turn::new(source, ask, who.conversation, true, enc, gov, detectors);
+        let mut turn = Turn::new(source, ask, who.conversation, true, enc, gov, policy);
         // No model spoke: its identity cannot have changed within the turn.
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);

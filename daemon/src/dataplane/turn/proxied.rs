@@ -3,7 +3,7 @@
 //! `--upstream-surfaces`), with what goes with it: SafetyCheck's inputs, the conversation's
 //! TokenCircuit, the credential and headers sent upstream.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
@@ -21,17 +21,23 @@ pub(super) fn prepare_proxied(
     (endpoint, native): (Endpoint, bool),
     body: &[u8],
     degraded: Option<upstream::DegradedShape<'_>>,
-    circuit: Option<(&Arc<crate::circuit::CircuitPolicy>, circuit::Arrival<'_>)>,
-) -> Result<Proxied, Box<circuit::Refusal>> {
+    (routes, at): (&crate::policy::PolicySet, circuit::Arrival<'_>),
+) -> Result<(Proxied, crate::policy::TurnPolicy), Box<circuit::Refusal>> {
     let mut req = if native {
         ClientRequest::parse_native(endpoint, body)?
     } else {
         ClientRequest::parse(endpoint, body)?
     };
+    // The route decides TokenCircuit's budgets, so it is looked up before the circuit runs.
+    let policy = routes.for_turn(&crate::policy::TurnKey {
+        endpoint,
+        model: req.json()["model"].as_str().unwrap_or_default(),
+        key: at.key,
+    });
     let urls = crate::safety::request_sources(req.json());
     let system_prompt = crate::safety::system_prompt(req.json());
-    let circuit = match circuit {
-        Some((policy, at)) if endpoint.is_chat_shaped() && degraded.is_none() => {
+    let circuit = match &policy.route.circuit {
+        Some(policy) if endpoint.is_chat_shaped() && degraded.is_none() => {
             let c = circuit::TurnCircuit::of_request(policy, req.json(), &at)?;
             // An exhausted budget: answered here, or forwarded without the tool.
             c.apply_exhausted(&mut req, &at)?;
@@ -40,7 +46,7 @@ pub(super) fn prepare_proxied(
         _ => None,
     };
     let up = upstream::prepare_turn(req, degraded)?;
-    Ok((up, urls, system_prompt, circuit))
+    Ok(((up, urls, system_prompt, circuit), policy))
 }
 
 impl crate::dataplane::Io {

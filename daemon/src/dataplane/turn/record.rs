@@ -56,7 +56,12 @@ impl Io {
         let mut rec = shared.base_record(RecordKind::Turn, snap);
         rec.outcome = Some(outcome.as_str().to_owned());
         rec.detector_refs = turn.detector_refs.clone();
-        record_detectors(shared, turn, outcome == Outcome::Completed, &mut rec);
+        record_detectors(
+            shared,
+            turn,
+            (outcome == Outcome::Completed, snap.id.slot),
+            &mut rec,
+        );
         rec.grounding = ground::receipt(shared, turn, shared.cfg.sampling.record_token_text);
         let mut change = commit_turn(shared, conn, turn, snap, outcome, &mut rec);
         change.extend(charge_limits(shared, conn, turn, snap));
@@ -80,9 +85,15 @@ impl Io {
         // Spec 000 §6.2: every turn that is not normal is recorded, a normal one with
         // probability --turn-sample-rate. Everything above (metrics, the TURN-ACID commit)
         // happened for every turn; only the ledger line is sampled.
-        let decision = crate::sampling::decide_now(&rec, policy.turn_sample_rate);
+        // The route's rate, where it sets one.
+        let rate = turn
+            .policy
+            .route
+            .turn_sample_rate
+            .unwrap_or(policy.turn_sample_rate);
+        let decision = crate::sampling::decide_now(&rec, rate);
         shared.metrics.ledger.turn_record(decision.kind());
-        let Some(sampling) = decision.field(policy.turn_sample_rate) else {
+        let Some(sampling) = decision.field(rate) else {
             return (None, change);
         };
         rec.sampling = Some(sampling);
@@ -149,12 +160,34 @@ impl Step<'_> {
 
 /// The detectors' part of the record: their summaries, the timing fields, SafetyCheck's
 /// verdict (`completed`: the turn ended with its final frame).
-fn record_detectors(shared: &HaltCore, turn: &Turn, completed: bool, rec: &mut Record) {
+fn record_detectors(
+    shared: &HaltCore,
+    turn: &Turn,
+    (completed, slot): (bool, u32),
+    rec: &mut Record,
+) {
     let gaps = turn.tokens_generated.saturating_sub(1).max(1);
     rec.latency_bucket = Some(latency_bucket(turn.token_gap_ns_sum / gaps).to_owned());
     for t in turn.gov.set.observed() {
         shared.metrics.detectors.observed(t.detector, t.code);
     }
+    let tripped_by = shared.meta(slot).detector_trip.as_ref().map(|(d, _)| *d);
+    let judged = turn
+        .gov
+        .set
+        .judged(tripped_by)
+        .map(
+            |(detector, mode, findings, tripped)| crate::policy::metrics::Judged {
+                detector,
+                mode,
+                findings,
+                tripped,
+            },
+        );
+    shared
+        .metrics
+        .policy
+        .judged(&turn.policy.route.name, judged);
     let detectors = turn.gov.summary();
     // The timing fields of spec 000 §6.1 come from the timing detectors.
     let timing = crate::detect::timing::fhr_timing_from_json(

@@ -182,7 +182,7 @@ impl Driver {
             false,
             enc,
             gov,
-            Arc::clone(detectors),
+            crate::policy::TurnPolicy::default_with(Arc::clone(detectors), 5),
         );
         if let Some(w) = s.hold_back {
             turn.hold.back = Some(crate::dataplane::turn::holdback::HoldBack::new(w, 0));
