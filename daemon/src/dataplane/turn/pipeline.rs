@@ -589,7 +589,7 @@ impl Step<'_> {
         };
         up.finish_exchange();
         if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
-            turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
+            turn.identity_after = Some(crate::safety::ModelIdentity::new(m, &up.system_prompt));
         }
         self.up_stop_reading();
     }
