@@ -11,6 +11,7 @@ pub mod client;
 mod keys;
 mod listen;
 mod policy;
+mod safety;
 mod trip;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -466,6 +467,7 @@ pub async fn serve(
         .route("/admin/circuit", get(circuit_all))
         .route("/admin/circuit/{id}", get(circuit_one))
         .route("/admin/reconcile", get(reconcile_list).post(reconcile))
+        .route("/admin/safety/check", post(safety::check))
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.

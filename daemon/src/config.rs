@@ -255,7 +255,7 @@ pub struct ServeArgs {
     /// A data-plane worker that completes no step for this long (ms) while it has open streams is stuck (a check that never returns): the watchdog halts its streams with DETECTOR_FAILURE and haltd exits 70 for the service manager to restart it.
     #[arg(long, default_value_t = 1_000)]
     pub worker_stall_ms: u64,
-    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`, `state-write-fails-after=N`, `detector-hang=NAME`, `ledger-write-fails-after=N`.
+    /// Test-only faults (builds with the `fault-injection` feature): `emitter-ignores-halt`, `watchdog-stall-after-ms=N`, `ledger-slow-write-ms=N`, `panic-after-tokens=N[,thread=worker|watchdog]`, `close-during-step=N`, `state-write-fails-after=N`, `detector-hang=NAME`, `ledger-write-fails-after=N`, `silent-rewrite=FROM>TO`.
     #[arg(long = "fault", value_name = "FAULT")]
     pub faults: Vec<String>,
     /// Log format on stderr.

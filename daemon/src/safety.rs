@@ -4,7 +4,7 @@
 //!
 //! This module is pure: no I/O, no clocks, no globals. The data plane fills a
 //! [`SafetyContext`] (with [`request_sources`], [`extract_urls`], [`system_prompt`] and
-//! [`identity_digest`]), calls [`SafetyCheck::check`] and decides, from [`SafetyConfig`], what
+//! [`identity::identity_digest`]), calls [`SafetyCheck::check`] and decides, from [`SafetyConfig`], what
 //! a violation does: `observe` (the default) records it, `enforce` trips the stream with
 //! `SAFETY_BOUNDARY_VIOLATED` ([`SafetyConfig::trip_code`]).
 //!
@@ -34,13 +34,13 @@
 //! | boundary | haltd checks | checkable when |
 //! |---|---|---|
 //! | `preserve_versor_closure` | `versor_condition < 1e-6` | a versor condition is supplied (never by haltd: it has no field state) |
-//! | `no_fabricated_source` | cited URLs ⊆ request source URLs, after [`normalize_url`] | both sets are known |
+//! | `no_fabricated_source` | cited URLs ⊆ request source URLs, after [`inputs::normalize_url`] | both sets are known |
 //! | `no_silent_correction` | every byte sent is the byte the model produced there; a completed turn sent all of it (`delivery.rs`) | at most 256 KiB of produced text waits unsent |
 //! | `no_identity_override` | identity digest as requested = as answered | both digests are known |
 //! | `no_hot_path_repair` | nothing: a code-path boundary | never (static analysis and code review) |
 //!
 //! The flight recorder holds no prompt or output text, so evidence names URLs by
-//! [`url_digest`] and counts, never by their text.
+//! [`inputs::url_digest`] and counts, never by their text.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -49,18 +49,25 @@ use std::{
     sync::Arc,
 };
 
-use serde::{ser::SerializeStruct, Deserialize, Serialize, Serializer};
+use serde::{ser::SerializeStruct, Serialize, Serializer};
 
-use crate::codes::FailureCode;
-
+mod config;
+mod declarative;
 mod delivery;
+mod identity;
 mod inputs;
+mod record;
 
+pub use config::{SafetyConfig, SafetyConfigError, SafetyMode};
+pub use declarative::Declarative;
 pub use delivery::{no_silent_correction, TextDelivery, TextTrail};
-
-pub use inputs::{
-    extract_urls, identity_digest, normalize_url, request_sources, system_prompt, url_digest,
-};
+#[cfg(test)]
+use identity::identity_digest;
+pub use identity::{ModelAliases, ModelIdentity};
+pub use inputs::{extract_urls, request_sources, system_prompt, url_keys, UrlKeys};
+#[cfg(test)]
+use inputs::{normalize_url, url_digest};
+pub use record::{context_from_record, RecordedInputs};
 
 /// Boundary id: the runtime's field state keeps versor closure (spec 004 row 1).
 pub const PRESERVE_VERSOR_CLOSURE: &str = "preserve_versor_closure";
@@ -91,9 +98,38 @@ pub const VERSOR_HALT_THRESHOLD: f64 = 1.0e-6;
 /// Reason of a pack boundary without a registered predicate (spec 004, verbatim).
 pub const NO_PREDICATE_REASON: &str = "no predicate registered for boundary";
 
-/// Boundaries haltd can never check at runtime with its default predicates: with
-/// `require_runtime_checkable` and `enforce` they would trip every turn.
-const NEVER_CHECKABLE_IN_HALTD: [&str; 2] = [NO_HOT_PATH_REPAIR, PRESERVE_VERSOR_CLOSURE];
+/// Whether haltd can ever check a v1 boundary at runtime with its default predicate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checkability {
+    /// Runtime evidence decides it whenever the turn provides the inputs.
+    Runtime,
+    /// Never, for the reason given (the predicate's `reason`, verbatim).
+    NotCheckable(&'static str),
+}
+
+/// Reason of `no_hot_path_repair` (never runtime-checkable).
+pub const HOT_PATH_REPAIR_REASON: &str = "not runtime-checkable: a code-path boundary (no \
+    normalisation or drift repair on the token hot path); enforced by static analysis and code \
+    review, no runtime evidence exists";
+
+/// Reason of `preserve_versor_closure` without a supplied condition (always, in haltd).
+pub const VERSOR_CLOSURE_REASON: &str =
+    "not checkable: haltd keeps no field state, so there is no versor_condition to read";
+
+/// The v1 registry: each boundary and whether haltd can check it at runtime.
+pub const V1_REGISTRY: [(&str, Checkability); 5] = [
+    (NO_FABRICATED_SOURCE, Checkability::Runtime),
+    (
+        NO_HOT_PATH_REPAIR,
+        Checkability::NotCheckable(HOT_PATH_REPAIR_REASON),
+    ),
+    (NO_IDENTITY_OVERRIDE, Checkability::Runtime),
+    (NO_SILENT_CORRECTION, Checkability::Runtime),
+    (
+        PRESERVE_VERSOR_CLOSURE,
+        Checkability::NotCheckable(VERSOR_CLOSURE_REASON),
+    ),
+];
 
 /// Most URL digests one result lists in its evidence (the count is always complete).
 const MAX_EVIDENCE_URLS: usize = 16;
@@ -106,31 +142,49 @@ const MAX_EVIDENCE_URLS: usize = 16;
 /// data plane does not know, and the predicates that need it say "not checkable".
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SafetyContext {
-    /// URLs the request gave the model as sources: [`request_sources`] of the client's body
-    /// (message contents except the assistant's, the completions prompt, `sources`,
-    /// `documents`). `Some(empty)` means "the request gave no sources", which is evidence.
-    pub request_source_urls: Option<BTreeSet<String>>,
-    /// URLs cited in the turn's output text: [`extract_urls`] of the text the turn produced.
-    pub cited_urls: Option<BTreeSet<String>>,
+    /// The URLs the request gave the model as sources, as [`url_keys`]: [`request_sources`]
+    /// of the client's body (message contents except the assistant's, the completions
+    /// prompt, `sources`, `documents`). `Some(empty)` means "the request gave no sources",
+    /// which is evidence.
+    pub request_source_urls: Option<UrlKeys>,
+    /// The URLs cited in the turn's output text, as [`url_keys`] of [`extract_urls`].
+    pub cited_urls: Option<UrlKeys>,
     /// The text the model produced against the text haltd sent for it ([`TextTrail`]);
     /// `None` when the turn's text went past what is kept to compare.
     pub text_delivery: Option<TextDelivery>,
-    /// [`identity_digest`] of the identity the client asked for: the request's `model` and its
-    /// [`system_prompt`]. Leave `None` when the request named no model.
-    pub identity_before: Option<String>,
-    /// [`identity_digest`] of the identity the turn was answered under: the `model` the token
-    /// source reported (an upstream's chunks; `builtin` for the built-in source) and the
-    /// [`system_prompt`] of the body haltd actually sent.
-    pub identity_after: Option<String>,
+    /// The identity the client asked for: the request's `model` and its [`system_prompt`].
+    /// Leave `None` when the request named no model.
+    pub identity_before: Option<ModelIdentity>,
+    /// The identity the turn was answered under: the `model` the token source reported (an
+    /// upstream's chunks; `builtin` for the built-in source) and the [`system_prompt`] of the
+    /// body haltd actually sent.
+    pub identity_after: Option<ModelIdentity>,
     /// The field state's versor condition. haltd keeps no field state: always `None` there;
     /// the field exists for deployments that register a source of one.
     pub versor_condition: Option<f64>,
+}
+
+/// Which predicate judged a boundary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PredicateOrigin {
+    /// haltd's default predicate of a v1 boundary.
+    V1,
+    /// An operator's declarative predicate (`[[safety.predicates]]`).
+    Config,
+    /// A predicate registered in code ([`SafetyCheck::register`]).
+    #[default]
+    Library,
+    /// No predicate is registered for the boundary.
+    None,
 }
 
 /// One boundary's result (spec 004 `SafetyCheckResult`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SafetyCheckResult {
     pub boundary_id: String,
+    /// Which predicate judged it (set by [`SafetyCheck::check`]).
+    pub predicate: PredicateOrigin,
     pub upheld: bool,
     pub reason: String,
     /// Whether runtime evidence decided `upheld`. `false` with `upheld: true` means "no
@@ -176,6 +230,7 @@ impl SafetyCheckResult {
     ) -> Self {
         SafetyCheckResult {
             boundary_id: boundary_id.into(),
+            predicate: PredicateOrigin::default(),
             upheld,
             reason: reason.into(),
             runtime_checkable,
@@ -200,10 +255,12 @@ impl SafetyCheckResult {
 }
 
 impl Serialize for SafetyCheckResult {
-    /// `{"boundary_id","status","upheld","runtime_checkable","reason","evidence":[[k,v],..]}`.
+    /// `{"boundary_id","predicate","status","upheld","runtime_checkable","reason",
+    /// "evidence":[[k,v],..]}`.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("SafetyCheckResult", 6)?;
+        let mut s = serializer.serialize_struct("SafetyCheckResult", 7)?;
         s.serialize_field("boundary_id", &self.boundary_id)?;
+        s.serialize_field("predicate", &self.predicate)?;
         s.serialize_field("status", &self.status())?;
         s.serialize_field("upheld", &self.upheld)?;
         s.serialize_field("runtime_checkable", &self.runtime_checkable)?;
@@ -229,6 +286,11 @@ pub struct SafetyVerdict {
     pub unknown_boundaries: BTreeSet<String>,
     /// The policy the verdict was computed under.
     pub require_runtime_checkable: bool,
+    /// v1 boundaries whose default predicate an operator's predicate replaced.
+    pub replaced_boundaries: BTreeSet<String>,
+    /// What the predicates read, as the record keeps it (`POST /admin/safety/check` judges
+    /// a record again from it).
+    pub inputs: RecordedInputs,
 }
 
 impl SafetyVerdict {
@@ -277,10 +339,17 @@ impl Default for SafetyPack {
 /// A boundary predicate. It must be pure and cheap: it may run on the data plane at turn end.
 pub type SafetyPredicate = Arc<dyn Fn(&SafetyContext) -> SafetyCheckResult + Send + Sync>;
 
+/// One registered predicate and where it came from.
+#[derive(Clone)]
+struct Registered {
+    predicate: SafetyPredicate,
+    origin: PredicateOrigin,
+}
+
 /// The registry of boundary predicates (spec 004 `SafetyCheck`).
 #[derive(Clone)]
 pub struct SafetyCheck {
-    predicates: BTreeMap<String, SafetyPredicate>,
+    predicates: BTreeMap<String, Registered>,
     /// Deployment policy: a boundary not decided by runtime evidence (no predicate, or a
     /// predicate without evidence) counts as violated. Default `false` (spec 004).
     pub require_runtime_checkable: bool,
@@ -288,8 +357,10 @@ pub struct SafetyCheck {
 
 impl fmt::Debug for SafetyCheck {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries: Vec<(&String, PredicateOrigin)> =
+            self.predicates.iter().map(|(k, r)| (k, r.origin)).collect();
         f.debug_struct("SafetyCheck")
-            .field("predicates", &self.predicates.keys().collect::<Vec<_>>())
+            .field("predicates", &entries)
             .field("require_runtime_checkable", &self.require_runtime_checkable)
             .finish()
     }
@@ -302,14 +373,14 @@ impl Default for SafetyCheck {
 }
 
 impl SafetyCheck {
-    /// A registry with the five v1 default predicates.
+    /// A registry with the five v1 default predicates (no model alias groups).
     pub fn new() -> Self {
         let mut check = Self::empty();
-        check.register(PRESERVE_VERSOR_CLOSURE, preserve_versor_closure);
-        check.register(NO_FABRICATED_SOURCE, no_fabricated_source);
-        check.register(NO_SILENT_CORRECTION, no_silent_correction);
-        check.register(NO_IDENTITY_OVERRIDE, no_identity_override);
-        check.register(NO_HOT_PATH_REPAIR, no_hot_path_repair);
+        check.register_v1(PRESERVE_VERSOR_CLOSURE, preserve_versor_closure);
+        check.register_v1(NO_FABRICATED_SOURCE, no_fabricated_source);
+        check.register_v1(NO_SILENT_CORRECTION, no_silent_correction);
+        check.register_v1(NO_IDENTITY_OVERRIDE, no_identity_override);
+        check.register_v1(NO_HOT_PATH_REPAIR, no_hot_path_repair);
         check
     }
 
@@ -328,6 +399,22 @@ impl SafetyCheck {
         self
     }
 
+    fn insert<F>(
+        &mut self,
+        id: String,
+        predicate: F,
+        origin: PredicateOrigin,
+    ) -> Option<SafetyPredicate>
+    where
+        F: Fn(&SafetyContext) -> SafetyCheckResult + Send + Sync + 'static,
+    {
+        let entry = Registered {
+            predicate: Arc::new(predicate),
+            origin,
+        };
+        self.predicates.insert(id, entry).map(|r| r.predicate)
+    }
+
     /// Registers `predicate` for `boundary_id`, replacing (and returning) any earlier one.
     pub fn register<F>(
         &mut self,
@@ -337,8 +424,21 @@ impl SafetyCheck {
     where
         F: Fn(&SafetyContext) -> SafetyCheckResult + Send + Sync + 'static,
     {
-        self.predicates
-            .insert(boundary_id.into(), Arc::new(predicate))
+        self.insert(boundary_id.into(), predicate, PredicateOrigin::Library)
+    }
+
+    /// Registers haltd's own predicate of a v1 boundary.
+    pub(crate) fn register_v1<F>(&mut self, boundary_id: &str, predicate: F)
+    where
+        F: Fn(&SafetyContext) -> SafetyCheckResult + Send + Sync + 'static,
+    {
+        self.insert(boundary_id.to_owned(), predicate, PredicateOrigin::V1);
+    }
+
+    /// Registers an operator's declarative predicate under its name.
+    pub fn register_declarative(&mut self, d: Declarative) {
+        let name = d.name.clone();
+        self.insert(name, move |ctx| d.evaluate(ctx), PredicateOrigin::Config);
     }
 
     /// Whether a predicate is registered for `boundary_id`.
@@ -355,13 +455,23 @@ impl SafetyCheck {
     pub fn check(&self, ctx: &SafetyContext, pack: &SafetyPack) -> SafetyVerdict {
         let mut results = Vec::with_capacity(pack.boundary_ids.len());
         let mut unknown_boundaries = BTreeSet::new();
+        let mut replaced_boundaries = BTreeSet::new();
         // `boundary_ids` is a BTreeSet: iteration is already lex order, without duplicates.
         for id in &pack.boundary_ids {
             let mut result = match self.predicates.get(id) {
-                Some(predicate) => run_predicate(id, predicate, ctx),
+                Some(r) => {
+                    if r.origin != PredicateOrigin::V1 && V1_BOUNDARIES.contains(&id.as_str()) {
+                        replaced_boundaries.insert(id.clone());
+                    }
+                    let mut result = run_predicate(id, &r.predicate, ctx);
+                    result.predicate = r.origin;
+                    result
+                }
                 None => {
                     unknown_boundaries.insert(id.clone());
-                    SafetyCheckResult::not_checkable(id.as_str(), NO_PREDICATE_REASON)
+                    let mut r = SafetyCheckResult::not_checkable(id.as_str(), NO_PREDICATE_REASON);
+                    r.predicate = PredicateOrigin::None;
+                    r
                 }
             };
             if self.require_runtime_checkable && result.upheld && !result.runtime_checkable {
@@ -386,6 +496,8 @@ impl SafetyCheck {
             violated_boundaries,
             unknown_boundaries,
             require_runtime_checkable: self.require_runtime_checkable,
+            replaced_boundaries,
+            inputs: RecordedInputs::of(ctx),
         }
     }
 }
@@ -435,10 +547,7 @@ fn missing(boundary_id: &str, inputs: &str) -> SafetyCheckResult {
 pub fn preserve_versor_closure(ctx: &SafetyContext) -> SafetyCheckResult {
     let id = PRESERVE_VERSOR_CLOSURE;
     let Some(cond) = ctx.versor_condition else {
-        return SafetyCheckResult::not_checkable(
-            id,
-            "not checkable: haltd keeps no field state, so there is no versor_condition to read",
-        );
+        return SafetyCheckResult::not_checkable(id, VERSOR_CLOSURE_REASON);
     };
     let result = if cond < VERSOR_HALT_THRESHOLD {
         SafetyCheckResult::upheld(id, "versor condition below the halt threshold")
@@ -453,10 +562,10 @@ pub fn preserve_versor_closure(ctx: &SafetyContext) -> SafetyCheckResult {
         .with_evidence("threshold", format!("{VERSOR_HALT_THRESHOLD:e}"))
 }
 
-/// `no_fabricated_source`: holds iff every cited URL, after [`normalize_url`], is one of the
-/// request's source URLs after [`normalize_url`]. Checkable only when both sets are known; an
+/// `no_fabricated_source`: holds iff every cited URL, after [`inputs::normalize_url`], is one of the
+/// request's source URLs after [`inputs::normalize_url`]. Checkable only when both sets are known; an
 /// empty cited set holds, and citing anything when the request gave no source violates. The
-/// evidence has the counts and the [`url_digest`]s of the unmatched URLs (at most 16).
+/// evidence has the counts and the [`inputs::url_digest`]s of the unmatched URLs (at most 16).
 pub fn no_fabricated_source(ctx: &SafetyContext) -> SafetyCheckResult {
     let id = NO_FABRICATED_SOURCE;
     let (allowed, cited) = match (&ctx.request_source_urls, &ctx.cited_urls) {
@@ -465,9 +574,8 @@ pub fn no_fabricated_source(ctx: &SafetyContext) -> SafetyCheckResult {
         (Some(_), None) => return missing(id, "cited_urls"),
         (None, None) => return missing(id, "request_source_urls and cited_urls"),
     };
-    let allowed: BTreeSet<String> = allowed.iter().map(|u| normalize_url(u)).collect();
-    let cited: BTreeSet<String> = cited.iter().map(|u| normalize_url(u)).collect();
-    let unmatched: Vec<&String> = cited.difference(&allowed).collect();
+    // Keys are digests of the normal form: equal keys, equal normalised URLs.
+    let unmatched: Vec<&String> = cited.difference(allowed).collect();
     let result = if unmatched.is_empty() {
         SafetyCheckResult::upheld(id, "every cited URL is a source given in the request")
     } else {
@@ -484,181 +592,26 @@ pub fn no_fabricated_source(ctx: &SafetyContext) -> SafetyCheckResult {
         .with_evidence("request_source_count", allowed.len().to_string())
         .with_evidence("unmatched_count", unmatched.len().to_string());
     if !unmatched.is_empty() {
-        let digests: Vec<String> = unmatched
+        let digests: Vec<&str> = unmatched
             .iter()
             .take(MAX_EVIDENCE_URLS)
-            .map(|u| url_digest(u))
+            .map(|u| u.as_str())
             .collect();
         result = result.with_evidence("unmatched_sha256_16", digests.join(","));
     }
     result
 }
 
-/// `no_identity_override`: holds iff `identity_before == identity_after` (both
-/// [`identity_digest`]s); checkable only when both are known.
+/// `no_identity_override` without alias groups: see [`identity`] for what counts as the
+/// same model; the config's registry passes its `model_aliases`.
 pub fn no_identity_override(ctx: &SafetyContext) -> SafetyCheckResult {
-    let id = NO_IDENTITY_OVERRIDE;
-    let (before, after) = match (&ctx.identity_before, &ctx.identity_after) {
-        (Some(b), Some(a)) => (b, a),
-        (None, Some(_)) => return missing(id, "identity_before"),
-        (Some(_), None) => return missing(id, "identity_after"),
-        (None, None) => return missing(id, "identity_before and identity_after"),
-    };
-    let result = if before == after {
-        SafetyCheckResult::upheld(id, "the turn was answered under the identity requested")
-    } else {
-        SafetyCheckResult::violated(
-            id,
-            "the identity the turn was answered under differs from the one requested",
-        )
-    };
-    result
-        .with_evidence("identity_before", before.as_str())
-        .with_evidence("identity_after", after.as_str())
+    identity::no_identity_override(ctx, &ModelAliases::default())
 }
 
 /// `no_hot_path_repair`: a code-path boundary. No runtime evidence can prove or disprove it,
 /// so it is never runtime-checkable, whatever the context holds.
 pub fn no_hot_path_repair(_ctx: &SafetyContext) -> SafetyCheckResult {
-    SafetyCheckResult::not_checkable(
-        NO_HOT_PATH_REPAIR,
-        "not runtime-checkable: a code-path boundary (no normalisation or drift repair on the \
-         token hot path); enforced by static analysis and code review, no runtime evidence exists",
-    )
-}
-
-// ---------------------------------------------------------------------------------------------
-// Configuration
-// ---------------------------------------------------------------------------------------------
-
-/// What a violated verdict does.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SafetyMode {
-    /// The verdict goes into the turn record; nothing trips (spec 004 v1: observational).
-    #[default]
-    Observe,
-    /// A verdict that is not upheld trips the stream with `SAFETY_BOUNDARY_VIOLATED`.
-    Enforce,
-}
-
-/// The `safety` config section.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SafetyConfig {
-    /// `observe` (default): record the verdict; `enforce`: a violation trips the stream with
-    /// `SAFETY_BOUNDARY_VIOLATED`.
-    pub mode: SafetyMode,
-    /// Count every boundary not decided by runtime evidence as violated (default `false`).
-    /// With `enforce` it may not be combined with `no_hot_path_repair` or
-    /// `preserve_versor_closure`, which haltd can never check: every turn would trip.
-    pub require_runtime_checkable: bool,
-    /// The pack id written into every verdict (default `haltd-safety-v1`).
-    pub pack_id: String,
-    /// The pack's boundary ids (default: the five v1 boundaries). Ids without a registered
-    /// predicate are recorded as unknown.
-    pub boundaries: Vec<String>,
-}
-
-impl Default for SafetyConfig {
-    fn default() -> Self {
-        SafetyConfig {
-            mode: SafetyMode::Observe,
-            require_runtime_checkable: false,
-            pack_id: DEFAULT_PACK_ID.to_owned(),
-            boundaries: V1_BOUNDARIES.iter().map(|s| (*s).to_owned()).collect(),
-        }
-    }
-}
-
-/// An invalid `safety` config value; names the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid safety.{key}: {reason}")]
-pub struct SafetyConfigError {
-    pub key: &'static str,
-    pub reason: String,
-}
-
-fn config_err(key: &'static str, reason: impl Into<String>) -> SafetyConfigError {
-    SafetyConfigError {
-        key,
-        reason: reason.into(),
-    }
-}
-
-/// Most characters in a pack or boundary id.
-const MAX_ID_LEN: usize = 128;
-
-fn check_id(key: &'static str, id: &str) -> Result<(), SafetyConfigError> {
-    if id.is_empty() || id.len() > MAX_ID_LEN {
-        return Err(config_err(
-            key,
-            format!("{id:?} must be 1 to {MAX_ID_LEN} characters"),
-        ));
-    }
-    if let Some(c) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
-    {
-        return Err(config_err(
-            key,
-            format!("{id:?} contains {c:?}; ids use ASCII letters, digits, '_', '-', '.', ':'"),
-        ));
-    }
-    Ok(())
-}
-
-impl SafetyConfig {
-    pub fn validate(self) -> Result<Self, SafetyConfigError> {
-        check_id("pack_id", &self.pack_id)?;
-        if self.boundaries.is_empty() {
-            return Err(config_err(
-                "boundaries",
-                "must name at least one boundary (an empty pack checks nothing)",
-            ));
-        }
-        let mut seen = BTreeSet::new();
-        for b in &self.boundaries {
-            check_id("boundaries", b)?;
-            if !seen.insert(b.as_str()) {
-                return Err(config_err("boundaries", format!("{b:?} is listed twice")));
-            }
-        }
-        if self.mode == SafetyMode::Enforce && self.require_runtime_checkable {
-            let never: Vec<&str> = NEVER_CHECKABLE_IN_HALTD
-                .into_iter()
-                .filter(|b| seen.contains(b))
-                .collect();
-            if !never.is_empty() {
-                return Err(config_err(
-                    "require_runtime_checkable",
-                    format!(
-                        "with mode = \"enforce\" every turn would trip: haltd can never check {} at runtime; \
-                         drop them from safety.boundaries or use mode = \"observe\"",
-                        never.join(", ")
-                    ),
-                ));
-            }
-        }
-        Ok(self)
-    }
-
-    /// The pack this config declares.
-    pub fn pack(&self) -> SafetyPack {
-        SafetyPack::new(self.pack_id.clone(), self.boundaries.iter().cloned())
-    }
-
-    /// A registry with the v1 defaults and this config's policy.
-    pub fn safety_check(&self) -> SafetyCheck {
-        SafetyCheck::new().with_require_runtime_checkable(self.require_runtime_checkable)
-    }
-
-    /// The code to trip with for `verdict`: `SAFETY_BOUNDARY_VIOLATED` in `enforce` mode when
-    /// the verdict is not upheld, else none.
-    pub fn trip_code(&self, verdict: &SafetyVerdict) -> Option<FailureCode> {
-        (self.mode == SafetyMode::Enforce && !verdict.upheld)
-            .then_some(FailureCode::SafetyBoundaryViolated)
-    }
+    SafetyCheckResult::not_checkable(NO_HOT_PATH_REPAIR, HOT_PATH_REPAIR_REASON)
 }
 
 #[cfg(test)]
@@ -666,3 +619,9 @@ mod tests;
 
 #[cfg(test)]
 mod inputs_tests;
+
+#[cfg(test)]
+mod config_tests;
+
+#[cfg(test)]
+mod identity_tests;

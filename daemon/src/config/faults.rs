@@ -29,6 +29,11 @@ pub struct Faults {
     pub detector_hang: Option<crate::detect::DetectorId>,
     /// Every ledger write from the Nth on (counted from the start) fails with EIO.
     pub ledger_write_fails_after: Option<u64>,
+    /// `silent-rewrite=FROM>TO`: every produced text has FROM replaced by TO on its way to
+    /// the client, with nothing typed to say so: the silent correction SafetyCheck's
+    /// `no_silent_correction` exists to catch.
+    /// Leaked once at start (a test-only flag), so that `Faults` stays `Copy`.
+    pub silent_rewrite: Option<(&'static str, &'static str)>,
 }
 
 pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
@@ -90,6 +95,8 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
                 )
             })?;
             out.ledger_write_fails_after = Some(n);
+        } else if let Some(spec) = f.strip_prefix("silent-rewrite=") {
+            out.silent_rewrite = Some(silent_rewrite(f, spec)?);
         } else if let Some(spec) = f.strip_prefix("panic-after-tokens=") {
             let fault = crate::crash::PanicFault::parse(spec)
                 .map_err(|e| err("fault", format!("{f:?}: {e}")))?;
@@ -98,10 +105,26 @@ pub(super) fn parse_faults(faults: &[String]) -> Result<Faults, ConfigError> {
             return Err(err(
                 "fault",
                 format!(
-                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N, state-write-fails-after=N, detector-hang=NAME, ledger-write-fails-after=N)"
+                    "unknown fault {f:?} (known: emitter-ignores-halt, watchdog-stall-after-ms=N, ledger-slow-write-ms=N, panic-after-tokens=N[,thread=worker|watchdog], close-during-step=N, state-write-fails-after=N, detector-hang=NAME, ledger-write-fails-after=N, silent-rewrite=FROM>TO)"
                 ),
             ));
         }
     }
     Ok(out)
+}
+
+/// `silent-rewrite=FROM>TO`: the two strings, leaked once (a test-only flag read at start) so
+/// that [`Faults`] stays `Copy`.
+fn silent_rewrite(f: &str, spec: &str) -> Result<(&'static str, &'static str), ConfigError> {
+    let (from, to) = spec
+        .split_once('>')
+        .filter(|(from, _)| !from.is_empty())
+        .ok_or_else(|| {
+            err(
+                "fault",
+                format!("{f:?}: expected silent-rewrite=FROM>TO with FROM not empty"),
+            )
+        })?;
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
+    Ok((leak(from), leak(to)))
 }

@@ -353,7 +353,14 @@ fn faults_parse() {
         Some(crate::detect::DetectorId::Surprise)
     );
     assert_eq!(c.faults.ledger_write_fails_after, Some(3));
-    for bad in ["detector-hang=nope", "ledger-write-fails-after=0"] {
+    let c = parse(&["--fault", "silent-rewrite=42>43"]).expect("valid");
+    assert_eq!(c.faults.silent_rewrite, Some(("42", "43")));
+    for bad in [
+        "detector-hang=nope",
+        "ledger-write-fails-after=0",
+        "silent-rewrite=42",
+        "silent-rewrite=>43",
+    ] {
         let e = parse(&["--fault", bad]).expect_err(bad);
         assert_eq!(e.flag, "fault", "{e}");
     }

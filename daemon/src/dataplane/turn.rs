@@ -167,8 +167,8 @@ pub(in crate::dataplane) struct Turn {
     pub(in crate::dataplane) trail: safety::TextTrail,
     /// SafetyCheck inputs fixed at turn start.
     pub(in crate::dataplane) request_urls: BTreeSet<String>,
-    pub(in crate::dataplane) identity_before: Option<String>,
-    pub(in crate::dataplane) identity_after: Option<String>,
+    pub(in crate::dataplane) identity_before: Option<safety::ModelIdentity>,
+    pub(in crate::dataplane) identity_after: Option<safety::ModelIdentity>,
     /// SafetyCheck's verdict, once judged.
     pub(in crate::dataplane) safety: Option<Value>,
     pub(in crate::dataplane) enc: ChunkEncoder,
@@ -275,8 +275,9 @@ impl Turn {
     /// with a typed halt or error.
     pub(in crate::dataplane) fn safety_verdict(&self, completed: bool) -> safety::SafetyVerdict {
         let ctx = SafetyContext {
-            request_source_urls: Some(self.request_urls.clone()),
-            cited_urls: (!self.out_text_truncated).then(|| safety::extract_urls(&self.out_text)),
+            request_source_urls: Some(safety::url_keys(&self.request_urls)),
+            cited_urls: (!self.out_text_truncated)
+                .then(|| safety::url_keys(safety::extract_urls(&self.out_text))),
             text_delivery: self.trail.delivery(completed),
             identity_before: self.identity_before.clone(),
             identity_after: self.identity_after.clone(),
@@ -547,7 +548,7 @@ impl Step<'_> {
         turn.request_urls = crate::safety::extract_urls(&req.prompt);
         // The built-in model's identity cannot change within a turn: before and after are
         // the model the request named (checked equal to it) with no system prompt.
-        let identity = crate::safety::identity_digest(MODEL_NAME, "");
+        let identity = crate::safety::ModelIdentity::new(MODEL_NAME, "");
         turn.identity_before = Some(identity.clone());
         turn.identity_after = Some(identity);
         if let Some(w) = self.io.intervene_window(&turn, mode) {
@@ -656,7 +657,7 @@ impl Step<'_> {
             self.io
                 .ground_proxied(&mut turn, w, seed, up.native.is_none());
         }
-        turn.identity_before = Some(crate::safety::identity_digest(&up.model, &system_prompt));
+        turn.identity_before = Some(crate::safety::ModelIdentity::new(&up.model, &system_prompt));
         self.conn.turn = Some(Box::new(turn));
         self.observe_turn();
         if !self.arm_turn_policy() {

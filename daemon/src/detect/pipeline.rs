@@ -276,12 +276,11 @@ impl Detectors {
             .scorer
             .build()
             .map_err(|e| err("detectors.halt_monitor.scorer", e.to_string()))?;
-        let safety =
-            SafetyCheck::new().with_require_runtime_checkable(cfg.safety.require_runtime_checkable);
-        let safety_pack = SafetyPack::new(
-            cfg.safety.pack_id.clone(),
-            cfg.safety.boundaries.iter().cloned(),
-        );
+        let safety = cfg
+            .safety
+            .safety_check()
+            .map_err(|e| err(format!("safety.{}", e.key), e.reason))?;
+        let safety_pack = cfg.safety.pack();
         Ok(Detectors {
             exfil_rules,
             baseline: Arc::new(LatencyBaseline::new()),

@@ -24,7 +24,8 @@ use super::{missing, SafetyCheckResult, NO_SILENT_CORRECTION};
 pub const MAX_TRAIL_BYTES: usize = 256 * 1024;
 
 /// The evidence for `no_silent_correction` ([`TextTrail::delivery`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TextDelivery {
     /// Bytes of text the model produced (after rewinds).
     pub produced_bytes: usize,

@@ -193,6 +193,24 @@ pub fn url_digest(url: &str) -> String {
     hex::encode(&digest[..8])
 }
 
+/// URLs as `no_fabricated_source` compares them: the set of their [`url_digest`]s (equal
+/// digests, equal [`normalize_url`] forms). The record keeps these, never the URLs.
+pub type UrlKeys = BTreeSet<String>;
+
+/// The [`UrlKeys`] of `urls`.
+pub fn url_keys<I, S>(urls: I) -> UrlKeys
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    urls.into_iter().map(|u| url_digest(u.as_ref())).collect()
+}
+
+/// Whether `key` has the form of a [`url_digest`]: 16 lower-case hex digits.
+pub fn is_url_key(key: &str) -> bool {
+    key.len() == 16 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Most nesting levels of `sources`/`documents` searched for URLs.
 const MAX_SOURCE_DEPTH: usize = 8;
 
@@ -299,17 +317,4 @@ pub fn system_prompt(body: &Value) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The identity digest of `no_identity_override`: hex SHA-256 over a domain tag, the model
-/// name and the system prompt, each length-prefixed (so no two pairs collide by
-/// concatenation). Neither input is recorded, only the digest.
-pub fn identity_digest(model: &str, system_prompt: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(b"haltd-identity-v1\0");
-    for part in [model, system_prompt] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(h.finalize())
 }

@@ -155,8 +155,8 @@ fn sources_end_to_end_through_the_check() {
         json!({"messages": [{"role": "user", "content": "Cite https://Docs.example/a/ please"}]});
     let output = "According to [the docs](https://docs.example/a#s2), yes; see also https://elsewhere.example.";
     let ctx = SafetyContext {
-        request_source_urls: Some(request_sources(&body)),
-        cited_urls: Some(extract_urls(output)),
+        request_source_urls: Some(url_keys(request_sources(&body))),
+        cited_urls: Some(url_keys(extract_urls(output))),
         ..SafetyContext::default()
     };
     let v = SafetyCheck::new().check(&ctx, &SafetyPack::v1());

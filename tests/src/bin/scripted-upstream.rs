@@ -54,7 +54,9 @@
 //! `per_chunk=K`, tokens per chunk (1); `finish=stop|length|tool_calls|abort|error|content_filter`
 //! (stop; tool_calls for `tool_call`); `neginf_at=I[,I..]`, logprob -9999.0, vLLM's -inf
 //! sentinel; `low_at=I[,I..]`, logprob ln 0.001; `words=a,b,c`, token texts, cycled (common
-//! English words with a leading space, the first token `The`); `framing=chunked|close`
+//! English words with a leading space, the first token `The`); `model=NAME`, the `model` the
+//! answer reports (the request's), as a backend that answers under another name or another
+//! model; `framing=chunked|close`
 //! (overrides `--framing` for this request); `no_logprobs=1`, never send logprobs, like a
 //! backend without logprob support; `token_ids=1`, logprob entries name their token
 //! `token_id:<index>` (vLLM's `--return-tokens-as-token-ids` form), so their texts do not
@@ -1108,6 +1110,9 @@ struct Script {
     resume: usize,
     /// Messages: an `event: ping` right after `message_start`, as Anthropic's API sends one.
     ping: bool,
+    /// The `model` the answer reports (`model=`), else the request's: a backend that answers
+    /// with another name (a dated snapshot, its GGUF path, a served name) or another model.
+    model: Option<String>,
     /// Responses `error_event`: `response.failed` instead of an `error` event.
     failed: bool,
 }
@@ -1299,6 +1304,7 @@ impl Script {
             reasoning: k.count("reasoning", 0)?,
             resume: k.count("resume", 6)?,
             ping: k.flag("ping")?,
+            model: k.0.remove("model"),
             neginf_at: k.indices("neginf_at")?,
             low_at: k.indices("low_at")?,
             words,
@@ -1631,11 +1637,14 @@ impl Plan {
                 Endpoint::Responses => format!("resp_{seq}"),
             },
             created,
-            model: body
-                .get("model")
-                .and_then(Value::as_str)
-                .unwrap_or("scripted")
-                .to_owned(),
+            model: match &script.model {
+                Some(m) => m.clone(),
+                None => body
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .unwrap_or("scripted")
+                    .to_owned(),
+            },
             n: count_field(body, "n").clamp(1, 64),
             lp,
             include_usage: body

@@ -273,10 +273,7 @@ fn a_scorer_stalled_on_one_stream_does_not_hold_up_another() -> Result<()> {
 
 #[test]
 fn safety_check_enforce_trips_on_a_fabricated_source_and_records_every_verdict() -> Result<()> {
-    let rig = rig(
-        "[safety]\nmode = \"enforce\"\nboundaries = [\"no_fabricated_source\", \"no_silent_correction\"]\n",
-        &[],
-    )?;
+    let rig = rig("[safety]\nmode = \"enforce\"\n", &[])?;
     // The URL is assembled from two tokens, so the request (holding the script) never
     // names it whole.
     let o = stream(
@@ -332,6 +329,18 @@ fn bad_detector_config_is_refused_at_start() -> Result<()> {
         ("[detectors.nope]\n", "detectors.nope"),
         ("[detectors.exfil]\nextra_patterns = [\"(\"]\n", "exfil"),
         ("[safety]\nmode = \"loud\"\n", "safety"),
+        (
+            "[safety]\nboundaries = [\"no_fabricated_source\"]\n",
+            "safety.boundaries",
+        ),
+        (
+            "[[safety.predicates]]\nname = \"p\"\nfield = \"nope\"\nop = \"max\"\nvalue = 1\n",
+            "safety.predicates[0].field",
+        ),
+        (
+            "[[safety.predicates]]\nname = \"p\"\nfield = \"model_answered\"\nop = \"matches\"\nvalue = \"(\"\n",
+            "safety.predicates[0].value",
+        ),
         (
             "[flight_recorder]\nturn_sample_rate = 0.0\n",
             "flight_recorder.turn_sample_rate",

@@ -49,6 +49,7 @@ mod reload;
 mod responses;
 mod restart_circuit;
 mod restart_state;
+mod safety_check;
 mod scopes;
 mod slow_readers;
 mod token_instructions;

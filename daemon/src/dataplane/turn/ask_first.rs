@@ -42,7 +42,7 @@ impl Step<'_> {
         };
         let text = &self.io.shared.cfg.args.degraded_ask_first;
         let source = TurnSource::Fixed(FixedSource::new(text, top_n));
-        let identity = crate::safety::identity_digest(&model, "");
+        let identity = crate::safety::ModelIdentity::new(&model, "");
         let enc = self.encoder(ask, model, (false, false));
         let mut turn = Turn::new(source, ask, who.conversation, true, enc, gov, policy);
         // No model spoke: its identity cannot have changed within the turn.

@@ -178,6 +178,17 @@ fn may_stage(turn: &mut Turn, n: usize, slot: &Slot, faults: &Faults) -> bool {
         && !turn.source.get().paced()
 }
 
+/// The `silent-rewrite=FROM>TO` fault: a repair of the model's text on the hot path that
+/// nothing announces. One branch per text without the fault; allocates only under it.
+fn silent_rewrite(faults: &Faults, mut t: Produced) -> Produced {
+    if let Some((from, to)) = faults.silent_rewrite {
+        if t.text.contains(from) {
+            t.text = std::borrow::Cow::Owned(t.text.replace(from, to));
+        }
+    }
+    t
+}
+
 /// Whether the first token of a produced text came with a logprob.
 fn has_logprob(tokens: &Tokens) -> bool {
     match tokens {
@@ -216,6 +227,7 @@ fn release_text(conn: &mut Conn, slot: &Slot, faults: &Faults, t: Produced, now:
     let offset = turn.text_len;
     turn.text_len += t.text.len();
     turn.trail.produced(&t.text);
+    let t = silent_rewrite(faults, t);
     if slot.mode() == Mode::Batch {
         // Held, not sent: batch responses are committed whole.
         hold_for_batch(turn, t, offset);
@@ -577,7 +589,7 @@ impl Step<'_> {
         };
         up.finish_exchange();
         if let Some(m) = turn.source.upstream().and_then(|s| s.model()) {
-            turn.identity_after = Some(crate::safety::identity_digest(m, &up.system_prompt));
+            turn.identity_after = Some(crate::safety::ModelIdentity::new(m, &up.system_prompt));
         }
         self.up_stop_reading();
     }
