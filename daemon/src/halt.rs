@@ -81,6 +81,8 @@ pub struct HaltCore {
     /// TokenCircuit's per-conversation memory: the backoff clock and the intervention
     /// artifacts (`circuit::store`); unused without `[tool_circuit] enabled`.
     pub circuits: crate::circuit::store::ConversationStore,
+    /// The operators' labels of incidents and their counts (`labels.rs`).
+    pub labels: crate::labels::Labels,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
     /// The detectors a new turn is governed by: built from the configuration at start, swapped

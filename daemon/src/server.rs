@@ -157,13 +157,14 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let (state, mismatch) = restore::open_state(&cfg, &node_secret)?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
-    let circuits = restore::conversation_store(&cfg, &metrics, &state)?;
     let (escalations, escalated) = cfg
         .escalation
         .as_ref()
         .map(|_| crate::escalation::queue())
         .unzip();
     let shared = Arc::new(HaltCore {
+        labels: restore::incident_labels(&metrics, &state),
+        circuits: restore::conversation_store(&cfg, &metrics, &state)?,
         escalations,
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -179,7 +180,6 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: state.modes,
         state: state.store,
-        circuits,
         detectors: arc_swap::ArcSwap::from_pointee(
             crate::detect::pipeline::Detectors::new(cfg.detectors.clone())
                 .map_err(|e| StartError::Config(e.to_string()))?,

@@ -1,7 +1,8 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
 //! scopes with their expiry, each conversation's committed TURN-ACID state, TokenCircuit's
 //! per-conversation memory (its backoff clock and failed calls) and the dispatched tool calls
-//! of failed turns with their reconciliation, and the key store's keys (`keys.rs`), kept in an
+//! of failed turns with their reconciliation, the key store's keys (`keys.rs`) and the
+//! operators' incident labels (`labels.rs`), kept in an
 //! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
 //! it during an upgrade).
 //!
@@ -137,6 +138,14 @@ pub struct ClientKeyRow {
     pub body: serde_json::Value,
 }
 
+/// An operator's label of an incident (`labels.rs` reads and writes `body`), by the
+/// incident record's seq.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IncidentLabelRow {
+    pub incident_seq: u64,
+    pub body: serde_json::Value,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -150,6 +159,7 @@ pub struct Snapshot {
     pub dispatched: Vec<DispatchedRow>,
     pub client_keys: Vec<ClientKeyRow>,
     pub key_usage: Vec<ClientKeyRow>,
+    pub incident_labels: Vec<IncidentLabelRow>,
 }
 
 /// A ledger record the store reflects.
@@ -187,6 +197,8 @@ pub enum Change {
     ClientKey(ClientKeyRow),
     /// A key's counts after one of its turns ended (the row is replaced).
     KeyUsage(ClientKeyRow),
+    /// An operator labelled an incident (the row is replaced: the latest label wins).
+    IncidentLabel(IncidentLabelRow),
 }
 
 enum Op {

@@ -49,6 +49,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "modes",
             "ledger",
             "state",
+            "labels",
             "crash",
             "pulse",
             "progress",
