@@ -189,6 +189,7 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
         detectors.cfg.safety.pack_id,
         detectors.cfg.safety.boundaries.len(),
     );
+    shared.metrics.detectors.operating_point(&detectors.cfg);
     shared.detectors.store(Arc::new(detectors));
     let tls = match (&shared.cfg.client_tls, tls) {
         (Some(cfg), Some(next)) => format!(", {}", cfg.install(next)),

@@ -265,6 +265,7 @@ fn new_metrics(cfg: &Config, gate: bool) -> Metrics {
     let mut metrics = Metrics::new();
     metrics.gate.enabled.set(i64::from(gate));
     metrics.requests.models = crate::metrics::models::ModelLabels::new(&cfg.args.metric_models);
+    metrics.detectors.operating_point(&cfg.detectors);
     metrics
 }
 

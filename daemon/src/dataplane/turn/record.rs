@@ -156,6 +156,7 @@ fn record_detectors(shared: &HaltCore, turn: &Turn, completed: bool, rec: &mut R
         shared.metrics.detectors.observed(t.detector, t.code);
     }
     let detectors = turn.gov.summary();
+    shared.metrics.detectors.turn_ended(&detectors);
     // The timing fields of spec 000 §6.1 come from the timing detectors.
     let timing = crate::detect::timing::fhr_timing_from_json(
         detectors.pointer("/latency_anomaly/summary"),
