@@ -9,6 +9,7 @@
 mod auth;
 pub mod client;
 mod keys;
+mod label;
 mod listen;
 mod policy;
 mod safety;
@@ -72,32 +73,47 @@ async fn record_action(
     action: serde_json::Value,
     status: StatusCode,
 ) -> Result<(), Response> {
-    let mut admin = action;
-    admin["actor"] = json!(actor);
-    admin["status"] = json!(status.as_u16());
-    tracing::info!(admin = %admin, "admin action");
-    let rec = Record {
-        kind: RecordKind::Admin,
-        kernel_gate: shared.kernel_gate_label().to_owned(),
-        stream_id: admin["stream_id"].as_str().map(str::to_owned),
-        admin: Some(admin),
-        ..Record::default()
-    };
+    let rec = admin_record(shared, actor, action, status);
     let core = Arc::clone(shared);
     let written = tokio::task::spawn_blocking(move || core.record_durable(rec)).await;
     match written {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "recorder_failure",
-            format!("the action took effect but its record could not be written ({e}); the flight recorder failed closed"),
-        )),
+        Ok(Err(e)) => Err(unrecorded(&e)),
         Err(e) => Err(error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "recorder_failure",
             format!("recording the action: {e}"),
         )),
     }
+}
+
+/// The `admin` record of one action: what (`action`), by whom, with what outcome.
+fn admin_record(
+    shared: &HaltCore,
+    actor: &AdminActor,
+    action: serde_json::Value,
+    status: StatusCode,
+) -> Record {
+    let mut admin = action;
+    admin["actor"] = json!(actor);
+    admin["status"] = json!(status.as_u16());
+    tracing::info!(admin = %admin, "admin action");
+    Record {
+        kind: RecordKind::Admin,
+        kernel_gate: shared.kernel_gate_label().to_owned(),
+        stream_id: admin["stream_id"].as_str().map(str::to_owned),
+        admin: Some(admin),
+        ..Record::default()
+    }
+}
+
+/// The answer to an action whose record could not be written.
+fn unrecorded(e: &crate::ledger::LedgerError) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "recorder_failure",
+        format!("the action took effect but its record could not be written ({e}); the flight recorder failed closed"),
+    )
 }
 
 async fn streams(State(shared): State<Arc<HaltCore>>) -> Response {
@@ -452,6 +468,7 @@ pub async fn serve(
     };
     let admin_app = Router::new()
         .route("/admin/streams/{id}/trip", post(trip::trip))
+        .route("/admin/incidents/{id}/label", post(label::label))
         .route("/admin/streams", get(streams))
         .route("/admin/status", get(status))
         .route("/admin/mode", get(mode_get).post(mode_set))

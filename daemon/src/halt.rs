@@ -84,6 +84,8 @@ pub struct HaltCore {
     /// TokenCircuit's per-conversation memory: the backoff clock and the intervention
     /// artifacts (`circuit::store`); unused without `[tool_circuit] enabled`.
     pub circuits: crate::circuit::store::ConversationStore,
+    /// The operators' labels of incidents and their counts (`labels.rs`).
+    pub labels: crate::labels::Labels,
     /// Per slot: what a terminal frame needs beyond the slot's atomics.
     pub turn_meta: Vec<Mutex<TurnMeta>>,
     /// The profile and routes a new turn starts under, each route with its detectors: built

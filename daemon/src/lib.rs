@@ -66,6 +66,7 @@ pub(crate) mod halt;
 pub(crate) mod histogram;
 pub mod identity;
 pub mod keys;
+pub mod labels;
 pub mod ledger;
 pub(crate) mod lifecycle;
 pub mod limits;

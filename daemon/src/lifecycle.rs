@@ -197,7 +197,11 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
         routes.join(", "),
         set.profile,
     );
-    shared.install_policy(policy);
+    let set = shared.install_policy(policy);
+    shared
+        .metrics
+        .detectors
+        .operating_point(&set.default_route().detectors.cfg);
     let tls = match (&shared.cfg.client_tls, tls) {
         (Some(cfg), Some(next)) => format!(", {}", cfg.install(next)),
         _ => String::new(),

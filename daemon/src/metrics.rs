@@ -19,6 +19,7 @@
 //! | detectors | [`crate::detect::metrics`] | `detector_trips`, `detector_observed` |
 //! | TokenCircuit | [`crate::circuit::metrics`] | `tool_circuit_trips` |
 //! | grounding | [`crate::grounding::metrics`] | `grounding_rounds`, `grounding_arm_seconds` |
+//! | incident labels | [`crate::labels`] | `incident_labels` |
 //! | requests | [`requests`] | `requests`, `time_to_first_token_seconds`, `inter_token_latency_seconds`, `request_duration_seconds`, `client_errors` (model labels bounded by [`models`]) |
 //! | the binary | here | `build_info` (always 1; labels `version`, `commit`, `features`) |
 //!
@@ -58,6 +59,7 @@ pub struct Metrics {
     pub circuit: crate::circuit::metrics::CircuitMetrics,
     pub grounding: crate::grounding::metrics::GroundingMetrics,
     pub policy: crate::policy::metrics::PolicyMetrics,
+    pub labels: crate::labels::LabelMetrics,
 }
 
 impl Metrics {
@@ -91,9 +93,12 @@ impl Metrics {
         let policy = crate::policy::metrics::PolicyMetrics::register(
             registry.sub_registry_with_prefix(PREFIX),
         );
+        let labels =
+            crate::labels::LabelMetrics::register(registry.sub_registry_with_prefix(PREFIX));
         register_build_info(registry.sub_registry_with_prefix(PREFIX));
         Metrics {
             policy,
+            labels,
             requests,
             circuit,
             grounding,

@@ -182,6 +182,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .map(|_| crate::escalation::queue())
         .unzip();
     let shared = Arc::new(HaltCore {
+        labels: restore::incident_labels(&metrics, &state),
         escalations,
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -282,6 +283,7 @@ fn new_metrics(cfg: &Config, gate: bool) -> Metrics {
     let mut metrics = Metrics::new();
     metrics.gate.enabled.set(i64::from(gate));
     metrics.requests.models = crate::metrics::models::ModelLabels::new(&cfg.args.metric_models);
+    metrics.detectors.operating_point(&cfg.detectors);
     metrics
 }
 

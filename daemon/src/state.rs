@@ -1,8 +1,9 @@
 //! The state that survives a restart, so that a fault never loosens governance: the degraded
 //! scopes with their expiry, each conversation's committed TURN-ACID state, TokenCircuit's
 //! per-conversation memory (its backoff clock and failed calls) and the dispatched tool calls
-//! of failed turns with their reconciliation, the key store's keys (`keys.rs`) and the runtime
-//! policy switches (`policy.rs`), kept in an
+//! of failed turns with their reconciliation, the key store's keys (`keys.rs`), the
+//! operators' incident labels (`labels.rs`) and the runtime policy switches (`policy.rs`),
+//! kept in an
 //! embedded SQLite database, `<--state-dir>/state.db` (mode 0600, WAL: a second haltd can open
 //! it during an upgrade).
 //!
@@ -138,6 +139,14 @@ pub struct ClientKeyRow {
     pub body: serde_json::Value,
 }
 
+/// An operator's label of an incident (`labels.rs` reads and writes `body`), by the
+/// incident record's seq.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IncidentLabelRow {
+    pub incident_seq: u64,
+    pub body: serde_json::Value,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
@@ -153,6 +162,7 @@ pub struct Snapshot {
     pub key_usage: Vec<ClientKeyRow>,
     /// The runtime policy switches (`policy::Overrides` as JSON; `None`: none ever made).
     pub runtime_policy: Option<serde_json::Value>,
+    pub incident_labels: Vec<IncidentLabelRow>,
 }
 
 /// A ledger record the store reflects.
@@ -192,6 +202,8 @@ pub enum Change {
     KeyUsage(ClientKeyRow),
     /// The runtime policy switches after a switch (`policy::Overrides` as JSON, replaced).
     RuntimePolicy(serde_json::Value),
+    /// An operator labelled an incident (the row is replaced: the latest label wins).
+    IncidentLabel(IncidentLabelRow),
 }
 
 enum Op {

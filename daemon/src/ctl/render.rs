@@ -244,6 +244,22 @@ pub fn trip(v: &Value) -> String {
     )
 }
 
+/// `haltctl incident label`: the incident labelled, the label, and the one it replaced.
+pub fn labelled(v: &Value) -> String {
+    object(
+        v,
+        &[
+            "stream_id",
+            "incident_seq",
+            "detector",
+            "route",
+            "label",
+            "previous",
+            "note",
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -18,7 +18,7 @@ use crate::{
     modes::{KeyId, Modes},
     state::{
         restore::{self, OnMismatch, Verdict},
-        CircuitRow, DispatchedRow, Snapshot, StateError, StateStore,
+        Change, CircuitRow, DispatchedRow, Snapshot, StateError, StateStore,
     },
 };
 
@@ -36,6 +36,10 @@ pub(super) struct Opened {
     pub(super) key_usage: Vec<crate::state::ClientKeyRow>,
     /// The runtime policy switches the store kept (`haltctl detector mode`, `profile set`).
     pub(super) overrides: crate::policy::Overrides,
+    /// The operators' incident labels, and the ledger's records after the store's point that
+    /// state labels.
+    pub(super) incident_labels: Vec<crate::state::IncidentLabelRow>,
+    pub(super) label_records: Vec<serde_json::Value>,
 }
 
 /// The fingerprint of this node's key that the store keeps: the key id of a request without
@@ -59,6 +63,7 @@ pub(super) fn open_state(
     let mut restored =
         restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
     let dispatched_records = std::mem::take(&mut restored.dispatched_records);
+    let label_records = std::mem::take(&mut restored.label_records);
     let (scopes, mismatch) = match restored.verdict {
         Verdict::Mismatch(why) => {
             if cfg.args.state_mismatch == OnMismatch::Refuse {
@@ -115,6 +120,7 @@ pub(super) fn open_state(
         client_keys: held.client_keys,
         key_usage: held.key_usage.clone(),
         runtime_policy: held.runtime_policy.clone(),
+        incident_labels: held.incident_labels.clone(),
     });
     let store = Arc::new(store);
     let opened = Opened {
@@ -126,6 +132,8 @@ pub(super) fn open_state(
         client_keys,
         key_usage: held.key_usage,
         overrides,
+        incident_labels: held.incident_labels,
+        label_records,
     };
     Ok((opened, mismatch))
 }
@@ -234,6 +242,26 @@ pub(super) fn conversation_store(
     Ok(store
         .with_dispatched(dispatched)
         .persisting_to(Arc::clone(&opened.store)))
+}
+
+/// The operators' incident labels the store kept, with those the ledger states after the
+/// store's point (a crash between a label's record and its store write), counted into
+/// `/metrics`; the store catches up.
+pub(super) fn incident_labels(
+    metrics: &crate::metrics::Metrics,
+    opened: &Opened,
+) -> crate::labels::Labels {
+    let labels = crate::labels::Labels::restored(&metrics.labels, &opened.incident_labels);
+    let caught_up = labels.replay(&opened.label_records);
+    if !caught_up.is_empty() {
+        tracing::warn!(
+            labels = caught_up.len(),
+            "the state store was behind the ledger: incident labels were taken from it"
+        );
+        let rows = caught_up.iter().map(|l| Change::IncidentLabel(l.row()));
+        opened.store.apply(None, rows.collect());
+    }
+    labels
 }
 
 /// Records the node degraded for a mismatched store (`mismatch`: why), then writes the start

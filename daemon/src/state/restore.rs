@@ -15,7 +15,8 @@
 //! - The records after the point that state dispatched calls (a failed turn's
 //!   `reconciliation: required` calls, an operator's `reconcile`) are handed to the start
 //!   ([`Restored::dispatched_records`]): a crash between such a record and the store's write
-//!   loses neither (`circuit::dispatched` replays them, idempotently).
+//!   loses neither (`circuit::dispatched` replays them, idempotently). So are the records of
+//!   operators' incident labels ([`Restored::label_records`]; `labels.rs` replays them).
 //!
 //! Anything else is a mismatch: the start stops with [`MISMATCH_EXIT_CODE`] unless
 //! `--state-mismatch degrade-node`.
@@ -63,6 +64,9 @@ pub struct Restored {
     /// The records after the point that state dispatched calls or their reconciliation, in
     /// order (empty on a mismatch).
     pub dispatched_records: Vec<Value>,
+    /// The records after the point that state an incident label, in order (empty on a
+    /// mismatch).
+    pub label_records: Vec<Value>,
 }
 
 /// Whether `rec` states a dispatched call (a turn record with a call that needs
@@ -77,11 +81,18 @@ fn states_dispatched(rec: &Value) -> bool {
             .is_some_and(|a| a == "reconcile")
 }
 
+/// Whether `rec` is the `admin` record of an incident label that was given (status 200).
+pub fn states_label(rec: &Value) -> bool {
+    rec.pointer("/admin/action").is_some_and(|a| a == "label")
+        && rec.pointer("/admin/status").is_some_and(|s| s == 200)
+}
+
 fn mismatch(why: String) -> Result<Restored, StateError> {
     Ok(Restored {
         verdict: Verdict::Mismatch(why),
         scopes: Vec::new(),
         dispatched_records: Vec::new(),
+        label_records: Vec::new(),
     })
 }
 
@@ -104,12 +115,15 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
     // may hold millions of records.
     let (mut found, mut first_change, mut replayed) = (held.ledger.is_none(), None, 0);
     let mut whole_chain = None;
-    let mut dispatched_records = Vec::new();
+    let (mut dispatched_records, mut label_records) = (Vec::new(), Vec::new());
     for_each_record(ledger, |seq, rec| {
         whole_chain.get_or_insert(seq == 0 && rec.get("segment").is_none_or(Value::is_null));
         let change = rec.get("mode_change");
         if found && states_dispatched(rec) {
             dispatched_records.push(rec.clone());
+        }
+        if found && states_label(rec) {
+            label_records.push(rec.clone());
         }
         if found {
             if let Some(ch) = change {
@@ -130,6 +144,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
                 verdict: Verdict::New,
                 scopes: Vec::new(),
                 dispatched_records,
+                label_records,
             });
         };
         if whole_chain != Some(true) {
@@ -142,6 +157,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
             verdict: Verdict::Rebuilt { replayed },
             scopes: scopes.into_values().collect(),
             dispatched_records,
+            label_records,
         });
     };
     if !found {
@@ -156,6 +172,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         verdict: Verdict::Matched { replayed },
         scopes: scopes.into_values().collect(),
         dispatched_records,
+        label_records,
     })
 }
 

@@ -1,7 +1,7 @@
 //! The store's SQL: opening the file (mode 0600, WAL, full sync), the schema and its
 //! migrations, and the statements that read and write it.
 //!
-//! Schema version 4:
+//! Schema version 5:
 //!
 //! - `meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)`: `ledger_seq`, `ledger_hash` (the last
 //!   ledger record the store reflects), `node_check` (the fingerprint of the node key) and
@@ -17,7 +17,9 @@
 //!   `circuit::persist` and `circuit::dispatched` own (a field added later has a default);
 //! - `client_keys(id TEXT PRIMARY KEY, body)` and `key_usage(id TEXT PRIMARY KEY, body)`
 //!   (version 4): the key store's keys (`keys.rs`: name, secret hashes, revocation, limits)
-//!   and each key's counts (`limits.rs` `StoredUsage`), each body a JSON document.
+//!   and each key's counts (`limits.rs` `StoredUsage`), each body a JSON document;
+//! - `incident_labels(incident_seq INTEGER PRIMARY KEY, body)` (version 5): the operators'
+//!   labels of incidents (`labels.rs` `Labelled`), by the incident record's seq.
 //!
 //! The migration rule: each version `n` has one step from `n - 1` ([`MIGRATIONS`]), run in
 //! order in one transaction at open; a file whose `user_version` is above [`VERSION`] is
@@ -28,12 +30,12 @@ use std::{fs::OpenOptions, os::unix::fs::OpenOptionsExt, path::Path};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::{
-    Change, CircuitRow, ClientKeyRow, ConversationRow, DispatchedRow, Point, ScopeRow, Snapshot,
-    StateError,
+    Change, CircuitRow, ClientKeyRow, ConversationRow, DispatchedRow, IncidentLabelRow, Point,
+    ScopeRow, Snapshot, StateError,
 };
 
 /// The schema this haltd writes.
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 /// Step `i` takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -64,6 +66,7 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE dispatched (reference TEXT PRIMARY KEY, body TEXT NOT NULL);",
     "CREATE TABLE client_keys (id TEXT PRIMARY KEY, body TEXT NOT NULL);
      CREATE TABLE key_usage (id TEXT PRIMARY KEY, body TEXT NOT NULL);",
+    "CREATE TABLE incident_labels (incident_seq INTEGER PRIMARY KEY, body TEXT NOT NULL);",
 ];
 
 fn sql<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(rusqlite::Error) -> StateError + 'p {
@@ -202,7 +205,26 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
             Some(text) => Some(body(path, "meta", &text)?),
             None => None,
         },
+        incident_labels: load_labels(conn, path)?,
     })
+}
+
+fn load_labels(conn: &Connection, path: &Path) -> Result<Vec<IncidentLabelRow>, StateError> {
+    let mut stmt = conn
+        .prepare("SELECT incident_seq, body FROM incident_labels ORDER BY incident_seq")
+        .map_err(sql(path, "reading the incident labels"))?;
+    let rows: Vec<(u64, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(Iterator::collect)
+        .map_err(sql(path, "reading the incident labels"))?;
+    rows.into_iter()
+        .map(|(incident_seq, text)| {
+            Ok(IncidentLabelRow {
+                incident_seq,
+                body: body(path, "incident_labels", &text)?,
+            })
+        })
+        .collect()
 }
 
 /// A body column's JSON.
@@ -340,6 +362,11 @@ fn write_change(tx: &Transaction<'_>, path: &Path, change: &Change) -> Result<()
         Change::RuntimePolicy(v) => {
             return set_meta(tx, path, "runtime_policy", &v.to_string());
         }
+        Change::IncidentLabel(l) => tx.execute(
+            "INSERT INTO incident_labels (incident_seq, body) VALUES (?1, ?2)
+             ON CONFLICT (incident_seq) DO UPDATE SET body = excluded.body",
+            params![l.incident_seq, l.body.to_string()],
+        ),
     }
     .map(drop)
     .map_err(sql(path, change.op()))
@@ -356,6 +383,7 @@ impl Change {
             Change::ClientKey(_) => "writing a client key",
             Change::KeyUsage(_) => "writing a key's usage",
             Change::RuntimePolicy(_) => "writing the runtime policy",
+            Change::IncidentLabel(_) => "writing an incident label",
         }
     }
 }
@@ -399,6 +427,7 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
         "dispatched",
         "client_keys",
         "key_usage",
+        "incident_labels",
     ] {
         tx.execute(&format!("DELETE FROM {table}"), [])
             .map_err(sql(path, "clearing a table"))?;
@@ -420,6 +449,9 @@ pub fn replace(conn: &mut Connection, path: &Path, held: &Snapshot) -> Result<()
     }
     for k in &held.key_usage {
         write_change(&tx, path, &Change::KeyUsage(k.clone()))?;
+    }
+    for l in &held.incident_labels {
+        write_change(&tx, path, &Change::IncidentLabel(l.clone()))?;
     }
     if let Some(p) = &held.ledger {
         set_point(&tx, path, p)?;

@@ -29,6 +29,7 @@ mod fail_closed;
 mod guarantee;
 mod haltctl_cli;
 mod hostile;
+mod incident_labels;
 mod intervene;
 mod intervene_ab;
 mod keepalive;

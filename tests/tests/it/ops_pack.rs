@@ -254,6 +254,14 @@ fn promtool_checks_rules() -> Result<()> {
     ensure!(out.contains("SUCCESS"), "promtool check rules: {out}");
     let out = promtool_ok(&["test", "rules", "deploy/prometheus/alerts_test.yml"])?;
     ensure!(out.contains("SUCCESS"), "promtool test rules: {out}");
+    // The halt SLO series under spec 000 §5's names (recording rules) and their unit tests.
+    let out = promtool_ok(&["check", "rules", "deploy/prometheus/recording.yml"])?;
+    ensure!(
+        out.contains("SUCCESS: 3 rules"),
+        "promtool check rules: {out}"
+    );
+    let out = promtool_ok(&["test", "rules", "deploy/prometheus/recording_test.yml"])?;
+    ensure!(out.contains("SUCCESS"), "promtool test rules: {out}");
     Ok(())
 }
 
@@ -263,7 +271,7 @@ fn promtool_checks_config() -> Result<()> {
     require_root()?;
     let out = promtool_ok(&["check", "config", "deploy/prometheus/prometheus.yml"])?;
     ensure!(
-        out.contains("SUCCESS") && out.contains("alerts.yml"),
+        out.contains("SUCCESS") && out.contains("alerts.yml") && out.contains("recording.yml"),
         "promtool check config did not check the rule file: {out}"
     );
     Ok(())
@@ -337,6 +345,8 @@ fn metrics_used_by_the_pack() -> Result<BTreeSet<(&'static str, String)>> {
     for file in [
         "prometheus/alerts.yml",
         "prometheus/alerts_test.yml",
+        "prometheus/recording.yml",
+        "prometheus/recording_test.yml",
         "grafana/haltd-timing-and-halt.json",
     ] {
         let body = fs::read_to_string(deploy(file))?;

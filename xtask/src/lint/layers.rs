@@ -50,6 +50,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "modes",
             "ledger",
             "state",
+            "labels",
             "crash",
             "pulse",
             "progress",

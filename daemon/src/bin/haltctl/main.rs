@@ -100,6 +100,11 @@ enum Command {
         #[arg(long)]
         no_degrade: bool,
     },
+    /// Incidents (halts) as the ledger records them: label one.
+    Incident {
+        #[command(subcommand)]
+        command: IncidentCommand,
+    },
     /// List open streams.
     Streams,
     /// Daemon status: which daemon answered (pid, listen and admin addresses, version,
@@ -298,6 +303,25 @@ enum KeyCommand {
     /// Every key: id, name, state (active, rotating, revoked), and its use of the current
     /// minute against its limits. Never a secret.
     List,
+}
+
+#[derive(Subcommand)]
+enum IncidentCommand {
+    /// Label a stream's incident a true (`tp`) or a false (`fp`) positive, recorded in the
+    /// ledger with your identity and counted in `haltd_incident_labels{detector, route,
+    /// label}`. The incident is the stream's last `incident` record in the current ledger
+    /// segment; labelling it again replaces the label (the counts move). Exit status: 0
+    /// labelled, 1 haltd refused (404: no incident of that stream), 2 no answer.
+    Label {
+        /// The stream id (`x-haltd-stream-id`, the incident record's `stream_id`).
+        stream_id: String,
+        /// `tp`: the halt was right; `fp`: it stopped a stream that was fine.
+        #[arg(value_enum)]
+        label: haltd::labels::Label,
+        /// Why, for whoever reads the record (at most 1024 bytes).
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -577,6 +601,21 @@ fn finish_calibration(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `haltctl incident label STREAM_ID tp|fp [--note TEXT]`.
+fn incident(ctx: &Ctx, command: &IncidentCommand) -> ExitCode {
+    let IncidentCommand::Label {
+        stream_id,
+        label,
+        note,
+    } = command;
+    admin_call(
+        ctx,
+        (Method::POST, &format!("/admin/incidents/{stream_id}/label")),
+        Some(serde_json::json!({ "label": label.as_str(), "note": note })),
+        render::labelled,
+    )
+}
+
 /// The body of `haltctl trip`: its cause, and `"degrade": false` for `--no-degrade`.
 fn trip_body(cause: &str, no_degrade: bool) -> serde_json::Value {
     let mut body = serde_json::json!({ "cause": cause });
@@ -606,6 +645,7 @@ fn main() -> ExitCode {
             Some(trip_body(cause, *no_degrade)),
             render::trip,
         ),
+        Command::Incident { command } => incident(&ctx, command),
         Command::Streams => {
             admin_call(&ctx, (Method::GET, "/admin/streams"), None, render::streams)
         }

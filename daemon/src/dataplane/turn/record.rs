@@ -189,6 +189,7 @@ fn record_detectors(
         .policy
         .judged(&turn.policy.route.name, judged);
     let detectors = turn.gov.summary();
+    shared.metrics.detectors.turn_ended(&detectors);
     // The timing fields of spec 000 §6.1 come from the timing detectors.
     let timing = crate::detect::timing::fhr_timing_from_json(
         detectors.pointer("/latency_anomaly/summary"),

@@ -16,8 +16,9 @@
 //! haltd is a counter reset, which `rate` and `increase` handle):
 //! 1. the compute budget hard at 30 tokens and surprise in intervene mode with a memory
 //!    grounder: two finished turns (grounding rounds), one turn over the budget (a detector
-//!    trip), one operator trip (post-trip tokens, halt latency, a degraded key), a request for
-//!    an unknown model (a rejected request, a client error);
+//!    trip), one operator trip (post-trip tokens, halt latency, a degraded key) that the operator
+//!    labels a false positive (`haltctl incident label`: the TP/FP panels), a request for an
+//!    unknown model (a rejected request, a client error);
 //! 2. surprise in observe mode at threshold 0: a finished turn with observed findings;
 //! 3. the halt monitor scored by an external scorer that is not there: a `DETECTOR_FAILURE`.
 
@@ -269,6 +270,16 @@ fn grounding_and_trips(haltd: &Haltd) -> Result<()> {
     );
     let tripped = turn(haltd, 200, 2)?;
     ensure!(tripped.tokens < 200, "the operator trip: {tripped:?}");
+    // The operator labels the incident (the TP/FP panels), once it is recorded.
+    let id = tripped.stream_id.as_str();
+    haltd.wait_record("the trip's incident", |r| {
+        r["kind"] == "incident" && r["stream_id"] == id
+    })?;
+    let labelled = haltd.haltctl_json(&["incident", "label", id, "fp"])?;
+    ensure!(
+        labelled["label"] == "fp",
+        "haltctl incident label: {labelled}"
+    );
     let url = format!("{}/v1/chat/completions", haltd.api_url());
     let status = in_netns(&haltd.client_ns, move || -> Result<u16> {
         let mut body = sse::chat_body("dashboard", 3, false);
