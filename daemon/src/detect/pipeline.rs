@@ -403,6 +403,20 @@ impl TurnGovernor {
         }
     }
 
+    /// What each detector did in the turn, for the per-route counters
+    /// ([`TurnDetectors::judged`]), the exfiltration scanner included: its findings are its
+    /// hits.
+    pub fn judged(
+        &self,
+        tripped_by: Option<DetectorId>,
+    ) -> impl Iterator<Item = (DetectorId, DetectorMode, u64, bool)> + '_ {
+        let exfil = self.exfil.as_ref().map(|(_, mode)| {
+            let id = DetectorId::Exfil;
+            (id, *mode, self.exfil_hits, tripped_by == Some(id))
+        });
+        self.set.judged(tripped_by).chain(exfil)
+    }
+
     /// Judges the next token (and its text, which joins the scanner's window).
     pub fn on_token(&mut self, tok: &TokenObs<'_>, clock: impl Fn() -> u64) -> Gate {
         if let Some(t) = self.set.observe(tok, clock) {

@@ -393,10 +393,13 @@ pub fn write_http_request_with(
         target.bytes().all(|b| b.is_ascii_graphic()),
         "bad request target {target:?}"
     );
-    let accept = if method == "POST" {
-        "text/event-stream"
-    } else {
-        "application/json"
+    // A turn's POST reads a stream, anything else JSON; an `accept` in `extra` (a JSON POST,
+    // the escalation) says otherwise.
+    let asked = extra.iter().find(|(n, _)| n.eq_ignore_ascii_case("accept"));
+    let accept = match asked {
+        Some((_, v)) => v,
+        None if method == "POST" => "text/event-stream",
+        None => "application/json",
     };
     // Writes into a Vec cannot fail.
     let _ = write!(
@@ -410,7 +413,10 @@ pub fn write_http_request_with(
         out.extend_from_slice(auth.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    for (name, value) in extra.iter().filter(|(_, v)| valid_header_value(v)) {
+    let rest = extra
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case("accept"));
+    for (name, value) in rest.filter(|(_, v)| valid_header_value(v)) {
         let _ = write!(out, "{name}: {value}\r\n");
     }
     if let Some(body) = body {

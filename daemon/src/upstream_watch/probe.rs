@@ -13,8 +13,8 @@ use std::{
 use serde::Deserialize;
 
 use crate::upstream::{
-    request::write_http_request, response::ResponseReader, ResponseError, UpstreamTls, UpstreamUrl,
-    MODELS_PATH,
+    request::write_http_request_with, response::ResponseReader, ResponseError, UpstreamTls,
+    UpstreamUrl, MODELS_PATH,
 };
 
 /// Largest response head a probe reads.
@@ -111,12 +111,17 @@ fn send(
     tcp.set_write_timeout(Some(target.timeout))
         .map_err(ProbeError::Io)?;
     let mut request = Vec::new();
-    write_http_request(
+    // A JSON POST (the escalation) reads a JSON answer, not a turn's stream.
+    let accept: &[(&str, &str)] = match body {
+        Some(_) => &[("accept", "application/json")],
+        None => &[],
+    };
+    write_http_request_with(
         &mut request,
         target.url,
-        method,
-        target.path,
+        (method, target.path),
         target.authorization,
+        accept,
         body,
     );
     let (status, reason, body) = match target.tls {

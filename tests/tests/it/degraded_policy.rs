@@ -227,7 +227,9 @@ fn an_escalation_is_retried_until_the_endpoint_accepts_it() -> Result<()> {
     ensure!(got.len() == 3, "{got:?}");
     for q in &got {
         ensure!(
-            q["headers"]["authorization"] == "Bearer hook-token-1" && &q["body"] == incident,
+            q["headers"]["authorization"] == "Bearer hook-token-1"
+                && q["headers"]["accept"] == "application/json"
+                && &q["body"] == incident,
             "{q}"
         );
     }

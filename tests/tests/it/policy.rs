@@ -218,6 +218,17 @@ fn listed_hard(rig: &Rig) -> Result<()> {
         .find(|l| l.starts_with("default") && l.contains("surprise"))
         .with_context(|| list.clone())?;
     ensure!(row.contains("hard"), "{list}");
+    // The exfiltration scanner judged every turn too.
+    let exfil = list
+        .lines()
+        .find(|l| l.starts_with("default") && l.contains("exfil"))
+        .with_context(|| list.clone())?;
+    let judged: u64 = exfil
+        .split_whitespace()
+        .nth(4)
+        .and_then(|n| n.parse().ok())
+        .with_context(|| exfil.to_owned())?;
+    ensure!(judged > 0, "{list}");
     println!("haltctl detector list:\n{list}");
     Ok(())
 }

@@ -484,6 +484,25 @@ fn http_request_get_with_prefix() {
 }
 
 #[test]
+fn a_json_post_asks_for_json_once() {
+    let mut out = Vec::new();
+    let u = UpstreamUrl::parse("https://hooks.example:8443").expect("url");
+    let extra = [("accept", "application/json"), ("x-request-id", "r-1")];
+    write_http_request_with(
+        &mut out,
+        &u,
+        ("POST", "/hooks/a"),
+        None,
+        &extra,
+        Some(b"{}"),
+    );
+    let text = String::from_utf8(out).expect("ascii");
+    assert_eq!(text.matches("accept: ").count(), 1, "{text}");
+    assert!(text.contains("accept: application/json\r\n"), "{text}");
+    assert!(text.contains("x-request-id: r-1\r\n"), "{text}");
+}
+
+#[test]
 fn http_request_never_injects_headers() {
     for bad in [
         "Bearer x\r\nx-injected: 1",
