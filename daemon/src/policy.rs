@@ -84,6 +84,36 @@ impl Overrides {
         });
     }
 
+    /// Applies the switch an applied `admin` record states (`detector_mode` or `profile`,
+    /// as `admin/policy.rs` writes it): what a start replays from the ledger records after
+    /// the state store's point, in order. Replaying a switch the store already holds changes
+    /// nothing (each switch assigns). `Err`: the record does not read as one.
+    pub fn replay(&mut self, rec: &serde_json::Value) -> Result<(), String> {
+        let admin = &rec["admin"];
+        let request = &admin["request"];
+        match admin["action"].as_str() {
+            Some("detector_mode") => {
+                let detector = DETECTORS
+                    .into_iter()
+                    .find(|d| admin["detector"] == d.as_str())
+                    .ok_or_else(|| format!("no detector {}", admin["detector"]))?;
+                let mode = match request["mode"].as_str() {
+                    Some("hard") => DetectorMode::Hard,
+                    Some("observe") => DetectorMode::Observe,
+                    _ => return Err(format!("no mode {}", request["mode"])),
+                };
+                self.set_mode(detector, request["route"].as_str(), mode);
+                Ok(())
+            }
+            Some("profile") => {
+                let p = request["profile"].as_str().and_then(Profile::parse);
+                self.profile = Some(p.ok_or_else(|| format!("no profile {}", request["profile"]))?);
+                Ok(())
+            }
+            _ => Err(format!("not a policy switch: {}", admin["action"])),
+        }
+    }
+
     /// The mode set for `detector` on `route`, if any: the route's own, else every route's.
     pub fn mode(&self, detector: DetectorId, route: &str) -> Option<DetectorMode> {
         let own = self

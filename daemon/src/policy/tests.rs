@@ -153,3 +153,31 @@ fn the_lock_names_every_loosening() {
         .iter()
         .any(|f| f == "route strict removed"));
 }
+
+#[test]
+fn switches_replay_from_their_records_idempotently() {
+    use crate::detect::{DetectorId::Surprise, DetectorMode};
+    let recs = [
+        serde_json::json!({"admin": {"action": "detector_mode", "detector": "surprise",
+            "request": {"mode": "hard", "route": "strict"}, "status": 200}}),
+        serde_json::json!({"admin": {"action": "detector_mode", "detector": "surprise",
+            "request": {"mode": "observe", "route": null}, "status": 200}}),
+        serde_json::json!({"admin": {"action": "profile", "request": {"profile": "mkp"},
+            "status": 200}}),
+    ];
+    let mut o = Overrides::default();
+    for r in &recs {
+        o.replay(r).expect("a switch");
+    }
+    assert_eq!(o.mode(Surprise, "strict"), Some(DetectorMode::Observe));
+    assert_eq!(o.profile, Some(Profile::Mkp));
+    // The store held the end state already: replaying the same records changes nothing.
+    let held = o.clone();
+    for r in &recs {
+        o.replay(r).expect("a switch");
+    }
+    assert_eq!(o, held);
+    let bad = serde_json::json!({"admin": {"action": "detector_mode", "detector": "nope",
+        "request": {"mode": "hard"}}});
+    assert!(o.replay(&bad).is_err());
+}

@@ -108,7 +108,11 @@ pub(super) fn open_state(
         "state restored"
     );
     let client_keys = client_keys(&store, &held.client_keys)?;
-    let overrides = kept_overrides(&store, held.runtime_policy.as_ref())?;
+    let overrides = kept_overrides(
+        &store,
+        held.runtime_policy.as_ref(),
+        &restored.policy_records,
+    )?;
     let (circuits, dispatched) = (held.circuits.clone(), held.dispatched.clone());
     store.replace(Snapshot {
         ledger: None,
@@ -140,19 +144,28 @@ pub(super) fn open_state(
 
 /// The runtime policy switches the store kept. Fail closed: a switch that does not read could
 /// have made a detector stricter, so the start stops.
+/// Then the switches recorded after the store's point (a crash between a switch's record and
+/// its store write): the ledger has them, so they apply.
 fn kept_overrides(
     store: &StateStore,
     kept: Option<&serde_json::Value>,
+    after: &[serde_json::Value],
 ) -> Result<crate::policy::Overrides, StartError> {
-    let Some(v) = kept else {
-        return Ok(crate::policy::Overrides::default());
+    let mut overrides = match kept {
+        None => crate::policy::Overrides::default(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            StartError::State(crate::state::StateError::Corrupt {
+                path: store.path().to_owned(),
+                reason: format!("its runtime_policy does not read ({e}); move the file aside knowing its state is lost"),
+            })
+        })?,
     };
-    serde_json::from_value(v.clone()).map_err(|e| {
-        StartError::State(crate::state::StateError::Corrupt {
-            path: store.path().to_owned(),
-            reason: format!("its runtime_policy does not read ({e}); move the file aside knowing its state is lost"),
-        })
-    })
+    for rec in after {
+        if let Err(why) = overrides.replay(rec) {
+            tracing::warn!(seq = %rec["seq"], reason = %why, "a policy switch record does not read; skipped");
+        }
+    }
+    Ok(overrides)
 }
 
 /// The per-scope limits, with the keys' counts the state store kept (their minute goes on

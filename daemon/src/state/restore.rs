@@ -67,6 +67,9 @@ pub struct Restored {
     /// The records after the point that state an incident label, in order (empty on a
     /// mismatch).
     pub label_records: Vec<Value>,
+    /// The records after the point that state an applied runtime policy switch (`haltctl
+    /// detector mode`, `haltctl profile set`), in order (empty on a mismatch).
+    pub policy_records: Vec<Value>,
 }
 
 /// Whether `rec` states a dispatched call (a turn record with a call that needs
@@ -87,12 +90,20 @@ pub fn states_label(rec: &Value) -> bool {
         && rec.pointer("/admin/status").is_some_and(|s| s == 200)
 }
 
+/// Whether `rec` is the `admin` record of an applied policy switch.
+pub fn states_policy(rec: &Value) -> bool {
+    rec.pointer("/admin/action")
+        .is_some_and(|a| a == "detector_mode" || a == "profile")
+        && rec.pointer("/admin/status").is_some_and(|s| s == 200)
+}
+
 fn mismatch(why: String) -> Result<Restored, StateError> {
     Ok(Restored {
         verdict: Verdict::Mismatch(why),
         scopes: Vec::new(),
         dispatched_records: Vec::new(),
         label_records: Vec::new(),
+        policy_records: Vec::new(),
     })
 }
 
@@ -116,6 +127,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
     let (mut found, mut first_change, mut replayed) = (held.ledger.is_none(), None, 0);
     let mut whole_chain = None;
     let (mut dispatched_records, mut label_records) = (Vec::new(), Vec::new());
+    let mut policy_records = Vec::new();
     for_each_record(ledger, |seq, rec| {
         whole_chain.get_or_insert(seq == 0 && rec.get("segment").is_none_or(Value::is_null));
         let change = rec.get("mode_change");
@@ -124,6 +136,9 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         }
         if found && states_label(rec) {
             label_records.push(rec.clone());
+        }
+        if found && states_policy(rec) {
+            policy_records.push(rec.clone());
         }
         if found {
             if let Some(ch) = change {
@@ -145,6 +160,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
                 scopes: Vec::new(),
                 dispatched_records,
                 label_records,
+                policy_records,
             });
         };
         if whole_chain != Some(true) {
@@ -158,6 +174,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
             scopes: scopes.into_values().collect(),
             dispatched_records,
             label_records,
+            policy_records,
         });
     };
     if !found {
@@ -173,6 +190,7 @@ pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restore
         scopes: scopes.into_values().collect(),
         dispatched_records,
         label_records,
+        policy_records,
     })
 }
 

@@ -233,16 +233,29 @@ fn listed_hard(rig: &Rig) -> Result<()> {
     Ok(())
 }
 
-/// The switch is kept: a new haltd on the same state directory starts with it.
-fn kept_after_restart(rig: &mut Rig) -> Result<()> {
-    rig.haltd.stop()?;
-    let _old = restart(rig)?;
+/// Whether the default route's surprise detector runs hard, as `GET /admin/policy` says.
+fn surprise_is_hard(rig: &Rig, after: &str) -> Result<()> {
     let policy = rig.get_admin("/admin/policy")?;
     let mode = policy["routes"][0]["detectors"]
         .as_array()
         .and_then(|d| d.iter().find(|d| d["name"] == "surprise"))
         .map(|d| d["mode"].clone());
-    ensure!(mode == Some("hard".into()), "{policy}");
+    ensure!(mode == Some("hard".into()), "after {after}: {policy}");
+    Ok(())
+}
+
+/// The switch is kept: a new haltd on the same state directory starts with it; and one
+/// whose state store is gone replays it from the ledger.
+fn kept_after_restart(rig: &mut Rig) -> Result<()> {
+    rig.haltd.stop()?;
+    let _old = restart(rig)?;
+    surprise_is_hard(rig, "a restart")?;
+    rig.haltd.stop()?;
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(rig.haltd.state_dir.join(f));
+    }
+    let _older = restart(rig)?;
+    surprise_is_hard(rig, "a start without its state store")?;
     let o = rig.stream(
         "/v1/chat/completions",
         &surprising("scripted", true),

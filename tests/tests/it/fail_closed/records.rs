@@ -131,10 +131,15 @@ fn each_record_kind_says_what_the_test_did() -> Result<()> {
     Ok(())
 }
 
-/// The degraded scope of the turn: the harness's tenant header names it (`tests/src/daemon.rs`).
+/// The degraded scope of the turn: the harness's tenant header names it (`tests/src/daemon.rs`);
+/// and the policy it started under: no `[[routes]]`, so the default route of profile `full`.
 fn scope_named(rec: &Value) -> Result<()> {
     let scope = rec["scope"].as_str().unwrap_or_default();
     ensure!(scope.starts_with("header:") && scope.len() == 23, "{rec}");
+    ensure!(
+        rec["route"] == "default" && rec["profile"] == "full",
+        "{rec}"
+    );
     Ok(())
 }
 
@@ -175,6 +180,8 @@ fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> 
         "budget",
         "conversation",
         "scope",
+        "route",
+        "profile",
         "rts_mode",
         "tig_breach",
         "timing_incidents",
@@ -297,6 +304,8 @@ fn check_turn(rec: &Value, o: &StreamOutcome, conv: &str) -> Result<()> {
         "turn_status",
         "conversation",
         "scope",
+        "route",
+        "profile",
         "stream_id",
         "turn_id",
         "rts_mode",
