@@ -174,7 +174,6 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     let (state, mismatch) = restore::open_state(&cfg, &node_secret)?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
-    let circuits = restore::conversation_store(&cfg, &metrics, &state)?;
     let (policy_inputs, policy) = policy_set(&cfg, state.overrides.clone())?;
     let (escalations, escalated) = cfg
         .escalation
@@ -183,6 +182,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         .unzip();
     let shared = Arc::new(HaltCore {
         labels: restore::incident_labels(&metrics, &state),
+        circuits: restore::conversation_store(&cfg, &metrics, &state)?,
         escalations,
         table: StreamTable::new(cfg.args.max_streams),
         gate,
@@ -198,7 +198,6 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         shutting_down: std::sync::atomic::AtomicBool::new(false),
         modes: state.modes,
         state: state.store,
-        circuits,
         policy: arc_swap::ArcSwap::from_pointee(policy),
         policy_inputs: std::sync::Mutex::new(policy_inputs),
         turn_meta: (0..cfg.args.max_streams)

@@ -64,30 +64,12 @@ pub(super) fn open_state(
         restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
     let dispatched_records = std::mem::take(&mut restored.dispatched_records);
     let label_records = std::mem::take(&mut restored.label_records);
-    let (scopes, mismatch) = match restored.verdict {
-        Verdict::Mismatch(why) => {
-            if cfg.args.state_mismatch == OnMismatch::Refuse {
-                return Err(StartError::StateMismatch {
-                    path: store.path().display().to_string(),
-                    why,
-                });
-            }
-            tracing::error!(store = %store.path().display(), reason = %why, "the state store does not match the ledger; --state-mismatch degrade-node: the whole node runs degraded until the operator ends it");
-            // Fail closed: what the store held is kept too.
-            (held.scopes, Some(format!("state store mismatch: {why}")))
-        }
-        Verdict::Matched { replayed } => {
-            if replayed > 0 {
-                tracing::warn!(replayed, "the state store was behind the ledger (a crash between a record and its store write): the ledger's mode changes after it were applied");
-            }
-            (restored.scopes, None)
-        }
-        Verdict::Rebuilt { replayed } => {
-            tracing::warn!(replayed, ledger = %cfg.args.ledger.display(), "no state store: the degraded scopes were rebuilt from the ledger, whose current segment is the whole chain");
-            (restored.scopes, None)
-        }
-        Verdict::New => (restored.scopes, None),
-    };
+    let (scopes, mismatch) = scopes_to_run(
+        cfg,
+        &store,
+        restored.verdict,
+        (held.scopes.clone(), restored.scopes),
+    )?;
     let modes = Modes::new(cfg.args.degraded_scope, cfg.degraded_for);
     let now = (std::time::SystemTime::now(), crate::clock::monotonic_ns());
     modes
@@ -123,7 +105,8 @@ pub(super) fn open_state(
         dispatched: held.dispatched,
         client_keys: held.client_keys,
         key_usage: held.key_usage.clone(),
-        runtime_policy: held.runtime_policy.clone(),
+        // With the switches the ledger replayed.
+        runtime_policy: serde_json::to_value(&overrides).ok(),
         incident_labels: held.incident_labels.clone(),
     });
     let store = Arc::new(store);
@@ -140,6 +123,40 @@ pub(super) fn open_state(
         label_records,
     };
     Ok((opened, mismatch))
+}
+
+/// The degraded scopes to start with, by the store's verdict: what the ledger says, or on a
+/// mismatch (with `--state-mismatch degrade-node`) what the store held, failing closed.
+fn scopes_to_run(
+    cfg: &Config,
+    store: &StateStore,
+    verdict: Verdict,
+    (held, found): (Vec<crate::state::ScopeRow>, Vec<crate::state::ScopeRow>),
+) -> Result<(Vec<crate::state::ScopeRow>, Option<String>), StartError> {
+    Ok(match verdict {
+        Verdict::Mismatch(why) => {
+            if cfg.args.state_mismatch == OnMismatch::Refuse {
+                return Err(StartError::StateMismatch {
+                    path: store.path().display().to_string(),
+                    why,
+                });
+            }
+            tracing::error!(store = %store.path().display(), reason = %why, "the state store does not match the ledger; --state-mismatch degrade-node: the whole node runs degraded until the operator ends it");
+            // Fail closed: what the store held is kept too.
+            (held, Some(format!("state store mismatch: {why}")))
+        }
+        Verdict::Matched { replayed } => {
+            if replayed > 0 {
+                tracing::warn!(replayed, "the state store was behind the ledger (a crash between a record and its store write): the ledger's mode changes after it were applied");
+            }
+            (found, None)
+        }
+        Verdict::Rebuilt { replayed } => {
+            tracing::warn!(replayed, ledger = %cfg.args.ledger.display(), "no state store: the degraded scopes were rebuilt from the ledger, whose current segment is the whole chain");
+            (found, None)
+        }
+        Verdict::New => (found, None),
+    })
 }
 
 /// The runtime policy switches the store kept. Fail closed: a switch that does not read could

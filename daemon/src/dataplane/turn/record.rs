@@ -174,7 +174,6 @@ fn record_detectors(
     let tripped_by = shared.meta(slot).detector_trip.as_ref().map(|(d, _)| *d);
     let judged = turn
         .gov
-        .set
         .judged(tripped_by)
         .map(
             |(detector, mode, findings, tripped)| crate::policy::metrics::Judged {

@@ -131,6 +131,9 @@ fn each_record_kind_says_what_the_test_did() -> Result<()> {
     Ok(())
 }
 
+/// The fields [`scope_named`] checks.
+const SCOPE: [&str; 3] = ["scope", "route", "profile"];
+
 /// The degraded scope of the turn: the harness's tenant header names it (`tests/src/daemon.rs`);
 /// and the policy it started under: no `[[routes]]`, so the default route of profile `full`.
 fn scope_named(rec: &Value) -> Result<()> {
@@ -172,6 +175,7 @@ fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> 
         ensure!(rec[absent].is_null(), "{absent} in an incident: {rec}");
     }
     let mut checked = CHAIN.to_vec();
+    checked.extend(SCOPE);
     checked.extend([
         "stream_id",
         "turn_id",
@@ -179,9 +183,6 @@ fn check_incident(rec: &Value, o: &StreamOutcome, cause: &Value, conv: &str) -> 
         "runtime_mode",
         "budget",
         "conversation",
-        "scope",
-        "route",
-        "profile",
         "rts_mode",
         "tig_breach",
         "timing_incidents",
@@ -299,13 +300,11 @@ fn check_turn(rec: &Value, o: &StreamOutcome, conv: &str) -> Result<()> {
     ensure!(evidence("completed").as_deref() == Some("false"), "{rec}");
     check_turn_halt(rec, o)?;
     let mut checked = CHAIN.to_vec();
+    checked.extend(SCOPE);
     checked.extend([
         "outcome",
         "turn_status",
         "conversation",
-        "scope",
-        "route",
-        "profile",
         "stream_id",
         "turn_id",
         "rts_mode",
