@@ -166,6 +166,47 @@ fn routes_take_their_turns_and_every_record_names_them() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn a_route_on_a_key_id_takes_that_keys_turns_after_a_reload() -> Result<()> {
+    let mut rig = Rig::with_config(UPSTREAM_BIN, SURPRISE, &[])?;
+    let (key, other) = (sse::fresh_key(), sse::fresh_key());
+    // Without a key store the key id is the credential's fingerprint, as records show it.
+    let id = rig.haltd.key_fingerprint(&key)?;
+    let file = rig
+        .config_dir
+        .as_ref()
+        .context("config dir")?
+        .join("haltd.toml");
+    std::fs::write(
+        &file,
+        format!("{SURPRISE}\n[[routes]]\nname = \"tenant\"\nkey_id = \"{id}\"\nbudget = 1\n"),
+    )?;
+    let message = crate::reload::hangup(&mut rig.haltd, 1)?;
+    ensure!(
+        message.contains("routes tenant, default under profile full"),
+        "{message}"
+    );
+    for (auth, route, b) in [(&key, "tenant", 1), (&other, "default", 5)] {
+        // A breach observed: the turn is always recorded.
+        let o = rig.stream(
+            "/v1/chat/completions",
+            &surprising("scripted", true),
+            Some(auth),
+            |_, _| {},
+        )?;
+        let turn = rig.turn_record(&o.stream_id)?;
+        ensure!(
+            turn["route"] == route && turn["budget"] == b,
+            "{auth}: {turn}"
+        );
+        ensure!(
+            route != "tenant" || turn["conversation"] == id.as_str(),
+            "{turn}"
+        );
+    }
+    Ok(())
+}
+
 /// haltd again on `rig`'s ledger and state directory, with its config file.
 fn restart(rig: &mut Rig) -> Result<Haltd> {
     let config = rig
