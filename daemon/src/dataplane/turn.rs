@@ -170,7 +170,9 @@ pub(in crate::dataplane) struct Turn {
     pub(in crate::dataplane) identity_before: Option<safety::ModelIdentity>,
     pub(in crate::dataplane) identity_after: Option<safety::ModelIdentity>,
     /// SafetyCheck's verdict, once judged.
-    pub(in crate::dataplane) safety: Option<Value>,
+    /// In a cell so that the turn's record, built from `&Turn`, takes it instead of cloning it
+    /// (the verdict with its inputs is the largest value a record carries).
+    pub(in crate::dataplane) safety: std::cell::RefCell<Option<Value>>,
     pub(in crate::dataplane) enc: ChunkEncoder,
     /// Bytes of completion text so far (for `text_offset`).
     pub(in crate::dataplane) text_len: usize,
@@ -234,7 +236,7 @@ impl Turn {
             request_urls: BTreeSet::new(),
             identity_before: None,
             identity_after: None,
-            safety: None,
+            safety: std::cell::RefCell::new(None),
             enc,
             text_len: 0,
             held_text: String::new(),

@@ -251,7 +251,7 @@ impl Step<'_> {
         crate::progress::running(Check::None);
         let upheld = verdict.upheld;
         let violated: Vec<String> = verdict.violated_boundaries.iter().cloned().collect();
-        turn.safety = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
+        *turn.safety.get_mut() = Some(serde_json::to_value(&verdict).unwrap_or(Value::Null));
         if !upheld && turn.detectors.cfg.safety.mode == SafetyMode::Enforce {
             return self
                 .detector_trip(Trip {

@@ -202,8 +202,10 @@ fn record_detectors(
     // The timing findings of the turn (observe-mode ones too), then WATCHDOG_TRIP if halted.
     rec.timing_incidents = turn.gov.set.timing_now().incidents_field(rec.watchdog_trip);
     rec.detectors = Some(detectors);
-    rec.safety_verdict = Some(match &turn.safety {
-        Some(v) => v.clone(),
+    // Taken: a turn is recorded once (`Turn::recorded`).
+    let judged = turn.safety.borrow_mut().take();
+    rec.safety_verdict = Some(match judged {
+        Some(v) => v,
         // Not judged at a clean end: judge what the turn did (its halt, if any, ended
         // with the typed terminal event).
         None => {
