@@ -15,8 +15,10 @@ use hyper::Method;
 use serde_json::Value;
 
 mod ledger;
+mod policy;
 
 use ledger::{ledger, LedgerCommand};
+use policy::{detector_call, profile_call, DetectorCommand, ProfileCommand};
 
 #[derive(Parser)]
 #[command(name = "haltctl", version = haltd::build_info::LONG_VERSION, about = "Operate a running haltd")]
@@ -189,33 +191,6 @@ enum Command {
     /// Write the man pages (one per command) into DIR (packaging runs it).
     #[command(hide = true)]
     Man { dir: PathBuf },
-}
-
-#[derive(Subcommand)]
-enum DetectorCommand {
-    /// Each route's detectors: mode, turns judged, findings and trips in that mode.
-    List,
-    /// Switch a detector for new turns (open streams keep their mode); recorded in the
-    /// ledger with your identity and kept across a restart.
-    Mode {
-        /// The detector (halt_monitor, surprise, compute_budget, latency_anomaly, exfil).
-        name: String,
-        #[arg(value_parser = ["observe", "hard"])]
-        mode: String,
-        /// Only this route (`[[routes]]`'s name, or `default`); without it, every route.
-        #[arg(long)]
-        route: Option<String>,
-    },
-}
-
-#[derive(Subcommand)]
-enum ProfileCommand {
-    /// Switch the profile for new turns; recorded in the ledger with your identity and kept
-    /// across a restart.
-    Set {
-        #[arg(value_parser = ["full", "mkp"])]
-        profile: String,
-    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -459,24 +434,6 @@ fn key_call(ctx: &Ctx, command: &KeyCommand) -> ExitCode {
     }
 }
 
-/// `haltctl detector list|mode`.
-fn detector_call(ctx: &Ctx, command: &DetectorCommand) -> ExitCode {
-    match command {
-        DetectorCommand::List => admin_call(
-            ctx,
-            (Method::GET, "/admin/policy"),
-            None,
-            haltd::ctl::policy::render_list,
-        ),
-        DetectorCommand::Mode { name, mode, route } => admin_call(
-            ctx,
-            (Method::POST, &format!("/admin/detectors/{name}/mode")),
-            Some(serde_json::json!({ "mode": mode, "route": route })),
-            haltd::ctl::policy::render_mode,
-        ),
-    }
-}
-
 /// `haltctl reconcile [REF --outcome O] [--all]`.
 fn reconcile(ctx: &Ctx, reference: Option<&str>, outcome: Option<&str>, all: bool) -> ExitCode {
     let render = if reference.is_some() {
@@ -708,17 +665,6 @@ fn completions(shell: haltd::cli_docs::Shell) -> ExitCode {
     haltd::cli_docs::write_completions(&mut cmd, shell, &mut text);
     out::write(&String::from_utf8_lossy(&text));
     ExitCode::SUCCESS
-}
-
-/// `haltctl profile set P`.
-fn profile_call(ctx: &Ctx, command: &ProfileCommand) -> ExitCode {
-    let ProfileCommand::Set { profile } = command;
-    admin_call(
-        ctx,
-        (Method::POST, "/admin/profile"),
-        Some(serde_json::json!({ "profile": profile })),
-        haltd::ctl::policy::render_profile,
-    )
 }
 
 fn man(dir: &Path) -> ExitCode {
