@@ -70,6 +70,7 @@ fn late_fields_are_absent_when_unset() {
         "text",
         "text_truncated",
         "crash",
+        "handover",
     ] {
         assert!(!line.contains(&format!("\"{key}\":")), "{key} in {line}");
     }
