@@ -347,12 +347,29 @@ impl Ledger {
     /// Appends a record and waits until it is written (and fsync'd when the ledger fsyncs);
     /// returns its `seq`. Everything queued before it is then on disk too.
     pub fn append_sync(&self, rec: Record) -> Result<u64, LedgerError> {
+        self.append_waiting(rec, Ack::Sync)
+    }
+
+    /// [`Ledger::append_sync`], answered with the record's seq and hash: for a record another
+    /// segment links to, such as the old process's hand-over record (issue 38: its `handover`
+    /// field, set by the caller, names the successor; the successor opens its segment with
+    /// [`Ledger::open_linked`] on this `Written`).
+    pub fn append_sync_written(&self, rec: Record) -> Result<Written, LedgerError> {
+        self.append_waiting(rec, Ack::SyncWritten)
+    }
+
+    /// Queues `rec` and waits for the writer's answer on the channel `ack` wraps.
+    fn append_waiting<T>(
+        &self,
+        rec: Record,
+        ack: impl FnOnce(SyncSender<Result<T, LedgerError>>) -> Ack,
+    ) -> Result<T, LedgerError> {
         self.inner.shared.check_failed()?;
         rec.validate()?;
-        let (ack, done) = mpsc::sync_channel(1);
+        let (tx, done) = mpsc::sync_channel(1);
         let cmd = Cmd::Append {
             rec: Box::new(rec),
-            ack: Ack::Sync(ack),
+            ack: ack(tx),
         };
         self.sender()?.send(cmd).map_err(|_| self.gone())?;
         done.recv().map_err(|_| self.gone())?
