@@ -25,7 +25,12 @@
 //!    the operator re-anchors the chain on purpose, recorded in it ([`Ledger::reanchor`]);
 //! 3. rotation ([`Ledger::reopen`]) starts a new segment whose first record links to the
 //!    previous head; [`verify_series`] checks a series of segments;
-//! 4. `--ledger-no-fsync` skips both fsyncs: the guarantees above hold only while the
+//! 4. hand-over (`ledger/handover.rs`, issue 38): a new process takes over from a running one,
+//!    each with its own file. The old one writes a hand-over record
+//!    ([`Ledger::append_sync_written`]) and drains into its own file; the new one opens a fresh
+//!    segment linked to that record ([`Ledger::open_linked`]): a fork of the chain, which
+//!    [`verify_series`] accepts at a hand-over record only;
+//! 5. `--ledger-no-fsync` skips both fsyncs: the guarantees above hold only while the
 //!    kernel's page cache survives, which haltd says at start and in every record (`no_fsync`).
 //!
 //! Durability (G7): a single writer thread owns the file. [`Ledger::append`] only queues (for
@@ -50,6 +55,7 @@ use std::thread::JoinHandle;
 use crate::clock::rfc3339_now;
 
 mod error;
+mod handover;
 pub mod head;
 mod key;
 pub mod metrics;
@@ -60,6 +66,7 @@ mod verify;
 mod writer;
 
 pub use error::{LedgerError, TAMPERED_EXIT_CODE};
+pub use handover::SegmentLink;
 pub use head::Head;
 pub use reanchor::{Anchor, Reanchored};
 
@@ -73,8 +80,8 @@ pub use key::{LedgerKey, KEY_FILE};
 pub use record::{Record, RecordKind, GENESIS_HASH};
 use verify::scan;
 pub use verify::{
-    first_key_ids, parse_line, verify, verify_series, ChainBreak, HeadMatch, LineFault,
-    VerifyReport,
+    first_key_ids, parse_line, verify, verify_series, ChainBreak, HandoverLink, HeadMatch,
+    LineFault, VerifyReport,
 };
 use writer::{Ack, Cmd, Writer};
 
@@ -347,12 +354,29 @@ impl Ledger {
     /// Appends a record and waits until it is written (and fsync'd when the ledger fsyncs);
     /// returns its `seq`. Everything queued before it is then on disk too.
     pub fn append_sync(&self, rec: Record) -> Result<u64, LedgerError> {
+        self.append_waiting(rec, Ack::Sync)
+    }
+
+    /// [`Ledger::append_sync`], answered with the record's seq and hash: for a record another
+    /// segment links to, such as the old process's hand-over record (issue 38: its `handover`
+    /// field, set by the caller, names the successor; the successor opens its segment with
+    /// [`Ledger::open_linked`] on this `Written`).
+    pub fn append_sync_written(&self, rec: Record) -> Result<Written, LedgerError> {
+        self.append_waiting(rec, Ack::SyncWritten)
+    }
+
+    /// Queues `rec` and waits for the writer's answer on the channel `ack` wraps.
+    fn append_waiting<T>(
+        &self,
+        rec: Record,
+        ack: impl FnOnce(SyncSender<Result<T, LedgerError>>) -> Ack,
+    ) -> Result<T, LedgerError> {
         self.inner.shared.check_failed()?;
         rec.validate()?;
-        let (ack, done) = mpsc::sync_channel(1);
+        let (tx, done) = mpsc::sync_channel(1);
         let cmd = Cmd::Append {
             rec: Box::new(rec),
-            ack: Ack::Sync(ack),
+            ack: ack(tx),
         };
         self.sender()?.send(cmd).map_err(|_| self.gone())?;
         done.recv().map_err(|_| self.gone())?
@@ -608,14 +632,26 @@ pub(crate) mod testing {
     }
 
     pub(crate) fn open(path: &Path, fsync: bool) -> Result<Ledger, LedgerError> {
-        Ledger::open(&LedgerConfig {
+        Ledger::open(&cfg(path, &state_dir(path), fsync))
+    }
+
+    /// Opens `path` as a hand-over segment continuing `link`.
+    pub(crate) fn open_linked(
+        path: &Path,
+        link: &SegmentLink,
+    ) -> Result<(Ledger, Written), LedgerError> {
+        Ledger::open_linked(&cfg(path, &state_dir(path), true), link)
+    }
+
+    fn cfg<'a>(path: &'a Path, state_dir: &'a Path, fsync: bool) -> LedgerConfig<'a> {
+        LedgerConfig {
             path,
-            state_dir: &state_dir(path),
+            state_dir,
             fsync,
             kernel_gate: "enforcing",
             slow_write: None,
             fail_writes_from: None,
-        })
+        }
     }
 
     pub(crate) fn key(path: &Path) -> LedgerKey {

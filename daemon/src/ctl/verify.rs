@@ -9,12 +9,16 @@
 //! | 2 | `cannot_check` | an I/O error, no ledger key, or a `--head` file that does not read |
 //! | 3 | `key_mismatch` | a segment was written under another ledger key: the wrong `--state-dir` |
 //! | 4 | `end_not_checkable` | the chain is intact but there is no head to check its end against |
+//!
+//! A series may hold hand-over links (issue 38: a segment that continues the previous one from
+//! its hand-over record while that one went on, its drain): one line each, and the old
+//! segment's end is checked against its own head when the state directory has it.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::ledger::{self, head, Head, LedgerKey, VerifyReport};
+use crate::ledger::{self, head, HandoverLink, Head, HeadMatch, LedgerKey, VerifyReport};
 
 /// The answer of a check, and its exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -58,6 +62,9 @@ pub struct Outcome {
     pub exit_code: u8,
     pub message: String,
     pub records: Option<u64>,
+    /// The hand-over links between segments.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handovers: Vec<HandoverLink>,
 }
 
 impl Outcome {
@@ -67,6 +74,7 @@ impl Outcome {
             exit_code: verdict.exit_code(),
             message,
             records: report.map(|r| r.records),
+            handovers: report.map(|r| r.handovers.clone()).unwrap_or_default(),
         }
     }
 }
@@ -99,14 +107,28 @@ pub fn run(req: &VerifyRequest<'_>) -> Outcome {
         Ok(r) => r,
         Err(e) => return cannot(e.to_string()),
     };
+    let handovers = match handover_lines(req, &key, &report) {
+        Ok(lines) => lines,
+        Err(lines) => {
+            return Outcome::new(Verdict::Broken, format!("{report}{lines}"), Some(&report))
+        }
+    };
     if !report.is_intact() {
-        return Outcome::new(Verdict::Broken, report.to_string(), Some(&report));
+        return Outcome::new(
+            Verdict::Broken,
+            format!("{report}{handovers}"),
+            Some(&report),
+        );
     }
     match (head.is_some(), req.no_end_check) {
-        (true, _) => Outcome::new(Verdict::Intact, report.to_string(), Some(&report)),
+        (true, _) => Outcome::new(
+            Verdict::Intact,
+            format!("{report}{handovers}"),
+            Some(&report),
+        ),
         (false, true) => Outcome::new(
             Verdict::Intact,
-            format!("{report}; its end was not checked (--no-end-check)"),
+            format!("{report}; its end was not checked (--no-end-check){handovers}"),
             Some(&report),
         ),
         (false, false) => Outcome::new(
@@ -115,7 +137,7 @@ pub fn run(req: &VerifyRequest<'_>) -> Outcome {
                 "{report}, but its end cannot be checked: there is no head for {} in {} (a copy \
                  of a ledger has none), so records cut off its end would go unnoticed. Give \
                  --head FILE (the ledger-<id>.head haltd keeps in its state directory), or \
-                 --no-end-check to accept that",
+                 --no-end-check to accept that{handovers}",
                 last.display(),
                 req.state_dir.display()
             ),
@@ -158,3 +180,68 @@ fn end_head(req: &VerifyRequest<'_>, last: &Path, key: &LedgerKey) -> Result<Opt
             .map_err(|e| format!("the head of {}: {e}", last.display())),
     }
 }
+
+/// A line (each after a newline) per hand-over link of the series, each saying where the old
+/// segment ended and whether that is where its own head says; `Err` with the lines up to an old
+/// segment that does not end at its head, and a last line saying so.
+fn handover_lines(
+    req: &VerifyRequest<'_>,
+    key: &LedgerKey,
+    report: &VerifyReport,
+) -> Result<String, String> {
+    let mut out = String::new();
+    for link in &report.handovers {
+        let (new, old) = (&req.paths[link.segment], &req.paths[link.segment - 1]);
+        let went_on = if link.old_segment_last_seq > link.from_seq {
+            format!("went on to seq {} (its drain)", link.old_segment_last_seq)
+        } else {
+            "ended there".to_owned()
+        };
+        let (end, broken) = own_end(req.state_dir, old, key);
+        out.push_str(&format!(
+            "\nsegment {} continues {} from its hand-over record seq {}; {} {went_on}{end}",
+            new.display(),
+            old.display(),
+            link.from_seq,
+            old.display()
+        ));
+        if let Some(reason) = broken {
+            out.push_str(&format!(
+                "\nBROKEN: {} does not end at its own head: {reason}",
+                old.display()
+            ));
+            return Err(out);
+        }
+    }
+    Ok(out)
+}
+
+/// The end of `old`, a segment a hand-over forked from, against its own head in `state_dir`:
+/// what to say of it, and the reason when it does not end there.
+fn own_end(state_dir: &Path, old: &Path, key: &LedgerKey) -> (String, Option<String>) {
+    let head = match head::read_head(state_dir, old, key) {
+        Ok(Some(h)) => h,
+        Ok(None) => {
+            let m = format!(
+                ", its end not checked (no head for it in {})",
+                state_dir.display()
+            );
+            return (m, None);
+        }
+        Err(e) => return (format!(", its end not checked (its head: {e})"), None),
+    };
+    match ledger::verify(old, key, Some(&head)) {
+        Ok(r) => match (r.broken, r.head) {
+            (Some(b), _) => (String::new(), Some(b.reason)),
+            (None, Some(HeadMatch::AheadByOne)) => (
+                ", one record past its own head (a crash before the head was written)".to_owned(),
+                None,
+            ),
+            (None, _) => (", where its own head says".to_owned(), None),
+        },
+        Err(e) => (format!(", its end not checked ({e})"), None),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -57,6 +57,8 @@ pub enum LedgerError {
         state_dir: PathBuf,
         records: u64,
     },
+    #[error("ledger {}: cannot open it as a hand-over segment: {reason}", path.display())]
+    Handover { path: PathBuf, reason: String },
     #[error("ledger {}: not re-anchored: {reason}", path.display())]
     NotReanchored { path: PathBuf, reason: String },
     #[error(

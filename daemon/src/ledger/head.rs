@@ -166,6 +166,43 @@ impl HeadFile {
     }
 }
 
+/// Re-keys the head of the ledger file `from` for its new path `to` (a hand-over moved the file
+/// aside: [`super::Ledger::open_linked`]): the head `from` holds, MAC'd for the id of `to`, in
+/// a new head file (one that exists is refused, `AlreadyExists`), fsync'd when `sync`. Returns
+/// that head; `None`, with nothing written, when `from` has no valid head. The head file of
+/// `from` stays: the caller removes it once the ledger file has moved.
+pub fn rekey(
+    state_dir: &Path,
+    from: &Path,
+    to: &Path,
+    key: &LedgerKey,
+    sync: bool,
+) -> io::Result<Option<Head>> {
+    let Some(head) = read_head(state_dir, from, key)? else {
+        return Ok(None);
+    };
+    let (path, id) = head_path(state_dir, to)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    let mut hf = HeadFile {
+        file,
+        path,
+        id,
+        key: key.clone(),
+        gen: 0,
+        new: true,
+    };
+    if let Err(e) = hf.write(&head, sync) {
+        let _ = std::fs::remove_file(&hf.path);
+        return Err(e);
+    }
+    Ok(Some(head))
+}
+
 /// Reads the head of `ledger` without creating anything (`haltctl ledger verify`): `None` when
 /// there is no head file or no valid slot in it.
 pub fn read_head(state_dir: &Path, ledger: &Path, key: &LedgerKey) -> io::Result<Option<Head>> {

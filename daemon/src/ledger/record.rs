@@ -156,6 +156,14 @@ pub struct Record {
     /// chained under ([`LedgerKey::id`]), so that a check with the wrong key says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_key_id: Option<String>,
+    /// A hand-over between two haltd processes, each writing its own segment (issue 38;
+    /// docs/fhr-schema.md §3, "Hand-over"). On the old process's hand-over record, what the
+    /// caller says of its successor, e.g. `{"to_pid": 123, "to_segment": "/x/ledger-green.jsonl"}`
+    /// (no `from_seq`); on the first record of the successor's segment, which the ledger writes
+    /// itself ([`crate::ledger::Ledger::open_linked`]): `{"from_pid", "from_segment", "from_seq"}`,
+    /// the record of the old segment it continues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<serde_json::Value>,
 }
 
 impl Default for Record {
@@ -213,6 +221,7 @@ impl Default for Record {
             tool_circuit: None,
             grounding: None,
             ledger_key_id: None,
+            handover: None,
         }
     }
 }
@@ -230,6 +239,21 @@ impl Record {
         }
         .map_err(|source| LedgerError::Serialize { source })?;
         Ok(key.mac_hex(&[&canonical]))
+    }
+
+    /// The first record of a segment that continues another process's segment after a
+    /// hand-over: the `seq` of the old segment's hand-over record it links to
+    /// (`handover.from_seq`).
+    pub fn handover_from_seq(&self) -> Option<u64> {
+        self.handover.as_ref()?.get("from_seq")?.as_u64()
+    }
+
+    /// An old process's hand-over record: a `handover` field that names no `from_seq` (the
+    /// point a successor's segment may fork from).
+    pub fn is_handover_record(&self) -> bool {
+        self.handover
+            .as_ref()
+            .is_some_and(|h| h.get("from_seq").is_none())
     }
 
     /// Rejects records whose enumerated string fields hold something else.
@@ -255,5 +279,50 @@ impl Record {
             one_of("mode", mode, &["stream", "batch"])?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before `handover` existed, as the writer wrote it (key `[7; 32]`).
+    const OLD_LINE: &str = r#"{"seq":41,"prev_hash":"abababababababababababababababababababababababababababababababab","hash":"5aea32e1308d3d1e7a90d3e5662c326f82ccf21690d201ea1084640f2d207d71","kind":"lifecycle","ts":"2026-01-01T00:00:00.000Z","turn_id":null,"stream_id":null,"mode":null,"rts_mode":"normal","runtime_mode":"full","latency_bucket":null,"tig_breach":false,"watchdog_trip":false,"timing_incidents":[],"failure_codes":[],"trip_cause":null,"trip_token_index":null,"halt_tokens_post_trip":null,"halt_latency_ms":null,"tokens_emitted":0,"detector_refs":[],"safety_verdict":null,"kernel_gate":"enforcing","budget":8,"outcome":null,"halted_by":null,"started_at":null,"ended_at":null,"kernel":null,"message":"haltd stopping","segment":{"continues_hash":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","continues_seq":40},"no_fsync":true,"ledger_key_id":"0123456789abcdef"}"#;
+
+    /// Fields added later (`handover` the latest) leave a record that does not set them
+    /// serialised, and so hashed, exactly as before them.
+    #[test]
+    fn an_old_record_hashes_as_it_did() {
+        let key = LedgerKey::from_bytes([7; 32]);
+        let old: Record = serde_json::from_str(OLD_LINE).expect("an old record parses");
+        assert_eq!(old.handover, None);
+        assert_eq!(serde_json::to_string(&old).expect("json"), OLD_LINE);
+        assert_eq!(old.compute_hash(&key).expect("hash"), old.hash);
+        let built = Record {
+            seq: 41,
+            prev_hash: "ab".repeat(32),
+            kind: RecordKind::Lifecycle,
+            ts: "2026-01-01T00:00:00.000Z".to_owned(),
+            kernel_gate: "enforcing".to_owned(),
+            budget: Some(8),
+            message: Some("haltd stopping".to_owned()),
+            segment: Some(
+                serde_json::json!({"continues_seq": 40, "continues_hash": "cd".repeat(32)}),
+            ),
+            no_fsync: Some(true),
+            ledger_key_id: Some("0123456789abcdef".to_owned()),
+            ..Record::default()
+        };
+        assert_eq!(built.compute_hash(&key).expect("hash"), old.hash);
+        // Set, it comes last, and is hashed.
+        let handed = Record {
+            handover: Some(serde_json::json!({"to_pid": 7})),
+            ..built
+        };
+        let line = serde_json::to_string(&handed).expect("json");
+        assert!(line.ends_with(r#","handover":{"to_pid":7}}"#), "{line}");
+        assert_ne!(handed.compute_hash(&key).expect("hash"), old.hash);
+        assert!(handed.is_handover_record());
+        assert_eq!(handed.handover_from_seq(), None);
     }
 }

@@ -70,6 +70,7 @@ fn late_fields_are_absent_when_unset() {
         "text",
         "text_truncated",
         "crash",
+        "handover",
     ] {
         assert!(!line.contains(&format!("\"{key}\":")), "{key} in {line}");
     }
@@ -147,8 +148,11 @@ fn fsync_path_and_append_sync_seq() {
     assert_eq!(l.append_sync(rec(0)).expect("sync"), 0);
     l.append(rec(1)).expect("append");
     assert_eq!(l.append_sync(rec(2)).expect("sync"), 2);
+    let w = l.append_sync_written(rec(3)).expect("sync, with the hash");
+    let on_disk: Record = serde_json::from_str(&lines(&path)[3]).expect("record");
+    assert_eq!((w.seq, w.hash), (3, on_disk.hash));
     l.flush().expect("flush");
-    assert_eq!(l.records_written(), 3);
+    assert_eq!(l.records_written(), 4);
     assert!(verify(&path).is_intact());
 }
 

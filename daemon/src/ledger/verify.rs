@@ -4,6 +4,9 @@
 //! [`parse_line`] is the pure check of one line (JSON, canonical layout, MAC): what the
 //! fuzzer drives. [`scan`] adds the links between lines (`seq` contiguous, `prev_hash` the
 //! previous `hash`) and tells a torn last line (no newline: a crash mid-write) from a break.
+//! [`verify_series`] adds the links between segments: a rotation's, which continues the
+//! previous segment's last record, and a hand-over's, which forks from the previous segment's
+//! hand-over record while that segment goes on (its drain).
 
 use std::{
     fmt,
@@ -11,6 +14,8 @@ use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
 };
+
+use serde::Serialize;
 
 use crate::ledger::{
     error::{fmt_seq, LedgerError},
@@ -42,6 +47,21 @@ pub struct VerifyReport {
     pub torn_tail: u64,
     /// How the end of the chain compares with the head (`None`: no head was given).
     pub head: Option<HeadMatch>,
+    /// The hand-over links found between segments, in order.
+    pub handovers: Vec<HandoverLink>,
+}
+
+/// A segment that continues the previous one from its hand-over record, while the previous one
+/// went on past it (the old process's drain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HandoverLink {
+    /// The segment that continues: its index in the series, 0-based (the old one is the one
+    /// before it).
+    pub segment: usize,
+    /// The `seq` of the old segment's hand-over record, which the segment continues.
+    pub from_seq: u64,
+    /// The old segment's last `seq`: `from_seq`, or past it by its drain.
+    pub old_segment_last_seq: u64,
 }
 
 /// The end of the chain against the head kept outside the file.
@@ -128,8 +148,9 @@ pub fn verify(
 }
 
 /// Checks a series of segments, oldest first: each chain, each segment's first record linked
-/// to the previous segment's last, and the end against `head`. I/O errors are errors; a broken
-/// chain is a report with `broken` set.
+/// to the previous segment's last (rotation) or to its hand-over record (a hand-over:
+/// [`HandoverLink`]), and the end against `head`. I/O errors are errors; a broken chain is a
+/// report with `broken` set.
 pub fn verify_series(
     paths: &[PathBuf],
     key: &LedgerKey,
@@ -140,20 +161,45 @@ pub fn verify_series(
         broken: None,
         torn_tail: 0,
         head: None,
+        handovers: Vec::new(),
     };
-    let mut at: Option<Head> = None;
-    let mut last = None;
+    let mut last: Option<Scan> = None;
     for (i, path) in paths.iter().enumerate() {
-        let file = File::open(path).map_err(|source| LedgerError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let s = scan(path, BufReader::new(file), key, at.as_ref())?;
-        report.records += s.records;
         let in_series = |mut b: ChainBreak| {
             b.path = (paths.len() > 1).then(|| path.clone());
             b
         };
+        let start = match &last {
+            None => None,
+            Some(prev) => match handover_start(path, key)? {
+                None => Some(prev.end()),
+                Some(first) => match handover_link(i, prev, &first) {
+                    Ok(link) => {
+                        report.handovers.push(link);
+                        Some(Head {
+                            next_seq: first.seq,
+                            hash: first.prev_hash,
+                        })
+                    }
+                    Err(reason) => {
+                        let b = ChainBreak {
+                            path: None,
+                            line: 1,
+                            seq: Some(first.seq),
+                            reason,
+                        };
+                        report.broken = Some(in_series(b));
+                        return Ok(report);
+                    }
+                },
+            },
+        };
+        let file = File::open(path).map_err(|source| LedgerError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let s = scan(path, BufReader::new(file), key, start.as_ref())?;
+        report.records += s.records;
         if let Some(b) = s.broken {
             report.broken = Some(in_series(b));
             return Ok(report);
@@ -169,7 +215,6 @@ pub fn verify_series(
             return Ok(report);
         }
         report.torn_tail = s.torn;
-        at = Some(s.end());
         last = Some(s);
     }
     if let (Some(h), Some(s)) = (head, last) {
@@ -186,6 +231,71 @@ pub fn verify_series(
         }
     }
     Ok(report)
+}
+
+/// The first record of `path` when it opens a hand-over segment (a `lifecycle` record with
+/// `handover.from_seq`, authentic under `key`); `None` otherwise, also for a first line that
+/// does not parse (the scan reports that).
+fn handover_start(path: &Path, key: &LedgerKey) -> Result<Option<Record>, LedgerError> {
+    let file = File::open(path).map_err(|source| LedgerError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut line = Vec::new();
+    BufReader::new(file)
+        .read_until(b'\n', &mut line)
+        .map_err(|source| LedgerError::Read {
+            path: path.to_owned(),
+            line: 1,
+            source,
+        })?;
+    let Some(line) = line.strip_suffix(b"\n") else {
+        return Ok(None);
+    };
+    Ok(parse_line(line, key)
+        .ok()
+        .filter(|r| r.kind == RecordKind::Lifecycle && r.handover_from_seq().is_some()))
+}
+
+/// Whether `first`, the first record of segment `i`, continues the hand-over record it names
+/// in `prev`, the scan of segment `i - 1`; the reason when it does not.
+fn handover_link(i: usize, prev: &Scan, first: &Record) -> Result<HandoverLink, String> {
+    let from = first.handover_from_seq().unwrap_or_default();
+    let (new, old) = (i + 1, i);
+    if from.checked_add(1) != Some(first.seq) {
+        return Err(format!(
+            "segment {new} names hand-over record {from} of segment {old}, but its first record              has seq {}",
+            first.seq
+        ));
+    }
+    let old_first = prev.next_seq - prev.records;
+    if prev.records == 0 || from < old_first || from >= prev.next_seq {
+        let held = match prev.records {
+            0 => "it holds no record".to_owned(),
+            _ => format!("its records are seq {old_first} to {}", prev.next_seq - 1),
+        };
+        return Err(format!(
+            "segment {new} names hand-over record {from} of segment {old}, which does not hold \
+             it ({held})"
+        ));
+    }
+    match prev.handover_records.iter().find(|(seq, _)| *seq == from) {
+        None => Err(format!(
+            "segment {new} names record {from} of segment {old} as its hand-over record, but \
+             that record carries no `handover` field (no hand-over was made there)"
+        )),
+        Some((_, hash)) if *hash != first.prev_hash => Err(format!(
+            "segment {new} names hand-over record {from} of segment {old}, whose hash differs \
+             ({} there, {} in its prev_hash)",
+            short(hash),
+            short(&first.prev_hash)
+        )),
+        Some(_) => Ok(HandoverLink {
+            segment: i,
+            from_seq: from,
+            old_segment_last_seq: prev.next_seq - 1,
+        }),
+    }
 }
 
 /// Chain state after reading a file.
@@ -205,6 +315,9 @@ pub(super) struct Scan {
     pub(super) torn: u64,
     pub(super) torn_prefix: Vec<u8>,
     pub(super) broken: Option<ChainBreak>,
+    /// The `seq` and `hash` of each hand-over record (`handover` without `from_seq`): where a
+    /// successor's segment may fork off.
+    pub(super) handover_records: Vec<(u64, String)>,
 }
 
 impl Scan {
@@ -262,6 +375,7 @@ pub(super) fn scan(
         torn: 0,
         torn_prefix: Vec::new(),
         broken: None,
+        handover_records: Vec::new(),
     };
     let mut buf = Vec::new();
     loop {
@@ -296,8 +410,9 @@ pub(super) fn scan(
                 return Ok(s);
             }
         };
-        // A segment after the first opens with a record that says where it continues.
-        let segment_start = s.records == 0 && start.is_none() && rec.segment.is_some();
+        // A segment after the first opens with a record that says where it continues: the
+        // previous segment's last record (rotation), or another's hand-over record.
+        let segment_start = s.records == 0 && start.is_none() && continues(&rec);
         if segment_start && rec.kind == RecordKind::Lifecycle {
             s.next_seq = rec.seq;
             s.last_hash.clone_from(&rec.prev_hash);
@@ -305,6 +420,9 @@ pub(super) fn scan(
         if let Err(reason) = link(&rec, s.next_seq, &s.last_hash) {
             s.broken = Some(brk(Some(rec.seq), reason));
             return Ok(s);
+        }
+        if rec.is_handover_record() {
+            s.handover_records.push((rec.seq, rec.hash.clone()));
         }
         s.next_seq += 1;
         s.prev_of_last = std::mem::replace(&mut s.last_hash, rec.hash);
@@ -321,10 +439,23 @@ fn link(rec: &Record, next_seq: u64, last_hash: &str) -> Result<(), String> {
     if rec.prev_hash != last_hash {
         return Err("prev_hash mismatch".to_owned());
     }
-    if rec.segment.is_some() && rec.seq != 0 && rec.prev_hash == GENESIS_HASH {
+    if let Some(from) = rec.handover_from_seq() {
+        if from.checked_add(1) != Some(rec.seq) {
+            return Err(format!(
+                "hand-over segment record names from_seq {from} but has seq {}",
+                rec.seq
+            ));
+        }
+    }
+    if continues(rec) && rec.seq != 0 && rec.prev_hash == GENESIS_HASH {
         return Err("segment record claims the genesis hash".to_owned());
     }
     Ok(())
+}
+
+/// Whether `rec` may open a file mid-chain: it says which record it continues.
+fn continues(rec: &Record) -> bool {
+    rec.segment.is_some() || rec.handover_from_seq().is_some()
 }
 
 /// Why one line is not a record of this chain.

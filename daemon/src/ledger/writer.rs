@@ -24,6 +24,8 @@ use crate::clock::rfc3339_now;
 pub(super) enum Ack {
     None,
     Sync(SyncSender<Result<u64, LedgerError>>),
+    /// Waits, as `Sync`, for the record's seq and hash.
+    SyncWritten(SyncSender<Result<Written, LedgerError>>),
     Then(Box<dyn FnOnce(Result<u64, LedgerError>) + Send>),
     /// Told the record's seq and hash (what a store that follows the ledger links to).
     Linked(Box<dyn FnOnce(Result<Written, LedgerError>) + Send>),
@@ -37,6 +39,12 @@ impl Ack {
             // The caller may have given up waiting; nothing to do then.
             Ack::Sync(tx) => {
                 let _ = tx.send(result);
+            }
+            Ack::SyncWritten(tx) => {
+                let _ = tx.send(result.map(|seq| Written {
+                    seq,
+                    hash: hash.to_owned(),
+                }));
             }
             Ack::Then(f) => f(result),
             Ack::Linked(f) => f(result.map(|seq| Written {
