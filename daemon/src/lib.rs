@@ -79,6 +79,7 @@ pub mod policy;
 pub mod privs;
 pub mod progress;
 pub(crate) mod pulse;
+pub mod reuseport;
 pub(crate) mod safety;
 pub mod sampling;
 pub mod scope;

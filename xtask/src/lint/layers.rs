@@ -23,6 +23,7 @@ pub(crate) const LAYERS: &[Layer] = &[
             "logging",
             "privs",
             "histogram",
+            "reuseport",
         ],
     },
     Layer {
