@@ -8,6 +8,7 @@
 
 mod auth;
 pub mod client;
+mod handover;
 mod keys;
 mod label;
 mod listen;
@@ -18,7 +19,7 @@ mod trip;
 use std::{net::SocketAddr, sync::Arc};
 
 pub use auth::AdminActor;
-pub use listen::{bind_admin, AdminListener};
+pub use listen::{bind_admin, take_staged_socket, AdminListener};
 
 use axum::{
     body::Bytes,
@@ -485,6 +486,7 @@ pub async fn serve(
         .route("/admin/circuit/{id}", get(circuit_one))
         .route("/admin/reconcile", get(reconcile_list).post(reconcile))
         .route("/admin/safety/check", post(safety::check))
+        .route("/admin/handover", post(handover::handover))
         .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .with_state(Arc::clone(&shared));
     // The degraded-mode timer: ends expired scopes (and records it) even when no turn comes.
@@ -528,8 +530,13 @@ async fn degraded_timer(shared: Arc<HaltCore>) {
 }
 
 /// Binds a control-plane listener, with the flag name in the error.
-pub fn bind(addr: SocketAddr, flag: &str) -> std::io::Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(addr)
+pub fn bind(
+    addr: SocketAddr,
+    flag: &str,
+    sharing: crate::reuseport::Sharing,
+) -> std::io::Result<std::net::TcpListener> {
+    let listener = crate::reuseport::bind(addr, sharing)
+        .and_then(|s| crate::reuseport::listen(s, 1024))
         .map_err(|e| std::io::Error::new(e.kind(), format!("binding --{flag} {addr}: {e}")))?;
     // tokio takes it over in the control plane's runtime, which needs it non-blocking.
     listener.set_nonblocking(true)?;

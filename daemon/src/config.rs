@@ -219,6 +219,15 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long open streams may finish (ms) while new turns get 503; then what is left halts with SERVICE_SHUTDOWN. 0 halts at once.
     #[arg(long, default_value_t = 30_000)]
     pub drain_timeout_ms: u64,
+    /// Hand over from the haltd already serving --listen: this one starts beside it (its own gate, cgroup leaf, SO_REUSEPORT listener and ledger segment), then tells it to stop accepting and drain (docs/operations.md "Upgrading"). With nothing to take over it starts as usual.
+    #[arg(long)]
+    pub take_over: bool,
+    /// The admin API of the haltd to take over from (`unix:PATH` or `IP:PORT`, as --admin). Default: --admin, whose socket this one then takes.
+    #[arg(long, value_name = "ADMIN", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<AdminAddr>()))]
+    pub take_over_from: Option<AdminAddr>,
+    /// With --take-over: how long (ms) both processes accept new connections before the old one stops accepting and drains (a canary window); 0 hands over as soon as this one serves.
+    #[arg(long, default_value_t = 0)]
+    pub take_over_overlap_ms: u64,
     /// Most open connections from one source address group (more get 429); 0 = no cap. Addresses are grouped by --addr-prefix-v4 and --addr-prefix-v6.
     #[arg(long, default_value_t = 256)]
     pub max_conns_per_addr: u32,

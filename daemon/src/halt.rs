@@ -4,6 +4,7 @@
 //! ([`HaltCore::trip`]), build its terminal frame ([`HaltCore::terminal_frame`]), complete the
 //! halt ([`HaltCore::complete_halt`]) and record it ([`HaltCore::record`]).
 
+pub mod handover;
 pub mod metrics;
 mod modes;
 mod policy;
@@ -73,6 +74,8 @@ pub struct HaltCore {
     /// Set when the drain is over: what is still open halts with SERVICE_SHUTDOWN, which
     /// degrades nobody.
     pub shutting_down: AtomicBool,
+    /// Where this process stands in a hand-over to or from another haltd (`handover.rs`).
+    pub handover: handover::Handover,
     /// Degraded safe mode and committed conversation state.
     pub modes: Modes,
     /// What survives a restart (`state.rs`): the degraded scopes, written after their

@@ -21,6 +21,7 @@
 //!   record says what happened. (Sampling, listeners and every flag stay as started.)
 
 use std::{
+    os::fd::{AsFd, OwnedFd},
     sync::{atomic::Ordering::SeqCst, Arc},
     time::Duration,
 };
@@ -209,11 +210,23 @@ fn reload(shared: &HaltCore, log: &LogControl) -> Result<String, String> {
     Ok(what + &tls)
 }
 
-/// SIGTERM and SIGINT, as one stream of stop requests.
+/// SIGTERM and SIGINT (a drain), and SIGUSR2 (a successor took over), as one stream of stop
+/// requests.
 #[derive(Debug)]
 pub struct StopSignals {
     term: Signal,
     int: Signal,
+    usr2: Signal,
+}
+
+/// What a stop signal asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM or SIGINT: drain (new turns 503) and exit.
+    Drain,
+    /// SIGUSR2 from a successor (`server/takeover.rs`): stop accepting, drain serving the turns
+    /// of the open connections, exit.
+    HandOver,
 }
 
 impl StopSignals {
@@ -222,14 +235,16 @@ impl StopSignals {
         Ok(StopSignals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
+            usr2: signal(SignalKind::user_defined2())?,
         })
     }
 
-    /// The next SIGTERM or SIGINT.
-    pub async fn recv(&mut self) {
+    /// The next stop signal.
+    pub async fn recv(&mut self) -> Stop {
         tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
+            _ = self.term.recv() => Stop::Drain,
+            _ = self.int.recv() => Stop::Drain,
+            _ = self.usr2.recv() => Stop::HandOver,
         }
     }
 }
@@ -248,6 +263,50 @@ struct Drained {
 /// Drains, halts what is left with `SERVICE_SHUTDOWN`, records the stop and exits 0.
 pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
     let drained = drain(shared, signals).await;
+    finish(shared, &drained, "haltd stopping on signal").await
+}
+
+/// A successor took over (SIGUSR2): once the listener's accept queue is empty (the successor
+/// steers new connections to itself), the listener is shut down, and what is still half-open
+/// on it moves to the successor (`reuseport.rs`). Then the drain, serving the turns of the open
+/// connections, and the exit, as [`stop`].
+pub async fn hand_over(shared: &HaltCore, signals: &mut StopSignals, listener: &OwnedFd) -> ! {
+    let t0 = Instant::now();
+    shared.handover.handing_over.store(true, SeqCst);
+    let successor = shared.handover.successor();
+    let mut queued = crate::reuseport::accept_queue_len(listener.as_fd()).unwrap_or(0);
+    while queued > 0 && t0.elapsed() < ACCEPT_QUEUE_WAIT {
+        sleep(Duration::from_millis(1)).await;
+        queued = crate::reuseport::accept_queue_len(listener.as_fd()).unwrap_or(0);
+    }
+    shared.handover.listener_shut.store(true, SeqCst);
+    if let Err(e) = crate::reuseport::shut_down(listener.as_fd()) {
+        tracing::error!(error = %e, "shutting the --listen socket down failed; its connections are accepted until the exit");
+    }
+    let accepted = shared.metrics.dataplane.accepted_total();
+    tracing::info!(
+        successor = successor.unwrap_or_default(),
+        queued_at_shutdown = queued,
+        accepted,
+        took_ms = t0.elapsed().as_millis() as u64,
+        "handing over: the listener is shut down; draining the open streams"
+    );
+    shared.wake_all();
+    let drained = drain(shared, signals).await;
+    let who = successor.map_or_else(|| "a successor".to_owned(), |p| format!("pid {p}"));
+    let what = format!(
+        "haltd handed over to {who}: accepted {accepted} connections in all, {queued} still queued when its listener shut down {} ms after SIGUSR2, and",
+        t0.elapsed().as_millis().saturating_sub(drained.took.as_millis()),
+    );
+    finish(shared, &drained, &what).await
+}
+
+/// How long a hand-over waits for the listener's accept queue to empty before it shuts the
+/// listener down anyway (what is still queued then moves to the successor).
+const ACCEPT_QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// What every stop ends with: the halts of what is still open, the stop record, the exit.
+async fn finish(shared: &HaltCore, drained: &Drained, what: &str) -> ! {
     let halted = shared.halt_all_for_shutdown();
     tracing::info!(
         drained_ms = drained.took.as_millis() as u64,
@@ -268,7 +327,7 @@ pub async fn stop(shared: &HaltCore, signals: &mut StopSignals) -> ! {
         kind: RecordKind::Lifecycle,
         kernel_gate: shared.kernel_gate_label().into(),
         message: Some(format!(
-            "haltd stopping on signal: drain {how} after {} ms ({} streams open at the signal), {halted} open streams halted with SERVICE_SHUTDOWN, {left} still open at exit{leaf}",
+            "{what}: drain {how} after {} ms ({} streams open at the signal), {halted} open streams halted with SERVICE_SHUTDOWN, {left} still open at exit{leaf}",
             drained.took.as_millis(),
             drained.open_at_start,
         )),
@@ -353,7 +412,7 @@ async fn drain(shared: &HaltCore, signals: &mut StopSignals) -> Drained {
     while shared.table.active_count() > 0 && Instant::now() < deadline {
         tokio::select! {
             () = sleep(Duration::from_millis(10)) => {}
-            () = signals.recv() => {
+            _ = signals.recv() => {
                 interrupted = true;
                 break;
             }

@@ -139,6 +139,8 @@ pub enum ChangedBy {
     /// A request whose credential named a scope degraded before issue 36 (`scope.rs`): its
     /// new scope is degraded with the old one's cause and end.
     Migration,
+    /// The other haltd of a hand-over degraded it (`halt/handover.rs`).
+    Peer,
 }
 
 impl ChangedBy {
@@ -149,6 +151,7 @@ impl ChangedBy {
             ChangedBy::Timer => "timer",
             ChangedBy::Start => "start",
             ChangedBy::Migration => "migration",
+            ChangedBy::Peer => "peer",
         }
     }
 }
@@ -252,6 +255,22 @@ pub struct Modes {
     /// Signalled when a scope's timer is set, so the control plane's timer task, which sleeps
     /// until the next expiry (or for good with none), looks again.
     timer_set: tokio::sync::Notify,
+}
+
+impl Degraded {
+    /// A stored scope's state; what remains of its timer is its `until_unix_ms` − `now_ms`.
+    fn of_row(row: &ScopeRow, now_ms: u64, now_ns: u64) -> Degraded {
+        Degraded {
+            since_unix_ms: row.since_unix_ms,
+            until_unix_ms: row.until_unix_ms,
+            cause: row.cause.clone(),
+            stream_id: row.stream_id.clone(),
+            until_ns: row
+                .until_unix_ms
+                .map(|u| now_ns.saturating_add(u.saturating_sub(now_ms).saturating_mul(1_000_000))),
+            asked: false,
+        }
+    }
 }
 
 fn scope_name(key: Option<Scope>) -> String {
@@ -504,16 +523,7 @@ impl Modes {
                     row.scope
                 )
             })?;
-            let d = Degraded {
-                since_unix_ms: row.since_unix_ms,
-                until_unix_ms: row.until_unix_ms,
-                cause: row.cause.clone(),
-                stream_id: row.stream_id.clone(),
-                until_ns: row.until_unix_ms.map(|u| {
-                    now_ns.saturating_add(u.saturating_sub(now_ms).saturating_mul(1_000_000))
-                }),
-                asked: false,
-            };
+            let d = Degraded::of_row(row, now_ms, now_ns);
             match key {
                 None => inner.node = Some(d),
                 Some(k) => {
@@ -525,6 +535,51 @@ impl Modes {
             self.timer_set.notify_one();
         }
         Ok(())
+    }
+
+    /// The degraded scopes a peer stored (`halt/handover.rs`) that this process does not hold,
+    /// held from now on: returns the changes to record. A row whose end has passed is skipped;
+    /// a scope held already keeps its own state.
+    pub fn adopt_peer(&self, rows: &[ScopeRow], now: SystemTime, now_ns: u64) -> Vec<ModeChange> {
+        let now_ms = unix_ms(now);
+        let mut out = Vec::new();
+        let mut inner = self.lock();
+        for row in rows
+            .iter()
+            .filter(|r| r.until_unix_ms.is_none_or(|u| u > now_ms))
+        {
+            let Some(key) = parse_scope(&row.scope) else {
+                continue;
+            };
+            let held = match key {
+                None => inner.node.is_some(),
+                Some(k) => inner.keys.contains_key(&k),
+            };
+            if held {
+                continue;
+            }
+            let d = Degraded::of_row(row, now_ms, now_ns);
+            match key {
+                None => inner.node = Some(d),
+                Some(k) => {
+                    inner.keys.insert(k, d);
+                }
+            }
+            out.push(ModeChange {
+                scope: row.scope.clone(),
+                from: RuntimeMode::Full,
+                to: RuntimeMode::Degraded,
+                by: ChangedBy::Peer,
+                cause: Some(row.cause.clone()),
+                stream_id: Some(row.stream_id.clone()),
+                since_unix_ms: Some(row.since_unix_ms),
+                until_unix_ms: row.until_unix_ms,
+            });
+        }
+        if out.iter().any(|c| c.until_unix_ms.is_some()) {
+            self.timer_set.notify_one();
+        }
+        out
     }
 
     /// The start found a state store that does not match, and `--state-mismatch

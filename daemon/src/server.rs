@@ -2,9 +2,9 @@
 //! data-plane workers and the control plane, and reports readiness.
 
 mod restore;
+mod takeover;
 
 use std::{
-    net::TcpListener,
     os::fd::{FromRawFd, OwnedFd},
     sync::{atomic::AtomicU64, Arc},
 };
@@ -44,6 +44,8 @@ pub enum StartError {
     State(#[source] crate::state::StateError),
     #[error("the state store {path} does not match the ledger: {why}. haltd does not start with state it cannot trust, and never resets it silently: restore the store that belongs to this ledger, or start once with --state-mismatch degrade-node (the node runs degraded until `haltctl mode full`)")]
     StateMismatch { path: String, why: String },
+    #[error("{0}; the running haltd serves on")]
+    TakeOver(String),
     #[error("dropping privileges: {0}")]
     Privileges(#[source] crate::privs::PrivError),
     #[error("{0}")]
@@ -138,27 +140,23 @@ fn policy_set(
 /// Runs the daemon; returns only on a start-up error.
 pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartError> {
     warn_if_test_build();
-    let gate = if cfg.args.no_kernel_gate {
-        tracing::warn!("--no-kernel-gate: the kernel halt gate is OFF; only the userspace watchdog enforces the budget");
-        None
-    } else {
-        Some(load_gate(&cfg).map_err(StartError::Gate)?)
-    };
+    let gate = gate_as_asked(&cfg)?;
+    let (predecessor, sharing) = predecessor(&cfg)?;
     // What needs a privilege, or the gate's cgroup, is done now, while this is the only
     // thread: the listeners are bound (the client listener inside the cgroup, a port below
     // 1024, the admin socket's directory and group) before every capability goes.
-    let listener = bind_listener(&cfg, gate.as_ref())?;
+    let listener = bind_listener(&cfg, gate.as_ref(), sharing)?;
     warn_about_exposed_listeners(&cfg);
     // Every listener is bound before the first stream is served: a busy admin or metrics port
     // fails the start, and a client that sees /healthz answer can also scrape /metrics.
-    let control = bind_control(&cfg)?;
+    let control = bind_control(&cfg, sharing)?;
     // From here on as --user, without capabilities: the ledger, the state directory and every
     // thread started below.
     let watchdog = drop_privileges(&cfg)?;
     warn_about_sampling(&cfg);
     say_scope_rule(&cfg);
     let gate_label = gate.as_ref().map_or("disabled", |_| "enforcing");
-    let ledger = open_ledger(&cfg, gate_label)?;
+    let ledger = open_ledger(&cfg, gate_label, predecessor.as_ref())?;
     let metrics = new_metrics(&cfg, gate.is_some());
     // An earlier haltd on this ledger that panicked left a crash file: record it before this
     // start's own record, so the ledger reads in order.
@@ -171,7 +169,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     metrics.ledger.crashes_recovered.inc_by(crashes);
     let node_secret = crate::identity::NodeSecret::load_or_create(&cfg.args.state_dir)
         .map_err(StartError::Identity)?;
-    let (state, mismatch) = restore::open_state(&cfg, &node_secret)?;
+    let (state, mismatch) = restore::open_state(&cfg, &node_secret, predecessor.is_some())?;
     let wakers = worker_wakers(cfg.workers)?;
     let grounding = grounding_plan(&cfg, &metrics)?;
     let (policy_inputs, policy) = policy_set(&cfg, state.overrides.clone())?;
@@ -196,6 +194,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         recorder_failed: std::sync::atomic::AtomicBool::new(false),
         draining: std::sync::atomic::AtomicBool::new(false),
         shutting_down: std::sync::atomic::AtomicBool::new(false),
+        handover: crate::halt::handover::Handover::default(),
         modes: state.modes,
         state: state.store,
         policy: arc_swap::ArcSwap::from_pointee(policy),
@@ -213,6 +212,7 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
         cfg,
     });
     shared.metrics.policy.show(&shared.policy.load());
+    shared.handover.set_peer(predecessor.is_some());
     let source = match &shared.cfg.upstream {
         Some(u) => format!("openai upstream={u}"),
         None => "builtin".to_owned(),
@@ -222,11 +222,58 @@ pub fn run(cfg: Config, log: crate::logging::LogControl) -> Result<(), StartErro
     crate::escalation::start(&shared, escalated).map_err(io("starting the escalation thread"))?;
     watchdog.start(Arc::clone(&shared));
     wait_for_first_heartbeat(&shared)?;
-    dataplane::spawn_workers(&shared, &listener).map_err(io("starting the data-plane workers"))?;
+    let listener = start_workers(&shared, listener)?;
+    let hand_over = HandOver {
+        listener: listener.into(),
+        predecessor,
+    };
+    serve_control_plane(shared, control, source, log, hand_over)
+}
+
+/// The kernel gate, loaded and self-tested, unless `--no-kernel-gate`.
+fn gate_as_asked(cfg: &Config) -> Result<Option<KernelGate>, StartError> {
+    if cfg.args.no_kernel_gate {
+        tracing::warn!("--no-kernel-gate: the kernel halt gate is OFF; only the userspace watchdog enforces the budget");
+        return Ok(None);
+    }
+    load_gate(cfg).map(Some).map_err(StartError::Gate)
+}
+
+/// With `--take-over`, the running haltd, asked only now that this one's gate passed its
+/// self-test (`server/takeover.rs`); and whether the listeners join its ports.
+fn predecessor(
+    cfg: &Config,
+) -> Result<(Option<takeover::Predecessor>, crate::reuseport::Sharing), StartError> {
+    let predecessor = if cfg.args.take_over {
+        takeover::ask(cfg)?
+    } else {
+        None
+    };
+    let sharing = match predecessor {
+        Some(_) => crate::reuseport::Sharing::TakeOver,
+        None => crate::reuseport::Sharing::Alone,
+    };
+    Ok((predecessor, sharing))
+}
+
+/// Listens on the client socket and starts the data-plane workers on it; checks that no
+/// thread holds a capability.
+fn start_workers(
+    shared: &Arc<HaltCore>,
+    listener: socket2::Socket,
+) -> Result<std::net::TcpListener, StartError> {
+    // Listening only now: until this moment the socket is in no SO_REUSEPORT group, and no
+    // connection waits on a process that is not about to serve it.
+    let backlog = i32::try_from(shared.cfg.args.max_streams).unwrap_or(i32::MAX);
+    let listener = crate::reuseport::listen(listener, backlog).map_err(io(format!(
+        "listening on --listen {}",
+        shared.cfg.args.listen
+    )))?;
+    dataplane::spawn_workers(shared, &listener).map_err(io("starting the data-plane workers"))?;
     // A thread that escaped the drop (one started before it) fails the start.
     let threads = crate::privs::check_process().map_err(StartError::Privileges)?;
     tracing::debug!(threads, "no thread holds a capability");
-    serve_control_plane(shared, control, source, log)
+    Ok(listener)
 }
 
 /// What client connections may hold (`admission.rs`).
@@ -254,11 +301,15 @@ fn upstream_health(cfg: &Config) -> Option<crate::upstream::health::UpstreamHeal
 }
 
 /// The admin and metrics listeners.
-fn bind_control(cfg: &Config) -> Result<ControlListeners, StartError> {
+fn bind_control(
+    cfg: &Config,
+    sharing: crate::reuseport::Sharing,
+) -> Result<ControlListeners, StartError> {
     Ok(ControlListeners {
-        admin: admin::bind_admin(&cfg.args.admin, cfg.args.admin_group.as_deref())
+        admin: admin::bind_admin(&cfg.args.admin, cfg.args.admin_group.as_deref(), sharing)
             .map_err(io("admin listener"))?,
-        metrics: admin::bind(cfg.args.metrics, "metrics").map_err(io("metrics listener"))?,
+        metrics: admin::bind(cfg.args.metrics, "metrics", sharing)
+            .map_err(io("metrics listener"))?,
     })
 }
 
@@ -336,19 +387,41 @@ fn warn_about_exposed_listeners(cfg: &Config) {
 
 /// Opens the flight recorder (its lifecycle: `ledger` module doc), saying so when it runs
 /// without fsync.
-fn open_ledger(cfg: &Config, gate_label: &'static str) -> Result<Ledger, StartError> {
+fn open_ledger(
+    cfg: &Config,
+    gate_label: &'static str,
+    predecessor: Option<&takeover::Predecessor>,
+) -> Result<Ledger, StartError> {
     if cfg.args.ledger_no_fsync {
         tracing::warn!("--ledger-no-fsync: records are not fsync'd before haltd answers; a crash or power loss can lose records that clients saw answered, and the ledger's crash guarantees do not hold (every record says \"no_fsync\":true)");
     }
-    Ledger::open(&crate::ledger::LedgerConfig {
+    let ledger_cfg = crate::ledger::LedgerConfig {
         path: &cfg.args.ledger,
         state_dir: &cfg.args.state_dir,
         fsync: !cfg.args.ledger_no_fsync,
         kernel_gate: gate_label,
         slow_write: cfg.faults.ledger_slow_write,
         fail_writes_from: cfg.faults.ledger_write_fails_after,
-    })
-    .map_err(StartError::Ledger)
+    };
+    let Some(pred) = predecessor else {
+        return Ledger::open(&ledger_cfg).map_err(StartError::Ledger);
+    };
+    // A fresh segment, its first record linked to the old process's hand-over record.
+    let link = crate::ledger::SegmentLink {
+        segment: pred.segment.clone(),
+        seq: pred.seq,
+        hash: pred.hash.clone(),
+        from_pid: pred.pid,
+    };
+    let (ledger, first) = Ledger::open_linked(&ledger_cfg, &link).map_err(StartError::Ledger)?;
+    tracing::info!(
+        segment = %cfg.args.ledger.display(),
+        seq = first.seq,
+        from = %pred.segment.display(),
+        from_seq = pred.seq,
+        "a new ledger segment continues the old haltd's from its hand-over record"
+    );
+    Ok(ledger)
 }
 
 /// Warns when the flight recorder keeps more than spec 000 asks for.
@@ -383,28 +456,27 @@ fn worker_wakers(workers: usize) -> Result<Vec<Arc<OwnedFd>>, StartError> {
 }
 
 /// Binds `--listen` (inside the gate's cgroup, which the caller entered by loading the gate)
-/// and has the gate govern its connections from their establishment.
-fn bind_listener(cfg: &Config, gate: Option<&KernelGate>) -> Result<TcpListener, StartError> {
-    let listener = TcpListener::bind(cfg.args.listen)
+/// and has the gate govern its connections from their establishment. It listens later
+/// (`reuseport::listen`, just before the workers start).
+fn bind_listener(
+    cfg: &Config,
+    gate: Option<&KernelGate>,
+    sharing: crate::reuseport::Sharing,
+) -> Result<socket2::Socket, StartError> {
+    let listener = crate::reuseport::bind(cfg.args.listen, sharing)
         .map_err(io(format!("binding --listen {}", cfg.args.listen)))?;
     if let Some(gate) = gate {
         let port = listener
             .local_addr()
-            .map_err(io("reading the --listen address"))?
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| {
+                io("reading the --listen address")(std::io::Error::other("not an IP socket"))
+            })?
             .port();
         // Connections to the client port are governed the moment they are established,
         // before a client that half-closes could make a later insertion fail.
         gate.govern_port(port).map_err(StartError::Gate)?;
-    }
-    // std listens with a backlog of 128: a burst of clients (a thousand streams starting
-    // together) would overflow it and wait a SYN retry (1 s). Listening again on a listening
-    // socket only resizes the queue; the kernel caps it at net.core.somaxconn.
-    let backlog = i32::try_from(cfg.args.max_streams).unwrap_or(i32::MAX);
-    // SAFETY: listen(2) on the socket just bound, which this function owns.
-    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), backlog) } != 0 {
-        return Err(io("resizing the --listen accept queue")(
-            std::io::Error::last_os_error(),
-        ));
     }
     Ok(listener)
 }
@@ -530,13 +602,21 @@ struct ControlListeners {
     metrics: std::net::TcpListener,
 }
 
+/// What the control plane needs for a hand-over: the client listener (to steer to it, or to
+/// shut it down), and the haltd this one takes over from.
+struct HandOver {
+    listener: OwnedFd,
+    predecessor: Option<takeover::Predecessor>,
+}
+
 /// The control plane (admin API, `/metrics`) on a current-thread runtime, until a signal:
-/// then haltd drains and stops (`lifecycle.rs`).
+/// then haltd drains and stops, or hands over (`lifecycle.rs`).
 fn serve_control_plane(
     shared: Arc<HaltCore>,
     listeners: ControlListeners,
     source: String,
     log: crate::logging::LogControl,
+    hand_over: HandOver,
 ) -> Result<(), StartError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -549,14 +629,31 @@ fn serve_control_plane(
             lifecycle::StopSignals::install().map_err(io("installing the signal handlers"))?;
         let hangups = lifecycle::reload_on_hangup(Arc::clone(&shared), log)
             .map_err(io("installing the SIGHUP handler"))?;
+        if hand_over.predecessor.is_some() {
+            if let Err(e) = admin::take_staged_socket(&shared.cfg.args.admin) {
+                tracing::warn!(admin = %shared.cfg.args.admin, error = %e, "taking over the admin socket's name failed; haltctl reaches the old haltd there until it exits");
+            }
+        }
         println!("{}", ready_line(&shared, &source));
         lifecycle::notify_ready();
+        if let Some(pred) = hand_over.predecessor {
+            let listener = hand_over
+                .listener
+                .try_clone()
+                .map_err(io("duplicating the --listen socket"))?;
+            tokio::spawn(takeover::complete(Arc::clone(&shared), pred, listener));
+        }
         let control = admin::serve(Arc::clone(&shared), listeners.admin, metrics_l);
         tokio::select! {
             r = control => r.map_err(io("control plane")),
             () = lifecycle::feed_systemd_watchdog(Arc::clone(&shared)) => Ok(()),
             () = hangups => Ok(()),
-            () = signals.recv() => lifecycle::stop(&shared, &mut signals).await,
+            stop = signals.recv() => match stop {
+                lifecycle::Stop::Drain => lifecycle::stop(&shared, &mut signals).await,
+                lifecycle::Stop::HandOver => {
+                    lifecycle::hand_over(&shared, &mut signals, &hand_over.listener).await
+                }
+            },
         }
     })
 }

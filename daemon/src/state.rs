@@ -222,6 +222,11 @@ pub struct StateStore {
     path: PathBuf,
     tx: Mutex<Option<SyncSender<Op>>>,
     failed: Arc<AtomicBool>,
+    /// Set once this process handed the ledger over (`halt/handover.rs`): its changes are
+    /// still written, but the point stays where the successor's segment links to.
+    frozen: Arc<AtomicBool>,
+    /// A read-only connection and the `data_version` last seen on it, while a peer writes too.
+    peer: Mutex<Option<(rusqlite::Connection, i64)>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -244,7 +249,9 @@ impl StateStore {
         // The store is written only by its thread from here on.
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
         let failed = Arc::new(AtomicBool::new(false));
+        let frozen = Arc::new(AtomicBool::new(false));
         let (thread_failed, thread_path) = (Arc::clone(&failed), path.clone());
+        let thread_frozen = Arc::clone(&frozen);
         let thread = std::thread::Builder::new()
             .name("haltd-state".to_owned())
             .spawn(move || {
@@ -252,7 +259,7 @@ impl StateStore {
                     flag: &thread_failed,
                     after: fail_after,
                 };
-                run(&mut conn, &thread_path, &rx, &failed);
+                run(&mut conn, &thread_path, &rx, &failed, &thread_frozen);
             })
             .map_err(|source| StateError::Io {
                 path: path.clone(),
@@ -263,6 +270,8 @@ impl StateStore {
             path,
             tx: Mutex::new(Some(tx)),
             failed,
+            frozen,
+            peer: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
         };
         Ok((store, held))
@@ -333,6 +342,37 @@ impl StateStore {
         rx.recv().map_err(|_| self.gone())?
     }
 
+    /// From now on the point stays where it is (this process handed its ledger over: the
+    /// successor's segment continues from the point's record); changes are still written.
+    /// [`Self::thaw_point`] undoes it when the successor never took over.
+    pub fn freeze_point(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    pub fn thaw_point(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
+
+    /// The degraded scopes the store holds, if anything was committed to it since the last
+    /// call (by a peer, or by this process's own thread); `None` when nothing was. Opens a
+    /// read-only connection at the first call.
+    pub fn peer_scopes(&self) -> Result<Option<Vec<ScopeRow>>, StateError> {
+        let mut peer = self.peer.lock().unwrap_or_else(|p| p.into_inner());
+        if peer.is_none() {
+            *peer = Some((schema::open_reader(&self.path)?, -1));
+        }
+        let Some((conn, seen)) = peer.as_mut() else {
+            return Ok(None);
+        };
+        let version = schema::data_version(conn, &self.path)?;
+        if version == *seen {
+            return Ok(None);
+        }
+        let rows = schema::load_scopes(conn, &self.path)?;
+        *seen = version;
+        Ok(Some(rows))
+    }
+
     /// Waits until every change queued before is written.
     pub fn flush(&self) {
         let (tx, rx) = mpsc::sync_channel(1);
@@ -362,13 +402,20 @@ struct Failed<'a> {
 
 /// The store's thread: applies the changes in order, those queued together in one
 /// transaction.
-fn run(conn: &mut rusqlite::Connection, path: &Path, rx: &Receiver<Op>, failed: &Failed<'_>) {
+fn run(
+    conn: &mut rusqlite::Connection,
+    path: &Path,
+    rx: &Receiver<Op>,
+    failed: &Failed<'_>,
+    frozen: &AtomicBool,
+) {
     let mut applied = 0u64;
     let mut batch: Vec<(Option<Point>, Vec<Change>)> = Vec::new();
     let mut next = rx.recv().ok();
     while let Some(op) = next.take() {
         match op {
             Op::Apply { point, changes } => {
+                let point = point.filter(|_| !frozen.load(Ordering::SeqCst));
                 batch.push((point, changes));
                 // Take what else is queued, up to the batch's end or another kind of op.
                 match rx.try_recv() {

@@ -338,7 +338,9 @@ impl Step<'_> {
         policy: &crate::policy::TurnPolicy,
     ) -> io::Result<Option<(bool, Mode)>> {
         let shared = Arc::clone(&self.io.shared);
-        if shared.draining.load(SeqCst) || shared.shutting_down.load(SeqCst) {
+        // A hand-over's drain serves the turns of the connections it has (none is kept).
+        let refusing = shared.draining.load(SeqCst) && !shared.handover.handing_over.load(SeqCst);
+        if refusing || shared.shutting_down.load(SeqCst) {
             self.reply_error(
                 &HttpError::new(503, "server_error", "haltd is shutting down")
                     .with_code("shutting_down")
@@ -360,7 +362,9 @@ impl Step<'_> {
         }
         // A lock per turn start (degraded-mode registry), never per token.
         shared.expire_degraded();
+        let in_doubt = shared.adopt_peer_degradations();
         let (degraded, migrated) = shared.modes.admit(who);
+        let degraded = degraded || in_doubt;
         if let Some(ch) = migrated {
             shared.record_mode_change(&ch);
         }

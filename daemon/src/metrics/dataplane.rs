@@ -169,6 +169,8 @@ pub struct KeepAliveCloseLabels {
 /// only `tokens_emitted` and `token_overhead` (relaxed atomic adds, no lock, no lookup).
 #[derive(Debug)]
 pub struct DataPlaneMetrics {
+    /// Client connections accepted on `--listen`, refused ones included.
+    pub connections_accepted: Counter,
     pub streams_active: Gauge,
     pub streams_total: Family<OutcomeLabels, Counter>,
     pub requests_rejected: Family<StatusLabels, Counter>,
@@ -190,15 +192,32 @@ pub struct DataPlaneMetrics {
     pub limit_refusals: Family<LimitLabels, Counter>,
 }
 
+/// `haltd_connections_accepted_total` and `haltd_streams_active`.
+fn register_connections(reg: &mut Registry) -> (Counter, Gauge) {
+    let connections_accepted = Counter::default();
+    reg.register(
+        "connections_accepted",
+        "Client connections this process accepted on --listen (refused ones included); during a hand-over each process counts its own",
+        connections_accepted.clone(),
+    );
+    let streams_active = Gauge::default();
+    reg.register(
+        "streams_active",
+        "Open client connections (governed streams)",
+        streams_active.clone(),
+    );
+    (connections_accepted, streams_active)
+}
+
 impl DataPlaneMetrics {
+    /// Client connections accepted so far.
+    pub fn accepted_total(&self) -> u64 {
+        self.connections_accepted.get()
+    }
+
     /// Registers on `reg` (prefix `haltd`).
     pub fn register(reg: &mut Registry) -> Self {
-        let streams_active = Gauge::default();
-        reg.register(
-            "streams_active",
-            "Open client connections (governed streams)",
-            streams_active.clone(),
-        );
+        let (connections_accepted, streams_active) = register_connections(reg);
         let streams_total = Family::<OutcomeLabels, Counter>::default();
         reg.register(
             "streams",
@@ -259,6 +278,7 @@ impl DataPlaneMetrics {
             }));
         }
         DataPlaneMetrics {
+            connections_accepted,
             limit_refusals,
             client_tls_handshakes,
             client_tls_handshake_failures,

@@ -51,17 +51,26 @@ fn node_check(secret: &NodeSecret) -> String {
 /// Opens the store, checks it against the ledger and restores the degraded scopes. Returns,
 /// with them, the reason a mismatched store was accepted under `--state-mismatch
 /// degrade-node` (the node is then degraded, recorded by the caller).
+///
+/// `took_over`: a haltd that handed over to this one still serves and writes the store; it
+/// committed everything up to its hand-over record before it answered (`admin/handover.rs`),
+/// so the store is taken as it is (no check against this process's new segment, which starts
+/// after that record) and is never replaced.
 pub(super) fn open_state(
     cfg: &Config,
     secret: &NodeSecret,
+    took_over: bool,
 ) -> Result<(Opened, Option<String>), StartError> {
     let t = std::time::Instant::now();
     let fault = cfg.faults.state_write_fails_after;
     let (store, held) =
         StateStore::open_with_fault(&cfg.args.state_dir, fault).map_err(StartError::State)?;
     let check = node_check(secret);
-    let mut restored =
-        restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?;
+    let mut restored = if took_over {
+        restore::taken_over(&held, &check).map_err(StartError::State)?
+    } else {
+        restore::check(&held, &cfg.args.ledger, &check).map_err(StartError::State)?
+    };
     let dispatched_records = std::mem::take(&mut restored.dispatched_records);
     let label_records = std::mem::take(&mut restored.label_records);
     let (scopes, mismatch) = scopes_to_run(
@@ -96,19 +105,9 @@ pub(super) fn open_state(
         &restored.policy_records,
     )?;
     let (circuits, dispatched) = (held.circuits.clone(), held.dispatched.clone());
-    store.replace(Snapshot {
-        ledger: None,
-        node_check: Some(check),
-        scopes,
-        conversations: held.conversations,
-        circuits: held.circuits,
-        dispatched: held.dispatched,
-        client_keys: held.client_keys,
-        key_usage: held.key_usage.clone(),
-        // With the switches the ledger replayed.
-        runtime_policy: serde_json::to_value(&overrides).ok(),
-        incident_labels: held.incident_labels.clone(),
-    });
+    if !took_over {
+        replace(&store, check, &held, &overrides, scopes);
+    }
     let store = Arc::new(store);
     let opened = Opened {
         store,
@@ -123,6 +122,30 @@ pub(super) fn open_state(
         label_records,
     };
     Ok((opened, mismatch))
+}
+
+/// Writes the state this start runs with over what the store held (with the changes the
+/// ledger replayed).
+fn replace(
+    store: &StateStore,
+    check: String,
+    held: &Snapshot,
+    overrides: &crate::policy::Overrides,
+    scopes: Vec<crate::state::ScopeRow>,
+) {
+    store.replace(Snapshot {
+        ledger: None,
+        node_check: Some(check),
+        scopes,
+        conversations: held.conversations.clone(),
+        circuits: held.circuits.clone(),
+        dispatched: held.dispatched.clone(),
+        client_keys: held.client_keys.clone(),
+        key_usage: held.key_usage.clone(),
+        // With the switches the ledger replayed.
+        runtime_policy: serde_json::to_value(overrides).ok(),
+        incident_labels: held.incident_labels.clone(),
+    });
 }
 
 /// The degraded scopes to start with, by the store's verdict: what the ledger says, or on a

@@ -107,6 +107,24 @@ fn mismatch(why: String) -> Result<Restored, StateError> {
     })
 }
 
+/// A store that a running haltd handed over with (`--take-over`): it committed everything up
+/// to its hand-over record before it answered, and keeps writing it, so there is nothing to
+/// replay; only the node key is checked.
+pub fn taken_over(held: &Snapshot, node_check: &str) -> Result<Restored, StateError> {
+    if let Some(c) = held.node_check.as_deref().filter(|c| *c != node_check) {
+        return mismatch(format!(
+            "it was written under another node.key (fingerprint {c}, this node's is {node_check}): its key fingerprints name other identities here"
+        ));
+    }
+    Ok(Restored {
+        verdict: Verdict::Matched { replayed: 0 },
+        scopes: held.scopes.clone(),
+        dispatched_records: Vec::new(),
+        label_records: Vec::new(),
+        policy_records: Vec::new(),
+    })
+}
+
 /// Checks `held` against the ledger segment at `ledger` and this node's `node_check`.
 pub fn check(held: &Snapshot, ledger: &Path, node_check: &str) -> Result<Restored, StateError> {
     if let Some(c) = held.node_check.as_deref().filter(|c| *c != node_check) {

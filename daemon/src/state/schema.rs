@@ -141,6 +141,43 @@ fn set_meta(tx: &Transaction<'_>, path: &Path, name: &str, value: &str) -> Resul
     .map_err(sql(path, "writing meta"))
 }
 
+/// The degraded scopes the store holds.
+pub fn load_scopes(conn: &Connection, path: &Path) -> Result<Vec<ScopeRow>, StateError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT scope, since_unix_ms, until_unix_ms, cause, stream_id FROM degraded
+             ORDER BY scope",
+        )
+        .map_err(sql(path, "reading the degraded scopes"))?;
+    stmt.query_map([], |r| {
+        Ok(ScopeRow {
+            scope: r.get(0)?,
+            since_unix_ms: r.get(1)?,
+            until_unix_ms: r.get(2)?,
+            cause: r.get(3)?,
+            stream_id: r.get(4)?,
+        })
+    })
+    .and_then(Iterator::collect)
+    .map_err(sql(path, "reading the degraded scopes"))
+}
+
+/// A read-only connection to the store, for what a peer (the other haltd of a hand-over)
+/// writes: `PRAGMA data_version` on it changes whenever another connection commits.
+pub fn open_reader(path: &Path) -> Result<Connection, StateError> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(sql(path, "opening it to read the peer's changes"))?;
+    conn.busy_timeout(std::time::Duration::from_millis(200))
+        .map_err(sql(path, "setting the busy timeout"))?;
+    Ok(conn)
+}
+
+/// `PRAGMA data_version`: changes when a connection other than `conn` commits.
+pub fn data_version(conn: &Connection, path: &Path) -> Result<i64, StateError> {
+    conn.pragma_query_value(None, "data_version", |r| r.get(0))
+        .map_err(sql(path, "reading data_version"))
+}
+
 /// Everything the store holds.
 pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
     let seq = meta(conn, path, "ledger_seq")?;
@@ -155,24 +192,7 @@ pub fn load(conn: &Connection, path: &Path) -> Result<Snapshot, StateError> {
         }),
         _ => None,
     };
-    let mut stmt = conn
-        .prepare(
-            "SELECT scope, since_unix_ms, until_unix_ms, cause, stream_id FROM degraded
-             ORDER BY scope",
-        )
-        .map_err(sql(path, "reading the degraded scopes"))?;
-    let scopes = stmt
-        .query_map([], |r| {
-            Ok(ScopeRow {
-                scope: r.get(0)?,
-                since_unix_ms: r.get(1)?,
-                until_unix_ms: r.get(2)?,
-                cause: r.get(3)?,
-                stream_id: r.get(4)?,
-            })
-        })
-        .and_then(Iterator::collect)
-        .map_err(sql(path, "reading the degraded scopes"))?;
+    let scopes = load_scopes(conn, path)?;
     let mut stmt = conn
         .prepare(
             "SELECT key, turns_committed, tokens_committed, tool_calls_committed,

@@ -8,6 +8,7 @@ impl Worker {
     /// The listener accepted `fd`: admitted, it joins the slab and its request is read.
     pub(in crate::dataplane) fn accepted(&mut self, fd: libc::c_int) {
         set_nodelay(fd);
+        self.io.shared.metrics.dataplane.connections_accepted.inc();
         let Some(conn) = self.io.admit(fd) else {
             return;
         };

@@ -176,6 +176,16 @@ impl Worker {
             (OpKind::Accept, _) => {
                 if res >= 0 {
                     self.accepted(res);
+                } else if self
+                    .io
+                    .shared
+                    .handover
+                    .listener_shut
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    // Handed over: the listener is shut down (`reuseport::shut_down`), and
+                    // this worker accepts no more.
+                    return Ok(());
                 } else if res != -libc::EINTR && res != -libc::ECONNABORTED {
                     tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
                     if res == -libc::EMFILE || res == -libc::ENFILE {

@@ -139,6 +139,7 @@ impl Step<'_> {
         slot.note_halt(Halter::Emitter, monotonic_ns());
         conn.outcome = Outcome::Halted;
         let snap = slot.snapshot(conn.id.slot);
+        shared.degrade_before_terminal(slot, &snap);
         let refs = conn
             .turn
             .as_ref()
