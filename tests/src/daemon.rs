@@ -178,11 +178,23 @@ impl Haltd {
         wrapper: &[&str],
         extra: &[&str],
     ) -> Result<Self> {
+        Self::spawn_on(pair, ledger, wrapper, extra, (PORT_ADMIN, PORT_METRICS))
+    }
+
+    /// [`Haltd::spawn`] with its admin API and metrics on `(admin, metrics)` ports (a
+    /// successor beside a running haltd, `handover.rs`).
+    pub(crate) fn spawn_on(
+        pair: &NetPair,
+        ledger: Option<&Path>,
+        wrapper: &[&str],
+        extra: &[&str],
+        (admin_port, metrics_port): (u16, u16),
+    ) -> Result<Self> {
         let bin = haltd_bin()?;
         let dir = temp_dir("haltd")?;
         let api = pair.srv_addr(PORT_API);
-        let admin = pair.srv_addr(PORT_ADMIN);
-        let metrics = pair.srv_addr(PORT_METRICS);
+        let admin = pair.srv_addr(admin_port);
+        let metrics = pair.srv_addr(metrics_port);
         let ledger = ledger.map_or_else(|| dir.join("ledger.jsonl"), Path::to_path_buf);
         // The ledger's key and head live in the state directory: next to the ledger, so a
         // haltd restarted on it finds them.
@@ -227,23 +239,43 @@ impl Haltd {
         })
     }
 
+    /// Whether it printed its `haltd ready` line; an error once it exited.
+    fn printed_ready(&mut self) -> Result<bool> {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            bail!(
+                "haltd exited during start-up ({status}); log tail:\n{}",
+                self.log_tail(40)
+            );
+        }
+        Ok(fs::read_to_string(self.dir.join("stdout.log"))
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("haltd ready"))))
+    }
+
+    /// Waits for its `haltd ready` line alone (another haltd may answer on the same port).
+    pub(crate) fn wait_ready_line(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.printed_ready()? {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "not ready after {timeout:?}; log tail:\n{}",
+                self.log_tail(40)
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let health = format!("http://{}/healthz", self.api);
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!(
-                    "haltd exited during start-up ({status}); log tail:\n{}",
-                    self.log_tail(40)
-                );
-            }
-            let printed = fs::read_to_string(self.dir.join("stdout.log"))
-                .is_ok_and(|s| s.lines().any(|l| l.starts_with("haltd ready")));
-            if printed {
+            if self.printed_ready()? {
                 return Ok(());
             }
             let url = health.clone();

@@ -49,6 +49,7 @@ pub mod clients;
 pub mod daemon;
 pub mod gate;
 pub mod grounding_ab;
+pub mod handover;
 pub mod http;
 pub mod kill_loop;
 pub mod ledger;

@@ -28,6 +28,7 @@ mod drain;
 mod fail_closed;
 mod guarantee;
 mod haltctl_cli;
+mod handover;
 mod hostile;
 mod incident_labels;
 mod intervene;
