@@ -239,6 +239,20 @@ impl StopSignals {
         })
     }
 
+    /// The next stop signal that applies: a SIGUSR2 while no successor asked to take over
+    /// (`admin/handover.rs`) is logged and ignored, since handing over to nobody would leave
+    /// the port without a listener.
+    pub async fn next(&mut self, shared: &HaltCore) -> Stop {
+        loop {
+            match self.recv().await {
+                Stop::HandOver if shared.handover.successor().is_none() => {
+                    tracing::warn!("SIGUSR2 without a hand-over under way (no successor asked with --take-over); ignored");
+                }
+                stop => return stop,
+            }
+        }
+    }
+
     /// The next stop signal.
     pub async fn recv(&mut self) -> Stop {
         tokio::select! {
@@ -295,7 +309,7 @@ pub async fn hand_over(shared: &HaltCore, signals: &mut StopSignals, listener: &
     let drained = drain(shared, signals).await;
     let who = successor.map_or_else(|| "a successor".to_owned(), |p| format!("pid {p}"));
     let what = format!(
-        "haltd handed over to {who}: accepted {accepted} connections in all, {queued} still queued when its listener shut down {} ms after SIGUSR2, and",
+        "haltd handed over to {who} (accepted {accepted} connections in all; {queued} still queued when its listener shut down {} ms after SIGUSR2)",
         t0.elapsed().as_millis().saturating_sub(drained.took.as_millis()),
     );
     finish(shared, &drained, &what).await
@@ -402,10 +416,15 @@ async fn drain(shared: &HaltCore, signals: &mut StopSignals) -> Drained {
     shared.wake_all();
     notify(&[NotifyState::Stopping]);
     let open_at_start = shared.table.active_count();
+    let what = if shared.handover.handing_over.load(SeqCst) {
+        "handing over; draining: open streams may finish, and the turns of connections already accepted are served"
+    } else {
+        "signal received; draining: new turns get 503, open streams may finish"
+    };
     tracing::info!(
         open_streams = open_at_start,
         drain_timeout_ms = shared.cfg.drain_timeout.as_millis() as u64,
-        "signal received; draining: new turns get 503, open streams may finish"
+        "{what}"
     );
     let deadline = t0 + shared.cfg.drain_timeout;
     let mut interrupted = false;

@@ -537,9 +537,8 @@ impl Modes {
         Ok(())
     }
 
-    /// The degraded scopes a peer stored (`halt/handover.rs`) that this process does not hold,
-    /// held from now on: returns the changes to record. A row whose end has passed is skipped;
-    /// a scope held already keeps its own state.
+    /// The degraded scopes a peer stored (`halt/handover.rs`) that this process does not hold
+    /// (and whose end has not passed), held from now on: returns the changes to record.
     pub fn adopt_peer(&self, rows: &[ScopeRow], now: SystemTime, now_ns: u64) -> Vec<ModeChange> {
         let now_ms = unix_ms(now);
         let mut out = Vec::new();

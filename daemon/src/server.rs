@@ -648,7 +648,7 @@ fn serve_control_plane(
             r = control => r.map_err(io("control plane")),
             () = lifecycle::feed_systemd_watchdog(Arc::clone(&shared)) => Ok(()),
             () = hangups => Ok(()),
-            stop = signals.recv() => match stop {
+            stop = signals.next(&shared) => match stop {
                 lifecycle::Stop::Drain => lifecycle::stop(&shared, &mut signals).await,
                 lifecycle::Stop::HandOver => {
                     lifecycle::hand_over(&shared, &mut signals, &hand_over.listener).await

@@ -345,3 +345,48 @@ fn ask_first_takes_the_first_turn_of_each_degraded_scope_once() {
         .expect("change");
     assert!(node.ask_first(&b) && !node.ask_first(&a));
 }
+
+#[test]
+fn a_peers_scopes_are_adopted_once_and_recorded_by_peer() {
+    let m = Modes::new(DegradedScope::Key, None);
+    let (a, b) = (
+        crate::scope::Scope::legacy(key("a")),
+        crate::scope::Scope::legacy(key("b")),
+    );
+    m.enter(a, FailureCode::OperatorTrip, "s1");
+    let now = SystemTime::now();
+    let now_ms = crate::clock::unix_ms(now);
+    let row = |scope: String, until: Option<u64>| crate::state::ScopeRow {
+        scope,
+        since_unix_ms: now_ms,
+        until_unix_ms: until,
+        cause: "EXFIL_ALERT".to_owned(),
+        stream_id: "hs_0000000100000002".to_owned(),
+    };
+    let expired = crate::scope::Scope::legacy(key("c"));
+    let rows = [
+        row(a.name(), None),
+        row(b.name(), Some(now_ms + 60_000)),
+        row(expired.name(), Some(now_ms - 1)),
+    ];
+    let changes = m.adopt_peer(&rows, now, crate::clock::monotonic_ns());
+    assert_eq!(
+        changes.len(),
+        1,
+        "only the scope this process did not hold: {changes:?}"
+    );
+    assert_eq!(
+        (changes[0].by, changes[0].scope.clone()),
+        (ChangedBy::Peer, b.name())
+    );
+    assert!(m.is_degraded(b));
+    assert!(
+        !m.is_degraded(expired),
+        "a row whose end passed is not adopted"
+    );
+    assert!(
+        m.adopt_peer(&rows, now, crate::clock::monotonic_ns())
+            .is_empty(),
+        "adopted once"
+    );
+}

@@ -481,3 +481,49 @@ fn the_test_fault_fails_every_write_after_the_first_n() {
         "nothing after the fault is written"
     );
 }
+
+/// Two processes on one store during a hand-over: each sees what the other commits
+/// (`peer_scopes`), and a frozen point stays put while changes are still written.
+#[test]
+fn a_peer_sees_the_others_scopes_and_a_frozen_point_stays() {
+    let dir = TempDir::new("peers");
+    let (old, _) = StateStore::open(&dir.state()).expect("open");
+    let point = |seq| Point {
+        seq,
+        hash: "ab".into(),
+    };
+    old.apply(Some(point(7)), vec![Change::Degrade(row("node", None))]);
+    old.flush();
+    let (new, held) = StateStore::open(&dir.state()).expect("a second process opens it");
+    assert_eq!(held.scopes, [row("node", None)]);
+    assert_eq!(
+        new.peer_scopes().expect("read").map(|r| r.len()),
+        Some(1),
+        "the first look reads"
+    );
+    assert_eq!(
+        new.peer_scopes().expect("read"),
+        None,
+        "nothing committed since"
+    );
+    old.freeze_point();
+    let key = "key:00000000000000aa";
+    old.apply(
+        Some(point(9)),
+        vec![Change::Degrade(row(key, Some(4_000_000_000_000)))],
+    );
+    old.flush();
+    let seen = new
+        .peer_scopes()
+        .expect("read")
+        .expect("the peer's commit is seen");
+    assert!(seen.iter().any(|r| r.scope == key), "{seen:?}");
+    assert_eq!(
+        old.read().expect("read").ledger.map(|p| p.seq),
+        Some(7),
+        "the point moved while frozen"
+    );
+    old.thaw_point();
+    old.apply(Some(point(10)), Vec::new());
+    assert_eq!(old.read().expect("read").ledger.map(|p| p.seq), Some(10));
+}
