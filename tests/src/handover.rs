@@ -27,11 +27,21 @@ fn successor_args<'a>(old: &'a Haltd, admin: &'a str, extra: &[&'a str]) -> Vec<
 impl Haltd {
     /// Spawns the successor of `old` and returns at once (it may fail its start).
     pub fn spawn_successor(pair: &NetPair, old: &Haltd, extra: &[&str]) -> Result<Haltd> {
+        Haltd::spawn_successor_on(pair, old, None, extra)
+    }
+
+    /// [`Haltd::spawn_successor`] on the ledger file `ledger` (default: its own directory's).
+    pub fn spawn_successor_on(
+        pair: &NetPair,
+        old: &Haltd,
+        ledger: Option<&std::path::Path>,
+        extra: &[&str],
+    ) -> Result<Haltd> {
         let admin = old.admin.to_string();
         let args = successor_args(old, &admin, extra);
         Haltd::spawn_on(
             pair,
-            None,
+            ledger,
             &[],
             &args,
             (PORT_ADMIN_SUCCESSOR, PORT_METRICS_SUCCESSOR),

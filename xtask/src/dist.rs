@@ -133,14 +133,17 @@ fn generate_docs(bin: &Path, name: &str, root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The unit, the example config, the logrotate rule, the README and the copyright note.
+/// The units, the example config, the logrotate rule, the README and the copyright note.
 fn install_files(ctx: &Ctx, root: &Path) -> Result<()> {
-    let unit = fs::read_to_string(ctx.root.join("deploy/systemd/haltd.service"))?;
-    put(
-        root,
-        "lib/systemd/system/haltd.service",
-        &packaged_unit(&unit)?,
-    )?;
+    // The unit, and its template for upgrades without a gap (docs/operations.md "Upgrading").
+    for name in ["haltd.service", "haltd@.service"] {
+        let unit = fs::read_to_string(ctx.root.join("deploy/systemd").join(name))?;
+        put(
+            root,
+            &format!("lib/systemd/system/{name}"),
+            &packaged_unit(&unit)?,
+        )?;
+    }
     let config = fs::read_to_string(ctx.root.join("deploy/haltd.toml"))?;
     put(root, "etc/haltd/haltd.toml", &config)?;
     let rotate = fs::read_to_string(ctx.root.join("deploy/logrotate/haltd"))?;
@@ -160,7 +163,7 @@ fn put(root: &Path, rel: &str, text: &str) -> Result<()> {
 /// The unit as packaged: the binaries live in `/usr/bin`, not `/usr/local/bin`.
 fn packaged_unit(unit: &str) -> Result<String> {
     if !unit.contains("/usr/local/bin/haltd") {
-        bail!("deploy/systemd/haltd.service no longer names /usr/local/bin/haltd: update dist.rs");
+        bail!("a unit in deploy/systemd no longer names /usr/local/bin/haltd: update dist.rs");
     }
     Ok(unit.replace("/usr/local/bin/", "/usr/bin/"))
 }

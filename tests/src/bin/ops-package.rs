@@ -156,10 +156,11 @@ fn check_package(deb: &Path) -> Result<()> {
 }
 
 /// Every file the package installs that an operator relies on.
-const INSTALLED: [&str; 12] = [
+const INSTALLED: [&str; 13] = [
     "/usr/bin/haltd",
     "/usr/bin/haltctl",
     "/lib/systemd/system/haltd.service",
+    "/lib/systemd/system/haltd@.service",
     "/etc/haltd/haltd.toml",
     "/etc/logrotate.d/haltd",
     "/usr/share/man/man1/haltd.1.gz",

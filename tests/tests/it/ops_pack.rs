@@ -953,26 +953,38 @@ fn halt_slo_bench_runs_at_smoke_scale() -> Result<()> {
     Ok(())
 }
 
-/// The systemd unit of `deploy/` loads in systemd's own parser without a single warning
+/// The systemd units of `deploy/` (`haltd.service`, and the template `haltd@.service` as its
+/// instance `haltd@blue.service`) load in systemd's own parser without a single warning
 /// (`systemd-analyze verify`, with ExecStart pointed at the haltd under test, since verify
-/// checks that the binary exists), and its hardening keeps systemd's exposure score in the
+/// checks that the binary exists), and their hardening keeps systemd's exposure score in the
 /// "OK" band (`systemd-analyze security --offline=yes`, at most 3.0 of 10).
 #[test]
 fn systemd_unit_verifies_and_is_hardened() -> Result<()> {
     require_root()?;
+    check_unit("systemd/haltd.service", "haltd.service")?;
+    let template = check_unit("systemd/haltd@.service", "haltd@blue.service")?;
+    ensure!(
+        template.contains("--take-over") && template.contains("RuntimeDirectoryPreserve=yes"),
+        "the template unit no longer takes over, or lets a stopping instance remove the shared admin socket"
+    );
+    Ok(())
+}
+
+/// Verifies the unit file `file` of `deploy/`, installed as `name`; returns its text.
+fn check_unit(file: &str, name: &str) -> Result<String> {
     let analyze = "/usr/bin/systemd-analyze";
     ensure!(
         Path::new(analyze).exists(),
         "{analyze} is missing: `cargo xtask setup` installs Debian's systemd package"
     );
     let haltd = haltd_tests::haltd_bin()?;
-    let unit = fs::read_to_string(deploy("systemd/haltd.service"))?;
+    let unit = fs::read_to_string(deploy(file))?;
     ensure!(
         unit.contains("ExecStart=/usr/local/bin/haltd serve"),
-        "the unit no longer starts /usr/local/bin/haltd serve"
+        "{file} no longer starts /usr/local/bin/haltd serve"
     );
     let dir = temp_dir("systemd-unit")?;
-    let path = dir.join("haltd.service");
+    let path = dir.join(name);
     fs::write(
         &path,
         unit.replace("/usr/local/bin/haltd", &haltd.display().to_string()),
@@ -989,18 +1001,30 @@ fn systemd_unit_verifies_and_is_hardened() -> Result<()> {
     );
     ensure!(
         out.status.success() && said.trim().is_empty(),
-        "systemd-analyze verify ({}):\n{said}",
+        "systemd-analyze verify {name} ({}):\n{said}",
         out.status
     );
+    let score = exposure(analyze, &path, name)?;
+    println!("systemd-analyze security {name}: overall exposure {score} of 10");
+    ensure!(
+        score <= 3.0,
+        "{name}: exposure {score} is above 3.0 (systemd's OK band); the hardening options slipped"
+    );
+    fs::remove_dir_all(&dir).ok();
+    Ok(unit)
+}
+
+/// `systemd-analyze security --offline=yes`'s overall exposure of the unit at `path`.
+fn exposure(analyze: &str, path: &Path, name: &str) -> Result<f64> {
     let out = Command::new(analyze)
         .args(["security", "--offline=yes", "--no-pager"])
-        .arg(&path)
+        .arg(path)
         .output()
         .context("running systemd-analyze security")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let score: f64 = text
-        .lines()
-        .find_map(|l| l.split("Overall exposure level for haltd.service: ").nth(1))
+    let prefix = format!("Overall exposure level for {name}: ");
+    text.lines()
+        .find_map(|l| l.split(prefix.as_str()).nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .with_context(|| {
@@ -1008,12 +1032,5 @@ fn systemd_unit_verifies_and_is_hardened() -> Result<()> {
                 "no exposure level in:\n{text}{}",
                 String::from_utf8_lossy(&out.stderr)
             )
-        })?;
-    println!("systemd-analyze security: overall exposure {score} of 10");
-    ensure!(
-        score <= 3.0,
-        "exposure {score} is above 3.0 (systemd's OK band); the hardening options slipped:\n{text}"
-    );
-    fs::remove_dir_all(&dir).ok();
-    Ok(())
+        })
 }

@@ -235,3 +235,33 @@ fn the_admin_socket_passes_to_the_successor_once_it_serves() -> Result<()> {
     );
     Ok(())
 }
+
+/// A successor that would write the old haltd's own ledger file is refused by it, with the
+/// reason, and the old haltd serves on.
+#[test]
+fn a_successor_on_the_old_ledger_file_is_refused() -> Result<()> {
+    require_root()?;
+    let pair = NetPair::new()?;
+    let old = Haltd::start(&pair, &[])?;
+    let mut same = Haltd::spawn_successor_on(&pair, &old, Some(&old.ledger), &[])?;
+    ensure!(
+        !same.wait_exit(Duration::from_secs(20))?.success(),
+        "a successor on the old ledger file started"
+    );
+    let said = same.log_file("stderr.log")?;
+    ensure!(
+        said.contains("refused the hand-over") && said.contains("--ledger of its own"),
+        "its stderr: {said}"
+    );
+    let url = format!("{}/v1/chat/completions", old.api_url());
+    spawn_in_netns(&pair.cli, move || turn(&url))
+        .join()
+        .map_err(|_| anyhow!("the client panicked"))??;
+    ensure!(
+        !old.ledger_records()?
+            .iter()
+            .any(|r| r.get("handover").is_some()),
+        "the old haltd wrote a hand-over record for a refused successor"
+    );
+    Ok(())
+}
