@@ -30,6 +30,22 @@ impl Haltd {
         Haltd::spawn_successor_on(pair, old, None, extra)
     }
 
+    /// [`Haltd::start_successor`] run through `wrapper` (e.g. `env NOTIFY_SOCKET=...`).
+    pub fn start_successor_wrapped(
+        pair: &NetPair,
+        old: &Haltd,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Haltd> {
+        let admin = old.admin.to_string();
+        let args = successor_args(old, &admin, extra);
+        let ports = (PORT_ADMIN_SUCCESSOR, PORT_METRICS_SUCCESSOR);
+        let mut next = Haltd::spawn_on(pair, None, wrapper, &args, ports)?;
+        next.wait_ready_line(Duration::from_secs(20))
+            .context("the successor did not become ready")?;
+        Ok(next)
+    }
+
     /// [`Haltd::spawn_successor`] on the ledger file `ledger` (default: its own directory's).
     pub fn spawn_successor_on(
         pair: &NetPair,

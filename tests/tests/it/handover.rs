@@ -6,6 +6,7 @@
 
 mod gap;
 mod load;
+mod notify;
 mod trip;
 
 use std::{path::Path, process::Command, time::Duration};

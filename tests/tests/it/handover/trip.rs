@@ -107,6 +107,25 @@ fn next_is_degraded(conn: &mut KeptConn, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// The operator-trip incident a ledger holds: one, its halt within the budget (5 tokens).
+fn halted_within_budget(ledger: &std::path::Path) -> Result<()> {
+    let incidents: Vec<_> = read_ledger(ledger)?
+        .into_iter()
+        .filter(|r| r["kind"] == "incident" && r["trip_cause"] == "OPERATOR_TRIP")
+        .collect();
+    ensure!(
+        incidents.len() == 1,
+        "{} operator-trip incidents",
+        incidents.len()
+    );
+    let post = incidents[0]["halt_tokens_post_trip"].as_u64();
+    ensure!(
+        post.is_some_and(|n| n <= 5),
+        "tokens after the trip: {post:?}"
+    );
+    Ok(())
+}
+
 /// The mode changes `by: peer` a ledger holds.
 fn adopted(ledger: &std::path::Path) -> Result<usize> {
     Ok(read_ledger(ledger)?
@@ -135,6 +154,8 @@ fn a_trip_in_either_process_degrades_its_key_in_the_other() -> Result<()> {
     next_is_degraded(&mut on_new[0], &k1)?;
     trip_on(&new, &mut on_new[1], &k2)?;
     next_is_degraded(&mut on_old[1], &k2)?;
+    halted_within_budget(&old.ledger)?;
+    halted_within_budget(&new.ledger)?;
     ensure!(
         adopted(&new.ledger)? >= 1,
         "the new process recorded no degradation it adopted from the old"
