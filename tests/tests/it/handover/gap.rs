@@ -265,3 +265,38 @@ fn a_successor_on_the_old_ledger_file_is_refused() -> Result<()> {
     );
     Ok(())
 }
+
+/// A successor whose gate does not load stops before it asks anything: the running haltd
+/// records no hand-over, and serves on.
+#[test]
+fn a_successor_whose_gate_fails_never_asks() -> Result<()> {
+    require_root()?;
+    let pair = NetPair::new()?;
+    let old = Haltd::start(&pair, &[])?;
+    let mut broken =
+        Haltd::spawn_successor(&pair, &old, &["--bpf-object", "/nonexistent/haltd-gate.o"])?;
+    ensure!(
+        !broken.wait_exit(Duration::from_secs(20))?.success(),
+        "a successor without its gate started"
+    );
+    let said = broken.log_file("stderr.log")?;
+    ensure!(
+        said.contains("cannot load the kernel halt gate"),
+        "its stderr: {said}"
+    );
+    thread::sleep(Duration::from_millis(300));
+    ensure!(
+        !old.ledger_records()?
+            .iter()
+            .any(|r| r.get("handover").is_some()
+                || r["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("hand-over"))),
+        "the old haltd heard from a successor whose gate failed"
+    );
+    let url = format!("{}/v1/chat/completions", old.api_url());
+    spawn_in_netns(&pair.cli, move || turn(&url))
+        .join()
+        .map_err(|_| anyhow!("the client panicked"))??;
+    Ok(())
+}
