@@ -300,3 +300,34 @@ fn a_successor_whose_gate_fails_never_asks() -> Result<()> {
         .map_err(|_| anyhow!("the client panicked"))??;
     Ok(())
 }
+
+/// One hand-over at a time: while a successor serves beside the old haltd (the overlap), a
+/// second one is refused by the old haltd, with the reason, and the first goes on.
+#[test]
+fn a_second_successor_is_refused_while_a_hand_over_is_under_way() -> Result<()> {
+    require_root()?;
+    let pair = NetPair::new()?;
+    let old = Haltd::start(&pair, &[])?;
+    let first = Haltd::start_successor(&pair, &old, &["--take-over-overlap-ms", "60000"])?;
+    let mut second = Haltd::spawn_successor(&pair, &old, &[])?;
+    ensure!(
+        !second.wait_exit(Duration::from_secs(20))?.success(),
+        "a second successor started during a hand-over"
+    );
+    let said = second.log_file("stderr.log")?;
+    ensure!(said.contains("is under way"), "its stderr: {said}");
+    let first_pid = first.pid().ok_or_else(|| anyhow!("no pid"))?;
+    let handovers: Vec<_> = old
+        .ledger_records()?
+        .into_iter()
+        .filter_map(|r| {
+            r.pointer("/handover/to_pid")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .collect();
+    ensure!(
+        handovers == [u64::from(first_pid)],
+        "hand-over records: {handovers:?}"
+    );
+    Ok(())
+}
