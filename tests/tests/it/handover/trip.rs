@@ -27,28 +27,30 @@ fn request(key: &str, max_tokens: u32) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Opens a kept connection and finds its process: a short stream on it, seen in the stream
-/// list of one process's admin API while it runs (the test runs one stream at a time).
+/// Connections a process has accepted on the client port.
+fn accepted(h: &Haltd) -> Result<f64> {
+    h.metrics()?.value("haltd_connections_accepted_total", &[])
+}
+
+/// Opens a kept connection and finds its process: the one whose count of accepted connections
+/// it raised (the test opens one connection at a time, and nothing else connects), once a
+/// short turn on it was answered.
 fn open_on(old: &Haltd, new: &Haltd) -> Result<(Side, KeptConn)> {
+    let before = (accepted(old)?, accepted(new)?);
     let addr = old.api;
     let mut conn = in_netns(&old.client_ns, move || {
         KeptConn::connect(addr, Duration::from_secs(30))
     })?;
-    conn.send(&request(&sse::fresh_key(), 40))?;
+    conn.send(&request(&sse::fresh_key(), 3))?;
     let (status, headers) = conn.head()?;
     ensure!(status == 200, "probe answered {status}");
-    let id = headers
-        .iter()
-        .find(|(k, _)| k == "x-haltd-stream-id")
-        .map(|(_, v)| v.clone())
-        .context("no stream id")?;
-    let lists = |h: &Haltd| -> Result<bool> { Ok(h.list_streams()?.to_string().contains(&id)) };
-    let side = match (lists(old)?, lists(new)?) {
-        (true, false) => Side::Old,
-        (false, true) => Side::New,
-        other => bail!("stream {id} listed by (old, new) = {other:?}"),
-    };
     conn.body(&headers)?;
+    let after = (accepted(old)?, accepted(new)?);
+    let side = match (after.0 - before.0, after.1 - before.1) {
+        (1.0, 0.0) => Side::Old,
+        (0.0, 1.0) => Side::New,
+        other => bail!("the connection raised the (old, new) accept counts by {other:?}"),
+    };
     Ok((side, conn))
 }
 
