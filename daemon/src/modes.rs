@@ -257,6 +257,18 @@ pub struct Modes {
     timer_set: tokio::sync::Notify,
 }
 
+impl Inner {
+    /// Holds `d` for the node (`None`) or a scope, replacing what was held.
+    fn hold(&mut self, key: Option<Scope>, d: Degraded) {
+        match key {
+            None => self.node = Some(d),
+            Some(k) => {
+                self.keys.insert(k, d);
+            }
+        }
+    }
+}
+
 impl Degraded {
     /// A stored scope's state; what remains of its timer is its `until_unix_ms` − `now_ms`.
     fn of_row(row: &ScopeRow, now_ms: u64, now_ns: u64) -> Degraded {
@@ -523,13 +535,7 @@ impl Modes {
                     row.scope
                 )
             })?;
-            let d = Degraded::of_row(row, now_ms, now_ns);
-            match key {
-                None => inner.node = Some(d),
-                Some(k) => {
-                    inner.keys.insert(k, d);
-                }
-            }
+            inner.hold(key, Degraded::of_row(row, now_ms, now_ns));
         }
         if rows.iter().any(|r| r.until_unix_ms.is_some()) {
             self.timer_set.notify_one();
@@ -557,13 +563,7 @@ impl Modes {
             if held {
                 continue;
             }
-            let d = Degraded::of_row(row, now_ms, now_ns);
-            match key {
-                None => inner.node = Some(d),
-                Some(k) => {
-                    inner.keys.insert(k, d);
-                }
-            }
+            inner.hold(key, Degraded::of_row(row, now_ms, now_ns));
             out.push(ModeChange {
                 scope: row.scope.clone(),
                 from: RuntimeMode::Full,
